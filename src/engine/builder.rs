@@ -1,0 +1,121 @@
+//! Engine configuration.
+
+use super::{cache::RecordCache, Engine, Inner};
+use crate::{Clock, Store, SystemClock};
+use std::{num::NonZeroUsize, sync::Arc, time::Duration};
+
+/// How long completed records are kept by default: 24 hours, as Stripe does.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// The default cap on a lease: 15 minutes, the longest a Lambda invocation
+/// can run, so the cap never cuts a real invocation's lease short.
+pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(15 * 60);
+/// The lease when an attempt has no deadline: 60 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The default record id prefix.
+pub const DEFAULT_KEY_PREFIX: &str = "idempotency";
+
+/// Builds an [`Engine`]; start from [`Engine::builder`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct EngineBuilder<S> {
+    store: S,
+    key_prefix: String,
+    retention: Duration,
+    max_lease: Duration,
+    default_lease: Duration,
+    cache_capacity: Option<NonZeroUsize>,
+    fail_open: bool,
+    clock: Arc<dyn Clock>,
+}
+
+impl<S: Store> EngineBuilder<S> {
+    pub(super) fn new(store: S) -> Self {
+        Self {
+            store,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            retention: DEFAULT_RETENTION,
+            max_lease: DEFAULT_MAX_LEASE,
+            default_lease: DEFAULT_LEASE,
+            cache_capacity: None,
+            fail_open: false,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The prefix of every record id (default `"idempotency"`). Records
+    /// under another prefix are invisible, so keep it stable across
+    /// deployments; give two functions sharing a table different prefixes
+    /// only when their keys must never meet.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// How long a completed outcome is replayed (default 24 hours). It is
+    /// also the floor of an in-progress record's expiration.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The longest lease a claim gets (default 15 minutes). A claim's lease
+    /// runs until the attempt's deadline, capped by this. An operation that
+    /// outlives its lease can be run a second time by a retry, so keep it at
+    /// least as long as the operation can take.
+    pub fn max_lease(mut self, max_lease: Duration) -> Self {
+        self.max_lease = max_lease;
+        self
+    }
+
+    /// The lease of an attempt without a deadline (default 60 seconds),
+    /// capped by [`max_lease`](EngineBuilder::max_lease).
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.default_lease = lease;
+        self
+    }
+
+    /// Keeps up to `capacity` completed records in this process, so a replay
+    /// in a warm execution environment costs no store call; `0` turns the
+    /// cache off (the default). Fingerprint and expiration are checked on
+    /// every hit; records still in progress are never cached. A record
+    /// deleted from the store by hand stays cached until it expires here.
+    pub fn cache(mut self, capacity: usize) -> Self {
+        self.cache_capacity = NonZeroUsize::new(capacity);
+        self
+    }
+
+    /// **Dangerous.** When the store cannot be reached to claim a key, run the
+    /// operation anyway, without any idempotency protection (default
+    /// `false`: fail closed, the operation does not run). Duplicates that
+    /// arrive during a store outage all run. The outcome is marked
+    /// [`OutcomeKind::Unprotected`](crate::OutcomeKind::Unprotected) and
+    /// logged as a warning. Transactional executions always fail closed:
+    /// their writes need the store.
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
+    /// The clock leases and expirations are measured with (default: the
+    /// system clock). Tests use a [`ManualClock`](crate::ManualClock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the engine.
+    pub fn build(self) -> Engine<S> {
+        Engine {
+            inner: Arc::new(Inner {
+                store: self.store,
+                key_prefix: self.key_prefix,
+                retention: self.retention,
+                max_lease: self.max_lease,
+                default_lease: self.default_lease.min(self.max_lease),
+                cache: self.cache_capacity.map(RecordCache::new),
+                fail_open: self.fail_open,
+                clock: self.clock,
+            }),
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! The orchestrator: claim, run, then complete or release.
+//!
+//! It decides everything from what the [`Store`] returns and never touches a
+//! backend itself, so the same protocol runs on DynamoDB and in memory.
+
+mod attempt;
+mod builder;
+mod cache;
+mod outcome;
+
+pub use attempt::Attempt;
+pub use builder::{
+    EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
+};
+pub use outcome::{Outcome, OutcomeKind};
+
+use crate::{
+    clock::duration_ms,
+    store::{Claim, ClaimOutcome, Completion, Fenced},
+    Clock, Error, Fingerprint, OwnerToken, Record, RecordId, Status, Store, StoreError,
+};
+use cache::{CachedRecord, RecordCache};
+use serde::{de::DeserializeOwned, Serialize};
+use std::{future::Future, sync::Arc, time::Duration};
+use tracing::{debug, warn};
+
+/// Runs operations at most once per key, and replays their outcome to
+/// every retry.
+///
+/// Cheap to clone: clones share the store, the configuration and the cache.
+/// Build one per process (outside the Lambda handler) with
+/// [`Engine::builder`].
+#[derive(Debug)]
+pub struct Engine<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner<S> {
+    store: S,
+    key_prefix: String,
+    retention: Duration,
+    max_lease: Duration,
+    default_lease: Duration,
+    cache: Option<RecordCache>,
+    fail_open: bool,
+    clock: Arc<dyn Clock>,
+}
+
+/// The shortest lease a claim gets, even when its deadline has passed.
+const MIN_LEASE_MS: u64 = 1_000;
+
+impl<S: Store> Engine<S> {
+    /// Starts configuring an engine over `store`.
+    pub fn builder(store: S) -> EngineBuilder<S> {
+        EngineBuilder::new(store)
+    }
+
+    /// The store records are kept in.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The record id `key` has inside `scope` with this engine's prefix.
+    pub fn record_id(&self, scope: &str, key: &str) -> RecordId {
+        RecordId::new(&self.inner.key_prefix, scope, key)
+    }
+
+    /// Runs `operation` at most once for the attempt's scoped key.
+    ///
+    /// - The first attempt claims the key, runs the operation, stores its
+    ///   value (serialised as JSON) and returns it as
+    ///   [`OutcomeKind::Fresh`].
+    /// - Later attempts with the same payload get the stored value as a
+    ///   [`OutcomeKind::Replay`] without running anything; with another
+    ///   payload, [`Error::PayloadMismatch`].
+    /// - While another attempt holds the claim: [`Error::InProgress`], with
+    ///   the time left on its lease.
+    /// - If the operation fails, its claim is released and its error comes
+    ///   back as [`Error::Operation`]; the next attempt runs it again.
+    /// - If the store cannot be reached, the operation does not run:
+    ///   [`Error::Store`] (unless the engine fails open).
+    pub async fn execute<T, E, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run(attempt, false, || async {
+            operation().await.map(|value| (value, Vec::new()))
+        })
+        .await
+    }
+
+    /// Like [`execute`](Engine::execute), but the operation also returns
+    /// writes (for the DynamoDB store,
+    /// [`TransactWriteItem`](aws_sdk_dynamodb::types::TransactWriteItem)s)
+    /// that commit in one transaction with the fenced completion: the
+    /// business effect and the completed record become visible together or
+    /// not at all.
+    ///
+    /// So, unlike [`execute`](Engine::execute), an outcome that cannot be
+    /// stored is an error, because its writes did not happen either:
+    /// [`Error::LostOwnership`] when the lease passed and another attempt
+    /// took the key over, [`Error::Store`] when the store failed or rejected
+    /// one of the writes (then the claim is released, so a retry can run).
+    pub async fn execute_transactional<T, E, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, Vec<S::Write>), E>>,
+    {
+        self.run(attempt, true, operation).await
+    }
+
+    async fn run<T, E, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        transactional: bool,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, Vec<S::Write>), E>>,
+    {
+        let inner = &*self.inner;
+        let id = self.record_id(attempt.scope, attempt.key);
+        let now_ms = inner.clock.now_ms();
+
+        if let Some(cached) = self.cached(&id, now_ms) {
+            if cached.fingerprint != attempt.fingerprint {
+                debug!(record = %id, outcome = "mismatch", cached = true, "idempotency");
+                return Err(Error::PayloadMismatch);
+            }
+            match decode::<T>(&cached.response) {
+                Ok(value) => {
+                    debug!(record = %id, outcome = "cached_replay", "idempotency");
+                    return Ok(Outcome::new(value, OutcomeKind::CachedReplay));
+                }
+                // A value that no longer decodes (the type changed across a
+                // deployment) is left to the store path, which reports it.
+                Err(_) => self.forget(&id),
+            }
+        }
+
+        let claim = self.claim_for(id, attempt, now_ms);
+        match inner.store.claim(&claim).await {
+            Ok(ClaimOutcome::Claimed) => {}
+            Ok(ClaimOutcome::Existing(record)) => {
+                return self.existing(record, &attempt.fingerprint, now_ms)
+            }
+            Err(error) if inner.fail_open && !transactional && error.kind().is_transient() => {
+                warn!(record = %claim.id, outcome = "unprotected", %error,
+                    "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
+                let (value, _) = operation().await.map_err(Error::Operation)?;
+                return Ok(Outcome::new(value, OutcomeKind::Unprotected));
+            }
+            Err(error) => {
+                warn!(record = %claim.id, outcome = "store_error", %error, "idempotency claim failed");
+                return Err(Error::Store(error));
+            }
+        }
+
+        let (value, writes) = match operation().await {
+            Ok(done) => done,
+            Err(error) => {
+                self.release(&claim).await;
+                debug!(record = %claim.id, outcome = "operation_error", "idempotency");
+                return Err(Error::Operation(error));
+            }
+        };
+        let response = match serde_json::to_vec(&value) {
+            Ok(response) => response,
+            Err(error) if transactional => {
+                self.release(&claim).await;
+                return Err(Error::Store(
+                    StoreError::new(
+                        crate::StoreErrorKind::Other,
+                        "the operation's value could not be serialised for storage",
+                    )
+                    .with_source(error),
+                ));
+            }
+            Err(error) => {
+                warn!(record = %claim.id, outcome = "not_recorded", %error,
+                    "the operation's value could not be serialised; it is returned but not stored");
+                return Ok(Outcome::new(value, OutcomeKind::NotRecorded));
+            }
+        };
+        self.complete(claim, response, writes, transactional)
+            .await
+            .map(|kind| Outcome::new(value, kind))
+    }
+
+    fn claim_for(&self, id: RecordId, attempt: &Attempt<'_>, now_ms: u64) -> Claim {
+        let inner = &*self.inner;
+        let capped = now_ms.saturating_add(duration_ms(inner.max_lease));
+        let lease_until_ms = attempt
+            .deadline_ms
+            .map_or_else(
+                || now_ms.saturating_add(duration_ms(inner.default_lease)),
+                |deadline| deadline.min(capped),
+            )
+            .max(now_ms.saturating_add(MIN_LEASE_MS));
+        // The record must outlive its lease, or it would count as absent (and
+        // be taken over) while its owner still runs.
+        let expiration_s = self.expiration_s(now_ms).max(lease_until_ms / 1000 + 1);
+        Claim {
+            id,
+            owner: OwnerToken::generate(),
+            fingerprint: attempt.fingerprint.clone(),
+            now_ms,
+            lease_until_ms,
+            expiration_s,
+        }
+    }
+
+    fn expiration_s(&self, now_ms: u64) -> u64 {
+        (now_ms / 1000).saturating_add(self.inner.retention.as_secs())
+    }
+
+    /// Decides what a live record found at claim time means for this
+    /// attempt: mismatch first (a different payload never learns anything
+    /// about the other request), then replay, then in progress.
+    fn existing<T: DeserializeOwned, E>(
+        &self,
+        record: Record,
+        fingerprint: &Fingerprint,
+        now_ms: u64,
+    ) -> Result<Outcome<T>, Error<E>> {
+        if &record.fingerprint != fingerprint {
+            debug!(record = %record.id, outcome = "mismatch", "idempotency");
+            return Err(Error::PayloadMismatch);
+        }
+        match record.status {
+            Status::Completed => {
+                let Some(response) = record.response else {
+                    return Err(Error::Store(StoreError::corrupt(format!(
+                        "record {} is COMPLETED but holds no response",
+                        record.id
+                    ))));
+                };
+                let value = decode(&response).map_err(|error| {
+                    Error::Store(
+                        StoreError::corrupt(format!(
+                            "the response stored in record {} does not decode",
+                            record.id
+                        ))
+                        .with_source(error),
+                    )
+                })?;
+                debug!(record = %record.id, outcome = "replay", "idempotency");
+                if let Some(cache) = &self.inner.cache {
+                    cache.put(
+                        record.id,
+                        CachedRecord {
+                            fingerprint: record.fingerprint,
+                            expiration_s: record.expiration_s,
+                            response: response.into(),
+                        },
+                    );
+                }
+                Ok(Outcome::new(value, OutcomeKind::Replay))
+            }
+            Status::InProgress => {
+                let left_ms = record
+                    .lease_until_ms
+                    .unwrap_or(record.expiration_s.saturating_mul(1000))
+                    .saturating_sub(now_ms);
+                // Whole seconds, rounded up (Retry-After has no fractions),
+                // and at least one: a retry before the lease passes is wasted.
+                let retry_after = Duration::from_secs(left_ms.div_ceil(1000).max(1));
+                debug!(record = %record.id, outcome = "in_progress", retry_after_s = retry_after.as_secs(), "idempotency");
+                Err(Error::InProgress { retry_after })
+            }
+        }
+    }
+
+    async fn complete<E>(
+        &self,
+        claim: Claim,
+        response: Vec<u8>,
+        writes: Vec<S::Write>,
+        transactional: bool,
+    ) -> Result<OutcomeKind, Error<E>> {
+        let inner = &*self.inner;
+        let now_ms = inner.clock.now_ms();
+        let expiration_s = self.expiration_s(now_ms);
+        let cached = inner
+            .cache
+            .as_ref()
+            .map(|_| Arc::<[u8]>::from(&response[..]));
+        let completion = Completion {
+            id: claim.id.clone(),
+            owner: claim.owner.clone(),
+            response,
+            now_ms,
+            expiration_s,
+            writes,
+        };
+        match inner.store.complete(completion).await {
+            Ok(Fenced::Applied) => {
+                if let (Some(cache), Some(response)) = (&inner.cache, cached) {
+                    cache.put(
+                        claim.id.clone(),
+                        CachedRecord {
+                            fingerprint: claim.fingerprint,
+                            expiration_s,
+                            response,
+                        },
+                    );
+                }
+                debug!(record = %claim.id, outcome = "fresh", "idempotency");
+                Ok(OutcomeKind::Fresh)
+            }
+            Ok(Fenced::Lost) => {
+                warn!(record = %claim.id, outcome = "lost_lease", transactional,
+                    "the lease passed and the key was taken over before completion; \
+                     this outcome is not stored (raise the lease or the function timeout)");
+                if transactional {
+                    Err(Error::LostOwnership)
+                } else {
+                    Ok(OutcomeKind::LostLease)
+                }
+            }
+            Err(error) if transactional => {
+                warn!(record = %claim.id, outcome = "store_error", %error,
+                    "transactional completion failed; releasing the claim");
+                self.release(&claim).await;
+                Err(Error::Store(error))
+            }
+            Err(error) => {
+                warn!(record = %claim.id, outcome = "not_recorded", %error,
+                    "the outcome could not be stored; the claim stays until its lease passes");
+                Ok(OutcomeKind::NotRecorded)
+            }
+        }
+    }
+
+    /// Releases a claim so a retry can run; best effort, since a claim that
+    /// cannot be released still expires with its lease.
+    async fn release(&self, claim: &Claim) {
+        match self.inner.store.release(&claim.id, &claim.owner).await {
+            Ok(Fenced::Applied) => {}
+            Ok(Fenced::Lost) => {
+                warn!(record = %claim.id, outcome = "lost_lease", "the claim was taken over before it could be released")
+            }
+            Err(error) => {
+                warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
+            }
+        }
+    }
+
+    fn cached(&self, id: &RecordId, now_ms: u64) -> Option<CachedRecord> {
+        self.inner.cache.as_ref()?.get(id, now_ms)
+    }
+
+    fn forget(&self, id: &RecordId) {
+        if let Some(cache) = &self.inner.cache {
+            cache.remove(id);
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned>(response: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(response)
+}

@@ -1,0 +1,73 @@
+//! What an idempotent execution hands back.
+
+/// The value an idempotent execution produced, and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome<T> {
+    value: T,
+    kind: OutcomeKind,
+}
+
+impl<T> Outcome<T> {
+    pub(crate) fn new(value: T, kind: OutcomeKind) -> Self {
+        Self { value, kind }
+    }
+
+    /// The operation's value, fresh or replayed.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// Takes the value out.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// Where the value came from.
+    pub fn kind(&self) -> OutcomeKind {
+        self.kind
+    }
+
+    /// Whether the value is a replay of an earlier execution (from the store
+    /// or the local cache), which a response should mark as such.
+    pub fn is_replay(&self) -> bool {
+        matches!(self.kind, OutcomeKind::Replay | OutcomeKind::CachedReplay)
+    }
+}
+
+/// Where an [`Outcome`]'s value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OutcomeKind {
+    /// The operation ran now and its outcome was stored.
+    Fresh,
+    /// The stored outcome of an earlier execution; nothing ran.
+    Replay,
+    /// As [`Replay`](OutcomeKind::Replay), served from the warm process's
+    /// cache without a store call.
+    CachedReplay,
+    /// The operation ran now, but its lease had passed and another
+    /// invocation took the key over before completion, so this outcome was
+    /// not stored (the other invocation's record stands). Logged as a
+    /// warning: the lease is shorter than the operation takes.
+    LostLease,
+    /// The operation ran now, but storing its outcome failed. The claim
+    /// stays until its lease passes; a retry after that runs again.
+    NotRecorded,
+    /// The store was unavailable and the engine is configured to fail open:
+    /// the operation ran without idempotency protection.
+    Unprotected,
+}
+
+impl OutcomeKind {
+    /// A stable snake_case name, for log fields and metric dimensions.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeKind::Fresh => "fresh",
+            OutcomeKind::Replay => "replay",
+            OutcomeKind::CachedReplay => "cached_replay",
+            OutcomeKind::LostLease => "lost_lease",
+            OutcomeKind::NotRecorded => "not_recorded",
+            OutcomeKind::Unprotected => "unprotected",
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The crate's errors: what the engine returns, and what a store reports.
+
+use std::{error::Error as StdError, fmt, time::Duration};
+
+/// `Result` with this crate's [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why an idempotent execution did not produce a value.
+///
+/// `E` is the operation's own error type, handed back untouched in
+/// [`Error::Operation`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error<E = std::convert::Infallible> {
+    /// Another invocation holds a live claim on this key and has not
+    /// completed yet. Retry after `retry_after` (the time left on its lease,
+    /// at least one second).
+    InProgress {
+        /// How long until the other invocation's lease passes.
+        retry_after: Duration,
+    },
+    /// The key was used before with a different payload. The stored outcome
+    /// belongs to that other request and is never served for this one.
+    PayloadMismatch,
+    /// The store could not be used (unreachable, throttled, misconfigured, or
+    /// holding a record it cannot decode). The operation did not run, unless
+    /// the error comes from a transactional completion (see
+    /// [`Engine::execute_transactional`](crate::Engine::execute_transactional)).
+    Store(StoreError),
+    /// A transactional completion was fenced out: this invocation's lease had
+    /// passed and another invocation took the key over. Neither the record
+    /// nor the operation's writes were committed.
+    LostOwnership,
+    /// The operation ran and failed; its claim was released so that a retry
+    /// can run it again.
+    Operation(E),
+}
+
+impl<E> Error<E> {
+    /// The kind of error, for logs, metrics and mapping to responses.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InProgress { .. } => ErrorKind::InProgress,
+            Error::PayloadMismatch => ErrorKind::PayloadMismatch,
+            Error::Store(e) if e.kind() == StoreErrorKind::CorruptRecord => {
+                ErrorKind::CorruptRecord
+            }
+            Error::Store(_) => ErrorKind::StoreUnavailable,
+            Error::LostOwnership => ErrorKind::LostOwnership,
+            Error::Operation(_) => ErrorKind::Operation,
+        }
+    }
+
+    /// The operation's own error, if that is what this is.
+    pub fn into_operation_error(self) -> Option<E> {
+        match self {
+            Error::Operation(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// How long a client should wait before retrying, for the errors where a
+    /// retry can succeed.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::InProgress { retry_after } => Some(*retry_after),
+            Error::Store(e) if e.kind().is_transient() => Some(Duration::from_secs(1)),
+            Error::LostOwnership => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InProgress { retry_after } => write!(
+                f,
+                "a request with this idempotency key is still in progress; retry after {} s",
+                retry_after.as_secs()
+            ),
+            Error::PayloadMismatch => {
+                f.write_str("this idempotency key was already used with a different payload")
+            }
+            Error::Store(e) => write!(f, "idempotency store: {e}"),
+            Error::LostOwnership => f.write_str(
+                "the claim on this idempotency key expired and was taken over before completion; nothing was committed",
+            ),
+            Error::Operation(e) => write!(f, "operation failed: {e}"),
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for Error<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::Store(e) => Some(e),
+            Error::Operation(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E> From<StoreError> for Error<E> {
+    fn from(e: StoreError) -> Self {
+        Error::Store(e)
+    }
+}
+
+/// The kind of an [`Error`], without its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// See [`Error::InProgress`].
+    InProgress,
+    /// See [`Error::PayloadMismatch`].
+    PayloadMismatch,
+    /// See [`Error::Store`]: the store could not be used.
+    StoreUnavailable,
+    /// See [`Error::Store`]: a stored record could not be decoded.
+    CorruptRecord,
+    /// See [`Error::LostOwnership`].
+    LostOwnership,
+    /// See [`Error::Operation`].
+    Operation,
+}
+
+impl ErrorKind {
+    /// A stable snake_case name, for log fields and metric dimensions.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InProgress => "in_progress",
+            ErrorKind::PayloadMismatch => "mismatch",
+            ErrorKind::StoreUnavailable => "store_error",
+            ErrorKind::CorruptRecord => "corrupt_record",
+            ErrorKind::LostOwnership => "lost_lease",
+            ErrorKind::Operation => "operation_error",
+        }
+    }
+}
+
+/// An error reported by a [`Store`](crate::Store), in the crate's own terms:
+/// nothing above the store sees the AWS SDK.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: String,
+    source: Option<BoxError>,
+}
+
+impl StoreError {
+    /// A new error of `kind`, described by `message`.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    pub(crate) fn corrupt(message: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::CorruptRecord, message)
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.kind.as_str())?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// The kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store could not be reached, or did not answer in time.
+    Unavailable,
+    /// The store refused the request for capacity reasons.
+    Throttled,
+    /// The store is not set up as the crate expects (a missing table, a
+    /// missing permission, a wrong key schema).
+    Misconfigured,
+    /// A stored record has missing attributes, wrong attribute types or an
+    /// unknown status. It is never replayed.
+    CorruptRecord,
+    /// The store rejected one of the operation's own transactional writes
+    /// (their condition failed, or the transaction is invalid).
+    WriteRejected,
+    /// Anything else the store reported.
+    Other,
+}
+
+impl StoreErrorKind {
+    /// Whether retrying the same call later can succeed.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            StoreErrorKind::Unavailable | StoreErrorKind::Throttled | StoreErrorKind::Other
+        )
+    }
+
+    /// A stable snake_case name, for log fields and metric dimensions.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Throttled => "throttled",
+            StoreErrorKind::Misconfigured => "misconfigured",
+            StoreErrorKind::CorruptRecord => "corrupt_record",
+            StoreErrorKind::WriteRejected => "write_rejected",
+            StoreErrorKind::Other => "other",
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Payload fingerprints: what makes "the same request".
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// The sha256 of a request payload, stored with the record and compared on
+/// every retry: a key reused with another payload is a mismatch, never a
+/// replay of the other request's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    /// The fingerprint of raw bytes.
+    pub fn of_bytes(payload: &[u8]) -> Self {
+        Self(hex::encode(Sha256::digest(payload)))
+    }
+
+    /// The fingerprint of a serialisable value, canonicalised: object keys
+    /// are sorted, so two maps with the same entries in another order (a
+    /// `HashMap`, or JSON from another client) have the same fingerprint.
+    pub fn of_json<T: Serialize + ?Sized>(payload: &T) -> Result<Self, serde_json::Error> {
+        // serde_json's `Value` keeps objects in a sorted map: going through it
+        // puts every object's keys in one order, whatever the source order.
+        let value = serde_json::to_value(payload)?;
+        let mut hasher = Sha256::new();
+        serde_json::to_writer(HashWriter(&mut hasher), &value)?;
+        Ok(Self(hex::encode(hasher.finalize())))
+    }
+
+    /// Builds a fingerprint from parts hashed one after another, each
+    /// length-prefixed so that part boundaries cannot shift (`"ab" + "c"` and
+    /// `"a" + "bc"` differ).
+    pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        Self(hex::encode(hasher.finalize()))
+    }
+
+    /// Wraps a fingerprint read back from a store.
+    pub fn from_stored(hex: impl Into<String>) -> Self {
+        Self(hex.into())
+    }
+
+    /// The fingerprint as stored (lowercase hex).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn json_key_order_does_not_matter() {
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{"a":1,"b":{"x":[1,2],"y":null}}"#).unwrap();
+        let b: serde_json::Value =
+            serde_json::from_str(r#"{ "b": {"y": null, "x": [1, 2]}, "a": 1 }"#).unwrap();
+        assert_eq!(
+            Fingerprint::of_json(&a).unwrap(),
+            Fingerprint::of_json(&b).unwrap()
+        );
+
+        let map: HashMap<&str, i32> = [("k1", 1), ("k2", 2), ("k3", 3)].into();
+        let reversed: HashMap<&str, i32> = [("k3", 3), ("k2", 2), ("k1", 1)].into();
+        assert_eq!(
+            Fingerprint::of_json(&map).unwrap(),
+            Fingerprint::of_json(&reversed).unwrap()
+        );
+    }
+
+    #[test]
+    fn different_values_differ() {
+        let a = serde_json::json!({"amount": 100});
+        let b = serde_json::json!({"amount": 101});
+        assert_ne!(
+            Fingerprint::of_json(&a).unwrap(),
+            Fingerprint::of_json(&b).unwrap()
+        );
+        assert_ne!(Fingerprint::of_bytes(b"x"), Fingerprint::of_bytes(b"y"));
+    }
+
+    #[test]
+    fn parts_are_length_prefixed() {
+        assert_ne!(
+            Fingerprint::of_parts([b"ab".as_slice(), b"c"]),
+            Fingerprint::of_parts([b"a".as_slice(), b"bc"])
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! The idempotency record: one per scoped key.
+
+use crate::{Fingerprint, OwnerToken, RecordId};
+use std::{fmt, str::FromStr};
+
+/// Where a record stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Status {
+    /// Claimed; the operation is running (or its invocation died and the
+    /// lease has yet to pass).
+    InProgress,
+    /// The operation completed and its outcome is stored.
+    Completed,
+}
+
+impl Status {
+    /// The stored value: `IN_PROGRESS` or `COMPLETED`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "IN_PROGRESS",
+            Status::Completed => "COMPLETED",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Status {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "IN_PROGRESS" => Ok(Status::InProgress),
+            "COMPLETED" => Ok(Status::Completed),
+            _ => Err(UnknownStatus),
+        }
+    }
+}
+
+/// A stored status that is neither `IN_PROGRESS` nor `COMPLETED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownStatus;
+
+impl fmt::Display for UnknownStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("unknown record status")
+    }
+}
+
+impl std::error::Error for UnknownStatus {}
+
+/// One idempotency record, as a store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The partition key.
+    pub id: RecordId,
+    /// In progress or completed.
+    pub status: Status,
+    /// The fencing token of the claim that wrote this record.
+    pub owner: OwnerToken,
+    /// The fingerprint of the payload that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// Epoch seconds after which the record is treated as absent (the TTL
+    /// attribute; DynamoDB deletes lazily, so every read compares it).
+    pub expiration_s: u64,
+    /// Epoch milliseconds until which an `IN_PROGRESS` claim is live.
+    pub lease_until_ms: Option<u64>,
+    /// The stored outcome, once completed.
+    pub response: Option<Vec<u8>>,
+    /// Epoch milliseconds of the claim, for operators.
+    pub created_at_ms: Option<u64>,
+    /// Epoch milliseconds of the completion, for operators.
+    pub completed_at_ms: Option<u64>,
+}
+
+impl Record {
+    /// Whether the record has passed its expiration and counts as absent.
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expiration_s < now_ms / 1000
+    }
+
+    /// Whether the record still blocks a new claim at `now_ms`: not expired,
+    /// and either completed or in progress under a lease that has not passed.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        if self.is_expired(now_ms) {
+            return false;
+        }
+        match self.status {
+            Status::Completed => true,
+            // Like the claim condition, where `#lease_until < :now_ms` is false
+            // for a missing attribute: without a lease the claim lasts until
+            // the record expires.
+            Status::InProgress => self.lease_until_ms.is_none_or(|lease| lease >= now_ms),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(status: Status, expiration_s: u64, lease_until_ms: Option<u64>) -> Record {
+        Record {
+            id: RecordId::from_stored("p#1"),
+            status,
+            owner: OwnerToken::from_stored("o"),
+            fingerprint: Fingerprint::from_stored("f"),
+            expiration_s,
+            lease_until_ms,
+            response: None,
+            created_at_ms: None,
+            completed_at_ms: None,
+        }
+    }
+
+    #[test]
+    fn liveness_follows_the_claim_condition() {
+        let now_ms = 1_000_000;
+        assert!(record(Status::Completed, 1000, None).is_live(now_ms));
+        assert!(!record(Status::Completed, 999, None).is_live(now_ms));
+        assert!(record(Status::InProgress, 2000, Some(now_ms)).is_live(now_ms));
+        assert!(!record(Status::InProgress, 2000, Some(now_ms - 1)).is_live(now_ms));
+        assert!(record(Status::InProgress, 2000, None).is_live(now_ms));
+    }
+
+    #[test]
+    fn status_round_trips_and_rejects_unknown_values() {
+        for status in [Status::InProgress, Status::Completed] {
+            assert_eq!(status.as_str().parse::<Status>(), Ok(status));
+        }
+        assert_eq!("EXPIRED".parse::<Status>(), Err(UnknownStatus));
+    }
+}

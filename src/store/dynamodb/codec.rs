@@ -1,0 +1,211 @@
+//! Records to DynamoDB items and back. Decoding never panics: a stored item
+//! with a missing attribute, a wrong type or an unknown status is a
+//! `CorruptRecord` error, and is never replayed.
+
+use super::AttributeNames;
+use crate::{store::Claim, Fingerprint, OwnerToken, Record, RecordId, Status, StoreError};
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+
+pub(super) type Item = HashMap<String, AttributeValue>;
+
+pub(super) fn number(n: u64) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+pub(super) fn string(s: &str) -> AttributeValue {
+    AttributeValue::S(s.to_owned())
+}
+
+/// The fresh `IN_PROGRESS` item a claim writes.
+pub(super) fn claim_item(names: &AttributeNames, claim: &Claim) -> Item {
+    HashMap::from([
+        (names.id.clone(), string(claim.id.as_str())),
+        (names.status.clone(), string(Status::InProgress.as_str())),
+        (names.expiration.clone(), number(claim.expiration_s)),
+        (names.lease_until.clone(), number(claim.lease_until_ms)),
+        (names.owner.clone(), string(claim.owner.as_str())),
+        (
+            names.fingerprint.clone(),
+            string(claim.fingerprint.as_str()),
+        ),
+        (names.created_at.clone(), number(claim.now_ms)),
+    ])
+}
+
+/// Decodes a stored item.
+pub(super) fn decode(names: &AttributeNames, mut item: Item) -> Result<Record, StoreError> {
+    let id: String = required(&mut item, &names.id)?;
+    let status: String = required(&mut item, &names.status)?;
+    let status = status.parse::<Status>().map_err(|_| {
+        StoreError::corrupt(format!(
+            "record {id}: attribute `{}` holds unknown status {status:?}",
+            names.status
+        ))
+    })?;
+    let record = Record {
+        owner: OwnerToken::from_stored(required::<String>(&mut item, &names.owner)?),
+        fingerprint: Fingerprint::from_stored(required::<String>(&mut item, &names.fingerprint)?),
+        expiration_s: required(&mut item, &names.expiration)?,
+        lease_until_ms: optional(&mut item, &names.lease_until)?,
+        response: match item.remove(&names.response) {
+            None => None,
+            Some(AttributeValue::B(blob)) => Some(blob.into_inner()),
+            Some(_) => return Err(wrong_type(&names.response, "binary (B)")),
+        },
+        created_at_ms: optional(&mut item, &names.created_at)?,
+        completed_at_ms: optional(&mut item, &names.completed_at)?,
+        status,
+        id: RecordId::from_stored(id),
+    };
+    match record.status {
+        Status::Completed if record.response.is_none() => Err(StoreError::corrupt(format!(
+            "record {}: COMPLETED without attribute `{}`",
+            record.id, names.response
+        ))),
+        Status::InProgress if record.lease_until_ms.is_none() => Err(StoreError::corrupt(format!(
+            "record {}: IN_PROGRESS without attribute `{}`",
+            record.id, names.lease_until
+        ))),
+        _ => Ok(record),
+    }
+}
+
+fn required<T: DeserializeOwned>(item: &mut Item, name: &str) -> Result<T, StoreError> {
+    optional(item, name)?
+        .ok_or_else(|| StoreError::corrupt(format!("attribute `{name}` is missing")))
+}
+
+fn optional<T: DeserializeOwned>(item: &mut Item, name: &str) -> Result<Option<T>, StoreError> {
+    item.remove(name)
+        .map(|value| {
+            serde_dynamo::from_attribute_value(value).map_err(|error| {
+                StoreError::corrupt(format!("attribute `{name}` has the wrong type"))
+                    .with_source(error)
+            })
+        })
+        .transpose()
+}
+
+fn wrong_type(name: &str, expected: &str) -> StoreError {
+    StoreError::corrupt(format!(
+        "attribute `{name}` has the wrong type, expected {expected}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StoreErrorKind;
+    use aws_sdk_dynamodb::primitives::Blob;
+
+    fn completed_item() -> Item {
+        HashMap::from([
+            ("id".to_owned(), string("p#abc")),
+            ("status".to_owned(), string("COMPLETED")),
+            ("expiration".to_owned(), number(2_000_000_000)),
+            ("owner".to_owned(), string("o1")),
+            ("fingerprint".to_owned(), string("f1")),
+            (
+                "response".to_owned(),
+                AttributeValue::B(Blob::new(b"{\"ok\":1}".to_vec())),
+            ),
+            ("completed_at".to_owned(), number(5)),
+        ])
+    }
+
+    #[test]
+    fn decodes_a_completed_item() {
+        let record = decode(&AttributeNames::default(), completed_item()).unwrap();
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(record.expiration_s, 2_000_000_000);
+        assert_eq!(record.response.as_deref(), Some(&b"{\"ok\":1}"[..]));
+        assert_eq!(record.completed_at_ms, Some(5));
+        assert_eq!(record.lease_until_ms, None);
+    }
+
+    #[test]
+    fn bad_items_are_corrupt_records_not_panics() {
+        let names = AttributeNames::default();
+        type Mutation = Box<dyn Fn(&mut Item)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            (
+                "unknown status",
+                Box::new(|i| {
+                    i.insert("status".into(), string("DONE"));
+                }),
+            ),
+            (
+                "status as number",
+                Box::new(|i| {
+                    i.insert("status".into(), number(1));
+                }),
+            ),
+            (
+                "expiration as string",
+                Box::new(|i| {
+                    i.insert("expiration".into(), string("soon"));
+                }),
+            ),
+            (
+                "negative expiration",
+                Box::new(|i| {
+                    i.insert("expiration".into(), AttributeValue::N("-1".into()));
+                }),
+            ),
+            (
+                "expiration not a number",
+                Box::new(|i| {
+                    i.insert("expiration".into(), AttributeValue::N("x".into()));
+                }),
+            ),
+            (
+                "response as string",
+                Box::new(|i| {
+                    i.insert("response".into(), string("{}"));
+                }),
+            ),
+            (
+                "missing owner",
+                Box::new(|i| {
+                    i.remove("owner");
+                }),
+            ),
+            (
+                "missing response",
+                Box::new(|i| {
+                    i.remove("response");
+                }),
+            ),
+            (
+                "in progress without lease",
+                Box::new(|i| {
+                    i.insert("status".into(), string("IN_PROGRESS"));
+                }),
+            ),
+        ];
+        for (case, mutate) in cases {
+            let mut item = completed_item();
+            mutate(&mut item);
+            let error = decode(&names, item).expect_err(case);
+            assert_eq!(
+                error.kind(),
+                StoreErrorKind::CorruptRecord,
+                "{case}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn configured_names_are_used() {
+        let names = AttributeNames::default().status("st").response("resp");
+        let mut item = completed_item();
+        let status = item.remove("status").unwrap();
+        let response = item.remove("response").unwrap();
+        item.insert("st".into(), status);
+        item.insert("resp".into(), response);
+        assert_eq!(decode(&names, item).unwrap().status, Status::Completed);
+        assert!(decode(&names, completed_item()).is_err());
+    }
+}

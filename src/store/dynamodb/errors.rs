@@ -1,0 +1,81 @@
+//! SDK errors translated into the crate's [`StoreError`]s: nothing above the
+//! store sees the SDK.
+
+use crate::{StoreError, StoreErrorKind};
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use std::{error::Error as StdError, fmt::Debug};
+
+/// Maps a failed SDK call that is not one of the protocol's expected
+/// conditional failures.
+pub(super) fn from_sdk<E, R>(operation: &'static str, error: SdkError<E, R>) -> StoreError
+where
+    E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    R: Debug + Send + Sync + 'static,
+{
+    let kind = match &error {
+        SdkError::ServiceError(service) => kind_of_code(service.err().code()),
+        SdkError::ConstructionFailure(_) => StoreErrorKind::Misconfigured,
+        // Timeouts, connection failures and unparseable answers: the store
+        // could not be reached or did not answer in time.
+        _ => StoreErrorKind::Unavailable,
+    };
+    let message = format!(
+        "DynamoDB {operation} failed: {}",
+        DisplayErrorContext(&error)
+    );
+    StoreError::new(kind, message).with_source(error)
+}
+
+/// The kind of a DynamoDB error code (also the codes of transaction
+/// cancellation reasons).
+pub(super) fn kind_of_code(code: Option<&str>) -> StoreErrorKind {
+    match code {
+        Some(
+            "ProvisionedThroughputExceededException"
+            | "ProvisionedThroughputExceeded"
+            | "ThrottlingException"
+            | "ThrottlingError"
+            | "RequestLimitExceeded"
+            | "TransactionConflict"
+            | "TransactionConflictException"
+            | "TransactionInProgressException",
+        ) => StoreErrorKind::Throttled,
+        Some("InternalServerError" | "ServiceUnavailable") => StoreErrorKind::Unavailable,
+        Some(
+            "ResourceNotFoundException"
+            | "AccessDeniedException"
+            | "UnrecognizedClientException"
+            | "MissingAuthenticationTokenException"
+            | "InvalidSignatureException"
+            | "ValidationException",
+        ) => StoreErrorKind::Misconfigured,
+        Some("ConditionalCheckFailed" | "ValidationError" | "ItemCollectionSizeLimitExceeded") => {
+            StoreErrorKind::WriteRejected
+        }
+        _ => StoreErrorKind::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttling_and_outages_are_transient_but_misconfiguration_is_not() {
+        for code in [
+            "ProvisionedThroughputExceededException",
+            "ThrottlingException",
+            "InternalServerError",
+        ] {
+            assert!(kind_of_code(Some(code)).is_transient(), "{code}");
+        }
+        for code in ["ResourceNotFoundException", "AccessDeniedException"] {
+            assert_eq!(
+                kind_of_code(Some(code)),
+                StoreErrorKind::Misconfigured,
+                "{code}"
+            );
+            assert!(!kind_of_code(Some(code)).is_transient());
+        }
+    }
+}

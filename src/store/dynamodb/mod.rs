@@ -1,0 +1,408 @@
+//! The DynamoDB store: the protocol as conditional writes.
+
+mod codec;
+mod errors;
+mod names;
+
+pub use names::AttributeNames;
+
+use super::{Claim, ClaimOutcome, Completion, Fenced, Store};
+use crate::{OwnerToken, Record, RecordId, Status, StoreError, StoreErrorKind};
+use aws_sdk_dynamodb::{
+    operation::{
+        delete_item::DeleteItemError, put_item::PutItemError,
+        transact_write_items::TransactWriteItemsError, update_item::UpdateItemError,
+    },
+    primitives::Blob,
+    types::{
+        AttributeValue, CancellationReason, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+        Update,
+    },
+    Client,
+};
+use codec::{number, string, Item};
+use names::ExpressionNames;
+use std::{collections::HashMap, sync::Arc};
+
+const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s \
+     OR (#status = :in_progress AND #lease_until < :now_ms)";
+const FENCE_CONDITION: &str = "#status = :in_progress AND #owner = :owner";
+const COMPLETE_UPDATE: &str = "SET #status = :completed, #response = :response, \
+     #expiration = :expiration, #completed_at = :now_ms REMOVE #lease_until";
+
+/// How many times a claim is tried when the record it collided with is gone
+/// by the time it is read (deleted or expired in between).
+const CLAIM_TRIES: usize = 3;
+
+/// Records in a DynamoDB table.
+///
+/// The table needs a partition key of type S (named `id` unless configured
+/// otherwise with [`attribute_names`](DynamoDbStore::attribute_names)) and,
+/// to have DynamoDB delete old records, TTL enabled on `expiration`. Every
+/// read and condition compares `expiration` itself, so records are never
+/// served after they expire, however late TTL deletes them.
+///
+/// Transactional writes ([`Store::Write`]) are
+/// [`TransactWriteItem`]s, committed in one `TransactWriteItems` call with
+/// the completion (so at most 99 of them, none on the record's own item).
+///
+/// Build the client once per process, outside the handler; the store is
+/// cheap to clone.
+#[derive(Debug, Clone)]
+pub struct DynamoDbStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    table: String,
+    names: AttributeNames,
+    expression_names: ExpressionNames,
+}
+
+impl DynamoDbStore {
+    /// A store over `table`, with the default attribute names.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        Self::with_names(client, table.into(), AttributeNames::default())
+    }
+
+    /// Uses other attribute names, for example to share a table laid out by
+    /// another tool.
+    #[must_use]
+    pub fn attribute_names(self, names: AttributeNames) -> Self {
+        Self::with_names(self.inner.client.clone(), self.inner.table.clone(), names)
+    }
+
+    fn with_names(client: Client, table: String, names: AttributeNames) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                table,
+                expression_names: ExpressionNames::new(&names),
+                names,
+            }),
+        }
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// The attribute names in use.
+    pub fn names(&self) -> &AttributeNames {
+        &self.inner.names
+    }
+
+    fn key(&self, id: &RecordId) -> Item {
+        HashMap::from([(self.inner.names.id.clone(), string(id.as_str()))])
+    }
+
+    fn fence_values(owner: &OwnerToken) -> Item {
+        HashMap::from([
+            (
+                ":in_progress".to_owned(),
+                string(Status::InProgress.as_str()),
+            ),
+            (":owner".to_owned(), string(owner.as_str())),
+        ])
+    }
+
+    fn decode(&self, item: Item) -> Result<Record, StoreError> {
+        codec::decode(&self.inner.names, item)
+    }
+
+    async fn put_claim(&self, claim: &Claim) -> Result<Option<Option<Item>>, StoreError> {
+        let inner = &*self.inner;
+        let result = inner
+            .client
+            .put_item()
+            .table_name(&inner.table)
+            .set_item(Some(codec::claim_item(&inner.names, claim)))
+            .condition_expression(CLAIM_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.claim.clone()))
+            .expression_attribute_values(":now_s", number(claim.now_ms / 1000))
+            .expression_attribute_values(":now_ms", number(claim.now_ms))
+            .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(None),
+            Err(error) => match error.as_service_error() {
+                Some(e) if e.is_conditional_check_failed_exception() => {
+                    Ok(Some(match error.into_service_error() {
+                        PutItemError::ConditionalCheckFailedException(failed) => failed.item,
+                        _ => None,
+                    }))
+                }
+                _ => Err(errors::from_sdk("PutItem (claim)", error)),
+            },
+        }
+    }
+
+    /// Decides what a live record found by a claim means: our own landed
+    /// write, a record to report, or none (retry the claim).
+    fn found(&self, claim: &Claim, item: Item) -> Result<Option<ClaimOutcome>, StoreError> {
+        let record = self.decode(item)?;
+        if record.owner == claim.owner {
+            // The SDK retried a PutItem that had landed and whose answer was
+            // lost: the record it collided with is this very claim.
+            return Ok(Some(ClaimOutcome::Claimed));
+        }
+        if record.is_live(claim.now_ms) {
+            Ok(Some(ClaimOutcome::Existing(record)))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn update_for(&self, completion: &Completion<TransactWriteItem>) -> (Item, Item) {
+        let mut values = Self::fence_values(&completion.owner);
+        values.insert(":completed".to_owned(), string(Status::Completed.as_str()));
+        values.insert(
+            ":response".to_owned(),
+            AttributeValue::B(Blob::new(completion.response.clone())),
+        );
+        values.insert(":expiration".to_owned(), number(completion.expiration_s));
+        values.insert(":now_ms".to_owned(), number(completion.now_ms));
+        (self.key(&completion.id), values)
+    }
+
+    /// Whether an item returned by a failed completion shows that this very
+    /// completion had landed (the SDK retried it and its answer was lost).
+    fn completed_by(&self, item: Option<Item>, owner: &OwnerToken) -> Result<Fenced, StoreError> {
+        let Some(item) = item else {
+            return Ok(Fenced::Lost);
+        };
+        let record = self.decode(item)?;
+        if record.status == Status::Completed && &record.owner == owner {
+            Ok(Fenced::Applied)
+        } else {
+            Ok(Fenced::Lost)
+        }
+    }
+
+    async fn complete_alone(
+        &self,
+        completion: Completion<TransactWriteItem>,
+    ) -> Result<Fenced, StoreError> {
+        let inner = &*self.inner;
+        let (key, values) = self.update_for(&completion);
+        let result = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .set_key(Some(key))
+            .update_expression(COMPLETE_UPDATE)
+            .condition_expression(FENCE_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.complete.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Fenced::Applied),
+            Err(error) => match error.as_service_error() {
+                Some(e) if e.is_conditional_check_failed_exception() => {
+                    let item = match error.into_service_error() {
+                        UpdateItemError::ConditionalCheckFailedException(failed) => failed.item,
+                        _ => None,
+                    };
+                    self.completed_by(item, &completion.owner)
+                }
+                _ => Err(errors::from_sdk("UpdateItem (complete)", error)),
+            },
+        }
+    }
+
+    async fn complete_in_transaction(
+        &self,
+        completion: Completion<TransactWriteItem>,
+    ) -> Result<Fenced, StoreError> {
+        let inner = &*self.inner;
+        let (key, values) = self.update_for(&completion);
+        let update = Update::builder()
+            .table_name(&inner.table)
+            .set_key(Some(key))
+            .update_expression(COMPLETE_UPDATE)
+            .condition_expression(FENCE_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.complete.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| {
+                StoreError::new(StoreErrorKind::Misconfigured, "invalid completion update")
+                    .with_source(e)
+            })?;
+        let mut items = Vec::with_capacity(completion.writes.len() + 1);
+        items.push(TransactWriteItem::builder().update(update).build());
+        items.extend(completion.writes);
+        let result = inner
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            // One completion per claim: the owner token makes the
+            // transaction idempotent, so an SDK retry of one that landed
+            // succeeds instead of failing its own fence.
+            .client_request_token(completion.owner.as_str())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Fenced::Applied),
+            Err(error) => match error.as_service_error() {
+                Some(e) if e.is_transaction_canceled_exception() => {
+                    match error.into_service_error() {
+                        TransactWriteItemsError::TransactionCanceledException(cancelled) => self
+                            .cancelled(
+                                cancelled.cancellation_reasons.unwrap_or_default(),
+                                &completion.owner,
+                            ),
+                        other => Err(StoreError::new(
+                            StoreErrorKind::Other,
+                            "DynamoDB TransactWriteItems failed",
+                        )
+                        .with_source(other)),
+                    }
+                }
+                _ => Err(errors::from_sdk("TransactWriteItems (complete)", error)),
+            },
+        }
+    }
+
+    /// Reads why a completion transaction was cancelled: the fence (the
+    /// first action) failing means the claim was lost, unless the item shows
+    /// this very completion had landed; anything else is about the
+    /// operation's own writes.
+    fn cancelled(
+        &self,
+        reasons: Vec<CancellationReason>,
+        owner: &OwnerToken,
+    ) -> Result<Fenced, StoreError> {
+        let mut reasons = reasons.into_iter();
+        if let Some(fence) = reasons.next() {
+            if fence.code() == Some("ConditionalCheckFailed") {
+                return self.completed_by(fence.item, owner);
+            }
+            if let Some(code) = fence.code().filter(|c| *c != "None") {
+                return Err(StoreError::new(
+                    errors::kind_of_code(Some(code)),
+                    format!(
+                        "DynamoDB TransactWriteItems cancelled: the completion failed with {code}"
+                    ),
+                ));
+            }
+        }
+        let (index, code) = reasons
+            .enumerate()
+            .find_map(|(index, reason)| reason.code.filter(|c| c != "None").map(|c| (index, c)))
+            .unwrap_or((0, String::from("an unknown reason")));
+        let kind = match errors::kind_of_code(Some(&code)) {
+            StoreErrorKind::Other => StoreErrorKind::WriteRejected,
+            kind => kind,
+        };
+        Err(StoreError::new(
+            kind,
+            format!("DynamoDB TransactWriteItems cancelled: the operation's write {index} failed with {code}"),
+        ))
+    }
+}
+
+impl Store for DynamoDbStore {
+    type Write = TransactWriteItem;
+
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        for _ in 0..CLAIM_TRIES {
+            let old = match self.put_claim(claim).await? {
+                None => return Ok(ClaimOutcome::Claimed),
+                Some(Some(item)) => Some(item),
+                // The failure carried no item: read it, strongly consistent.
+                Some(None) => self.get_item(&claim.id).await?,
+            };
+            if let Some(item) = old {
+                if let Some(outcome) = self.found(claim, item)? {
+                    return Ok(outcome);
+                }
+            }
+            // The record that failed the condition is gone or no longer
+            // live: claim again.
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Other,
+            format!(
+                "record {} kept changing during {CLAIM_TRIES} claim attempts",
+                claim.id
+            ),
+        ))
+    }
+
+    async fn complete(
+        &self,
+        completion: Completion<TransactWriteItem>,
+    ) -> Result<Fenced, StoreError> {
+        if completion.writes.is_empty() {
+            self.complete_alone(completion).await
+        } else {
+            self.complete_in_transaction(completion).await
+        }
+    }
+
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Fenced, StoreError> {
+        let inner = &*self.inner;
+        let result = inner
+            .client
+            .delete_item()
+            .table_name(&inner.table)
+            .set_key(Some(self.key(id)))
+            .condition_expression(FENCE_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.fence.clone()))
+            .set_expression_attribute_values(Some(Self::fence_values(owner)))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Fenced::Applied),
+            Err(error) => match error.as_service_error() {
+                Some(e) if e.is_conditional_check_failed_exception() => {
+                    match error.into_service_error() {
+                        // The record is still there, under another owner or completed.
+                        DeleteItemError::ConditionalCheckFailedException(failed)
+                            if failed.item.is_some() =>
+                        {
+                            Ok(Fenced::Lost)
+                        }
+                        // No item: released already (a retried delete that had
+                        // landed), or never there. Nothing of ours is left.
+                        _ => Ok(Fenced::Applied),
+                    }
+                }
+                _ => Err(errors::from_sdk("DeleteItem (release)", error)),
+            },
+        }
+    }
+
+    async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        let Some(item) = self.get_item(id).await? else {
+            return Ok(None);
+        };
+        let record = self.decode(item)?;
+        Ok((!record.is_expired(now_ms)).then_some(record))
+    }
+}
+
+impl DynamoDbStore {
+    async fn get_item(&self, id: &RecordId) -> Result<Option<Item>, StoreError> {
+        let inner = &*self.inner;
+        inner
+            .client
+            .get_item()
+            .table_name(&inner.table)
+            .set_key(Some(self.key(id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map(|output| output.item)
+            .map_err(|e| errors::from_sdk("GetItem", e))
+    }
+}

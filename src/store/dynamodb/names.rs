@@ -1,0 +1,110 @@
+//! The record's attribute names, configurable.
+
+use std::collections::HashMap;
+
+/// The names of the record's attributes in the DynamoDB table.
+///
+/// The defaults are those of the crate's record: `id` (the partition key),
+/// `status`, `expiration` (the table's TTL attribute), `lease_until`,
+/// `owner`, `fingerprint`, `response`, `created_at`, `completed_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttributeNames {
+    pub(crate) id: String,
+    pub(crate) status: String,
+    pub(crate) expiration: String,
+    pub(crate) lease_until: String,
+    pub(crate) owner: String,
+    pub(crate) fingerprint: String,
+    pub(crate) response: String,
+    pub(crate) created_at: String,
+    pub(crate) completed_at: String,
+}
+
+impl Default for AttributeNames {
+    fn default() -> Self {
+        Self {
+            id: "id".into(),
+            status: "status".into(),
+            expiration: "expiration".into(),
+            lease_until: "lease_until".into(),
+            owner: "owner".into(),
+            fingerprint: "fingerprint".into(),
+            response: "response".into(),
+            created_at: "created_at".into(),
+            completed_at: "completed_at".into(),
+        }
+    }
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident),* $(,)?) => {
+        impl AttributeNames {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $field(mut self, name: impl Into<String>) -> Self {
+                    self.$field = name.into();
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    /// The partition key (type S) of the table.
+    id,
+    /// The record status.
+    status,
+    /// The expiration in epoch seconds; make it the table's TTL attribute.
+    expiration,
+    /// The lease end in epoch milliseconds.
+    lease_until,
+    /// The claim's fencing token.
+    owner,
+    /// The payload fingerprint.
+    fingerprint,
+    /// The stored outcome.
+    response,
+    /// The claim time in epoch milliseconds.
+    created_at,
+    /// The completion time in epoch milliseconds.
+    completed_at,
+}
+
+/// `ExpressionAttributeNames` for each request, built once: DynamoDB rejects
+/// names a request's expressions do not use.
+#[derive(Debug, Clone)]
+pub(super) struct ExpressionNames {
+    pub(super) claim: HashMap<String, String>,
+    pub(super) fence: HashMap<String, String>,
+    pub(super) complete: HashMap<String, String>,
+}
+
+impl ExpressionNames {
+    pub(super) fn new(names: &AttributeNames) -> Self {
+        let map = |pairs: &[(&str, &String)]| {
+            pairs
+                .iter()
+                .map(|(placeholder, name)| ((*placeholder).to_owned(), (*name).clone()))
+                .collect::<HashMap<_, _>>()
+        };
+        Self {
+            claim: map(&[
+                ("#id", &names.id),
+                ("#expiration", &names.expiration),
+                ("#status", &names.status),
+                ("#lease_until", &names.lease_until),
+            ]),
+            fence: map(&[("#status", &names.status), ("#owner", &names.owner)]),
+            complete: map(&[
+                ("#status", &names.status),
+                ("#owner", &names.owner),
+                ("#response", &names.response),
+                ("#expiration", &names.expiration),
+                ("#completed_at", &names.completed_at),
+                ("#lease_until", &names.lease_until),
+            ]),
+        }
+    }
+}

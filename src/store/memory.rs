@@ -1,0 +1,216 @@
+//! An in-memory store with the DynamoDB store's semantics, for unit tests
+//! and examples.
+
+use super::{Claim, ClaimOutcome, Completion, Fenced, Store};
+use crate::{OwnerToken, Record, RecordId, Status, StoreError, StoreErrorKind};
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+};
+
+/// A business write committed by [`MemoryStore`] together with a
+/// completion: an item stored under a key in a side table that tests can
+/// read with [`MemoryStore::item`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryWrite {
+    /// The item's key.
+    pub key: String,
+    /// The item's value.
+    pub value: Vec<u8>,
+    /// Reject the whole transaction if an item already exists under `key`,
+    /// like a DynamoDB `attribute_not_exists` condition.
+    pub if_absent: bool,
+}
+
+impl MemoryWrite {
+    /// Puts `value` under `key`, replacing any item there.
+    pub fn put(key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        Self {
+            key: key.into(),
+            value: value.into(),
+            if_absent: false,
+        }
+    }
+
+    /// Puts `value` under `key` only if no item is there.
+    pub fn put_if_absent(key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        Self {
+            if_absent: true,
+            ..Self::put(key, value)
+        }
+    }
+}
+
+/// A [`Store`] in process memory.
+///
+/// It evaluates the same conditions as the DynamoDB store, counts calls,
+/// and can be told to fail, so the engine's behaviour can be tested without
+/// DynamoDB. Clones share the same records.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    state: Mutex<State>,
+    calls: AtomicU64,
+    failures: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: HashMap<RecordId, Record>,
+    items: HashMap<String, Vec<u8>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many store calls were made so far.
+    pub fn calls(&self) -> u64 {
+        self.inner.calls.load(Ordering::SeqCst)
+    }
+
+    /// Makes the next `n` calls fail with [`StoreErrorKind::Unavailable`].
+    pub fn fail_next(&self, n: usize) {
+        self.inner.failures.store(n, Ordering::SeqCst);
+    }
+
+    /// The record stored under `id`, expired or not.
+    pub fn record(&self, id: &RecordId) -> Option<Record> {
+        self.state().records.get(id).cloned()
+    }
+
+    /// Every record, expired or not.
+    pub fn records(&self) -> Vec<Record> {
+        self.state().records.values().cloned().collect()
+    }
+
+    /// Replaces or inserts a record as it is, bypassing every condition: for
+    /// tests that need a record in a given state.
+    pub fn insert_record(&self, record: Record) {
+        self.state().records.insert(record.id.clone(), record);
+    }
+
+    /// The business item committed under `key` by a transactional completion.
+    pub fn item(&self, key: &str) -> Option<Vec<u8>> {
+        self.state().items.get(key).cloned()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a record half-written
+        // (every update is a single insert or remove), so a poisoned lock is
+        // safe to keep using.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn enter(&self) -> Result<MutexGuard<'_, State>, StoreError> {
+        self.inner.calls.fetch_add(1, Ordering::SeqCst);
+        let injected = self
+            .inner
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if injected.is_ok() {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "memory store: injected failure",
+            ));
+        }
+        Ok(self.state())
+    }
+}
+
+fn held_by(record: Option<&Record>, owner: &OwnerToken) -> bool {
+    record.is_some_and(|r| r.status == Status::InProgress && &r.owner == owner)
+}
+
+impl Store for MemoryStore {
+    type Write = MemoryWrite;
+
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        let mut state = self.enter()?;
+        match state.records.get(&claim.id) {
+            Some(existing) if existing.owner == claim.owner => Ok(ClaimOutcome::Claimed),
+            Some(existing) if existing.is_live(claim.now_ms) => {
+                Ok(ClaimOutcome::Existing(existing.clone()))
+            }
+            _ => {
+                state.records.insert(
+                    claim.id.clone(),
+                    Record {
+                        id: claim.id.clone(),
+                        status: Status::InProgress,
+                        owner: claim.owner.clone(),
+                        fingerprint: claim.fingerprint.clone(),
+                        expiration_s: claim.expiration_s,
+                        lease_until_ms: Some(claim.lease_until_ms),
+                        response: None,
+                        created_at_ms: Some(claim.now_ms),
+                        completed_at_ms: None,
+                    },
+                );
+                Ok(ClaimOutcome::Claimed)
+            }
+        }
+    }
+
+    async fn complete(&self, completion: Completion<MemoryWrite>) -> Result<Fenced, StoreError> {
+        let mut state = self.enter()?;
+        let state = &mut *state;
+        if !held_by(state.records.get(&completion.id), &completion.owner) {
+            return Ok(Fenced::Lost);
+        }
+        if let Some(taken) = completion
+            .writes
+            .iter()
+            .find(|w| w.if_absent && state.items.contains_key(&w.key))
+        {
+            return Err(StoreError::new(
+                StoreErrorKind::WriteRejected,
+                format!("memory store: an item already exists under {:?}", taken.key),
+            ));
+        }
+        for write in completion.writes {
+            state.items.insert(write.key, write.value);
+        }
+        if let Some(record) = state.records.get_mut(&completion.id) {
+            record.status = Status::Completed;
+            record.response = Some(completion.response);
+            record.expiration_s = completion.expiration_s;
+            record.lease_until_ms = None;
+            record.completed_at_ms = Some(completion.now_ms);
+        }
+        Ok(Fenced::Applied)
+    }
+
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Fenced, StoreError> {
+        let mut state = self.enter()?;
+        match state.records.get(id) {
+            None => Ok(Fenced::Applied),
+            existing if held_by(existing, owner) => {
+                state.records.remove(id);
+                Ok(Fenced::Applied)
+            }
+            Some(_) => Ok(Fenced::Lost),
+        }
+    }
+
+    async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        let state = self.enter()?;
+        Ok(state
+            .records
+            .get(id)
+            .filter(|r| !r.is_expired(now_ms))
+            .cloned())
+    }
+}
