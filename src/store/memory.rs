@@ -167,8 +167,15 @@ impl Store for MemoryStore {
     async fn complete(&self, completion: Completion<MemoryWrite>) -> Result<Fenced, StoreError> {
         let mut state = self.enter()?;
         let state = &mut *state;
-        if !held_by(state.records.get(&completion.id), &completion.owner) {
-            return Ok(Fenced::Lost);
+        match state.records.get(&completion.id) {
+            existing if held_by(existing, &completion.owner) => {}
+            // Our own completion, landed before (as an SDK retry would find it).
+            Some(existing)
+                if existing.status == Status::Completed && existing.owner == completion.owner =>
+            {
+                return Ok(Fenced::Applied)
+            }
+            _ => return Ok(Fenced::Lost),
         }
         if let Some(taken) = completion
             .writes

@@ -1,0 +1,482 @@
+//! The engine on DynamoDB Local: every guarantee, plus what only a real
+//! DynamoDB shows (round trips, transactions, unreachable endpoints, items
+//! written by others).
+//!
+//! Needs `AWS_ENDPOINT_URL_DYNAMODB`; `make test` provides it.
+
+mod support;
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use lambda_idempotency::{
+    Attempt, AttributeNames, DynamoDbStore, Engine, Error, ErrorKind, ManualClock, OutcomeKind,
+    StoreErrorKind,
+};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+use support::scenarios::{self, charge, payload, Charge, Declined};
+
+async fn store() -> DynamoDbStore {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    DynamoDbStore::new(client, table)
+}
+
+#[tokio::test]
+async fn first_call_runs_then_replays() {
+    scenarios::first_call_runs_then_replays(store().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_duplicates_run_once() {
+    scenarios::concurrent_duplicates_run_once(store().await, 64).await;
+}
+
+#[tokio::test]
+async fn mismatch_is_rejected_without_running() {
+    scenarios::mismatch_is_rejected_without_running(store().await).await;
+}
+
+#[tokio::test]
+async fn failed_operation_releases_its_claim() {
+    scenarios::failed_operation_releases_its_claim(store().await).await;
+}
+
+#[tokio::test]
+async fn expired_lease_is_taken_over() {
+    scenarios::expired_lease_is_taken_over(store().await).await;
+}
+
+#[tokio::test]
+async fn lease_is_capped_by_max_lease() {
+    scenarios::lease_is_capped_by_max_lease(store().await).await;
+}
+
+#[tokio::test]
+async fn zombie_cannot_touch_its_successor() {
+    scenarios::zombie_cannot_touch_its_successor(store().await).await;
+}
+
+#[tokio::test]
+async fn own_landed_writes_are_recognised() {
+    scenarios::own_landed_writes_are_recognised(store().await).await;
+}
+
+#[tokio::test]
+async fn expired_completed_record_is_absent() {
+    scenarios::expired_completed_record_is_absent(store().await).await;
+}
+
+#[tokio::test]
+async fn unreachable_store_fails_closed() {
+    let store = DynamoDbStore::new(support::unreachable_client(), "idempotency");
+    scenarios::store_failure_fails_closed(store).await;
+}
+
+#[tokio::test]
+async fn unreachable_store_runs_the_operation_only_when_failing_open() {
+    let store = DynamoDbStore::new(support::unreachable_client(), "idempotency");
+    let engine = Engine::builder(store).fail_open(true).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let outcome = engine
+        .execute(&Attempt::new("t", "k", payload(1)), charge(&runs, 1))
+        .await
+        .expect("fail-open runs the operation");
+    assert_eq!(outcome.kind(), OutcomeKind::Unprotected);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn missing_table_is_a_misconfiguration_and_nothing_runs() {
+    let store = DynamoDbStore::new(support::client(), "no-such-table");
+    let engine = Engine::builder(store).fail_open(true).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let result = engine
+        .execute(&Attempt::new("t", "k", payload(1)), charge(&runs, 1))
+        .await;
+    match result {
+        Err(Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}")
+        }
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "fail-open covers outages, not misconfiguration"
+    );
+}
+
+#[tokio::test]
+async fn dynamodb_calls_per_request() {
+    let (client, calls) = support::counted_client();
+    let table = support::create_idempotency_table(&client).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let engine = Engine::builder(DynamoDbStore::new(client.clone(), table.clone())).build();
+    let attempt = Attempt::new("t", "k", payload(1));
+    calls.reset();
+    engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("first");
+    assert_eq!(
+        calls.total(),
+        2,
+        "first call: claim + complete, {:?}",
+        calls.by_operation()
+    );
+    assert_eq!(calls.by_operation().get("PutItem"), Some(&1));
+    assert_eq!(calls.by_operation().get("UpdateItem"), Some(&1));
+
+    calls.reset();
+    let replay = engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("replay");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(
+        calls.total(),
+        1,
+        "replay: the failed claim only, {:?}",
+        calls.by_operation()
+    );
+
+    let cached = Engine::builder(DynamoDbStore::new(client, table))
+        .cache(16)
+        .build();
+    let attempt = Attempt::new("t", "cached", payload(1));
+    cached
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("first");
+    calls.reset();
+    let replay = cached
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("cached replay");
+    assert_eq!(replay.kind(), OutcomeKind::CachedReplay);
+    assert_eq!(calls.total(), 0, "cached replay: no call");
+    let mismatch = cached
+        .execute(&Attempt::new("t", "cached", payload(2)), charge(&runs, 2))
+        .await;
+    assert!(
+        matches!(mismatch, Err(Error::PayloadMismatch)),
+        "the cache checks the fingerprint"
+    );
+    assert_eq!(calls.total(), 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn cache_does_not_serve_expired_records() {
+    let store = store().await;
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .retention(Duration::from_secs(60))
+        .cache(16)
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("t", "k", payload(1));
+    engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("first");
+    clock.advance(Duration::from_secs(61));
+    let again = engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("after expiry");
+    assert_eq!(again.kind(), OutcomeKind::Fresh);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+fn charge_item(table: &str, id: &str) -> TransactWriteItem {
+    TransactWriteItem::builder()
+        .put(
+            Put::builder()
+                .table_name(table)
+                .item("id", AttributeValue::S(id.into()))
+                .item("amount", AttributeValue::N("100".into()))
+                .condition_expression("attribute_not_exists(id)")
+                .build()
+                .expect("put"),
+        )
+        .build()
+}
+
+async fn charge_exists(client: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> bool {
+    client
+        .get_item()
+        .table_name(table)
+        .key("id", AttributeValue::S(id.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get charge")
+        .item
+        .is_some()
+}
+
+#[tokio::test]
+async fn transactional_completion_commits_record_and_business_item_together() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let charges = support::create_table_with(&client, "charges", "id", None).await;
+    let engine = Engine::builder(DynamoDbStore::new(client.clone(), table)).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("t", "k", payload(100));
+
+    let run = |id: &'static str| {
+        let runs = Arc::clone(&runs);
+        let write = charge_item(&charges, id);
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Declined>((
+                Charge {
+                    id: id.into(),
+                    amount: 100,
+                },
+                vec![write],
+            ))
+        }
+    };
+    let first = engine
+        .execute_transactional(&attempt, run("ch_1"))
+        .await
+        .expect("first");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    assert!(
+        charge_exists(&client, &charges, "ch_1").await,
+        "business item committed"
+    );
+
+    let replay = engine
+        .execute_transactional(&attempt, run("ch_2"))
+        .await
+        .expect("replay");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value().id, "ch_1");
+    assert!(!charge_exists(&client, &charges, "ch_2").await);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn fenced_out_transaction_writes_neither_record_nor_business_item() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let charges = support::create_table_with(&client, "charges", "id", None).await;
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(DynamoDbStore::new(client.clone(), table))
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(10))
+        .build();
+    let attempt = Attempt::new("t", "k", payload(100));
+
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let zombie = {
+        let engine = engine.clone();
+        let write = charge_item(&charges, "ch_zombie");
+        tokio::spawn(async move {
+            let attempt = Attempt::new("t", "k", payload(100));
+            engine
+                .execute_transactional(&attempt, || async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, Declined>((
+                        Charge {
+                            id: "ch_zombie".into(),
+                            amount: 100,
+                        },
+                        vec![write],
+                    ))
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("zombie started");
+    clock.advance(Duration::from_secs(11));
+    let write = charge_item(&charges, "ch_successor");
+    let successor = engine
+        .execute_transactional(&attempt, || async move {
+            Ok::<_, Declined>((
+                Charge {
+                    id: "ch_successor".into(),
+                    amount: 100,
+                },
+                vec![write],
+            ))
+        })
+        .await
+        .expect("takeover");
+    assert_eq!(successor.kind(), OutcomeKind::Fresh);
+
+    finish_tx.send(()).expect("zombie waits");
+    let result = zombie.await.expect("task");
+    assert!(matches!(result, Err(Error::LostOwnership)), "{result:?}");
+    assert!(
+        !charge_exists(&client, &charges, "ch_zombie").await,
+        "the zombie's write was not committed"
+    );
+    assert!(charge_exists(&client, &charges, "ch_successor").await);
+    let replay = engine
+        .execute_transactional(&attempt, || async {
+            Ok::<_, Declined>((
+                Charge {
+                    id: "x".into(),
+                    amount: 0,
+                },
+                vec![],
+            ))
+        })
+        .await
+        .expect("replay");
+    assert_eq!(
+        replay.value().id,
+        "ch_successor",
+        "the successor's record is intact"
+    );
+}
+
+#[tokio::test]
+async fn rejected_business_write_releases_the_claim() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let charges = support::create_table_with(&client, "charges", "id", None).await;
+    let engine = Engine::builder(DynamoDbStore::new(client.clone(), table)).build();
+    let attempt = Attempt::new("t", "k", payload(100));
+    let put = |id: &'static str| {
+        let write = charge_item(&charges, id);
+        move || async move {
+            Ok::<_, Declined>((
+                Charge {
+                    id: id.into(),
+                    amount: 100,
+                },
+                vec![write],
+            ))
+        }
+    };
+    engine
+        .execute_transactional(&Attempt::new("t", "other", payload(1)), put("ch_taken"))
+        .await
+        .expect("first charge");
+
+    let result = engine
+        .execute_transactional(&attempt, put("ch_taken"))
+        .await;
+    match result {
+        Err(Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::WriteRejected, "{error}")
+        }
+        other => panic!("expected a rejected write, got {other:?}"),
+    }
+    let retry = engine
+        .execute_transactional(&attempt, put("ch_new"))
+        .await
+        .expect("retry runs");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh, "the claim was released");
+}
+
+#[tokio::test]
+async fn corrupt_record_is_an_error_not_a_replay() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let engine = Engine::builder(DynamoDbStore::new(client.clone(), table.clone())).build();
+    let id = engine.record_id("t", "k");
+    let far = (std::time::SystemTime::now() + Duration::from_secs(3600))
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs();
+    for (status, expiration) in [
+        (
+            AttributeValue::S("DONE".into()),
+            AttributeValue::N(far.to_string()),
+        ),
+        (
+            AttributeValue::N("1".into()),
+            AttributeValue::N(far.to_string()),
+        ),
+    ] {
+        client
+            .put_item()
+            .table_name(&table)
+            .item("id", AttributeValue::S(id.to_string()))
+            .item("status", status)
+            .item("expiration", expiration)
+            .item("owner", AttributeValue::S("someone".into()))
+            .item("fingerprint", AttributeValue::S(payload(1).to_string()))
+            .send()
+            .await
+            .expect("write a corrupt item");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let result = engine
+            .execute(&Attempt::new("t", "k", payload(1)), charge(&runs, 1))
+            .await;
+        let error = result.expect_err("a corrupt record is never replayed");
+        assert_eq!(error.kind(), ErrorKind::CorruptRecord, "{error}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+}
+
+#[tokio::test]
+async fn configured_names_and_prefix_are_used_and_raw_keys_never_stored() {
+    let client = support::client();
+    let table = support::create_table_with(&client, "custom", "pk", Some("ttl")).await;
+    let names = AttributeNames::default()
+        .id("pk")
+        .expiration("ttl")
+        .status("state")
+        .response("data")
+        .fingerprint("validation");
+    let engine =
+        Engine::builder(DynamoDbStore::new(client.clone(), table.clone()).attribute_names(names))
+            .key_prefix("charges")
+            .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("tenant-secret", "raw-key-4f0c9a", payload(1));
+    engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("first");
+    let replay = engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("replay");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+
+    let items = client
+        .scan()
+        .table_name(&table)
+        .send()
+        .await
+        .expect("scan")
+        .items
+        .unwrap_or_default();
+    assert_eq!(items.len(), 1);
+    let item = &items[0];
+    for name in [
+        "pk",
+        "ttl",
+        "state",
+        "data",
+        "validation",
+        "owner",
+        "completed_at",
+    ] {
+        assert!(item.contains_key(name), "attribute {name} in {item:?}");
+    }
+    let pk = item["pk"].as_s().expect("pk is S");
+    assert!(pk.starts_with("charges#"), "{pk}");
+    let dump = format!("{item:?}");
+    assert!(
+        !dump.contains("raw-key-4f0c9a") && !dump.contains("tenant-secret"),
+        "{dump}"
+    );
+}
