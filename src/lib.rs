@@ -1,5 +1,138 @@
-//! tmp
+//! Idempotent AWS Lambda handlers on DynamoDB conditional writes.
+//!
+//! Clients, gateways, queues and SDKs retry. With an idempotency key, this
+//! crate makes an operation run **at most once per key**, replays its
+//! original outcome to every retry, rejects a key reused with a different
+//! payload, keeps concurrent duplicates from both running, and recovers when
+//! an invocation crashes mid-flight.
+//!
+//! # How it works
+//!
+//! One record per scoped key, in a DynamoDB table:
+//!
+//! 1. **claim**: a conditional `PutItem` writes an `IN_PROGRESS` record with
+//!    a lease and a fresh owner token, unless a live record holds the key. If
+//!    one does, DynamoDB hands it back with the conditional failure
+//!    (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), so a duplicate costs
+//!    one call: a different payload is a [`Error::PayloadMismatch`], a
+//!    completed record is replayed, a record in progress is
+//!    [`Error::InProgress`] with the time left on its lease.
+//! 2. **run** the operation.
+//! 3. **complete**: a conditional `UpdateItem` stores the outcome, *fenced* on
+//!    the owner token; or, if the operation failed, **release**: a
+//!    conditional `DeleteItem` with the same fence, so a retry can run.
+//!
+//! A claim is a lease: an invocation that crashes or times out does not
+//! poison its key; once the lease passes a retry takes the key over. The
+//! fence means an invocation whose lease passed (a zombie) can neither
+//! overwrite nor delete its successor's record.
+//!
+//! # Guarantees
+//!
+//! For one key inside one scope:
+//!
+//! - the operation runs at most once while a claim is live; concurrent
+//!   duplicates never both run;
+//! - once it has completed, every retry within the retention (24 h by
+//!   default) gets the original outcome, marked as a replay, and runs nothing;
+//! - a retry with a different payload is rejected, never served the other
+//!   request's outcome;
+//! - a crashed or timed-out invocation's claim expires with its lease;
+//! - a zombie cannot overwrite or delete its successor's record;
+//! - when the store cannot be reached the operation does not run (fail
+//!   closed), unless [`EngineBuilder::fail_open`] says otherwise.
+//!
+//! **Not guaranteed:** a side effect *outside* DynamoDB that happened before
+//! a crash, and before completion, is repeated by a retry once the lease
+//! passes. [`Engine::execute_transactional`] closes that gap for effects
+//! written to DynamoDB: they commit in one transaction with the completion.
+//!
+//! # Example
+//!
+//! The engine over the in-memory store (use [`DynamoDbStore`] in a Lambda):
+//!
+//! ```
+//! use lambda_idempotency::{Attempt, Engine, Error, Fingerprint, MemoryStore, OutcomeKind};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Debug, PartialEq, Serialize, Deserialize)]
+//! struct Charge { id: String, amount: u64 }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::builder(MemoryStore::new()).build();
+//!
+//! let body = serde_json::json!({ "amount": 1250, "currency": "eur" });
+//! let attempt = Attempt::new("tenant-42 POST /v1/charges", "8e03978e-40d5", Fingerprint::of_json(&body)?);
+//!
+//! let first = engine
+//!     .execute(&attempt, || async { Ok::<_, std::io::Error>(Charge { id: "ch_1".into(), amount: 1250 }) })
+//!     .await?;
+//! assert_eq!(first.kind(), OutcomeKind::Fresh);
+//!
+//! // The client retries: nothing runs, the original charge comes back.
+//! let retry = engine
+//!     .execute(&attempt, || async { Ok::<_, std::io::Error>(Charge { id: "ch_2".into(), amount: 1250 }) })
+//!     .await?;
+//! assert!(retry.is_replay());
+//! assert_eq!(retry.value().id, "ch_1");
+//!
+//! // The same key with another payload is rejected.
+//! let other = Attempt::new("tenant-42 POST /v1/charges", "8e03978e-40d5", Fingerprint::of_json(&serde_json::json!({ "amount": 1 }))?);
+//! let result = engine.execute(&other, || async { Ok::<_, std::io::Error>(Charge { id: "ch_3".into(), amount: 1 }) }).await;
+//! assert!(matches!(result, Err(Error::PayloadMismatch)));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! In a Lambda function, build the client, the store and the engine once, in
+//! `main`, and take the lease from the invocation's deadline:
+//!
+//! ```no_run
+//! # #[cfg(feature = "dynamodb")]
+//! # async fn example(deadline_ms: u64) -> Result<(), Box<dyn std::error::Error>> {
+//! use lambda_idempotency::{Attempt, DynamoDbStore, Engine, Fingerprint};
+//! use std::time::Duration;
+//!
+//! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//! let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency");
+//! let engine = Engine::builder(store)
+//!     .retention(Duration::from_secs(24 * 3600))
+//!     .key_prefix("charges")
+//!     .cache(256)
+//!     .build();
+//!
+//! // Per request: the scope from trusted context (the authorizer), never a header.
+//! let attempt = Attempt::new("user-123", "order-77", Fingerprint::of_bytes(b"request body"))
+//!     .deadline_ms(deadline_ms); // lambda_runtime::Context::deadline
+//! let outcome = engine
+//!     .execute(&attempt, || async { Ok::<_, std::io::Error>("receipt".to_string()) })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # The table
+//!
+//! A partition key `id` of type `S`, TTL enabled on `expiration`, on-demand
+//! capacity. The names are configurable with [`AttributeNames`]. The raw key
+//! is never stored: the record id is a sha256 of the scope and the key.
+//! DynamoDB's TTL deletes lazily (often days later), so every read and every
+//! condition compares `expiration` itself.
+//!
+//! # Costs
+//!
+//! A first call makes two DynamoDB calls (claim, complete), a replay one
+//! (the failed claim returns the record), a replay from the optional local
+//! cache ([`EngineBuilder::cache`]) none.
+//!
+//! # Features
+//!
+//! - `dynamodb` (default): [`DynamoDbStore`], on `aws-sdk-dynamodb` and
+//!   `serde_dynamo`. The library turns off the SDK's default features; your
+//!   own `aws-sdk-dynamodb` dependency brings the HTTPS client.
 #![deny(missing_docs)]
+#![warn(rust_2018_idioms, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
 mod engine;
@@ -22,3 +155,8 @@ pub use record::{Record, Status, UnknownStatus};
 pub use store::dynamodb::{AttributeNames, DynamoDbStore};
 pub use store::memory::{MemoryStore, MemoryWrite};
 pub use store::{Claim, ClaimOutcome, Completion, Fenced, Store};
+
+// The README's examples are compiled with the doc tests.
+#[cfg(all(doctest, feature = "dynamodb"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

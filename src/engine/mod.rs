@@ -382,3 +382,6 @@ impl<S: Store> Engine<S> {
 fn decode<T: DeserializeOwned>(response: &[u8]) -> Result<T, serde_json::Error> {
     serde_json::from_slice(response)
 }
+
+#[cfg(test)]
+mod tests;

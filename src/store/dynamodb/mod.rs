@@ -406,3 +406,6 @@ impl DynamoDbStore {
             .map_err(|e| errors::from_sdk("GetItem", e))
     }
 }
+
+#[cfg(test)]
+mod tests;
