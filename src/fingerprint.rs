@@ -1,6 +1,7 @@
 //! Payload fingerprints: what makes "the same request".
 
 use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -20,11 +21,9 @@ impl Fingerprint {
     /// are sorted, so two maps with the same entries in another order (a
     /// `HashMap`, or JSON from another client) have the same fingerprint.
     pub fn of_json<T: Serialize + ?Sized>(payload: &T) -> Result<Self, serde_json::Error> {
-        // serde_json's `Value` keeps objects in a sorted map: going through it
-        // puts every object's keys in one order, whatever the source order.
         let value = serde_json::to_value(payload)?;
         let mut hasher = Sha256::new();
-        serde_json::to_writer(HashWriter(&mut hasher), &value)?;
+        write_canonical(&value, &mut HashWriter(&mut hasher))?;
         Ok(Self(hex::encode(hasher.finalize())))
     }
 
@@ -54,6 +53,42 @@ impl Fingerprint {
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// Writes `value` as compact JSON with every object's keys sorted.
+///
+/// Sorting here, rather than relying on `serde_json::Map` being a sorted
+/// map, matters: serde_json's `preserve_order` feature (enabled in most
+/// programs through the AWS SDK's HTTPS client) makes it keep insertion
+/// order, and then two equal objects would hash differently.
+fn write_canonical<W: std::io::Write>(value: &Value, out: &mut W) -> Result<(), serde_json::Error> {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.write_all(b"{").map_err(serde_json::Error::io)?;
+            for (i, (key, value)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",").map_err(serde_json::Error::io)?;
+                }
+                serde_json::to_writer(&mut *out, key)?;
+                out.write_all(b":").map_err(serde_json::Error::io)?;
+                write_canonical(value, out)?;
+            }
+            out.write_all(b"}").map_err(serde_json::Error::io)
+        }
+        Value::Array(items) => {
+            out.write_all(b"[").map_err(serde_json::Error::io)?;
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",").map_err(serde_json::Error::io)?;
+                }
+                write_canonical(item, out)?;
+            }
+            out.write_all(b"]").map_err(serde_json::Error::io)
+        }
+        scalar => serde_json::to_writer(out, scalar),
     }
 }
 
@@ -91,6 +126,28 @@ mod tests {
         assert_eq!(
             Fingerprint::of_json(&map).unwrap(),
             Fingerprint::of_json(&reversed).unwrap()
+        );
+    }
+
+    #[test]
+    fn canonical_form_sorts_nested_keys_whatever_the_map_order() {
+        // Built in insertion order on purpose: with serde_json's
+        // `preserve_order` (on in this crate's test build, through the AWS
+        // SDK) the map keeps it, and the canonical writer must still sort.
+        let mut inner = serde_json::Map::new();
+        inner.insert("z".into(), Value::from(1));
+        inner.insert("a".into(), Value::from("x\"y"));
+        let mut outer = serde_json::Map::new();
+        outer.insert(
+            "list".into(),
+            Value::Array(vec![Value::Object(inner), Value::Null]),
+        );
+        outer.insert("b".into(), Value::from(1.5));
+        let mut out = Vec::new();
+        write_canonical(&Value::Object(outer), &mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"b":1.5,"list":[{"a":"x\"y","z":1},null]}"#
         );
     }
 
