@@ -6,12 +6,14 @@
 mod attempt;
 mod builder;
 mod cache;
+mod codec;
 mod outcome;
 
 pub use attempt::Attempt;
 pub use builder::{
     EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
 };
+pub use codec::{Codec, Json};
 pub use outcome::{Outcome, OutcomeKind};
 
 use crate::{
@@ -98,7 +100,23 @@ impl<S: Store> Engine<S> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run(attempt, false, || async {
+        self.execute_with(attempt, &Json, operation).await
+    }
+
+    /// Like [`execute`](Engine::execute), with values stored by `codec`
+    /// rather than as JSON.
+    pub async fn execute_with<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run(attempt, codec, false, || async {
             operation().await.map(|value| (value, Vec::new()))
         })
         .await
@@ -126,17 +144,18 @@ impl<S: Store> Engine<S> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(T, Vec<S::Write>), E>>,
     {
-        self.run(attempt, true, operation).await
+        self.run(attempt, &Json, true, operation).await
     }
 
-    async fn run<T, E, F, Fut>(
+    async fn run<T, E, C, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
+        codec: &C,
         transactional: bool,
         operation: F,
     ) -> Result<Outcome<T>, Error<E>>
     where
-        T: Serialize + DeserializeOwned,
+        C: Codec<T>,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(T, Vec<S::Write>), E>>,
     {
@@ -149,7 +168,7 @@ impl<S: Store> Engine<S> {
                 debug!(record = %id, outcome = "mismatch", cached = true, "idempotency");
                 return Err(Error::PayloadMismatch);
             }
-            match decode::<T>(&cached.response) {
+            match codec.decode(&cached.response) {
                 Ok(value) => {
                     debug!(record = %id, outcome = "cached_replay", "idempotency");
                     return Ok(Outcome::new(value, OutcomeKind::CachedReplay));
@@ -164,7 +183,7 @@ impl<S: Store> Engine<S> {
         match inner.store.claim(&claim).await {
             Ok(ClaimOutcome::Claimed) => {}
             Ok(ClaimOutcome::Existing(record)) => {
-                return self.existing(record, &attempt.fingerprint, now_ms)
+                return self.existing(record, codec, &attempt.fingerprint, now_ms)
             }
             Err(error) if inner.fail_open && !transactional && error.kind().is_transient() => {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
@@ -186,7 +205,7 @@ impl<S: Store> Engine<S> {
                 return Err(Error::Operation(error));
             }
         };
-        let response = match serde_json::to_vec(&value) {
+        let response = match codec.encode(&value) {
             Ok(response) => response,
             Err(error) if transactional => {
                 self.release(&claim).await;
@@ -239,9 +258,10 @@ impl<S: Store> Engine<S> {
     /// Decides what a live record found at claim time means for this
     /// attempt: mismatch first (a different payload never learns anything
     /// about the other request), then replay, then in progress.
-    fn existing<T: DeserializeOwned, E>(
+    fn existing<T, E>(
         &self,
         record: Record,
+        codec: &impl Codec<T>,
         fingerprint: &Fingerprint,
         now_ms: u64,
     ) -> Result<Outcome<T>, Error<E>> {
@@ -257,7 +277,7 @@ impl<S: Store> Engine<S> {
                         record.id
                     ))));
                 };
-                let value = decode(&response).map_err(|error| {
+                let value = codec.decode(&response).map_err(|error| {
                     Error::Store(
                         StoreError::corrupt(format!(
                             "the response stored in record {} does not decode",
@@ -377,10 +397,6 @@ impl<S: Store> Engine<S> {
             cache.remove(id);
         }
     }
-}
-
-fn decode<T: DeserializeOwned>(response: &[u8]) -> Result<T, serde_json::Error> {
-    serde_json::from_slice(response)
 }
 
 #[cfg(test)]
