@@ -56,6 +56,15 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+/// `value` as compact JSON with every object's keys sorted.
+pub(crate) fn canonical_json(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing into a Vec fails only if a map key is not a string, which a
+    // `Value` cannot hold.
+    let _ = write_canonical(value, &mut out);
+    out
+}
+
 /// Writes `value` as compact JSON with every object's keys sorted.
 ///
 /// Sorting here, rather than relying on `serde_json::Map` being a sorted

@@ -138,6 +138,8 @@ mod clock;
 mod engine;
 mod error;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 mod key;
 mod record;
 mod store;

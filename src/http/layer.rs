@@ -1,0 +1,255 @@
+//! [`IdempotencyLayer`]: the layer and its configuration.
+
+use super::{
+    metrics::EmfMetrics,
+    problem::DEFAULT_PROBLEM_BASE,
+    scope::default_scope,
+    service::Idempotency,
+    stored::{ResponseCodec, MAX_STORED_RESPONSE},
+};
+use crate::{Engine, Store};
+use lambda_http::{
+    http::{header, HeaderName, Method, StatusCode},
+    Request,
+};
+use std::{fmt, sync::Arc, time::Duration};
+use tower::Layer;
+
+/// The default key header, as the IETF draft names it.
+pub const DEFAULT_HEADER: &str = "idempotency-key";
+
+/// Bodies longer than this are compressed before they are stored.
+pub const DEFAULT_COMPRESS_ABOVE: usize = 4 * 1024;
+
+/// The default outcome policy: which handler responses are stored and
+/// replayed.
+///
+/// Stored: 2xx, 3xx and the deterministic 4xx (a 400 for a bad body is the
+/// answer to that body, every time). Released, so a retry runs again: 5xx,
+/// and the 4xx that say "try again" (408 Request Timeout, 409 Conflict,
+/// 425 Too Early, 429 Too Many Requests).
+pub fn default_store_policy(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || matches!(status.as_u16(), 408 | 409 | 425 | 429)
+        || status.is_informational())
+}
+
+/// The headers stored with a response and replayed, by default. Never
+/// `set-cookie`: a replay must not hand one client's session to a retry.
+pub fn default_stored_headers() -> Vec<HeaderName> {
+    vec![
+        header::CONTENT_TYPE,
+        header::CONTENT_LANGUAGE,
+        header::CONTENT_LOCATION,
+        header::LOCATION,
+        header::ETAG,
+        header::LAST_MODIFIED,
+        header::CACHE_CONTROL,
+        header::LINK,
+        header::VARY,
+    ]
+}
+
+type ScopeFn = Arc<dyn Fn(&Request) -> String + Send + Sync>;
+type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+
+/// Makes a `lambda_http` service idempotent: see the [module docs](super).
+///
+/// Configure it with its builder methods; every setting has a default.
+pub struct IdempotencyLayer<St> {
+    pub(crate) config: Config<St>,
+}
+
+pub(crate) struct Config<St> {
+    pub(crate) engine: Engine<St>,
+    pub(crate) require_key: bool,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) store_when: PolicyFn,
+    pub(crate) codec: ResponseCodec,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) scope: ScopeFn,
+    pub(crate) metrics: Option<EmfMetrics>,
+}
+
+impl<St> Clone for IdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<St> Clone for Config<St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            require_key: self.require_key,
+            methods: self.methods.clone(),
+            header: self.header.clone(),
+            store_when: Arc::clone(&self.store_when),
+            codec: self.codec.clone(),
+            wait: self.wait,
+            scope: Arc::clone(&self.scope),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+impl<St: Store> IdempotencyLayer<St> {
+    /// A layer over `engine`, with the defaults: key required on POST and
+    /// PATCH in the `Idempotency-Key` header, the [default outcome
+    /// policy](default_store_policy), the [default stored
+    /// headers](default_stored_headers), no waiting (a duplicate of a
+    /// request in progress gets 409), the [default scope](super::default_scope).
+    pub fn new(engine: Engine<St>) -> Self {
+        Self {
+            config: Config {
+                engine,
+                require_key: true,
+                methods: vec![Method::POST, Method::PATCH],
+                header: HeaderName::from_static(DEFAULT_HEADER),
+                store_when: Arc::new(default_store_policy),
+                codec: ResponseCodec {
+                    stored_headers: default_stored_headers(),
+                    compress_above: DEFAULT_COMPRESS_ABOVE,
+                    max_stored: MAX_STORED_RESPONSE,
+                    problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+                },
+                wait: None,
+                scope: Arc::new(default_scope),
+                metrics: None,
+            },
+        }
+    }
+
+    /// Whether a request of an idempotent method without a key is rejected
+    /// with 400 (`true`, the default) or passed through without idempotency.
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.config.require_key = required;
+        self
+    }
+
+    /// The methods made idempotent (default POST and PATCH). Requests with
+    /// other methods pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// The header carrying the key (default `Idempotency-Key`).
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.config.header = name;
+        self
+    }
+
+    /// Which handler responses are stored and replayed; the others release
+    /// the claim so a retry runs again (default: [`default_store_policy`]).
+    /// The layer's own rejections (400, 409, 422, 503) are never stored.
+    pub fn store_when(
+        mut self,
+        policy: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.config.store_when = Arc::new(policy);
+        self
+    }
+
+    /// The response headers stored and replayed (default:
+    /// [`default_stored_headers`]); others are dropped from replays.
+    pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.codec.stored_headers = names.into_iter().collect();
+        self
+    }
+
+    /// While another request with the key is in progress, wait up to
+    /// `budget` for its result (polling with backoff, never past the
+    /// invocation's deadline) and replay it, instead of answering 409 at
+    /// once.
+    pub fn wait_for_result(mut self, budget: Duration) -> Self {
+        self.config.wait = Some(budget);
+        self
+    }
+
+    /// Derives the scope of a request's key (default: [`default_scope`],
+    /// from the authorizer context and the route). Use only trusted
+    /// request data: never a header the client controls.
+    ///
+    /// [`default_scope`]: super::default_scope
+    pub fn scope(mut self, scope: impl Fn(&Request) -> String + Send + Sync + 'static) -> Self {
+        self.config.scope = Arc::new(scope);
+        self
+    }
+
+    /// The prefix of every problem `type` (default
+    /// `urn:lambda-idempotency:problem:`), for example
+    /// `https://api.example.com/problems/`.
+    pub fn problem_type_base(mut self, base: impl Into<String>) -> Self {
+        self.config.codec.problem_base = base.into();
+        self
+    }
+
+    /// Compress stored bodies longer than `bytes` (default 4 KiB).
+    pub fn compress_above(mut self, bytes: usize) -> Self {
+        self.config.codec.compress_above = bytes;
+        self
+    }
+
+    /// The largest stored response, in bytes (default and maximum:
+    /// [`MAX_STORED_RESPONSE`], what fits in a DynamoDB item). A larger
+    /// response is returned to its caller, but retries get its status and
+    /// stored headers with a problem body explaining that it was processed;
+    /// it never runs again.
+    pub fn max_stored_response(mut self, bytes: usize) -> Self {
+        self.config.codec.max_stored = bytes.min(MAX_STORED_RESPONSE);
+        self
+    }
+
+    /// Emit a CloudWatch Embedded Metric Format count per request.
+    pub fn metrics(mut self, metrics: EmfMetrics) -> Self {
+        self.config.metrics = Some(metrics);
+        self
+    }
+}
+
+impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
+    type Service = Idempotency<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, Arc::new(self.config.clone()))
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("engine", &self.config.engine)
+            .field("require_key", &self.config.require_key)
+            .field("methods", &self.config.methods)
+            .field("header", &self.config.header)
+            .field("wait", &self.config.wait)
+            .field("codec", &self.config.codec)
+            .field("metrics", &self.config.metrics)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_policy_stores_deterministic_answers_only() {
+        for stored in [200, 201, 204, 301, 400, 401, 403, 404, 410, 422] {
+            assert!(
+                default_store_policy(StatusCode::from_u16(stored).unwrap()),
+                "{stored}"
+            );
+        }
+        for released in [408, 409, 425, 429, 500, 502, 503, 504] {
+            assert!(
+                !default_store_policy(StatusCode::from_u16(released).unwrap()),
+                "{released}"
+            );
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! CloudWatch Embedded Metric Format counters of the layer's outcomes, so
+//! operators see the dedup rate, conflicts and stuck claims.
+
+use std::{fmt, sync::Arc, time::SystemTime};
+
+/// What the layer did with one request: the `outcome` field of its
+/// `tracing` span and the `Outcome` dimension of its metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HttpOutcome {
+    /// The handler ran and its response was stored.
+    Fresh,
+    /// A stored response was replayed (from the store or the local cache).
+    Replay,
+    /// Another request with the key was in progress: 409.
+    InProgress,
+    /// The key was reused with another payload: 422.
+    Mismatch,
+    /// The handler ran, but its lease had passed and the key was taken over.
+    LostLease,
+    /// The store failed: 503 (or 500 for an unreadable record); the handler
+    /// did not run.
+    StoreError,
+    /// The handler ran but its response could not be stored.
+    NotRecorded,
+    /// The handler's response was not to be stored (5xx, 408, 409, 425, 429
+    /// by default), so the claim was released.
+    Released,
+    /// The handler returned an error; the claim was released.
+    HandlerError,
+    /// The key header was missing or invalid: 400.
+    BadKey,
+    /// The request was not subject to idempotency (method, or an optional
+    /// key absent).
+    PassThrough,
+    /// The store was unavailable and the engine fails open: the handler ran
+    /// unprotected.
+    Unprotected,
+}
+
+impl HttpOutcome {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpOutcome::Fresh => "fresh",
+            HttpOutcome::Replay => "replay",
+            HttpOutcome::InProgress => "in_progress",
+            HttpOutcome::Mismatch => "mismatch",
+            HttpOutcome::LostLease => "lost_lease",
+            HttpOutcome::StoreError => "store_error",
+            HttpOutcome::NotRecorded => "not_recorded",
+            HttpOutcome::Released => "released",
+            HttpOutcome::HandlerError => "handler_error",
+            HttpOutcome::BadKey => "bad_key",
+            HttpOutcome::PassThrough => "pass_through",
+            HttpOutcome::Unprotected => "unprotected",
+        }
+    }
+}
+
+impl fmt::Display for HttpOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Writer = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Writes one CloudWatch Embedded Metric Format line per request to
+/// standard output (which Lambda sends to CloudWatch Logs): a count named
+/// `IdempotentRequests` with the dimension `Outcome`.
+#[derive(Clone)]
+pub struct EmfMetrics {
+    namespace: String,
+    writer: Writer,
+}
+
+impl EmfMetrics {
+    /// Metrics in the CloudWatch namespace `namespace`.
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            writer: Arc::new(|line| println!("{line}")),
+        }
+    }
+
+    /// Sends the lines somewhere else than standard output (for tests, or a
+    /// logger of your own).
+    pub fn with_writer(mut self, writer: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.writer = Arc::new(writer);
+        self
+    }
+
+    pub(crate) fn record(&self, outcome: HttpOutcome) {
+        let timestamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let line = serde_json::json!({
+            "_aws": {
+                "Timestamp": timestamp as u64,
+                "CloudWatchMetrics": [{
+                    "Namespace": self.namespace,
+                    "Dimensions": [["Outcome"]],
+                    "Metrics": [{ "Name": "IdempotentRequests", "Unit": "Count" }],
+                }],
+            },
+            "Outcome": outcome.as_str(),
+            "IdempotentRequests": 1,
+        });
+        (self.writer)(&line.to_string());
+    }
+}
+
+impl fmt::Debug for EmfMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmfMetrics")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,178 @@
+//! The layer's own error responses: RFC 9457 `application/problem+json`,
+//! with a stable `type` per error.
+
+use super::key::KeyError;
+use lambda_http::{
+    http::{header, HeaderValue, StatusCode},
+    Body, Response,
+};
+use serde::Serialize;
+use std::time::Duration;
+
+/// The default prefix of every problem `type`.
+pub const DEFAULT_PROBLEM_BASE: &str = "urn:lambda-idempotency:problem:";
+
+/// An error the layer answers itself. None of these responses is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Problem {
+    KeyMissing { header: String },
+    KeyInvalid { header: String, error: KeyError },
+    InProgress { retry_after: Duration },
+    PayloadMismatch,
+    StoreUnavailable { retry_after: Duration },
+    CorruptRecord,
+    ResponseNotStored { status: StatusCode },
+}
+
+#[derive(Serialize)]
+struct Body9457<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: String,
+}
+
+impl Problem {
+    /// The last part of the problem's `type`.
+    pub(crate) fn slug(&self) -> &'static str {
+        match self {
+            Problem::KeyMissing { .. } => "idempotency-key-missing",
+            Problem::KeyInvalid { .. } => "idempotency-key-invalid",
+            Problem::InProgress { .. } => "idempotency-key-in-use",
+            Problem::PayloadMismatch => "idempotency-key-reused",
+            Problem::StoreUnavailable { .. } => "idempotency-store-unavailable",
+            Problem::CorruptRecord => "idempotency-record-corrupt",
+            Problem::ResponseNotStored { .. } => "idempotency-response-not-stored",
+        }
+    }
+
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Problem::KeyMissing { .. } | Problem::KeyInvalid { .. } => StatusCode::BAD_REQUEST,
+            Problem::InProgress { .. } => StatusCode::CONFLICT,
+            Problem::PayloadMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::CorruptRecord => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::ResponseNotStored { status } => *status,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Problem::KeyMissing { .. } => "Idempotency key missing",
+            Problem::KeyInvalid { .. } => "Idempotency key invalid",
+            Problem::InProgress { .. } => "Request with this idempotency key in progress",
+            Problem::PayloadMismatch => "Idempotency key reused with a different request",
+            Problem::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Problem::CorruptRecord => "Idempotency record unreadable",
+            Problem::ResponseNotStored { .. } => "Original response not stored",
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            Problem::KeyMissing { header } => format!(
+                "This request requires an `{header}` header: a unique value (a UUID is recommended) \
+                 that you reuse when you retry the same request."
+            ),
+            Problem::KeyInvalid { header, error } => format!(
+                "The `{header}` header is invalid: {error}. Send 1 to 255 visible ASCII characters, \
+                 bare or as a quoted string."
+            ),
+            Problem::InProgress { retry_after } => format!(
+                "A request with this idempotency key is still being processed. Retry after {} \
+                 seconds to get its result.",
+                retry_after.as_secs()
+            ),
+            Problem::PayloadMismatch => "This idempotency key was already used with a different \
+                 request (method, path or body). Use a new key for a new request."
+                .to_owned(),
+            Problem::StoreUnavailable { retry_after } => format!(
+                "The request was not processed because its idempotency could not be guaranteed. \
+                 Retry with the same key after {} seconds.",
+                retry_after.as_secs()
+            ),
+            Problem::CorruptRecord => "The stored record for this idempotency key cannot be read, so \
+                 the request was not processed again. Contact the API operator."
+                .to_owned(),
+            Problem::ResponseNotStored { status } => format!(
+                "The request with this idempotency key was processed (status {}), but its response \
+                 was too large to store and cannot be replayed. It will not be processed again; \
+                 fetch the resource instead.",
+                status.as_u16()
+            ),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Problem::InProgress { retry_after } | Problem::StoreUnavailable { retry_after } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// The response, with `base` as the prefix of the problem `type`.
+    pub(crate) fn to_response(&self, base: &str) -> Response<Body> {
+        let status = self.status();
+        let body = Body9457 {
+            kind: format!("{base}{}", self.slug()),
+            title: self.title(),
+            status: status.as_u16(),
+            detail: self.detail(),
+        };
+        // Serialising a struct of strings and a number cannot fail.
+        let json = serde_json::to_string(&body).unwrap_or_default();
+        let mut response = Response::new(Body::Text(json));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(retry_after) = self.retry_after() {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after.as_secs().max(1)),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_are_rfc9457_with_stable_types() {
+        let response = Problem::InProgress {
+            retry_after: Duration::from_secs(7),
+        }
+        .to_response(DEFAULT_PROBLEM_BASE);
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+        let Body::Text(text) = response.body() else {
+            panic!("text body")
+        };
+        let json: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            json["type"],
+            "urn:lambda-idempotency:problem:idempotency-key-in-use"
+        );
+        assert_eq!(json["status"], 409);
+        assert!(
+            json["title"].is_string() && json["detail"].as_str().unwrap().contains("7 seconds")
+        );
+
+        let response = Problem::PayloadMismatch.to_response("https://api.example.com/problems/");
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
+}

@@ -1,0 +1,637 @@
+//! The layer's behaviours, one by one, on the memory store, with a counting
+//! echo service underneath.
+
+use super::*;
+use crate::{Engine, ManualClock, MemoryStore, Status};
+use lambda_http::{
+    http::{self, header, HeaderName, HeaderValue, Method, StatusCode},
+    service_fn, Body, Request, RequestExt, Response,
+};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+use tower::{Layer, Service, ServiceExt};
+
+type BoxError = lambda_http::Error;
+
+/// Echoes the request body with a run counter, answering `status` (or the
+/// status named in an `x-status` request header).
+#[derive(Clone)]
+struct Echo {
+    runs: Arc<AtomicUsize>,
+    delay: Duration,
+}
+
+impl Echo {
+    fn new() -> Self {
+        Self {
+            runs: Arc::default(),
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<Request> for Echo {
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response<Body>, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let runs = Arc::clone(&self.runs);
+        let delay = self.delay;
+        Box::pin(async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(delay).await;
+            if request.headers().contains_key("x-fail") {
+                return Err("handler failed".into());
+            }
+            let status = request
+                .headers()
+                .get("x-status")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(201);
+            let (body, content_type) = match request.into_body() {
+                Body::Binary(bytes) => (Body::Binary(bytes), "application/octet-stream"),
+                Body::Text(text) => (Body::Text(format!("run {run}: {text}")), "application/json"),
+                _ => (Body::Text(format!("run {run}")), "application/json"),
+            };
+            Ok(Response::builder()
+                .status(status)
+                .header(header::CONTENT_TYPE, content_type)
+                .header(header::LOCATION, format!("/v1/charges/ch_{run}"))
+                .header(header::SET_COOKIE, "session=secret")
+                .body(body)?)
+        })
+    }
+}
+
+fn engine() -> Engine<MemoryStore> {
+    Engine::builder(MemoryStore::new()).build()
+}
+
+fn post(key: Option<&str>, body: &str) -> Request {
+    let mut builder =
+        http::Request::post("/v1/charges").header(header::CONTENT_TYPE, "application/json");
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body)).expect("request")
+}
+
+async fn send<S>(service: &mut S, request: Request) -> Response<Body>
+where
+    S: Service<Request, Response = Response<Body>, Error = BoxError>,
+{
+    service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request)
+        .await
+        .expect("response")
+}
+
+fn text(response: &Response<Body>) -> &str {
+    match response.body() {
+        Body::Text(text) => text,
+        other => panic!("expected a text body, got {other:?}"),
+    }
+}
+
+fn problem(response: &Response<Body>) -> serde_json::Value {
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    serde_json::from_str(text(response)).expect("problem json")
+}
+
+#[tokio::test]
+async fn replays_the_stored_response_without_running() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    let first = send(&mut service, post(Some("k1"), r#"{"amount":100}"#)).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get(REPLAYED_HEADER).is_none());
+    assert_eq!(
+        first.headers()[header::SET_COOKIE],
+        "session=secret",
+        "the fresh response is untouched"
+    );
+
+    let replay = send(&mut service, post(Some("k1"), "{ \"amount\": 100 }")).await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(text(&replay), text(&first));
+    assert_eq!(replay.headers()[header::LOCATION], "/v1/charges/ch_1");
+    assert!(
+        replay.headers().get(header::SET_COOKIE).is_none(),
+        "set-cookie is never replayed by default"
+    );
+    assert_eq!(echo.runs(), 1);
+}
+
+#[tokio::test]
+async fn sf_string_and_token_forms_are_the_same_key() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    send(&mut service, post(Some("abc-123"), "{}")).await;
+    let replay = send(&mut service, post(Some("\"abc-123\""), "{}")).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(echo.runs(), 1);
+}
+
+#[tokio::test]
+async fn missing_key_is_a_400_unless_optional() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    let response = send(&mut service, post(None, "{}")).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        problem(&response)["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-missing"
+    );
+    assert_eq!(echo.runs(), 0);
+
+    let mut optional = IdempotencyLayer::new(engine())
+        .require_key(false)
+        .layer(echo.clone());
+    send(&mut optional, post(None, "{}")).await;
+    let again = send(&mut optional, post(None, "{}")).await;
+    assert!(again.headers().get(REPLAYED_HEADER).is_none());
+    assert_eq!(echo.runs(), 2, "without a key, no idempotency");
+}
+
+#[tokio::test]
+async fn invalid_keys_are_400s_and_nothing_runs() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    let long = "k".repeat(256);
+    for key in [
+        "",
+        "\"\"",
+        "two words",
+        "\"unterminated",
+        "\"bad\\escape\"",
+        long.as_str(),
+    ] {
+        let response = send(&mut service, post(Some(key), "{}")).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{key:?}");
+        assert_eq!(
+            problem(&response)["type"],
+            "urn:lambda-idempotency:problem:idempotency-key-invalid",
+            "{key:?}"
+        );
+    }
+    let mut non_ascii = post(None, "{}");
+    non_ascii.headers_mut().insert(
+        "idempotency-key",
+        HeaderValue::from_bytes("clé".as_bytes()).unwrap(),
+    );
+    assert_eq!(
+        send(&mut service, non_ascii).await.status(),
+        StatusCode::BAD_REQUEST
+    );
+
+    let mut repeated = post(Some("a"), "{}");
+    repeated
+        .headers_mut()
+        .append("idempotency-key", HeaderValue::from_static("b"));
+    let response = send(&mut service, repeated).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(problem(&response)["detail"]
+        .as_str()
+        .unwrap()
+        .contains("more than once"));
+    assert_eq!(echo.runs(), 0);
+}
+
+#[tokio::test]
+async fn other_methods_pass_through_untouched() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    for _ in 0..2 {
+        let get = http::Request::get("/v1/charges/ch_1")
+            .header("idempotency-key", "k")
+            .body(Body::Empty)
+            .unwrap();
+        let response = send(&mut service, get).await;
+        assert!(response.headers().get(REPLAYED_HEADER).is_none());
+    }
+    assert_eq!(echo.runs(), 2);
+
+    let mut put_too = IdempotencyLayer::new(engine())
+        .methods([Method::POST, Method::PUT])
+        .layer(echo.clone());
+    let put = || {
+        http::Request::put("/v1/x")
+            .header("idempotency-key", "k")
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    send(&mut put_too, put()).await;
+    assert_eq!(
+        send(&mut put_too, put()).await.headers()[REPLAYED_HEADER],
+        "true"
+    );
+    assert_eq!(echo.runs(), 3);
+}
+
+#[tokio::test]
+async fn a_different_payload_is_a_422() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    send(&mut service, post(Some("k"), r#"{"amount":100}"#)).await;
+    let response = send(&mut service, post(Some("k"), r#"{"amount":999}"#)).await;
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        problem(&response)["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-reused"
+    );
+    let other_path = http::Request::post("/v1/refunds")
+        .header("idempotency-key", "k")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"amount":100}"#))
+        .unwrap();
+    // Same (anonymous) principal but another route: another scope.
+    assert_eq!(
+        send(&mut service, other_path).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(echo.runs(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_in_flight_gets_409_with_retry_after() {
+    let echo = Echo {
+        delay: Duration::from_millis(300),
+        ..Echo::new()
+    };
+    let service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    let first = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let duplicate = service
+        .clone()
+        .oneshot(post(Some("k"), "{}"))
+        .await
+        .unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    let retry_after: u64 = duplicate.headers()[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    assert_eq!(
+        problem(&duplicate)["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-in-use"
+    );
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(echo.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_the_result_replays_it() {
+    let echo = Echo {
+        delay: Duration::from_millis(300),
+        ..Echo::new()
+    };
+    let service = IdempotencyLayer::new(engine())
+        .wait_for_result(Duration::from_secs(5))
+        .layer(echo.clone());
+    let first = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let duplicate = service
+        .clone()
+        .oneshot(post(Some("k"), "{}"))
+        .await
+        .unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CREATED);
+    assert_eq!(duplicate.headers()[REPLAYED_HEADER], "true");
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(text(&duplicate), text(&first));
+    assert_eq!(echo.runs(), 1);
+
+    // A budget shorter than the handler: 409 after waiting.
+    let short = IdempotencyLayer::new(engine())
+        .wait_for_result(Duration::from_millis(100))
+        .layer(Echo {
+            delay: Duration::from_millis(500),
+            ..Echo::new()
+        });
+    let first = tokio::spawn(short.clone().oneshot(post(Some("k"), "{}")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = std::time::Instant::now();
+    let duplicate = short.clone().oneshot(post(Some("k"), "{}")).await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    first.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn waiting_never_passes_the_invocation_deadline() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).build();
+    let service = IdempotencyLayer::new(engine.clone())
+        .wait_for_result(Duration::from_secs(30))
+        .layer(Echo::new());
+    // Someone else holds the key.
+    let mut held = post(Some("k"), "{}");
+    let claim_holder = IdempotencyLayer::new(engine).layer(service_fn(|_: Request| async {
+        std::future::pending::<()>().await;
+        Ok::<_, BoxError>(Response::new(Body::Empty))
+    }));
+    let holder =
+        tokio::spawn(claim_holder.oneshot(std::mem::replace(&mut held, post(Some("k"), "{}"))));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let mut context = lambda_http::Context::default();
+    context.deadline = crate::clock::epoch_ms(std::time::SystemTime::now()) + 800;
+    let started = std::time::Instant::now();
+    let response = service
+        .oneshot(held.with_lambda_context(context))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    holder.abort();
+}
+
+#[tokio::test]
+async fn server_errors_and_retryable_4xx_are_released_deterministic_4xx_stored() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    let with_status = |key: &str, status: u16| {
+        let mut request = post(Some(key), "{}");
+        request
+            .headers_mut()
+            .insert("x-status", HeaderValue::from(status));
+        request
+    };
+    for status in [500, 503, 429, 409, 408] {
+        let key = format!("released-{status}");
+        assert_eq!(
+            send(&mut service, with_status(&key, status))
+                .await
+                .status()
+                .as_u16(),
+            status
+        );
+        let again = send(&mut service, with_status(&key, status)).await;
+        assert!(
+            again.headers().get(REPLAYED_HEADER).is_none(),
+            "{status} was released"
+        );
+    }
+    assert_eq!(echo.runs(), 10);
+    for status in [400, 404] {
+        let key = format!("stored-{status}");
+        send(&mut service, with_status(&key, status)).await;
+        let again = send(&mut service, with_status(&key, status)).await;
+        assert_eq!(again.status().as_u16(), status);
+        assert_eq!(
+            again.headers()[REPLAYED_HEADER],
+            "true",
+            "{status} was stored"
+        );
+    }
+    assert_eq!(echo.runs(), 12);
+
+    // A custom policy: store everything, as Stripe does for 500s.
+    let mut store_all = IdempotencyLayer::new(engine())
+        .store_when(|_| true)
+        .layer(echo.clone());
+    send(&mut store_all, with_status("k", 500)).await;
+    assert_eq!(
+        send(&mut store_all, with_status("k", 500)).await.headers()[REPLAYED_HEADER],
+        "true"
+    );
+}
+
+#[tokio::test]
+async fn handler_errors_release_the_claim_and_propagate() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    let mut failing = post(Some("k"), "{}");
+    failing
+        .headers_mut()
+        .insert("x-fail", HeaderValue::from_static("1"));
+    let error = service
+        .ready()
+        .await
+        .unwrap()
+        .call(failing)
+        .await
+        .expect_err("handler error");
+    assert_eq!(error.to_string(), "handler failed");
+    let retry = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(echo.runs(), 2);
+}
+
+#[tokio::test]
+async fn store_unavailable_is_a_503_and_the_handler_does_not_run() {
+    let store = MemoryStore::new();
+    let echo = Echo::new();
+    let mut service =
+        IdempotencyLayer::new(Engine::builder(store.clone()).build()).layer(echo.clone());
+    store.fail_next(1);
+    let response = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().contains_key(header::RETRY_AFTER));
+    assert_eq!(
+        problem(&response)["type"],
+        "urn:lambda-idempotency:problem:idempotency-store-unavailable"
+    );
+    assert_eq!(echo.runs(), 0);
+}
+
+#[tokio::test]
+async fn a_corrupt_record_is_a_500_never_a_replay() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).build();
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine).layer(echo.clone());
+    send(&mut service, post(Some("k"), "{}")).await;
+    for mut record in store.records() {
+        record.response = Some(b"\x07garbage".to_vec());
+        store.insert_record(record);
+    }
+    let response = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        problem(&response)["type"],
+        "urn:lambda-idempotency:problem:idempotency-record-corrupt"
+    );
+    assert_eq!(echo.runs(), 1);
+}
+
+#[tokio::test]
+async fn binary_bodies_round_trip_exactly() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    let bytes: Vec<u8> = (0..=255).chain((0..=255).rev()).collect();
+    let request = || {
+        http::Request::post("/v1/files")
+            .header("idempotency-key", "k")
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(Body::Binary(bytes.clone()))
+            .unwrap()
+    };
+    let first = send(&mut service, request()).await;
+    let replay = send(&mut service, request()).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert!(
+        replay.body() == &Body::Binary(bytes.clone()),
+        "the replay's body differs"
+    );
+    assert!(first.body() == replay.body());
+}
+
+#[tokio::test]
+async fn a_response_too_large_to_store_is_never_run_again() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine())
+        .max_stored_response(2048)
+        .layer(echo.clone());
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..32 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let request = || {
+        http::Request::post("/v1/exports")
+            .header("idempotency-key", "k")
+            .body(Body::Binary(noise.clone()))
+            .unwrap()
+    };
+    let first = send(&mut service, request()).await;
+    assert!(
+        first.body() == &Body::Binary(noise.clone()),
+        "the caller gets the whole response"
+    );
+    let retry = send(&mut service, request()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED, "the original status");
+    assert_eq!(retry.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(retry.headers()[header::LOCATION], "/v1/charges/ch_1");
+    assert_eq!(
+        problem(&retry)["type"],
+        "urn:lambda-idempotency:problem:idempotency-response-not-stored"
+    );
+    assert_eq!(echo.runs(), 1);
+}
+
+#[tokio::test]
+async fn the_lease_runs_until_the_invocation_deadline() {
+    let store = MemoryStore::new();
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store.clone()).clock(clock.clone()).build();
+    let deadline = crate::Clock::now_ms(&clock) + 12_345;
+    let holder = {
+        let store = store.clone();
+        service_fn(move |_: Request| {
+            let store = store.clone();
+            async move {
+                let record = store.records().pop().expect("claimed");
+                assert_eq!(record.status, Status::InProgress);
+                Ok::<_, BoxError>(Response::new(Body::from(
+                    record.lease_until_ms.unwrap_or_default().to_string(),
+                )))
+            }
+        })
+    };
+    let mut context = lambda_http::Context::default();
+    context.deadline = deadline;
+    let response = IdempotencyLayer::new(engine)
+        .layer(holder)
+        .oneshot(post(Some("k"), "{}").with_lambda_context(context))
+        .await
+        .unwrap();
+    assert_eq!(text(&response), deadline.to_string());
+}
+
+#[tokio::test]
+async fn metrics_count_outcomes_in_embedded_metric_format() {
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = Arc::clone(&lines);
+    let metrics = EmfMetrics::new("Payments")
+        .with_writer(move |line| sink.lock().unwrap().push(line.to_owned()));
+    let mut service = IdempotencyLayer::new(engine())
+        .metrics(metrics)
+        .layer(Echo::new());
+    send(&mut service, post(Some("k"), r#"{"a":1}"#)).await;
+    send(&mut service, post(Some("k"), r#"{"a":1}"#)).await;
+    send(&mut service, post(Some("k"), r#"{"a":2}"#)).await;
+    send(&mut service, post(None, "{}")).await;
+    let lines = lines.lock().unwrap();
+    let outcomes: Vec<String> = lines
+        .iter()
+        .map(|line| {
+            let json: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(
+                json["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+                "Payments"
+            );
+            assert_eq!(json["IdempotentRequests"], 1);
+            json["Outcome"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(outcomes, ["fresh", "replay", "mismatch", "bad_key"]);
+    assert!(
+        !lines.iter().any(|l| l.contains("\"k\"")),
+        "no keys in metrics"
+    );
+}
+
+#[tokio::test]
+async fn a_custom_scope_and_header_are_used() {
+    let echo = Echo::new();
+    let layer = IdempotencyLayer::new(engine())
+        .header(HeaderName::from_static("x-request-key"))
+        .scope(|request: &Request| {
+            request
+                .headers()
+                .get("x-tenant-from-mtls")
+                .map_or("none".into(), |v| format!("{v:?}"))
+        });
+    let mut service = layer.layer(echo.clone());
+    let request = |tenant: &'static str| {
+        http::Request::post("/v1/charges")
+            .header("x-request-key", "k")
+            .header("x-tenant-from-mtls", tenant)
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    send(&mut service, request("a")).await;
+    send(&mut service, request("b")).await;
+    assert_eq!(
+        send(&mut service, request("a")).await.headers()[REPLAYED_HEADER],
+        "true"
+    );
+    assert_eq!(echo.runs(), 2);
+}
