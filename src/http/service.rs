@@ -85,9 +85,14 @@ where
                 .instrument(span.clone())
                 .await;
             span.record("outcome", outcome.as_str());
-            if let Ok(response) = &result {
-                span.record("status", response.status().as_u16());
+            let status = result
+                .as_ref()
+                .ok()
+                .map(|response| response.status().as_u16());
+            if let Some(status) = status {
+                span.record("status", status);
             }
+            tracing::debug!(parent: &span, outcome = outcome.as_str(), status, "idempotent request handled");
             if let Some(metrics) = &config.metrics {
                 metrics.record(outcome);
             }

@@ -1,0 +1,298 @@
+//! The HTTP layer on DynamoDB Local.
+//!
+//! Needs `AWS_ENDPOINT_URL_DYNAMODB`; `make test` provides it.
+
+mod support;
+
+use lambda_http::{
+    http::{self, header, StatusCode},
+    Body, Request, Response,
+};
+use lambda_idempotency::{
+    http::{IdempotencyLayer, REPLAYED_HEADER},
+    DynamoDbStore, Engine,
+};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+use tower::{Layer, Service, ServiceExt};
+
+type BoxError = lambda_http::Error;
+type Respond = Arc<dyn Fn(usize, &Request) -> Body + Send + Sync>;
+
+/// A handler that counts its runs, takes `delay`, and answers with the body
+/// given by `respond`.
+#[derive(Clone)]
+struct Handler {
+    runs: Arc<AtomicUsize>,
+    delay: Duration,
+    respond: Respond,
+}
+
+impl Handler {
+    fn new(respond: impl Fn(usize, &Request) -> Body + Send + Sync + 'static) -> Self {
+        Self {
+            runs: Arc::default(),
+            delay: Duration::ZERO,
+            respond: Arc::new(respond),
+        }
+    }
+
+    fn slow(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<Request> for Handler {
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response<Body>, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let body = (self.respond)(run, &request);
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            let content_type = match body {
+                Body::Binary(_) => "application/octet-stream",
+                _ => "application/json",
+            };
+            Ok(Response::builder()
+                .status(201)
+                .header(header::CONTENT_TYPE, content_type)
+                .header(header::LOCATION, format!("/v1/charges/ch_{run}"))
+                .body(body)?)
+        })
+    }
+}
+
+fn charge(run: usize, _: &Request) -> Body {
+    Body::Text(format!("{{\"id\":\"ch_{run}\",\"amount\":1250}}"))
+}
+
+async fn engine() -> Engine<DynamoDbStore> {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    Engine::builder(DynamoDbStore::new(client, table)).build()
+}
+
+fn post(key: &str, body: Body) -> Request {
+    http::Request::post("/v1/charges")
+        .header("idempotency-key", key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .expect("request")
+}
+
+fn json(body: &str) -> Body {
+    Body::Text(body.to_owned())
+}
+
+fn problem_type(response: &Response<Body>) -> String {
+    let Body::Text(text) = response.body() else {
+        panic!("problem body")
+    };
+    let value: serde_json::Value = serde_json::from_str(text).expect("json");
+    value["type"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn replays_and_rejects_a_reused_key() {
+    let handler = Handler::new(charge);
+    let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
+    let first = service
+        .clone()
+        .oneshot(post("k", json(r#"{"amount":1250}"#)))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let replay = service
+        .clone()
+        .oneshot(post("k", json(r#"{ "amount": 1250 }"#)))
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(replay.body(), first.body());
+    assert_eq!(replay.headers()[header::LOCATION], "/v1/charges/ch_1");
+
+    let reused = service
+        .clone()
+        .oneshot(post("k", json(r#"{"amount":9999}"#)))
+        .await
+        .unwrap();
+    assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(problem_type(&reused).ends_with("idempotency-key-reused"));
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_get_409_with_retry_after_and_run_once() {
+    let handler = Handler::new(charge).slow(Duration::from_millis(400));
+    let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
+    let calls = (0..24).map(|_| {
+        let service = service.clone();
+        tokio::spawn(async move { service.oneshot(post("burst", json("{}"))).await.unwrap() })
+    });
+    let responses = futures::future::join_all(calls).await;
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for response in responses {
+        let response = response.unwrap();
+        *statuses.entry(response.status().as_u16()).or_default() += 1;
+        if response.status() == StatusCode::CONFLICT {
+            let retry_after: u64 = response.headers()[header::RETRY_AFTER]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(retry_after >= 1);
+            assert!(problem_type(&response).ends_with("idempotency-key-in-use"));
+        }
+    }
+    assert_eq!(handler.runs(), 1, "{statuses:?}");
+    assert!(statuses.get(&409).copied().unwrap_or(0) > 0, "{statuses:?}");
+    assert_eq!(statuses.values().sum::<usize>(), 24);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_for_the_result_returns_the_replay() {
+    let handler = Handler::new(charge).slow(Duration::from_millis(400));
+    let service = IdempotencyLayer::new(engine().await)
+        .wait_for_result(Duration::from_secs(5))
+        .layer(handler.clone());
+    let calls = (0..8).map(|_| {
+        let service = service.clone();
+        tokio::spawn(async move { service.oneshot(post("wait", json("{}"))).await.unwrap() })
+    });
+    let responses = futures::future::join_all(calls).await;
+    let mut replays = 0;
+    for response in responses {
+        let response = response.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()[header::LOCATION], "/v1/charges/ch_1");
+        replays += usize::from(response.headers().contains_key(REPLAYED_HEADER));
+    }
+    assert_eq!(replays, 7);
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test]
+async fn unreachable_store_is_a_503_and_nothing_runs() {
+    let engine = Engine::builder(DynamoDbStore::new(
+        support::unreachable_client(),
+        "idempotency",
+    ))
+    .build();
+    let handler = Handler::new(charge);
+    let response = IdempotencyLayer::new(engine)
+        .layer(handler.clone())
+        .oneshot(post("k", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().contains_key(header::RETRY_AFTER));
+    assert!(problem_type(&response).ends_with("idempotency-store-unavailable"));
+    assert_eq!(handler.runs(), 0);
+}
+
+#[tokio::test]
+async fn binary_bodies_round_trip_exactly() {
+    let handler = Handler::new(|_, request| Body::Binary(request.body().to_vec()));
+    let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
+    let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 256) as u8).collect();
+    let request = || {
+        http::Request::post("/v1/files")
+            .header("idempotency-key", "bin")
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(Body::Binary(bytes.clone()))
+            .unwrap()
+    };
+    service.clone().oneshot(request()).await.unwrap();
+    let replay = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert!(
+        replay.body() == &Body::Binary(bytes),
+        "binary body differs after the round trip"
+    );
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test]
+async fn large_bodies_are_compressed_or_explained_never_run_twice() {
+    // 1 MB of JSON, far over DynamoDB's 400 KB item limit, compresses to fit.
+    let big_json = format!(
+        "[{}]",
+        vec![r#"{"sku":"widget","qty":1}"#; 40_000].join(",")
+    );
+    assert!(big_json.len() > 1_000_000);
+    let expected = big_json.clone();
+    let handler = Handler::new(move |_, _| Body::Text(big_json.clone()));
+    let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
+    service
+        .clone()
+        .oneshot(post("big", json("{}")))
+        .await
+        .unwrap();
+    let replay = service
+        .clone()
+        .oneshot(post("big", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert!(
+        replay.body() == &Body::Text(expected),
+        "the large body replays exactly"
+    );
+
+    // 600 KB of incompressible bytes cannot be stored: retries learn the
+    // original status and location, with an explanation, and nothing reruns.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..600 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let handler = Handler::new(move |_, _| Body::Binary(noise.clone()));
+    let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
+    let first = service
+        .clone()
+        .oneshot(post("huge", json("{}")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first.body(), Body::Binary(b) if b.len() == 600 * 1024),
+        "the caller gets it all"
+    );
+    let retry = service
+        .clone()
+        .oneshot(post("huge", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(retry.headers()[header::LOCATION], "/v1/charges/ch_1");
+    assert!(problem_type(&retry).ends_with("idempotency-response-not-stored"));
+    assert_eq!(handler.runs(), 1);
+}
