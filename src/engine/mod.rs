@@ -147,7 +147,10 @@ impl<S: Store> Engine<S> {
         self.run(attempt, &Json, true, operation).await
     }
 
-    async fn run<T, E, C, F, Fut>(
+    /// The protocol. `transactional` declares up front that the operation
+    /// commits writes with its completion; an operation that returns writes
+    /// is transactional whatever was declared.
+    pub(crate) async fn run<T, E, C, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
         codec: &C,
@@ -188,7 +191,12 @@ impl<S: Store> Engine<S> {
             Err(error) if inner.fail_open && !transactional && error.kind().is_transient() => {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
-                let (value, _) = operation().await.map_err(Error::Operation)?;
+                let (value, writes) = operation().await.map_err(Error::Operation)?;
+                if !writes.is_empty() {
+                    // Its writes need the store that just failed: they are
+                    // not committed, so the value must not be reported.
+                    return Err(Error::Store(error));
+                }
                 return Ok(Outcome::new(value, OutcomeKind::Unprotected));
             }
             Err(error) => {
@@ -205,6 +213,7 @@ impl<S: Store> Engine<S> {
                 return Err(Error::Operation(error));
             }
         };
+        let transactional = transactional || !writes.is_empty();
         let response = match codec.encode(&value) {
             Ok(response) => response,
             Err(error) if transactional => {

@@ -15,8 +15,12 @@
 //! `type`: `idempotency-key-missing`, `idempotency-key-invalid`,
 //! `idempotency-key-in-use`, `idempotency-key-reused`,
 //! `idempotency-store-unavailable`, `idempotency-record-corrupt`,
-//! `idempotency-response-not-stored`, after a configurable prefix. None of
-//! the layer's own answers is stored.
+//! `idempotency-response-not-stored`, `idempotency-lease-lost`,
+//! `idempotency-write-rejected`, after a configurable prefix. None of the
+//! layer's own answers is stored.
+//!
+//! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
+//! they commit in one transaction with the stored response.
 //!
 //! Keys are scoped by the caller's identity from API Gateway's authorizer
 //! context and by the route ([`default_scope`]): tenant A's key never
@@ -59,6 +63,7 @@
 //! # }
 //! ```
 
+mod commit;
 mod fingerprint;
 mod future;
 mod key;
@@ -69,6 +74,7 @@ mod scope;
 mod service;
 mod stored;
 
+pub use commit::CommitWith;
 pub use fingerprint::request_fingerprint;
 pub use future::ResponseFuture;
 pub use key::{parse_key, KeyError, MAX_KEY_LEN};

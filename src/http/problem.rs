@@ -22,6 +22,8 @@ pub(crate) enum Problem {
     StoreUnavailable { retry_after: Duration },
     CorruptRecord,
     ResponseNotStored { status: StatusCode },
+    LeaseLost,
+    WriteRejected,
 }
 
 #[derive(Serialize)]
@@ -44,6 +46,8 @@ impl Problem {
             Problem::StoreUnavailable { .. } => "idempotency-store-unavailable",
             Problem::CorruptRecord => "idempotency-record-corrupt",
             Problem::ResponseNotStored { .. } => "idempotency-response-not-stored",
+            Problem::LeaseLost => "idempotency-lease-lost",
+            Problem::WriteRejected => "idempotency-write-rejected",
         }
     }
 
@@ -55,6 +59,8 @@ impl Problem {
             Problem::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::CorruptRecord => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::ResponseNotStored { status } => *status,
+            Problem::LeaseLost => StatusCode::CONFLICT,
+            Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -67,6 +73,8 @@ impl Problem {
             Problem::StoreUnavailable { .. } => "Idempotency store unavailable",
             Problem::CorruptRecord => "Idempotency record unreadable",
             Problem::ResponseNotStored { .. } => "Original response not stored",
+            Problem::LeaseLost => "Request taken over by a retry",
+            Problem::WriteRejected => "Request's writes rejected",
         }
     }
 
@@ -102,6 +110,13 @@ impl Problem {
                  fetch the resource instead.",
                 status.as_u16()
             ),
+            Problem::LeaseLost => "This request took longer than its lease and a retry with the \
+                 same key took over; nothing this request did was committed. Retry with the same \
+                 key to get the result."
+                .to_owned(),
+            Problem::WriteRejected => "The request's writes were rejected by the database, so \
+                 nothing was committed. Contact the API operator if this persists."
+                .to_owned(),
         }
     }
 
@@ -110,6 +125,7 @@ impl Problem {
             Problem::InProgress { retry_after } | Problem::StoreUnavailable { retry_after } => {
                 Some(*retry_after)
             }
+            Problem::LeaseLost => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -1,6 +1,7 @@
 //! [`Idempotency`]: the service the layer wraps around a handler.
 
 use super::{
+    commit::CommitWith,
     fingerprint::request_fingerprint,
     future::ResponseFuture,
     key::{parse_key, KeyError},
@@ -181,7 +182,7 @@ where
     loop {
         let result = config
             .engine
-            .execute_with(&attempt, &config.codec, || async {
+            .run(&attempt, &config.codec, false, || async {
                 // The engine calls this at most once per execution, and the
                 // loop only goes round again when it did not.
                 let Some((inner, request)) = pending.take() else {
@@ -189,9 +190,14 @@ where
                         Problem::CorruptRecord.to_response(&config.codec.problem_base),
                     ));
                 };
-                let response = call_inner(inner, request).await.map_err(Failure::Handler)?;
+                let mut response = call_inner(inner, request).await.map_err(Failure::Handler)?;
+                let writes = response
+                    .extensions_mut()
+                    .remove::<CommitWith<St::Write>>()
+                    .map(|commit| commit.0)
+                    .unwrap_or_default();
                 if (config.store_when)(response.status()) {
-                    Ok(response)
+                    Ok((response, writes))
                 } else {
                     Err(Failure::Released(response))
                 }
@@ -237,7 +243,12 @@ where
                 tracing::error!(%error, "idempotency record unreadable");
                 (HttpOutcome::StoreError, problem(Problem::CorruptRecord))
             }
-            Err(error @ (Error::Store(_) | Error::LostOwnership)) => {
+            Err(Error::LostOwnership) => (HttpOutcome::LostLease, problem(Problem::LeaseLost)),
+            Err(Error::Store(error)) if error.kind() == StoreErrorKind::WriteRejected => {
+                tracing::error!(%error, "the handler's transactional writes were rejected; nothing was committed");
+                (HttpOutcome::StoreError, problem(Problem::WriteRejected))
+            }
+            Err(error @ Error::Store(_)) => {
                 let retry_after = error.retry_after().unwrap_or(Duration::from_secs(1));
                 tracing::error!(error = %DisplayStoreError(&error), "idempotency store unavailable; the handler did not run");
                 (

@@ -692,3 +692,103 @@ async fn logs_name_outcomes_but_never_the_raw_key() {
         "the raw key leaked into the logs:\n{logs}"
     );
 }
+
+/// A handler that writes `charge#<run>` with its response through
+/// `CommitWith`, answering `status`.
+fn committing(
+    runs: Arc<AtomicUsize>,
+    status: u16,
+) -> impl Service<Request, Response = Response<Body>, Error = BoxError, Future = impl Send> + Clone
+{
+    service_fn(move |_: Request| {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let mut response = Response::builder()
+                .status(status)
+                .body(Body::from(format!("ch_{run}")))?;
+            response
+                .extensions_mut()
+                .insert(CommitWith(vec![crate::MemoryWrite::put(
+                    format!("charge#{run}"),
+                    "1",
+                )]));
+            Ok::<_, BoxError>(response)
+        }
+    })
+}
+
+#[tokio::test]
+async fn commit_with_writes_only_with_a_stored_response() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .layer(committing(Arc::clone(&runs), 201));
+    send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(store.item("charge#1").as_deref(), Some(&b"1"[..]));
+    let replay = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(store.item("charge#2"), None);
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut failing = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .layer(committing(Arc::clone(&runs), 503));
+    let response = send(&mut failing, post(Some("other"), "{}")).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(store.records().len(), 1, "released");
+    assert!(store.item("charge#1").is_some() && store.item("charge#2").is_none());
+}
+
+#[tokio::test]
+async fn a_request_fenced_out_of_its_transaction_commits_nothing_and_says_so() {
+    let store = MemoryStore::new();
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store.clone()).clock(clock.clone()).build();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let gate = Arc::new(Mutex::new(Some((started_tx, finish_rx))));
+    let slow = service_fn(move |_: Request| {
+        let gate = gate.lock().unwrap().take();
+        async move {
+            if let Some((started, finish)) = gate {
+                let _ = started.send(());
+                let _ = finish.await;
+            }
+            let mut response = Response::builder().status(201).body(Body::from("zombie"))?;
+            response
+                .extensions_mut()
+                .insert(CommitWith(vec![crate::MemoryWrite::put(
+                    "charge#zombie",
+                    "1",
+                )]));
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let zombie = tokio::spawn(
+        IdempotencyLayer::new(engine.clone())
+            .layer(slow)
+            .oneshot(post(Some("k"), "{}")),
+    );
+    started_rx.await.unwrap();
+    clock.advance(Duration::from_secs(61));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let successor = IdempotencyLayer::new(engine.clone())
+        .layer(committing(runs, 201))
+        .oneshot(post(Some("k"), "{}"))
+        .await
+        .unwrap();
+    assert_eq!(successor.status(), StatusCode::CREATED);
+    finish_tx.send(()).unwrap();
+    let zombie = zombie.await.unwrap().unwrap();
+    assert_eq!(zombie.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        problem(&zombie)["type"],
+        "urn:lambda-idempotency:problem:idempotency-lease-lost"
+    );
+    assert_eq!(zombie.headers()[header::RETRY_AFTER], "1");
+    assert_eq!(
+        store.item("charge#zombie"),
+        None,
+        "the zombie's write was not committed"
+    );
+    assert!(store.item("charge#1").is_some());
+}

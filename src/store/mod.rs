@@ -75,7 +75,7 @@ pub trait Store: Send + Sync + 'static {
     /// An extra write that [`complete`](Store::complete) commits atomically
     /// with the completed record (see
     /// [`Engine::execute_transactional`](crate::Engine::execute_transactional)).
-    type Write: Send + 'static;
+    type Write: Clone + Send + Sync + 'static;
 
     /// Claims the key, or returns the live record that holds it.
     ///

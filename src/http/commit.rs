@@ -1,0 +1,37 @@
+//! [`CommitWith`]: a handler's own writes, committed atomically with the
+//! stored response.
+
+/// Writes that the layer commits in one transaction with the completed
+/// record, so the business effect and the stored response appear together
+/// or not at all. A handler puts it in its response's extensions; for the
+/// DynamoDB store the writes are
+/// [`TransactWriteItem`](aws_sdk_dynamodb::types::TransactWriteItem)s.
+///
+/// ```
+/// # #[cfg(feature = "dynamodb")] {
+/// use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+/// use lambda_http::{Body, Response};
+/// use lambda_idempotency::http::CommitWith;
+///
+/// # fn handler() -> Result<Response<Body>, Box<dyn std::error::Error>> {
+/// let put = Put::builder()
+///     .table_name("charges")
+///     .item("id", AttributeValue::S("ch_1".into()))
+///     .condition_expression("attribute_not_exists(id)")
+///     .build()?;
+/// let mut response = Response::builder().status(201).body(Body::from(r#"{"id":"ch_1"}"#))?;
+/// response
+///     .extensions_mut()
+///     .insert(CommitWith(vec![TransactWriteItem::builder().put(put).build()]));
+/// # Ok(response) }
+/// # }
+/// ```
+///
+/// The writes are committed only when the response is stored: a response
+/// the outcome policy releases (a 5xx, say) commits nothing. If the
+/// transaction fails, the client gets a problem response instead of this
+/// one (503 when the store failed, 409 when the lease had passed and
+/// another attempt took the key over), never a response whose effect was
+/// not committed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommitWith<W>(pub Vec<W>);
