@@ -1,0 +1,91 @@
+//! Every sample event under `events/` parses as lambda_http parses it in
+//! Lambda, and means what its name says when it goes through the layer.
+
+use lambda_http::{request::from_str, Body, Request, Response};
+use lambda_idempotency::{
+    http::{IdempotencyLayer, REPLAYED_HEADER},
+    Engine, MemoryStore,
+};
+use std::{fs, path::Path};
+use tower::{service_fn, Layer, ServiceExt};
+
+fn load(name: &str) -> Request {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("events")
+        .join(name);
+    let json = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    from_str(&json)
+        .unwrap_or_else(|e| panic!("{name} is not an API Gateway event lambda_http accepts: {e}"))
+}
+
+#[test]
+fn every_event_parses() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("events");
+    let mut count = 0;
+    for entry in fs::read_dir(&dir).expect("events/") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .into_string()
+            .expect("utf-8 name");
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let request = load(&name);
+        assert!(
+            request.uri().path().contains("/v1/charges"),
+            "{name}: {}",
+            request.uri()
+        );
+        let has_key = request.headers().contains_key("idempotency-key");
+        let is_get = name.contains("get-charge");
+        assert_eq!(has_key, !name.contains("missing-key") && !is_get, "{name}");
+        count += 1;
+    }
+    assert!(count >= 14, "found {count} events");
+}
+
+async fn outcomes(prefix: &str) -> Vec<(u16, bool)> {
+    let handler = service_fn(|request: Request| async move {
+        let body = format!(
+            "{{\"echo\":{}}}",
+            String::from_utf8_lossy(request.body().as_ref()).len()
+        );
+        Ok::<_, lambda_http::Error>(Response::builder().status(201).body(Body::from(body))?)
+    });
+    let service = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).layer(handler);
+    let mut results = Vec::new();
+    for suffix in [
+        "create-charge",
+        "create-charge-replay",
+        "create-charge-different-body",
+        "create-charge-tenant-b",
+        "create-charge-missing-key",
+        "create-charge-invalid-key",
+    ] {
+        let response = service
+            .clone()
+            .oneshot(load(&format!("{prefix}-{suffix}.json")))
+            .await
+            .unwrap();
+        results.push((
+            response.status().as_u16(),
+            response.headers().contains_key(REPLAYED_HEADER),
+        ));
+    }
+    results
+}
+
+#[tokio::test]
+async fn events_mean_what_their_names_say() {
+    let expected = vec![
+        (201, false), // first request
+        (201, true),  // its replay
+        (422, false), // same key, different body
+        (201, false), // same key, another tenant
+        (400, false), // missing key
+        (400, false), // invalid key
+    ];
+    assert_eq!(outcomes("http-api").await, expected, "HTTP API (v2) events");
+    assert_eq!(outcomes("rest-api").await, expected, "REST API (v1) events");
+}
