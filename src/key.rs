@@ -44,6 +44,31 @@ impl fmt::Display for RecordId {
     }
 }
 
+/// A child key for one downstream operation of a fan-out: deterministic, so
+/// a retry of the parent (same key) reaches every downstream call with the
+/// same child key, and distinct per `purpose`, so two downstream calls never
+/// share one.
+///
+/// The result is 64 lowercase hex characters: a valid key for this crate,
+/// for Stripe (at most 255 characters) and for the IETF header.
+///
+/// ```
+/// use lambda_idempotency::derive_key;
+///
+/// let charge = derive_key("order-77", "charge-card");
+/// let email = derive_key("order-77", "send-receipt");
+/// assert_ne!(charge, email);
+/// assert_eq!(charge, derive_key("order-77", "charge-card"));
+/// ```
+pub fn derive_key(parent: &str, purpose: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"lambda-idempotency child key\0");
+    hasher.update((parent.len() as u64).to_be_bytes());
+    hasher.update(parent.as_bytes());
+    hasher.update(purpose.as_bytes());
+    hex::encode(hasher.finalize())
+}
+
 /// The fencing token of one claim: 128 random bits, minted per claim.
 ///
 /// Completion and release are conditional on it, so an invocation whose
@@ -99,6 +124,15 @@ mod tests {
         assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()));
         assert!(!id.as_str().contains("order-1234"));
         assert_eq!(id, RecordId::new("charges", "tenant-a", "order-1234"));
+    }
+
+    #[test]
+    fn child_keys_are_stable_distinct_and_unambiguous() {
+        assert_eq!(derive_key("p", "a"), derive_key("p", "a"));
+        assert_ne!(derive_key("p", "a"), derive_key("p", "b"));
+        assert_ne!(derive_key("p", "a"), derive_key("q", "a"));
+        assert_ne!(derive_key("ab", "c"), derive_key("a", "bc"));
+        assert_eq!(derive_key("p", "a").len(), 64);
     }
 
     #[test]

@@ -137,6 +137,8 @@
 mod clock;
 mod engine;
 mod error;
+#[cfg(feature = "events")]
+pub mod events;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
@@ -151,7 +153,7 @@ pub use engine::{
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;
-pub use key::{OwnerToken, RecordId};
+pub use key::{derive_key, OwnerToken, RecordId};
 pub use record::{Record, Status, UnknownStatus};
 #[cfg(feature = "dynamodb")]
 pub use store::dynamodb::{AttributeNames, DynamoDbStore};

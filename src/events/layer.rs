@@ -1,0 +1,137 @@
+//! [`IdempotentEventLayer`]: idempotency for `lambda_runtime` handlers of any
+//! serde event type.
+
+use super::service::IdempotentEvent;
+use crate::{Engine, Fingerprint, Store};
+use std::{fmt, sync::Arc};
+use tower::Layer;
+
+type KeyFn<E> = Arc<dyn Fn(&E) -> Option<String> + Send + Sync>;
+type FingerprintFn<E> = Arc<dyn Fn(&E) -> Fingerprint + Send + Sync>;
+
+/// Makes a `lambda_runtime` handler of events `E` idempotent: the handler
+/// runs at most once per key, and its result (serialised with serde) is
+/// replayed to every redelivery.
+///
+/// The key and the fingerprinted part of the event are chosen by closures.
+/// The lease runs until the invocation's deadline. A handler error releases
+/// the claim, so the next delivery runs it again.
+///
+/// A redelivery while the first delivery still runs, a key reused with
+/// another payload, or an unreachable store is an error, so Lambda's own
+/// retries (asynchronous invocations, event source mappings) deliver again
+/// later.
+///
+/// ```
+/// use lambda_idempotency::{events::IdempotentEventLayer, Engine, Fingerprint, MemoryStore};
+/// use lambda_runtime::{service_fn, Error, LambdaEvent};
+/// use serde::{Deserialize, Serialize};
+/// use tower::ServiceBuilder;
+///
+/// #[derive(Deserialize, Serialize)]
+/// struct OrderPlaced { order_id: String, total: u64, sent_at: String }
+///
+/// async fn handle(event: LambdaEvent<OrderPlaced>) -> Result<String, Error> {
+///     Ok(format!("invoiced {}", event.payload.order_id))
+/// }
+///
+/// let engine = Engine::builder(MemoryStore::new()).build();
+/// let handler = ServiceBuilder::new()
+///     .layer(
+///         IdempotentEventLayer::new(engine, "order-placed")
+///             .key(|order: &OrderPlaced| Some(order.order_id.clone()))
+///             // A producer's resend differs in `sent_at` only: leave it out.
+///             .fingerprint(|order: &OrderPlaced| Fingerprint::of_parts([order.order_id.as_bytes(), &order.total.to_be_bytes()])),
+///     )
+///     .service(service_fn(handle));
+/// // lambda_runtime::run(handler).await
+/// # let _ = handler;
+/// ```
+pub struct IdempotentEventLayer<St, E> {
+    pub(crate) engine: Engine<St>,
+    pub(crate) scope: Arc<str>,
+    pub(crate) key: Option<KeyFn<E>>,
+    pub(crate) fingerprint: FingerprintFn<E>,
+    pub(crate) require_key: bool,
+}
+
+impl<St: Store, E: serde::Serialize + 'static> IdempotentEventLayer<St, E> {
+    /// A layer over `engine`, for events whose keys live in `scope` (name
+    /// the function or the event type: keys from different sources must
+    /// not meet). Set the key with [`key`](IdempotentEventLayer::key); by
+    /// default the whole event is fingerprinted as canonical JSON.
+    pub fn new(engine: Engine<St>, scope: impl Into<Arc<str>>) -> Self {
+        Self {
+            engine,
+            scope: scope.into(),
+            key: None,
+            fingerprint: Arc::new(|event: &E| {
+                // Serialising a deserialised event back to JSON does not fail
+                // for serde-derived types; if it does, the bytes of the error
+                // message still give a deterministic fingerprint.
+                Fingerprint::of_json(event)
+                    .unwrap_or_else(|error| Fingerprint::of_bytes(error.to_string().as_bytes()))
+            }),
+            require_key: true,
+        }
+    }
+}
+
+impl<St, E> IdempotentEventLayer<St, E> {
+    /// The idempotency key of an event: a business identifier (an order id,
+    /// a payment id) so that a producer's second send is caught too, or the
+    /// delivery's id. `None` means the event has no key (see
+    /// [`require_key`](IdempotentEventLayer::require_key)).
+    pub fn key(mut self, key: impl Fn(&E) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// The part of the event that must match for a redelivery to be a
+    /// replay (default: the whole event, as canonical JSON). Leave out what
+    /// changes between two sends of the same thing, such as timestamps.
+    pub fn fingerprint(
+        mut self,
+        fingerprint: impl Fn(&E) -> Fingerprint + Send + Sync + 'static,
+    ) -> Self {
+        self.fingerprint = Arc::new(fingerprint);
+        self
+    }
+
+    /// Whether an event without a key is an error (`true`, the default) or
+    /// handled without idempotency.
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.require_key = required;
+        self
+    }
+}
+
+impl<St, E> Clone for IdempotentEventLayer<St, E> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            scope: Arc::clone(&self.scope),
+            key: self.key.clone(),
+            fingerprint: Arc::clone(&self.fingerprint),
+            require_key: self.require_key,
+        }
+    }
+}
+
+impl<St, E, S> Layer<S> for IdempotentEventLayer<St, E> {
+    type Service = IdempotentEvent<S, St, E>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotentEvent::new(inner, self.clone())
+    }
+}
+
+impl<St: fmt::Debug, E> fmt::Debug for IdempotentEventLayer<St, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotentEventLayer")
+            .field("engine", &self.engine)
+            .field("scope", &self.scope)
+            .field("require_key", &self.require_key)
+            .finish_non_exhaustive()
+    }
+}

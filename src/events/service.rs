@@ -1,0 +1,121 @@
+//! [`IdempotentEvent`]: the service the event layer wraps around a handler.
+
+use super::layer::IdempotentEventLayer;
+use crate::{Attempt, Error, Store};
+use lambda_runtime::LambdaEvent;
+use serde::{de::DeserializeOwned, Serialize};
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+};
+use tower::Service;
+
+type BoxError = lambda_runtime::Error;
+
+/// A `lambda_runtime` handler made idempotent by an
+/// [`IdempotentEventLayer`](super::IdempotentEventLayer).
+pub struct IdempotentEvent<S, St, E> {
+    inner: S,
+    layer: IdempotentEventLayer<St, E>,
+}
+
+impl<S, St, E> IdempotentEvent<S, St, E> {
+    pub(crate) fn new(inner: S, layer: IdempotentEventLayer<St, E>) -> Self {
+        Self { inner, layer }
+    }
+}
+
+impl<S: Clone, St, E> Clone for IdempotentEvent<S, St, E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: fmt::Debug, E> fmt::Debug for IdempotentEvent<S, St, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotentEvent")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+/// The future of an [`IdempotentEvent`] service.
+pub type EventFuture<R> = Pin<Box<dyn Future<Output = Result<R, BoxError>> + Send>>;
+
+impl<S, St, E> Service<LambdaEvent<E>> for IdempotentEvent<S, St, E>
+where
+    S: Service<LambdaEvent<E>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Serialize + DeserializeOwned + Send,
+    S::Error: Into<BoxError> + Send,
+    St: Store,
+    E: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = EventFuture<S::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let key = layer.key.as_ref().and_then(|key| key(&event.payload));
+            let Some(key) = key else {
+                if layer.require_key {
+                    return Err("the event has no idempotency key; it was not processed".into());
+                }
+                return inner.call(event).await.map_err(Into::into);
+            };
+            let fingerprint = (layer.fingerprint)(&event.payload);
+            let attempt =
+                Attempt::new(&layer.scope, &key, fingerprint).deadline_ms(event.context.deadline);
+            let result = layer.engine.execute(&attempt, || inner.call(event)).await;
+            match result {
+                Ok(outcome) => {
+                    tracing::debug!(
+                        outcome = outcome.kind().as_str(),
+                        "idempotent event handled"
+                    );
+                    Ok(outcome.into_value())
+                }
+                Err(Error::Operation(error)) => Err(error.into()),
+                Err(error) => {
+                    tracing::warn!(
+                        outcome = error.kind().as_str(),
+                        "idempotent event not handled"
+                    );
+                    Err(event_error(error))
+                }
+            }
+        })
+    }
+}
+
+/// The engine's refusals as errors Lambda reports (and, for asynchronous
+/// sources, retries).
+fn event_error<E>(error: Error<E>) -> BoxError {
+    match error {
+        Error::InProgress { retry_after } => format!(
+            "this event's idempotency key is being processed by another invocation; retry after {} s",
+            retry_after.as_secs()
+        )
+        .into(),
+        Error::PayloadMismatch => {
+            "this event's idempotency key was already used with a different payload".into()
+        }
+        Error::Store(error) => Box::new(error),
+        Error::LostOwnership => "the claim on this event's key was taken over; nothing was committed".into(),
+        Error::Operation(_) => "the handler failed".into(),
+    }
+}

@@ -1,0 +1,353 @@
+//! Event consumers on the memory store.
+
+use super::*;
+use crate::{Claim, Engine, Fingerprint, MemoryStore, MemoryWrite, OwnerToken, Store};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use lambda_runtime::{service_fn, Context, LambdaEvent};
+use serde::{Deserialize, Serialize};
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+use tower::{Layer, ServiceExt};
+
+type BoxError = lambda_runtime::Error;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    order_id: String,
+    total: u64,
+}
+
+fn order(id: &str, total: u64) -> LambdaEvent<Order> {
+    LambdaEvent::new(
+        Order {
+            order_id: id.into(),
+            total,
+        },
+        Context::default(),
+    )
+}
+
+fn counting_handler(
+    runs: &Arc<AtomicUsize>,
+) -> impl tower::Service<LambdaEvent<Order>, Response = String, Error = BoxError, Future = impl Send>
+       + Clone {
+    let runs = Arc::clone(runs);
+    service_fn(move |event: LambdaEvent<Order>| {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if event.payload.total == 0 {
+                return Err::<String, BoxError>("empty order".into());
+            }
+            Ok(format!("invoice {run} for {}", event.payload.order_id))
+        }
+    })
+}
+
+fn layer() -> IdempotentEventLayer<MemoryStore, Order> {
+    IdempotentEventLayer::new(Engine::builder(MemoryStore::new()).build(), "orders")
+        .key(|order: &Order| Some(order.order_id.clone()))
+}
+
+#[tokio::test]
+async fn a_redelivered_event_replays_the_result() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = layer().layer(counting_handler(&runs));
+    let first = service.clone().oneshot(order("o-1", 10)).await.unwrap();
+    let again = service.clone().oneshot(order("o-1", 10)).await.unwrap();
+    assert_eq!(first, "invoice 1 for o-1");
+    assert_eq!(again, first);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let mismatch = service
+        .clone()
+        .oneshot(order("o-1", 11))
+        .await
+        .expect_err("other payload");
+    assert!(
+        mismatch.to_string().contains("different payload"),
+        "{mismatch}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_failed_event_is_released_and_runs_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = layer().layer(counting_handler(&runs));
+    let error = service
+        .clone()
+        .oneshot(order("o-2", 0))
+        .await
+        .expect_err("handler error");
+    assert_eq!(error.to_string(), "empty order");
+    let _ = service.clone().oneshot(order("o-2", 0)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "released, so it ran again");
+}
+
+#[tokio::test]
+async fn events_without_a_key_are_refused_unless_optional() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let keyless = IdempotentEventLayer::new(Engine::builder(MemoryStore::new()).build(), "orders")
+        .key(|_: &Order| None);
+    let error = keyless
+        .clone()
+        .layer(counting_handler(&runs))
+        .oneshot(order("o", 1))
+        .await
+        .expect_err("no key");
+    assert!(error.to_string().contains("no idempotency key"), "{error}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let optional = keyless.require_key(false).layer(counting_handler(&runs));
+    optional.clone().oneshot(order("o", 1)).await.unwrap();
+    optional.clone().oneshot(order("o", 1)).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn the_fingerprint_closure_decides_what_counts_as_the_same_event() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = layer()
+        .fingerprint(|order: &Order| Fingerprint::of_bytes(order.order_id.as_bytes()))
+        .layer(counting_handler(&runs));
+    service.clone().oneshot(order("o-3", 10)).await.unwrap();
+    // Only the id is fingerprinted: another total is the same event.
+    service.clone().oneshot(order("o-3", 99)).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+fn message(id: &str, body: &str, group: Option<&str>) -> SqsMessage {
+    let mut message = SqsMessage::default();
+    message.message_id = Some(id.into());
+    message.body = Some(body.into());
+    if let Some(group) = group {
+        message
+            .attributes
+            .insert("MessageGroupId".into(), group.into());
+    }
+    message
+}
+
+fn batch(messages: Vec<SqsMessage>) -> LambdaEvent<SqsEvent> {
+    let mut event = SqsEvent::default();
+    event.records = messages;
+    LambdaEvent::new(event, Context::default())
+}
+
+fn failed_ids(response: &SqsBatchResponse) -> Vec<&str> {
+    response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect()
+}
+
+/// A handler recording the bodies it ran, failing bodies that start with
+/// "fail".
+type Seen = Arc<Mutex<Vec<String>>>;
+
+fn recorder() -> (
+    Seen,
+    impl Fn(SqsMessage) -> std::future::Ready<Result<String, String>>,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let handler = move |message: SqsMessage| {
+        let body = message.body.unwrap_or_default();
+        log.lock().unwrap().push(body.clone());
+        std::future::ready(if body.starts_with("fail") {
+            Err(format!("cannot process {body}"))
+        } else {
+            Ok(body)
+        })
+    };
+    (seen, handler)
+}
+
+#[tokio::test]
+async fn duplicates_in_and_across_batches_run_once() {
+    let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "queue")
+        .key(|m: &SqsMessage| m.body.clone());
+    let (seen, handler) = recorder();
+    let response = sqs
+        .process(
+            batch(vec![
+                message("m1", "a", None),
+                message("m2", "b", None),
+                message("m3", "a", None),
+            ]),
+            &handler,
+        )
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    let response = sqs
+        .process(
+            batch(vec![message("m4", "b", None), message("m5", "c", None)]),
+            &handler,
+        )
+        .await;
+    assert!(response.batch_item_failures.is_empty());
+    let mut ran = seen.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, ["a", "b", "c"]);
+}
+
+#[tokio::test]
+async fn only_failed_and_in_progress_records_are_reported() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).build();
+    let sqs = SqsBatch::new(engine.clone(), "queue");
+    // Another invocation holds m3's key right now.
+    let now = crate::Clock::now_ms(&crate::SystemClock);
+    let claim = Claim {
+        id: engine.record_id("queue", "m3"),
+        owner: OwnerToken::generate(),
+        fingerprint: Fingerprint::of_bytes(b"busy"),
+        now_ms: now,
+        lease_until_ms: now + 30_000,
+        expiration_s: now / 1000 + 3600,
+    };
+    store.claim(&claim).await.unwrap();
+    let (seen, handler) = recorder();
+    let response = sqs
+        .process(
+            batch(vec![
+                message("m1", "ok-1", None),
+                message("m2", "fail-2", None),
+                message("m3", "busy", None),
+                message("m4", "ok-4", None),
+            ]),
+            &handler,
+        )
+        .await;
+    let mut failed = failed_ids(&response);
+    failed.sort();
+    assert_eq!(failed, ["m2", "m3"]);
+    assert!(
+        !seen.lock().unwrap().contains(&"busy".to_string()),
+        "m3 did not run here"
+    );
+
+    // The redelivery of the failed record runs again; the others replay.
+    let response = sqs
+        .process(
+            batch(vec![
+                message("m1", "ok-1", None),
+                message("m2", "fail-2", None),
+            ]),
+            &handler,
+        )
+        .await;
+    assert_eq!(failed_ids(&response), ["m2"]);
+    assert_eq!(
+        seen.lock().unwrap().iter().filter(|b| *b == "ok-1").count(),
+        1
+    );
+    assert_eq!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|b| *b == "fail-2")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn fifo_groups_run_in_order_and_stop_at_their_first_failure() {
+    let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "fifo").concurrency(4);
+    let order = Arc::new(Mutex::new(HashMap::<String, Vec<String>>::new()));
+    let log = Arc::clone(&order);
+    let handler = move |message: SqsMessage| {
+        let log = Arc::clone(&log);
+        async move {
+            let group = message.attributes["MessageGroupId"].clone();
+            let body = message.body.unwrap_or_default();
+            // Yield, so groups interleave if they can.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            log.lock()
+                .unwrap()
+                .entry(group)
+                .or_default()
+                .push(body.clone());
+            if body.starts_with("fail") {
+                Err(body)
+            } else {
+                Ok(())
+            }
+        }
+    };
+    let response = sqs
+        .process(
+            batch(vec![
+                message("a1", "a-1", Some("A")),
+                message("b1", "b-1", Some("B")),
+                message("a2", "a-2", Some("A")),
+                message("b2", "fail-b-2", Some("B")),
+                message("a3", "a-3", Some("A")),
+                message("b3", "b-3", Some("B")),
+            ]),
+            handler,
+        )
+        .await;
+    let order = order.lock().unwrap();
+    assert_eq!(order["A"], ["a-1", "a-2", "a-3"]);
+    assert_eq!(
+        order["B"],
+        ["b-1", "fail-b-2"],
+        "b-3 must not run after b-2 failed"
+    );
+    let mut failed = failed_ids(&response);
+    failed.sort();
+    assert_eq!(failed, ["b2", "b3"]);
+}
+
+#[tokio::test]
+async fn an_unavailable_store_reports_every_record() {
+    let store = MemoryStore::new();
+    let sqs = SqsBatch::new(Engine::builder(store.clone()).build(), "queue");
+    store.fail_next(3);
+    let (seen, handler) = recorder();
+    let response = sqs
+        .process(
+            batch(vec![
+                message("m1", "a", None),
+                message("m2", "b", None),
+                message("m3", "c", None),
+            ]),
+            &handler,
+        )
+        .await;
+    assert_eq!(response.batch_item_failures.len(), 3);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing ran without a claim"
+    );
+}
+
+#[tokio::test]
+async fn transactional_records_commit_their_writes_once() {
+    let store = MemoryStore::new();
+    let sqs = SqsBatch::new(Engine::builder(store.clone()).build(), "queue")
+        .key(|m: &SqsMessage| m.body.clone());
+    let handler = |message: SqsMessage| {
+        let body = message.body.unwrap_or_default();
+        std::future::ready(Ok::<_, String>((
+            (),
+            vec![MemoryWrite::put_if_absent(format!("sent#{body}"), "1")],
+        )))
+    };
+    let response = sqs
+        .process_transactional(
+            batch(vec![message("m1", "x", None), message("m2", "x", None)]),
+            handler,
+        )
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    assert_eq!(store.item("sent#x").as_deref(), Some(&b"1"[..]));
+}
