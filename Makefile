@@ -14,6 +14,7 @@ CARGO_LAMBDA_VERSION := 1.9.2
 PYYAML_VERSION := 6.0.3
 SAM_CLI_VERSION := 1.170.0
 EVENT ?= events/http-api-create-charge.json
+FUNCTION ?= $(if $(findstring sqs-,$(EVENT)),receipts,charges)
 
 export SAM_CLI_TELEMETRY := 0
 export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
@@ -58,9 +59,10 @@ validate: $(SAM_VENV)/.installed
 build: $(VENV)/.installed
 	$(CARGO_LAMBDA) lambda build --release --arm64 --bin charges
 
-## One event against a local charges: make invoke EVENT=events/rest-api-create-charge.json
+## One event against the local functions: make invoke EVENT=events/rest-api-create-charge.json
+## (events/sqs-* go to receipts, the others to charges; FUNCTION=… to choose).
 invoke: $(VENV)/.installed
-	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py invoke $(EVENT)
+	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py invoke $(EVENT) $(FUNCTION)
 
 ## Build with SAM and deploy to your AWS account (asks for a stack name and region).
 deploy: $(SAM_VENV)/.installed $(VENV)/.installed

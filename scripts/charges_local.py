@@ -3,7 +3,7 @@
 
     charges_local.py demo              the narrated tour (make demo)
     charges_local.py e2e               the end-to-end test (make test)
-    charges_local.py invoke EVENT      one event from events/ (make invoke)
+    charges_local.py invoke EVENT [FUNCTION]   one event from events/ (make invoke)
 
 Run it under scripts/with-dynamodb-local, which provides
 AWS_ENDPOINT_URL_DYNAMODB. It creates the tables from template.yaml (the one
@@ -27,7 +27,7 @@ import urllib.parse
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TABLES = {"IdempotencyTable": "idempotency", "ChargesTable": "charges"}
+TABLES = {"IdempotencyTable": "idempotency", "ChargesTable": "charges", "ReceiptsTable": "receipts"}
 CARGO_LAMBDA = os.environ.get("CARGO_LAMBDA", "cargo-lambda")
 BUILD_TIMEOUT_S = 900
 
@@ -97,6 +97,7 @@ class Function:
         env = {
             "IDEMPOTENCY_TABLE": TABLES["IdempotencyTable"],
             "CHARGES_TABLE": TABLES["ChargesTable"],
+            "RECEIPTS_TABLE": TABLES["ReceiptsTable"],
             "AWS_ENDPOINT_URL_DYNAMODB": os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
             "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
             "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
@@ -107,7 +108,7 @@ class Function:
         }
         command = [CARGO_LAMBDA, "lambda", "watch", "--invoke-address", "127.0.0.1",
                    "--invoke-port", str(self.port), "--ignore-changes", "--concurrency", str(concurrency),
-                   "--env-vars", ",".join(f"{k}={v}" for k, v in env.items()), "--bin", "charges"]
+                   "--env-vars", ",".join(f"{k}={v}" for k, v in env.items())]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 
@@ -142,14 +143,16 @@ class Function:
             time.sleep(0.5)
         raise RuntimeError("charges did not start in time:\n" + self.logs())
 
-    def invoke(self, event_file):
+    def invoke(self, event_file, function="charges"):
         output = subprocess.run(
-            [CARGO_LAMBDA, "lambda", "invoke", "charges", "--invoke-address", "127.0.0.1",
+            [CARGO_LAMBDA, "lambda", "invoke", function, "--invoke-address", "127.0.0.1",
              "--invoke-port", str(self.port), "--data-file", event_file],
             cwd=ROOT, capture_output=True, text=True, timeout=60)
         if output.returncode != 0:
             raise RuntimeError(f"cargo lambda invoke {event_file}: {output.stderr}")
         response = json.loads(output.stdout)
+        if function != "charges":
+            return response
         body = response.get("body")
         # REST API (v1) responses carry their headers in multiValueHeaders.
         headers = {k.lower(): v[-1] for k, v in (response.get("multiValueHeaders") or {}).items() if v}
@@ -266,6 +269,16 @@ def e2e(fn):
     c.check("REST API (v1) replay gets it back", status == 201 and rest_again == rest, (status, rest_again))
     c.check("three charge items from the events", count_charges() == before + 3, count_charges() - before)
 
+    first = fn.invoke("events/sqs-receipts-batch-with-duplicates.json", "receipts")
+    c.check("receipts: a batch with a producer's duplicate has no failures",
+            first.get("batchItemFailures") == [], first)
+    again = fn.invoke("events/sqs-receipts-redelivery.json", "receipts")
+    c.check("receipts: the redelivery batch has no failures", again.get("batchItemFailures") == [], again)
+    items = dynamodb("Scan", {"TableName": TABLES["ReceiptsTable"], "ConsistentRead": True})["Items"]
+    sent = {item["charge_id"]["S"]: int(item["sent"]["N"]) for item in items}
+    c.check("receipts: three charges, each receipt sent exactly once",
+            len(sent) == 3 and set(sent.values()) == {1}, sent)
+
     print(f"\n{c.passed} passed, {c.failed} failed")
     return 1 if c.failed else 0
 
@@ -327,8 +340,12 @@ def main():
             return 0
         if sys.argv[1] == "invoke":
             event = sys.argv[2] if len(sys.argv) > 2 else ""
-            status, headers, body = fn.invoke(event)
-            print(json.dumps({"statusCode": status, "headers": headers, "body": body}, indent=2))
+            function = sys.argv[3] if len(sys.argv) > 3 else "charges"
+            result = fn.invoke(event, function)
+            if function == "charges":
+                status, headers, body = result
+                result = {"statusCode": status, "headers": headers, "body": body}
+            print(json.dumps(result, indent=2))
             return 0
         return e2e(fn)
     except Exception as error:  # report with the function's logs, then stop everything

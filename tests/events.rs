@@ -31,6 +31,22 @@ fn every_event_parses() {
         if !name.ends_with(".json") {
             continue;
         }
+        if name.starts_with("sqs-") {
+            let path = dir.join(&name);
+            let json = fs::read_to_string(&path).expect("read");
+            let event: aws_lambda_events::sqs::SqsEvent = serde_json::from_str(&json)
+                .unwrap_or_else(|e| panic!("{name} is not an SQS event: {e}"));
+            assert!(!event.records.is_empty(), "{name}");
+            assert!(
+                event
+                    .records
+                    .iter()
+                    .all(|r| r.message_id.is_some() && r.body.is_some()),
+                "{name}"
+            );
+            count += 1;
+            continue;
+        }
         let request = load(&name);
         assert!(
             request.uri().path().contains("/v1/charges"),
@@ -42,7 +58,7 @@ fn every_event_parses() {
         assert_eq!(has_key, !name.contains("missing-key") && !is_get, "{name}");
         count += 1;
     }
-    assert!(count >= 14, "found {count} events");
+    assert!(count >= 17, "found {count} events");
 }
 
 async fn outcomes(prefix: &str) -> Vec<(u16, bool)> {

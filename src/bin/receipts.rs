@@ -1,0 +1,133 @@
+//! `receipts`: the reference SQS consumer.
+//!
+//! For each message `{"charge_id": "...", "email": "..."}` it "sends a
+//! receipt": it adds 1 to `sent` on the item `charge_id` of the receipts
+//! table. That business logic is deliberately not idempotent, so a duplicate
+//! delivery (a redelivery of one message, or a producer's second send of the
+//! same receipt) would show as `sent > 1` if the crate failed.
+//!
+//! Records are keyed by `charge_id`, processed concurrently, and the
+//! increment commits in one transaction with each record's idempotency
+//! record. Failed records go back to the queue through `batchItemFailures`.
+//!
+//! Environment: `IDEMPOTENCY_TABLE`, `RECEIPTS_TABLE`, and the standard AWS
+//! variables.
+
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use lambda_idempotency::{events::SqsBatch, DynamoDbStore, Engine, Fingerprint};
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use serde::Deserialize;
+use std::sync::Arc;
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+struct ReceiptRequest {
+    charge_id: String,
+    email: String,
+}
+
+fn parse(message: &SqsMessage) -> Option<ReceiptRequest> {
+    let request: ReceiptRequest = serde_json::from_str(message.body.as_deref()?).ok()?;
+    (!request.charge_id.is_empty()).then_some(request)
+}
+
+/// The receipt, as a write that commits with the record's completion.
+fn send_receipt(table: &str, message: &SqsMessage) -> Result<((), Vec<TransactWriteItem>), Error> {
+    let request = parse(message).ok_or("the message body is not {\"charge_id\", \"email\"}")?;
+    let update = Update::builder()
+        .table_name(table)
+        .key("charge_id", AttributeValue::S(request.charge_id.clone()))
+        .update_expression("ADD sent :one SET email = :email, last_message_id = :message_id")
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .expression_attribute_values(":email", AttributeValue::S(request.email))
+        .expression_attribute_values(
+            ":message_id",
+            AttributeValue::S(message.message_id.clone().unwrap_or_default()),
+        )
+        .build()?;
+    tracing::info!(charge = %request.charge_id, "receipt sent");
+    Ok((
+        (),
+        vec![TransactWriteItem::builder().update(update).build()],
+    ))
+}
+
+fn required_env(name: &str) -> Result<String, Error> {
+    std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let store = DynamoDbStore::new(client, required_env("IDEMPOTENCY_TABLE")?);
+    let engine = Engine::builder(store).key_prefix("receipts").build();
+    let table: Arc<str> = required_env("RECEIPTS_TABLE")?.into();
+    // Keyed by the charge, so a producer's second send is caught, not only
+    // SQS's redeliveries; fingerprinted by the parsed body, so whitespace or
+    // key order in the JSON does not matter.
+    let batch = SqsBatch::new(engine, "receipts")
+        .key(|message: &SqsMessage| parse(message).map(|request| request.charge_id))
+        .fingerprint(|message: &SqsMessage| match parse(message) {
+            Some(request) => Fingerprint::of_json(&request)
+                .unwrap_or_else(|_| Fingerprint::of_bytes(request.charge_id.as_bytes())),
+            None => Fingerprint::of_bytes(message.body.as_deref().unwrap_or_default().as_bytes()),
+        });
+
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+        let batch = batch.clone();
+        let table = Arc::clone(&table);
+        async move {
+            let handler = |message: SqsMessage| {
+                let result = send_receipt(&table, &message);
+                async move { result }
+            };
+            Ok::<SqsBatchResponse, Error>(batch.process_transactional(event, handler).await)
+        }
+    }))
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(body: &str) -> SqsMessage {
+        let mut message = SqsMessage::default();
+        message.message_id = Some("m1".into());
+        message.body = Some(body.into());
+        message
+    }
+
+    #[test]
+    fn receipts_are_an_increment_on_the_charge() {
+        let (_, writes) = send_receipt(
+            "receipts",
+            &message(r#"{"charge_id":"ch_1","email":"a@example.com"}"#),
+        )
+        .unwrap();
+        let update = writes[0].update().expect("an update");
+        assert_eq!(update.table_name(), "receipts");
+        assert_eq!(
+            update.key().get("charge_id"),
+            Some(&AttributeValue::S("ch_1".into()))
+        );
+        assert!(update.update_expression().starts_with("ADD sent :one"));
+    }
+
+    #[test]
+    fn malformed_bodies_are_errors_without_a_key() {
+        for body in [
+            "",
+            "not json",
+            r#"{"charge_id":""}"#,
+            r#"{"charge_id":"","email":"e"}"#,
+            r#"{"email":"e"}"#,
+        ] {
+            assert!(parse(&message(body)).is_none(), "{body}");
+            assert!(send_receipt("receipts", &message(body)).is_err(), "{body}");
+        }
+    }
+}
