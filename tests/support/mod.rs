@@ -1,6 +1,7 @@
 //! Test support: DynamoDB Local clients and tables, and a call counter.
 #![allow(dead_code)]
 
+pub mod proxy;
 pub mod scenarios;
 
 use aws_sdk_dynamodb::{
@@ -116,6 +117,23 @@ fn config_for(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
 /// A client for DynamoDB Local.
 pub fn client() -> Client {
     Client::from_conf(config_for(&endpoint()).build())
+}
+
+/// A client for `endpoint` (a fault proxy, say) that counts its calls, with
+/// the SDK's standard retries (3 attempts) and short timeouts.
+pub fn client_via(endpoint: &str) -> (Client, CallCounter) {
+    let counter = CallCounter::default();
+    let config = config_for(endpoint)
+        .interceptor(counter.clone())
+        .timeout_config(
+            aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_millis(500))
+                .operation_attempt_timeout(Duration::from_secs(2))
+                .operation_timeout(Duration::from_secs(6))
+                .build(),
+        )
+        .build();
+    (Client::from_conf(config), counter)
 }
 
 /// A client for DynamoDB Local that counts its calls.
