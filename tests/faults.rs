@@ -335,3 +335,180 @@ async fn a_dropped_invocation_blocks_duplicates_until_its_lease_passes() {
     assert_eq!(taken_over.kind(), OutcomeKind::Fresh);
     assert_eq!(s.runs.load(Ordering::SeqCst), 1);
 }
+
+/// A DynamoDB Local of this test's own, to kill and restart.
+struct OwnDynamoDbLocal {
+    dir: String,
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl OwnDynamoDbLocal {
+    async fn start() -> Self {
+        let dir = std::env::var("DYNAMODB_LOCAL_DIR")
+            .expect("DYNAMODB_LOCAL_DIR is not set: run the tests with `make test` or scripts/with-dynamodb-local");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut own = Self {
+            dir,
+            port,
+            child: None,
+        };
+        own.spawn().await;
+        own
+    }
+
+    async fn spawn(&mut self) {
+        let child = std::process::Command::new("java")
+            .arg(format!(
+                "-Djava.library.path={}/DynamoDBLocal_lib",
+                self.dir
+            ))
+            .args([
+                "-Xmx256m",
+                "-jar",
+                &format!("{}/DynamoDBLocal.jar", self.dir),
+            ])
+            .args([
+                "-inMemory",
+                "-sharedDb",
+                "-disableTelemetry",
+                "-port",
+                &self.port.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start java");
+        self.child = Some(child);
+        for _ in 0..300 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("DynamoDB Local did not start on port {}", self.port);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnDynamoDbLocal {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn create_table_at(url: &str) -> String {
+    let (client, _) = support::client_via(url);
+    support::create_idempotency_table(&client).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_local_killed_and_restarted_mid_run() {
+    let mut local = OwnDynamoDbLocal::start().await;
+    let table = create_table_at(&local.url()).await;
+    let (client, _) = support::client_via(&local.url());
+    let engine = Engine::builder(DynamoDbStore::new(client.clone(), table.clone())).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    engine
+        .execute(&attempt("warm-up"), charge(&runs, 1))
+        .await
+        .expect("up");
+
+    // Eight clients keep charging while DynamoDB Local dies under them and
+    // comes back.
+    let phase = Arc::new(AtomicUsize::new(0)); // 0 up, 1 down, 2 restarted
+    let ok_by_phase = Arc::new([
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    ]);
+    let errors = Arc::new(AtomicUsize::new(0));
+    let load: Vec<_> = (0..8)
+        .map(|client_id| {
+            let (engine, runs, phase, ok_by_phase, errors) = (
+                engine.clone(),
+                Arc::clone(&runs),
+                Arc::clone(&phase),
+                Arc::clone(&ok_by_phase),
+                Arc::clone(&errors),
+            );
+            tokio::spawn(async move {
+                for i in 0..400u64 {
+                    let key = format!("c{client_id}-{i}");
+                    let seen = phase.load(Ordering::SeqCst);
+                    match engine
+                        .execute(&Attempt::new("tenant", &key, payload(i)), charge(&runs, i))
+                        .await
+                    {
+                        Ok(_) => {
+                            ok_by_phase[seen].fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(Error::Store(_)) => {
+                            errors.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(other) => panic!("unexpected error: {other:?}"),
+                    }
+                    if seen == 2 && ok_by_phase[2].load(Ordering::SeqCst) >= 16 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        })
+        .collect();
+    while ok_by_phase[0].load(Ordering::SeqCst) < 16 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    phase.store(1, Ordering::SeqCst);
+    local.kill();
+    match engine
+        .execute(&attempt("while-down"), charge(&runs, 1))
+        .await
+    {
+        Err(Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+            assert!(
+                error.to_string().contains("DynamoDB PutItem"),
+                "a clear error: {error}"
+            );
+        }
+        other => panic!("expected the store to be unavailable, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // In memory: the restarted DynamoDB Local starts empty; recreate the table.
+    local.spawn().await;
+    support::create_named_table(&client, &table, "id", Some("expiration")).await;
+    phase.store(2, Ordering::SeqCst);
+    for task in load {
+        task.await.expect("no panic in any client");
+    }
+    let [before, during, after] = &*ok_by_phase;
+    let (before, during, after) = (
+        before.load(Ordering::SeqCst),
+        during.load(Ordering::SeqCst),
+        after.load(Ordering::SeqCst),
+    );
+    let errors = errors.load(Ordering::SeqCst);
+    println!("kill/restart: {before} ok before, {during} ok while down, {errors} store errors, {after} ok after");
+    assert!(errors > 0, "the outage was seen");
+    assert!(after >= 16, "recovered after the restart: {after}");
+}

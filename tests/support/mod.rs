@@ -183,9 +183,15 @@ pub async fn create_table_with(
     ttl: Option<&str>,
 ) -> String {
     let name = unique_name(prefix);
+    create_named_table(client, &name, pk_name, ttl).await;
+    name
+}
+
+/// Creates the table `name` with partition key `pk_name` (S) and TTL on `ttl`.
+pub async fn create_named_table(client: &Client, name: &str, pk_name: &str, ttl: Option<&str>) {
     client
         .create_table()
-        .table_name(&name)
+        .table_name(name)
         .billing_mode(BillingMode::PayPerRequest)
         .attribute_definitions(
             AttributeDefinition::builder()
@@ -203,11 +209,11 @@ pub async fn create_table_with(
         )
         .send()
         .await
-        .unwrap_or_else(|e| panic!("create table {name} at {}: {e:?}", endpoint()));
+        .unwrap_or_else(|e| panic!("create table {name}: {e:?}"));
     if let Some(ttl) = ttl {
         client
             .update_time_to_live()
-            .table_name(&name)
+            .table_name(name)
             .time_to_live_specification(
                 TimeToLiveSpecification::builder()
                     .attribute_name(ttl)
@@ -219,7 +225,6 @@ pub async fn create_table_with(
             .await
             .expect("enable TTL");
     }
-    name
 }
 
 /// A fresh idempotency table laid out as the crate's defaults expect.
