@@ -21,7 +21,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 # cargo-lambda's own helpers (zig, for cross builds) live beside it.
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-.PHONY: demo test lint unit integration e2e validate build invoke deploy fmt clean-tools
+.PHONY: demo test lint unit integration e2e stress fuzz validate build invoke deploy fmt clean-tools
 
 ## The main job: a charge, its replay, a burst of duplicates, a 422, a 400,
 ## and the count of charges, against a local DynamoDB; then stops it all.
@@ -48,6 +48,11 @@ integration:
 ## events in events/ through cargo lambda invoke.
 e2e: $(VENV)/.installed
 	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py e2e
+
+## The randomised stress test at a larger size than make test runs, with its counts.
+stress:
+	STRESS_KEYS=2000 STRESS_CLIENTS=64 STRESS_REQUESTS=30000 \
+	  scripts/with-dynamodb-local $(CARGO) test --release --test stress -- --nocapture
 
 ## cfn-lint and sam validate --lint (both offline).
 validate: $(SAM_VENV)/.installed

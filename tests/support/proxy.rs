@@ -38,6 +38,9 @@ struct State {
     always: BTreeMap<String, Fault>,
     /// Refuse every connection (the store is down).
     down: bool,
+    /// Random faults: (probability in thousandths, the faults to pick from).
+    chaos: Option<(u32, Vec<Fault>)>,
+    rng: u64,
     injected: BTreeMap<String, u64>,
     forwarded: u64,
 }
@@ -100,6 +103,14 @@ impl FaultProxy {
             .insert(operation.to_owned(), fault);
     }
 
+    /// Applies a fault picked at random from `faults` to `per_mille`
+    /// thousandths of the requests, until [`heal`](Self::heal).
+    pub fn chaos(&self, per_mille: u32, faults: &[Fault]) {
+        let mut state = self.state.lock().unwrap();
+        state.chaos = Some((per_mille, faults.to_vec()));
+        state.rng = 0x9e37_79b9_7f4a_7c15;
+    }
+
     /// Refuses every connection until [`heal`](Self::heal).
     pub fn go_down(&self) {
         self.state.lock().unwrap().down = true;
@@ -111,6 +122,7 @@ impl FaultProxy {
         state.plan.clear();
         state.always.clear();
         state.down = false;
+        state.chaos = None;
     }
 
     /// How many faults were injected, by kind.
@@ -187,6 +199,14 @@ fn error_response(status: &str, kind: &str, message: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+fn next_random(state: &mut u64) -> u64 {
+    // xorshift64: deterministic chaos, reproducible run to run.
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 fn next_fault(state: &Mutex<State>, operation: &str) -> Option<Fault> {
     let mut state = state.lock().unwrap();
     let fault = [operation, "*"]
@@ -198,6 +218,12 @@ fn next_fault(state: &Mutex<State>, operation: &str) -> Option<Fault> {
                 .get(operation)
                 .or_else(|| state.always.get("*"))
                 .copied()
+        })
+        .or_else(|| {
+            let (per_mille, faults) = state.chaos.clone()?;
+            let roll = next_random(&mut state.rng);
+            (roll % 1000 < u64::from(per_mille))
+                .then(|| faults[(roll / 1000) as usize % faults.len()])
         });
     match fault {
         Some(fault) => {

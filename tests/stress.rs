@@ -1,0 +1,369 @@
+//! Randomised stress with an invariant checker, against DynamoDB Local
+//! behind the fault proxy: many keys, concurrent clients, random delays,
+//! operations that outlive their lease, dropped futures, operation errors,
+//! reused keys with other payloads, and random throttling and lost answers.
+//!
+//! Size from the environment: `STRESS_KEYS` (200), `STRESS_CLIENTS` (32),
+//! `STRESS_REQUESTS` (3000), `STRESS_SEED`. `make stress` runs a larger one
+//! and prints the counts. Needs `AWS_ENDPOINT_URL_DYNAMODB`.
+
+mod support;
+
+use lambda_idempotency::{
+    Attempt, Clock, Codec, DynamoDbStore, Engine, Error, Fingerprint, Json, OutcomeKind, Status,
+    Store, SystemClock,
+};
+use serde::{Deserialize, Serialize};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use support::proxy::{Fault, FaultProxy};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What an execution returns, and what is stored and replayed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Receipt {
+    key: u64,
+    execution: u64,
+    payload: u64,
+}
+
+/// One run of the operation.
+#[derive(Debug, Clone)]
+struct Execution {
+    key: u64,
+    id: u64,
+    start_ms: u64,
+    end_ms: Option<u64>,
+    lease_until_ms: u64,
+    /// The operation returned an error (its claim is released).
+    failed: bool,
+}
+
+#[derive(Default)]
+struct Log {
+    executions: Vec<Execution>,
+    next_execution: u64,
+}
+
+/// Marks an execution's end when its future finishes or is dropped.
+struct EndGuard {
+    log: Arc<Mutex<Log>>,
+    index: usize,
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.executions[self.index].end_ms = Some(SystemClock.now_ms());
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    requests: u64,
+    fresh: u64,
+    replays: u64,
+    conflicts: u64,
+    mismatches: u64,
+    takeovers: u64,
+    not_recorded: u64,
+    dropped: u64,
+    operation_errors: u64,
+    store_errors: u64,
+}
+
+/// A per-client random source (xorshift), seeded for reproducible runs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const LEASE_MS: u64 = 1_500;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_stress_keeps_every_invariant() {
+    let (keys, clients, requests, seed) = (
+        env("STRESS_KEYS", 200),
+        env("STRESS_CLIENTS", 32),
+        env("STRESS_REQUESTS", 3000),
+        env("STRESS_SEED", 0x5eed),
+    );
+    let direct = support::client();
+    let table = support::create_idempotency_table(&direct).await;
+    let proxy = FaultProxy::start(&support::endpoint()).await;
+    proxy.chaos(
+        20,
+        &[
+            Fault::Throttle,
+            Fault::LoseAnswer,
+            Fault::Delay(Duration::from_millis(30)),
+            Fault::ServerError,
+        ],
+    );
+    let (client, calls) = support::client_via(&proxy.url());
+    let engine = Engine::builder(DynamoDbStore::new(client, table)).build();
+    let log = Arc::new(Mutex::new(Log::default()));
+    let counts = Arc::new(Mutex::new(Counts::default()));
+    // (key, requested payload, receipt served) for every value served.
+    let served = Arc::new(Mutex::new(Vec::<(u64, u64, Receipt, OutcomeKind)>::new()));
+    // Executions whose invocation was dropped (a Lambda timeout) mid-flight.
+    let dropped = Arc::new(Mutex::new(Vec::<u64>::new()));
+
+    let per_client = requests / clients;
+    let tasks = (0..clients).map(|client| {
+        let (engine, log, counts, served, dropped) = (
+            engine.clone(),
+            Arc::clone(&log),
+            Arc::clone(&counts),
+            Arc::clone(&served),
+            Arc::clone(&dropped),
+        );
+        tokio::spawn(async move {
+            let mut rng = Rng(seed ^ (client + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            for _ in 0..per_client {
+                let key = rng.below(keys);
+                // 5% reuse the key with another payload.
+                let payload = if rng.below(100) < 5 {
+                    key + 1_000_000
+                } else {
+                    key
+                };
+                let sleep_ms = match rng.below(100) {
+                    // Outlives its lease: invites a takeover, and a zombie.
+                    0..=3 => LEASE_MS + 100 + rng.below(800),
+                    // Slow: long enough to be running when a zombie wakes up.
+                    4..=13 => 100 + rng.below(400),
+                    _ => rng.below(20),
+                };
+                let fail = rng.below(100) < 2;
+                let drop_after = (rng.below(100) < 3).then(|| Duration::from_millis(rng.below(40)));
+                let key_text = key.to_string();
+                let now = SystemClock.now_ms();
+                let lease_until_ms = now + LEASE_MS;
+                let attempt = Attempt::new(
+                    "stress",
+                    &key_text,
+                    Fingerprint::of_bytes(&payload.to_be_bytes()),
+                )
+                .deadline_ms(lease_until_ms);
+                let running = Arc::new(Mutex::new(None::<u64>));
+                let operation = {
+                    let log = Arc::clone(&log);
+                    let running = Arc::clone(&running);
+                    move || async move {
+                        let (index, id) = {
+                            let mut log = log.lock().unwrap();
+                            let id = log.next_execution;
+                            log.next_execution += 1;
+                            log.executions.push(Execution {
+                                key,
+                                id,
+                                start_ms: SystemClock.now_ms(),
+                                end_ms: None,
+                                lease_until_ms,
+                                failed: fail,
+                            });
+                            (log.executions.len() - 1, id)
+                        };
+                        *running.lock().unwrap() = Some(id);
+                        let _end = EndGuard { log, index };
+                        tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+                        if fail {
+                            return Err("operation failed");
+                        }
+                        Ok(Receipt {
+                            key,
+                            execution: id,
+                            payload,
+                        })
+                    }
+                };
+                let run = engine.execute(&attempt, operation);
+                let result = match drop_after {
+                    Some(after) => match tokio::time::timeout(after, run).await {
+                        Ok(result) => Some(result),
+                        Err(_) => None,
+                    },
+                    None => Some(run.await),
+                };
+                let mut counts = counts.lock().unwrap();
+                counts.requests += 1;
+                match result {
+                    None => {
+                        counts.dropped += 1;
+                        if let Some(id) = *running.lock().unwrap() {
+                            dropped.lock().unwrap().push(id);
+                        }
+                    }
+                    Some(Ok(outcome)) => {
+                        match outcome.kind() {
+                            OutcomeKind::Fresh => counts.fresh += 1,
+                            OutcomeKind::Replay | OutcomeKind::CachedReplay => counts.replays += 1,
+                            OutcomeKind::LostLease => counts.takeovers += 1,
+                            OutcomeKind::NotRecorded => counts.not_recorded += 1,
+                            other => panic!("unexpected outcome {other:?}"),
+                        }
+                        served.lock().unwrap().push((
+                            key,
+                            payload,
+                            outcome.value().clone(),
+                            outcome.kind(),
+                        ));
+                    }
+                    Some(Err(Error::InProgress { .. })) => counts.conflicts += 1,
+                    Some(Err(Error::PayloadMismatch)) => counts.mismatches += 1,
+                    Some(Err(Error::Operation(_))) => counts.operation_errors += 1,
+                    Some(Err(Error::Store(_))) => counts.store_errors += 1,
+                    Some(Err(other)) => panic!("unexpected error {other:?}"),
+                }
+            }
+        })
+    });
+    for task in tasks.collect::<Vec<_>>() {
+        task.await.expect("no client panicked");
+    }
+
+    let log = log.lock().unwrap();
+    let counts = counts.lock().unwrap();
+    let served = served.lock().unwrap();
+    println!(
+        "stress: {keys} keys, {clients} clients, seed {seed:#x}\n  {counts:?}\n  executions: {}, DynamoDB calls: {}, faults injected: {} {:?}",
+        log.executions.len(),
+        calls.total(),
+        proxy.injected_total(),
+        proxy.injected()
+    );
+
+    // 1. While a claim is live, nothing else runs its key: two executions of
+    //    one key overlap only if the later one began after the earlier one's
+    //    lease had passed.
+    let mut by_key: HashMap<u64, Vec<&Execution>> = HashMap::new();
+    for execution in &log.executions {
+        by_key.entry(execution.key).or_default().push(execution);
+    }
+    for executions in by_key.values_mut() {
+        executions.sort_by_key(|e| e.start_ms);
+        for (i, a) in executions.iter().enumerate() {
+            for b in &executions[i + 1..] {
+                let a_end = a.end_ms.unwrap_or(u64::MAX);
+                if b.start_ms < a_end {
+                    assert!(
+                        b.start_ms > a.lease_until_ms,
+                        "key {}: execution {} started at {} while {} ran under a lease until {}",
+                        a.key,
+                        b.id,
+                        b.start_ms,
+                        a.id,
+                        a.lease_until_ms
+                    );
+                }
+            }
+        }
+    }
+
+    // 2. No key ever holds two completed responses, and 3. every value
+    //    served for a key is its one stored response, for the payload asked.
+    let mut fresh_by_key: HashMap<u64, &Receipt> = HashMap::new();
+    for (key, payload, receipt, kind) in served.iter() {
+        assert_eq!(receipt.key, *key, "a response for another key");
+        assert_eq!(
+            receipt.payload, *payload,
+            "key {key}: a response for another payload was served"
+        );
+        if *kind == OutcomeKind::Fresh {
+            assert!(
+                fresh_by_key.insert(*key, receipt).is_none(),
+                "key {key} completed twice"
+            );
+        }
+    }
+    let now = SystemClock.now_ms();
+    for key in 0..keys {
+        let record = engine
+            .store()
+            .get(&engine.record_id("stress", &key.to_string()), now)
+            .await
+            .expect("read");
+        let Some(record) = record.filter(|r| r.status == Status::Completed) else {
+            continue;
+        };
+        let stored: Receipt = Json
+            .decode(record.response.as_deref().unwrap_or_default())
+            .expect("decode");
+        if let Some(fresh) = fresh_by_key.get(&key) {
+            assert_eq!(
+                *fresh, &stored,
+                "key {key}: the stored response is the fresh one"
+            );
+        }
+        for (_, _, receipt, kind) in served.iter().filter(|(k, ..)| *k == key) {
+            if matches!(kind, OutcomeKind::Replay | OutcomeKind::CachedReplay) {
+                assert_eq!(
+                    receipt, &stored,
+                    "key {key}: a replay differs from the stored response"
+                );
+            }
+        }
+    }
+
+    // 4. A key's operation ran once, or once more per execution that could
+    //    not complete under its claim: dropped mid-flight, failed (claim
+    //    released), outlived its lease, or finished but was not stored (lost
+    //    lease, completion failed). Only the stored execution goes unexcused.
+    let dropped = dropped.lock().unwrap();
+    let unstored: Vec<u64> = served
+        .iter()
+        .filter(|(.., kind)| matches!(kind, OutcomeKind::LostLease | OutcomeKind::NotRecorded))
+        .map(|(_, _, receipt, _)| receipt.execution)
+        .collect();
+    let mut reruns = 0;
+    for (key, executions) in &by_key {
+        let unexcused: Vec<u64> = executions
+            .iter()
+            .filter(|e| {
+                !(dropped.contains(&e.id)
+                    || e.failed
+                    || e.end_ms.is_none_or(|end| end > e.lease_until_ms)
+                    || unstored.contains(&e.id))
+            })
+            .map(|e| e.id)
+            .collect();
+        assert!(
+            unexcused.len() <= 1,
+            "key {key} ran {unexcused:?} with no lease passing or failure between them"
+        );
+        if let Some(id) = unexcused.first() {
+            let stored = fresh_by_key.get(key).map(|receipt| receipt.execution);
+            assert!(
+                stored.is_none() || stored == Some(*id),
+                "key {key}: execution {id} ran but {stored:?} is stored"
+            );
+        }
+        reruns += executions.len().saturating_sub(1);
+    }
+    println!("  keys run more than once, each excused: {reruns} extra executions");
+    assert!(
+        counts.replays > 0 && counts.conflicts > 0 && counts.mismatches > 0,
+        "the mix exercised the protocol: {counts:?}"
+    );
+    assert!(counts.requests >= per_client * clients);
+}
