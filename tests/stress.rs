@@ -242,9 +242,11 @@ async fn randomised_stress_keeps_every_invariant() {
         task.await.expect("no client panicked");
     }
 
-    let log = log.lock().unwrap();
-    let counts = counts.lock().unwrap();
-    let served = served.lock().unwrap();
+    // Every client is done: take the results out of their locks.
+    let log = std::mem::take(&mut *log.lock().unwrap());
+    let counts = std::mem::take(&mut *counts.lock().unwrap());
+    let served = std::mem::take(&mut *served.lock().unwrap());
+    let dropped = std::mem::take(&mut *dropped.lock().unwrap());
     println!(
         "stress: {keys} keys, {clients} clients, seed {seed:#x}\n  {counts:?}\n  executions: {}, DynamoDB calls: {}, faults injected: {} {:?}",
         log.executions.len(),
@@ -329,7 +331,6 @@ async fn randomised_stress_keeps_every_invariant() {
     //    not complete under its claim: dropped mid-flight, failed (claim
     //    released), outlived its lease, or finished but was not stored (lost
     //    lease, completion failed). Only the stored execution goes unexcused.
-    let dropped = dropped.lock().unwrap();
     let unstored: Vec<u64> = served
         .iter()
         .filter(|(.., kind)| matches!(kind, OutcomeKind::LostLease | OutcomeKind::NotRecorded))
