@@ -199,10 +199,7 @@ async fn randomised_stress_keeps_every_invariant() {
                 };
                 let run = engine.execute(&attempt, operation);
                 let result = match drop_after {
-                    Some(after) => match tokio::time::timeout(after, run).await {
-                        Ok(result) => Some(result),
-                        Err(_) => None,
-                    },
+                    Some(after) => tokio::time::timeout(after, run).await.ok(),
                     None => Some(run.await),
                 };
                 let mut counts = counts.lock().unwrap();
