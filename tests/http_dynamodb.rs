@@ -296,3 +296,116 @@ async fn large_bodies_are_compressed_or_explained_never_run_twice() {
     assert!(problem_type(&retry).ends_with("idempotency-response-not-stored"));
     assert_eq!(handler.runs(), 1);
 }
+
+#[tokio::test]
+async fn bodies_at_the_item_limit_are_stored_and_over_it_are_explained() {
+    use lambda_idempotency::http::MAX_STORED_RESPONSE;
+    let noise = |len: usize| {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect::<Vec<u8>>()
+    };
+    // Incompressible, and just under the stored-response limit once framed
+    // with its status and headers: DynamoDB Local must accept the item.
+    let at_limit = noise(MAX_STORED_RESPONSE - 256);
+    let expected = at_limit.clone();
+    let handler = Handler::new(move |_, _| Body::Binary(at_limit.clone()));
+    let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
+    service
+        .clone()
+        .oneshot(post("at-limit", json("{}")))
+        .await
+        .unwrap();
+    let replay = service
+        .clone()
+        .oneshot(post("at-limit", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert!(
+        replay.body() == &Body::Binary(expected),
+        "a body at the limit replays exactly"
+    );
+
+    let over = noise(MAX_STORED_RESPONSE + 1);
+    let handler = Handler::new(move |_, _| Body::Binary(over.clone()));
+    let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
+    service
+        .clone()
+        .oneshot(post("over", json("{}")))
+        .await
+        .unwrap();
+    let retry = service
+        .clone()
+        .oneshot(post("over", json("{}")))
+        .await
+        .unwrap();
+    assert!(problem_type(&retry).ends_with("idempotency-response-not-stored"));
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test]
+async fn neither_raw_keys_nor_principals_are_stored() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let engine = Engine::builder(DynamoDbStore::new(client.clone(), table.clone())).build();
+    let service = IdempotencyLayer::new(engine)
+        .scope(|_: &Request| "principal-alice@example.com POST /v1/charges".to_owned())
+        .layer(Handler::new(charge));
+    let key = "raw-secret-key-0f3c9a77";
+    service
+        .clone()
+        .oneshot(post(key, json(r#"{"card":"4242"}"#)))
+        .await
+        .unwrap();
+    let items = client
+        .scan()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap()
+        .items
+        .unwrap_or_default();
+    assert_eq!(items.len(), 1);
+    let dump = format!("{items:?}");
+    for secret in [key, "principal-alice", "4242"] {
+        assert!(
+            !dump.contains(secret),
+            "{secret} found in the table: {dump}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_tenant_in_flight_never_blocks_another_with_the_same_key() {
+    let engine = engine().await;
+    let handler = Handler::new(charge).slow(Duration::from_millis(500));
+    let tenant = |name: &'static str| {
+        IdempotencyLayer::new(engine.clone())
+            .scope(move |_: &Request| format!("tenant-{name} POST /v1/charges"))
+            .layer(handler.clone())
+    };
+    let a = tokio::spawn(tenant("a").oneshot(post("shared-key", json("{}"))));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = tenant("b")
+        .oneshot(post("shared-key", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.status(),
+        StatusCode::CREATED,
+        "B is not told A's request is in progress"
+    );
+    assert!(
+        b.headers().get(REPLAYED_HEADER).is_none(),
+        "nor given A's response"
+    );
+    assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(handler.runs(), 2);
+}
