@@ -13,6 +13,9 @@ SAM_VENV := $(TOOLS)/sam
 CARGO_LAMBDA_VERSION := 1.9.2
 PYYAML_VERSION := 6.0.3
 SAM_CLI_VERSION := 1.170.0
+CARGO_FUZZ_VERSION := 0.13.2
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := key_parse json_fingerprint record_decode stored_response
 EVENT ?= events/http-api-create-charge.json
 FUNCTION ?= $(if $(findstring sqs-,$(EVENT)),receipts,charges)
 
@@ -53,6 +56,20 @@ e2e: $(VENV)/.installed
 stress:
 	STRESS_KEYS=2000 STRESS_CLIENTS=64 STRESS_REQUESTS=30000 \
 	  scripts/with-dynamodb-local $(CARGO) test --release --test stress -- --nocapture
+
+## Each fuzz target for FUZZ_SECONDS (default 30), after replaying the inputs
+## that once crashed it (fuzz/regressions/). cargo fuzz needs nightly features:
+## RUSTC_BOOTSTRAP lets the machine's stable toolchain provide them.
+fuzz: $(TOOLS)/cargo/bin/cargo-fuzz
+	cd fuzz && for target in $(FUZZ_TARGETS); do \
+	  if [ -d regressions/$$target ]; then \
+	    RUSTC_BOOTSTRAP=1 ../$(TOOLS)/cargo/bin/cargo-fuzz run -O $$target regressions/$$target/* || exit 1; \
+	  fi; \
+	  RUSTC_BOOTSTRAP=1 ../$(TOOLS)/cargo/bin/cargo-fuzz run -O $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
+
+$(TOOLS)/cargo/bin/cargo-fuzz:
+	$(CARGO) install --locked --root $(TOOLS)/cargo cargo-fuzz@$(CARGO_FUZZ_VERSION)
 
 ## cfn-lint and sam validate --lint (both offline).
 validate: $(SAM_VENV)/.installed

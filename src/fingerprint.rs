@@ -160,6 +160,29 @@ mod tests {
         );
     }
 
+    /// Found by the `json_fingerprint` fuzz target: a number beyond u64
+    /// parses as a float, and without correctly rounded float parsing its
+    /// canonical form read back as another float, so the canonical form was
+    /// not a fixed point.
+    #[test]
+    fn canonical_form_is_a_fixed_point_for_large_numbers() {
+        for input in [
+            "1111111111111166111667",
+            "[1e400]",
+            "-0.0",
+            "123456789012345678901234567890",
+            "0.30000000000000004",
+        ] {
+            let Ok(value) = serde_json::from_str::<Value>(input) else {
+                continue;
+            };
+            let canonical = canonical_json(&value);
+            let reparsed: Value = serde_json::from_slice(&canonical).unwrap();
+            assert_eq!(reparsed, value, "{input}");
+            assert_eq!(canonical_json(&reparsed), canonical, "{input}");
+        }
+    }
+
     #[test]
     fn different_values_differ() {
         let a = serde_json::json!({"amount": 100});

@@ -160,6 +160,40 @@ pub use store::dynamodb::{AttributeNames, DynamoDbStore};
 pub use store::memory::{MemoryStore, MemoryWrite};
 pub use store::{Claim, ClaimOutcome, Completion, Fenced, Store};
 
+/// Internals the fuzz targets under `fuzz/` drive; not a public API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// A JSON value in the canonical form fingerprints hash.
+    pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
+        crate::fingerprint::canonical_json(value)
+    }
+
+    /// Decodes a stored DynamoDB item as the DynamoDB store does.
+    pub fn decode_record(
+        item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+    ) -> Result<crate::Record, crate::StoreError> {
+        crate::store::dynamodb::decode_item(item)
+    }
+
+    /// Decodes a stored HTTP response as the HTTP layer does.
+    pub fn decode_stored_response(
+        bytes: &[u8],
+    ) -> Result<lambda_http::Response<lambda_http::Body>, Box<dyn std::error::Error + Send + Sync>>
+    {
+        crate::http::stored_codec_for_fuzzing().decode(bytes)
+    }
+
+    /// Encodes a response as the HTTP layer stores it.
+    pub fn encode_stored_response(
+        response: &lambda_http::Response<lambda_http::Body>,
+    ) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+        crate::http::stored_codec_for_fuzzing().encode(response)
+    }
+
+    pub use crate::Codec;
+}
+
 // The README's examples are compiled with the doc tests.
 #[cfg(all(doctest, feature = "dynamodb"))]
 #[doc = include_str!("../README.md")]

@@ -88,5 +88,16 @@ pub use scope::{default_scope, ANONYMOUS};
 pub use service::{Idempotency, REPLAYED_HEADER};
 pub use stored::MAX_STORED_RESPONSE;
 
+/// The response codec with the layer's defaults (for the fuzz targets).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn stored_codec_for_fuzzing() -> stored::ResponseCodec {
+    stored::ResponseCodec {
+        stored_headers: default_stored_headers(),
+        compress_above: DEFAULT_COMPRESS_ABOVE,
+        max_stored: MAX_STORED_RESPONSE,
+        problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,12 @@ use codec::{number, string, Item};
 use names::ExpressionNames;
 use std::{collections::HashMap, sync::Arc};
 
+/// Decodes an item with the default attribute names (for the fuzz targets).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn decode_item(item: Item) -> Result<Record, StoreError> {
+    codec::decode(&AttributeNames::default(), item)
+}
+
 const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s \
      OR (#status = :in_progress AND #lease_until < :now_ms)";
 const FENCE_CONDITION: &str = "#status = :in_progress AND #owner = :owner";
