@@ -24,7 +24,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 # cargo-lambda's own helpers (zig, for cross builds) live beside it.
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-.PHONY: demo test lint unit integration e2e stress fuzz validate build invoke deploy fmt clean-tools
+.PHONY: demo test lint unit integration e2e stress fuzz bench validate build invoke deploy fmt clean-tools
 
 ## The main job: a charge, its replay, a burst of duplicates, a 422, a 400,
 ## and the count of charges, against a local DynamoDB; then stops it all.
@@ -70,6 +70,23 @@ fuzz: $(TOOLS)/cargo/bin/cargo-fuzz
 
 $(TOOLS)/cargo/bin/cargo-fuzz:
 	$(CARGO) install --locked --root $(TOOLS)/cargo cargo-fuzz@$(CARGO_FUZZ_VERSION)
+
+## Criterion micro benchmarks, then the side-by-side benchmark: this crate,
+## raw DynamoDB calls (the floor), the handler alone, Powertools Python and
+## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md).
+bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed bench/node_modules/.installed
+	$(CARGO) bench --bench layer
+	$(CARGO) build --release --example bench_driver
+	scripts/with-dynamodb-local $(VENV)/bin/python bench/run.py
+
+$(TOOLS)/bench-py/.installed:
+	python3 -m venv $(TOOLS)/bench-py
+	$(TOOLS)/bench-py/bin/pip install --quiet --disable-pip-version-check aws-lambda-powertools==3.37.0 boto3==1.44.5
+	touch $@
+
+bench/node_modules/.installed: bench/package.json
+	npm install --prefix bench --no-audit --no-fund --loglevel=error
+	touch $@
 
 ## cfn-lint and sam validate --lint (both offline).
 validate: $(SAM_VENV)/.installed

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The side-by-side benchmark (make bench): one DynamoDB Local, one workload,
+five implementations, one after the other.
+
+Run through scripts/with-dynamodb-local. Each driver gets a fresh table and
+prints its figures as JSON; this script adds peak memory (/usr/bin/time),
+prints the table and the ratios, and writes bench/results.json.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from charges_local import dynamodb  # noqa: E402
+
+WORKLOAD = {"BENCH_N": "1000", "BENCH_CONCURRENT": "2000", "BENCH_CLIENTS": "16"}
+RUST = os.path.join(ROOT, "target", "release", "examples", "bench_driver")
+PYTHON = os.path.join(ROOT, ".tools", "bench-py", "bin", "python")
+DRIVERS = [
+    ("floor", [RUST, "floor"]),
+    ("bare", [RUST, "bare"]),
+    ("crate", [RUST, "crate"]),
+    ("cached", [RUST, "cached"]),
+    ("python", [PYTHON, os.path.join(ROOT, "bench", "powertools_py.py")]),
+    ("typescript", ["node", os.path.join(ROOT, "bench", "powertools_ts.mjs")]),
+]
+
+
+def create_table(name):
+    dynamodb("CreateTable", {
+        "TableName": name,
+        "AttributeDefinitions": [{"AttributeName": "id", "AttributeType": "S"}],
+        "KeySchema": [{"AttributeName": "id", "KeyType": "HASH"}],
+        "BillingMode": "PAY_PER_REQUEST",
+    })
+    dynamodb("UpdateTimeToLive", {"TableName": name,
+                                  "TimeToLiveSpecification": {"AttributeName": "expiration", "Enabled": True}})
+
+
+def run(label, command, run_id):
+    table = f"bench-{label}-{run_id}"
+    create_table(table)
+    env = dict(os.environ, **WORKLOAD, BENCH_TABLE=table, BENCH_ENDPOINT=os.environ["AWS_ENDPOINT_URL_DYNAMODB"])
+    env["BENCH_T0"] = str(time.time_ns())
+    done = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M"] + command, env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"{label} failed:\n{done.stdout}\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rss = [line for line in done.stderr.splitlines() if line.startswith("maxrss_kb=")]
+    result["peak_memory_mb"] = int(rss[-1].split("=")[1]) / 1024 if rss else None
+    return result
+
+
+def cell(result, phase, field, digits=2):
+    value = result["results"].get(phase, {}).get(field)
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def main():
+    if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
+        sys.exit("run this through scripts/with-dynamodb-local (make bench)")
+    print("warming DynamoDB Local up (JIT) with one discarded floor run...", flush=True)
+    run("floor", [RUST, "floor"], "warmup")
+    results = {}
+    for label, command in DRIVERS:
+        print(f"running {label}...", flush=True)
+        results[label] = run(label, command, "run")
+
+    print("\n| implementation | new key median / p99 (ms) | replay median / p99 (ms) | concurrent median / p99 (ms) | concurrent throughput (req/s) | DynamoDB calls new / replay / concurrent | cold start (ms) | peak memory (MB) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, _ in DRIVERS:
+        r = results[label]
+        print(f"| {r['impl']} | {cell(r, 'new', 'median_ms')} / {cell(r, 'new', 'p99_ms')} "
+              f"| {cell(r, 'replay', 'median_ms')} / {cell(r, 'replay', 'p99_ms')} "
+              f"| {cell(r, 'concurrent', 'median_ms')} / {cell(r, 'concurrent', 'p99_ms')} "
+              f"| {cell(r, 'concurrent', 'throughput_rps', 0)} "
+              f"| {cell(r, 'new', 'calls_per_request')} / {cell(r, 'replay', 'calls_per_request')} / {cell(r, 'concurrent', 'calls_per_request')} "
+              f"| {r['cold_start_ms']:.0f} | {r['peak_memory_mb']:.0f} |")
+
+    ours = results["crate"]["results"]
+    print("\nRatios (lower is better for latency):")
+    for other in ("python", "typescript"):
+        theirs = results[other]["results"]
+        for phase in ("new", "replay", "concurrent"):
+            print(f"  {phase:10} median: crate / {other:10} = {ours[phase]['median_ms'] / theirs[phase]['median_ms']:.2f}")
+        print(f"  cold start: {other} / crate = {results[other]['cold_start_ms'] / results['crate']['cold_start_ms']:.1f}x")
+    floor = results["floor"]["results"]["new"]["median_ms"]
+    print(f"  new key median: crate / floor = {ours['new']['median_ms'] / floor:.3f}")
+    with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

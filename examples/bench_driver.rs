@@ -1,0 +1,236 @@
+//! The Rust side of `make bench`: one workload, run by this crate, by raw
+//! DynamoDB calls (the floor: a conditional PutItem and an UpdateItem with
+//! the record's shape), or by the handler without idempotency.
+//!
+//! `bench_driver crate|cached|floor|bare`, with the environment of
+//! `bench/run.py`. Prints one JSON line of results.
+
+use aws_sdk_dynamodb::{
+    config::{interceptors::BeforeSerializationInterceptorContextRef, ConfigBag, Credentials, Intercept, Region},
+    primitives::Blob,
+    types::AttributeValue,
+    Client,
+};
+use lambda_idempotency::{Attempt, DynamoDbStore, Engine, Fingerprint, OutcomeKind};
+use serde::{Deserialize, Serialize};
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Order {
+    order_id: String,
+    amount: u64,
+    currency: String,
+    customer: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChargeResult {
+    id: String,
+    amount: u64,
+    currency: String,
+}
+
+fn order(key: &str) -> Order {
+    Order { order_id: key.to_owned(), amount: 1250, currency: "EUR".into(), customer: "cus_42".into() }
+}
+
+/// The business logic: the same in every driver.
+async fn charge(order: &Order) -> Result<ChargeResult, std::io::Error> {
+    Ok(ChargeResult { id: format!("ch_{}", order.order_id), amount: order.amount, currency: order.currency.clone() })
+}
+
+#[derive(Debug, Default, Clone)]
+struct Calls(Arc<AtomicU64>);
+
+impl Intercept for Calls {
+    fn name(&self) -> &'static str {
+        "Calls"
+    }
+
+    fn read_before_execution(
+        &self,
+        _: &BeforeSerializationInterceptorContextRef<'_>,
+        _: &mut ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+enum Runner {
+    Engine(Engine<DynamoDbStore>),
+    Floor(Client, Arc<str>),
+    Bare,
+}
+
+impl Runner {
+    async fn call(&self, key: &str) -> bool {
+        let order = order(key);
+        match self {
+            Runner::Bare => charge(&order).await.is_ok(),
+            Runner::Engine(engine) => {
+                let Ok(fingerprint) = Fingerprint::of_json(&order) else { return false };
+                let attempt = Attempt::new("bench", key, fingerprint);
+                matches!(
+                    engine.execute(&attempt, || charge(&order)).await.map(|o| o.kind()),
+                    Ok(OutcomeKind::Fresh | OutcomeKind::Replay | OutcomeKind::CachedReplay)
+                )
+            }
+            Runner::Floor(client, table) => {
+                // The two writes the protocol cannot avoid, with the same
+                // item shape, and the handler between them.
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                let id = AttributeValue::S(format!("floor#{key}"));
+                let put = client
+                    .put_item()
+                    .table_name(&**table)
+                    .item("id", id.clone())
+                    .item("status", AttributeValue::S("IN_PROGRESS".into()))
+                    .item("expiration", AttributeValue::N((now.as_secs() + 86_400).to_string()))
+                    .item("lease_until", AttributeValue::N((now.as_millis() + 60_000).to_string()))
+                    .item("owner", AttributeValue::S("0123456789abcdef0123456789abcdef".into()))
+                    .item("fingerprint", AttributeValue::S("f".repeat(64)))
+                    .condition_expression("attribute_not_exists(#id)")
+                    .expression_attribute_names("#id", "id")
+                    .send()
+                    .await;
+                if put.is_err() {
+                    return false;
+                }
+                let Ok(result) = charge(&order).await else { return false };
+                let Ok(response) = serde_json::to_vec(&result) else { return false };
+                client
+                    .update_item()
+                    .table_name(&**table)
+                    .key("id", id)
+                    .update_expression("SET #status = :completed, #response = :response REMOVE #lease_until")
+                    .condition_expression("#status = :in_progress")
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_names("#response", "response")
+                    .expression_attribute_names("#lease_until", "lease_until")
+                    .expression_attribute_values(":completed", AttributeValue::S("COMPLETED".into()))
+                    .expression_attribute_values(":in_progress", AttributeValue::S("IN_PROGRESS".into()))
+                    .expression_attribute_values(":response", AttributeValue::B(Blob::new(response)))
+                    .send()
+                    .await
+                    .is_ok()
+            }
+        }
+    }
+}
+
+fn summary(mut latencies: Vec<f64>, wall_s: f64, calls: u64, requests: usize) -> serde_json::Value {
+    latencies.sort_by(f64::total_cmp);
+    let n = latencies.len();
+    let median = if n == 0 { 0.0 } else if n % 2 == 1 { latencies[n / 2] } else { (latencies[n / 2 - 1] + latencies[n / 2]) / 2.0 };
+    serde_json::json!({
+        "median_ms": median,
+        "p99_ms": latencies.get((n * 99 / 100).min(n.saturating_sub(1))).copied().unwrap_or_default(),
+        "throughput_rps": requests as f64 / wall_s,
+        "calls_per_request": calls as f64 / requests as f64,
+    })
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run this through bench/run.py (make bench)"))
+}
+
+#[tokio::main]
+async fn main() {
+    let t0: u128 = env("BENCH_T0").parse().expect("BENCH_T0");
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "crate".into());
+    let calls = Calls::default();
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version_latest()
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("local", "local", None, None, "bench"))
+        .endpoint_url(env("BENCH_ENDPOINT"))
+        .interceptor(calls.clone())
+        .build();
+    let client = Client::from_conf(config);
+    let table: Arc<str> = env("BENCH_TABLE").into();
+    let runner = match mode.as_str() {
+        "crate" => Runner::Engine(Engine::builder(DynamoDbStore::new(client, &*table)).build()),
+        "cached" => Runner::Engine(Engine::builder(DynamoDbStore::new(client, &*table)).cache(4096).build()),
+        "floor" => Runner::Floor(client, table),
+        "bare" => Runner::Bare,
+        other => panic!("unknown mode {other}"),
+    };
+    let count = || calls.0.load(Ordering::Relaxed);
+
+    assert!(runner.call("cold").await, "the first call failed");
+    let cold_ms = (SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() - t0) as f64 / 1e6;
+
+    let n: usize = env("BENCH_N").parse().expect("BENCH_N");
+    let keys: Vec<String> = (0..n).map(|i| format!("{mode}-new-{i}")).collect();
+    let mut results = serde_json::Map::new();
+    for phase in ["new", "replay"] {
+        if mode == "floor" && phase == "replay" {
+            continue; // the floor has no replay: a replay is the failed claim alone
+        }
+        let (before, start) = (count(), Instant::now());
+        let mut latencies = Vec::with_capacity(n);
+        for key in &keys {
+            let call = Instant::now();
+            assert!(runner.call(key).await, "{phase} {key} failed");
+            latencies.push(call.elapsed().as_secs_f64() * 1e3);
+        }
+        results.insert(phase.into(), summary(latencies, start.elapsed().as_secs_f64(), count() - before, n));
+    }
+
+    let total: usize = env("BENCH_CONCURRENT").parse().expect("BENCH_CONCURRENT");
+    let clients: usize = env("BENCH_CLIENTS").parse().expect("BENCH_CLIENTS");
+    let mut seed = 7u64;
+    let mut issued: Vec<String> = Vec::with_capacity(total);
+    for i in 0..total {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let duplicate = !issued.is_empty() && (seed >> 33) % 10 == 0 && mode != "floor";
+        issued.push(if duplicate { issued[(seed >> 40) as usize % issued.len()].clone() } else { format!("{mode}-conc-{i}") });
+    }
+    let issued = Arc::new(issued);
+    let next = Arc::new(AtomicU64::new(0));
+    let (before, start) = (count(), Instant::now());
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (runner, issued, next) = (runner.clone(), Arc::clone(&issued), Arc::clone(&next));
+            tokio::spawn(async move {
+                let (mut latencies, mut errors) = (Vec::new(), 0);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(key) = issued.get(i) else { break };
+                    let call = Instant::now();
+                    if runner.call(key).await {
+                        latencies.push(call.elapsed().as_secs_f64() * 1e3);
+                    } else {
+                        errors += 1; // a duplicate in flight: 409
+                    }
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let (mut latencies, mut errors) = (Vec::new(), 0);
+    for task in tasks {
+        let (l, e) = task.await.expect("client");
+        latencies.extend(l);
+        errors += e;
+    }
+    let mut concurrent = summary(latencies, start.elapsed().as_secs_f64(), count() - before, total);
+    concurrent["errors"] = errors.into();
+    results.insert("concurrent".into(), concurrent);
+
+    let name = match mode.as_str() {
+        "crate" => "lambda-idempotency",
+        "cached" => "lambda-idempotency (cache on)",
+        "floor" => "raw DynamoDB (floor)",
+        _ => "handler alone",
+    };
+    println!("{}", serde_json::json!({ "impl": name, "cold_start_ms": cold_ms, "results": results }));
+}
