@@ -47,7 +47,9 @@ fn layer_benches(c: &mut Criterion) {
             Response::builder()
                 .status(201)
                 .header("content-type", "application/json")
-                .body(Body::from(r#"{"id":"ch_1","amount":1250,"currency":"EUR"}"#))
+                .body(Body::from(
+                    r#"{"id":"ch_1","amount":1250,"currency":"EUR"}"#,
+                ))
                 .expect("response"),
         )
     });
@@ -64,7 +66,12 @@ fn layer_benches(c: &mut Criterion) {
         let next = AtomicU64::new(0);
         group.bench_function(BenchmarkId::new("first_call", &label), |b| {
             b.to_async(&runtime).iter_batched(
-                || request(&format!("new-{}", next.fetch_add(1, Ordering::Relaxed)), &body),
+                || {
+                    request(
+                        &format!("new-{}", next.fetch_add(1, Ordering::Relaxed)),
+                        &body,
+                    )
+                },
                 |request| {
                     let service = service.clone();
                     async move { black_box(service.oneshot(request).await.expect("response")) }
@@ -73,7 +80,9 @@ fn layer_benches(c: &mut Criterion) {
             )
         });
 
-        runtime.block_on(service.clone().oneshot(request("replayed", &body))).expect("first");
+        runtime
+            .block_on(service.clone().oneshot(request("replayed", &body)))
+            .expect("first");
         group.bench_function(BenchmarkId::new("replay", &label), |b| {
             b.to_async(&runtime).iter_batched(
                 || request("replayed", &body),
@@ -99,7 +108,10 @@ fn layer_benches(c: &mut Criterion) {
         let now = lambda_idempotency::Clock::now_ms(&lambda_idempotency::SystemClock);
         // Held by another invocation for the whole run.
         let claim = Claim {
-            id: engine.record_id(&lambda_idempotency::http::default_scope(&request("held", &body)), "held"),
+            id: engine.record_id(
+                &lambda_idempotency::http::default_scope(&request("held", &body)),
+                "held",
+            ),
             owner: OwnerToken::generate(),
             fingerprint: request_fingerprint(&request("held", &body)),
             now_ms: now,

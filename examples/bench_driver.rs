@@ -6,7 +6,10 @@
 //! `bench/run.py`. Prints one JSON line of results.
 
 use aws_sdk_dynamodb::{
-    config::{interceptors::BeforeSerializationInterceptorContextRef, ConfigBag, Credentials, Intercept, Region},
+    config::{
+        interceptors::BeforeSerializationInterceptorContextRef, ConfigBag, Credentials, Intercept,
+        Region,
+    },
     primitives::Blob,
     types::AttributeValue,
     Client,
@@ -37,12 +40,21 @@ struct ChargeResult {
 }
 
 fn order(key: &str) -> Order {
-    Order { order_id: key.to_owned(), amount: 1250, currency: "EUR".into(), customer: "cus_42".into() }
+    Order {
+        order_id: key.to_owned(),
+        amount: 1250,
+        currency: "EUR".into(),
+        customer: "cus_42".into(),
+    }
 }
 
 /// The business logic: the same in every driver.
 async fn charge(order: &Order) -> Result<ChargeResult, std::io::Error> {
-    Ok(ChargeResult { id: format!("ch_{}", order.order_id), amount: order.amount, currency: order.currency.clone() })
+    Ok(ChargeResult {
+        id: format!("ch_{}", order.order_id),
+        amount: order.amount,
+        currency: order.currency.clone(),
+    })
 }
 
 #[derive(Debug, Default, Clone)]
@@ -76,26 +88,42 @@ impl Runner {
         match self {
             Runner::Bare => charge(&order).await.is_ok(),
             Runner::Engine(engine) => {
-                let Ok(fingerprint) = Fingerprint::of_json(&order) else { return false };
+                let Ok(fingerprint) = Fingerprint::of_json(&order) else {
+                    return false;
+                };
                 let attempt = Attempt::new("bench", key, fingerprint);
                 matches!(
-                    engine.execute(&attempt, || charge(&order)).await.map(|o| o.kind()),
+                    engine
+                        .execute(&attempt, || charge(&order))
+                        .await
+                        .map(|o| o.kind()),
                     Ok(OutcomeKind::Fresh | OutcomeKind::Replay | OutcomeKind::CachedReplay)
                 )
             }
             Runner::Floor(client, table) => {
                 // The two writes the protocol cannot avoid, with the same
                 // item shape, and the handler between them.
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
                 let id = AttributeValue::S(format!("floor#{key}"));
                 let put = client
                     .put_item()
                     .table_name(&**table)
                     .item("id", id.clone())
                     .item("status", AttributeValue::S("IN_PROGRESS".into()))
-                    .item("expiration", AttributeValue::N((now.as_secs() + 86_400).to_string()))
-                    .item("lease_until", AttributeValue::N((now.as_millis() + 60_000).to_string()))
-                    .item("owner", AttributeValue::S("0123456789abcdef0123456789abcdef".into()))
+                    .item(
+                        "expiration",
+                        AttributeValue::N((now.as_secs() + 86_400).to_string()),
+                    )
+                    .item(
+                        "lease_until",
+                        AttributeValue::N((now.as_millis() + 60_000).to_string()),
+                    )
+                    .item(
+                        "owner",
+                        AttributeValue::S("0123456789abcdef0123456789abcdef".into()),
+                    )
                     .item("fingerprint", AttributeValue::S("f".repeat(64)))
                     .condition_expression("attribute_not_exists(#id)")
                     .expression_attribute_names("#id", "id")
@@ -104,20 +132,35 @@ impl Runner {
                 if put.is_err() {
                     return false;
                 }
-                let Ok(result) = charge(&order).await else { return false };
-                let Ok(response) = serde_json::to_vec(&result) else { return false };
+                let Ok(result) = charge(&order).await else {
+                    return false;
+                };
+                let Ok(response) = serde_json::to_vec(&result) else {
+                    return false;
+                };
                 client
                     .update_item()
                     .table_name(&**table)
                     .key("id", id)
-                    .update_expression("SET #status = :completed, #response = :response REMOVE #lease_until")
+                    .update_expression(
+                        "SET #status = :completed, #response = :response REMOVE #lease_until",
+                    )
                     .condition_expression("#status = :in_progress")
                     .expression_attribute_names("#status", "status")
                     .expression_attribute_names("#response", "response")
                     .expression_attribute_names("#lease_until", "lease_until")
-                    .expression_attribute_values(":completed", AttributeValue::S("COMPLETED".into()))
-                    .expression_attribute_values(":in_progress", AttributeValue::S("IN_PROGRESS".into()))
-                    .expression_attribute_values(":response", AttributeValue::B(Blob::new(response)))
+                    .expression_attribute_values(
+                        ":completed",
+                        AttributeValue::S("COMPLETED".into()),
+                    )
+                    .expression_attribute_values(
+                        ":in_progress",
+                        AttributeValue::S("IN_PROGRESS".into()),
+                    )
+                    .expression_attribute_values(
+                        ":response",
+                        AttributeValue::B(Blob::new(response)),
+                    )
                     .send()
                     .await
                     .is_ok()
@@ -129,7 +172,13 @@ impl Runner {
 fn summary(mut latencies: Vec<f64>, wall_s: f64, calls: u64, requests: usize) -> serde_json::Value {
     latencies.sort_by(f64::total_cmp);
     let n = latencies.len();
-    let median = if n == 0 { 0.0 } else if n % 2 == 1 { latencies[n / 2] } else { (latencies[n / 2 - 1] + latencies[n / 2]) / 2.0 };
+    let median = if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        latencies[n / 2]
+    } else {
+        (latencies[n / 2 - 1] + latencies[n / 2]) / 2.0
+    };
     serde_json::json!({
         "median_ms": median,
         "p99_ms": latencies.get((n * 99 / 100).min(n.saturating_sub(1))).copied().unwrap_or_default(),
@@ -139,7 +188,8 @@ fn summary(mut latencies: Vec<f64>, wall_s: f64, calls: u64, requests: usize) ->
 }
 
 fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run this through bench/run.py (make bench)"))
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set: run this through bench/run.py (make bench)"))
 }
 
 #[tokio::main]
@@ -158,7 +208,11 @@ async fn main() {
     let table: Arc<str> = env("BENCH_TABLE").into();
     let runner = match mode.as_str() {
         "crate" => Runner::Engine(Engine::builder(DynamoDbStore::new(client, &*table)).build()),
-        "cached" => Runner::Engine(Engine::builder(DynamoDbStore::new(client, &*table)).cache(4096).build()),
+        "cached" => Runner::Engine(
+            Engine::builder(DynamoDbStore::new(client, &*table))
+                .cache(4096)
+                .build(),
+        ),
         "floor" => Runner::Floor(client, table),
         "bare" => Runner::Bare,
         other => panic!("unknown mode {other}"),
@@ -166,7 +220,12 @@ async fn main() {
     let count = || calls.0.load(Ordering::Relaxed);
 
     assert!(runner.call("cold").await, "the first call failed");
-    let cold_ms = (SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() - t0) as f64 / 1e6;
+    let cold_ms = (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+        - t0) as f64
+        / 1e6;
 
     let n: usize = env("BENCH_N").parse().expect("BENCH_N");
     let keys: Vec<String> = (0..n).map(|i| format!("{mode}-new-{i}")).collect();
@@ -182,7 +241,15 @@ async fn main() {
             assert!(runner.call(key).await, "{phase} {key} failed");
             latencies.push(call.elapsed().as_secs_f64() * 1e3);
         }
-        results.insert(phase.into(), summary(latencies, start.elapsed().as_secs_f64(), count() - before, n));
+        results.insert(
+            phase.into(),
+            summary(
+                latencies,
+                start.elapsed().as_secs_f64(),
+                count() - before,
+                n,
+            ),
+        );
     }
 
     let total: usize = env("BENCH_CONCURRENT").parse().expect("BENCH_CONCURRENT");
@@ -190,9 +257,15 @@ async fn main() {
     let mut seed = 7u64;
     let mut issued: Vec<String> = Vec::with_capacity(total);
     for i in 0..total {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let duplicate = !issued.is_empty() && (seed >> 33) % 10 == 0 && mode != "floor";
-        issued.push(if duplicate { issued[(seed >> 40) as usize % issued.len()].clone() } else { format!("{mode}-conc-{i}") });
+        issued.push(if duplicate {
+            issued[(seed >> 40) as usize % issued.len()].clone()
+        } else {
+            format!("{mode}-conc-{i}")
+        });
     }
     let issued = Arc::new(issued);
     let next = Arc::new(AtomicU64::new(0));
@@ -222,7 +295,12 @@ async fn main() {
         latencies.extend(l);
         errors += e;
     }
-    let mut concurrent = summary(latencies, start.elapsed().as_secs_f64(), count() - before, total);
+    let mut concurrent = summary(
+        latencies,
+        start.elapsed().as_secs_f64(),
+        count() - before,
+        total,
+    );
     concurrent["errors"] = errors.into();
     results.insert("concurrent".into(), concurrent);
 
@@ -232,5 +310,8 @@ async fn main() {
         "floor" => "raw DynamoDB (floor)",
         _ => "handler alone",
     };
-    println!("{}", serde_json::json!({ "impl": name, "cold_start_ms": cold_ms, "results": results }));
+    println!(
+        "{}",
+        serde_json::json!({ "impl": name, "cold_start_ms": cold_ms, "results": results })
+    );
 }

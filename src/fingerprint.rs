@@ -1,9 +1,12 @@
 //! Payload fingerprints: what makes "the same request".
 
-use serde::Serialize;
-use serde_json::Value;
+use serde::{
+    de::{self, Deserializer, MapAccess, SeqAccess, Visitor},
+    Deserialize, Serialize,
+};
+use serde_json::{Number, Value};
 use sha2::{Digest, Sha256};
-use std::fmt;
+use std::{borrow::Cow, fmt, io::Write};
 
 /// The sha256 of a request payload, stored with the record and compared on
 /// every retry: a key reused with another payload is a mismatch, never a
@@ -37,6 +40,22 @@ impl Fingerprint {
             hasher.update(part);
         }
         Self(hex::encode(hasher.finalize()))
+    }
+
+    /// The fingerprint of `parts` (each length-prefixed, as in
+    /// [`of_parts`](Fingerprint::of_parts)) followed by the canonical form of
+    /// the JSON document `json`, or `None` if `json` is not JSON. One pass:
+    /// the document is parsed without copying its strings and written
+    /// straight into the hash.
+    pub(crate) fn of_parts_and_json(parts: &[&[u8]], json: &[u8]) -> Option<Self> {
+        let document: Canonical<'_> = serde_json::from_slice(json).ok()?;
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        document.write(&mut HashWriter(&mut hasher)).ok()?;
+        Some(Self(hex::encode(hasher.finalize())))
     }
 
     /// Wraps a fingerprint read back from a store.
@@ -98,6 +117,133 @@ fn write_canonical<W: std::io::Write>(value: &Value, out: &mut W) -> Result<(), 
             out.write_all(b"]").map_err(serde_json::Error::io)
         }
         scalar => serde_json::to_writer(out, scalar),
+    }
+}
+
+/// A JSON document parsed for canonicalisation: strings borrowed from the
+/// input where they have no escapes, objects as entries sorted by key (the
+/// last of duplicate keys wins, as in `serde_json::Value`), numbers as
+/// `serde_json::Number`, so the output is byte for byte `canonical_json`'s.
+enum Canonical<'a> {
+    Null,
+    Bool(bool),
+    Number(Number),
+    String(Cow<'a, str>),
+    Array(Vec<Canonical<'a>>),
+    Object(Vec<(Cow<'a, str>, Canonical<'a>)>),
+}
+
+impl Canonical<'_> {
+    fn write<W: Write>(&self, out: &mut W) -> Result<(), serde_json::Error> {
+        match self {
+            Canonical::Null => out.write_all(b"null").map_err(serde_json::Error::io),
+            Canonical::Bool(b) => out
+                .write_all(if *b { b"true" } else { b"false" })
+                .map_err(serde_json::Error::io),
+            Canonical::Number(n) => serde_json::to_writer(out, n),
+            Canonical::String(s) => serde_json::to_writer(out, &**s),
+            Canonical::Array(items) => {
+                out.write_all(b"[").map_err(serde_json::Error::io)?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.write_all(b",").map_err(serde_json::Error::io)?;
+                    }
+                    item.write(out)?;
+                }
+                out.write_all(b"]").map_err(serde_json::Error::io)
+            }
+            Canonical::Object(entries) => {
+                out.write_all(b"{").map_err(serde_json::Error::io)?;
+                for (i, (key, value)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.write_all(b",").map_err(serde_json::Error::io)?;
+                    }
+                    serde_json::to_writer(&mut *out, &**key)?;
+                    out.write_all(b":").map_err(serde_json::Error::io)?;
+                    value.write(out)?;
+                }
+                out.write_all(b"}").map_err(serde_json::Error::io)
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Canonical<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(CanonicalVisitor)
+    }
+}
+
+struct CanonicalVisitor;
+
+impl<'de> Visitor<'de> for CanonicalVisitor {
+    type Value = Canonical<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Canonical::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(Canonical::Null)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+        Ok(Canonical::Bool(b))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(Canonical::Number(n.into()))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+        Ok(Canonical::Number(n.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Self::Value, E> {
+        Number::from_f64(n)
+            .map(Canonical::Number)
+            .ok_or_else(|| E::custom("not a JSON number"))
+    }
+
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+        Ok(Canonical::String(Cow::Borrowed(s)))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(Canonical::String(Cow::Owned(s.to_owned())))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+        Ok(Canonical::String(Cow::Owned(s)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Canonical::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut entries: Vec<(Cow<'de, str>, Canonical<'de>)> =
+            Vec::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some(key) = map.next_key::<Canonical<'de>>()? {
+            let Canonical::String(key) = key else {
+                return Err(de::Error::custom("an object key that is not a string"));
+            };
+            entries.push((key, map.next_value()?));
+        }
+        // Stable: equal keys stay in document order, and the last one wins.
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.reverse();
+        entries.dedup_by(|later, earlier| later.0 == earlier.0);
+        entries.reverse();
+        Ok(Canonical::Object(entries))
     }
 }
 
@@ -181,6 +327,30 @@ mod tests {
             assert_eq!(reparsed, value, "{input}");
             assert_eq!(canonical_json(&reparsed), canonical, "{input}");
         }
+    }
+
+    #[test]
+    fn one_pass_canonicalisation_matches_the_value_path() {
+        for input in [
+            r#"{"b":1,"a":{"z":[1,2.5,-3,{"y":null,"x":true}],"a":"\u00e9\"q"},"c":"plain"}"#,
+            r#"{"dup":1,"dup":2,"a":0}"#,
+            r#"[1e400, 1111111111111166111667, -0.0, 18446744073709551615, -9223372036854775808]"#,
+            r#""just a string with \n escapes""#,
+            "  42 ",
+        ] {
+            let Ok(value) = serde_json::from_str::<Value>(input) else {
+                continue;
+            };
+            let document: Canonical<'_> = serde_json::from_str(input).unwrap();
+            let mut one_pass = Vec::new();
+            document.write(&mut one_pass).unwrap();
+            assert_eq!(
+                String::from_utf8(one_pass).unwrap(),
+                String::from_utf8(canonical_json(&value)).unwrap(),
+                "{input}"
+            );
+        }
+        assert!(Fingerprint::of_parts_and_json(&[b"x"], b"{not json").is_none());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! with a JSON body canonicalised so that key order and whitespace do not
 //! change it.
 
-use crate::{fingerprint::canonical_json, Fingerprint};
+use crate::Fingerprint;
 use lambda_http::{http::header::CONTENT_TYPE, Request};
 
 /// The fingerprint of `request`.
@@ -20,9 +20,9 @@ pub fn request_fingerprint(request: &Request) -> Fingerprint {
         .as_bytes();
     let body: &[u8] = request.body().as_ref();
     if is_json(request) {
-        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
-            let canonical = canonical_json(&value);
-            return Fingerprint::of_parts([method, target, b"json", &canonical]);
+        if let Some(fingerprint) = Fingerprint::of_parts_and_json(&[method, target, b"json"], body)
+        {
+            return fingerprint;
         }
     }
     Fingerprint::of_parts([method, target, b"raw", body])
