@@ -265,15 +265,7 @@ async fn large_bodies_are_compressed_or_explained_never_run_twice() {
 
     // 600 KB of incompressible bytes cannot be stored: retries learn the
     // original status and location, with an explanation, and nothing reruns.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..600 * 1024)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = support::incompressible(600 * 1024);
     let handler = Handler::new(move |_, _| Body::Binary(noise.clone()));
     let service = IdempotencyLayer::new(engine().await).layer(handler.clone());
     let first = service
@@ -300,17 +292,7 @@ async fn large_bodies_are_compressed_or_explained_never_run_twice() {
 #[tokio::test]
 async fn bodies_at_the_item_limit_are_stored_and_over_it_are_explained() {
     use lambda_idempotency::http::MAX_STORED_RESPONSE;
-    let noise = |len: usize| {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect::<Vec<u8>>()
-    };
+    let noise = support::incompressible;
     // Incompressible, and just under the stored-response limit once framed
     // with its status and headers: DynamoDB Local must accept the item.
     let at_limit = noise(MAX_STORED_RESPONSE - 256);
