@@ -44,7 +44,7 @@ unit:
 	$(CARGO) test --lib --bins
 
 integration:
-	scripts/with-dynamodb-local $(CARGO) test --all-targets
+	scripts/with-dynamodb-local bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress -- --nocapture'
 	$(CARGO) test --doc
 
 ## charges under cargo lambda watch, driven with real HTTP requests and the
