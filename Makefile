@@ -93,10 +93,11 @@ validate: $(SAM_VENV)/.installed
 	$(SAM_VENV)/bin/cfn-lint template.yaml
 	$(SAM_VENV)/bin/sam validate --lint -t template.yaml
 
-## The deployable arm64 binary (needs zig, from the ziglang package, and the
-## aarch64-unknown-linux-gnu Rust target: rustup target add aarch64-unknown-linux-gnu).
+## The deployable arm64 binaries, charges and receipts, in target/lambda/ (zig
+## comes with cargo-lambda; the Rust target is aarch64-unknown-linux-gnu:
+## rustup target add aarch64-unknown-linux-gnu where it is missing).
 build: $(VENV)/.installed
-	$(CARGO_LAMBDA) lambda build --release --arm64 --bin charges
+	$(CARGO_LAMBDA) lambda build --release --arm64
 
 ## One event against the local functions: make invoke EVENT=events/rest-api-create-charge.json
 ## (events/sqs-* go to receipts, the others to charges; FUNCTION=… to choose).
