@@ -164,12 +164,14 @@ impl DynamoDbStore {
         }
     }
 
-    fn update_for(&self, completion: &Completion<TransactWriteItem>) -> (Item, Item) {
+    /// The key and values of the completion update; the response moves into
+    /// them, so a large body is not copied.
+    fn update_for(&self, completion: &mut Completion<TransactWriteItem>) -> (Item, Item) {
         let mut values = Self::fence_values(&completion.owner);
         values.insert(":completed".to_owned(), string(Status::Completed.as_str()));
         values.insert(
             ":response".to_owned(),
-            AttributeValue::B(Blob::new(completion.response.clone())),
+            AttributeValue::B(Blob::new(std::mem::take(&mut completion.response))),
         );
         values.insert(":expiration".to_owned(), number(completion.expiration_s));
         values.insert(":now_ms".to_owned(), number(completion.now_ms));
@@ -192,10 +194,10 @@ impl DynamoDbStore {
 
     async fn complete_alone(
         &self,
-        completion: Completion<TransactWriteItem>,
+        mut completion: Completion<TransactWriteItem>,
     ) -> Result<Fenced, StoreError> {
         let inner = &*self.inner;
-        let (key, values) = self.update_for(&completion);
+        let (key, values) = self.update_for(&mut completion);
         let result = inner
             .client
             .update_item()
@@ -225,10 +227,10 @@ impl DynamoDbStore {
 
     async fn complete_in_transaction(
         &self,
-        completion: Completion<TransactWriteItem>,
+        mut completion: Completion<TransactWriteItem>,
     ) -> Result<Fenced, StoreError> {
         let inner = &*self.inner;
-        let (key, values) = self.update_for(&completion);
+        let (key, values) = self.update_for(&mut completion);
         let update = Update::builder()
             .table_name(&inner.table)
             .set_key(Some(key))
