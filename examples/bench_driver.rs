@@ -260,7 +260,7 @@ async fn main() {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let duplicate = !issued.is_empty() && (seed >> 33) % 10 == 0 && mode != "floor";
+        let duplicate = !issued.is_empty() && (seed >> 33).is_multiple_of(10) && mode != "floor";
         issued.push(if duplicate {
             issued[(seed >> 40) as usize % issued.len()].clone()
         } else {

@@ -7,7 +7,7 @@ use std::{fmt, sync::Arc};
 use tower::Layer;
 
 type KeyFn<E> = Arc<dyn Fn(&E) -> Option<String> + Send + Sync>;
-type FingerprintFn<E> = Arc<dyn Fn(&E) -> Fingerprint + Send + Sync>;
+type FingerprintFn<E> = Arc<dyn Fn(&E) -> Result<Fingerprint, serde_json::Error> + Send + Sync>;
 
 /// Makes a `lambda_runtime` handler of events `E` idempotent: the handler
 /// runs at most once per key, and its result (serialised with serde) is
@@ -59,19 +59,19 @@ impl<St: Store, E: serde::Serialize + 'static> IdempotentEventLayer<St, E> {
     /// A layer over `engine`, for events whose keys live in `scope` (name
     /// the function or the event type: keys from different sources must
     /// not meet). Set the key with [`key`](IdempotentEventLayer::key); by
-    /// default the whole event is fingerprinted as canonical JSON.
+    /// default the whole event is fingerprinted as canonical JSON
+    /// ([`Fingerprint::of_json`]); an event that cannot be serialised as JSON
+    /// is then refused with an error, unprocessed: give such events a
+    /// [`fingerprint`](IdempotentEventLayer::fingerprint) closure.
     pub fn new(engine: Engine<St>, scope: impl Into<Arc<str>>) -> Self {
         Self {
             engine,
             scope: scope.into(),
             key: None,
-            fingerprint: Arc::new(|event: &E| {
-                // Serialising a deserialised event back to JSON does not fail
-                // for serde-derived types; if it does, the bytes of the error
-                // message still give a deterministic fingerprint.
-                Fingerprint::of_json(event)
-                    .unwrap_or_else(|error| Fingerprint::of_bytes(error.to_string().as_bytes()))
-            }),
+            // An event that cannot be serialised is refused (see the
+            // service), never fingerprinted by an error message that every
+            // such event would share.
+            fingerprint: Arc::new(|event: &E| Fingerprint::of_json(event)),
             require_key: true,
         }
     }
@@ -94,7 +94,7 @@ impl<St, E> IdempotentEventLayer<St, E> {
         mut self,
         fingerprint: impl Fn(&E) -> Fingerprint + Send + Sync + 'static,
     ) -> Self {
-        self.fingerprint = Arc::new(fingerprint);
+        self.fingerprint = Arc::new(move |event: &E| Ok(fingerprint(event)));
         self
     }
 

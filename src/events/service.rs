@@ -77,7 +77,17 @@ where
                 }
                 return inner.call(event).await.map_err(Into::into);
             };
-            let fingerprint = (layer.fingerprint)(&event.payload);
+            let fingerprint = match (layer.fingerprint)(&event.payload) {
+                Ok(fingerprint) => fingerprint,
+                Err(error) => {
+                    tracing::error!(%error, "idempotent event refused: it cannot be serialised to fingerprint it");
+                    return Err(format!(
+                        "the event was not processed: it cannot be serialised as JSON to fingerprint it ({error}); \
+                         give IdempotentEventLayer a fingerprint closure"
+                    )
+                    .into());
+                }
+            };
             let attempt =
                 Attempt::new(&layer.scope, &key, fingerprint).deadline_ms(event.context.deadline);
             let result = layer.engine.execute(&attempt, || inner.call(event)).await;

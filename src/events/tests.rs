@@ -121,6 +121,59 @@ async fn the_fingerprint_closure_decides_what_counts_as_the_same_event() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Issue 10, item 8: the default fingerprint of an event beyond 64 bits
+/// was the hash of a serialisation error message, shared by every such event,
+/// so a second transfer with another amount was served the first's result.
+#[tokio::test]
+async fn wide_numbers_are_fingerprinted_and_unserialisable_events_refused() {
+    #[derive(Serialize)]
+    struct Transfer {
+        id: &'static str,
+        amount: u128,
+        labels: HashMap<Vec<u8>, u8>,
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let service = IdempotentEventLayer::new(Engine::builder(MemoryStore::new()).build(), "t")
+        .key(|transfer: &Transfer| Some(transfer.id.to_owned()))
+        .layer(service_fn(move |event: LambdaEvent<Transfer>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok::<_, BoxError>(event.payload.amount.to_string()))
+        }));
+    let transfer = |id, amount, labels: &[(&[u8], u8)]| {
+        LambdaEvent::new(
+            Transfer {
+                id,
+                amount,
+                labels: labels.iter().map(|(k, v)| (k.to_vec(), *v)).collect(),
+            },
+            Context::default(),
+        )
+    };
+    let first = service
+        .clone()
+        .oneshot(transfer("t-1", u128::MAX, &[]))
+        .await
+        .unwrap();
+    assert_eq!(first, u128::MAX.to_string());
+    let other = service
+        .clone()
+        .oneshot(transfer("t-1", u128::MAX - 1, &[]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(other.contains("different payload"), "{other}");
+    // A map keyed by bytes has no JSON form: refused, and nothing ran.
+    let refused = service
+        .clone()
+        .oneshot(transfer("t-2", 1, &[(b"k", 1)]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("cannot be serialised"), "{refused}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 fn message(id: &str, body: &str, group: Option<&str>) -> SqsMessage {
     let mut message = SqsMessage::default();
     message.message_id = Some(id.into());

@@ -1,31 +1,55 @@
-//! The fingerprint of an HTTP request: method, path and query, and body,
-//! with a JSON body canonicalised so that key order and whitespace do not
-//! change it.
+//! The fingerprint of an HTTP request: method, path, query and body, each
+//! in a normal form so that one request always gives one fingerprint and two
+//! requests a handler can tell apart never share one.
 
 use crate::Fingerprint;
 use lambda_http::{http::header::CONTENT_TYPE, Request};
 
 /// The fingerprint of `request`.
 ///
-/// A body whose content type is JSON (`application/json`, or any
-/// `+json` type) and that parses as JSON is hashed in canonical form (keys
-/// sorted, no whitespace); any other body as its raw bytes.
+/// - The method and the path, as received.
+/// - The query as its `name=value` pairs sorted by name, the values of a
+///   repeated name kept in their order, each pair byte for byte as
+///   received. `lambda_http` rebuilds the query of REST API (v1) and ALB
+///   events from a hash map, in an order that changes from one parse of the
+///   same event to the next; sorting makes that order irrelevant, and
+///   keeping the bytes keeps `a=1&a=2` apart from `a=2&a=1`.
+/// - A body whose content type is JSON (`application/json`, or any `+json`
+///   type) in canonical form: keys sorted, whitespace dropped, strings
+///   unescaped, numbers by their exact text (`1.0` is not `1`, and no
+///   number is rounded). A body that is not JSON, or that holds a duplicate
+///   key (which parsers disagree on), and any other body: its raw bytes.
 pub fn request_fingerprint(request: &Request) -> Fingerprint {
     let method = request.method().as_str().as_bytes();
-    let target = request
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .as_bytes();
+    let path = request.uri().path().as_bytes();
+    let pairs = query_pairs(request.uri().query().unwrap_or_default());
+    let count = (pairs.len() as u64).to_be_bytes();
+    let head = || {
+        [method, path, &count[..]]
+            .into_iter()
+            .chain(pairs.iter().copied())
+    };
     let body: &[u8] = request.body().as_ref();
     if is_json(request) {
-        if let Some(fingerprint) = Fingerprint::of_parts_and_json(&[method, target, b"json"], body)
+        if let Some(fingerprint) =
+            Fingerprint::of_parts_and_json(head().chain([&b"json"[..]]), body)
         {
             return fingerprint;
         }
     }
-    Fingerprint::of_parts([method, target, b"raw", body])
+    Fingerprint::of_parts(head().chain([&b"raw"[..], body]))
+}
+
+/// The query's pairs, sorted by name (stable: a repeated name keeps the
+/// order of its values).
+fn query_pairs(query: &str) -> Vec<&[u8]> {
+    let mut pairs: Vec<&[u8]> = if query.is_empty() {
+        Vec::new()
+    } else {
+        query.split('&').map(str::as_bytes).collect()
+    };
+    pairs.sort_by_key(|pair| pair.split(|&b| b == b'=').next().unwrap_or_default());
+    pairs
 }
 
 fn is_json(request: &Request) -> bool {
@@ -141,5 +165,52 @@ mod tests {
         let c = request("POST", "/x", Some("application/json"), "{not json");
         let d = request("POST", "/x", Some("application/json"), "{not json ");
         assert_ne!(request_fingerprint(&c), request_fingerprint(&d));
+    }
+
+    #[test]
+    fn query_order_does_not_matter_but_values_and_their_order_do() {
+        let fingerprint = |uri: &str| request_fingerprint(&request("POST", uri, None, ""));
+        let base = fingerprint("/v1/charges?a=1&b=2&c=3&tag=x&tag=y");
+        assert_eq!(base, fingerprint("/v1/charges?tag=x&c=3&b=2&tag=y&a=1"));
+        assert_eq!(base, fingerprint("/v1/charges?c=3&tag=x&tag=y&a=1&b=2"));
+        for other in [
+            "/v1/charges?a=1&b=2&c=3&tag=y&tag=x",
+            "/v1/charges?a=1&b=2&c=4&tag=x&tag=y",
+            "/v1/charges?a=1&b=2&c=3&tag=x",
+            "/v1/charges?a=1&b=2&c=3&tag=x&tag=y&d",
+            "/v1/charges?a=1&b=2&c=3&tag=x,y",
+            "/v1/charges",
+        ] {
+            assert_ne!(base, fingerprint(other), "{other}");
+        }
+        assert_eq!(fingerprint("/v1/charges"), fingerprint("/v1/charges?"));
+    }
+
+    #[test]
+    fn numbers_are_compared_exactly_and_duplicate_keys_are_not_canonicalised() {
+        let fingerprint = |body: &str| {
+            request_fingerprint(&request(
+                "POST",
+                "/v1/charges",
+                Some("application/json"),
+                body,
+            ))
+        };
+        for (a, b) in [
+            (
+                r#"{"amount":100000000000000000000001}"#,
+                r#"{"amount":100000000000000000000002}"#,
+            ),
+            (r#"{"amount":0.1}"#, r#"{"amount":0.10000000000000001}"#),
+            (r#"{"amount":1}"#, r#"{"amount":1.0}"#),
+            (r#"{"amount":1,"amount":2}"#, r#"{"amount":2}"#),
+            (r#"{"amount":1,"amount":2}"#, r#"{"amount":2,"amount":1}"#),
+        ] {
+            assert_ne!(fingerprint(a), fingerprint(b), "{a} vs {b}");
+        }
+        assert_eq!(
+            fingerprint(r#"{"amount":1E+2,"currency":"eur"}"#),
+            fingerprint(r#"{ "currency" : "\u0065ur", "amount" : 1e2 }"#)
+        );
     }
 }
