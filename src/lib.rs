@@ -148,8 +148,8 @@ mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
-    Attempt, Codec, Engine, EngineBuilder, Json, Outcome, OutcomeKind, DEFAULT_KEY_PREFIX,
-    DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
+    default_key_prefix, Attempt, Codec, Engine, EngineBuilder, Json, Outcome, OutcomeKind,
+    DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;

@@ -4,7 +4,7 @@
 
 use lambda_http::{request::from_str, Body, Request, Response};
 use lambda_idempotency::{
-    http::{default_scope, IdempotencyLayer, REPLAYED_HEADER},
+    http::{default_scope, principal, IdempotencyLayer, REPLAYED_HEADER},
     Engine, MemoryStore,
 };
 use std::sync::{
@@ -29,27 +29,173 @@ const V1_API_KEY: &str = include_str!("data/apigw_v1_api_key.json");
 const V1_IAM: &str = include_str!("data/apigw_v1_iam.json");
 const V1_ANONYMOUS: &str = include_str!("data/apigw_v1_no_authorizer.json");
 
+const V1_ASSUMED_ROLE: &str = include_str!("data/apigw_v1_assumed_role.json");
+const V1_IDENTITY_POOL_USER_1: &str = include_str!("data/apigw_v1_cognito_identity_user_1.json");
+const V1_IDENTITY_POOL_USER_2: &str = include_str!("data/apigw_v1_cognito_identity_user_2.json");
+const V2_ASSUMED_ROLE: &str = include_str!("data/apigw_v2_assumed_role.json");
+const V2_IDENTITY_POOL_USER_1: &str = include_str!("data/apigw_v2_cognito_identity_user_1.json");
+const V2_IDENTITY_POOL_USER_2: &str = include_str!("data/apigw_v2_cognito_identity_user_2.json");
+const V2_CLIENT_A: &str = include_str!("data/apigw_v2_jwt_client_credentials_a.json");
+const V2_CLIENT_B: &str = include_str!("data/apigw_v2_jwt_client_credentials_b.json");
+const V2_CLIENT_A_AZP: &str = include_str!("data/apigw_v2_jwt_azp.json");
+const V2_CLAIMS_ONLY_1: &str = include_str!("data/apigw_v2_jwt_claims_only_1.json");
+const V2_CLAIMS_ONLY_2: &str = include_str!("data/apigw_v2_jwt_claims_only_2.json");
+const V2_CLAIMS_ONLY_3: &str = include_str!("data/apigw_v2_jwt_claims_only_3.json");
+const FUNCTION_URL_IAM: &str = include_str!("data/function_url_iam.json");
+const FUNCTION_URL_NONE: &str =
+    include_str!("data/upstream/lambda_http/lambda_function_url_request.json");
+const ALB: &str = include_str!("data/upstream/lambda_http/alb_request.json");
+
+const COGNITO_ISSUER: &str = "https://cognito-idp.eu-west-1.amazonaws.com/eu-west-1_Example";
+const IDENTITY_POOL: &str = "eu-west-1:99999999-9999-4999-8999-999999999999";
+const IDENTITY_1: &str = "eu-west-1:11111111-1111-4111-8111-111111111111";
+const IDENTITY_2: &str = "eu-west-1:22222222-2222-4222-8222-222222222222";
+const OAUTH_ISSUER: &str = "https://auth.example.com/oauth2/default";
+
+fn tagged(parts: &[&str]) -> Option<String> {
+    Some(serde_json::to_string(parts).unwrap())
+}
+
+/// The table of the `http` module docs and the README, row by row: for each
+/// integration and authorizer kind, the fields that make the principal.
 #[test]
-fn scopes_come_from_the_authorizer_and_the_route() {
-    let cases = [
-        (V2_TENANT_A, "jwt:https://cognito-idp.eu-west-1.amazonaws.com/eu-west-1_Example:tenant-a-user POST /v1/charges"),
-        (V2_TENANT_B, "jwt:https://cognito-idp.eu-west-1.amazonaws.com/eu-west-1_Example:tenant-b-user POST /v1/charges"),
-        (V2_ANONYMOUS, "anonymous POST /v1/charges"),
-        (V2_LAMBDA, r#"lambda:{"plan":"gold","tenantId":"acme"} POST /v1/charges"#),
-        (V2_IAM, "iam:arn:aws:iam::123456789012:user/alice POST /v1/charges"),
-        (V1_COGNITO, "jwt:https://cognito-idp.eu-west-1.amazonaws.com/eu-west-1_Example:tenant-a-user POST /v1/charges"),
-        (V1_LAMBDA, "lambda:user|acme-42 POST /v1/charges"),
-        (V1_API_KEY, "api_key:k3y1d POST /v1/charges"),
-        (V1_IAM, "iam:arn:aws:iam::123456789012:user/bob POST /v1/charges"),
-        (V1_ANONYMOUS, "anonymous POST /v1/charges"),
+fn the_principal_of_every_integration_and_authorizer_kind() {
+    let rows: Vec<(&str, &str, Option<String>)> = vec![
+        ("REST, none", V1_ANONYMOUS, None),
+        (
+            "REST, Cognito user pool",
+            V1_COGNITO,
+            tagged(&["jwt", COGNITO_ISSUER, "tenant-a-user"]),
+        ),
+        (
+            "REST, Lambda authorizer",
+            V1_LAMBDA,
+            tagged(&[
+                "lambda",
+                r#"{"principalId":"user|acme-42","tenantId":"acme"}"#,
+            ]),
+        ),
+        (
+            "REST, IAM user",
+            V1_IAM,
+            tagged(&["iam", "arn:aws:iam::123456789012:user/bob"]),
+        ),
+        (
+            "REST, IAM assumed role",
+            V1_ASSUMED_ROLE,
+            tagged(&[
+                "iam",
+                "arn:aws:sts::123456789012:assumed-role/OrdersRole/worker-7",
+            ]),
+        ),
+        (
+            "REST, Cognito identity pool",
+            V1_IDENTITY_POOL_USER_1,
+            tagged(&["cognito_identity", IDENTITY_POOL, IDENTITY_1]),
+        ),
+        ("REST, API key", V1_API_KEY, tagged(&["api_key", "k3y1d"])),
+        ("HTTP, none", V2_ANONYMOUS, None),
+        (
+            "HTTP, JWT",
+            V2_TENANT_A,
+            tagged(&["jwt", COGNITO_ISSUER, "tenant-a-user"]),
+        ),
+        (
+            "HTTP, JWT without sub",
+            V2_CLIENT_A,
+            tagged(&["jwt_client", OAUTH_ISSUER, "7d1a2client-a"]),
+        ),
+        (
+            "HTTP, JWT with azp",
+            V2_CLIENT_A_AZP,
+            tagged(&["jwt_client", OAUTH_ISSUER, "7d1a2client-a"]),
+        ),
+        (
+            "HTTP, JWT without sub, client_id or azp",
+            V2_CLAIMS_ONLY_1,
+            tagged(&[
+                "jwt_claims",
+                r#"{"aud":"charges-api","iss":"https://auth.example.com","tenant":"acme"}"#,
+            ]),
+        ),
+        (
+            "HTTP, Lambda authorizer",
+            V2_LAMBDA,
+            tagged(&["lambda", r#"{"plan":"gold","tenantId":"acme"}"#]),
+        ),
+        (
+            "HTTP, IAM user",
+            V2_IAM,
+            tagged(&["iam", "arn:aws:iam::123456789012:user/alice"]),
+        ),
+        (
+            "HTTP, IAM assumed role",
+            V2_ASSUMED_ROLE,
+            tagged(&[
+                "iam",
+                "arn:aws:sts::123456789012:assumed-role/OrdersRole/worker-7",
+            ]),
+        ),
+        (
+            "HTTP, Cognito identity pool",
+            V2_IDENTITY_POOL_USER_2,
+            tagged(&["cognito_identity", IDENTITY_POOL, IDENTITY_2]),
+        ),
+        ("ALB", ALB, None),
+        ("Function URL, NONE", FUNCTION_URL_NONE, None),
+        (
+            "Function URL, AWS_IAM",
+            FUNCTION_URL_IAM,
+            tagged(&["iam", "arn:aws:iam::123456789012:user/carol"]),
+        ),
     ];
-    for (json, expected) in cases {
-        let scope = default_scope(&event(json));
+    for (row, json, expected) in rows {
+        let request = event(json);
+        assert_eq!(principal(&request), expected, "{row}");
+        let scope = default_scope(&request);
         let (length, rest) = scope.split_once(':').expect("length prefix");
-        assert_eq!(rest, expected);
-        let principal_len = expected.find(" POST").expect("route");
-        assert_eq!(length.parse::<usize>().unwrap(), principal_len, "{scope}");
+        let expected = expected.unwrap_or_else(|| "anonymous".to_owned());
+        assert_eq!(
+            length.parse::<usize>().unwrap(),
+            expected.len(),
+            "{row}: {scope}"
+        );
+        assert!(rest.starts_with(&format!("{expected} ")), "{row}: {scope}");
     }
+}
+
+#[test]
+fn routes_complete_the_scope() {
+    for (json, route) in [
+        (V2_TENANT_A, " POST /v1/charges"),
+        (V1_IAM, " POST /v1/charges"),
+        (FUNCTION_URL_IAM, " POST /my/path"),
+        (ALB, " GET /"),
+    ] {
+        assert!(default_scope(&event(json)).ends_with(route), "{route}");
+    }
+}
+
+/// Issue 10, items 1 and 2: identity-pool users share one role ARN, and
+/// client-credentials tokens carry no `sub`; each caller keeps its own scope.
+#[test]
+fn callers_that_share_a_role_or_lack_a_sub_are_told_apart() {
+    for (a, b) in [
+        (V1_IDENTITY_POOL_USER_1, V1_IDENTITY_POOL_USER_2),
+        (V2_IDENTITY_POOL_USER_1, V2_IDENTITY_POOL_USER_2),
+        (V2_CLIENT_A, V2_CLIENT_B),
+        (V2_CLAIMS_ONLY_1, V2_CLAIMS_ONLY_3),
+    ] {
+        let (a, b) = (event(a), event(b));
+        assert!(principal(&a).is_some() && principal(&b).is_some());
+        assert_ne!(default_scope(&a), default_scope(&b));
+    }
+    // A refreshed token of the same caller (other exp, iat, jti) is the
+    // same caller.
+    assert_eq!(
+        default_scope(&event(V2_CLAIMS_ONLY_1)),
+        default_scope(&event(V2_CLAIMS_ONLY_2))
+    );
 }
 
 #[test]
@@ -137,6 +283,30 @@ async fn tenant_a_key_never_collides_with_tenant_b() {
     assert_eq!(runs.load(Ordering::SeqCst), 5);
 }
 
+/// Issue 10, item 1, through the layer: user B of a Cognito identity pool
+/// used to get user A's stored charge as a replay.
+#[tokio::test]
+async fn identity_pool_users_with_one_key_get_their_own_charges() {
+    for (a, b) in [
+        (V1_IDENTITY_POOL_USER_1, V1_IDENTITY_POOL_USER_2),
+        (V2_IDENTITY_POOL_USER_1, V2_IDENTITY_POOL_USER_2),
+        (V2_CLIENT_A, V2_CLIENT_B),
+    ] {
+        let (runs, service) = counting_service();
+        let service =
+            IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).layer(service);
+        let first = service.clone().oneshot(event(a)).await.unwrap();
+        let second = service.clone().oneshot(event(b)).await.unwrap();
+        assert_eq!(
+            (first.status().as_u16(), second.status().as_u16()),
+            (201, 201)
+        );
+        assert!(second.headers().get(REPLAYED_HEADER).is_none());
+        assert_ne!(first.body(), second.body());
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+}
+
 #[tokio::test]
 async fn base64_binary_bodies_round_trip_exactly() {
     let request = event(V2_BINARY);
@@ -153,5 +323,30 @@ async fn base64_binary_bodies_round_trip_exactly() {
     assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
     assert_eq!(first.body(), &Body::Binary(expected.clone()));
     assert_eq!(replay.body(), &Body::Binary(expected));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 10, item 5: `lambda_http` rebuilds a REST API query from a hash
+/// map, so the same retried event used to fingerprint differently from one
+/// parse to the next, and identical retries were answered 422.
+#[tokio::test]
+async fn identical_rest_api_retries_with_a_query_are_replays() {
+    let mut json: serde_json::Value = serde_json::from_str(V1_IAM).unwrap();
+    json["multiValueQueryStringParameters"] = serde_json::json!({
+        "expand": ["customer", "invoice"], "currency": ["eur"], "capture": ["true"], "source": ["web"]
+    });
+    json["queryStringParameters"] = serde_json::json!({
+        "expand": "invoice", "currency": "eur", "capture": "true", "source": "web"
+    });
+    let json = json.to_string();
+    let (runs, service) = counting_service();
+    let service = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).layer(service);
+    let first = service.clone().oneshot(event(&json)).await.unwrap();
+    assert_eq!(first.status(), 201);
+    for _ in 0..20 {
+        let retry = service.clone().oneshot(event(&json)).await.unwrap();
+        assert_eq!(retry.status(), 201);
+        assert_eq!(retry.headers()[REPLAYED_HEADER], "true");
+    }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

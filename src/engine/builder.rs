@@ -11,8 +11,29 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(15 * 60);
 /// The lease when an attempt has no deadline: 60 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-/// The default record id prefix.
+/// The record id prefix outside Lambda; inside, [`default_key_prefix`] adds
+/// the function's name.
 pub const DEFAULT_KEY_PREFIX: &str = "idempotency";
+
+/// The environment variable Lambda sets to the function's name.
+const FUNCTION_NAME_VARIABLE: &str = "AWS_LAMBDA_FUNCTION_NAME";
+
+/// The record id prefix an engine gets unless
+/// [`key_prefix`](EngineBuilder::key_prefix) sets one:
+/// `idempotency:<function name>` inside a Lambda function (from
+/// `AWS_LAMBDA_FUNCTION_NAME`, as Powertools does), [`DEFAULT_KEY_PREFIX`]
+/// elsewhere.
+///
+/// With the function's name in it, two functions sharing one table never
+/// share records, even for the same route, principal and key. The name is
+/// the function's, not a version's or an alias's, so records survive
+/// deployments; renaming the function starts afresh.
+pub fn default_key_prefix() -> String {
+    match std::env::var(FUNCTION_NAME_VARIABLE) {
+        Ok(name) if !name.is_empty() => format!("{DEFAULT_KEY_PREFIX}:{name}"),
+        _ => DEFAULT_KEY_PREFIX.to_owned(),
+    }
+}
 
 /// Builds an [`Engine`]; start from [`Engine::builder`].
 #[derive(Debug)]
@@ -32,7 +53,7 @@ impl<S: Store> EngineBuilder<S> {
     pub(super) fn new(store: S) -> Self {
         Self {
             store,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            key_prefix: default_key_prefix(),
             retention: DEFAULT_RETENTION,
             max_lease: DEFAULT_MAX_LEASE,
             default_lease: DEFAULT_LEASE,
@@ -42,10 +63,11 @@ impl<S: Store> EngineBuilder<S> {
         }
     }
 
-    /// The prefix of every record id (default `"idempotency"`). Records
-    /// under another prefix are invisible, so keep it stable across
-    /// deployments; give two functions sharing a table different prefixes
-    /// only when their keys must never meet.
+    /// The prefix of every record id (default: [`default_key_prefix`],
+    /// `idempotency:<function name>` in Lambda). Records under another
+    /// prefix are invisible, so keep it stable across deployments. Set the
+    /// same prefix on two functions only when they must share keys (two
+    /// front ends of one operation, say).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self

@@ -11,7 +11,8 @@ mod outcome;
 
 pub use attempt::Attempt;
 pub use builder::{
-    EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
+    default_key_prefix, EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE,
+    DEFAULT_RETENTION,
 };
 pub use codec::{Codec, Json};
 pub use outcome::{Outcome, OutcomeKind};

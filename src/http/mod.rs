@@ -84,7 +84,7 @@ pub use layer::{
 };
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;
-pub use scope::{default_scope, ANONYMOUS};
+pub use scope::{default_scope, principal, ANONYMOUS};
 pub use service::{Idempotency, REPLAYED_HEADER};
 pub use stored::MAX_STORED_RESPONSE;
 

@@ -1,109 +1,205 @@
 //! The scope of a request's key: who is calling, and which operation, from
-//! the trusted request context that API Gateway fills in. Never from a
-//! header: the client controls those.
+//! the trusted request context that API Gateway or Lambda fills in. Never
+//! from a header: the client controls those.
+//!
+//! The caller is the most specific identity the context holds (see the
+//! table in the [module docs](super#who-the-caller-is)): a Cognito identity
+//! id rather than the role every identity-pool user shares, and an
+//! authenticated request is never anonymous.
 
 use lambda_http::{
-    aws_lambda_events::apigw::ApiGatewayRequestAuthorizer, request::RequestContext, Request,
-    RequestExt,
+    aws_lambda_events::apigw::{
+        ApiGatewayProxyRequestContext, ApiGatewayRequestAuthorizer,
+        ApiGatewayRequestAuthorizerIamDescription, ApiGatewayV2httpRequestContext,
+    },
+    request::RequestContext,
+    Request, RequestExt,
 };
-use serde_json::Value;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
 
-/// The scope of requests without an authenticated principal.
+/// The principal of requests without an authenticated caller.
 pub const ANONYMOUS: &str = "anonymous";
+
+/// Claims that change with every token of the same caller: left out when a
+/// token without `sub`, `client_id` or `azp` is identified by its claims, so
+/// a retry with a refreshed token is the same caller.
+const PER_TOKEN_CLAIMS: [&str; 5] = ["exp", "iat", "nbf", "jti", "auth_time"];
+
+/// What API Gateway adds to a Lambda authorizer's context on every request.
+const PER_REQUEST_FIELDS: [&str; 1] = ["integrationLatency"];
 
 /// The principal and the route of `request`, as one scope string.
 ///
-/// The principal is, by precedence: the JWT authorizer's `sub` (with its
-/// `iss`), the Lambda authorizer's `principalId` (or its whole context,
-/// canonicalised, when it has none), the IAM principal's ARN, the API key
-/// id; or [`ANONYMOUS`] when the request carries no authorizer data. The
-/// route is API Gateway's route key (HTTP API) or method and resource
-/// (REST API), falling back to the method and path.
+/// The principal is [`principal`]'s, or [`ANONYMOUS`]. The route is API
+/// Gateway's route key (HTTP API) or method and resource (REST API), falling
+/// back to the method and path (ALB, Function URL, `$default` routes).
 pub fn default_scope(request: &Request) -> String {
-    let (principal, route) = match request.request_context_ref() {
-        Some(RequestContext::ApiGatewayV2(context)) => (
-            context
-                .authorizer
-                .as_ref()
-                .and_then(principal_of_authorizer),
-            context
-                .route_key
-                .clone()
-                .filter(|route| route != "$default"),
-        ),
-        Some(RequestContext::ApiGatewayV1(context)) => (
-            principal_of_authorizer(&context.authorizer)
-                .or_else(|| {
-                    context
-                        .identity
-                        .user_arn
-                        .as_ref()
-                        .map(|arn| format!("iam:{arn}"))
-                })
-                .or_else(|| {
-                    context
-                        .identity
-                        .api_key_id
-                        .as_ref()
-                        .map(|id| format!("api_key:{id}"))
-                }),
-            context
-                .resource_path
-                .as_ref()
-                .map(|resource| format!("{} {resource}", context.http_method)),
-        ),
-        _ => (None, None),
-    };
-    let principal = principal.unwrap_or_else(|| ANONYMOUS.to_owned());
-    let route = route.unwrap_or_else(|| format!("{} {}", request.method(), request.uri().path()));
+    let principal = principal(request).unwrap_or_else(|| ANONYMOUS.to_owned());
+    let route =
+        route(request).unwrap_or_else(|| format!("{} {}", request.method(), request.uri().path()));
     // Length-prefixed, so no principal can be chosen to look like another
     // principal followed by a route.
     format!("{}:{principal} {route}", principal.len())
 }
 
-fn principal_of_authorizer(authorizer: &ApiGatewayRequestAuthorizer) -> Option<String> {
+/// The authenticated caller of `request`, or `None` when its context holds
+/// no caller identity (no authorizer, an ALB, a Function URL with auth type
+/// `NONE`).
+///
+/// The value is a JSON array naming the kind of identity and its
+/// identifying fields, for example `["jwt","https://issuer","user-1"]` or
+/// `["cognito_identity","eu-west-1:pool","eu-west-1:id"]`: unambiguous, so
+/// no identity of one kind can be made to read as another. Which fields
+/// make it, for every integration and authorizer, is the table in the
+/// [module docs](super#who-the-caller-is).
+pub fn principal(request: &Request) -> Option<String> {
+    match request.request_context_ref()? {
+        RequestContext::ApiGatewayV1(context) => rest_api_principal(context),
+        RequestContext::ApiGatewayV2(context) => http_api_principal(context),
+        _ => None,
+    }
+}
+
+fn route(request: &Request) -> Option<String> {
+    match request.request_context_ref()? {
+        RequestContext::ApiGatewayV2(context) => context
+            .route_key
+            .clone()
+            .filter(|route| route != "$default"),
+        RequestContext::ApiGatewayV1(context) => context
+            .resource_path
+            .as_ref()
+            .map(|resource| format!("{} {resource}", context.http_method)),
+        _ => None,
+    }
+}
+
+/// REST API (v1): the authorizer's claims or context first, then the
+/// caller's IAM identity (a Cognito identity before the role it assumed),
+/// then the API key.
+fn rest_api_principal(context: &ApiGatewayProxyRequestContext) -> Option<String> {
+    if let Some(principal) = authorizer_fields_principal(&context.authorizer.fields) {
+        return Some(principal);
+    }
+    let identity = &context.identity;
+    if let Some(id) = non_empty(&identity.cognito_identity_id) {
+        let pool = non_empty(&identity.cognito_identity_pool_id).unwrap_or_default();
+        return Some(tagged("cognito_identity", &[pool, id]));
+    }
+    if let Some(arn) = non_empty(&identity.user_arn) {
+        return Some(tagged("iam", &[arn]));
+    }
+    if let Some(user) = non_empty(&identity.user).or(non_empty(&identity.caller)) {
+        return Some(tagged("iam_user", &[user]));
+    }
+    // The key's id, never the key itself (a secret).
+    non_empty(&identity.api_key_id).map(|id| tagged("api_key", &[id]))
+}
+
+/// HTTP API (v2) and Function URLs: the JWT authorizer's claims, the IAM
+/// identity (a Cognito identity before the role it assumed), or the Lambda
+/// authorizer's context.
+fn http_api_principal(context: &ApiGatewayV2httpRequestContext) -> Option<String> {
+    let authorizer: &ApiGatewayRequestAuthorizer = context.authorizer.as_ref()?;
     if let Some(jwt) = &authorizer.jwt {
-        if let Some(sub) = jwt.claims.get("sub") {
-            let issuer = jwt
-                .claims
-                .get("iss")
-                .map(String::as_str)
-                .unwrap_or_default();
-            return Some(format!("jwt:{issuer}:{sub}"));
+        let claims: Map<String, Value> = jwt
+            .claims
+            .iter()
+            .map(|(name, value)| (name.clone(), Value::String(value.clone())))
+            .collect();
+        return Some(claims_principal(&claims));
+    }
+    if let Some(iam) = &authorizer.iam {
+        return Some(iam_principal(iam));
+    }
+    authorizer_fields_principal(&authorizer.fields)
+}
+
+fn iam_principal(iam: &ApiGatewayRequestAuthorizerIamDescription) -> String {
+    if let Some(cognito) = &iam.cognito_identity {
+        if let Some(id) = non_empty(&cognito.identity_id) {
+            let pool = non_empty(&cognito.identity_pool_id).unwrap_or_default();
+            return tagged("cognito_identity", &[pool, id]);
         }
     }
-    let fields = &authorizer.fields;
-    // REST API Cognito user pool authorizers put the claims here.
+    if let Some(arn) = non_empty(&iam.user_arn) {
+        return tagged("iam", &[arn]);
+    }
+    if let Some(user) = non_empty(&iam.user_id).or(non_empty(&iam.caller_id)) {
+        return tagged("iam_user", &[user]);
+    }
+    // Authenticated, but with nothing that names the caller: everything
+    // the context says, so such callers are at least not anonymous.
+    let context = serde_json::to_value(iam).unwrap_or_default();
+    tagged("iam_context", &[&canonical_text(&context)])
+}
+
+/// A REST API authorizer's fields (a Cognito user pool's `claims`, or a
+/// Lambda authorizer's `principalId` and context), or an HTTP API Lambda
+/// authorizer's context.
+fn authorizer_fields_principal(fields: &HashMap<String, Value>) -> Option<String> {
     if let Some(claims) = fields.get("claims").and_then(Value::as_object) {
-        if let Some(sub) = claims.get("sub").and_then(Value::as_str) {
-            let issuer = claims
-                .get("iss")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            return Some(format!("jwt:{issuer}:{sub}"));
-        }
+        return Some(claims_principal(claims));
     }
-    if let Some(principal) = fields.get("principalId").and_then(Value::as_str) {
-        return Some(format!("lambda:{principal}"));
-    }
-    if let Some(arn) = authorizer
-        .iam
-        .as_ref()
-        .and_then(|iam| iam.user_arn.as_ref())
-    {
-        return Some(format!("iam:{arn}"));
-    }
-    // An HTTP API Lambda authorizer's context has no standard principal
-    // field: the whole context, in canonical form, stands for it (less the
-    // latency API Gateway adds, which changes with every request).
-    let context: serde_json::Map<String, Value> = fields
+    let context: Map<String, Value> = fields
         .iter()
-        .filter(|(name, _)| name.as_str() != "integrationLatency")
+        .filter(|(name, _)| !PER_REQUEST_FIELDS.contains(&name.as_str()))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     if context.is_empty() {
         return None;
     }
-    let canonical = crate::fingerprint::canonical_json(&Value::Object(context));
-    Some(format!("lambda:{}", String::from_utf8_lossy(&canonical)))
+    // The whole context, not only `principalId`: authorizers that return a
+    // fixed principalId and put the user in the context are common, and
+    // their callers must not share a scope.
+    Some(tagged(
+        "lambda",
+        &[&canonical_text(&Value::Object(context))],
+    ))
+}
+
+/// A JWT's caller: `iss` and `sub`; without `sub` (client-credentials
+/// tokens of many identity providers), `iss` and `client_id` (or `azp`);
+/// without either, every claim but the per-token ones.
+fn claims_principal(claims: &Map<String, Value>) -> String {
+    let claim = |name: &str| claims.get(name).map(text).filter(|value| !value.is_empty());
+    let issuer = claim("iss").unwrap_or_default();
+    if let Some(subject) = claim("sub") {
+        return tagged("jwt", &[&issuer, &subject]);
+    }
+    if let Some(client) = claim("client_id").or_else(|| claim("azp")) {
+        return tagged("jwt_client", &[&issuer, &client]);
+    }
+    let stable: Map<String, Value> = claims
+        .iter()
+        .filter(|(name, _)| !PER_TOKEN_CLAIMS.contains(&name.as_str()))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    tagged("jwt_claims", &[&canonical_text(&Value::Object(stable))])
+}
+
+/// `["kind", part, …]` as JSON: a principal no other kind or split of parts
+/// can spell.
+fn tagged(kind: &str, parts: &[&str]) -> String {
+    let mut array = Vec::with_capacity(parts.len() + 1);
+    array.push(kind);
+    array.extend_from_slice(parts);
+    // An array of strings always serialises.
+    serde_json::to_string(&array).unwrap_or_default()
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => canonical_text(other),
+    }
+}
+
+fn canonical_text(value: &Value) -> String {
+    String::from_utf8_lossy(&crate::fingerprint::canonical_json(value)).into_owned()
+}
+
+fn non_empty(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|value| !value.is_empty())
 }
