@@ -33,6 +33,12 @@ pub enum Error<E = std::convert::Infallible> {
     /// passed and another invocation took the key over. Neither the record
     /// nor the operation's writes were committed.
     LostOwnership,
+    /// The operation ran without a claim (the store was unreachable and the
+    /// engine [fails open](crate::EngineBuilder::fail_open)) and returned
+    /// writes that need the store: none of them was committed, and its value
+    /// was dropped with them. Declare such operations transactional so that
+    /// they never run without the store.
+    WritesNotCommitted(StoreError),
     /// The operation ran and failed; its claim was released so that a retry
     /// can run it again.
     Operation(E),
@@ -49,6 +55,7 @@ impl<E> Error<E> {
             }
             Error::Store(_) => ErrorKind::StoreUnavailable,
             Error::LostOwnership => ErrorKind::LostOwnership,
+            Error::WritesNotCommitted(_) => ErrorKind::WritesNotCommitted,
             Error::Operation(_) => ErrorKind::Operation,
         }
     }
@@ -66,7 +73,9 @@ impl<E> Error<E> {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::InProgress { retry_after } => Some(*retry_after),
-            Error::Store(e) if e.kind().is_transient() => Some(Duration::from_secs(1)),
+            Error::Store(e) | Error::WritesNotCommitted(e) if e.kind().is_transient() => {
+                Some(Duration::from_secs(1))
+            }
             Error::LostOwnership => Some(Duration::from_secs(1)),
             _ => None,
         }
@@ -88,6 +97,10 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::LostOwnership => f.write_str(
                 "the claim on this idempotency key expired and was taken over before completion; nothing was committed",
             ),
+            Error::WritesNotCommitted(e) => write!(
+                f,
+                "the operation ran without idempotency (fail-open) but its writes could not be committed: {e}"
+            ),
             Error::Operation(e) => write!(f, "operation failed: {e}"),
         }
     }
@@ -96,7 +109,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
 impl<E: StdError + 'static> StdError for Error<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            Error::Store(e) => Some(e),
+            Error::Store(e) | Error::WritesNotCommitted(e) => Some(e),
             Error::Operation(e) => Some(e),
             _ => None,
         }
@@ -123,6 +136,8 @@ pub enum ErrorKind {
     CorruptRecord,
     /// See [`Error::LostOwnership`].
     LostOwnership,
+    /// See [`Error::WritesNotCommitted`].
+    WritesNotCommitted,
     /// See [`Error::Operation`].
     Operation,
 }
@@ -136,6 +151,7 @@ impl ErrorKind {
             ErrorKind::StoreUnavailable => "store_error",
             ErrorKind::CorruptRecord => "corrupt_record",
             ErrorKind::LostOwnership => "lost_lease",
+            ErrorKind::WritesNotCommitted => "writes_not_committed",
             ErrorKind::Operation => "operation_error",
         }
     }

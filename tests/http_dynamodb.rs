@@ -391,3 +391,58 @@ async fn one_tenant_in_flight_never_blocks_another_with_the_same_key() {
     assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::CREATED);
     assert_eq!(handler.runs(), 2);
 }
+
+/// Issue 10, item 14: a handler's transactional write that DynamoDB rejects
+/// as invalid (here a business item without its key) is a 500 that does not
+/// invite retries, not a 503 with `Retry-After`; nothing is committed and
+/// the claim is released.
+#[tokio::test]
+async fn an_invalid_transactional_write_is_a_500_without_retry_after() {
+    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    use lambda_idempotency::http::CommitWith;
+
+    let client = support::client();
+    let charges = support::create_table_with(&client, "charges", "charge_id", None).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let handler = lambda_http::service_fn(move |_: Request| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let charges = charges.clone();
+        async move {
+            let put = Put::builder()
+                .table_name(charges)
+                .item("amount", AttributeValue::N("1250".into()))
+                .build()?;
+            let mut response = Response::builder()
+                .status(201)
+                .body(Body::from(r#"{"id":"ch_1"}"#))?;
+            response
+                .extensions_mut()
+                .insert(CommitWith(vec![TransactWriteItem::builder()
+                    .put(put)
+                    .build()]));
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let service = IdempotencyLayer::new(engine().await)
+        .transactional(true)
+        .layer(handler);
+    for attempt in 1..=2 {
+        let response = service
+            .clone()
+            .oneshot(post("invalid-write", json("{}")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            problem_type(&response),
+            "urn:lambda-idempotency:problem:idempotency-write-rejected"
+        );
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            attempt,
+            "released: the retry runs again"
+        );
+    }
+}

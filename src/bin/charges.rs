@@ -210,17 +210,18 @@ async fn main() -> Result<(), Error> {
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let client = Client::new(&config);
     let store = DynamoDbStore::new(client.clone(), required_env("IDEMPOTENCY_TABLE")?);
-    let engine = Engine::builder(store)
-        .key_prefix("charges")
-        .cache(1024)
-        .build();
+    // The default record prefix names the function (AWS_LAMBDA_FUNCTION_NAME),
+    // so other functions on the same table never meet its records.
+    let engine = Engine::builder(store).cache(1024).build();
     let charges = Charges {
         client,
         table: required_env("CHARGES_TABLE")?.into(),
     };
 
     let service = ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(engine))
+        // The handler commits its charge with the stored response
+        // (CommitWith): declared, so it never runs without the store.
+        .layer(IdempotencyLayer::new(engine).transactional(true))
         .service(service_fn(move |request| charges.clone().handle(request)));
     lambda_http::run(service).await
 }

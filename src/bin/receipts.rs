@@ -63,7 +63,7 @@ async fn main() -> Result<(), Error> {
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let client = aws_sdk_dynamodb::Client::new(&config);
     let store = DynamoDbStore::new(client, required_env("IDEMPOTENCY_TABLE")?);
-    let engine = Engine::builder(store).key_prefix("receipts").build();
+    let engine = Engine::builder(store).build();
     let table: Arc<str> = required_env("RECEIPTS_TABLE")?.into();
     // Keyed by the charge, so a producer's second send is caught, not only
     // SQS's redeliveries; fingerprinted by the parsed body, so whitespace or

@@ -196,7 +196,9 @@ impl<S: Store> Engine<S> {
                 if !writes.is_empty() {
                     // Its writes need the store that just failed: they are
                     // not committed, so the value must not be reported.
-                    return Err(Error::Store(error));
+                    warn!(record = %claim.id, outcome = "writes_not_committed",
+                        "an operation with writes ran during a store outage (fail-open); none of its writes was committed; declare it transactional");
+                    return Err(Error::WritesNotCommitted(error));
                 }
                 return Ok(Outcome::new(value, OutcomeKind::Unprotected));
             }

@@ -126,6 +126,7 @@ fn event_error<E>(error: Error<E>) -> BoxError {
         }
         Error::Store(error) => Box::new(error),
         Error::LostOwnership => "the claim on this event's key was taken over; nothing was committed".into(),
+        Error::WritesNotCommitted(error) => Box::new(error),
         Error::Operation(_) => "the handler failed".into(),
     }
 }

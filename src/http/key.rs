@@ -20,7 +20,8 @@ pub enum KeyError {
     /// An sf-string with no closing quote, a bad escape, or text after the
     /// closing quote.
     MalformedString,
-    /// The header appears more than once.
+    /// The header appears more than once, or holds a comma-separated list
+    /// (API Gateway HTTP APIs join a repeated header's values with commas).
     Repeated,
 }
 
@@ -35,7 +36,9 @@ impl fmt::Display for KeyError {
             KeyError::MalformedString => {
                 "the idempotency key is a malformed structured-field string (RFC 8941: \"...\" with \\\" and \\\\ escapes only)"
             }
-            KeyError::Repeated => "the idempotency key header appears more than once",
+            KeyError::Repeated => {
+                "the idempotency key header appears more than once or holds a list of values (send exactly one key; a bare key cannot contain a comma, quote it if it must)"
+            }
         })
     }
 }
@@ -53,6 +56,10 @@ pub fn parse_key(value: &[u8]) -> Result<String, KeyError> {
         None => return Err(KeyError::Empty),
         Some(b'"') => parse_sf_string(value)?,
         Some(_) => {
+            // No token holds a comma (RFC 8941): two keys, joined.
+            if value.contains(&b',') {
+                return Err(KeyError::Repeated);
+            }
             if !value.iter().all(u8::is_ascii_graphic) {
                 return Err(KeyError::InvalidCharacter);
             }
@@ -82,7 +89,11 @@ fn parse_sf_string(value: &[u8]) -> Result<String, KeyError> {
             Some(_) => return Err(KeyError::InvalidCharacter),
         }
     }
-    if bytes.next().is_some() {
+    let rest: Vec<u8> = bytes.copied().collect();
+    if rest.trim_ascii_start().first() == Some(&b',') {
+        return Err(KeyError::Repeated);
+    }
+    if !rest.is_empty() {
         return Err(KeyError::MalformedString);
     }
     Ok(key)
@@ -106,6 +117,8 @@ mod tests {
         );
         assert_eq!(parse_key(b"a").unwrap(), "a");
         assert_eq!(parse_key(&[b'k'; 255]).unwrap().len(), 255);
+        // A comma inside a quoted key is part of it.
+        assert_eq!(parse_key(b"\"a,b\"").unwrap(), "a,b");
         // A token and the sf-string of the same characters are the same key.
         assert_eq!(parse_key(b"abc").unwrap(), parse_key(b"\"abc\"").unwrap());
     }
@@ -128,6 +141,11 @@ mod tests {
             (b"\"bad \\n escape\"", KeyError::MalformedString),
             (b"\"trailing\"x", KeyError::MalformedString),
             (b"\"dangling\\", KeyError::MalformedString),
+            (b"key-one,key-two", KeyError::Repeated),
+            (b"key-one, key-two", KeyError::Repeated),
+            (b"a,", KeyError::Repeated),
+            (b"\"key-one\",\"key-two\"", KeyError::Repeated),
+            (b"\"key-one\" , key-two", KeyError::Repeated),
         ];
         for (input, expected) in cases {
             assert_eq!(

@@ -18,6 +18,15 @@ use tower::Layer;
 /// The default key header, as the IETF draft names it.
 pub const DEFAULT_HEADER: &str = "idempotency-key";
 
+/// The headers that describe a stored body, stored with it whatever
+/// [`stored_headers`](IdempotencyLayer::stored_headers) says.
+pub const BODY_HEADERS: [HeaderName; 4] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_DISPOSITION,
+];
+
 /// Bodies longer than this are compressed before they are stored.
 pub const DEFAULT_COMPRESS_ABOVE: usize = 4 * 1024;
 
@@ -25,17 +34,25 @@ pub const DEFAULT_COMPRESS_ABOVE: usize = 4 * 1024;
 /// replayed.
 ///
 /// Stored: 2xx, 3xx and the deterministic 4xx (a 400 for a bad body is the
-/// answer to that body, every time). Released, so a retry runs again: 5xx,
-/// and the 4xx that say "try again" (408 Request Timeout, 409 Conflict,
-/// 425 Too Early, 429 Too Many Requests).
+/// answer to that body, every time). Released, so a retry runs again: 5xx;
+/// the 4xx that say "try again" (408 Request Timeout, 409 Conflict,
+/// 425 Too Early, 429 Too Many Requests); and the 4xx about credentials
+/// (401 Unauthorized, 403 Forbidden, 407 Proxy Authentication Required):
+/// credentials are in neither the scope nor the fingerprint when no
+/// authorizer checks them, so a retry with a fresh token must not be
+/// answered with the 401 its expired one got.
 pub fn default_store_policy(status: StatusCode) -> bool {
     !(status.is_server_error()
-        || matches!(status.as_u16(), 408 | 409 | 425 | 429)
+        || matches!(status.as_u16(), 401 | 403 | 407 | 408 | 409 | 425 | 429)
         || status.is_informational())
 }
 
 /// The headers stored with a response and replayed, by default. Never
 /// `set-cookie`: a replay must not hand one client's session to a retry.
+///
+/// Whatever the list, the headers that describe the body
+/// ([`BODY_HEADERS`]) are always stored with it: a replayed gzip body
+/// without its `Content-Encoding` would be garbage.
 pub fn default_stored_headers() -> Vec<HeaderName> {
     vec![
         header::CONTENT_TYPE,
@@ -68,6 +85,7 @@ pub(crate) struct Config<St> {
     pub(crate) store_when: PolicyFn,
     pub(crate) codec: ResponseCodec,
     pub(crate) wait: Option<Duration>,
+    pub(crate) transactional: bool,
     pub(crate) scope: ScopeFn,
     pub(crate) metrics: Option<EmfMetrics>,
 }
@@ -90,6 +108,7 @@ impl<St> Clone for Config<St> {
             store_when: Arc::clone(&self.store_when),
             codec: self.codec.clone(),
             wait: self.wait,
+            transactional: self.transactional,
             scope: Arc::clone(&self.scope),
             metrics: self.metrics.clone(),
         }
@@ -117,6 +136,7 @@ impl<St: Store> IdempotencyLayer<St> {
                     problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
                 },
                 wait: None,
+                transactional: false,
                 scope: Arc::new(default_scope),
                 metrics: None,
             },
@@ -155,7 +175,8 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The response headers stored and replayed (default:
-    /// [`default_stored_headers`]); others are dropped from replays.
+    /// [`default_stored_headers`]); others are dropped from replays. The
+    /// [`BODY_HEADERS`] are stored in any case.
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.codec.stored_headers = names.into_iter().collect();
         self
@@ -167,6 +188,21 @@ impl<St: Store> IdempotencyLayer<St> {
     /// once.
     pub fn wait_for_result(mut self, budget: Duration) -> Self {
         self.config.wait = Some(budget);
+        self
+    }
+
+    /// Declares that the handler commits its effects with
+    /// [`CommitWith`](super::CommitWith) (default `false`). Such a handler
+    /// then never runs without the store: with an engine that
+    /// [fails open](crate::EngineBuilder::fail_open), a store outage is a
+    /// 503 before the handler runs, instead of a run whose writes cannot be
+    /// committed.
+    ///
+    /// Undeclared, a handler that returns `CommitWith` during an outage
+    /// with fail-open has run, but nothing it wrote is committed: the
+    /// client gets a 503 `idempotency-writes-not-committed` that says so.
+    pub fn transactional(mut self, transactional: bool) -> Self {
+        self.config.transactional = transactional;
         self
     }
 
@@ -227,6 +263,7 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("methods", &self.config.methods)
             .field("header", &self.config.header)
             .field("wait", &self.config.wait)
+            .field("transactional", &self.config.transactional)
             .field("codec", &self.config.codec)
             .field("metrics", &self.config.metrics)
             .finish_non_exhaustive()
@@ -239,13 +276,13 @@ mod tests {
 
     #[test]
     fn default_policy_stores_deterministic_answers_only() {
-        for stored in [200, 201, 204, 301, 400, 401, 403, 404, 410, 422] {
+        for stored in [200, 201, 204, 301, 400, 404, 410, 422] {
             assert!(
                 default_store_policy(StatusCode::from_u16(stored).unwrap()),
                 "{stored}"
             );
         }
-        for released in [408, 409, 425, 429, 500, 502, 503, 504] {
+        for released in [401, 403, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
             assert!(
                 !default_store_policy(StatusCode::from_u16(released).unwrap()),
                 "{released}"

@@ -79,8 +79,8 @@ pub use fingerprint::request_fingerprint;
 pub use future::ResponseFuture;
 pub use key::{parse_key, KeyError, MAX_KEY_LEN};
 pub use layer::{
-    default_store_policy, default_stored_headers, IdempotencyLayer, DEFAULT_COMPRESS_ABOVE,
-    DEFAULT_HEADER,
+    default_store_policy, default_stored_headers, IdempotencyLayer, BODY_HEADERS,
+    DEFAULT_COMPRESS_ABOVE, DEFAULT_HEADER,
 };
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;

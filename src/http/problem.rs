@@ -24,6 +24,7 @@ pub(crate) enum Problem {
     ResponseNotStored { status: StatusCode },
     LeaseLost,
     WriteRejected,
+    WritesNotCommitted { retry_after: Duration },
 }
 
 #[derive(Serialize)]
@@ -48,6 +49,7 @@ impl Problem {
             Problem::ResponseNotStored { .. } => "idempotency-response-not-stored",
             Problem::LeaseLost => "idempotency-lease-lost",
             Problem::WriteRejected => "idempotency-write-rejected",
+            Problem::WritesNotCommitted { .. } => "idempotency-writes-not-committed",
         }
     }
 
@@ -61,6 +63,7 @@ impl Problem {
             Problem::ResponseNotStored { status } => *status,
             Problem::LeaseLost => StatusCode::CONFLICT,
             Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::WritesNotCommitted { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -75,6 +78,7 @@ impl Problem {
             Problem::ResponseNotStored { .. } => "Original response not stored",
             Problem::LeaseLost => "Request taken over by a retry",
             Problem::WriteRejected => "Request's writes rejected",
+            Problem::WritesNotCommitted { .. } => "Request's writes not committed",
         }
     }
 
@@ -117,14 +121,19 @@ impl Problem {
             Problem::WriteRejected => "The request's writes were rejected by the database, so \
                  nothing was committed. Contact the API operator if this persists."
                 .to_owned(),
+            Problem::WritesNotCommitted { retry_after } => format!(
+                "The request ran, but the database that records its idempotency was unavailable, \
+                 so none of its changes were saved. Retry with the same key after {} seconds.",
+                retry_after.as_secs()
+            ),
         }
     }
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Problem::InProgress { retry_after } | Problem::StoreUnavailable { retry_after } => {
-                Some(*retry_after)
-            }
+            Problem::InProgress { retry_after }
+            | Problem::StoreUnavailable { retry_after }
+            | Problem::WritesNotCommitted { retry_after } => Some(*retry_after),
             Problem::LeaseLost => Some(Duration::from_secs(1)),
             _ => None,
         }

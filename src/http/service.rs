@@ -30,6 +30,9 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait, whatever the budget: a `Duration::MAX` budget must not
+/// overflow the clock.
+const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A `lambda_http` service made idempotent by an
 /// [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -174,7 +177,7 @@ where
             let left = Duration::from_millis(deadline.saturating_sub(epoch_ms(SystemTime::now())));
             left.saturating_sub(DEADLINE_MARGIN).min(budget)
         });
-        tokio::time::Instant::now() + left
+        tokio::time::Instant::now() + left.min(LONGEST_WAIT)
     });
 
     let mut pending = Some((inner, request));
@@ -182,7 +185,7 @@ where
     loop {
         let result = config
             .engine
-            .run(&attempt, &config.codec, false, || async {
+            .run(&attempt, &config.codec, config.transactional, || async {
                 // The engine calls this at most once per execution, and the
                 // loop only goes round again when it did not.
                 let Some((inner, request)) = pending.take() else {
@@ -244,6 +247,14 @@ where
                 (HttpOutcome::StoreError, problem(Problem::CorruptRecord))
             }
             Err(Error::LostOwnership) => (HttpOutcome::LostLease, problem(Problem::LeaseLost)),
+            Err(Error::WritesNotCommitted(error)) => {
+                tracing::error!(%error, "the handler ran during a store outage (fail-open) but its CommitWith writes were not committed; declare the layer transactional");
+                let retry_after = Duration::from_secs(1);
+                (
+                    HttpOutcome::StoreError,
+                    problem(Problem::WritesNotCommitted { retry_after }),
+                )
+            }
             Err(Error::Store(error)) if error.kind() == StoreErrorKind::WriteRejected => {
                 tracing::error!(%error, "the handler's transactional writes were rejected; nothing was committed");
                 (HttpOutcome::StoreError, problem(Problem::WriteRejected))

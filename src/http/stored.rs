@@ -9,7 +9,7 @@
 //! body (deflate-compressed when FLAG_DEFLATE is set)
 //! ```
 
-use super::problem::Problem;
+use super::{layer::BODY_HEADERS, problem::Problem};
 use crate::Codec;
 use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
 use lambda_http::{
@@ -30,7 +30,8 @@ const FLAG_NOT_STORED: u8 = 0b1000;
 /// less room for the record's other attributes.
 pub const MAX_STORED_RESPONSE: usize = 400 * 1024 - 4 * 1024;
 /// A decompressed body larger than this is corrupt (Lambda's own response
-/// limit is 6 MB), so a hostile stored item cannot exhaust memory.
+/// limit is 6 MB), so a hostile stored item cannot exhaust memory; a body
+/// larger than this is never stored, so every stored body replays.
 const MAX_BODY: u64 = 16 * 1024 * 1024;
 
 /// The response codec of the HTTP layer.
@@ -49,9 +50,13 @@ impl ResponseCodec {
         out.push(VERSION);
         out.push(flags);
         out.extend_from_slice(&response.status().as_u16().to_be_bytes());
-        let headers: Vec<_> = self
+        let body_headers = BODY_HEADERS.iter();
+        let listed = self
             .stored_headers
             .iter()
+            .filter(|name| !BODY_HEADERS.contains(name));
+        let headers: Vec<_> = body_headers
+            .chain(listed)
             .flat_map(|name| {
                 response
                     .headers()
@@ -83,6 +88,16 @@ impl Codec<Response<Body>> for ResponseCodec {
             Body::Binary(bytes) => (bytes, FLAG_BINARY),
             _ => (response.body().as_ref(), FLAG_BINARY),
         };
+        if body.len() as u64 > MAX_BODY {
+            // Compressible enough to fit an item, but past what a replay
+            // decodes: refused now rather than stored and never replayable.
+            tracing::warn!(
+                size = body.len(),
+                limit = MAX_BODY,
+                "response body too large to replay; retries will get its status and headers with an explanation, not its body"
+            );
+            return Ok(self.frame(response, None, FLAG_NOT_STORED));
+        }
         let framed = if body.len() > self.compress_above {
             let mut encoder =
                 DeflateEncoder::new(Vec::with_capacity(body.len() / 4), Compression::fast());
@@ -303,5 +318,25 @@ mod tests {
         let mut bad_deflate = vec![1, FLAG_DEFLATE | FLAG_TEXT, 0, 200, 0, 0, 0, 0];
         bad_deflate.extend_from_slice(b"not deflate");
         assert!(codec.decode(&bad_deflate).is_err());
+    }
+
+    /// Issue 10, item 14: a body that compresses into an item but decodes
+    /// past the replay limit used to be stored, and then every retry got a
+    /// corrupt-record 500.
+    #[test]
+    fn a_body_past_the_replay_limit_is_refused_at_store_time() {
+        let codec = codec();
+        let huge = "a".repeat(MAX_BODY as usize + 1);
+        let bytes = codec.encode(&response(Body::Text(huge))).unwrap();
+        assert_eq!(bytes[1] & FLAG_NOT_STORED, FLAG_NOT_STORED);
+        let replay = codec.decode(&bytes).expect("replayable");
+        assert_eq!(replay.status(), StatusCode::CREATED);
+        let Body::Text(text) = replay.body() else {
+            panic!("problem body")
+        };
+        assert!(text.contains("idempotency-response-not-stored"), "{text}");
+        let limit = "a".repeat(MAX_BODY as usize);
+        let bytes = codec.encode(&response(Body::Text(limit.clone()))).unwrap();
+        assert_eq!(codec.decode(&bytes).unwrap().body(), &Body::Text(limit));
     }
 }

@@ -389,7 +389,7 @@ async fn server_errors_and_retryable_4xx_are_released_deterministic_4xx_stored()
             .insert("x-status", HeaderValue::from(status));
         request
     };
-    for status in [500, 503, 429, 409, 408] {
+    for status in [500, 503, 429, 409, 408, 407, 403, 401] {
         let key = format!("released-{status}");
         assert_eq!(
             send(&mut service, with_status(&key, status))
@@ -404,7 +404,7 @@ async fn server_errors_and_retryable_4xx_are_released_deterministic_4xx_stored()
             "{status} was released"
         );
     }
-    assert_eq!(echo.runs(), 10);
+    assert_eq!(echo.runs(), 16);
     for status in [400, 404] {
         let key = format!("stored-{status}");
         send(&mut service, with_status(&key, status)).await;
@@ -416,7 +416,7 @@ async fn server_errors_and_retryable_4xx_are_released_deterministic_4xx_stored()
             "{status} was stored"
         );
     }
-    assert_eq!(echo.runs(), 12);
+    assert_eq!(echo.runs(), 18);
 
     // A custom policy: store everything, as Stripe does for 500s.
     let mut store_all = IdempotencyLayer::new(engine())
@@ -791,4 +791,151 @@ async fn a_request_fenced_out_of_its_transaction_commits_nothing_and_says_so() {
         "the zombie's write was not committed"
     );
     assert!(store.item("charge#1").is_some());
+}
+
+/// Issue 10, item 10: a replay describes its body, whatever the allowlist.
+#[tokio::test]
+async fn headers_that_describe_the_body_are_always_replayed() {
+    let handler = service_fn(|_: Request| async {
+        Response::builder()
+            .status(200)
+            .header(header::CONTENT_TYPE, "text/csv")
+            .header(header::CONTENT_ENCODING, "gzip")
+            .header(header::CONTENT_LANGUAGE, "de")
+            .header(
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"r.csv.gz\"",
+            )
+            .header(header::LOCATION, "/reports/1")
+            .body(Body::Binary(vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0]))
+            .map_err(BoxError::from)
+    });
+    let mut service = IdempotencyLayer::new(engine())
+        .stored_headers([])
+        .layer(handler);
+    let first = send(&mut service, post(Some("k"), "{}")).await;
+    let replay = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(replay.body(), first.body());
+    for name in BODY_HEADERS {
+        assert_eq!(
+            replay.headers().get(&name),
+            first.headers().get(&name),
+            "{name}"
+        );
+    }
+    assert!(
+        replay.headers().get(header::LOCATION).is_none(),
+        "not listed"
+    );
+}
+
+/// Issue 10, item 12: API Gateway HTTP APIs join a repeated header with
+/// commas; that is two keys, not one.
+#[tokio::test]
+async fn a_comma_separated_key_is_a_repeated_header() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine()).layer(echo.clone());
+    for key in ["key-one,key-two", "\"key-one\", \"key-two\""] {
+        let response = send(&mut service, post(Some(key), "{}")).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{key}");
+        assert!(problem(&response)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than once"));
+    }
+    let quoted = send(&mut service, post(Some("\"a,b\""), "{}")).await;
+    assert_eq!(
+        quoted.status(),
+        StatusCode::CREATED,
+        "a comma inside quotes"
+    );
+    assert_eq!(echo.runs(), 1);
+}
+
+/// Issue 10, item 13: `wait_for_result(Duration::MAX)` overflowed the clock
+/// and panicked on every keyed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_at_their_maximum_never_panic() {
+    let engine = Engine::builder(MemoryStore::new())
+        .retention(Duration::MAX)
+        .max_lease(Duration::MAX)
+        .default_lease(Duration::MAX)
+        .build();
+    let mut echo = Echo::new();
+    echo.delay = Duration::from_millis(200);
+    let service = IdempotencyLayer::new(engine)
+        .wait_for_result(Duration::MAX)
+        .layer(echo.clone());
+    let first = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let duplicate = service
+        .clone()
+        .oneshot(post(Some("k"), "{}"))
+        .await
+        .unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(
+        duplicate.headers()[REPLAYED_HEADER],
+        "true",
+        "waited, then replayed"
+    );
+    assert_eq!(echo.runs(), 1);
+}
+
+/// Issue 10, item 11: with fail-open, a handler whose writes need the store
+/// never runs without it when declared transactional; undeclared, it has
+/// run, and the answer says that its writes were not saved (never "not
+/// processed").
+#[tokio::test]
+async fn fail_open_never_runs_a_declared_transactional_handler() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).fail_open(true).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut declared = IdempotencyLayer::new(engine.clone())
+        .transactional(true)
+        .layer(committing(Arc::clone(&runs), 201));
+    store.fail_next(1);
+    let response = send(&mut declared, post(Some("k"), "{}")).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        problem(&response)["type"],
+        "urn:lambda-idempotency:problem:idempotency-store-unavailable"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "never ran without the store"
+    );
+
+    let mut undeclared = IdempotencyLayer::new(engine).layer(committing(Arc::clone(&runs), 201));
+    store.fail_next(1);
+    let response = send(&mut undeclared, post(Some("k2"), "{}")).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "it ran");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().contains_key(header::RETRY_AFTER));
+    let body = problem(&response);
+    assert_eq!(
+        body["type"],
+        "urn:lambda-idempotency:problem:idempotency-writes-not-committed"
+    );
+    let detail = body["detail"].as_str().unwrap();
+    assert!(!detail.contains("not processed"), "{detail}");
+    assert!(
+        detail.contains("none of its changes were saved"),
+        "{detail}"
+    );
+    assert_eq!(store.item("charge#1"), None, "nothing committed");
+
+    // A plain handler still runs unprotected during the outage.
+    let echo = Echo::new();
+    let mut plain = IdempotencyLayer::new(Engine::builder(store.clone()).fail_open(true).build())
+        .layer(echo.clone());
+    store.fail_next(1);
+    assert_eq!(
+        send(&mut plain, post(Some("k3"), "{}")).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(echo.runs(), 1);
 }

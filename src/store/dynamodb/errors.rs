@@ -26,6 +26,32 @@ where
     StoreError::new(kind, message).with_source(error)
 }
 
+/// Maps a failed `TransactWriteItems` that carries the operation's own
+/// writes. The completion update is built here and always valid, so a
+/// request DynamoDB rejects as invalid (`ValidationException`: an item
+/// without its key, two actions on one item, too many items) or that the SDK
+/// could not even build is about those writes: rejected, not retryable.
+pub(super) fn from_transaction_sdk<E, R>(
+    operation: &'static str,
+    error: SdkError<E, R>,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    R: Debug + Send + Sync + 'static,
+{
+    let rejected = match &error {
+        SdkError::ServiceError(service) => service.err().code() == Some("ValidationException"),
+        SdkError::ConstructionFailure(_) => true,
+        _ => false,
+    };
+    let mapped = from_sdk(operation, error);
+    if rejected {
+        StoreError::new(StoreErrorKind::WriteRejected, mapped.to_string()).with_source(mapped)
+    } else {
+        mapped
+    }
+}
+
 /// The kind of a DynamoDB error code (also the codes of transaction
 /// cancellation reasons).
 pub(super) fn kind_of_code(code: Option<&str>) -> StoreErrorKind {

@@ -274,7 +274,10 @@ impl DynamoDbStore {
                         .with_source(other)),
                     }
                 }
-                _ => Err(errors::from_sdk("TransactWriteItems (complete)", error)),
+                _ => Err(errors::from_transaction_sdk(
+                    "TransactWriteItems (complete)",
+                    error,
+                )),
             },
         }
     }
