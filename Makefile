@@ -15,7 +15,7 @@ PYYAML_VERSION := 6.0.3
 SAM_CLI_VERSION := 1.170.0
 CARGO_FUZZ_VERSION := 0.13.2
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := key_parse json_fingerprint record_decode stored_response
+FUZZ_TARGETS := key_parse json_fingerprint record_decode stored_response http_event
 EVENT ?= events/http-api-create-charge.json
 FUNCTION ?= $(if $(findstring sqs-,$(EVENT)),receipts,charges)
 
@@ -61,6 +61,8 @@ stress:
 ## that once crashed it (fuzz/regressions/). cargo fuzz needs nightly features:
 ## RUSTC_BOOTSTRAP lets the machine's stable toolchain provide them.
 fuzz: $(TOOLS)/cargo/bin/cargo-fuzz
+	mkdir -p fuzz/corpus/http_event
+	cp tests/data/*.json tests/data/upstream/*/*.json events/*.json fuzz/corpus/http_event/
 	cd fuzz && for target in $(FUZZ_TARGETS); do \
 	  if [ -d regressions/$$target ]; then \
 	    RUSTC_BOOTSTRAP=1 ../$(TOOLS)/cargo/bin/cargo-fuzz run -O $$target regressions/$$target/* || exit 1; \

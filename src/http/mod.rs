@@ -22,11 +22,88 @@
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
 //! they commit in one transaction with the stored response.
 //!
-//! Keys are scoped by the caller's identity from API Gateway's authorizer
+//! Keys are scoped by the caller's identity from the trusted request
 //! context and by the route ([`default_scope`]): tenant A's key never
-//! reaches tenant B's record. Requests are fingerprinted by method, path and
-//! body, a JSON body in canonical form ([`request_fingerprint`]). The lease
-//! of a claim runs until the Lambda invocation's deadline.
+//! reaches tenant B's record. Requests are fingerprinted by method, path,
+//! query and body ([`request_fingerprint`]). The lease of a claim runs until
+//! the Lambda invocation's deadline. Record ids carry the function's name
+//! ([`default_key_prefix`](crate::default_key_prefix)), so two functions on
+//! one table never share records.
+//!
+//! # Who the caller is
+//!
+//! The principal ([`principal`]) is the most specific identity the request
+//! context holds; never a header, which the client controls. It is written
+//! as a JSON array that names its kind, so no identity of one kind can
+//! spell another. An authenticated request is never anonymous.
+//!
+//! | integration | authorizer | principal |
+//! |---|---|---|
+//! | REST API (v1) | none | anonymous |
+//! | REST API | Cognito user pool | `["jwt", iss, sub]` from `authorizer.claims` (without `sub`, as for JWTs below) |
+//! | REST API | Lambda authorizer | `["lambda", context]`: `principalId` and the context, canonical JSON, less `integrationLatency` |
+//! | REST API | IAM user | `["iam", identity.userArn]` |
+//! | REST API | IAM assumed role | `["iam", identity.userArn]`: the role session's ARN, session name included |
+//! | REST API | Cognito identity pool (IAM) | `["cognito_identity", identity.cognitoIdentityPoolId, identity.cognitoIdentityId]`, never the role ARN all the pool's users share |
+//! | REST API | API key | `["api_key", identity.apiKeyId]`: the key's id, never the key |
+//! | REST API | JWT | none exists on REST APIs: see Cognito user pool |
+//! | HTTP API (v2) | none | anonymous |
+//! | HTTP API | JWT (Cognito user pools included) | `["jwt", iss, sub]`; without `sub` (client-credentials tokens), `["jwt_client", iss, client_id or azp]`; without either, `["jwt_claims", claims]`: every claim but `exp`, `iat`, `nbf`, `jti` and `auth_time`, canonical JSON |
+//! | HTTP API | Lambda authorizer | `["lambda", context]`: `authorizer.lambda`, canonical JSON |
+//! | HTTP API | IAM user, IAM assumed role | `["iam", authorizer.iam.userArn]` |
+//! | HTTP API | Cognito identity pool (IAM) | `["cognito_identity", authorizer.iam.cognitoIdentity.identityPoolId, ….identityId]` |
+//! | HTTP API | API key | none exists on HTTP APIs |
+//! | ALB | any | anonymous: the event carries no identity (see below) |
+//! | Function URL | `NONE` | anonymous |
+//! | Function URL | `AWS_IAM` | as the HTTP API's IAM rows (user, role, Cognito identity pool) |
+//!
+//! On a REST API the authorizer comes first, then the caller's IAM identity,
+//! then the API key. An IAM identity without a `userArn` is
+//! `["iam_user", user]` (its `user`, `userId` or `callerId`), and one with
+//! nothing that names it `["iam_context", …]`, its whole context.
+//!
+//! What this asks of you:
+//!
+//! - A Lambda authorizer's `principalId` and context must name the caller,
+//!   and not change between two requests of the same caller: a value that
+//!   does (a timestamp, a request id) makes every retry a new caller, which
+//!   runs again.
+//! - An ALB that authenticates (OIDC, Cognito) passes the caller in the
+//!   `x-amzn-oidc-identity` header, which a client can send too. Only when
+//!   every listener rule that reaches the function authenticates, scope by
+//!   it with [`IdempotencyLayer::scope`].
+//! - The scope also holds the route: API Gateway's route key (HTTP API), or
+//!   method and resource (REST API); the method and path elsewhere.
+//!
+//! # What the request is
+//!
+//! One request gives one fingerprint however often its event is parsed,
+//! and two requests a handler can tell apart never share one:
+//!
+//! - the method and the path;
+//! - the query as its pairs sorted by name, the values of a repeated name
+//!   kept in their order, each byte for byte (`lambda_http` rebuilds a REST
+//!   API or ALB query from a hash map, in an order that changes from one
+//!   parse to the next);
+//! - a JSON body (`application/json`, `+json`) in canonical form: keys
+//!   sorted, whitespace dropped, strings unescaped; numbers by their text
+//!   (`1.0` is not `1`, and nothing is rounded through a float), with only
+//!   the exponent normalised (`1E+02` is `1e2`); a body with a duplicate
+//!   key, which parsers disagree on, by its raw bytes;
+//! - any other body by its raw bytes.
+//!
+//! Headers are not part of it. A repeated `Idempotency-Key` is a 400: HTTP
+//! APIs join repeated headers with commas, and a bare key holds none (quote
+//! a key that must). REST APIs hand `lambda_http` every value, and it keeps
+//! only the last, so there the last key sent is the key.
+//!
+//! # What is stored
+//!
+//! The [outcome policy](default_store_policy) decides which responses are
+//! stored: by default 2xx, 3xx and the deterministic 4xx, never 401, 403 or
+//! 407 (credentials are not part of the fingerprint). With a response, its
+//! status, the [allowlisted headers](default_stored_headers) and always the
+//! headers that describe its body ([`BODY_HEADERS`]).
 //!
 //! # Example
 //!
