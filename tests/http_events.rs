@@ -350,3 +350,28 @@ async fn identical_rest_api_retries_with_a_query_are_replays() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Two stages of one API, or two APIs, invoking one function with the same
+/// route, caller and key never share records.
+#[test]
+fn stages_and_apis_are_part_of_the_scope() {
+    let with = |json: &str, field: &str, value: &str| {
+        let mut event: serde_json::Value = serde_json::from_str(json).unwrap();
+        event["requestContext"][field] = value.into();
+        default_scope(&self::event(&event.to_string()))
+    };
+    for json in [V1_IAM, V2_TENANT_A] {
+        let scope = default_scope(&event(json));
+        assert_eq!(scope, with(json, "stage", event_stage(json).as_str()));
+        assert_ne!(scope, with(json, "stage", "test"), "another stage");
+        assert_ne!(scope, with(json, "apiId", "other-api"), "another API");
+    }
+}
+
+fn event_stage(json: &str) -> String {
+    let event: serde_json::Value = serde_json::from_str(json).unwrap();
+    event["requestContext"]["stage"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}

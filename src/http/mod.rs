@@ -23,7 +23,7 @@
 //! they commit in one transaction with the stored response.
 //!
 //! Keys are scoped by the caller's identity from the trusted request
-//! context and by the route ([`default_scope`]): tenant A's key never
+//! context, the API and stage, and the route ([`default_scope`]): tenant A's key never
 //! reaches tenant B's record. Requests are fingerprinted by method, path,
 //! query and body ([`request_fingerprint`]). The lease of a claim runs until
 //! the Lambda invocation's deadline. Record ids carry the function's name
@@ -72,8 +72,10 @@
 //!   `x-amzn-oidc-identity` header, which a client can send too. Only when
 //!   every listener rule that reaches the function authenticates, scope by
 //!   it with [`IdempotencyLayer::scope`].
-//! - The scope also holds the route: API Gateway's route key (HTTP API), or
-//!   method and resource (REST API); the method and path elsewhere.
+//! - The scope also holds the entry point, the API and its stage (the
+//!   target group for an ALB), so two stages or two APIs on one function
+//!   never share records; and the route: API Gateway's route key (HTTP API),
+//!   or method and resource (REST API), the method and path elsewhere.
 //!
 //! # What the request is
 //!

@@ -29,18 +29,27 @@ const PER_TOKEN_CLAIMS: [&str; 5] = ["exp", "iat", "nbf", "jti", "auth_time"];
 /// What API Gateway adds to a Lambda authorizer's context on every request.
 const PER_REQUEST_FIELDS: [&str; 1] = ["integrationLatency"];
 
-/// The principal and the route of `request`, as one scope string.
+/// The principal, the entry point and the route of `request`, as one scope
+/// string.
 ///
-/// The principal is [`principal`]'s, or [`ANONYMOUS`]. The route is API
-/// Gateway's route key (HTTP API) or method and resource (REST API), falling
-/// back to the method and path (ALB, Function URL, `$default` routes).
+/// The principal is [`principal`]'s, or [`ANONYMOUS`]. The entry point is
+/// the API and its stage (API Gateway, Function URLs) or the target group
+/// (ALB), so two stages of one API, or two APIs, on one function never
+/// share records. The route is API Gateway's route key (HTTP API) or method
+/// and resource (REST API), falling back to the method and path (ALB,
+/// Function URL, `$default` routes).
 pub fn default_scope(request: &Request) -> String {
     let principal = principal(request).unwrap_or_else(|| ANONYMOUS.to_owned());
+    let entry = entry_point(request).unwrap_or_default();
     let route =
         route(request).unwrap_or_else(|| format!("{} {}", request.method(), request.uri().path()));
-    // Length-prefixed, so no principal can be chosen to look like another
-    // principal followed by a route.
-    format!("{}:{principal} {route}", principal.len())
+    // Length-prefixed, so no principal or entry point can be chosen to look
+    // like another followed by more.
+    format!(
+        "{}:{principal} {}:{entry} {route}",
+        principal.len(),
+        entry.len()
+    )
 }
 
 /// The authenticated caller of `request`, or `None` when its context holds
@@ -59,6 +68,22 @@ pub fn principal(request: &Request) -> Option<String> {
         RequestContext::ApiGatewayV2(context) => http_api_principal(context),
         _ => None,
     }
+}
+
+fn entry_point(request: &Request) -> Option<String> {
+    let (api, stage) = match request.request_context_ref()? {
+        RequestContext::ApiGatewayV1(context) => (&context.apiid, &context.stage),
+        RequestContext::ApiGatewayV2(context) => (&context.apiid, &context.stage),
+        RequestContext::Alb(context) => return context.elb.target_group_arn.clone(),
+        _ => return None,
+    };
+    Some(tagged(
+        "api",
+        &[
+            non_empty(api).unwrap_or_default(),
+            non_empty(stage).unwrap_or_default(),
+        ],
+    ))
 }
 
 fn route(request: &Request) -> Option<String> {
