@@ -307,14 +307,15 @@ async fn a_duplicate_in_flight_gets_409_with_retry_after() {
     assert_eq!(echo.runs(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_for_the_result_replays_it() {
+/// Sends a request and, while its handler (300 ms) runs, a duplicate that
+/// waits up to `budget`: the duplicate must get the first one's replay.
+async fn a_waiting_duplicate_gets_the_replay(engine: Engine<MemoryStore>, budget: Duration) {
     let echo = Echo {
         delay: Duration::from_millis(300),
         ..Echo::new()
     };
-    let service = IdempotencyLayer::new(engine())
-        .wait_for_result(Duration::from_secs(5))
+    let service = IdempotencyLayer::new(engine)
+        .wait_for_result(budget)
         .layer(echo.clone());
     let first = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -328,6 +329,11 @@ async fn waiting_for_the_result_replays_it() {
     let first = first.await.unwrap().unwrap();
     assert_eq!(text(&duplicate), text(&first));
     assert_eq!(echo.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_the_result_replays_it() {
+    a_waiting_duplicate_gets_the_replay(engine(), Duration::from_secs(5)).await;
 
     // A budget shorter than the handler: 409 after waiting.
     let short = IdempotencyLayer::new(engine())
@@ -862,26 +868,7 @@ async fn durations_at_their_maximum_never_panic() {
         .max_lease(Duration::MAX)
         .default_lease(Duration::MAX)
         .build();
-    let mut echo = Echo::new();
-    echo.delay = Duration::from_millis(200);
-    let service = IdempotencyLayer::new(engine)
-        .wait_for_result(Duration::MAX)
-        .layer(echo.clone());
-    let first = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let duplicate = service
-        .clone()
-        .oneshot(post(Some("k"), "{}"))
-        .await
-        .unwrap();
-    let first = first.await.unwrap().unwrap();
-    assert_eq!(first.status(), StatusCode::CREATED);
-    assert_eq!(
-        duplicate.headers()[REPLAYED_HEADER],
-        "true",
-        "waited, then replayed"
-    );
-    assert_eq!(echo.runs(), 1);
+    a_waiting_duplicate_gets_the_replay(engine, Duration::MAX).await;
 }
 
 /// Issue 10, item 11: with fail-open, a handler whose writes need the store
