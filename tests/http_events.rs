@@ -4,7 +4,7 @@
 
 use lambda_http::{request::from_str, Body, Request, Response};
 use lambda_idempotency::{
-    http::{default_scope, principal, IdempotencyLayer, REPLAYED_HEADER},
+    http::{default_scope, principal, request_fingerprint, IdempotencyLayer, REPLAYED_HEADER},
     Engine, MemoryStore,
 };
 use std::sync::{
@@ -374,4 +374,50 @@ fn event_stage(json: &str) -> String {
         .as_str()
         .unwrap()
         .to_owned()
+}
+
+/// Found by the `http_event` fuzz target: with a `Host` holding `?` or `/`,
+/// `lambda_http` builds a URI whose query swallows the path and the first
+/// parameter, in the hash map's order of the moment, so one event gave two
+/// fingerprints. The fingerprint reads the event's path and parameters, not
+/// that URI.
+#[test]
+fn a_hostile_host_header_does_not_change_the_fingerprint() {
+    let mut json: serde_json::Value = serde_json::from_str(V1_IAM).unwrap();
+    json["multiValueQueryStringParameters"] =
+        serde_json::json!({"name": ["me"], "multiValueName": ["you", "me"], "expand": ["x"]});
+    for host in [
+        "gy415nuibc.execut?-api.us-east/1.amazonaws.com",
+        "h/x",
+        "h?y",
+    ] {
+        json["headers"]["Host"] = host.into();
+        json["multiValueHeaders"]["Host"] = serde_json::json!([host]);
+        let text = json.to_string();
+        let expected = request_fingerprint(&event(&text));
+        for _ in 0..50 {
+            assert_eq!(request_fingerprint(&event(&text)), expected, "{host}");
+        }
+    }
+}
+
+/// Found by the `http_event` fuzz target: `lambda_http` decodes an ALB query
+/// by joining the event's parameters in a hash map's order and splitting the
+/// result again, so a literal `&` in a name (which ALB would have encoded)
+/// reorders values between parses.
+#[test]
+fn alb_queries_give_one_fingerprint_whatever_lambda_http_decodes() {
+    let json = serde_json::json!({
+        "requestContext": {"elb": {"targetGroupArn": "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/t/1"}},
+        "httpMethod": "POST",
+        "path": "/v1/charges",
+        "queryStringParameters": {"": "first", "x&": "second", "x=": "third", "a": "1"},
+        "headers": {"idempotency-key": "k"},
+        "isBase64Encoded": false
+    })
+    .to_string();
+    let expected = request_fingerprint(&event(&json));
+    for _ in 0..50 {
+        assert_eq!(request_fingerprint(&event(&json)), expected);
+    }
 }

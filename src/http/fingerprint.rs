@@ -3,17 +3,25 @@
 //! requests a handler can tell apart never share one.
 
 use crate::Fingerprint;
-use lambda_http::{http::header::CONTENT_TYPE, Request};
+use lambda_http::{
+    aws_lambda_events::query_map::QueryMap, http::header::CONTENT_TYPE, request::RequestContext,
+    Request, RequestExt,
+};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The fingerprint of `request`.
 ///
-/// - The method and the path, as received.
-/// - The query as its `name=value` pairs sorted by name, the values of a
-///   repeated name kept in their order, each pair byte for byte as
-///   received. `lambda_http` rebuilds the query of REST API (v1) and ALB
-///   events from a hash map, in an order that changes from one parse of the
-///   same event to the next; sorting makes that order irrelevant, and
-///   keeping the bytes keeps `a=1&a=2` apart from `a=2&a=1`.
+/// - The method, and the path as the event carries it (`lambda_http`'s raw
+///   path; the URI's path for a request built by hand).
+/// - The query as its decoded `name=value` pairs (`lambda_http`'s query
+///   parameters; the URI's query, form-decoded, for a request built by hand),
+///   sorted by name, the values of a repeated name kept in their order
+///   (sorted too for ALB events, whose decoding in `lambda_http` does not
+///   keep it reliably).
+///   `lambda_http` rebuilds the URI of REST API (v1) and ALB events from a
+///   hash map, in an order that changes from one parse of the same event to
+///   the next, and from a `Host` header that may hold anything: the URI is
+///   not what identifies the request.
 /// - A body whose content type is JSON (`application/json`, or any `+json`
 ///   type) in canonical form: keys sorted, whitespace dropped, strings
 ///   unescaped, numbers by their exact text (`1.0` is not `1`, and no
@@ -21,13 +29,15 @@ use lambda_http::{http::header::CONTENT_TYPE, Request};
 ///   key (which parsers disagree on), and any other body: its raw bytes.
 pub fn request_fingerprint(request: &Request) -> Fingerprint {
     let method = request.method().as_str().as_bytes();
-    let path = request.uri().path().as_bytes();
-    let pairs = query_pairs(request.uri().query().unwrap_or_default());
+    let path = request_path(request).as_bytes();
+    let pairs = query_pairs(request);
     let count = (pairs.len() as u64).to_be_bytes();
     let head = || {
-        [method, path, &count[..]]
-            .into_iter()
-            .chain(pairs.iter().copied())
+        [method, path, &count[..]].into_iter().chain(
+            pairs
+                .iter()
+                .flat_map(|(name, value)| [name.as_bytes(), value.as_bytes()]),
+        )
     };
     let body: &[u8] = request.body().as_ref();
     if is_json(request) {
@@ -40,15 +50,54 @@ pub fn request_fingerprint(request: &Request) -> Fingerprint {
     Fingerprint::of_parts(head().chain([&b"raw"[..], body]))
 }
 
-/// The query's pairs, sorted by name (stable: a repeated name keeps the
-/// order of its values).
-fn query_pairs(query: &str) -> Vec<&[u8]> {
-    let mut pairs: Vec<&[u8]> = if query.is_empty() {
-        Vec::new()
-    } else {
-        query.split('&').map(str::as_bytes).collect()
+/// The request's path as the event carries it, or the URI's path for a
+/// request built by hand.
+pub(crate) fn request_path(request: &Request) -> &str {
+    match request.raw_http_path() {
+        "" => request.uri().path(),
+        raw => raw,
+    }
+}
+
+/// The query's decoded pairs, sorted by name (stable: a repeated name keeps
+/// the order of its values).
+fn query_pairs(request: &Request) -> Vec<(String, String)> {
+    let parsed;
+    let map = match request.request_context_ref() {
+        // From an event: the parameters lambda_http read from it.
+        Some(_) => match request.query_string_parameters_ref() {
+            Some(map) => map,
+            None => return Vec::new(),
+        },
+        None => {
+            parsed = request
+                .uri()
+                .query()
+                .unwrap_or_default()
+                .parse::<QueryMap>()
+                .unwrap_or_default();
+            &parsed
+        }
     };
-    pairs.sort_by_key(|pair| pair.split(|&b| b == b'=').next().unwrap_or_default());
+    // `QueryMap::iter` panics on a name without values, which no event
+    // yields (lambda_http has iterated such a map already) but a map built
+    // by hand could: such a query counts as none rather than a panic.
+    let pairs = catch_unwind(AssertUnwindSafe(|| {
+        map.iter()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect::<Vec<_>>()
+    }));
+    let mut pairs = pairs.unwrap_or_default();
+    if matches!(request.request_context_ref(), Some(RequestContext::Alb(_))) {
+        // lambda_http decodes an ALB query by joining its parameters in a
+        // hash map's order and splitting the result again, so a name or
+        // value holding a literal `&` or `=` (which ALB itself would have
+        // percent-encoded) comes out in an order of the moment: sort the
+        // values too.
+        pairs.sort();
+    } else {
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    }
     pairs
 }
 

@@ -82,11 +82,13 @@
 //! One request gives one fingerprint however often its event is parsed,
 //! and two requests a handler can tell apart never share one:
 //!
-//! - the method and the path;
-//! - the query as its pairs sorted by name, the values of a repeated name
-//!   kept in their order, each byte for byte (`lambda_http` rebuilds a REST
-//!   API or ALB query from a hash map, in an order that changes from one
-//!   parse to the next);
+//! - the method and the path, as the event carries them;
+//! - the query as the decoded pairs `lambda_http` reads from the event,
+//!   sorted by name, the values of a repeated name kept in their order (for
+//!   ALB events sorted too: `lambda_http` decodes an ALB query by splitting
+//!   a string it joined in a hash map's order). Not the request's URI: `lambda_http` rebuilds a REST API or ALB query
+//!   from a hash map, in an order that changes from one parse to the next,
+//!   and builds the URI from a `Host` header that may hold anything;
 //! - a JSON body (`application/json`, `+json`) in canonical form: keys
 //!   sorted, whitespace dropped, strings unescaped; numbers by their text
 //!   (`1.0` is not `1`, and nothing is rounded through a float), with only

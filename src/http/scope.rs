@@ -7,6 +7,7 @@
 //! id rather than the role every identity-pool user shares, and an
 //! authenticated request is never anonymous.
 
+use super::fingerprint::request_path;
 use lambda_http::{
     aws_lambda_events::apigw::{
         ApiGatewayProxyRequestContext, ApiGatewayRequestAuthorizer,
@@ -42,7 +43,7 @@ pub fn default_scope(request: &Request) -> String {
     let principal = principal(request).unwrap_or_else(|| ANONYMOUS.to_owned());
     let entry = entry_point(request).unwrap_or_default();
     let route =
-        route(request).unwrap_or_else(|| format!("{} {}", request.method(), request.uri().path()));
+        route(request).unwrap_or_else(|| format!("{} {}", request.method(), request_path(request)));
     // Length-prefixed, so no principal or entry point can be chosen to look
     // like another followed by more.
     format!(
