@@ -169,6 +169,12 @@ pub mod fuzzing {
         crate::fingerprint::canonical_json(value)
     }
 
+    /// The canonical form of a JSON document, from its text, or `None` when
+    /// it has none (not JSON, a duplicate key, too deep).
+    pub fn canonical(json: &[u8]) -> Option<Vec<u8>> {
+        crate::fingerprint::canonical(json).ok()
+    }
+
     /// Decodes a stored DynamoDB item as the DynamoDB store does.
     pub fn decode_record(
         item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
