@@ -19,20 +19,25 @@
 //! extension), nested at most [`MAX_DEPTH`] deep, as serde_json.
 
 use jiter::{Jiter, JiterResult, Peek};
-use std::io::{self, Write};
+use std::{
+    borrow::Cow,
+    io::{self, Write},
+    ops::Range,
+};
 
 /// The deepest nesting canonicalised, serde_json's own limit: a deeper
 /// document is fingerprinted by its raw bytes.
 pub(crate) const MAX_DEPTH: usize = 128;
 
-/// One parsed JSON value; numbers borrow their text from the input.
+/// One parsed JSON value; numbers, and strings without escapes, borrow
+/// their text from the input.
 enum Node<'a> {
     Null,
     Bool(bool),
     Number(&'a [u8]),
-    String(String),
+    String(Cow<'a, str>),
     Array(Vec<Node<'a>>),
-    Object(Vec<(String, Node<'a>)>),
+    Object(Vec<(Cow<'a, str>, Node<'a>)>),
 }
 
 /// Why a document has no canonical form.
@@ -63,9 +68,12 @@ pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
 }
 
 fn parse(json: &[u8]) -> Result<Node<'_>, NotCanonical> {
+    // A JSON text is UTF-8 (RFC 8259): checked once here, so every string
+    // without escapes can be borrowed from it as it stands.
+    let text = std::str::from_utf8(json).map_err(|_| NotCanonical::Invalid)?;
     let mut jiter = Jiter::new(json);
     let peek = jiter.peek().map_err(|_| NotCanonical::Invalid)?;
-    let node = value(&mut jiter, peek, 0)?;
+    let node = value(text, &mut jiter, peek, 0)?;
     jiter.finish().map_err(|_| NotCanonical::Invalid)?;
     Ok(node)
 }
@@ -74,17 +82,25 @@ fn invalid<T>(result: JiterResult<T>) -> Result<T, NotCanonical> {
     result.map_err(|_| NotCanonical::Invalid)
 }
 
-fn value<'a>(jiter: &mut Jiter<'a>, peek: Peek, depth: usize) -> Result<Node<'a>, NotCanonical> {
+fn value<'a>(
+    text: &'a str,
+    jiter: &mut Jiter<'a>,
+    peek: Peek,
+    depth: usize,
+) -> Result<Node<'a>, NotCanonical> {
     match peek {
         Peek::Null => invalid(jiter.known_null()).map(|()| Node::Null),
         Peek::True | Peek::False => invalid(jiter.known_bool(peek)).map(Node::Bool),
-        Peek::String => invalid(jiter.known_str()).map(|s| Node::String(s.to_owned())),
+        Peek::String => {
+            let range = locate(text, invalid(jiter.known_bytes())?)?;
+            string(text, range).map(Node::String)
+        }
         Peek::Array => {
             let depth = deeper(depth)?;
             let mut items = Vec::new();
             let mut next = invalid(jiter.known_array())?;
             while let Some(peek) = next {
-                items.push(value(jiter, peek, depth)?);
+                items.push(value(text, jiter, peek, depth)?);
                 next = invalid(jiter.array_step())?;
             }
             Ok(Node::Array(items))
@@ -92,11 +108,14 @@ fn value<'a>(jiter: &mut Jiter<'a>, peek: Peek, depth: usize) -> Result<Node<'a>
         Peek::Object => {
             let depth = deeper(depth)?;
             let mut entries = Vec::new();
-            let mut key = invalid(jiter.known_object())?.map(str::to_owned);
-            while let Some(name) = key {
+            let first = invalid(jiter.next_object_bytes())?;
+            let mut key = first.map(|raw| locate(text, raw)).transpose()?;
+            while let Some(range) = key {
+                let name = string(text, range)?;
                 let peek = invalid(jiter.peek())?;
-                entries.push((name, value(jiter, peek, depth)?));
-                key = invalid(jiter.next_key())?.map(str::to_owned);
+                entries.push((name, value(text, jiter, peek, depth)?));
+                let next = invalid(jiter.next_key_bytes())?;
+                key = next.map(|raw| locate(text, raw)).transpose()?;
             }
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             if entries.windows(2).any(|pair| pair[0].0 == pair[1].0) {
@@ -111,6 +130,31 @@ fn value<'a>(jiter: &mut Jiter<'a>, peek: Peek, depth: usize) -> Result<Node<'a>
         }
         _ => Err(NotCanonical::Invalid),
     }
+}
+
+/// Where `part`, a string's content that jiter returned from the input,
+/// lies in `text`.
+fn locate(text: &str, part: &[u8]) -> Result<Range<usize>, NotCanonical> {
+    let start = (part.as_ptr() as usize)
+        .checked_sub(text.as_ptr() as usize)
+        .ok_or(NotCanonical::Invalid)?;
+    let range = start..start + part.len();
+    text.get(range.clone()).ok_or(NotCanonical::Invalid)?;
+    Ok(range)
+}
+
+/// The string whose content is `text[content]`: borrowed as it stands, or
+/// unescaped (by jiter, from the quoted text) when it holds an escape.
+fn string(text: &str, content: Range<usize>) -> Result<Cow<'_, str>, NotCanonical> {
+    let raw = text.get(content.clone()).ok_or(NotCanonical::Invalid)?;
+    if !raw.contains('\\') {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let quoted = text
+        .get(content.start.saturating_sub(1)..content.end + 1)
+        .ok_or(NotCanonical::Invalid)?;
+    let mut unescape = Jiter::new(quoted.as_bytes());
+    Ok(Cow::Owned(invalid(unescape.next_str())?.to_owned()))
 }
 
 fn deeper(depth: usize) -> Result<usize, NotCanonical> {
