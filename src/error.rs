@@ -5,7 +5,8 @@ use std::{error::Error as StdError, fmt, time::Duration};
 /// `Result` with this crate's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+/// Any error, boxed: a source kept for `Error::source`, a codec's failure.
+pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// Why an idempotent execution did not produce a value.
 ///

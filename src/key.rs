@@ -1,6 +1,7 @@
 //! Record ids: the scope and the client's key hashed together, so the raw
 //! key is never stored and one scope can never reach another's records.
 
+use crate::{StoreError, StoreErrorKind};
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -78,20 +79,22 @@ pub fn derive_key(parent: &str, purpose: &str) -> String {
 pub struct OwnerToken(String);
 
 impl OwnerToken {
-    /// A fresh random token.
-    pub fn generate() -> Self {
+    /// A fresh random token, from the operating system's random source.
+    ///
+    /// Fails when that source does: a fencing token made of guessable bits
+    /// (the clock, an address) could let a zombie pass its successor's
+    /// fence, so no claim is made and nothing runs (the engine reports a
+    /// [`StoreErrorKind::Misconfigured`](crate::StoreErrorKind::Misconfigured)
+    /// error, never an unprotected run, even when it fails open).
+    pub fn generate() -> Result<Self, StoreError> {
         let mut bytes = [0u8; 16];
-        // The OS random source failing is not recoverable and not caused by
-        // any input; fall back to time and address entropy rather than panic.
-        if getrandom::fill(&mut bytes).is_err() {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default();
-            let addr = &bytes as *const _ as usize as u128;
-            bytes = (nanos ^ addr.rotate_left(64)).to_le_bytes();
-        }
-        Self(hex::encode(bytes))
+        getrandom::fill(&mut bytes).map_err(|error| {
+            StoreError::new(
+                StoreErrorKind::Misconfigured,
+                format!("the operating system's random source failed ({error}): no fencing token could be minted, so nothing ran"),
+            )
+        })?;
+        Ok(Self(hex::encode(bytes)))
     }
 
     /// Wraps a token read back from a store.
@@ -137,8 +140,8 @@ mod tests {
 
     #[test]
     fn owner_tokens_are_distinct() {
-        let a = OwnerToken::generate();
-        let b = OwnerToken::generate();
+        let a = OwnerToken::generate().unwrap();
+        let b = OwnerToken::generate().unwrap();
         assert_ne!(a, b);
         assert_eq!(a.as_str().len(), 32);
     }

@@ -195,7 +195,7 @@ async fn a_record_in_progress_elsewhere_is_reported_for_redelivery() {
     let now = SystemClock.now_ms();
     let claim = Claim {
         id: f.engine.record_id("receipts", "ch_busy"),
-        owner: OwnerToken::generate(),
+        owner: OwnerToken::generate().expect("the OS random source"),
         fingerprint: Fingerprint::of_bytes(b"ch_busy"),
         now_ms: now,
         lease_until_ms: now + 60_000,

@@ -1,8 +1,7 @@
 //! How outcomes are turned into stored bytes and back.
 
+use crate::error::BoxError;
 use serde::{de::DeserializeOwned, Serialize};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Encodes an operation's value for storage, and decodes it for a replay.
 ///

@@ -183,7 +183,8 @@ impl<S: Store> Engine<S> {
             }
         }
 
-        let claim = self.claim_for(id, attempt, now_ms);
+        // Without a fencing token nothing may run, even failing open.
+        let claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
         match inner.store.claim(&claim).await {
             Ok(ClaimOutcome::Claimed) => {}
             Ok(ClaimOutcome::Existing(record)) => {
@@ -240,7 +241,12 @@ impl<S: Store> Engine<S> {
             .map(|kind| Outcome::new(value, kind))
     }
 
-    fn claim_for(&self, id: RecordId, attempt: &Attempt<'_>, now_ms: u64) -> Claim {
+    fn claim_for(
+        &self,
+        id: RecordId,
+        attempt: &Attempt<'_>,
+        now_ms: u64,
+    ) -> Result<Claim, StoreError> {
         let inner = &*self.inner;
         let capped = now_ms.saturating_add(duration_ms(inner.max_lease));
         let lease_until_ms = attempt
@@ -253,14 +259,14 @@ impl<S: Store> Engine<S> {
         // The record must outlive its lease, or it would count as absent (and
         // be taken over) while its owner still runs.
         let expiration_s = self.expiration_s(now_ms).max(lease_until_ms / 1000 + 1);
-        Claim {
+        Ok(Claim {
             id,
-            owner: OwnerToken::generate(),
+            owner: OwnerToken::generate()?,
             fingerprint: attempt.fingerprint.clone(),
             now_ms,
             lease_until_ms,
             expiration_s,
-        }
+        })
     }
 
     fn expiration_s(&self, now_ms: u64) -> u64 {

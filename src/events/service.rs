@@ -12,8 +12,6 @@ use std::{
 };
 use tower::Service;
 
-type BoxError = lambda_runtime::Error;
-
 /// A `lambda_runtime` handler made idempotent by an
 /// [`IdempotentEventLayer`](super::IdempotentEventLayer).
 pub struct IdempotentEvent<S, St, E> {
@@ -46,22 +44,22 @@ impl<S: fmt::Debug, St: fmt::Debug, E> fmt::Debug for IdempotentEvent<S, St, E> 
 }
 
 /// The future of an [`IdempotentEvent`] service.
-pub type EventFuture<R> = Pin<Box<dyn Future<Output = Result<R, BoxError>> + Send>>;
+pub type EventFuture<R> = Pin<Box<dyn Future<Output = Result<R, lambda_runtime::Error>> + Send>>;
 
 impl<S, St, E> Service<LambdaEvent<E>> for IdempotentEvent<S, St, E>
 where
     S: Service<LambdaEvent<E>> + Clone + Send + 'static,
     S::Future: Send,
     S::Response: Serialize + DeserializeOwned + Send,
-    S::Error: Into<BoxError> + Send,
+    S::Error: Into<lambda_runtime::Error> + Send,
     St: Store,
     E: Send + 'static,
 {
     type Response = S::Response;
-    type Error = BoxError;
+    type Error = lambda_runtime::Error;
     type Future = EventFuture<S::Response>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), lambda_runtime::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
@@ -114,7 +112,7 @@ where
 
 /// The engine's refusals as errors Lambda reports (and, for asynchronous
 /// sources, retries).
-fn event_error<E>(error: Error<E>) -> BoxError {
+fn event_error<E>(error: Error<E>) -> lambda_runtime::Error {
     match error {
         Error::InProgress { retry_after } => format!(
             "this event's idempotency key is being processed by another invocation; retry after {} s",

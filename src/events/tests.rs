@@ -259,7 +259,7 @@ async fn only_failed_and_in_progress_records_are_reported() {
     let now = crate::Clock::now_ms(&crate::SystemClock);
     let claim = Claim {
         id: engine.record_id("queue", "m3"),
-        owner: OwnerToken::generate(),
+        owner: OwnerToken::generate().expect("the OS random source"),
         fingerprint: Fingerprint::of_bytes(b"busy"),
         now_ms: now,
         lease_until_ms: now + 30_000,

@@ -92,13 +92,10 @@ impl EmfMetrics {
     }
 
     pub(crate) fn record(&self, outcome: HttpOutcome) {
-        let timestamp = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or_default();
+        let timestamp = crate::clock::epoch_ms(SystemTime::now());
         let line = serde_json::json!({
             "_aws": {
-                "Timestamp": timestamp as u64,
+                "Timestamp": timestamp,
                 "CloudWatchMetrics": [{
                     "Namespace": self.namespace,
                     "Dimensions": [["Outcome"]],

@@ -10,15 +10,13 @@
 //! ```
 
 use super::{layer::BODY_HEADERS, problem::Problem};
-use crate::Codec;
+use crate::{error::BoxError, Codec};
 use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
 use lambda_http::{
     http::{HeaderName, HeaderValue, StatusCode},
     Body, Response,
 };
 use std::io::{Read, Write};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 const VERSION: u8 = 1;
 const FLAG_DEFLATE: u8 = 0b0001;
