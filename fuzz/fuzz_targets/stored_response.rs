@@ -8,11 +8,13 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(response) = decode_stored_response(data) else { return };
-    let encoded = encode_stored_response(&response).expect("a decoded response encodes");
+    let (status, headers) = (response.status(), response.headers().clone());
+    let body = format!("{:?}", response.body());
+    let encoded = encode_stored_response(response).expect("a decoded response encodes");
     let again = decode_stored_response(&encoded).expect("and decodes");
-    assert_eq!(again.status(), response.status());
-    assert_eq!(again.body(), response.body());
+    assert_eq!(again.status(), status);
+    assert_eq!(format!("{:?}", again.body()), body);
     for (name, value) in again.headers() {
-        assert!(response.headers().get_all(name).iter().any(|v| v == value));
+        assert!(headers.get_all(name).iter().any(|v| v == value));
     }
 });

@@ -1,93 +1,21 @@
-//! [`IdempotencyLayer`]: the layer and its configuration.
+//! [`IdempotencyLayer`]: the layer, configured with builder methods.
 
 use super::{
-    metrics::EmfMetrics,
-    problem::DEFAULT_PROBLEM_BASE,
-    scope::default_scope,
-    service::Idempotency,
-    stored::{ResponseCodec, MAX_STORED_RESPONSE},
+    config::Config, metrics::EmfMetrics, service::Idempotency, stored::MAX_STORED_RESPONSE,
 };
 use crate::{Engine, Store};
 use lambda_http::{
-    http::{header, HeaderName, Method, StatusCode},
+    http::{HeaderName, Method, StatusCode},
     Request,
 };
 use std::{fmt, sync::Arc, time::Duration};
 use tower::Layer;
-
-/// The default key header, as the IETF draft names it.
-pub const DEFAULT_HEADER: &str = "idempotency-key";
-
-/// The headers that describe a stored body, stored with it whatever
-/// [`stored_headers`](IdempotencyLayer::stored_headers) says.
-pub const BODY_HEADERS: [HeaderName; 4] = [
-    header::CONTENT_TYPE,
-    header::CONTENT_ENCODING,
-    header::CONTENT_LANGUAGE,
-    header::CONTENT_DISPOSITION,
-];
-
-/// Bodies longer than this are compressed before they are stored.
-pub const DEFAULT_COMPRESS_ABOVE: usize = 4 * 1024;
-
-/// The default outcome policy: which handler responses are stored and
-/// replayed.
-///
-/// Stored: 2xx, 3xx and the deterministic 4xx (a 400 for a bad body is the
-/// answer to that body, every time). Released, so a retry runs again: 5xx;
-/// the 4xx that say "try again" (408 Request Timeout, 409 Conflict,
-/// 425 Too Early, 429 Too Many Requests); and the 4xx about credentials
-/// (401 Unauthorized, 403 Forbidden, 407 Proxy Authentication Required):
-/// credentials are in neither the scope nor the fingerprint when no
-/// authorizer checks them, so a retry with a fresh token must not be
-/// answered with the 401 its expired one got.
-pub fn default_store_policy(status: StatusCode) -> bool {
-    !(status.is_server_error()
-        || matches!(status.as_u16(), 401 | 403 | 407 | 408 | 409 | 425 | 429)
-        || status.is_informational())
-}
-
-/// The headers stored with a response and replayed, by default. Never
-/// `set-cookie`: a replay must not hand one client's session to a retry.
-///
-/// Whatever the list, the headers that describe the body
-/// ([`BODY_HEADERS`]) are always stored with it: a replayed gzip body
-/// without its `Content-Encoding` would be garbage.
-pub fn default_stored_headers() -> Vec<HeaderName> {
-    vec![
-        header::CONTENT_TYPE,
-        header::CONTENT_LANGUAGE,
-        header::CONTENT_LOCATION,
-        header::LOCATION,
-        header::ETAG,
-        header::LAST_MODIFIED,
-        header::CACHE_CONTROL,
-        header::LINK,
-        header::VARY,
-    ]
-}
-
-type ScopeFn = Arc<dyn Fn(&Request) -> String + Send + Sync>;
-type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 
 /// Makes a `lambda_http` service idempotent: see the [module docs](super).
 ///
 /// Configure it with its builder methods; every setting has a default.
 pub struct IdempotencyLayer<St> {
     pub(crate) config: Config<St>,
-}
-
-pub(crate) struct Config<St> {
-    pub(crate) engine: Engine<St>,
-    pub(crate) require_key: bool,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) header: HeaderName,
-    pub(crate) store_when: PolicyFn,
-    pub(crate) codec: ResponseCodec,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) transactional: bool,
-    pub(crate) scope: ScopeFn,
-    pub(crate) metrics: Option<EmfMetrics>,
 }
 
 impl<St> Clone for IdempotencyLayer<St> {
@@ -98,48 +26,15 @@ impl<St> Clone for IdempotencyLayer<St> {
     }
 }
 
-impl<St> Clone for Config<St> {
-    fn clone(&self) -> Self {
-        Self {
-            engine: self.engine.clone(),
-            require_key: self.require_key,
-            methods: self.methods.clone(),
-            header: self.header.clone(),
-            store_when: Arc::clone(&self.store_when),
-            codec: self.codec.clone(),
-            wait: self.wait,
-            transactional: self.transactional,
-            scope: Arc::clone(&self.scope),
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
 impl<St: Store> IdempotencyLayer<St> {
     /// A layer over `engine`, with the defaults: key required on POST and
     /// PATCH in the `Idempotency-Key` header, the [default outcome
-    /// policy](default_store_policy), the [default stored
-    /// headers](default_stored_headers), no waiting (a duplicate of a
+    /// policy](super::default_store_policy), the [default stored
+    /// headers](super::default_stored_headers), no waiting (a duplicate of a
     /// request in progress gets 409), the [default scope](super::default_scope).
     pub fn new(engine: Engine<St>) -> Self {
         Self {
-            config: Config {
-                engine,
-                require_key: true,
-                methods: vec![Method::POST, Method::PATCH],
-                header: HeaderName::from_static(DEFAULT_HEADER),
-                store_when: Arc::new(default_store_policy),
-                codec: ResponseCodec {
-                    stored_headers: default_stored_headers(),
-                    compress_above: DEFAULT_COMPRESS_ABOVE,
-                    max_stored: MAX_STORED_RESPONSE,
-                    problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
-                },
-                wait: None,
-                transactional: false,
-                scope: Arc::new(default_scope),
-                metrics: None,
-            },
+            config: Config::new(engine),
         }
     }
 
@@ -164,7 +59,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Which handler responses are stored and replayed; the others release
-    /// the claim so a retry runs again (default: [`default_store_policy`]).
+    /// the claim so a retry runs again (default: [`default_store_policy`](super::default_store_policy)).
     /// The layer's own rejections (400, 409, 422, 503) are never stored.
     pub fn store_when(
         mut self,
@@ -175,8 +70,8 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The response headers stored and replayed (default:
-    /// [`default_stored_headers`]); others are dropped from replays. The
-    /// [`BODY_HEADERS`] are stored in any case.
+    /// [`default_stored_headers`](super::default_stored_headers)); others are dropped from replays. The
+    /// [`BODY_HEADERS`](super::BODY_HEADERS) are stored in any case.
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.codec.stored_headers = names.into_iter().collect();
         self
@@ -220,7 +115,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// `urn:lambda-idempotency:problem:`), for example
     /// `https://api.example.com/problems/`.
     pub fn problem_type_base(mut self, base: impl Into<String>) -> Self {
-        self.config.codec.problem_base = base.into();
+        self.config.problem_base = base.into();
         self
     }
 
@@ -267,26 +162,5 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("codec", &self.config.codec)
             .field("metrics", &self.config.metrics)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_policy_stores_deterministic_answers_only() {
-        for stored in [200, 201, 204, 301, 400, 404, 410, 422] {
-            assert!(
-                default_store_policy(StatusCode::from_u16(stored).unwrap()),
-                "{stored}"
-            );
-        }
-        for released in [401, 403, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
-            assert!(
-                !default_store_policy(StatusCode::from_u16(released).unwrap()),
-                "{released}"
-            );
-        }
     }
 }

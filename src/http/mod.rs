@@ -145,6 +145,7 @@
 //! ```
 
 mod commit;
+mod config;
 mod fingerprint;
 mod future;
 mod key;
@@ -156,29 +157,46 @@ mod service;
 mod stored;
 
 pub use commit::CommitWith;
+pub use config::{default_store_policy, DEFAULT_HEADER};
 pub use fingerprint::request_fingerprint;
 pub use future::ResponseFuture;
 pub use key::{parse_key, KeyError, MAX_KEY_LEN};
-pub use layer::{
-    default_store_policy, default_stored_headers, IdempotencyLayer, BODY_HEADERS,
-    DEFAULT_COMPRESS_ABOVE, DEFAULT_HEADER,
-};
+pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;
 pub use scope::{default_scope, principal, ANONYMOUS};
 pub use service::{Idempotency, REPLAYED_HEADER};
-pub use stored::MAX_STORED_RESPONSE;
+pub use stored::{
+    default_stored_headers, BODY_HEADERS, DEFAULT_COMPRESS_ABOVE, MAX_STORED_RESPONSE,
+};
 
-/// The response codec with the layer's defaults (for the fuzz targets).
+/// Decodes a stored response as the layer replays it (for the fuzz
+/// targets): a response too large to store comes back as its status and
+/// headers, with no body.
 #[cfg(feature = "fuzzing")]
-pub(crate) fn stored_codec_for_fuzzing() -> stored::ResponseCodec {
-    stored::ResponseCodec {
-        stored_headers: default_stored_headers(),
-        compress_above: DEFAULT_COMPRESS_ABOVE,
-        max_stored: MAX_STORED_RESPONSE,
-        problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+pub(crate) fn decode_stored_for_fuzzing(bytes: &[u8]) -> Result<Response<Body>, BoxError> {
+    match stored::ResponseCodec::default().decode(bytes)? {
+        stored::StoredResponse::Full(response) => Ok(response),
+        stored::StoredResponse::NotStored { status, headers } => {
+            let mut response = Response::new(Body::Empty);
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            Ok(response)
+        }
     }
 }
+
+/// Encodes a response as the layer stores it (for the fuzz targets).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn encode_stored_for_fuzzing(response: Response<Body>) -> Result<Vec<u8>, BoxError> {
+    stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response))
+}
+
+#[cfg(feature = "fuzzing")]
+use {
+    crate::{error::BoxError, Codec},
+    lambda_http::{Body, Response},
+};
 
 #[cfg(test)]
 mod tests;

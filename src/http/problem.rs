@@ -2,6 +2,7 @@
 //! with a stable `type` per error.
 
 use super::key::KeyError;
+use crate::{Error, StoreErrorKind};
 use lambda_http::{
     http::{header, HeaderValue, StatusCode},
     Body, Response,
@@ -25,6 +26,34 @@ pub(crate) enum Problem {
     LeaseLost,
     WriteRejected,
     WritesNotCommitted { retry_after: Duration },
+    Internal,
+}
+
+impl<E> From<&Error<E>> for Problem {
+    /// The problem that answers an engine error. The operation's own errors
+    /// are the handler's to answer; the service never asks for them.
+    fn from(error: &Error<E>) -> Self {
+        match error {
+            Error::InProgress { retry_after } => Problem::InProgress {
+                retry_after: *retry_after,
+            },
+            Error::PayloadMismatch => Problem::PayloadMismatch,
+            Error::Store(error) if error.kind() == StoreErrorKind::CorruptRecord => {
+                Problem::CorruptRecord
+            }
+            Error::Store(error) if error.kind() == StoreErrorKind::WriteRejected => {
+                Problem::WriteRejected
+            }
+            Error::Store(_) => Problem::StoreUnavailable {
+                retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
+            },
+            Error::LostOwnership => Problem::LeaseLost,
+            Error::WritesNotCommitted(_) => Problem::WritesNotCommitted {
+                retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
+            },
+            Error::Operation(_) => Problem::Internal,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -50,6 +79,7 @@ impl Problem {
             Problem::LeaseLost => "idempotency-lease-lost",
             Problem::WriteRejected => "idempotency-write-rejected",
             Problem::WritesNotCommitted { .. } => "idempotency-writes-not-committed",
+            Problem::Internal => "idempotency-internal-error",
         }
     }
 
@@ -64,6 +94,7 @@ impl Problem {
             Problem::LeaseLost => StatusCode::CONFLICT,
             Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::WritesNotCommitted { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -79,6 +110,7 @@ impl Problem {
             Problem::LeaseLost => "Request taken over by a retry",
             Problem::WriteRejected => "Request's writes rejected",
             Problem::WritesNotCommitted { .. } => "Request's writes not committed",
+            Problem::Internal => "Internal error",
         }
     }
 
@@ -126,6 +158,9 @@ impl Problem {
                  so none of its changes were saved. Retry with the same key after {} seconds.",
                 retry_after.as_secs()
             ),
+            Problem::Internal => "The idempotency layer failed in a way it should not; the \
+                 request's outcome is unknown. Contact the API operator."
+                .to_owned(),
         }
     }
 
@@ -199,5 +234,68 @@ mod tests {
         let response = Problem::PayloadMismatch.to_response("https://api.example.com/problems/");
         assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
         assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn every_engine_error_has_its_problem() {
+        use crate::StoreError;
+        let secs = Duration::from_secs;
+        let cases: Vec<(Error<()>, &str, u16, Option<&str>)> = vec![
+            (
+                Error::InProgress {
+                    retry_after: secs(3),
+                },
+                "idempotency-key-in-use",
+                409,
+                Some("3"),
+            ),
+            (Error::PayloadMismatch, "idempotency-key-reused", 422, None),
+            (
+                Error::Store(StoreError::new(StoreErrorKind::Unavailable, "down")),
+                "idempotency-store-unavailable",
+                503,
+                Some("1"),
+            ),
+            (
+                Error::Store(StoreError::new(StoreErrorKind::CorruptRecord, "bad")),
+                "idempotency-record-corrupt",
+                500,
+                None,
+            ),
+            (
+                Error::Store(StoreError::new(StoreErrorKind::WriteRejected, "invalid")),
+                "idempotency-write-rejected",
+                500,
+                None,
+            ),
+            (
+                Error::LostOwnership,
+                "idempotency-lease-lost",
+                409,
+                Some("1"),
+            ),
+            (
+                Error::WritesNotCommitted(StoreError::new(StoreErrorKind::Unavailable, "down")),
+                "idempotency-writes-not-committed",
+                503,
+                Some("1"),
+            ),
+        ];
+        for (error, slug, status, retry_after) in cases {
+            let response = Problem::from(&error).to_response(DEFAULT_PROBLEM_BASE);
+            assert_eq!(response.status().as_u16(), status, "{slug}");
+            let Body::Text(text) = response.body() else {
+                panic!("text body")
+            };
+            assert!(text.contains(slug), "{text}");
+            assert_eq!(
+                response
+                    .headers()
+                    .get(header::RETRY_AFTER)
+                    .map(|v| v.to_str().unwrap()),
+                retry_after,
+                "{slug}"
+            );
+        }
     }
 }

@@ -2,14 +2,15 @@
 
 use super::{
     commit::CommitWith,
+    config::Config,
     fingerprint::request_fingerprint,
     future::ResponseFuture,
     key::{parse_key, KeyError},
-    layer::Config,
     metrics::HttpOutcome,
     problem::Problem,
+    stored::StoredResponse,
 };
-use crate::{clock::epoch_ms, Attempt, Error, OutcomeKind, Store, StoreErrorKind};
+use crate::{clock::epoch_ms, Attempt, Error, Outcome, OutcomeKind, Store, StoreErrorKind};
 use lambda_http::{
     http::{HeaderName, HeaderValue},
     Body, IntoResponse, Request, RequestExt, Response,
@@ -112,7 +113,13 @@ enum Failure<E> {
     /// The outcome policy says not to store this response: release the
     /// claim, return the response.
     Released(Response<Body>),
+    /// The engine asked for the operation a second time, after it had run.
+    /// It never does (it asks at most once per call, and a call that finds
+    /// the key in progress runs nothing); answered as an internal error.
+    AlreadyRun,
 }
+
+type Attempted<E> = Result<Outcome<StoredResponse>, Error<Failure<E>>>;
 
 async fn call_inner<S>(mut inner: S, request: Request) -> Result<Response<Body>, S::Error>
 where
@@ -136,42 +143,67 @@ where
     S::Response: IntoResponse,
     St: Store,
 {
-    let problem = |problem: Problem| Ok(problem.to_response(&config.codec.problem_base));
     if !config.methods.contains(request.method()) {
         return (HttpOutcome::PassThrough, call_inner(inner, request).await);
     }
-    let mut values = request.headers().get_all(&config.header).iter();
-    let key = match (values.next(), values.next()) {
-        (None, _) if config.require_key => {
-            let header = config.header.to_string();
-            return (HttpOutcome::BadKey, problem(Problem::KeyMissing { header }));
-        }
-        (None, _) => return (HttpOutcome::PassThrough, call_inner(inner, request).await),
-        (Some(_), Some(_)) => {
-            let (header, error) = (config.header.to_string(), KeyError::Repeated);
+    let key = match read_key(config, &request) {
+        Ok(Some(key)) => key,
+        Ok(None) => return (HttpOutcome::PassThrough, call_inner(inner, request).await),
+        Err(problem) => {
             return (
                 HttpOutcome::BadKey,
-                problem(Problem::KeyInvalid { header, error }),
-            );
+                Ok(problem.to_response(&config.problem_base)),
+            )
         }
-        (Some(value), None) => match parse_key(value.as_bytes()) {
-            Ok(key) => key,
-            Err(error) => {
-                let header = config.header.to_string();
-                return (
-                    HttpOutcome::BadKey,
-                    problem(Problem::KeyInvalid { header, error }),
-                );
-            }
-        },
     };
-
     let scope = (config.scope)(&request);
-    let mut attempt = Attempt::new(&scope, &key, request_fingerprint(&request));
     let deadline_ms = request.lambda_context_ref().map(|context| context.deadline);
+    let mut attempt = Attempt::new(&scope, &key, request_fingerprint(&request));
     if let Some(deadline_ms) = deadline_ms {
         attempt = attempt.deadline_ms(deadline_ms);
     }
+    let result = run_waiting(config, &attempt, deadline_ms, inner, request).await;
+    respond(config, result)
+}
+
+/// The key the request carries: `Ok(None)` when it carries none and the key
+/// is optional; a problem when it is missing, repeated or malformed.
+fn read_key<St>(config: &Config<St>, request: &Request) -> Result<Option<String>, Problem> {
+    let header = || config.header.to_string();
+    let mut values = request.headers().get_all(&config.header).iter();
+    match (values.next(), values.next()) {
+        (None, _) if config.require_key => Err(Problem::KeyMissing { header: header() }),
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(Problem::KeyInvalid {
+            header: header(),
+            error: KeyError::Repeated,
+        }),
+        (Some(value), None) => {
+            parse_key(value.as_bytes())
+                .map(Some)
+                .map_err(|error| Problem::KeyInvalid {
+                    header: header(),
+                    error,
+                })
+        }
+    }
+}
+
+/// Runs the attempt; while another request holds the key, waits for its
+/// result (with backoff, within the configured budget and the invocation's
+/// deadline) and asks again.
+async fn run_waiting<S, St>(
+    config: &Config<St>,
+    attempt: &Attempt<'_>,
+    deadline_ms: Option<u64>,
+    inner: S,
+    request: Request,
+) -> Attempted<S::Error>
+where
+    S: Service<Request>,
+    S::Response: IntoResponse,
+    St: Store,
+{
     let wait_until = config.wait.map(|budget| {
         let left = deadline_ms.map_or(budget, |deadline| {
             let left = Duration::from_millis(deadline.saturating_sub(epoch_ms(SystemTime::now())));
@@ -179,19 +211,14 @@ where
         });
         tokio::time::Instant::now() + left.min(LONGEST_WAIT)
     });
-
     let mut pending = Some((inner, request));
     let mut backoff = FIRST_BACKOFF;
     loop {
         let result = config
             .engine
-            .run(&attempt, &config.codec, config.transactional, || async {
-                // The engine calls this at most once per execution, and the
-                // loop only goes round again when it did not.
+            .run(attempt, &config.codec, config.transactional, || async {
                 let Some((inner, request)) = pending.take() else {
-                    return Err(Failure::Released(
-                        Problem::CorruptRecord.to_response(&config.codec.problem_base),
-                    ));
+                    return Err(Failure::AlreadyRun);
                 };
                 let mut response = call_inner(inner, request).await.map_err(Failure::Handler)?;
                 let writes = response
@@ -200,92 +227,108 @@ where
                     .map(|commit| commit.0)
                     .unwrap_or_default();
                 if (config.store_when)(response.status()) {
-                    Ok((response, writes))
+                    Ok((StoredResponse::Full(response), writes))
                 } else {
                     Err(Failure::Released(response))
                 }
             })
             .await;
-        return match result {
-            Ok(outcome) => {
-                let kind = outcome.kind();
-                let mut response = outcome.into_value();
-                let outcome = match kind {
-                    OutcomeKind::Replay | OutcomeKind::CachedReplay => {
-                        response.headers_mut().insert(
-                            HeaderName::from_static(REPLAYED_HEADER),
-                            HeaderValue::from_static("true"),
-                        );
-                        HttpOutcome::Replay
-                    }
-                    OutcomeKind::LostLease => HttpOutcome::LostLease,
-                    OutcomeKind::NotRecorded => HttpOutcome::NotRecorded,
-                    OutcomeKind::Unprotected => HttpOutcome::Unprotected,
-                    OutcomeKind::Fresh => HttpOutcome::Fresh,
-                };
-                (outcome, Ok(response))
+        if let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until) {
+            let now = tokio::time::Instant::now();
+            if now < until {
+                tokio::time::sleep(backoff.min(until - now).min(*retry_after)).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
             }
-            Err(Error::InProgress { retry_after }) => {
-                let now = tokio::time::Instant::now();
-                match wait_until {
-                    Some(until) if now < until => {
-                        tokio::time::sleep(backoff.min(until - now).min(retry_after)).await;
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
-                        continue;
-                    }
-                    _ => (
-                        HttpOutcome::InProgress,
-                        problem(Problem::InProgress { retry_after }),
-                    ),
-                }
-            }
-            Err(Error::PayloadMismatch) => {
-                (HttpOutcome::Mismatch, problem(Problem::PayloadMismatch))
-            }
-            Err(Error::Store(error)) if error.kind() == StoreErrorKind::CorruptRecord => {
-                tracing::error!(%error, "idempotency record unreadable");
-                (HttpOutcome::StoreError, problem(Problem::CorruptRecord))
-            }
-            Err(Error::LostOwnership) => (HttpOutcome::LostLease, problem(Problem::LeaseLost)),
-            Err(Error::WritesNotCommitted(error)) => {
-                tracing::error!(%error, "the handler ran during a store outage (fail-open) but its CommitWith writes were not committed; declare the layer transactional");
-                let retry_after = Duration::from_secs(1);
-                (
-                    HttpOutcome::StoreError,
-                    problem(Problem::WritesNotCommitted { retry_after }),
-                )
-            }
-            Err(Error::Store(error)) if error.kind() == StoreErrorKind::WriteRejected => {
-                tracing::error!(%error, "the handler's transactional writes were rejected; nothing was committed");
-                (HttpOutcome::StoreError, problem(Problem::WriteRejected))
-            }
-            Err(error @ Error::Store(_)) => {
-                let retry_after = error.retry_after().unwrap_or(Duration::from_secs(1));
-                tracing::error!(error = %DisplayStoreError(&error), "idempotency store unavailable; the handler did not run");
-                (
-                    HttpOutcome::StoreError,
-                    problem(Problem::StoreUnavailable { retry_after }),
-                )
-            }
-            Err(Error::Operation(Failure::Handler(error))) => {
-                (HttpOutcome::HandlerError, Err(error))
-            }
-            Err(Error::Operation(Failure::Released(response))) => {
-                (HttpOutcome::Released, Ok(response))
-            }
-        };
+        }
+        return result;
     }
 }
 
-/// Displays the store side of an engine error (the operation's error type
-/// need not be displayable).
-struct DisplayStoreError<'a, E>(&'a Error<E>);
-
-impl<E> std::fmt::Display for DisplayStoreError<'_, E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Error::Store(error) => write!(f, "{error}"),
-            other => f.write_str(other.kind().as_str()),
+/// The answer to an attempt, and what it was.
+fn respond<St, E>(
+    config: &Config<St>,
+    result: Attempted<E>,
+) -> (HttpOutcome, Result<Response<Body>, E>) {
+    let error = match result {
+        Ok(outcome) => {
+            let kind = outcome.kind();
+            let mut response = render_stored(config, outcome.into_value());
+            let outcome = match kind {
+                OutcomeKind::Replay | OutcomeKind::CachedReplay => {
+                    response.headers_mut().insert(
+                        HeaderName::from_static(REPLAYED_HEADER),
+                        HeaderValue::from_static("true"),
+                    );
+                    HttpOutcome::Replay
+                }
+                OutcomeKind::LostLease => HttpOutcome::LostLease,
+                OutcomeKind::NotRecorded => HttpOutcome::NotRecorded,
+                OutcomeKind::Unprotected => HttpOutcome::Unprotected,
+                OutcomeKind::Fresh => HttpOutcome::Fresh,
+            };
+            return (outcome, Ok(response));
         }
+        Err(Error::Operation(Failure::Handler(error))) => {
+            return (HttpOutcome::HandlerError, Err(error))
+        }
+        Err(Error::Operation(Failure::Released(response))) => {
+            return (HttpOutcome::Released, Ok(response))
+        }
+        Err(Error::Operation(Failure::AlreadyRun)) => {
+            tracing::error!("the engine asked for the handler after it had run; this is a bug");
+            let problem = Problem::Internal;
+            return (
+                HttpOutcome::StoreError,
+                Ok(problem.to_response(&config.problem_base)),
+            );
+        }
+        Err(error) => error,
+    };
+    log_refusal(&error);
+    let outcome = match &error {
+        Error::InProgress { .. } => HttpOutcome::InProgress,
+        Error::PayloadMismatch => HttpOutcome::Mismatch,
+        Error::LostOwnership => HttpOutcome::LostLease,
+        _ => HttpOutcome::StoreError,
+    };
+    let problem = Problem::from(&error);
+    (outcome, Ok(problem.to_response(&config.problem_base)))
+}
+
+/// A stored response as the client gets it: whole, or, for one too large to
+/// store, its status and stored headers with a problem body that says so.
+fn render_stored<St>(config: &Config<St>, stored: StoredResponse) -> Response<Body> {
+    match stored {
+        StoredResponse::Full(response) => response,
+        StoredResponse::NotStored { status, headers } => {
+            let mut response =
+                Problem::ResponseNotStored { status }.to_response(&config.problem_base);
+            for (name, value) in &headers {
+                if !response.headers().contains_key(name) {
+                    response.headers_mut().append(name, value.clone());
+                }
+            }
+            response
+        }
+    }
+}
+
+/// Logs why the layer answered for the handler, where an operator must act.
+fn log_refusal<E>(error: &Error<E>) {
+    match error {
+        Error::Store(error) if error.kind() == StoreErrorKind::CorruptRecord => {
+            tracing::error!(%error, "idempotency record unreadable");
+        }
+        Error::Store(error) if error.kind() == StoreErrorKind::WriteRejected => {
+            tracing::error!(%error, "the handler's transactional writes were rejected; nothing was committed");
+        }
+        Error::Store(error) => {
+            tracing::error!(%error, "idempotency store unavailable; the handler did not run");
+        }
+        Error::WritesNotCommitted(error) => {
+            tracing::error!(%error, "the handler ran during a store outage (fail-open) but its CommitWith writes were not committed; declare the layer transactional");
+        }
+        _ => {}
     }
 }

@@ -9,11 +9,10 @@
 //! body (deflate-compressed when FLAG_DEFLATE is set)
 //! ```
 
-use super::{layer::BODY_HEADERS, problem::Problem};
 use crate::{error::BoxError, Codec};
 use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
 use lambda_http::{
-    http::{HeaderName, HeaderValue, StatusCode},
+    http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode},
     Body, Response,
 };
 use std::io::{Read, Write};
@@ -24,6 +23,38 @@ const FLAG_BINARY: u8 = 0b0010;
 const FLAG_TEXT: u8 = 0b0100;
 const FLAG_NOT_STORED: u8 = 0b1000;
 
+/// The headers that describe a stored body, stored with it whatever
+/// [`stored_headers`](super::IdempotencyLayer::stored_headers) says.
+pub const BODY_HEADERS: [HeaderName; 4] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_DISPOSITION,
+];
+
+/// Bodies longer than this are compressed before they are stored.
+pub const DEFAULT_COMPRESS_ABOVE: usize = 4 * 1024;
+
+/// The headers stored with a response and replayed, by default. Never
+/// `set-cookie`: a replay must not hand one client's session to a retry.
+///
+/// Whatever the list, the headers that describe the body
+/// ([`BODY_HEADERS`]) are always stored with it: a replayed gzip body
+/// without its `Content-Encoding` would be garbage.
+pub fn default_stored_headers() -> Vec<HeaderName> {
+    vec![
+        header::CONTENT_TYPE,
+        header::CONTENT_LANGUAGE,
+        header::CONTENT_LOCATION,
+        header::LOCATION,
+        header::ETAG,
+        header::LAST_MODIFIED,
+        header::CACHE_CONTROL,
+        header::LINK,
+        header::VARY,
+    ]
+}
+
 /// The most bytes a stored response may take: DynamoDB's 400 KB item limit,
 /// less room for the record's other attributes.
 pub const MAX_STORED_RESPONSE: usize = 400 * 1024 - 4 * 1024;
@@ -32,13 +63,35 @@ pub const MAX_STORED_RESPONSE: usize = 400 * 1024 - 4 * 1024;
 /// larger than this is never stored, so every stored body replays.
 const MAX_BODY: u64 = 16 * 1024 * 1024;
 
+/// A response as the record holds it.
+#[derive(Debug)]
+pub(crate) enum StoredResponse {
+    /// The whole response: status, stored headers and body.
+    Full(Response<Body>),
+    /// A response too large to store: its status and stored headers only.
+    /// Retries learn that it was processed, not what it said.
+    NotStored {
+        status: StatusCode,
+        headers: HeaderMap,
+    },
+}
+
 /// The response codec of the HTTP layer.
 #[derive(Debug, Clone)]
 pub(crate) struct ResponseCodec {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) compress_above: usize,
     pub(crate) max_stored: usize,
-    pub(crate) problem_base: String,
+}
+
+impl Default for ResponseCodec {
+    fn default() -> Self {
+        Self {
+            stored_headers: default_stored_headers(),
+            compress_above: DEFAULT_COMPRESS_ABOVE,
+            max_stored: MAX_STORED_RESPONSE,
+        }
+    }
 }
 
 impl ResponseCodec {
@@ -78,8 +131,11 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-impl Codec<Response<Body>> for ResponseCodec {
-    fn encode(&self, response: &Response<Body>) -> Result<Vec<u8>, BoxError> {
+impl Codec<StoredResponse> for ResponseCodec {
+    fn encode(&self, stored: &StoredResponse) -> Result<Vec<u8>, BoxError> {
+        let StoredResponse::Full(response) = stored else {
+            return Err("only a whole response is encoded".into());
+        };
         let (body, kind): (&[u8], u8) = match response.body() {
             Body::Empty => (&[], 0),
             Body::Text(text) => (text.as_bytes(), FLAG_TEXT),
@@ -123,7 +179,7 @@ impl Codec<Response<Body>> for ResponseCodec {
         Ok(self.frame(response, None, FLAG_NOT_STORED))
     }
 
-    fn decode(&self, bytes: &[u8]) -> Result<Response<Body>, BoxError> {
+    fn decode(&self, bytes: &[u8]) -> Result<StoredResponse, BoxError> {
         let mut reader = Reader(bytes);
         let version = reader.u8()?;
         if version != VERSION {
@@ -140,13 +196,10 @@ impl Codec<Response<Body>> for ResponseCodec {
             response.headers_mut().append(name, value);
         }
         if flags & FLAG_NOT_STORED != 0 {
-            let mut problem = Problem::ResponseNotStored { status }.to_response(&self.problem_base);
-            for (name, value) in response.headers() {
-                if !problem.headers().contains_key(name) {
-                    problem.headers_mut().append(name, value.clone());
-                }
-            }
-            return Ok(problem);
+            return Ok(StoredResponse::NotStored {
+                status,
+                headers: response.headers().clone(),
+            });
         }
         let body = if flags & FLAG_DEFLATE != 0 {
             let mut body = Vec::new();
@@ -167,7 +220,7 @@ impl Codec<Response<Body>> for ResponseCodec {
         } else {
             Body::Empty
         };
-        Ok(response)
+        Ok(StoredResponse::Full(response))
     }
 }
 
@@ -204,14 +257,32 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lambda_http::http::header;
 
     fn codec() -> ResponseCodec {
         ResponseCodec {
             stored_headers: vec![header::CONTENT_TYPE, header::LOCATION],
             compress_above: 1024,
             max_stored: MAX_STORED_RESPONSE,
-            problem_base: super::super::problem::DEFAULT_PROBLEM_BASE.to_owned(),
+        }
+    }
+
+    fn store(codec: &ResponseCodec, response: Response<Body>) -> Vec<u8> {
+        codec
+            .encode(&StoredResponse::Full(response))
+            .expect("encodes")
+    }
+
+    fn replay(codec: &ResponseCodec, bytes: &[u8]) -> Response<Body> {
+        match codec.decode(bytes).expect("decodes") {
+            StoredResponse::Full(response) => response,
+            other => panic!("expected a whole response, got {other:?}"),
+        }
+    }
+
+    fn not_stored(codec: &ResponseCodec, bytes: &[u8]) -> (StatusCode, HeaderMap) {
+        match codec.decode(bytes).expect("decodes") {
+            StoredResponse::NotStored { status, headers } => (status, headers),
+            other => panic!("expected a not-stored marker, got {other:?}"),
         }
     }
 
@@ -229,18 +300,20 @@ mod tests {
     #[test]
     fn round_trips_status_allowlisted_headers_and_body_kind() {
         let codec = codec();
-        for body in [
-            Body::Empty,
-            Body::Text("{\"id\":\"ch_1\"}".into()),
-            Body::Binary(vec![0, 159, 146, 150, 255]),
-            Body::Text("é".repeat(10_000)),
-            Body::Binary((0..200_000u32).map(|i| (i % 251) as u8).collect()),
-        ] {
-            let original = response(body);
-            let bytes = codec.encode(&original).unwrap();
-            let replay = codec.decode(&bytes).unwrap();
+        let bodies = || {
+            [
+                Body::Empty,
+                Body::Text("{\"id\":\"ch_1\"}".into()),
+                Body::Binary(vec![0, 159, 146, 150, 255]),
+                Body::Text("é".repeat(10_000)),
+                Body::Binary((0..200_000u32).map(|i| (i % 251) as u8).collect()),
+            ]
+        };
+        for (body, expected) in bodies().into_iter().zip(bodies()) {
+            let bytes = store(&codec, response(body));
+            let replay = replay(&codec, &bytes);
             assert_eq!(replay.status(), StatusCode::CREATED);
-            assert_eq!(replay.body(), original.body());
+            assert_eq!(replay.body(), &expected);
             assert_eq!(replay.headers()[header::LOCATION], "/v1/charges/ch_1");
             assert!(
                 replay.headers().get(header::SET_COOKIE).is_none(),
@@ -256,7 +329,7 @@ mod tests {
     #[test]
     fn large_bodies_are_compressed() {
         let body = "{\"item\":\"repeated\"},".repeat(5_000);
-        let bytes = codec().encode(&response(Body::Text(body.clone()))).unwrap();
+        let bytes = store(&codec(), response(Body::Text(body.clone())));
         assert!(bytes.len() < body.len() / 10, "{} bytes", bytes.len());
         assert_eq!(bytes[1] & FLAG_DEFLATE, FLAG_DEFLATE);
     }
@@ -275,31 +348,22 @@ mod tests {
                 x as u8
             })
             .collect();
-        let bytes = codec.encode(&response(Body::Binary(noise))).unwrap();
+        let bytes = store(&codec, response(Body::Binary(noise)));
         assert!(bytes.len() <= codec.max_stored);
-        let replay = codec.decode(&bytes).unwrap();
-        assert_eq!(replay.status(), StatusCode::CREATED, "the original status");
+        let (status, headers) = not_stored(&codec, &bytes);
+        assert_eq!(status, StatusCode::CREATED, "the original status");
         assert_eq!(
-            replay.headers()[header::LOCATION],
+            headers[header::LOCATION],
             "/v1/charges/ch_1",
             "so the client can fetch it"
         );
-        assert_eq!(
-            replay.headers()[header::CONTENT_TYPE],
-            "application/problem+json"
-        );
-        let Body::Text(text) = replay.body() else {
-            panic!("problem body")
-        };
-        assert!(text.contains("idempotency-response-not-stored"), "{text}");
+        assert!(headers.get(header::SET_COOKIE).is_none());
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         let codec = codec();
-        let good = codec
-            .encode(&response(Body::Text("hello".repeat(1000))))
-            .unwrap();
+        let good = store(&codec, response(Body::Text("hello".repeat(1000))));
         for len in 0..good.len().min(64) {
             let _ = codec.decode(&good[..len]);
         }
@@ -325,16 +389,13 @@ mod tests {
     fn a_body_past_the_replay_limit_is_refused_at_store_time() {
         let codec = codec();
         let huge = "a".repeat(MAX_BODY as usize + 1);
-        let bytes = codec.encode(&response(Body::Text(huge))).unwrap();
+        let bytes = store(&codec, response(Body::Text(huge)));
         assert_eq!(bytes[1] & FLAG_NOT_STORED, FLAG_NOT_STORED);
-        let replay = codec.decode(&bytes).expect("replayable");
-        assert_eq!(replay.status(), StatusCode::CREATED);
-        let Body::Text(text) = replay.body() else {
-            panic!("problem body")
-        };
-        assert!(text.contains("idempotency-response-not-stored"), "{text}");
+        let (status, headers) = not_stored(&codec, &bytes);
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(headers[header::LOCATION], "/v1/charges/ch_1");
         let limit = "a".repeat(MAX_BODY as usize);
-        let bytes = codec.encode(&response(Body::Text(limit.clone()))).unwrap();
-        assert_eq!(codec.decode(&bytes).unwrap().body(), &Body::Text(limit));
+        let bytes = store(&codec, response(Body::Text(limit.clone())));
+        assert_eq!(replay(&codec, &bytes).body(), &Body::Text(limit));
     }
 }

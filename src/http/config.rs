@@ -1,0 +1,111 @@
+//! The layer's configuration, shared by the layer and every service it
+//! makes, and its defaults.
+
+use super::{
+    metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE, scope::default_scope, stored::ResponseCodec,
+};
+use crate::Engine;
+use lambda_http::{
+    http::{HeaderName, Method, StatusCode},
+    Request,
+};
+use std::{sync::Arc, time::Duration};
+
+/// The default key header, as the IETF draft names it.
+pub const DEFAULT_HEADER: &str = "idempotency-key";
+
+/// The default outcome policy: which handler responses are stored and
+/// replayed.
+///
+/// Stored: 2xx, 3xx and the deterministic 4xx (a 400 for a bad body is the
+/// answer to that body, every time). Released, so a retry runs again: 5xx;
+/// the 4xx that say "try again" (408 Request Timeout, 409 Conflict,
+/// 425 Too Early, 429 Too Many Requests); and the 4xx about credentials
+/// (401 Unauthorized, 403 Forbidden, 407 Proxy Authentication Required):
+/// credentials are in neither the scope nor the fingerprint when no
+/// authorizer checks them, so a retry with a fresh token must not be
+/// answered with the 401 its expired one got.
+pub fn default_store_policy(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || matches!(status.as_u16(), 401 | 403 | 407 | 408 | 409 | 425 | 429)
+        || status.is_informational())
+}
+
+pub(crate) type ScopeFn = Arc<dyn Fn(&Request) -> String + Send + Sync>;
+pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+
+/// Everything an [`IdempotencyLayer`](super::IdempotencyLayer) is
+/// configured with.
+pub(crate) struct Config<St> {
+    pub(crate) engine: Engine<St>,
+    pub(crate) require_key: bool,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) store_when: PolicyFn,
+    pub(crate) codec: ResponseCodec,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) transactional: bool,
+    pub(crate) scope: ScopeFn,
+    pub(crate) metrics: Option<EmfMetrics>,
+    pub(crate) problem_base: String,
+}
+
+impl<St> Config<St> {
+    /// The defaults: key required on POST and PATCH in the `Idempotency-Key`
+    /// header, the default outcome policy, stored headers and scope, no
+    /// waiting, not transactional.
+    pub(crate) fn new(engine: Engine<St>) -> Self {
+        Self {
+            engine,
+            require_key: true,
+            methods: vec![Method::POST, Method::PATCH],
+            header: HeaderName::from_static(DEFAULT_HEADER),
+            store_when: Arc::new(default_store_policy),
+            codec: ResponseCodec::default(),
+            wait: None,
+            transactional: false,
+            scope: Arc::new(default_scope),
+            metrics: None,
+            problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+        }
+    }
+}
+
+impl<St> Clone for Config<St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            require_key: self.require_key,
+            methods: self.methods.clone(),
+            header: self.header.clone(),
+            store_when: Arc::clone(&self.store_when),
+            codec: self.codec.clone(),
+            wait: self.wait,
+            transactional: self.transactional,
+            scope: Arc::clone(&self.scope),
+            metrics: self.metrics.clone(),
+            problem_base: self.problem_base.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_policy_stores_deterministic_answers_only() {
+        for stored in [200, 201, 204, 301, 400, 404, 410, 422] {
+            assert!(
+                default_store_policy(StatusCode::from_u16(stored).unwrap()),
+                "{stored}"
+            );
+        }
+        for released in [401, 403, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
+            assert!(
+                !default_store_policy(StatusCode::from_u16(released).unwrap()),
+                "{released}"
+            );
+        }
+    }
+}
