@@ -16,7 +16,8 @@
 //! `idempotency-key-in-use`, `idempotency-key-reused`,
 //! `idempotency-store-unavailable`, `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
-//! `idempotency-write-rejected`, after a configurable prefix. None of the
+//! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
+//! `idempotency-internal-error`, after a configurable prefix. None of the
 //! layer's own answers is stored.
 //!
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
