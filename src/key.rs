@@ -1,7 +1,7 @@
 //! Record ids: the scope and the client's key hashed together, so the raw
 //! key is never stored and one scope can never reach another's records.
 
-use crate::{StoreError, StoreErrorKind};
+use crate::{fingerprint::hash_part, StoreError, StoreErrorKind};
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -17,8 +17,7 @@ impl RecordId {
     /// The id of `key` inside `scope`, under `prefix`.
     pub fn new(prefix: &str, scope: &str, key: &str) -> Self {
         let mut hasher = Sha256::new();
-        hasher.update((scope.len() as u64).to_be_bytes());
-        hasher.update(scope.as_bytes());
+        hash_part(&mut hasher, scope.as_bytes());
         hasher.update(key.as_bytes());
         let digest = hasher.finalize();
         let mut id = String::with_capacity(prefix.len() + 1 + 64);
@@ -64,8 +63,7 @@ impl fmt::Display for RecordId {
 pub fn derive_key(parent: &str, purpose: &str) -> String {
     let mut hasher = Sha256::new();
     hasher.update(b"lambda-idempotency child key\0");
-    hasher.update((parent.len() as u64).to_be_bytes());
-    hasher.update(parent.as_bytes());
+    hash_part(&mut hasher, parent.as_bytes());
     hasher.update(purpose.as_bytes());
     hex::encode(hasher.finalize())
 }
