@@ -22,7 +22,6 @@ use jiter::{Jiter, JiterResult, Peek};
 use std::{
     borrow::Cow,
     io::{self, Write},
-    ops::Range,
 };
 
 /// The deepest nesting canonicalised, serde_json's own limit: a deeper
@@ -91,10 +90,7 @@ fn value<'a>(
     match peek {
         Peek::Null => invalid(jiter.known_null()).map(|()| Node::Null),
         Peek::True | Peek::False => invalid(jiter.known_bool(peek)).map(Node::Bool),
-        Peek::String => {
-            let range = locate(text, invalid(jiter.known_bytes())?)?;
-            string(text, range).map(Node::String)
-        }
+        Peek::String => string(text, invalid(jiter.known_bytes())?).map(Node::String),
         Peek::Array => {
             let depth = deeper(depth)?;
             let mut items = Vec::new();
@@ -108,14 +104,12 @@ fn value<'a>(
         Peek::Object => {
             let depth = deeper(depth)?;
             let mut entries = Vec::new();
-            let first = invalid(jiter.next_object_bytes())?;
-            let mut key = first.map(|raw| locate(text, raw)).transpose()?;
-            while let Some(range) = key {
-                let name = string(text, range)?;
+            let mut key = invalid(jiter.next_object_bytes())?;
+            while let Some(raw) = key {
+                let name = string(text, raw)?;
                 let peek = invalid(jiter.peek())?;
                 entries.push((name, value(text, jiter, peek, depth)?));
-                let next = invalid(jiter.next_key_bytes())?;
-                key = next.map(|raw| locate(text, raw)).transpose()?;
+                key = invalid(jiter.next_key_bytes())?;
             }
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             if entries.windows(2).any(|pair| pair[0].0 == pair[1].0) {
@@ -132,26 +126,20 @@ fn value<'a>(
     }
 }
 
-/// Where `part`, a string's content that jiter returned from the input,
-/// lies in `text`.
-fn locate(text: &str, part: &[u8]) -> Result<Range<usize>, NotCanonical> {
-    let start = (part.as_ptr() as usize)
+/// The string whose content jiter returned as `raw`, a slice of `text`:
+/// borrowed from `text` as it stands, or unescaped (by jiter, from the
+/// quoted text) when it holds an escape.
+fn string<'a>(text: &'a str, raw: &[u8]) -> Result<Cow<'a, str>, NotCanonical> {
+    let start = (raw.as_ptr() as usize)
         .checked_sub(text.as_ptr() as usize)
         .ok_or(NotCanonical::Invalid)?;
-    let range = start..start + part.len();
-    text.get(range.clone()).ok_or(NotCanonical::Invalid)?;
-    Ok(range)
-}
-
-/// The string whose content is `text[content]`: borrowed as it stands, or
-/// unescaped (by jiter, from the quoted text) when it holds an escape.
-fn string(text: &str, content: Range<usize>) -> Result<Cow<'_, str>, NotCanonical> {
-    let raw = text.get(content.clone()).ok_or(NotCanonical::Invalid)?;
-    if !raw.contains('\\') {
-        return Ok(Cow::Borrowed(raw));
+    let end = start + raw.len();
+    let content = text.get(start..end).ok_or(NotCanonical::Invalid)?;
+    if !content.contains('\\') {
+        return Ok(Cow::Borrowed(content));
     }
     let quoted = text
-        .get(content.start.saturating_sub(1)..content.end + 1)
+        .get(start.saturating_sub(1)..end + 1)
         .ok_or(NotCanonical::Invalid)?;
     let mut unescape = Jiter::new(quoted.as_bytes());
     Ok(Cow::Owned(invalid(unescape.next_str())?.to_owned()))

@@ -47,11 +47,7 @@ impl Fingerprint {
     /// length-prefixed so that part boundaries cannot shift (`"ab" + "c"` and
     /// `"a" + "bc"` differ).
     pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut hasher = Sha256::new();
-        for part in parts {
-            hash_part(&mut hasher, part);
-        }
-        Self(hex::encode(hasher.finalize()))
+        Self(hex::encode(hash_parts(parts).finalize()))
     }
 
     /// The fingerprint of `parts` (each length-prefixed, as in
@@ -63,10 +59,7 @@ impl Fingerprint {
         parts: impl IntoIterator<Item = &'a [u8]>,
         json: &[u8],
     ) -> Option<Self> {
-        let mut hasher = Sha256::new();
-        for part in parts {
-            hash_part(&mut hasher, part);
-        }
+        let mut hasher = hash_parts(parts);
         write_canonical(json, &mut HashWriter(&mut hasher)).ok()?;
         Some(Self(hex::encode(hasher.finalize())))
     }
@@ -86,6 +79,15 @@ impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// A hash of `parts`, each length-prefixed, ready for more.
+fn hash_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Sha256 {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hash_part(&mut hasher, part);
+    }
+    hasher
 }
 
 /// Hashes one length-prefixed part.
