@@ -8,7 +8,8 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criteri
 use lambda_http::{http, Body, Request, Response};
 use lambda_idempotency::{
     http::{parse_key, request_fingerprint, IdempotencyLayer},
-    Claim, Engine, Fingerprint, MemoryStore, OwnerToken, Store,
+    store::{Claim, OwnerToken, Store},
+    Engine, Fingerprint, MemoryStore,
 };
 use std::{
     hint::black_box,

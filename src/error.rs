@@ -24,7 +24,7 @@ pub enum Error<E = std::convert::Infallible> {
     },
     /// The key was used before with a different payload. The stored outcome
     /// belongs to that other request and is never served for this one.
-    PayloadMismatch,
+    KeyReused,
     /// The store could not be used (unreachable, throttled, misconfigured, or
     /// holding a record it cannot decode). The operation did not run, unless
     /// the error comes from a transactional completion (see
@@ -33,7 +33,7 @@ pub enum Error<E = std::convert::Infallible> {
     /// A transactional completion was fenced out: this invocation's lease had
     /// passed and another invocation took the key over. Neither the record
     /// nor the operation's writes were committed.
-    LostOwnership,
+    LeaseLost,
     /// The operation ran without a claim (the store was unreachable and the
     /// engine [fails open](crate::EngineBuilder::fail_open)) and returned
     /// writes that need the store: none of them was committed, and its value
@@ -50,12 +50,12 @@ impl<E> Error<E> {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InProgress { .. } => ErrorKind::InProgress,
-            Error::PayloadMismatch => ErrorKind::PayloadMismatch,
+            Error::KeyReused => ErrorKind::KeyReused,
             Error::Store(e) if e.kind() == StoreErrorKind::CorruptRecord => {
                 ErrorKind::CorruptRecord
             }
             Error::Store(_) => ErrorKind::StoreUnavailable,
-            Error::LostOwnership => ErrorKind::LostOwnership,
+            Error::LeaseLost => ErrorKind::LeaseLost,
             Error::WritesNotCommitted(_) => ErrorKind::WritesNotCommitted,
             Error::Operation(_) => ErrorKind::Operation,
         }
@@ -77,7 +77,7 @@ impl<E> Error<E> {
             Error::Store(e) | Error::WritesNotCommitted(e) if e.kind().is_transient() => {
                 Some(Duration::from_secs(1))
             }
-            Error::LostOwnership => Some(Duration::from_secs(1)),
+            Error::LeaseLost => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -91,11 +91,11 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "a request with this idempotency key is still in progress; retry after {} s",
                 retry_after.as_secs()
             ),
-            Error::PayloadMismatch => {
+            Error::KeyReused => {
                 f.write_str("this idempotency key was already used with a different payload")
             }
             Error::Store(e) => write!(f, "idempotency store: {e}"),
-            Error::LostOwnership => f.write_str(
+            Error::LeaseLost => f.write_str(
                 "the claim on this idempotency key expired and was taken over before completion; nothing was committed",
             ),
             Error::WritesNotCommitted(e) => write!(
@@ -129,14 +129,14 @@ impl<E> From<StoreError> for Error<E> {
 pub enum ErrorKind {
     /// See [`Error::InProgress`].
     InProgress,
-    /// See [`Error::PayloadMismatch`].
-    PayloadMismatch,
+    /// See [`Error::KeyReused`].
+    KeyReused,
     /// See [`Error::Store`]: the store could not be used.
     StoreUnavailable,
     /// See [`Error::Store`]: a stored record could not be decoded.
     CorruptRecord,
-    /// See [`Error::LostOwnership`].
-    LostOwnership,
+    /// See [`Error::LeaseLost`].
+    LeaseLost,
     /// See [`Error::WritesNotCommitted`].
     WritesNotCommitted,
     /// See [`Error::Operation`].
@@ -148,17 +148,17 @@ impl ErrorKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::InProgress => "in_progress",
-            ErrorKind::PayloadMismatch => "mismatch",
+            ErrorKind::KeyReused => "key_reused",
             ErrorKind::StoreUnavailable => "store_error",
             ErrorKind::CorruptRecord => "corrupt_record",
-            ErrorKind::LostOwnership => "lost_lease",
+            ErrorKind::LeaseLost => "lease_lost",
             ErrorKind::WritesNotCommitted => "writes_not_committed",
             ErrorKind::Operation => "operation_error",
         }
     }
 }
 
-/// An error reported by a [`Store`](crate::Store), in the crate's own terms:
+/// An error reported by a [`Store`](crate::store::Store), in the crate's own terms:
 /// nothing above the store sees the AWS SDK.
 #[derive(Debug)]
 pub struct StoreError {

@@ -14,7 +14,7 @@
 //!    a lease and a fresh owner token, unless a live record holds the key. If
 //!    one does, DynamoDB hands it back with the conditional failure
 //!    (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), so a duplicate costs
-//!    one call: a different payload is a [`Error::PayloadMismatch`], a
+//!    one call: a different payload is a [`Error::KeyReused`], a
 //!    completed record is replayed, a record in progress is
 //!    [`Error::InProgress`] with the time left on its lease.
 //! 2. **run** the operation.
@@ -80,7 +80,7 @@
 //! // The same key with another payload is rejected.
 //! let other = Attempt::new("tenant-42 POST /v1/charges", "8e03978e-40d5", Fingerprint::of_json(&serde_json::json!({ "amount": 1 }))?);
 //! let result = engine.execute(&other, || async { Ok::<_, std::io::Error>(Charge { id: "ch_3".into(), amount: 1 }) }).await;
-//! assert!(matches!(result, Err(Error::PayloadMismatch)));
+//! assert!(matches!(result, Err(Error::KeyReused)));
 //! # Ok(())
 //! # }
 //! ```
@@ -114,7 +114,7 @@
 //! # The table
 //!
 //! A partition key `id` of type `S`, TTL enabled on `expiration`, on-demand
-//! capacity. The names are configurable with [`AttributeNames`]. The raw key
+//! capacity. The names are configurable with [`AttributeNames`](store::dynamodb::AttributeNames). The raw key
 //! is never stored: the record id is a sha256 of the scope and the key.
 //! DynamoDB's TTL deletes lazily (often days later), so every read and every
 //! condition compares `expiration` itself.
@@ -135,30 +135,32 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
+#[cfg(feature = "consumers")]
+#[cfg_attr(docsrs, doc(cfg(feature = "consumers")))]
+pub mod consumers;
 mod engine;
 mod error;
-#[cfg(feature = "events")]
-pub mod events;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;
-mod record;
-mod store;
+pub mod store;
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, SystemClock};
 pub use engine::{
-    default_key_prefix, Attempt, Codec, Engine, EngineBuilder, Json, Outcome, OutcomeKind,
+    default_key_prefix, Attempt, Codec, Engine, EngineBuilder, Json, Mode, Outcome, OutcomeKind,
     DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;
-pub use key::{derive_key, OwnerToken, RecordId};
-pub use record::{Record, Status, UnknownStatus};
+pub use key::derive_key;
 #[cfg(feature = "dynamodb")]
-pub use store::dynamodb::{AttributeNames, DynamoDbStore};
-pub use store::memory::{MemoryStore, MemoryWrite};
-pub use store::{Claim, ClaimOutcome, Completion, Fenced, Store};
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub use store::dynamodb::DynamoDbStore;
+pub use store::memory::MemoryStore;
 
 /// Internals the fuzz targets under `fuzz/` drive; not a public API.
 #[cfg(feature = "fuzzing")]
@@ -178,7 +180,7 @@ pub mod fuzzing {
     /// Decodes a stored DynamoDB item as the DynamoDB store does.
     pub fn decode_record(
         item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
-    ) -> Result<crate::Record, crate::StoreError> {
+    ) -> Result<crate::store::Record, crate::StoreError> {
         crate::store::dynamodb::decode_item(item)
     }
 

@@ -8,8 +8,12 @@ mod support;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use lambda_idempotency::{
-    Attempt, AttributeNames, DynamoDbStore, Engine, Error, ErrorKind, ManualClock, OutcomeKind,
-    StoreErrorKind,
+    store::dynamodb::AttributeNames,
+    testing::{
+        scenarios::{charge, payload, Charge, Declined},
+        ManualClock,
+    },
+    Attempt, DynamoDbStore, Engine, Error, ErrorKind, OutcomeKind, StoreErrorKind,
 };
 use std::{
     sync::{
@@ -18,7 +22,6 @@ use std::{
     },
     time::Duration,
 };
-use support::scenarios::{self, charge, payload, Charge, Declined};
 
 async fn store() -> DynamoDbStore {
     let client = support::client();
@@ -26,55 +29,9 @@ async fn store() -> DynamoDbStore {
     DynamoDbStore::new(client, table)
 }
 
-#[tokio::test]
-async fn first_call_runs_then_replays() {
-    scenarios::first_call_runs_then_replays(store().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixty_four_concurrent_duplicates_run_once() {
-    scenarios::concurrent_duplicates_run_once(store().await, 64).await;
-}
-
-#[tokio::test]
-async fn mismatch_is_rejected_without_running() {
-    scenarios::mismatch_is_rejected_without_running(store().await).await;
-}
-
-#[tokio::test]
-async fn failed_operation_releases_its_claim() {
-    scenarios::failed_operation_releases_its_claim(store().await).await;
-}
-
-#[tokio::test]
-async fn expired_lease_is_taken_over() {
-    scenarios::expired_lease_is_taken_over(store().await).await;
-}
-
-#[tokio::test]
-async fn lease_is_capped_by_max_lease() {
-    scenarios::lease_is_capped_by_max_lease(store().await).await;
-}
-
-#[tokio::test]
-async fn zombie_cannot_touch_its_successor() {
-    scenarios::zombie_cannot_touch_its_successor(store().await).await;
-}
-
-#[tokio::test]
-async fn own_landed_writes_are_recognised() {
-    scenarios::own_landed_writes_are_recognised(store().await).await;
-}
-
-#[tokio::test]
-async fn expired_completed_record_is_absent() {
-    scenarios::expired_completed_record_is_absent(store().await).await;
-}
-
-#[tokio::test]
-async fn unreachable_store_fails_closed() {
-    let store = DynamoDbStore::new(support::unreachable_client(), "idempotency");
-    scenarios::store_failure_fails_closed(store).await;
+lambda_idempotency::store_conformance! {
+    store: store(),
+    unavailable: async { DynamoDbStore::new(support::unreachable_client(), "idempotency") },
 }
 
 #[tokio::test]
@@ -165,7 +122,7 @@ async fn dynamodb_calls_per_request() {
         .execute(&Attempt::new("t", "cached", payload(2)), charge(&runs, 2))
         .await;
     assert!(
-        matches!(mismatch, Err(Error::PayloadMismatch)),
+        matches!(mismatch, Err(Error::KeyReused)),
         "the cache checks the fingerprint"
     );
     assert_eq!(calls.total(), 0);
@@ -319,7 +276,7 @@ async fn fenced_out_transaction_writes_neither_record_nor_business_item() {
 
     finish_tx.send(()).expect("zombie waits");
     let result = zombie.await.expect("task");
-    assert!(matches!(result, Err(Error::LostOwnership)), "{result:?}");
+    assert!(matches!(result, Err(Error::LeaseLost)), "{result:?}");
     assert!(
         !charge_exists(&client, &charges, "ch_zombie").await,
         "the zombie's write was not committed"

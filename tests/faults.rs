@@ -10,8 +10,13 @@ mod support;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use lambda_http::{http, Body, Request, Response};
 use lambda_idempotency::{
-    http::IdempotencyLayer, Attempt, DynamoDbStore, Engine, Error, ErrorKind, ManualClock,
-    OutcomeKind, Status, Store, StoreErrorKind,
+    http::IdempotencyLayer,
+    store::{Status, Store},
+    testing::{
+        scenarios::{charge, payload, Charge, Declined},
+        ManualClock,
+    },
+    Attempt, DynamoDbStore, Engine, Error, ErrorKind, OutcomeKind, StoreErrorKind,
 };
 use std::{
     sync::{
@@ -22,7 +27,6 @@ use std::{
 };
 use support::{
     proxy::{Fault, FaultProxy},
-    scenarios::{charge, payload, Charge, Declined},
     CallCounter,
 };
 use tower::{Layer, ServiceExt};

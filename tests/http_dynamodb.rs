@@ -10,7 +10,7 @@ use lambda_http::{
 };
 use lambda_idempotency::{
     http::{IdempotencyLayer, REPLAYED_HEADER},
-    DynamoDbStore, Engine,
+    DynamoDbStore, Engine, Mode,
 };
 use std::{
     sync::{
@@ -425,7 +425,7 @@ async fn an_invalid_transactional_write_is_a_500_without_retry_after() {
         }
     });
     let service = IdempotencyLayer::new(engine().await)
-        .transactional(true)
+        .mode(Mode::Transactional)
         .layer(handler);
     for attempt in 1..=2 {
         let response = service

@@ -74,7 +74,7 @@ async fn logs_name_outcomes_but_never_the_raw_key() {
     send(&mut service, post("other", r#"{"a":1}"#)).await;
 
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    for outcome in ["fresh", "replay", "mismatch", "store_error"] {
+    for outcome in ["fresh", "replay", "key_reused", "store_error"] {
         let line = logs.lines().find(|line| {
             line.contains("idempotent request handled")
                 && line.contains(&format!("outcome=\"{outcome}\""))
@@ -84,7 +84,7 @@ async fn logs_name_outcomes_but_never_the_raw_key() {
     for outcome in [
         "outcome=\"fresh\"",
         "outcome=\"replay\"",
-        "outcome=\"mismatch\"",
+        "outcome=\"key_reused\"",
         "outcome=\"store_error\"",
     ] {
         assert!(logs.contains(outcome), "{outcome} missing from:\n{logs}");

@@ -12,8 +12,9 @@ use aws_sdk_dynamodb::{
     Client,
 };
 use lambda_idempotency::{
-    events::SqsBatch, Claim, Clock, DynamoDbStore, Engine, Fingerprint, OwnerToken, Store,
-    SystemClock,
+    consumers::SqsBatch,
+    store::{Claim, OwnerToken, Store},
+    Clock, DynamoDbStore, Engine, Fingerprint, SystemClock,
 };
 use lambda_runtime::{Context, LambdaEvent};
 use std::{

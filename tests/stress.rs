@@ -10,8 +10,9 @@
 mod support;
 
 use lambda_idempotency::{
-    Attempt, Clock, Codec, DynamoDbStore, Engine, Error, Fingerprint, Json, OutcomeKind, Status,
-    Store, SystemClock,
+    store::{Status, Store},
+    Attempt, Clock, Codec, DynamoDbStore, Engine, Error, Fingerprint, Json, OutcomeKind,
+    SystemClock,
 };
 use serde::{Deserialize, Serialize};
 use std::{
@@ -215,7 +216,7 @@ async fn randomised_stress_keeps_every_invariant() {
                         match outcome.kind() {
                             OutcomeKind::Fresh => counts.fresh += 1,
                             OutcomeKind::Replay | OutcomeKind::CachedReplay => counts.replays += 1,
-                            OutcomeKind::LostLease => counts.takeovers += 1,
+                            OutcomeKind::LeaseLost => counts.takeovers += 1,
                             OutcomeKind::NotRecorded => counts.not_recorded += 1,
                             other => panic!("unexpected outcome {other:?}"),
                         }
@@ -227,7 +228,7 @@ async fn randomised_stress_keeps_every_invariant() {
                         ));
                     }
                     Some(Err(Error::InProgress { .. })) => counts.conflicts += 1,
-                    Some(Err(Error::PayloadMismatch)) => counts.mismatches += 1,
+                    Some(Err(Error::KeyReused)) => counts.mismatches += 1,
                     Some(Err(Error::Operation(_))) => counts.operation_errors += 1,
                     Some(Err(Error::Store(_))) => counts.store_errors += 1,
                     Some(Err(other)) => panic!("unexpected error {other:?}"),
@@ -330,7 +331,7 @@ async fn randomised_stress_keeps_every_invariant() {
     //    lease, completion failed). Only the stored execution goes unexcused.
     let unstored: Vec<u64> = served
         .iter()
-        .filter(|(.., kind)| matches!(kind, OutcomeKind::LostLease | OutcomeKind::NotRecorded))
+        .filter(|(.., kind)| matches!(kind, OutcomeKind::LeaseLost | OutcomeKind::NotRecorded))
         .map(|(_, _, receipt, _)| receipt.execution)
         .collect();
     let mut reruns = 0;

@@ -4,7 +4,7 @@
 #![no_main]
 
 use aws_sdk_dynamodb::{primitives::Blob, types::AttributeValue};
-use lambda_idempotency::{fuzzing::decode_record, Status, StoreErrorKind};
+use lambda_idempotency::{fuzzing::decode_record, store::Status, StoreErrorKind};
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;
 

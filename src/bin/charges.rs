@@ -20,7 +20,7 @@ use lambda_http::{
 };
 use lambda_idempotency::{
     http::{CommitWith, IdempotencyLayer},
-    DynamoDbStore, Engine,
+    DynamoDbStore, Engine, Mode,
 };
 use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::SystemTime};
@@ -221,7 +221,7 @@ async fn main() -> Result<(), Error> {
     let service = ServiceBuilder::new()
         // The handler commits its charge with the stored response
         // (CommitWith): declared, so it never runs without the store.
-        .layer(IdempotencyLayer::new(engine).transactional(true))
+        .layer(IdempotencyLayer::new(engine).mode(Mode::Transactional))
         .service(service_fn(move |request| charges.clone().handle(request)));
     lambda_http::run(service).await
 }

@@ -15,7 +15,7 @@
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-use lambda_idempotency::{events::SqsBatch, DynamoDbStore, Engine, Fingerprint};
+use lambda_idempotency::{consumers::SqsBatch, DynamoDbStore, Engine, Fingerprint};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde::Deserialize;
 use std::sync::Arc;

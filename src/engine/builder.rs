@@ -1,7 +1,7 @@
 //! Engine configuration.
 
 use super::{cache::RecordCache, Engine, Inner};
-use crate::{Clock, Store, SystemClock};
+use crate::{store::Store, Clock, SystemClock};
 use std::{num::NonZeroUsize, sync::Arc, time::Duration};
 
 /// How long completed records are kept by default: 24 hours, as Stripe does.
@@ -38,8 +38,8 @@ pub fn default_key_prefix() -> String {
 /// Builds an [`Engine`]; start from [`Engine::builder`].
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct EngineBuilder<S> {
-    store: S,
+pub struct EngineBuilder<St> {
+    store: St,
     key_prefix: String,
     retention: Duration,
     max_lease: Duration,
@@ -49,8 +49,8 @@ pub struct EngineBuilder<S> {
     clock: Arc<dyn Clock>,
 }
 
-impl<S: Store> EngineBuilder<S> {
-    pub(super) fn new(store: S) -> Self {
+impl<St: Store> EngineBuilder<St> {
+    pub(super) fn new(store: St) -> Self {
         Self {
             store,
             key_prefix: default_key_prefix(),
@@ -119,14 +119,14 @@ impl<S: Store> EngineBuilder<S> {
     }
 
     /// The clock leases and expirations are measured with (default: the
-    /// system clock). Tests use a [`ManualClock`](crate::ManualClock).
+    /// system clock). Tests use a `testing::ManualClock` (feature `testing`).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
 
     /// Builds the engine.
-    pub fn build(self) -> Engine<S> {
+    pub fn build(self) -> Engine<St> {
         Engine {
             inner: Arc::new(Inner {
                 store: self.store,

@@ -1,6 +1,6 @@
 //! The warm-process cache of completed records.
 
-use crate::{Fingerprint, RecordId};
+use crate::{store::RecordId, Fingerprint};
 use lru::LruCache;
 use std::{
     num::NonZeroUsize,

@@ -7,6 +7,7 @@ mod attempt;
 mod builder;
 mod cache;
 mod codec;
+mod mode;
 mod outcome;
 
 pub use attempt::Attempt;
@@ -15,12 +16,13 @@ pub use builder::{
     DEFAULT_RETENTION,
 };
 pub use codec::{Codec, Json};
+pub use mode::Mode;
 pub use outcome::{Outcome, OutcomeKind};
 
 use crate::{
     clock::duration_ms,
-    store::{Claim, ClaimOutcome, Completion, Fenced},
-    Clock, Error, Fingerprint, OwnerToken, Record, RecordId, Status, Store, StoreError,
+    store::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Status, Store},
+    Clock, Error, Fingerprint, StoreError, StoreErrorKind,
 };
 use cache::{CachedRecord, RecordCache};
 use serde::{de::DeserializeOwned, Serialize};
@@ -34,11 +36,11 @@ use tracing::{debug, warn};
 /// Build one per process (outside the Lambda handler) with
 /// [`Engine::builder`].
 #[derive(Debug)]
-pub struct Engine<S> {
-    inner: Arc<Inner<S>>,
+pub struct Engine<St> {
+    inner: Arc<Inner<St>>,
 }
 
-impl<S> Clone for Engine<S> {
+impl<St> Clone for Engine<St> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
@@ -47,8 +49,8 @@ impl<S> Clone for Engine<S> {
 }
 
 #[derive(Debug)]
-struct Inner<S> {
-    store: S,
+struct Inner<St> {
+    store: St,
     key_prefix: String,
     retention: Duration,
     max_lease: Duration,
@@ -61,20 +63,33 @@ struct Inner<S> {
 /// The shortest lease a claim gets, even when its deadline has passed.
 const MIN_LEASE_MS: u64 = 1_000;
 
-impl<S: Store> Engine<S> {
+/// How many times a claim is tried when the record that refused it turns
+/// out not to be live (it expired or was released between the condition
+/// and the read).
+pub(crate) const CLAIM_TRIES: usize = 3;
+
+impl<St: Store> Engine<St> {
     /// Starts configuring an engine over `store`.
-    pub fn builder(store: S) -> EngineBuilder<S> {
+    pub fn builder(store: St) -> EngineBuilder<St> {
         EngineBuilder::new(store)
     }
 
     /// The store records are kept in.
-    pub fn store(&self) -> &S {
+    pub fn store(&self) -> &St {
         &self.inner.store
     }
 
     /// The record id `key` has inside `scope` with this engine's prefix.
     pub fn record_id(&self, scope: &str, key: &str) -> RecordId {
         RecordId::new(&self.inner.key_prefix, scope, key)
+    }
+
+    /// The record of `key` inside `scope`, read with strong consistency, or
+    /// `None` when there is none or it has expired: for operators and
+    /// tests. It bypasses the local cache.
+    pub async fn inspect(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let id = self.record_id(scope, key);
+        self.inner.store.get(&id, self.inner.clock.now_ms()).await
     }
 
     /// Runs `operation` at most once for the attempt's scoped key.
@@ -84,7 +99,7 @@ impl<S: Store> Engine<S> {
     ///   [`OutcomeKind::Fresh`].
     /// - Later attempts with the same payload get the stored value as a
     ///   [`OutcomeKind::Replay`] without running anything; with another
-    ///   payload, [`Error::PayloadMismatch`].
+    ///   payload, [`Error::KeyReused`].
     /// - While another attempt holds the claim: [`Error::InProgress`], with
     ///   the time left on its lease.
     /// - If the operation fails, its claim is released and its error comes
@@ -117,7 +132,7 @@ impl<S: Store> Engine<S> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run(attempt, codec, false, || async {
+        self.run(attempt, Mode::Plain, codec, || async {
             operation().await.map(|value| (value, Vec::new()))
         })
         .await
@@ -132,9 +147,10 @@ impl<S: Store> Engine<S> {
     ///
     /// So, unlike [`execute`](Engine::execute), an outcome that cannot be
     /// stored is an error, because its writes did not happen either:
-    /// [`Error::LostOwnership`] when the lease passed and another attempt
+    /// [`Error::LeaseLost`] when the lease passed and another attempt
     /// took the key over, [`Error::Store`] when the store failed or rejected
     /// one of the writes (then the claim is released, so a retry can run).
+    /// This is [`run`](Engine::run) in [`Mode::Transactional`].
     pub async fn execute_transactional<T, E, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
@@ -143,34 +159,43 @@ impl<S: Store> Engine<S> {
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<(T, Vec<S::Write>), E>>,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        self.run(attempt, &Json, true, operation).await
+        self.run(attempt, Mode::Transactional, &Json, operation)
+            .await
     }
 
-    /// The protocol. `transactional` declares up front that the operation
-    /// commits writes with its completion; an operation that returns writes
-    /// is transactional whatever was declared.
-    pub(crate) async fn run<T, E, C, F, Fut>(
+    /// The single entry point the other `execute` methods and the adapters
+    /// (the HTTP layer, the event consumers) call; use it to write an
+    /// adapter of your own.
+    ///
+    /// `operation` returns its value and the writes to commit with the
+    /// completion (an empty `Vec` for none); `codec` stores the value. The
+    /// mode says what happens when the outcome cannot be stored (see
+    /// [`Mode`]); an operation that returns writes is run as
+    /// [`Mode::Transactional`] whatever the mode says, since its writes
+    /// exist only if the completion commits.
+    pub async fn run<T, E, C, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
+        mode: Mode,
         codec: &C,
-        transactional: bool,
         operation: F,
     ) -> Result<Outcome<T>, Error<E>>
     where
         C: Codec<T>,
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<(T, Vec<S::Write>), E>>,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
         let inner = &*self.inner;
+        let transactional = mode == Mode::Transactional;
         let id = self.record_id(attempt.scope, attempt.key);
         let now_ms = inner.clock.now_ms();
 
         if let Some(cached) = self.cached(&id, now_ms) {
             if cached.fingerprint != attempt.fingerprint {
-                debug!(record = %id, outcome = "mismatch", cached = true, "idempotency");
-                return Err(Error::PayloadMismatch);
+                debug!(record = %id, outcome = "key_reused", cached = true, "idempotency");
+                return Err(Error::KeyReused);
             }
             match codec.decode(&cached.response) {
                 Ok(value) => {
@@ -185,9 +210,9 @@ impl<S: Store> Engine<S> {
 
         // Without a fencing token nothing may run, even failing open.
         let claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
-        match inner.store.claim(&claim).await {
-            Ok(ClaimOutcome::Claimed) => {}
-            Ok(ClaimOutcome::Existing(record)) => {
+        match self.claim(&claim).await {
+            Ok(Claimed::Ours) => {}
+            Ok(Claimed::Held(record)) => {
                 return self.existing(record, codec, &attempt.fingerprint, now_ms)
             }
             Err(error) if inner.fail_open && !transactional && error.kind().is_transient() => {
@@ -224,7 +249,7 @@ impl<S: Store> Engine<S> {
                 self.release(&claim).await;
                 return Err(Error::Store(
                     StoreError::new(
-                        crate::StoreErrorKind::Other,
+                        StoreErrorKind::Other,
                         "the operation's value could not be serialised for storage",
                     )
                     .with_source(error),
@@ -239,6 +264,34 @@ impl<S: Store> Engine<S> {
         self.complete(claim, response, writes, transactional)
             .await
             .map(|kind| Outcome::new(value, kind))
+    }
+
+    /// Claims the key, and decides what a refusal means: a record under
+    /// this claim's own token is its own write that landed (an SDK retry of
+    /// a claim whose first answer was lost); a live record holds the key; a
+    /// record gone or no longer live by the time it was read is claimed
+    /// again.
+    async fn claim(&self, claim: &Claim) -> Result<Claimed, StoreError> {
+        for _ in 0..CLAIM_TRIES {
+            match self.inner.store.claim(claim).await? {
+                Conditional::Applied => return Ok(Claimed::Ours),
+                Conditional::Refused(Some(record)) if record.owner == claim.owner => {
+                    debug!(record = %claim.id, "the claim had landed before its retry");
+                    return Ok(Claimed::Ours);
+                }
+                Conditional::Refused(Some(record)) if record.is_live(claim.now_ms) => {
+                    return Ok(Claimed::Held(record))
+                }
+                Conditional::Refused(_) => {}
+            }
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Other,
+            format!(
+                "record {} kept changing during {CLAIM_TRIES} claim attempts",
+                claim.id
+            ),
+        ))
     }
 
     fn claim_for(
@@ -284,8 +337,8 @@ impl<S: Store> Engine<S> {
         now_ms: u64,
     ) -> Result<Outcome<T>, Error<E>> {
         if &record.fingerprint != fingerprint {
-            debug!(record = %record.id, outcome = "mismatch", "idempotency");
-            return Err(Error::PayloadMismatch);
+            debug!(record = %record.id, outcome = "key_reused", "idempotency");
+            return Err(Error::KeyReused);
         }
         match record.status {
             Status::Completed => {
@@ -335,7 +388,7 @@ impl<S: Store> Engine<S> {
         &self,
         claim: Claim,
         response: Vec<u8>,
-        writes: Vec<S::Write>,
+        writes: Vec<St::Write>,
         transactional: bool,
     ) -> Result<OutcomeKind, Error<E>> {
         let inner = &*self.inner;
@@ -353,8 +406,17 @@ impl<S: Store> Engine<S> {
             expiration_s,
             writes,
         };
-        match inner.store.complete(completion).await {
-            Ok(Fenced::Applied) => {
+        let applied = match inner.store.complete(completion).await {
+            Ok(Conditional::Applied) => Ok(true),
+            // This very completion, landed before its retry.
+            Ok(Conditional::Refused(Some(record))) => {
+                Ok(record.status == Status::Completed && record.owner == claim.owner)
+            }
+            Ok(Conditional::Refused(None)) => Ok(false),
+            Err(error) => Err(error),
+        };
+        match applied {
+            Ok(true) => {
                 if let (Some(cache), Some(response)) = (&inner.cache, cached) {
                     cache.put(
                         claim.id.clone(),
@@ -368,14 +430,14 @@ impl<S: Store> Engine<S> {
                 debug!(record = %claim.id, outcome = "fresh", "idempotency");
                 Ok(OutcomeKind::Fresh)
             }
-            Ok(Fenced::Lost) => {
-                warn!(record = %claim.id, outcome = "lost_lease", transactional,
+            Ok(false) => {
+                warn!(record = %claim.id, outcome = "lease_lost", transactional,
                     "the lease passed and the key was taken over before completion; \
                      this outcome is not stored (raise the lease or the function timeout)");
                 if transactional {
-                    Err(Error::LostOwnership)
+                    Err(Error::LeaseLost)
                 } else {
-                    Ok(OutcomeKind::LostLease)
+                    Ok(OutcomeKind::LeaseLost)
                 }
             }
             Err(error) if transactional => {
@@ -396,9 +458,11 @@ impl<S: Store> Engine<S> {
     /// cannot be released still expires with its lease.
     async fn release(&self, claim: &Claim) {
         match self.inner.store.release(&claim.id, &claim.owner).await {
-            Ok(Fenced::Applied) => {}
-            Ok(Fenced::Lost) => {
-                warn!(record = %claim.id, outcome = "lost_lease", "the claim was taken over before it could be released")
+            // No record: released already (a retry of a release that had
+            // landed), or never there. Nothing of ours is left.
+            Ok(Conditional::Applied | Conditional::Refused(None)) => {}
+            Ok(Conditional::Refused(Some(_))) => {
+                warn!(record = %claim.id, outcome = "lease_lost", "the claim was taken over before it could be released")
             }
             Err(error) => {
                 warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
@@ -415,6 +479,14 @@ impl<S: Store> Engine<S> {
             cache.remove(id);
         }
     }
+}
+
+/// What a claim decided.
+enum Claimed {
+    /// The key is this attempt's.
+    Ours,
+    /// A live record holds the key.
+    Held(Record),
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub enum OutcomeKind {
     /// invocation took the key over before completion, so this outcome was
     /// not stored (the other invocation's record stands). Logged as a
     /// warning: the lease is shorter than the operation takes.
-    LostLease,
+    LeaseLost,
     /// The operation ran now, but storing its outcome failed. The claim
     /// stays until its lease passes; a retry after that runs again.
     NotRecorded,
@@ -65,7 +65,7 @@ impl OutcomeKind {
             OutcomeKind::Fresh => "fresh",
             OutcomeKind::Replay => "replay",
             OutcomeKind::CachedReplay => "cached_replay",
-            OutcomeKind::LostLease => "lost_lease",
+            OutcomeKind::LeaseLost => "lease_lost",
             OutcomeKind::NotRecorded => "not_recorded",
             OutcomeKind::Unprotected => "unprotected",
         }

@@ -2,7 +2,11 @@
 //! leases, the cache, fail-open, transactional writes.
 
 use super::*;
-use crate::{ErrorKind, ManualClock, MemoryStore, MemoryWrite, StoreErrorKind};
+use crate::{
+    store::memory::MemoryWrite,
+    testing::{CountingStore, ManualClock},
+    ErrorKind, MemoryStore, StoreErrorKind,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn fingerprint(n: u8) -> Fingerprint {
@@ -156,7 +160,7 @@ async fn fail_open_runs_unprotected_but_never_for_transactions() {
 
 #[tokio::test]
 async fn cache_serves_replays_without_store_calls_and_never_in_progress() {
-    let store = MemoryStore::new();
+    let store = CountingStore::new(MemoryStore::new());
     let engine = Engine::builder(store.clone()).cache(8).build();
     let attempt = Attempt::new("s", "k", fingerprint(1));
     engine
@@ -164,6 +168,7 @@ async fn cache_serves_replays_without_store_calls_and_never_in_progress() {
         .await
         .expect("first");
     let calls = store.calls();
+    assert_eq!((calls.claim, calls.complete, calls.total()), (1, 1, 2));
     let replay = engine
         .execute(&attempt, || async { Ok::<_, Failed>(2u8) })
         .await
@@ -218,7 +223,10 @@ async fn replay_of_an_undecodable_response_is_a_corrupt_record() {
         .execute(&attempt, || async { Ok::<_, Failed>(1u32) })
         .await;
     assert_eq!(result.map_err(|e| e.kind()), Err(ErrorKind::CorruptRecord));
-    assert!(store.calls() > 0);
+    let record = store
+        .record(&engine.record_id("s", "k"))
+        .expect("still stored");
+    assert_eq!(record.status, Status::Completed, "and left as it was");
 }
 
 #[tokio::test]

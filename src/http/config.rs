@@ -4,7 +4,7 @@
 use super::{
     metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE, scope::default_scope, stored::ResponseCodec,
 };
-use crate::Engine;
+use crate::{Engine, Mode};
 use lambda_http::{
     http::{HeaderName, Method, StatusCode},
     Request,
@@ -44,7 +44,7 @@ pub(crate) struct Config<St> {
     pub(crate) store_when: PolicyFn,
     pub(crate) codec: ResponseCodec,
     pub(crate) wait: Option<Duration>,
-    pub(crate) transactional: bool,
+    pub(crate) mode: Mode,
     pub(crate) scope: ScopeFn,
     pub(crate) metrics: Option<EmfMetrics>,
     pub(crate) problem_base: String,
@@ -53,7 +53,7 @@ pub(crate) struct Config<St> {
 impl<St> Config<St> {
     /// The defaults: key required on POST and PATCH in the `Idempotency-Key`
     /// header, the default outcome policy, stored headers and scope, no
-    /// waiting, not transactional.
+    /// waiting, plain mode.
     pub(crate) fn new(engine: Engine<St>) -> Self {
         Self {
             engine,
@@ -63,7 +63,7 @@ impl<St> Config<St> {
             store_when: Arc::new(default_store_policy),
             codec: ResponseCodec::default(),
             wait: None,
-            transactional: false,
+            mode: Mode::Plain,
             scope: Arc::new(default_scope),
             metrics: None,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
@@ -81,7 +81,7 @@ impl<St> Clone for Config<St> {
             store_when: Arc::clone(&self.store_when),
             codec: self.codec.clone(),
             wait: self.wait,
-            transactional: self.transactional,
+            mode: self.mode,
             scope: Arc::clone(&self.scope),
             metrics: self.metrics.clone(),
             problem_base: self.problem_base.clone(),

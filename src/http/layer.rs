@@ -3,7 +3,7 @@
 use super::{
     config::Config, metrics::EmfMetrics, service::Idempotency, stored::MAX_STORED_RESPONSE,
 };
-use crate::{Engine, Store};
+use crate::{store::Store, Engine, Mode};
 use lambda_http::{
     http::{HeaderName, Method, StatusCode},
     Request,
@@ -86,9 +86,11 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// Declares that the handler commits its effects with
-    /// [`CommitWith`](super::CommitWith) (default `false`). Such a handler
-    /// then never runs without the store: with an engine that
+    /// How the handler's outcome is committed (default [`Mode::Plain`]).
+    ///
+    /// Declare [`Mode::Transactional`] when the handler commits its effects
+    /// with [`CommitWith`](super::CommitWith). Such a handler then never
+    /// runs without the store: with an engine that
     /// [fails open](crate::EngineBuilder::fail_open), a store outage is a
     /// 503 before the handler runs, instead of a run whose writes cannot be
     /// committed.
@@ -96,8 +98,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Undeclared, a handler that returns `CommitWith` during an outage
     /// with fail-open has run, but nothing it wrote is committed: the
     /// client gets a 503 `idempotency-writes-not-committed` that says so.
-    pub fn transactional(mut self, transactional: bool) -> Self {
-        self.config.transactional = transactional;
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.config.mode = mode;
         self
     }
 
@@ -158,7 +160,7 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("methods", &self.config.methods)
             .field("header", &self.config.header)
             .field("wait", &self.config.wait)
-            .field("transactional", &self.config.transactional)
+            .field("mode", &self.config.mode)
             .field("codec", &self.config.codec)
             .field("metrics", &self.config.metrics)
             .finish_non_exhaustive()

@@ -15,9 +15,9 @@ pub enum HttpOutcome {
     /// Another request with the key was in progress: 409.
     InProgress,
     /// The key was reused with another payload: 422.
-    Mismatch,
+    KeyReused,
     /// The handler ran, but its lease had passed and the key was taken over.
-    LostLease,
+    LeaseLost,
     /// The store failed: 503 (or 500 for an unreadable record); the handler
     /// did not run.
     StoreError,
@@ -45,8 +45,8 @@ impl HttpOutcome {
             HttpOutcome::Fresh => "fresh",
             HttpOutcome::Replay => "replay",
             HttpOutcome::InProgress => "in_progress",
-            HttpOutcome::Mismatch => "mismatch",
-            HttpOutcome::LostLease => "lost_lease",
+            HttpOutcome::KeyReused => "key_reused",
+            HttpOutcome::LeaseLost => "lease_lost",
             HttpOutcome::StoreError => "store_error",
             HttpOutcome::NotRecorded => "not_recorded",
             HttpOutcome::Released => "released",

@@ -19,7 +19,7 @@ pub(crate) enum Problem {
     KeyMissing { header: String },
     KeyInvalid { header: String, error: KeyError },
     InProgress { retry_after: Duration },
-    PayloadMismatch,
+    KeyReused,
     StoreUnavailable { retry_after: Duration },
     CorruptRecord,
     ResponseNotStored { status: StatusCode },
@@ -37,7 +37,7 @@ impl<E> From<&Error<E>> for Problem {
             Error::InProgress { retry_after } => Problem::InProgress {
                 retry_after: *retry_after,
             },
-            Error::PayloadMismatch => Problem::PayloadMismatch,
+            Error::KeyReused => Problem::KeyReused,
             Error::Store(error) if error.kind() == StoreErrorKind::CorruptRecord => {
                 Problem::CorruptRecord
             }
@@ -47,7 +47,7 @@ impl<E> From<&Error<E>> for Problem {
             Error::Store(_) => Problem::StoreUnavailable {
                 retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
             },
-            Error::LostOwnership => Problem::LeaseLost,
+            Error::LeaseLost => Problem::LeaseLost,
             Error::WritesNotCommitted(_) => Problem::WritesNotCommitted {
                 retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
             },
@@ -72,7 +72,7 @@ impl Problem {
             Problem::KeyMissing { .. } => "idempotency-key-missing",
             Problem::KeyInvalid { .. } => "idempotency-key-invalid",
             Problem::InProgress { .. } => "idempotency-key-in-use",
-            Problem::PayloadMismatch => "idempotency-key-reused",
+            Problem::KeyReused => "idempotency-key-reused",
             Problem::StoreUnavailable { .. } => "idempotency-store-unavailable",
             Problem::CorruptRecord => "idempotency-record-corrupt",
             Problem::ResponseNotStored { .. } => "idempotency-response-not-stored",
@@ -87,7 +87,7 @@ impl Problem {
         match self {
             Problem::KeyMissing { .. } | Problem::KeyInvalid { .. } => StatusCode::BAD_REQUEST,
             Problem::InProgress { .. } => StatusCode::CONFLICT,
-            Problem::PayloadMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::CorruptRecord => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::ResponseNotStored { status } => *status,
@@ -103,7 +103,7 @@ impl Problem {
             Problem::KeyMissing { .. } => "Idempotency key missing",
             Problem::KeyInvalid { .. } => "Idempotency key invalid",
             Problem::InProgress { .. } => "Request with this idempotency key in progress",
-            Problem::PayloadMismatch => "Idempotency key reused with a different request",
+            Problem::KeyReused => "Idempotency key reused with a different request",
             Problem::StoreUnavailable { .. } => "Idempotency store unavailable",
             Problem::CorruptRecord => "Idempotency record unreadable",
             Problem::ResponseNotStored { .. } => "Original response not stored",
@@ -129,7 +129,7 @@ impl Problem {
                  seconds to get its result.",
                 retry_after.as_secs()
             ),
-            Problem::PayloadMismatch => "This idempotency key was already used with a different \
+            Problem::KeyReused => "This idempotency key was already used with a different \
                  request (method, path or body). Use a new key for a new request."
                 .to_owned(),
             Problem::StoreUnavailable { retry_after } => format!(
@@ -231,7 +231,7 @@ mod tests {
             json["title"].is_string() && json["detail"].as_str().unwrap().contains("7 seconds")
         );
 
-        let response = Problem::PayloadMismatch.to_response("https://api.example.com/problems/");
+        let response = Problem::KeyReused.to_response("https://api.example.com/problems/");
         assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
         assert!(response.headers().get(header::RETRY_AFTER).is_none());
     }
@@ -249,7 +249,7 @@ mod tests {
                 409,
                 Some("3"),
             ),
-            (Error::PayloadMismatch, "idempotency-key-reused", 422, None),
+            (Error::KeyReused, "idempotency-key-reused", 422, None),
             (
                 Error::Store(StoreError::new(StoreErrorKind::Unavailable, "down")),
                 "idempotency-store-unavailable",
@@ -268,12 +268,7 @@ mod tests {
                 500,
                 None,
             ),
-            (
-                Error::LostOwnership,
-                "idempotency-lease-lost",
-                409,
-                Some("1"),
-            ),
+            (Error::LeaseLost, "idempotency-lease-lost", 409, Some("1")),
             (
                 Error::WritesNotCommitted(StoreError::new(StoreErrorKind::Unavailable, "down")),
                 "idempotency-writes-not-committed",

@@ -10,7 +10,7 @@ use super::{
     problem::Problem,
     stored::StoredResponse,
 };
-use crate::{clock::epoch_ms, Attempt, Error, Outcome, OutcomeKind, Store, StoreErrorKind};
+use crate::{clock::epoch_ms, store::Store, Attempt, Error, Outcome, OutcomeKind, StoreErrorKind};
 use lambda_http::{
     http::{HeaderName, HeaderValue},
     Body, IntoResponse, Request, RequestExt, Response,
@@ -216,7 +216,7 @@ where
     loop {
         let result = config
             .engine
-            .run(attempt, &config.codec, config.transactional, || async {
+            .run(attempt, config.mode, &config.codec, || async {
                 let Some((inner, request)) = pending.take() else {
                     return Err(Failure::AlreadyRun);
                 };
@@ -262,7 +262,7 @@ fn respond<St, E>(
                     );
                     HttpOutcome::Replay
                 }
-                OutcomeKind::LostLease => HttpOutcome::LostLease,
+                OutcomeKind::LeaseLost => HttpOutcome::LeaseLost,
                 OutcomeKind::NotRecorded => HttpOutcome::NotRecorded,
                 OutcomeKind::Unprotected => HttpOutcome::Unprotected,
                 OutcomeKind::Fresh => HttpOutcome::Fresh,
@@ -288,8 +288,8 @@ fn respond<St, E>(
     log_refusal(&error);
     let outcome = match &error {
         Error::InProgress { .. } => HttpOutcome::InProgress,
-        Error::PayloadMismatch => HttpOutcome::Mismatch,
-        Error::LostOwnership => HttpOutcome::LostLease,
+        Error::KeyReused => HttpOutcome::KeyReused,
+        Error::LeaseLost => HttpOutcome::LeaseLost,
         _ => HttpOutcome::StoreError,
     };
     let problem = Problem::from(&error);
@@ -327,7 +327,7 @@ fn log_refusal<E>(error: &Error<E>) {
             tracing::error!(%error, "idempotency store unavailable; the handler did not run");
         }
         Error::WritesNotCommitted(error) => {
-            tracing::error!(%error, "the handler ran during a store outage (fail-open) but its CommitWith writes were not committed; declare the layer transactional");
+            tracing::error!(%error, "the handler ran during a store outage (fail-open) but its CommitWith writes were not committed; declare the layer Mode::Transactional");
         }
         _ => {}
     }

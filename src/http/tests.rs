@@ -2,7 +2,7 @@
 //! echo service underneath.
 
 use super::*;
-use crate::{Engine, ManualClock, MemoryStore, Status};
+use crate::{store::Status, testing::ManualClock, Engine, MemoryStore};
 use lambda_http::{
     http::{self, header, HeaderName, HeaderValue, Method, StatusCode},
     service_fn, Body, Request, RequestExt, Response,
@@ -607,7 +607,7 @@ async fn metrics_count_outcomes_in_embedded_metric_format() {
             json["Outcome"].as_str().unwrap().to_owned()
         })
         .collect();
-    assert_eq!(outcomes, ["fresh", "replay", "mismatch", "bad_key"]);
+    assert_eq!(outcomes, ["fresh", "replay", "key_reused", "bad_key"]);
     assert!(
         !lines.iter().any(|l| l.contains("\"k\"")),
         "no keys in metrics"
@@ -655,12 +655,9 @@ fn committing(
             let mut response = Response::builder()
                 .status(status)
                 .body(Body::from(format!("ch_{run}")))?;
-            response
-                .extensions_mut()
-                .insert(CommitWith(vec![crate::MemoryWrite::put(
-                    format!("charge#{run}"),
-                    "1",
-                )]));
+            response.extensions_mut().insert(CommitWith(vec![
+                crate::store::memory::MemoryWrite::put(format!("charge#{run}"), "1"),
+            ]));
             Ok::<_, BoxError>(response)
         }
     })
@@ -703,12 +700,9 @@ async fn a_request_fenced_out_of_its_transaction_commits_nothing_and_says_so() {
                 let _ = finish.await;
             }
             let mut response = Response::builder().status(201).body(Body::from("zombie"))?;
-            response
-                .extensions_mut()
-                .insert(CommitWith(vec![crate::MemoryWrite::put(
-                    "charge#zombie",
-                    "1",
-                )]));
+            response.extensions_mut().insert(CommitWith(vec![
+                crate::store::memory::MemoryWrite::put("charge#zombie", "1"),
+            ]));
             Ok::<_, BoxError>(response)
         }
     });
@@ -824,7 +818,7 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
     let engine = Engine::builder(store.clone()).fail_open(true).build();
     let runs = Arc::new(AtomicUsize::new(0));
     let mut declared = IdempotencyLayer::new(engine.clone())
-        .transactional(true)
+        .mode(crate::Mode::Transactional)
         .layer(committing(Arc::clone(&runs), 201));
     store.fail_next(1);
     let response = send(&mut declared, post(Some("k"), "{}")).await;

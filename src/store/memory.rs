@@ -1,12 +1,12 @@
 //! An in-memory store with the DynamoDB store's semantics, for unit tests
 //! and examples.
 
-use super::{Claim, ClaimOutcome, Completion, Fenced, Store};
-use crate::{OwnerToken, Record, RecordId, Status, StoreError, StoreErrorKind};
+use super::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Status, Store};
+use crate::{StoreError, StoreErrorKind};
 use std::{
     collections::HashMap,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard,
     },
 };
@@ -46,9 +46,9 @@ impl MemoryWrite {
 
 /// A [`Store`] in process memory.
 ///
-/// It evaluates the same conditions as the DynamoDB store, counts calls,
-/// and can be told to fail, so the engine's behaviour can be tested without
-/// DynamoDB. Clones share the same records.
+/// It evaluates the same conditions as the DynamoDB store, and (feature
+/// `testing`) can be told to fail, so the engine's behaviour can be tested
+/// without DynamoDB. Clones share the same records.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -57,7 +57,6 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Inner {
     state: Mutex<State>,
-    calls: AtomicU64,
     failures: AtomicUsize,
 }
 
@@ -73,11 +72,40 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// How many store calls were made so far.
-    pub fn calls(&self) -> u64 {
-        self.inner.calls.load(Ordering::SeqCst)
+    /// The business item committed under `key` by a transactional completion.
+    pub fn item(&self, key: &str) -> Option<Vec<u8>> {
+        self.state().items.get(key).cloned()
     }
 
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a record half-written
+        // (every update is a single insert or remove), so a poisoned lock is
+        // safe to keep using.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn enter(&self) -> Result<MutexGuard<'_, State>, StoreError> {
+        let injected = self
+            .inner
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if injected.is_ok() {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "memory store: injected failure",
+            ));
+        }
+        Ok(self.state())
+    }
+}
+
+/// The fault hooks and record access of the conformance kit.
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+impl MemoryStore {
     /// Makes the next `n` calls fail with [`StoreErrorKind::Unavailable`].
     pub fn fail_next(&self, n: usize) {
         self.inner.failures.store(n, Ordering::SeqCst);
@@ -98,85 +126,54 @@ impl MemoryStore {
     pub fn insert_record(&self, record: Record) {
         self.state().records.insert(record.id.clone(), record);
     }
-
-    /// The business item committed under `key` by a transactional completion.
-    pub fn item(&self, key: &str) -> Option<Vec<u8>> {
-        self.state().items.get(key).cloned()
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave a record half-written
-        // (every update is a single insert or remove), so a poisoned lock is
-        // safe to keep using.
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn enter(&self) -> Result<MutexGuard<'_, State>, StoreError> {
-        self.inner.calls.fetch_add(1, Ordering::SeqCst);
-        let injected = self
-            .inner
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if injected.is_ok() {
-            return Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "memory store: injected failure",
-            ));
-        }
-        Ok(self.state())
-    }
 }
 
-fn held_by(record: Option<&Record>, owner: &OwnerToken) -> bool {
-    record.is_some_and(|r| r.status == Status::InProgress && &r.owner == owner)
+fn held_by(record: &Record, owner: &OwnerToken) -> bool {
+    record.status == Status::InProgress && &record.owner == owner
 }
 
 impl Store for MemoryStore {
     type Write = MemoryWrite;
 
-    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+    async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get(&claim.id) {
-            Some(existing) if existing.owner == claim.owner => Ok(ClaimOutcome::Claimed),
-            Some(existing) if existing.is_live(claim.now_ms) => {
-                Ok(ClaimOutcome::Existing(existing.clone()))
-            }
-            _ => {
-                state.records.insert(
-                    claim.id.clone(),
-                    Record {
-                        id: claim.id.clone(),
-                        status: Status::InProgress,
-                        owner: claim.owner.clone(),
-                        fingerprint: claim.fingerprint.clone(),
-                        expiration_s: claim.expiration_s,
-                        lease_until_ms: Some(claim.lease_until_ms),
-                        response: None,
-                        created_at_ms: Some(claim.now_ms),
-                        completed_at_ms: None,
-                    },
-                );
-                Ok(ClaimOutcome::Claimed)
+        if let Some(existing) = state.records.get(&claim.id) {
+            if existing.is_live(claim.now_ms) {
+                return Ok(Conditional::Refused(Some(existing.clone())));
             }
         }
+        state.records.insert(
+            claim.id.clone(),
+            Record {
+                id: claim.id.clone(),
+                status: Status::InProgress,
+                owner: claim.owner.clone(),
+                fingerprint: claim.fingerprint.clone(),
+                expiration_s: claim.expiration_s,
+                lease_until_ms: Some(claim.lease_until_ms),
+                response: None,
+                created_at_ms: Some(claim.now_ms),
+                completed_at_ms: None,
+            },
+        );
+        Ok(Conditional::Applied)
     }
 
-    async fn complete(&self, completion: Completion<MemoryWrite>) -> Result<Fenced, StoreError> {
+    async fn complete(
+        &self,
+        completion: Completion<MemoryWrite>,
+    ) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
         let state = &mut *state;
-        match state.records.get(&completion.id) {
-            existing if held_by(existing, &completion.owner) => {}
-            // Our own completion, landed before (as an SDK retry would find it).
-            Some(existing)
-                if existing.status == Status::Completed && existing.owner == completion.owner =>
-            {
-                return Ok(Fenced::Applied)
-            }
-            _ => return Ok(Fenced::Lost),
-        }
+        let Some(record) = state
+            .records
+            .get_mut(&completion.id)
+            .filter(|record| held_by(record, &completion.owner))
+        else {
+            return Ok(Conditional::Refused(
+                state.records.get(&completion.id).cloned(),
+            ));
+        };
         if let Some(taken) = completion
             .writes
             .iter()
@@ -187,28 +184,25 @@ impl Store for MemoryStore {
                 format!("memory store: an item already exists under {:?}", taken.key),
             ));
         }
+        record.status = Status::Completed;
+        record.response = Some(completion.response);
+        record.expiration_s = completion.expiration_s;
+        record.lease_until_ms = None;
+        record.completed_at_ms = Some(completion.now_ms);
         for write in completion.writes {
             state.items.insert(write.key, write.value);
         }
-        if let Some(record) = state.records.get_mut(&completion.id) {
-            record.status = Status::Completed;
-            record.response = Some(completion.response);
-            record.expiration_s = completion.expiration_s;
-            record.lease_until_ms = None;
-            record.completed_at_ms = Some(completion.now_ms);
-        }
-        Ok(Fenced::Applied)
+        Ok(Conditional::Applied)
     }
 
-    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Fenced, StoreError> {
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
         match state.records.get(id) {
-            None => Ok(Fenced::Applied),
-            existing if held_by(existing, owner) => {
+            Some(existing) if held_by(existing, owner) => {
                 state.records.remove(id);
-                Ok(Fenced::Applied)
+                Ok(Conditional::Applied)
             }
-            Some(_) => Ok(Fenced::Lost),
+            found => Ok(Conditional::Refused(found.cloned())),
         }
     }
 

@@ -1,16 +1,41 @@
-//! Where records live: the [`Store`] trait and its implementations.
+//! The store SPI: the [`Store`] trait, what it reads and writes, and the
+//! stores this crate ships.
 //!
-//! A store implements the three conditional writes of the protocol (claim,
-//! complete, release) and a consistent read. It evaluates every condition
-//! against the `now` it is handed, never its own clock, so tests can move
-//! time and every participant agrees on what has expired.
+//! Applications only pick a store ([`DynamoDbStore`](dynamodb::DynamoDbStore),
+//! [`MemoryStore`](memory::MemoryStore)) and hand it to the
+//! [`Engine`](crate::Engine). This module is for those who write a store:
+//!
+//! - A store does the protocol's three conditional writes (claim, complete,
+//!   release) and a consistent read. Each write is one atomic step on the
+//!   backend, with its condition evaluated against the `now` it is handed,
+//!   never the store's own clock, so tests can move time and every
+//!   participant agrees on what has expired.
+//! - A store decides nothing else. When a write's condition fails, it
+//!   reports the record it found there ([`Conditional::Refused`]), and the
+//!   engine decides what that means: the store's own earlier write that
+//!   landed (an SDK retry whose first answer was lost), a live record to
+//!   replay or wait for, or a record that changed meanwhile (claim again).
+//! - A store translates its backend's errors into [`StoreError`]s, with the
+//!   [`StoreErrorKind`](crate::StoreErrorKind) that says whether a retry
+//!   can help; nothing above a store sees the backend.
+//!
+//! The `testing` feature's conformance kit
+//! (`lambda_idempotency::testing`) checks a store against every
+//! guarantee with one macro call.
 
-use crate::{Fingerprint, OwnerToken, Record, RecordId, StoreError};
+use crate::{Fingerprint, StoreError};
 use std::future::Future;
 
 #[cfg(feature = "dynamodb")]
-pub(crate) mod dynamodb;
-pub(crate) mod memory;
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub mod dynamodb;
+pub mod memory;
+mod owner;
+mod record;
+
+pub use crate::key::RecordId;
+pub use owner::OwnerToken;
+pub use record::{Record, Status, UnknownStatus};
 
 /// A request to claim a key: write a fresh `IN_PROGRESS` record unless a
 /// live record holds the key.
@@ -30,16 +55,6 @@ pub struct Claim {
     pub expiration_s: u64,
 }
 
-/// What a claim found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimOutcome {
-    /// The key is now ours.
-    Claimed,
-    /// A live record holds the key: completed, or in progress under
-    /// another owner's lease.
-    Existing(Record),
-}
-
 /// A request to complete a claim: store the outcome, fenced on the owner.
 #[derive(Debug, Clone)]
 pub struct Completion<W> {
@@ -57,14 +72,20 @@ pub struct Completion<W> {
     pub writes: Vec<W>,
 }
 
-/// Whether a fenced write (completion or release) applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fenced {
-    /// The record was still ours, and the write applied.
+/// What a conditional write (claim, completion, release) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conditional {
+    /// The condition held and the write applied.
     Applied,
-    /// The record belongs to another claim now (our lease passed and the key
-    /// was taken over) or is gone: nothing was written.
-    Lost,
+    /// The condition failed and nothing was written. Carries the record
+    /// found under the id, as it was when the condition failed (or, where
+    /// the backend does not return it with the failure, as a consistent
+    /// read found it just after); `None` when there was none.
+    ///
+    /// The store does not interpret it: the engine tells the store's own
+    /// landed write from another claim's, and a live record from one that
+    /// expired meanwhile.
+    Refused(Option<Record>),
 }
 
 /// Storage for idempotency records.
@@ -77,33 +98,36 @@ pub trait Store: Send + Sync + 'static {
     /// [`Engine::execute_transactional`](crate::Engine::execute_transactional)).
     type Write: Clone + Send + Sync + 'static;
 
-    /// Claims the key, or returns the live record that holds it.
-    ///
-    /// A record held by the claim's own owner token is this claim (a retried
-    /// write that had landed) and returns [`ClaimOutcome::Claimed`]. An
-    /// expired record, or an `IN_PROGRESS` one whose lease has passed, is
-    /// taken over.
-    fn claim(&self, claim: &Claim)
-        -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+    /// Writes the claim's fresh `IN_PROGRESS` record if and only if no
+    /// record is there, or the one there has expired
+    /// ([`Record::is_expired`]), or is `IN_PROGRESS` with a lease that has
+    /// passed: that is, unless [`Record::is_live`] at `claim.now_ms`.
+    /// Otherwise refuses, with the record found.
+    fn claim(&self, claim: &Claim) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
 
     /// Marks the claim `COMPLETED` with its outcome, and commits the extra
     /// writes with it, all or nothing, if and only if the record is still
-    /// `IN_PROGRESS` under this owner.
+    /// `IN_PROGRESS` under this owner (the fence). Otherwise refuses, with
+    /// the record found. A failure of one of the extra writes is an error
+    /// ([`StoreErrorKind::WriteRejected`](crate::StoreErrorKind::WriteRejected)
+    /// when retrying cannot help), not a refusal.
     fn complete(
         &self,
         completion: Completion<Self::Write>,
-    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
 
-    /// Deletes the claim if and only if it is still `IN_PROGRESS` under this
-    /// owner, so that a retry can run again. A record already gone counts as
-    /// released.
+    /// Deletes the record if and only if it is still `IN_PROGRESS` under
+    /// this owner, so that a retry can run again. Otherwise refuses, with
+    /// the record found (`None` when the record is gone).
     fn release(
         &self,
         id: &RecordId,
         owner: &OwnerToken,
-    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
 
-    /// Reads the record with strong consistency; an expired record is absent.
+    /// Reads the record with strong consistency; an expired record is
+    /// absent. Operators reach it through
+    /// [`Engine::inspect`](crate::Engine::inspect).
     fn get(
         &self,
         id: &RecordId,

@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 pub mod proxy;
-pub mod scenarios;
 
 use aws_sdk_dynamodb::{
     config::{

@@ -3,7 +3,10 @@
 //! `CorruptRecord` error, and is never replayed.
 
 use super::AttributeNames;
-use crate::{store::Claim, Fingerprint, OwnerToken, Record, RecordId, Status, StoreError};
+use crate::{
+    store::{Claim, OwnerToken, Record, RecordId, Status},
+    Fingerprint, StoreError,
+};
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;

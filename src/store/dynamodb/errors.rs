@@ -1,9 +1,75 @@
 //! SDK errors translated into the crate's [`StoreError`]s: nothing above the
 //! store sees the SDK.
 
+use super::codec::Item;
 use crate::{StoreError, StoreErrorKind};
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::{
+    error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
+    operation::{
+        delete_item::DeleteItemError, put_item::PutItemError, update_item::UpdateItemError,
+    },
+};
 use std::{error::Error as StdError, fmt::Debug};
+
+/// What a conditional single-item write answered.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// The write applied.
+    Applied,
+    /// The condition failed; the old item, if DynamoDB returned it
+    /// (`ReturnValuesOnConditionCheckFailure=ALL_OLD`).
+    ConditionFailed(Option<Item>),
+}
+
+/// The error of an operation that can fail its condition, and return the
+/// old item when it does.
+pub(super) trait ConditionalError:
+    ProvideErrorMetadata + StdError + Send + Sync + Sized + 'static
+{
+    /// The old item, if `self` is a conditional check failure.
+    fn old_item(self) -> Option<Option<Item>>;
+
+    /// Whether `self` is a conditional check failure.
+    fn is_condition_failure(&self) -> bool;
+}
+
+macro_rules! conditional_error {
+    ($($error:ident),*) => {$(
+        impl ConditionalError for $error {
+            fn old_item(self) -> Option<Option<Item>> {
+                match self {
+                    $error::ConditionalCheckFailedException(failed) => Some(failed.item),
+                    _ => None,
+                }
+            }
+
+            fn is_condition_failure(&self) -> bool {
+                matches!(self, $error::ConditionalCheckFailedException(_))
+            }
+        }
+    )*};
+}
+
+conditional_error!(PutItemError, UpdateItemError, DeleteItemError);
+
+/// Reads a conditional write's result: applied, the condition failed (with
+/// the old item), or any other failure as a [`StoreError`].
+pub(super) fn conditional<O, E, R>(
+    result: Result<O, SdkError<E, R>>,
+    operation: &'static str,
+) -> Result<Answer, StoreError>
+where
+    E: ConditionalError,
+    R: Debug + Send + Sync + 'static,
+{
+    match result {
+        Ok(_) => Ok(Answer::Applied),
+        Err(SdkError::ServiceError(service)) if service.err().is_condition_failure() => Ok(
+            Answer::ConditionFailed(service.into_err().old_item().flatten()),
+        ),
+        Err(error) => Err(from_sdk(operation, error)),
+    }
+}
 
 /// Maps a failed SDK call that is not one of the protocol's expected
 /// conditional failures.

@@ -6,13 +6,10 @@ mod names;
 
 pub use names::AttributeNames;
 
-use super::{Claim, ClaimOutcome, Completion, Fenced, Store};
-use crate::{OwnerToken, Record, RecordId, Status, StoreError, StoreErrorKind};
+use super::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Status, Store};
+use crate::{StoreError, StoreErrorKind};
 use aws_sdk_dynamodb::{
-    operation::{
-        delete_item::DeleteItemError, put_item::PutItemError,
-        transact_write_items::TransactWriteItemsError, update_item::UpdateItemError,
-    },
+    operation::transact_write_items::TransactWriteItemsError,
     primitives::Blob,
     types::{
         AttributeValue, CancellationReason, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
@@ -21,6 +18,7 @@ use aws_sdk_dynamodb::{
     Client,
 };
 use codec::{number, string, Item};
+use errors::Answer;
 use names::ExpressionNames;
 use std::{collections::HashMap, sync::Arc};
 
@@ -35,10 +33,6 @@ const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s
 const FENCE_CONDITION: &str = "#status = :in_progress AND #owner = :owner";
 const COMPLETE_UPDATE: &str = "SET #status = :completed, #response = :response, \
      #expiration = :expiration, #completed_at = :now_ms REMOVE #lease_until";
-
-/// How many times a claim is tried when the record it collided with is gone
-/// by the time it is read (deleted or expired in between).
-const CLAIM_TRIES: usize = 3;
 
 /// Records in a DynamoDB table.
 ///
@@ -119,49 +113,12 @@ impl DynamoDbStore {
         codec::decode(&self.inner.names, item)
     }
 
-    async fn put_claim(&self, claim: &Claim) -> Result<Option<Option<Item>>, StoreError> {
-        let inner = &*self.inner;
-        let result = inner
-            .client
-            .put_item()
-            .table_name(&inner.table)
-            .set_item(Some(codec::claim_item(&inner.names, claim)))
-            .condition_expression(CLAIM_CONDITION)
-            .set_expression_attribute_names(Some(inner.expression_names.claim.clone()))
-            .expression_attribute_values(":now_s", number(claim.now_ms / 1000))
-            .expression_attribute_values(":now_ms", number(claim.now_ms))
-            .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(None),
-            Err(error) => match error.as_service_error() {
-                Some(e) if e.is_conditional_check_failed_exception() => {
-                    Ok(Some(match error.into_service_error() {
-                        PutItemError::ConditionalCheckFailedException(failed) => failed.item,
-                        _ => None,
-                    }))
-                }
-                _ => Err(errors::from_sdk("PutItem (claim)", error)),
-            },
-        }
-    }
-
-    /// Decides what a live record found by a claim means: our own landed
-    /// write, a record to report, or none (retry the claim).
-    fn found(&self, claim: &Claim, item: Item) -> Result<Option<ClaimOutcome>, StoreError> {
-        let record = self.decode(item)?;
-        if record.owner == claim.owner {
-            // The SDK retried a PutItem that had landed and whose answer was
-            // lost: the record it collided with is this very claim.
-            return Ok(Some(ClaimOutcome::Claimed));
-        }
-        if record.is_live(claim.now_ms) {
-            Ok(Some(ClaimOutcome::Existing(record)))
-        } else {
-            Ok(None)
-        }
+    /// The record a refused write reports: the item DynamoDB returned
+    /// with the failure, decoded.
+    fn refused(&self, item: Option<Item>) -> Result<Conditional, StoreError> {
+        Ok(Conditional::Refused(
+            item.map(|item| self.decode(item)).transpose()?,
+        ))
     }
 
     /// The key and values of the completion update; the response moves into
@@ -178,24 +135,10 @@ impl DynamoDbStore {
         (self.key(&completion.id), values)
     }
 
-    /// Whether an item returned by a failed completion shows that this very
-    /// completion had landed (the SDK retried it and its answer was lost).
-    fn completed_by(&self, item: Option<Item>, owner: &OwnerToken) -> Result<Fenced, StoreError> {
-        let Some(item) = item else {
-            return Ok(Fenced::Lost);
-        };
-        let record = self.decode(item)?;
-        if record.status == Status::Completed && &record.owner == owner {
-            Ok(Fenced::Applied)
-        } else {
-            Ok(Fenced::Lost)
-        }
-    }
-
     async fn complete_alone(
         &self,
         mut completion: Completion<TransactWriteItem>,
-    ) -> Result<Fenced, StoreError> {
+    ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
         let (key, values) = self.update_for(&mut completion);
         let result = inner
@@ -210,25 +153,16 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Fenced::Applied),
-            Err(error) => match error.as_service_error() {
-                Some(e) if e.is_conditional_check_failed_exception() => {
-                    let item = match error.into_service_error() {
-                        UpdateItemError::ConditionalCheckFailedException(failed) => failed.item,
-                        _ => None,
-                    };
-                    self.completed_by(item, &completion.owner)
-                }
-                _ => Err(errors::from_sdk("UpdateItem (complete)", error)),
-            },
+        match errors::conditional(result, "UpdateItem (complete)")? {
+            Answer::Applied => Ok(Conditional::Applied),
+            Answer::ConditionFailed(item) => self.refused(item),
         }
     }
 
     async fn complete_in_transaction(
         &self,
         mut completion: Completion<TransactWriteItem>,
-    ) -> Result<Fenced, StoreError> {
+    ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
         let (key, values) = self.update_for(&mut completion);
         let update = Update::builder()
@@ -258,15 +192,13 @@ impl DynamoDbStore {
             .send()
             .await;
         match result {
-            Ok(_) => Ok(Fenced::Applied),
+            Ok(_) => Ok(Conditional::Applied),
             Err(error) => match error.as_service_error() {
                 Some(e) if e.is_transaction_canceled_exception() => {
                     match error.into_service_error() {
-                        TransactWriteItemsError::TransactionCanceledException(cancelled) => self
-                            .cancelled(
-                                cancelled.cancellation_reasons.unwrap_or_default(),
-                                &completion.owner,
-                            ),
+                        TransactWriteItemsError::TransactionCanceledException(cancelled) => {
+                            self.cancelled(cancelled.cancellation_reasons.unwrap_or_default())
+                        }
                         other => Err(StoreError::new(
                             StoreErrorKind::Other,
                             "DynamoDB TransactWriteItems failed",
@@ -283,18 +215,13 @@ impl DynamoDbStore {
     }
 
     /// Reads why a completion transaction was cancelled: the fence (the
-    /// first action) failing means the claim was lost, unless the item shows
-    /// this very completion had landed; anything else is about the
-    /// operation's own writes.
-    fn cancelled(
-        &self,
-        reasons: Vec<CancellationReason>,
-        owner: &OwnerToken,
-    ) -> Result<Fenced, StoreError> {
+    /// first action) failing is a refusal, with the record found; anything
+    /// else is about the operation's own writes.
+    fn cancelled(&self, reasons: Vec<CancellationReason>) -> Result<Conditional, StoreError> {
         let mut reasons = reasons.into_iter();
         if let Some(fence) = reasons.next() {
             if fence.code() == Some("ConditionalCheckFailed") {
-                return self.completed_by(fence.item, owner);
+                return self.refused(fence.item);
             }
             if let Some(code) = fence.code().filter(|c| *c != "None") {
                 return Err(StoreError::new(
@@ -323,35 +250,33 @@ impl DynamoDbStore {
 impl Store for DynamoDbStore {
     type Write = TransactWriteItem;
 
-    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        for _ in 0..CLAIM_TRIES {
-            let old = match self.put_claim(claim).await? {
-                None => return Ok(ClaimOutcome::Claimed),
-                Some(Some(item)) => Some(item),
-                // The failure carried no item: read it, strongly consistent.
-                Some(None) => self.get_item(&claim.id).await?,
-            };
-            if let Some(item) = old {
-                if let Some(outcome) = self.found(claim, item)? {
-                    return Ok(outcome);
-                }
-            }
-            // The record that failed the condition is gone or no longer
-            // live: claim again.
+    async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
+        let inner = &*self.inner;
+        let result = inner
+            .client
+            .put_item()
+            .table_name(&inner.table)
+            .set_item(Some(codec::claim_item(&inner.names, claim)))
+            .condition_expression(CLAIM_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.claim.clone()))
+            .expression_attribute_values(":now_s", number(claim.now_ms / 1000))
+            .expression_attribute_values(":now_ms", number(claim.now_ms))
+            .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match errors::conditional(result, "PutItem (claim)")? {
+            Answer::Applied => Ok(Conditional::Applied),
+            Answer::ConditionFailed(Some(item)) => self.refused(Some(item)),
+            // The failure carried no item: read it, strongly consistent.
+            Answer::ConditionFailed(None) => self.refused(self.get_item(&claim.id).await?),
         }
-        Err(StoreError::new(
-            StoreErrorKind::Other,
-            format!(
-                "record {} kept changing during {CLAIM_TRIES} claim attempts",
-                claim.id
-            ),
-        ))
     }
 
     async fn complete(
         &self,
         completion: Completion<TransactWriteItem>,
-    ) -> Result<Fenced, StoreError> {
+    ) -> Result<Conditional, StoreError> {
         if completion.writes.is_empty() {
             self.complete_alone(completion).await
         } else {
@@ -359,7 +284,7 @@ impl Store for DynamoDbStore {
         }
     }
 
-    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Fenced, StoreError> {
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
         let result = inner
             .client
@@ -372,24 +297,10 @@ impl Store for DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Fenced::Applied),
-            Err(error) => match error.as_service_error() {
-                Some(e) if e.is_conditional_check_failed_exception() => {
-                    match error.into_service_error() {
-                        // The record is still there, under another owner or completed.
-                        DeleteItemError::ConditionalCheckFailedException(failed)
-                            if failed.item.is_some() =>
-                        {
-                            Ok(Fenced::Lost)
-                        }
-                        // No item: released already (a retried delete that had
-                        // landed), or never there. Nothing of ours is left.
-                        _ => Ok(Fenced::Applied),
-                    }
-                }
-                _ => Err(errors::from_sdk("DeleteItem (release)", error)),
-            },
+        match errors::conditional(result, "DeleteItem (release)")? {
+            Answer::Applied => Ok(Conditional::Applied),
+            // No item: the fence failed because there is no record.
+            Answer::ConditionFailed(item) => self.refused(item),
         }
     }
 

@@ -1,14 +1,17 @@
 //! The store's branches that DynamoDB Local cannot be made to take, on a
 //! mocked client: conditional failures without the old item, throttling,
-//! transaction cancellation reasons.
+//! transaction cancellation reasons; and what the engine decides from
+//! them.
 
 use super::*;
-use crate::{Fingerprint, OwnerToken, RecordId};
+use crate::{engine::CLAIM_TRIES, Attempt, Engine, Error, Fingerprint, OutcomeKind};
 use aws_sdk_dynamodb::{
     error::ErrorMetadata,
     operation::{
-        get_item::GetItemOutput, put_item::PutItemOutput,
+        get_item::GetItemOutput,
+        put_item::{PutItemError, PutItemOutput},
         transact_write_items::TransactWriteItemsError,
+        update_item::UpdateItemOutput,
     },
     types::{
         error::{
@@ -67,6 +70,18 @@ fn store_in(mode: RuleMode, rules: &[&Rule]) -> DynamoDbStore {
     DynamoDbStore::new(client, "idempotency")
 }
 
+fn completion_succeeds() -> Rule {
+    mock!(Client::update_item).then_output(|| UpdateItemOutput::builder().build())
+}
+
+/// Runs one operation through an engine over the mocked store; the claim
+/// carries a fresh owner token, so "me" in a mocked item is never it.
+async fn execute(store: DynamoDbStore) -> Result<crate::Outcome<u32>, Error<()>> {
+    let engine = Engine::builder(store).build();
+    let attempt = Attempt::new("s", "k", Fingerprint::of_bytes(b"payload"));
+    engine.execute(&attempt, || async { Ok(7) }).await
+}
+
 #[tokio::test]
 async fn claim_falls_back_to_a_consistent_read_when_the_failure_has_no_item() {
     let put = conditional_failure_without_item();
@@ -79,49 +94,57 @@ async fn claim_falls_back_to_a_consistent_read_when_the_failure_has_no_item() {
         });
     let outcome = store(&[&put, &get]).claim(&claim()).await.expect("claim");
     match outcome {
-        ClaimOutcome::Existing(record) => {
+        Conditional::Refused(Some(record)) => {
             assert_eq!(record.status, Status::Completed);
+            assert_eq!(record.owner.as_str(), "other");
             assert_eq!(record.response.as_deref(), Some(&b"42"[..]));
         }
-        other => panic!("expected the existing record, got {other:?}"),
+        other => panic!("expected the record found, got {other:?}"),
     }
     assert_eq!(get.num_calls(), 1);
 }
 
 #[tokio::test]
-async fn claim_retries_when_the_conflicting_record_vanished() {
+async fn a_claim_refused_by_a_record_gone_meanwhile_is_made_again() {
     let put = conditional_failure_without_item();
     let get = mock!(Client::get_item).then_output(|| GetItemOutput::builder().build());
     let put_again = mock!(Client::put_item).then_output(|| PutItemOutput::builder().build());
-    let outcome = store(&[&put, &get, &put_again])
-        .claim(&claim())
-        .await
-        .expect("claim");
-    assert_eq!(outcome, ClaimOutcome::Claimed);
+    let store = store(&[&put, &get, &put_again, &completion_succeeds()]);
+    let outcome = execute(store).await.expect("executed");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh);
     assert_eq!(put_again.num_calls(), 1);
 }
 
 #[tokio::test]
-async fn claim_read_back_as_our_own_record_is_ours() {
-    let put = conditional_failure_without_item();
-    let mine = {
-        let mut item = completed_item("me");
-        item.insert("status".into(), string("IN_PROGRESS"));
-        item.remove("response");
-        item.insert("lease_until".into(), number(NOW_MS + 30_000));
-        item
+async fn a_claim_refused_by_its_own_landed_write_is_ours() {
+    // The engine mints the owner token, so the mocked read answers with
+    // the token of the claim it was sent.
+    let claimed = std::sync::Arc::new(std::sync::Mutex::new(None::<Item>));
+    let put = {
+        let claimed = std::sync::Arc::clone(&claimed);
+        mock!(Client::put_item)
+            .match_requests(move |req| {
+                *claimed.lock().unwrap() = req.item().cloned();
+                true
+            })
+            .then_error(|| {
+                PutItemError::ConditionalCheckFailedException(
+                    ConditionalCheckFailedException::builder().build(),
+                )
+            })
     };
     let get = mock!(Client::get_item).then_output(move || {
         GetItemOutput::builder()
-            .set_item(Some(mine.clone()))
+            .set_item(claimed.lock().unwrap().clone())
             .build()
     });
-    let outcome = store(&[&put, &get]).claim(&claim()).await.expect("claim");
-    assert_eq!(outcome, ClaimOutcome::Claimed);
+    let store = store(&[&put, &get, &completion_succeeds()]);
+    let outcome = execute(store).await.expect("executed");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh, "not held by itself");
 }
 
 #[tokio::test]
-async fn claim_gives_up_when_the_record_keeps_changing() {
+async fn a_claim_gives_up_when_the_record_keeps_changing() {
     let put = mock!(Client::put_item)
         .sequence()
         .error(|| {
@@ -136,11 +159,11 @@ async fn claim_gives_up_when_the_record_keeps_changing() {
         .output(|| GetItemOutput::builder().build())
         .times(CLAIM_TRIES)
         .build();
-    let error = store_in(RuleMode::MatchAny, &[&put, &get])
-        .claim(&claim())
-        .await
-        .expect_err("bounded");
-    assert_eq!(error.kind(), StoreErrorKind::Other);
+    let result = execute(store_in(RuleMode::MatchAny, &[&put, &get])).await;
+    match result {
+        Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Other),
+        other => panic!("expected a bounded failure, got {other:?}"),
+    }
     assert_eq!(put.num_calls(), CLAIM_TRIES);
 }
 
@@ -195,35 +218,27 @@ fn reason(code: &str) -> CancellationReason {
 }
 
 #[tokio::test]
-async fn transaction_fenced_out_is_lost_ownership() {
-    let rule = cancelled(vec![
-        CancellationReason::builder()
-            .code("ConditionalCheckFailed")
-            .set_item(Some(completed_item("successor")))
-            .build(),
-        reason("None"),
-    ]);
-    let fenced = store(&[&rule])
-        .complete(transactional_completion())
-        .await
-        .expect("complete");
-    assert_eq!(fenced, Fenced::Lost);
-}
-
-#[tokio::test]
-async fn transaction_that_had_landed_is_applied() {
-    let rule = cancelled(vec![
-        CancellationReason::builder()
-            .code("ConditionalCheckFailed")
-            .set_item(Some(completed_item("me")))
-            .build(),
-        reason("None"),
-    ]);
-    let fenced = store(&[&rule])
-        .complete(transactional_completion())
-        .await
-        .expect("complete");
-    assert_eq!(fenced, Fenced::Applied);
+async fn a_fenced_out_transaction_reports_the_record_found() {
+    for owner in ["successor", "me"] {
+        let rule = cancelled(vec![
+            CancellationReason::builder()
+                .code("ConditionalCheckFailed")
+                .set_item(Some(completed_item(owner)))
+                .build(),
+            reason("None"),
+        ]);
+        let fenced = store(&[&rule])
+            .complete(transactional_completion())
+            .await
+            .expect("complete");
+        match fenced {
+            Conditional::Refused(Some(record)) => {
+                assert_eq!(record.owner.as_str(), owner);
+                assert_eq!(record.status, Status::Completed);
+            }
+            other => panic!("expected the record found, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

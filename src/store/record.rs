@@ -1,6 +1,7 @@
 //! The idempotency record: one per scoped key.
 
-use crate::{Fingerprint, OwnerToken, RecordId};
+use super::{OwnerToken, RecordId};
+use crate::Fingerprint;
 use std::{fmt, str::FromStr};
 
 /// Where a record stands.

@@ -1,13 +1,10 @@
 //! [`IdempotentEventLayer`]: idempotency for `lambda_runtime` handlers of any
 //! serde event type.
 
-use super::service::IdempotentEvent;
-use crate::{Engine, Fingerprint, Store};
+use super::{config::Config, service::IdempotentEvent};
+use crate::{store::Store, Engine, Fingerprint};
 use std::{fmt, sync::Arc};
 use tower::Layer;
-
-type KeyFn<E> = Arc<dyn Fn(&E) -> Option<String> + Send + Sync>;
-type FingerprintFn<E> = Arc<dyn Fn(&E) -> Result<Fingerprint, serde_json::Error> + Send + Sync>;
 
 /// Makes a `lambda_runtime` handler of events `E` idempotent: the handler
 /// runs at most once per key, and its result (serialised with serde) is
@@ -23,7 +20,7 @@ type FingerprintFn<E> = Arc<dyn Fn(&E) -> Result<Fingerprint, serde_json::Error>
 /// later.
 ///
 /// ```
-/// use lambda_idempotency::{events::IdempotentEventLayer, Engine, Fingerprint, MemoryStore};
+/// use lambda_idempotency::{consumers::IdempotentEventLayer, Engine, Fingerprint, MemoryStore};
 /// use lambda_runtime::{service_fn, Error, LambdaEvent};
 /// use serde::{Deserialize, Serialize};
 /// use tower::ServiceBuilder;
@@ -48,11 +45,7 @@ type FingerprintFn<E> = Arc<dyn Fn(&E) -> Result<Fingerprint, serde_json::Error>
 /// # let _ = handler;
 /// ```
 pub struct IdempotentEventLayer<St, E> {
-    pub(crate) engine: Engine<St>,
-    pub(crate) scope: Arc<str>,
-    pub(crate) key: Option<KeyFn<E>>,
-    pub(crate) fingerprint: FingerprintFn<E>,
-    pub(crate) require_key: bool,
+    config: Config<St, E>,
 }
 
 impl<St: Store, E: serde::Serialize + 'static> IdempotentEventLayer<St, E> {
@@ -65,14 +58,7 @@ impl<St: Store, E: serde::Serialize + 'static> IdempotentEventLayer<St, E> {
     /// [`fingerprint`](IdempotentEventLayer::fingerprint) closure.
     pub fn new(engine: Engine<St>, scope: impl Into<Arc<str>>) -> Self {
         Self {
-            engine,
-            scope: scope.into(),
-            key: None,
-            // An event that cannot be serialised is refused (see the
-            // service), never fingerprinted by an error message that every
-            // such event would share.
-            fingerprint: Arc::new(|event: &E| Fingerprint::of_json(event)),
-            require_key: true,
+            config: Config::new(engine, scope.into()),
         }
     }
 }
@@ -83,7 +69,7 @@ impl<St, E> IdempotentEventLayer<St, E> {
     /// delivery's id. `None` means the event has no key (see
     /// [`require_key`](IdempotentEventLayer::require_key)).
     pub fn key(mut self, key: impl Fn(&E) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.key = Some(Arc::new(key));
+        self.config.key = Some(Arc::new(key));
         self
     }
 
@@ -94,14 +80,14 @@ impl<St, E> IdempotentEventLayer<St, E> {
         mut self,
         fingerprint: impl Fn(&E) -> Fingerprint + Send + Sync + 'static,
     ) -> Self {
-        self.fingerprint = Arc::new(move |event: &E| Ok(fingerprint(event)));
+        self.config.fingerprint = Arc::new(move |event: &E| Ok(fingerprint(event)));
         self
     }
 
     /// Whether an event without a key is an error (`true`, the default) or
     /// handled without idempotency.
     pub fn require_key(mut self, required: bool) -> Self {
-        self.require_key = required;
+        self.config.require_key = required;
         self
     }
 }
@@ -109,11 +95,7 @@ impl<St, E> IdempotentEventLayer<St, E> {
 impl<St, E> Clone for IdempotentEventLayer<St, E> {
     fn clone(&self) -> Self {
         Self {
-            engine: self.engine.clone(),
-            scope: Arc::clone(&self.scope),
-            key: self.key.clone(),
-            fingerprint: Arc::clone(&self.fingerprint),
-            require_key: self.require_key,
+            config: self.config.clone(),
         }
     }
 }
@@ -122,16 +104,16 @@ impl<St, E, S> Layer<S> for IdempotentEventLayer<St, E> {
     type Service = IdempotentEvent<S, St, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotentEvent::new(inner, self.clone())
+        IdempotentEvent::new(inner, Arc::new(self.config.clone()))
     }
 }
 
 impl<St: fmt::Debug, E> fmt::Debug for IdempotentEventLayer<St, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentEventLayer")
-            .field("engine", &self.engine)
-            .field("scope", &self.scope)
-            .field("require_key", &self.require_key)
+            .field("engine", &self.config.engine)
+            .field("scope", &self.config.scope)
+            .field("require_key", &self.config.require_key)
             .finish_non_exhaustive()
     }
 }

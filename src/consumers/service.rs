@@ -1,13 +1,12 @@
 //! [`IdempotentEvent`]: the service the event layer wraps around a handler.
 
-use super::layer::IdempotentEventLayer;
-use crate::{Attempt, Error, Store};
+use super::{config::Config, future::ResponseFuture};
+use crate::{store::Store, Attempt, Error};
 use lambda_runtime::LambdaEvent;
 use serde::{de::DeserializeOwned, Serialize};
 use std::{
     fmt,
-    future::Future,
-    pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 use tower::Service;
@@ -16,12 +15,12 @@ use tower::Service;
 /// [`IdempotentEventLayer`](super::IdempotentEventLayer).
 pub struct IdempotentEvent<S, St, E> {
     inner: S,
-    layer: IdempotentEventLayer<St, E>,
+    config: Arc<Config<St, E>>,
 }
 
 impl<S, St, E> IdempotentEvent<S, St, E> {
-    pub(crate) fn new(inner: S, layer: IdempotentEventLayer<St, E>) -> Self {
-        Self { inner, layer }
+    pub(crate) fn new(inner: S, config: Arc<Config<St, E>>) -> Self {
+        Self { inner, config }
     }
 }
 
@@ -29,7 +28,7 @@ impl<S: Clone, St, E> Clone for IdempotentEvent<S, St, E> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            layer: self.layer.clone(),
+            config: Arc::clone(&self.config),
         }
     }
 }
@@ -38,13 +37,11 @@ impl<S: fmt::Debug, St: fmt::Debug, E> fmt::Debug for IdempotentEvent<S, St, E> 
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentEvent")
             .field("inner", &self.inner)
-            .field("layer", &self.layer)
-            .finish()
+            .field("engine", &self.config.engine)
+            .field("scope", &self.config.scope)
+            .finish_non_exhaustive()
     }
 }
-
-/// The future of an [`IdempotentEvent`] service.
-pub type EventFuture<R> = Pin<Box<dyn Future<Output = Result<R, lambda_runtime::Error>> + Send>>;
 
 impl<S, St, E> Service<LambdaEvent<E>> for IdempotentEvent<S, St, E>
 where
@@ -57,7 +54,7 @@ where
 {
     type Response = S::Response;
     type Error = lambda_runtime::Error;
-    type Future = EventFuture<S::Response>;
+    type Future = ResponseFuture<S::Response>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), lambda_runtime::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -66,16 +63,16 @@ where
     fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let layer = self.layer.clone();
-        Box::pin(async move {
-            let key = layer.key.as_ref().and_then(|key| key(&event.payload));
+        let config = Arc::clone(&self.config);
+        ResponseFuture::new(async move {
+            let key = config.key.as_ref().and_then(|key| key(&event.payload));
             let Some(key) = key else {
-                if layer.require_key {
+                if config.require_key {
                     return Err("the event has no idempotency key; it was not processed".into());
                 }
                 return inner.call(event).await.map_err(Into::into);
             };
-            let fingerprint = match (layer.fingerprint)(&event.payload) {
+            let fingerprint = match (config.fingerprint)(&event.payload) {
                 Ok(fingerprint) => fingerprint,
                 Err(error) => {
                     tracing::error!(%error, "idempotent event refused: it cannot be serialised to fingerprint it");
@@ -87,8 +84,8 @@ where
                 }
             };
             let attempt =
-                Attempt::new(&layer.scope, &key, fingerprint).deadline_ms(event.context.deadline);
-            let result = layer.engine.execute(&attempt, || inner.call(event)).await;
+                Attempt::new(&config.scope, &key, fingerprint).deadline_ms(event.context.deadline);
+            let result = config.engine.execute(&attempt, || inner.call(event)).await;
             match result {
                 Ok(outcome) => {
                     tracing::debug!(
@@ -119,11 +116,11 @@ fn event_error<E>(error: Error<E>) -> lambda_runtime::Error {
             retry_after.as_secs()
         )
         .into(),
-        Error::PayloadMismatch => {
+        Error::KeyReused => {
             "this event's idempotency key was already used with a different payload".into()
         }
         Error::Store(error) => Box::new(error),
-        Error::LostOwnership => "the claim on this event's key was taken over; nothing was committed".into(),
+        Error::LeaseLost => "the claim on this event's key was taken over; nothing was committed".into(),
         Error::WritesNotCommitted(error) => Box::new(error),
         Error::Operation(_) => "the handler failed".into(),
     }

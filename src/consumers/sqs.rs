@@ -1,7 +1,7 @@
 //! [`SqsBatch`]: idempotent processing of SQS batches with partial batch
 //! responses.
 
-use crate::{Attempt, Engine, Error, Fingerprint, Json, OutcomeKind, Store};
+use crate::{store::Store, Attempt, Engine, Error, Fingerprint, Json, Mode, OutcomeKind};
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use futures_util::{stream, StreamExt};
 use lambda_runtime::LambdaEvent;
@@ -36,7 +36,7 @@ pub const DEFAULT_CONCURRENCY: usize = 8;
 ///
 /// ```no_run
 /// use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-/// use lambda_idempotency::{events::SqsBatch, DynamoDbStore, Engine};
+/// use lambda_idempotency::{consumers::SqsBatch, DynamoDbStore, Engine};
 /// use lambda_runtime::{service_fn, Error, LambdaEvent};
 ///
 /// async fn send_receipt(message: SqsMessage) -> Result<(), Error> {
@@ -155,7 +155,7 @@ impl<St: Store> SqsBatch<St> {
             let run = handler(message);
             async move { run.await.map(|value| (value, Vec::new())) }
         };
-        self.run(event, false, handler).await
+        self.run(event, Mode::Plain, handler).await
     }
 
     /// Like [`process`](SqsBatch::process), but each record's handler also
@@ -175,13 +175,13 @@ impl<St: Store> SqsBatch<St> {
         F: Fn(SqsMessage) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        self.run(event, true, handler).await
+        self.run(event, Mode::Transactional, handler).await
     }
 
     async fn run<T, E, F, Fut>(
         &self,
         event: LambdaEvent<SqsEvent>,
-        transactional: bool,
+        mode: Mode,
         handler: F,
     ) -> SqsBatchResponse
     where
@@ -231,9 +231,7 @@ impl<St: Store> SqsBatch<St> {
                     let mut group = group.into_iter();
                     for (message, key) in group.by_ref() {
                         let id = message.message_id.clone().unwrap_or_default();
-                        let outcome = self
-                            .record(message, key, deadline_ms, transactional, handler)
-                            .await;
+                        let outcome = self.record(message, key, deadline_ms, mode, handler).await;
                         results.push((id, outcome));
                         if fifo && outcome == RecordOutcome::Failed {
                             break;
@@ -281,7 +279,7 @@ impl<St: Store> SqsBatch<St> {
         message: SqsMessage,
         key: Option<String>,
         deadline_ms: u64,
-        transactional: bool,
+        mode: Mode,
         handler: &F,
     ) -> RecordOutcome
     where
@@ -302,7 +300,7 @@ impl<St: Store> SqsBatch<St> {
         let attempt = Attempt::new(&self.scope, &key, fingerprint).deadline_ms(deadline_ms);
         match self
             .engine
-            .run(&attempt, &Json, transactional, || handler(message))
+            .run(&attempt, mode, &Json, || handler(message))
             .await
         {
             Ok(outcome) if outcome.is_replay() => RecordOutcome::Replayed,

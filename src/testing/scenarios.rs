@@ -1,10 +1,15 @@
-//! The engine's guarantees as scenarios over any store: each integration
-//! test runs one against DynamoDB Local, and against the memory store.
+//! The protocol's guarantees as scenarios over any store.
+//!
+//! Each takes a fresh store and panics, like an assertion, when the store
+//! (with the engine over it) breaks a guarantee.
+//! [`store_conformance!`](crate::store_conformance) runs them all; call
+//! one directly to run it with your own test attributes.
 
-use futures::future::join_all;
-use lambda_idempotency::{
-    Attempt, Claim, ClaimOutcome, Clock, Completion, Engine, Error, Fenced, Fingerprint,
-    ManualClock, OutcomeKind, OwnerToken, Status, Store,
+use super::{LostAnswers, ManualClock};
+use crate::{
+    clock::Clock,
+    store::{Claim, Completion, Conditional, OwnerToken, RecordId, Status, Store},
+    Attempt, Engine, Error, ErrorKind, Fingerprint, OutcomeKind,
 };
 use serde::{Deserialize, Serialize};
 use std::{
@@ -16,12 +21,16 @@ use std::{
 };
 use tokio::sync::oneshot;
 
+/// The value the scenarios' operations return.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Charge {
+    /// Which run made it: `ch_<n>` for the n-th run.
     pub id: String,
+    /// The amount asked.
     pub amount: u64,
 }
 
+/// The error the scenarios' failing operations return.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Declined;
 
@@ -31,12 +40,13 @@ impl std::fmt::Display for Declined {
     }
 }
 
+/// The fingerprint of a charge request for `amount`.
 pub fn payload(amount: u64) -> Fingerprint {
     Fingerprint::of_json(&serde_json::json!({ "amount": amount, "currency": "eur" }))
-        .expect("fingerprint")
+        .expect("a JSON object always serialises")
 }
 
-/// An operation that counts its executions and returns a charge.
+/// An operation that counts its runs in `runs` and returns a charge.
 pub fn charge(
     runs: &Arc<AtomicUsize>,
     amount: u64,
@@ -51,10 +61,12 @@ pub fn charge(
     }
 }
 
-pub fn engine<S: Store>(store: S, clock: &ManualClock) -> Engine<S> {
+fn engine<S: Store>(store: S, clock: &ManualClock) -> Engine<S> {
     Engine::builder(store).clock(clock.clone()).build()
 }
 
+/// The first call runs and stores its value; a retry replays it without
+/// running; the same key in another scope is another record.
 pub async fn first_call_runs_then_replays<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
     let engine = engine(store, &clock);
@@ -83,8 +95,7 @@ pub async fn first_call_runs_then_replays<S: Store>(store: S) {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the replay ran nothing");
 
     let record = engine
-        .store()
-        .get(&engine.record_id("tenant-a", "key-1"), clock.now_ms())
+        .inspect("tenant-a", "key-1")
         .await
         .expect("read record")
         .expect("record exists");
@@ -102,31 +113,34 @@ pub async fn first_call_runs_then_replays<S: Store>(store: S) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// `callers` concurrent duplicates: the operation runs once; the others
+/// get a replay or "in progress".
 pub async fn concurrent_duplicates_run_once<S: Store>(store: S, callers: usize) {
     let engine = Engine::builder(store).build();
     let runs = Arc::new(AtomicUsize::new(0));
-    let calls = (0..callers).map(|_| {
-        let engine = engine.clone();
-        let runs = Arc::clone(&runs);
-        tokio::spawn(async move {
-            let attempt = Attempt::new("tenant-a", "burst", payload(100));
-            engine
-                .execute(&attempt, || async {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    // Long enough for every duplicate to arrive while it runs.
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    Ok::<_, Declined>(Charge {
-                        id: "ch_burst".into(),
-                        amount: 100,
+    let calls: Vec<_> = (0..callers)
+        .map(|_| {
+            let engine = engine.clone();
+            let runs = Arc::clone(&runs);
+            tokio::spawn(async move {
+                let attempt = Attempt::new("tenant-a", "burst", payload(100));
+                engine
+                    .execute(&attempt, || async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // Long enough for every duplicate to arrive while it runs.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok::<_, Declined>(Charge {
+                            id: "ch_burst".into(),
+                            amount: 100,
+                        })
                     })
-                })
-                .await
+                    .await
+            })
         })
-    });
-    let results = join_all(calls).await;
+        .collect();
     let (mut fresh, mut replays, mut in_progress) = (0, 0, 0);
-    for result in results {
-        match result.expect("task") {
+    for call in calls {
+        match call.await.expect("task") {
             Ok(outcome) if outcome.kind() == OutcomeKind::Fresh => fresh += 1,
             Ok(outcome) if outcome.is_replay() => {
                 assert_eq!(outcome.value().id, "ch_burst");
@@ -152,7 +166,9 @@ pub async fn concurrent_duplicates_run_once<S: Store>(store: S, callers: usize) 
     );
 }
 
-pub async fn mismatch_is_rejected_without_running<S: Store>(store: S) {
+/// A key reused with another payload is rejected and runs nothing, also
+/// while the first request is still in progress.
+pub async fn reused_key_is_rejected_without_running<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
     let engine = engine(store, &clock);
     let runs = Arc::new(AtomicUsize::new(0));
@@ -163,7 +179,7 @@ pub async fn mismatch_is_rejected_without_running<S: Store>(store: S) {
     let result = engine
         .execute(&Attempt::new("t", "k", payload(999)), charge(&runs, 999))
         .await;
-    assert!(matches!(result, Err(Error::PayloadMismatch)), "{result:?}");
+    assert!(matches!(result, Err(Error::KeyReused)), "{result:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     // A mismatch while the first is still in progress is a mismatch too,
@@ -172,15 +188,16 @@ pub async fn mismatch_is_rejected_without_running<S: Store>(store: S) {
     let claim = claim_at(&id, &clock, "owner-a", 100, Duration::from_secs(30));
     assert_eq!(
         engine.store().claim(&claim).await.expect("claim"),
-        ClaimOutcome::Claimed
+        Conditional::Applied
     );
     let result = engine
         .execute(&Attempt::new("t", "k2", payload(999)), charge(&runs, 999))
         .await;
-    assert!(matches!(result, Err(Error::PayloadMismatch)), "{result:?}");
+    assert!(matches!(result, Err(Error::KeyReused)), "{result:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// A failed operation releases its claim: the next call runs.
 pub async fn failed_operation_releases_its_claim<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
     let engine = engine(store, &clock);
@@ -192,9 +209,8 @@ pub async fn failed_operation_releases_its_claim<S: Store>(store: S) {
         matches!(result, Err(Error::Operation(Declined))),
         "{result:?}"
     );
-    let id = engine.record_id("t", "k");
     assert_eq!(
-        engine.store().get(&id, clock.now_ms()).await.expect("read"),
+        engine.inspect("t", "k").await.expect("read"),
         None,
         "the claim was released"
     );
@@ -207,6 +223,9 @@ pub async fn failed_operation_releases_its_claim<S: Store>(store: S) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Before its lease passes, a claim answers "in progress, retry after the
+/// time left"; after it, a retry takes the key over, and the first
+/// attempt's late outcome is not stored.
 pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
@@ -264,7 +283,7 @@ pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
     // A, now a zombie, finishes: its outcome is returned to it, not stored.
     finish_tx.send(()).expect("A waits");
     let a = a.await.expect("task").expect("A's result");
-    assert_eq!(a.kind(), OutcomeKind::LostLease);
+    assert_eq!(a.kind(), OutcomeKind::LeaseLost);
     let replay = engine
         .execute(&attempt, charge(&runs, 100))
         .await
@@ -272,13 +291,14 @@ pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
     assert_eq!(replay.value(), b.value(), "B's record stands");
 }
 
+/// A deadline far away is capped by the engine's maximum lease, and the
+/// record outlives its lease.
 pub async fn lease_is_capped_by_max_lease<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
         .clock(clock.clone())
         .max_lease(Duration::from_secs(10))
         .build();
-    let id = engine.record_id("t", "k");
     let (started_tx, started_rx) = oneshot::channel();
     let (finish_tx, finish_rx) = oneshot::channel::<()>();
     let deadline = clock.now_ms() + 15 * 60 * 1000;
@@ -297,8 +317,7 @@ pub async fn lease_is_capped_by_max_lease<S: Store>(store: S) {
     };
     started_rx.await.expect("started");
     let record = engine
-        .store()
-        .get(&id, clock.now_ms())
+        .inspect("t", "k")
         .await
         .expect("read")
         .expect("claimed");
@@ -312,7 +331,7 @@ pub async fn lease_is_capped_by_max_lease<S: Store>(store: S) {
 }
 
 fn claim_at(
-    id: &lambda_idempotency::RecordId,
+    id: &RecordId,
     clock: &ManualClock,
     owner: &str,
     amount: u64,
@@ -346,34 +365,41 @@ fn completion<W>(
 }
 
 /// A claims, its lease passes, B claims and completes: A's completion and
-/// A's release are both fenced out, and B's record is intact.
+/// A's release are both refused, and B's record is intact.
 pub async fn zombie_cannot_touch_its_successor<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
-    let id = lambda_idempotency::RecordId::new("p", "t", "zombie");
+    let id = RecordId::new("p", "t", "zombie");
     let a = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(5));
     assert_eq!(
         store.claim(&a).await.expect("A claims"),
-        ClaimOutcome::Claimed
+        Conditional::Applied
     );
 
     clock.advance(Duration::from_secs(6));
     let b = claim_at(&id, &clock, "owner-b", 1, Duration::from_secs(5));
     assert_eq!(
         store.claim(&b).await.expect("B takes over"),
-        ClaimOutcome::Claimed
+        Conditional::Applied
     );
 
     // While B is in progress, A can neither complete nor release.
-    assert_eq!(
+    let refused_by_b = |written: Conditional, status: Status| match written {
+        Conditional::Refused(Some(record)) => {
+            assert_eq!(record.owner, b.owner, "refused by B's record");
+            assert_eq!(record.status, status);
+        }
+        other => panic!("A's write was not refused by B's record: {other:?}"),
+    };
+    refused_by_b(
         store
             .complete(completion(&a, &clock, b"A", Vec::new()))
             .await
             .expect("A completes"),
-        Fenced::Lost
+        Status::InProgress,
     );
-    assert_eq!(
+    refused_by_b(
         store.release(&a.id, &a.owner).await.expect("A releases"),
-        Fenced::Lost
+        Status::InProgress,
     );
 
     assert_eq!(
@@ -381,19 +407,19 @@ pub async fn zombie_cannot_touch_its_successor<S: Store>(store: S) {
             .complete(completion(&b, &clock, b"B", Vec::new()))
             .await
             .expect("B completes"),
-        Fenced::Applied
+        Conditional::Applied
     );
     // Nor once B has completed.
-    assert_eq!(
+    refused_by_b(
         store
             .complete(completion(&a, &clock, b"A", Vec::new()))
             .await
             .expect("A completes"),
-        Fenced::Lost
+        Status::Completed,
     );
-    assert_eq!(
+    refused_by_b(
         store.release(&a.id, &a.owner).await.expect("A releases"),
-        Fenced::Lost
+        Status::Completed,
     );
 
     let record = store
@@ -406,59 +432,153 @@ pub async fn zombie_cannot_touch_its_successor<S: Store>(store: S) {
     assert_eq!(record.response.as_deref(), Some(&b"B"[..]));
 }
 
-/// Writes whose answer was lost and were retried by the SDK: the store must
-/// recognise its own landed write.
+/// A write retried after it landed (its answer lost) is refused by its own
+/// effect; the store reports it, and the engine recognises it.
 pub async fn own_landed_writes_are_recognised<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
-    let id = lambda_idempotency::RecordId::new("p", "t", "retried");
-    let claim = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(30));
-    assert_eq!(
-        store.claim(&claim).await.expect("claim"),
-        ClaimOutcome::Claimed
-    );
-    assert_eq!(
-        store.claim(&claim).await.expect("the same claim again"),
-        ClaimOutcome::Claimed,
-        "a claim colliding with its own owner token is this claim"
-    );
-    assert_eq!(
-        store
-            .complete(completion(&claim, &clock, b"r", Vec::new()))
-            .await
-            .expect("complete"),
-        Fenced::Applied
-    );
-    assert_eq!(
-        store
-            .complete(completion(&claim, &clock, b"r", Vec::new()))
-            .await
-            .expect("complete again"),
-        Fenced::Applied,
-        "a completion finding its own completed record had landed"
-    );
 
-    let id = lambda_idempotency::RecordId::new("p", "t", "released");
+    // What the store reports.
+    let id = RecordId::new("p", "t", "retried");
     let claim = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(30));
     assert_eq!(
         store.claim(&claim).await.expect("claim"),
-        ClaimOutcome::Claimed
+        Conditional::Applied
+    );
+    match store.claim(&claim).await.expect("the same claim again") {
+        Conditional::Refused(Some(record)) => {
+            assert_eq!(record.owner, claim.owner, "refused by its own record");
+            assert_eq!(record.status, Status::InProgress);
+        }
+        other => panic!("a claim colliding with itself must report its record: {other:?}"),
+    }
+    let done = || completion(&claim, &clock, b"r", Vec::new());
+    assert_eq!(
+        store.complete(done()).await.expect("complete"),
+        Conditional::Applied
+    );
+    match store.complete(done()).await.expect("complete again") {
+        Conditional::Refused(Some(record)) => {
+            assert_eq!(record.owner, claim.owner, "refused by its own completion");
+            assert_eq!(record.status, Status::Completed);
+        }
+        other => panic!("a completion finding its own completion must report it: {other:?}"),
+    }
+    let id = RecordId::new("p", "t", "released");
+    let claim = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(30));
+    assert_eq!(
+        store.claim(&claim).await.expect("claim"),
+        Conditional::Applied
     );
     assert_eq!(
         store.release(&id, &claim.owner).await.expect("release"),
-        Fenced::Applied
+        Conditional::Applied
     );
     assert_eq!(
         store
             .release(&id, &claim.owner)
             .await
             .expect("release again"),
-        Fenced::Applied,
-        "a release finding no record had landed"
+        Conditional::Refused(None),
+        "a release finding no record reports none"
+    );
+
+    // What the engine decides, every write sent twice.
+    let engine = engine(LostAnswers(store), &clock);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("t", "lost-answers", payload(1));
+    let first = engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("a retried claim and completion are this attempt's");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    let replay = engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("replay");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value(), first.value());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let failing = Attempt::new("t", "lost-release", payload(1));
+    let result = engine
+        .execute(&failing, || async { Err::<Charge, _>(Declined) })
+        .await;
+    assert!(
+        matches!(result, Err(Error::Operation(Declined))),
+        "{result:?}"
+    );
+    let retry = engine
+        .execute(&failing, charge(&runs, 1))
+        .await
+        .expect("a retried release released");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+}
+
+/// Writes refused by a record that is no longer live (expired, or its lease
+/// passed) report it, so that the engine can decide; a claim over such a
+/// record applies.
+pub async fn a_refused_write_reports_what_it_found<S: Store>(store: S) {
+    let clock = ManualClock::starting_now();
+    let id = RecordId::new("p", "t", "found");
+    let a = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(5));
+    assert_eq!(
+        store.claim(&a).await.expect("A claims"),
+        Conditional::Applied
+    );
+    let b = claim_at(&id, &clock, "owner-b", 2, Duration::from_secs(5));
+    match store.claim(&b).await.expect("B claims") {
+        Conditional::Refused(Some(record)) => {
+            assert_eq!(record.id, id);
+            assert_eq!(record.owner, a.owner);
+            assert_eq!(record.fingerprint, payload(1));
+            assert_eq!(record.status, Status::InProgress);
+            assert_eq!(record.lease_until_ms, Some(a.lease_until_ms));
+            assert_eq!(record.expiration_s, a.expiration_s);
+            assert_eq!(record.response, None);
+        }
+        other => panic!("B's claim must report A's live record: {other:?}"),
+    }
+    assert_eq!(
+        store.get(&id, clock.now_ms()).await.expect("read"),
+        store.get(&id, clock.now_ms()).await.expect("read again"),
+        "a read changes nothing"
+    );
+    assert_eq!(
+        store
+            .complete(completion(&b, &clock, b"B", Vec::new()))
+            .await
+            .expect("B completes without a claim"),
+        match store.get(&id, clock.now_ms()).await.expect("read") {
+            Some(record) => Conditional::Refused(Some(record)),
+            None => panic!("A's record is there"),
+        },
+        "a completion without a claim is refused by the record there"
+    );
+    let nothing = RecordId::new("p", "t", "nothing");
+    let c = claim_at(&nothing, &clock, "owner-c", 1, Duration::from_secs(5));
+    assert_eq!(
+        store
+            .complete(completion(&c, &clock, b"C", Vec::new()))
+            .await
+            .expect("complete nothing"),
+        Conditional::Refused(None),
+        "a completion without a record reports none"
+    );
+    assert_eq!(
+        store.get(&nothing, clock.now_ms()).await.expect("read"),
+        None,
+        "a refused completion writes nothing"
+    );
+    clock.advance(Duration::from_secs(6));
+    let b = claim_at(&id, &clock, "owner-b", 2, Duration::from_secs(5));
+    assert_eq!(
+        store.claim(&b).await.expect("B claims after A's lease"),
+        Conditional::Applied
     );
 }
 
-/// A COMPLETED record whose expiration has passed, still in the table
-/// because TTL deletion lags, counts as absent: the key runs again.
+/// A COMPLETED record whose expiration has passed, still stored because
+/// deletion lags (DynamoDB's TTL), counts as absent: the key runs again.
 pub async fn expired_completed_record_is_absent<S: Store>(store: S) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
@@ -471,11 +591,9 @@ pub async fn expired_completed_record_is_absent<S: Store>(store: S) {
         .execute(&attempt, charge(&runs, 1))
         .await
         .expect("first");
-    let id = engine.record_id("t", "k");
-
     clock.advance(Duration::from_secs(61));
     assert_eq!(
-        engine.store().get(&id, clock.now_ms()).await.expect("read"),
+        engine.inspect("t", "k").await.expect("read"),
         None,
         "absent to reads"
     );
@@ -495,7 +613,8 @@ pub async fn expired_completed_record_is_absent<S: Store>(store: S) {
     assert_eq!(other.kind(), OutcomeKind::Fresh);
 }
 
-/// A store failure at claim time: the operation does not run.
+/// A store failure at claim time: the operation does not run. `store`
+/// must fail its first call as unavailable.
 pub async fn store_failure_fails_closed<S: Store>(store: S) {
     let engine = Engine::builder(store).build();
     let runs = Arc::new(AtomicUsize::new(0));
@@ -504,10 +623,7 @@ pub async fn store_failure_fails_closed<S: Store>(store: S) {
         .await;
     match result {
         Err(error @ Error::Store(_)) => {
-            assert_eq!(
-                error.kind(),
-                lambda_idempotency::ErrorKind::StoreUnavailable
-            );
+            assert_eq!(error.kind(), ErrorKind::StoreUnavailable);
             assert!(error.retry_after().is_some());
         }
         other => panic!("expected a store error, got {other:?}"),

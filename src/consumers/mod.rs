@@ -16,12 +16,15 @@
 //! async function idempotent, and [`derive_key`](crate::derive_key) gives each
 //! downstream call of a fan-out its own stable key from the parent's.
 
+mod config;
+mod future;
 mod layer;
 mod service;
 mod sqs;
 
+pub use future::ResponseFuture;
 pub use layer::IdempotentEventLayer;
-pub use service::{EventFuture, IdempotentEvent};
+pub use service::IdempotentEvent;
 pub use sqs::{SqsBatch, DEFAULT_CONCURRENCY};
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! Event consumers on the memory store.
 
 use super::*;
-use crate::{Claim, Engine, Fingerprint, MemoryStore, MemoryWrite, OwnerToken, Store};
+use crate::{
+    store::{memory::MemoryWrite, Claim, OwnerToken, Store},
+    Engine, Fingerprint, MemoryStore,
+};
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::{service_fn, Context, LambdaEvent};
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,41 @@
+//! The macro that runs every scenario against one store.
+
+/// Generates one `#[tokio::test]` per [scenario](crate::testing::scenarios),
+/// each on a fresh store from the `store` expression (a future that yields
+/// the store), and the fail-closed scenario on the `unavailable` one (a
+/// future that yields a store whose calls fail as unavailable).
+///
+/// Invoke it once per store, in its own test file or module: the tests are
+/// named after the scenarios. See the [module docs](crate::testing).
+#[macro_export]
+macro_rules! store_conformance {
+    (store: $store:expr, unavailable: $unavailable:expr $(,)?) => {
+        $crate::store_conformance!(@each $store;
+            first_call_runs_then_replays,
+            reused_key_is_rejected_without_running,
+            failed_operation_releases_its_claim,
+            expired_lease_is_taken_over,
+            lease_is_capped_by_max_lease,
+            zombie_cannot_touch_its_successor,
+            own_landed_writes_are_recognised,
+            expired_completed_record_is_absent,
+            a_refused_write_reports_what_it_found,
+        );
+
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn sixty_four_concurrent_duplicates_run_once() {
+            $crate::testing::scenarios::concurrent_duplicates_run_once($store.await, 64).await;
+        }
+
+        #[::tokio::test]
+        async fn store_failure_fails_closed() {
+            $crate::testing::scenarios::store_failure_fails_closed($unavailable.await).await;
+        }
+    };
+    (@each $store:expr; $($scenario:ident),* $(,)?) => {$(
+        #[::tokio::test]
+        async fn $scenario() {
+            $crate::testing::scenarios::$scenario($store.await).await;
+        }
+    )*};
+}

@@ -1,0 +1,100 @@
+//! A store wrapper that counts calls.
+
+use crate::{
+    store::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Store},
+    StoreError,
+};
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+
+/// Counts the calls made to the store it wraps; clones share the counts.
+#[derive(Debug, Clone, Default)]
+pub struct CountingStore<S> {
+    inner: S,
+    counts: Arc<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    claim: AtomicU64,
+    complete: AtomicU64,
+    release: AtomicU64,
+    get: AtomicU64,
+}
+
+/// How many calls of each kind a [`CountingStore`] has seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Calls {
+    /// [`Store::claim`] calls.
+    pub claim: u64,
+    /// [`Store::complete`] calls.
+    pub complete: u64,
+    /// [`Store::release`] calls.
+    pub release: u64,
+    /// [`Store::get`] calls.
+    pub get: u64,
+}
+
+impl Calls {
+    /// Every call, whatever its kind.
+    pub fn total(&self) -> u64 {
+        self.claim + self.complete + self.release + self.get
+    }
+}
+
+impl<S> CountingStore<S> {
+    /// Counts the calls made to `inner`.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            counts: Arc::default(),
+        }
+    }
+
+    /// The store being counted.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> Calls {
+        let load = |counter: &AtomicU64| counter.load(Ordering::SeqCst);
+        Calls {
+            claim: load(&self.counts.claim),
+            complete: load(&self.counts.complete),
+            release: load(&self.counts.release),
+            get: load(&self.counts.get),
+        }
+    }
+}
+
+fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::SeqCst);
+}
+
+impl<S: Store> Store for CountingStore<S> {
+    type Write = S::Write;
+
+    async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
+        count(&self.counts.claim);
+        self.inner.claim(claim).await
+    }
+
+    async fn complete(&self, completion: Completion<S::Write>) -> Result<Conditional, StoreError> {
+        count(&self.counts.complete);
+        self.inner.complete(completion).await
+    }
+
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
+        count(&self.counts.release);
+        self.inner.release(id, owner).await
+    }
+
+    async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        count(&self.counts.get);
+        self.inner.get(id, now_ms).await
+    }
+}

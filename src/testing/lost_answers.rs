@@ -1,0 +1,42 @@
+//! A store wrapper that loses the answer of every write and retries it.
+
+use crate::{
+    store::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Store},
+    StoreError,
+};
+
+/// Sends every write to the store it wraps twice and answers with the
+/// second answer, as an SDK does when a write lands but its answer is lost
+/// (a timeout, a reset connection) and it retries.
+///
+/// The retried write finds the first one's effect: the claim its own
+/// record, the completion its own completed record, the release no record.
+/// The store must report what it found ([`Conditional::Refused`]) and the
+/// engine must recognise its own write; the scenario
+/// [`own_landed_writes_are_recognised`](super::scenarios::own_landed_writes_are_recognised)
+/// runs an engine over this wrapper.
+#[derive(Debug, Clone, Default)]
+pub struct LostAnswers<S>(pub S);
+
+impl<S: Store> Store for LostAnswers<S> {
+    type Write = S::Write;
+
+    async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
+        self.0.claim(claim).await?;
+        self.0.claim(claim).await
+    }
+
+    async fn complete(&self, completion: Completion<S::Write>) -> Result<Conditional, StoreError> {
+        self.0.complete(completion.clone()).await?;
+        self.0.complete(completion).await
+    }
+
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
+        self.0.release(id, owner).await?;
+        self.0.release(id, owner).await
+    }
+
+    async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        self.0.get(id, now_ms).await
+    }
+}
