@@ -52,10 +52,12 @@ lint:
 unit:
 	$(CARGO) test --lib --bins
 
-## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local.
+## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local,
+## and the examples.
 integration:
 	scripts/with-dynamodb-local bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress -- --nocapture'
 	$(CARGO) test --doc
+	$(CARGO) run --quiet --example custom_adapter
 
 ## charges under cargo lambda watch, driven with real HTTP requests and the
 ## events in events/ through cargo lambda invoke.

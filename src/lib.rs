@@ -125,11 +125,36 @@
 //! (the failed claim returns the record), a replay from the optional local
 //! cache ([`EngineBuilder::cache`]) none.
 //!
+//! # Where things are
+//!
+//! - The crate root: what an application uses. [`Engine`] (built with
+//!   [`Engine::builder`]), [`Attempt`], [`Outcome`], [`Error`],
+//!   [`Fingerprint`], [`derive_key`], and the two stores an application
+//!   picks, [`DynamoDbStore`] and [`MemoryStore`].
+//! - [`http`]: the tower layer for `lambda_http` services (API Gateway REST
+//!   and HTTP APIs, ALB, Function URLs).
+//! - [`consumers`]: event consumers, for `lambda_runtime` handlers of any
+//!   event and for SQS batches.
+//! - [`store`]: the store SPI, for those who write a store: the [`Store`](store::Store)
+//!   trait and the records it keeps, and the DynamoDB and memory stores'
+//!   own types ([`AttributeNames`](store::dynamodb::AttributeNames),
+//!   [`MemoryWrite`](store::memory::MemoryWrite)).
+//! - `testing` (feature `testing`): the conformance kit that proves a store
+//!   keeps every guarantee, with one macro call, and the test doubles.
+//!
+//! Another adapter (for another framework or event source) calls
+//! [`Engine::run`], the single entry point the crate's own adapters use,
+//! with a [`Mode`].
+//!
 //! # Features
 //!
-//! - `dynamodb` (default): [`DynamoDbStore`], on `aws-sdk-dynamodb` and
-//!   `serde_dynamo`. The library turns off the SDK's default features; your
-//!   own `aws-sdk-dynamodb` dependency brings the HTTPS client.
+//! | feature | default | what it adds |
+//! | --- | --- | --- |
+//! | `dynamodb` | yes | [`DynamoDbStore`] and `store::dynamodb`, on `aws-sdk-dynamodb` and `serde_dynamo`. The library turns off the SDK's default features; your own `aws-sdk-dynamodb` dependency brings the HTTPS client. |
+//! | `http` | yes | [`http`]: the tower layer for `lambda_http`. |
+//! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer` and `SqsBatch`, on `lambda_runtime` and `aws_lambda_events`. |
+//! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
+//! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

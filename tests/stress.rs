@@ -82,22 +82,6 @@ struct Counts {
     store_errors: u64,
 }
 
-/// A per-client random source (xorshift), seeded for reproducible runs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 const LEASE_MS: u64 = 1_500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -139,24 +123,26 @@ async fn randomised_stress_keeps_every_invariant() {
             Arc::clone(&dropped),
         );
         tokio::spawn(async move {
-            let mut rng = Rng(seed ^ (client + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            // Seeded per client, for reproducible runs.
+            let mut rng =
+                fastrand::Rng::with_seed(seed ^ (client + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             for _ in 0..per_client {
-                let key = rng.below(keys);
+                let key = rng.u64(..keys);
                 // 5% reuse the key with another payload.
-                let payload = if rng.below(100) < 5 {
+                let payload = if rng.u64(..100) < 5 {
                     key + 1_000_000
                 } else {
                     key
                 };
-                let sleep_ms = match rng.below(100) {
+                let sleep_ms = match rng.u64(..100) {
                     // Outlives its lease: invites a takeover, and a zombie.
-                    0..=3 => LEASE_MS + 100 + rng.below(800),
+                    0..=3 => LEASE_MS + 100 + rng.u64(..800),
                     // Slow: long enough to be running when a zombie wakes up.
-                    4..=13 => 100 + rng.below(400),
-                    _ => rng.below(20),
+                    4..=13 => 100 + rng.u64(..400),
+                    _ => rng.u64(..20),
                 };
-                let fail = rng.below(100) < 2;
-                let drop_after = (rng.below(100) < 3).then(|| Duration::from_millis(rng.below(40)));
+                let fail = rng.u64(..100) < 2;
+                let drop_after = (rng.u64(..100) < 3).then(|| Duration::from_millis(rng.u64(..40)));
                 let key_text = key.to_string();
                 let now = SystemClock.now_ms();
                 let lease_until_ms = now + LEASE_MS;

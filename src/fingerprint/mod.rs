@@ -55,6 +55,7 @@ impl Fingerprint {
     /// the JSON document `json`, or `None` if `json` has none (not JSON, a
     /// duplicate key, too deep). One pass over the document, written
     /// straight into the hash.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn of_parts_and_json<'a>(
         parts: impl IntoIterator<Item = &'a [u8]>,
         json: &[u8],
@@ -97,6 +98,7 @@ pub(crate) fn hash_part(hasher: &mut Sha256, part: &[u8]) {
 }
 
 /// `value` as canonical JSON (see the [`canonical`] module).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) fn canonical_json(value: &Value) -> Vec<u8> {
     // A `Value` always serialises, and cannot hold a duplicate key; only
     // nesting beyond the depth limit falls back to its plain serialisation.

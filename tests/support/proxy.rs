@@ -40,7 +40,8 @@ struct State {
     down: bool,
     /// Random faults: (probability in thousandths, the faults to pick from).
     chaos: Option<(u32, Vec<Fault>)>,
-    rng: u64,
+    /// Deterministic, so chaos is reproducible run to run.
+    rng: fastrand::Rng,
     injected: BTreeMap<String, u64>,
     forwarded: u64,
 }
@@ -108,7 +109,7 @@ impl FaultProxy {
     pub fn chaos(&self, per_mille: u32, faults: &[Fault]) {
         let mut state = self.state.lock().unwrap();
         state.chaos = Some((per_mille, faults.to_vec()));
-        state.rng = 0x9e37_79b9_7f4a_7c15;
+        state.rng = fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
     }
 
     /// Refuses every connection until [`heal`](Self::heal).
@@ -199,14 +200,6 @@ fn error_response(status: &str, kind: &str, message: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn next_random(state: &mut u64) -> u64 {
-    // xorshift64: deterministic chaos, reproducible run to run.
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 fn next_fault(state: &Mutex<State>, operation: &str) -> Option<Fault> {
     let mut state = state.lock().unwrap();
     let fault = [operation, "*"]
@@ -221,9 +214,7 @@ fn next_fault(state: &Mutex<State>, operation: &str) -> Option<Fault> {
         })
         .or_else(|| {
             let (per_mille, faults) = state.chaos.clone()?;
-            let roll = next_random(&mut state.rng);
-            (roll % 1000 < u64::from(per_mille))
-                .then(|| faults[(roll / 1000) as usize % faults.len()])
+            (state.rng.u32(..1000) < per_mille).then(|| faults[state.rng.usize(..faults.len())])
         });
     match fault {
         Some(fault) => {

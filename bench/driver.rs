@@ -254,15 +254,12 @@ async fn main() {
 
     let total: usize = env("BENCH_CONCURRENT").parse().expect("BENCH_CONCURRENT");
     let clients: usize = env("BENCH_CLIENTS").parse().expect("BENCH_CLIENTS");
-    let mut seed = 7u64;
+    let mut rng = fastrand::Rng::with_seed(7);
     let mut issued: Vec<String> = Vec::with_capacity(total);
     for i in 0..total {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let duplicate = !issued.is_empty() && (seed >> 33).is_multiple_of(10) && mode != "floor";
+        let duplicate = !issued.is_empty() && rng.u32(..10) == 0 && mode != "floor";
         issued.push(if duplicate {
-            issued[(seed >> 40) as usize % issued.len()].clone()
+            issued[rng.usize(..issued.len())].clone()
         } else {
             format!("{mode}-conc-{i}")
         });
