@@ -11,8 +11,8 @@ use std::sync::{
 
 /// Counts the calls made to the store it wraps; clones share the counts.
 #[derive(Debug, Clone, Default)]
-pub struct CountingStore<S> {
-    inner: S,
+pub struct CountingStore<St> {
+    inner: St,
     counts: Arc<Counts>,
 }
 
@@ -45,9 +45,9 @@ impl Calls {
     }
 }
 
-impl<S> CountingStore<S> {
+impl<St> CountingStore<St> {
     /// Counts the calls made to `inner`.
-    pub fn new(inner: S) -> Self {
+    pub fn new(inner: St) -> Self {
         Self {
             inner,
             counts: Arc::default(),
@@ -55,7 +55,7 @@ impl<S> CountingStore<S> {
     }
 
     /// The store being counted.
-    pub fn inner(&self) -> &S {
+    pub fn inner(&self) -> &St {
         &self.inner
     }
 
@@ -75,15 +75,15 @@ fn count(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::SeqCst);
 }
 
-impl<S: Store> Store for CountingStore<S> {
-    type Write = S::Write;
+impl<St: Store> Store for CountingStore<St> {
+    type Write = St::Write;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         count(&self.counts.claim);
         self.inner.claim(claim).await
     }
 
-    async fn complete(&self, completion: Completion<S::Write>) -> Result<Conditional, StoreError> {
+    async fn complete(&self, completion: Completion<St::Write>) -> Result<Conditional, StoreError> {
         count(&self.counts.complete);
         self.inner.complete(completion).await
     }

@@ -16,17 +16,17 @@ use crate::{
 /// [`own_landed_writes_are_recognised`](super::scenarios::own_landed_writes_are_recognised)
 /// runs an engine over this wrapper.
 #[derive(Debug, Clone, Default)]
-pub struct LostAnswers<S>(pub S);
+pub struct LostAnswers<St>(pub St);
 
-impl<S: Store> Store for LostAnswers<S> {
-    type Write = S::Write;
+impl<St: Store> Store for LostAnswers<St> {
+    type Write = St::Write;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.0.claim(claim).await?;
         self.0.claim(claim).await
     }
 
-    async fn complete(&self, completion: Completion<S::Write>) -> Result<Conditional, StoreError> {
+    async fn complete(&self, completion: Completion<St::Write>) -> Result<Conditional, StoreError> {
         self.0.complete(completion.clone()).await?;
         self.0.complete(completion).await
     }

@@ -61,13 +61,13 @@ pub fn charge(
     }
 }
 
-fn engine<S: Store>(store: S, clock: &ManualClock) -> Engine<S> {
+fn engine<St: Store>(store: St, clock: &ManualClock) -> Engine<St> {
     Engine::builder(store).clock(clock.clone()).build()
 }
 
 /// The first call runs and stores its value; a retry replays it without
 /// running; the same key in another scope is another record.
-pub async fn first_call_runs_then_replays<S: Store>(store: S) {
+pub async fn first_call_runs_then_replays<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = engine(store, &clock);
     let runs = Arc::new(AtomicUsize::new(0));
@@ -115,7 +115,7 @@ pub async fn first_call_runs_then_replays<S: Store>(store: S) {
 
 /// `callers` concurrent duplicates: the operation runs once; the others
 /// get a replay or "in progress".
-pub async fn concurrent_duplicates_run_once<S: Store>(store: S, callers: usize) {
+pub async fn concurrent_duplicates_run_once<St: Store>(store: St, callers: usize) {
     let engine = Engine::builder(store).build();
     let runs = Arc::new(AtomicUsize::new(0));
     let calls: Vec<_> = (0..callers)
@@ -168,7 +168,7 @@ pub async fn concurrent_duplicates_run_once<S: Store>(store: S, callers: usize) 
 
 /// A key reused with another payload is rejected and runs nothing, also
 /// while the first request is still in progress.
-pub async fn reused_key_is_rejected_without_running<S: Store>(store: S) {
+pub async fn reused_key_is_rejected_without_running<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = engine(store, &clock);
     let runs = Arc::new(AtomicUsize::new(0));
@@ -198,7 +198,7 @@ pub async fn reused_key_is_rejected_without_running<S: Store>(store: S) {
 }
 
 /// A failed operation releases its claim: the next call runs.
-pub async fn failed_operation_releases_its_claim<S: Store>(store: S) {
+pub async fn failed_operation_releases_its_claim<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = engine(store, &clock);
     let attempt = Attempt::new("t", "k", payload(100));
@@ -226,7 +226,7 @@ pub async fn failed_operation_releases_its_claim<S: Store>(store: S) {
 /// Before its lease passes, a claim answers "in progress, retry after the
 /// time left"; after it, a retry takes the key over, and the first
 /// attempt's late outcome is not stored.
-pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
+pub async fn expired_lease_is_taken_over<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
         .clock(clock.clone())
@@ -293,7 +293,7 @@ pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
 
 /// A deadline far away is capped by the engine's maximum lease, and the
 /// record outlives its lease.
-pub async fn lease_is_capped_by_max_lease<S: Store>(store: S) {
+pub async fn lease_is_capped_by_max_lease<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
         .clock(clock.clone())
@@ -366,7 +366,7 @@ fn completion<W>(
 
 /// A claims, its lease passes, B claims and completes: A's completion and
 /// A's release are both refused, and B's record is intact.
-pub async fn zombie_cannot_touch_its_successor<S: Store>(store: S) {
+pub async fn zombie_cannot_touch_its_successor<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let id = RecordId::new("p", "t", "zombie");
     let a = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(5));
@@ -434,7 +434,7 @@ pub async fn zombie_cannot_touch_its_successor<S: Store>(store: S) {
 
 /// A write retried after it landed (its answer lost) is refused by its own
 /// effect; the store reports it, and the engine recognises it.
-pub async fn own_landed_writes_are_recognised<S: Store>(store: S) {
+pub async fn own_landed_writes_are_recognised<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
 
     // What the store reports.
@@ -517,7 +517,7 @@ pub async fn own_landed_writes_are_recognised<S: Store>(store: S) {
 /// Writes refused by a record that is no longer live (expired, or its lease
 /// passed) report it, so that the engine can decide; a claim over such a
 /// record applies.
-pub async fn a_refused_write_reports_what_it_found<S: Store>(store: S) {
+pub async fn a_refused_write_reports_what_it_found<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let id = RecordId::new("p", "t", "found");
     let a = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(5));
@@ -579,7 +579,7 @@ pub async fn a_refused_write_reports_what_it_found<S: Store>(store: S) {
 
 /// A COMPLETED record whose expiration has passed, still stored because
 /// deletion lags (DynamoDB's TTL), counts as absent: the key runs again.
-pub async fn expired_completed_record_is_absent<S: Store>(store: S) {
+pub async fn expired_completed_record_is_absent<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
         .clock(clock.clone())
@@ -615,7 +615,7 @@ pub async fn expired_completed_record_is_absent<S: Store>(store: S) {
 
 /// A store failure at claim time: the operation does not run. `store`
 /// must fail its first call as unavailable.
-pub async fn store_failure_fails_closed<S: Store>(store: S) {
+pub async fn store_failure_fails_closed<St: Store>(store: St) {
     let engine = Engine::builder(store).build();
     let runs = Arc::new(AtomicUsize::new(0));
     let result = engine
