@@ -118,6 +118,8 @@ fn layer_benches(c: &mut Criterion) {
             now_ms: now,
             lease_until_ms: now + 3_600_000,
             expiration_s: now / 1000 + 7200,
+            attempt: 1,
+            first_started_ms: now,
         };
         runtime.block_on(store.claim(&claim)).expect("claim");
         group.bench_function(BenchmarkId::new("in_progress", &label), |b| {

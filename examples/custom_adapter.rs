@@ -60,7 +60,16 @@ impl<St: Store> QueueAdapter<St> {
         let attempt = Attempt::new("commands", &command.message_id, fingerprint);
         let result = self
             .engine
-            .run(&attempt, Mode::Plain, &Json, || async {
+            .run(&attempt, Mode::Plain, &Json, |claim| async move {
+                // An earlier delivery claimed this id and died mid-way: it
+                // may have acted. A real handler would look its effect up
+                // (by a key derived from the id) before acting again.
+                if let Some(takeover) = claim.takeover() {
+                    println!(
+                        "  attempt {} after a crash: reconcile first",
+                        takeover.attempt
+                    );
+                }
                 // No writes to commit with the completion: an empty Vec.
                 handler(command.clone())
                     .await

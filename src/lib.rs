@@ -176,8 +176,9 @@ pub mod testing;
 
 pub use clock::{Clock, SystemClock};
 pub use engine::{
-    default_key_prefix, Attempt, Codec, Engine, EngineBuilder, Json, Mode, Outcome, OutcomeKind,
-    DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
+    default_key_prefix, Attempt, ClaimHandle, Codec, Engine, EngineBuilder, Forgotten, Json, Mode,
+    Outcome, OutcomeKind, Takeover, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE,
+    DEFAULT_RETENTION,
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;

@@ -201,6 +201,8 @@ async fn a_record_in_progress_elsewhere_is_reported_for_redelivery() {
         now_ms: now,
         lease_until_ms: now + 60_000,
         expiration_s: now / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now,
     };
     f.engine
         .store()

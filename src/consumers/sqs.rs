@@ -300,7 +300,7 @@ impl<St: Store> SqsBatch<St> {
         let attempt = Attempt::new(&self.scope, &key, fingerprint).deadline_ms(deadline_ms);
         match self
             .engine
-            .run(&attempt, mode, &Json, || handler(message))
+            .run(&attempt, mode, &Json, |_| handler(message))
             .await
         {
             Ok(outcome) if outcome.is_replay() => RecordOutcome::Replayed,

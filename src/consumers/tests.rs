@@ -267,6 +267,8 @@ async fn only_failed_and_in_progress_records_are_reported() {
         now_ms: now,
         lease_until_ms: now + 30_000,
         expiration_s: now / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now,
     };
     store.claim(&claim).await.unwrap();
     let (seen, handler) = recorder();

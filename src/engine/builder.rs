@@ -46,6 +46,7 @@ pub struct EngineBuilder<St> {
     default_lease: Duration,
     cache_capacity: Option<NonZeroUsize>,
     fail_open: bool,
+    heartbeat: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -59,6 +60,7 @@ impl<St: Store> EngineBuilder<St> {
             default_lease: DEFAULT_LEASE,
             cache_capacity: None,
             fail_open: false,
+            heartbeat: false,
             clock: Arc::new(SystemClock),
         }
     }
@@ -118,6 +120,20 @@ impl<St: Store> EngineBuilder<St> {
         self
     }
 
+    /// Keeps every claim alive while its operation runs (default `false`):
+    /// every third of the claim's lease, the lease is extended by its
+    /// length again (a fenced write, one store call), until the operation
+    /// ends. For operations that may outlive any lease worth guessing (long
+    /// jobs, work outside Lambda); if the process dies, the heartbeat stops
+    /// with it and the claim lapses one lease later. An extension that finds
+    /// the claim lost tells the operation ([`ClaimHandle::lost`](crate::ClaimHandle::lost))
+    /// and stops. Operations can also extend by hand with
+    /// [`ClaimHandle::extend`](crate::ClaimHandle::extend).
+    pub fn heartbeat(mut self, heartbeat: bool) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
     /// The clock leases and expirations are measured with (default: the
     /// system clock). Tests use a `testing::ManualClock` (feature `testing`).
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -136,6 +152,7 @@ impl<St: Store> EngineBuilder<St> {
                 default_lease: self.default_lease.min(self.max_lease),
                 cache: self.cache_capacity.map(RecordCache::new),
                 fail_open: self.fail_open,
+                heartbeat: self.heartbeat,
                 clock: self.clock,
             }),
         }

@@ -6,6 +6,7 @@
 mod attempt;
 mod builder;
 mod cache;
+mod claim;
 mod codec;
 mod mode;
 mod outcome;
@@ -15,18 +16,23 @@ pub use builder::{
     default_key_prefix, EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE,
     DEFAULT_RETENTION,
 };
+pub use claim::{ClaimHandle, Takeover};
+
 pub use codec::{Codec, Json};
 pub use mode::Mode;
 pub use outcome::{Outcome, OutcomeKind};
 
 use crate::{
     clock::duration_ms,
-    store::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Status, Store},
+    store::{
+        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status,
+        Store,
+    },
     Clock, Error, Fingerprint, StoreError, StoreErrorKind,
 };
 use cache::{CachedRecord, RecordCache};
 use serde::{de::DeserializeOwned, Serialize};
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 use tracing::{debug, warn};
 
 /// Runs operations at most once per key, and replays their outcome to
@@ -57,6 +63,7 @@ struct Inner<St> {
     default_lease: Duration,
     cache: Option<RecordCache>,
     fail_open: bool,
+    heartbeat: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -82,6 +89,48 @@ impl<St: Store> Engine<St> {
     /// The record id `key` has inside `scope` with this engine's prefix.
     pub fn record_id(&self, scope: &str, key: &str) -> RecordId {
         RecordId::new(&self.inner.key_prefix, scope, key)
+    }
+
+    /// Deletes the record of `key` inside `scope`, so that the next request
+    /// with the key runs instead of being replayed: for an operator who
+    /// must evict a stored outcome (a response that should not be
+    /// replayed). Keeps an `IN_PROGRESS` record, whose operation may be
+    /// running ([`Forgotten::InProgress`]).
+    ///
+    /// Only this process's local cache is cleared; other warm instances
+    /// may replay from theirs until it expires (keep the cache off, the
+    /// default, where that matters).
+    pub async fn forget(&self, scope: &str, key: &str) -> Result<Forgotten, StoreError> {
+        self.remove(scope, key, Removal::UnlessInProgress).await
+    }
+
+    /// Like [`forget`](Engine::forget), but also deletes an `IN_PROGRESS`
+    /// record: a stuck claim, or one whose operation is known to be dead.
+    /// If it is still running, its completion will be refused and a retry
+    /// can run it a second time.
+    pub async fn forget_even_in_progress(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Forgotten, StoreError> {
+        self.remove(scope, key, Removal::Any).await
+    }
+
+    async fn remove(
+        &self,
+        scope: &str,
+        key: &str,
+        removal: Removal,
+    ) -> Result<Forgotten, StoreError> {
+        let id = self.record_id(scope, key);
+        self.evict(&id);
+        let forgotten = match self.inner.store.remove(&id, removal).await? {
+            Conditional::Applied => Forgotten::Removed,
+            Conditional::Refused(None) => Forgotten::Absent,
+            Conditional::Refused(Some(record)) => Forgotten::InProgress(record),
+        };
+        warn!(record = %id, outcome = "forgotten", result = forgotten.kind(), "idempotency record removed by an operator");
+        Ok(forgotten)
     }
 
     /// The record of `key` inside `scope`, read with strong consistency, or
@@ -132,7 +181,7 @@ impl<St: Store> Engine<St> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run(attempt, Mode::Plain, codec, || async {
+        self.run(attempt, Mode::Plain, codec, |_| async {
             operation().await.map(|value| (value, Vec::new()))
         })
         .await
@@ -161,7 +210,7 @@ impl<St: Store> Engine<St> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        self.run(attempt, Mode::Transactional, &Json, operation)
+        self.run(attempt, Mode::Transactional, &Json, |_| operation())
             .await
     }
 
@@ -169,9 +218,11 @@ impl<St: Store> Engine<St> {
     /// (the HTTP layer, the event consumers) call; use it to write an
     /// adapter of your own.
     ///
-    /// `operation` returns its value and the writes to commit with the
-    /// completion (an empty `Vec` for none); `codec` stores the value. The
-    /// mode says what happens when the outcome cannot be stored (see
+    /// `operation` gets a [`ClaimHandle`] (is this a [`Takeover`] of a
+    /// lapsed claim, whose attempt may have acted? extend the lease, learn
+    /// that it was lost) and returns its value and the writes to commit with
+    /// the completion (an empty `Vec` for none); `codec` stores the value.
+    /// The mode says what happens when the outcome cannot be stored (see
     /// [`Mode`]); an operation that returns writes is run as
     /// [`Mode::Transactional`] whatever the mode says, since its writes
     /// exist only if the completion commits.
@@ -184,7 +235,7 @@ impl<St: Store> Engine<St> {
     ) -> Result<Outcome<T>, Error<E>>
     where
         C: Codec<T>,
-        F: FnOnce() -> Fut,
+        F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
         let inner = &*self.inner;
@@ -204,13 +255,13 @@ impl<St: Store> Engine<St> {
                 }
                 // A value that no longer decodes (the type changed across a
                 // deployment) is left to the store path, which reports it.
-                Err(_) => self.forget(&id),
+                Err(_) => self.evict(&id),
             }
         }
 
         // Without a fencing token nothing may run, even failing open.
-        let claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
-        match self.claim(&claim).await {
+        let mut claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
+        match self.claim(&mut claim).await {
             Ok(Claimed::Ours) => {}
             Ok(Claimed::Held(record)) => {
                 return self.existing(record, codec, &attempt.fingerprint, now_ms)
@@ -218,7 +269,9 @@ impl<St: Store> Engine<St> {
             Err(error) if inner.fail_open && !transactional && error.kind().is_transient() => {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
-                let (value, writes) = operation().await.map_err(Error::Operation)?;
+                let (value, writes) = operation(ClaimHandle::unprotected())
+                    .await
+                    .map_err(Error::Operation)?;
                 if !writes.is_empty() {
                     // Its writes need the store that just failed: they are
                     // not committed, so the value must not be reported.
@@ -234,7 +287,8 @@ impl<St: Store> Engine<St> {
             }
         }
 
-        let (value, writes) = match operation().await {
+        let handle = self.handle(&claim);
+        let (value, writes) = match self.run_claimed(&handle, operation(handle.clone())).await {
             Ok(done) => done,
             Err(error) => {
                 self.release(&claim).await;
@@ -269,21 +323,42 @@ impl<St: Store> Engine<St> {
     /// Claims the key, and decides what a refusal means: a record under
     /// this claim's own token is its own write that landed (an SDK retry of
     /// a claim whose first answer was lost); a live record holds the key; a
-    /// record gone or no longer live by the time it was read is claimed
-    /// again.
-    async fn claim(&self, claim: &Claim) -> Result<Claimed, StoreError> {
+    /// lapsed claim is taken over, as the next attempt (`claim` becomes the
+    /// takeover); a record gone or no longer live by the time it was read is
+    /// claimed again.
+    async fn claim(&self, claim: &mut Claim) -> Result<Claimed, StoreError> {
+        let store = &self.inner.store;
         for _ in 0..CLAIM_TRIES {
-            match self.inner.store.claim(claim).await? {
-                Conditional::Applied => return Ok(Claimed::Ours),
+            let mut found = store.claim(claim).await?;
+            if let Conditional::Refused(Some(lapsed)) = &found {
+                if lapsed.owner != claim.owner && lapsed.is_lapsed(claim.now_ms) {
+                    let takeover = Claim {
+                        attempt: lapsed.attempt.saturating_add(1),
+                        first_started_ms: lapsed
+                            .first_started_ms
+                            .or(lapsed.created_at_ms)
+                            .unwrap_or(claim.now_ms),
+                        ..claim.clone()
+                    };
+                    found = store.take_over(&takeover, &lapsed.owner).await?;
+                    *claim = takeover;
+                }
+            }
+            match found {
+                Conditional::Applied => {}
                 Conditional::Refused(Some(record)) if record.owner == claim.owner => {
                     debug!(record = %claim.id, "the claim had landed before its retry");
-                    return Ok(Claimed::Ours);
                 }
                 Conditional::Refused(Some(record)) if record.is_live(claim.now_ms) => {
                     return Ok(Claimed::Held(record))
                 }
-                Conditional::Refused(_) => {}
+                Conditional::Refused(_) => continue,
             }
+            if claim.attempt > 1 {
+                warn!(record = %claim.id, outcome = "takeover", attempt = claim.attempt,
+                    "took over a claim whose lease passed: the previous attempt may have acted");
+            }
+            return Ok(Claimed::Ours);
         }
         Err(StoreError::new(
             StoreErrorKind::Other,
@@ -292,6 +367,56 @@ impl<St: Store> Engine<St> {
                 claim.id
             ),
         ))
+    }
+
+    /// The operation's handle to the claim it runs under.
+    fn handle(&self, claim: &Claim) -> ClaimHandle {
+        let takeover = (claim.attempt > 1).then_some(Takeover {
+            attempt: claim.attempt,
+            first_started_at_ms: claim.first_started_ms,
+        });
+        ClaimHandle::held(
+            Box::new(self.clone()),
+            claim.id.clone(),
+            claim.owner.clone(),
+            claim.lease_until_ms,
+            claim.expiration_s,
+            takeover,
+        )
+    }
+
+    /// Runs the operation, with the heartbeat beside it if configured: every
+    /// third of the lease, the lease is extended by its length, until the
+    /// operation ends or the claim is found lost.
+    async fn run_claimed<Fut: Future>(&self, handle: &ClaimHandle, operation: Fut) -> Fut::Output {
+        let Some(held) = handle.held_claim().filter(|_| self.inner.heartbeat) else {
+            return operation.await;
+        };
+        let lease = Duration::from_millis(
+            held.lease_until_ms()
+                .saturating_sub(self.inner.clock.now_ms())
+                .max(MIN_LEASE_MS),
+        );
+        let heartbeat = async {
+            let mut beats = tokio::time::interval(lease / 3);
+            beats.tick().await; // the first tick is immediate
+            loop {
+                beats.tick().await;
+                match held.extend(lease).await {
+                    Ok(()) => {}
+                    Err(_) if held.is_lost() => break,
+                    // A store error: the next beat tries again, well within
+                    // the lease.
+                    Err(error) => warn!(%error, "the heartbeat could not extend the lease"),
+                }
+            }
+            std::future::pending::<Infallible>().await
+        };
+        tokio::pin!(operation);
+        tokio::select! {
+            output = &mut operation => output,
+            never = heartbeat => match never {},
+        }
     }
 
     fn claim_for(
@@ -319,6 +444,8 @@ impl<St: Store> Engine<St> {
             now_ms,
             lease_until_ms,
             expiration_s,
+            attempt: 1,
+            first_started_ms: now_ms,
         })
     }
 
@@ -474,9 +601,49 @@ impl<St: Store> Engine<St> {
         self.inner.cache.as_ref()?.get(id, now_ms)
     }
 
-    fn forget(&self, id: &RecordId) {
+    fn evict(&self, id: &RecordId) {
         if let Some(cache) = &self.inner.cache {
             cache.remove(id);
+        }
+    }
+}
+
+impl<St: Store> claim::Extender for Engine<St> {
+    fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    fn max_lease_ms(&self) -> u64 {
+        duration_ms(self.inner.max_lease)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        extension: &'a Extension,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>> {
+        Box::pin(self.inner.store.extend(extension))
+    }
+}
+
+/// What [`Engine::forget`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forgotten {
+    /// The record was deleted: the next request with the key runs.
+    Removed,
+    /// There was no record.
+    Absent,
+    /// The record is `IN_PROGRESS` and was kept: its operation may be
+    /// running. [`Engine::forget_even_in_progress`] removes it anyway.
+    InProgress(Record),
+}
+
+impl Forgotten {
+    fn kind(&self) -> &'static str {
+        match self {
+            Forgotten::Removed => "removed",
+            Forgotten::Absent => "absent",
+            Forgotten::InProgress(_) => "in_progress",
         }
     }
 }

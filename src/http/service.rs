@@ -216,10 +216,16 @@ where
     loop {
         let result = config
             .engine
-            .run(attempt, config.mode, &config.codec, || async {
-                let Some((inner, request)) = pending.take() else {
+            .run(attempt, config.mode, &config.codec, |claim| async {
+                let Some((inner, mut request)) = pending.take() else {
                     return Err(Failure::AlreadyRun);
                 };
+                // The handler can learn that it took over a lapsed claim
+                // (and reconcile first), and extend or watch its lease.
+                if let Some(takeover) = claim.takeover() {
+                    request.extensions_mut().insert(takeover);
+                }
+                request.extensions_mut().insert(claim);
                 let mut response = call_inner(inner, request).await.map_err(Failure::Handler)?;
                 let writes = response
                     .extensions_mut()

@@ -1,7 +1,9 @@
 //! An in-memory store with the DynamoDB store's semantics, for unit tests
 //! and examples.
 
-use super::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Status, Store};
+use super::{
+    Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
+};
 use crate::{StoreError, StoreErrorKind};
 use std::{
     collections::HashMap,
@@ -128,6 +130,23 @@ impl MemoryStore {
     }
 }
 
+/// The fresh `IN_PROGRESS` record a claim writes.
+fn claimed(claim: &Claim) -> Record {
+    Record {
+        id: claim.id.clone(),
+        status: Status::InProgress,
+        owner: claim.owner.clone(),
+        fingerprint: claim.fingerprint.clone(),
+        expiration_s: claim.expiration_s,
+        lease_until_ms: Some(claim.lease_until_ms),
+        response: None,
+        created_at_ms: Some(claim.now_ms),
+        attempt: claim.attempt,
+        first_started_ms: Some(claim.first_started_ms),
+        completed_at_ms: None,
+    }
+}
+
 fn held_by(record: &Record, owner: &OwnerToken) -> bool {
     record.status == Status::InProgress && &record.owner == owner
 }
@@ -138,25 +157,44 @@ impl Store for MemoryStore {
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
         if let Some(existing) = state.records.get(&claim.id) {
-            if existing.is_live(claim.now_ms) {
+            if !existing.is_expired(claim.now_ms) {
                 return Ok(Conditional::Refused(Some(existing.clone())));
             }
         }
-        state.records.insert(
-            claim.id.clone(),
-            Record {
-                id: claim.id.clone(),
-                status: Status::InProgress,
-                owner: claim.owner.clone(),
-                fingerprint: claim.fingerprint.clone(),
-                expiration_s: claim.expiration_s,
-                lease_until_ms: Some(claim.lease_until_ms),
-                response: None,
-                created_at_ms: Some(claim.now_ms),
-                completed_at_ms: None,
-            },
-        );
+        state.records.insert(claim.id.clone(), claimed(claim));
         Ok(Conditional::Applied)
+    }
+
+    async fn take_over(
+        &self,
+        claim: &Claim,
+        lapsed: &OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        let mut state = self.enter()?;
+        match state.records.get(&claim.id) {
+            Some(existing)
+                if held_by(existing, lapsed)
+                    && existing
+                        .lease_until_ms
+                        .is_some_and(|lease| lease < claim.now_ms) =>
+            {
+                state.records.insert(claim.id.clone(), claimed(claim));
+                Ok(Conditional::Applied)
+            }
+            found => Ok(Conditional::Refused(found.cloned())),
+        }
+    }
+
+    async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+        let mut state = self.enter()?;
+        match state.records.get_mut(&extension.id) {
+            Some(record) if held_by(record, &extension.owner) => {
+                record.lease_until_ms = Some(extension.lease_until_ms);
+                record.expiration_s = extension.expiration_s;
+                Ok(Conditional::Applied)
+            }
+            found => Ok(Conditional::Refused(found.map(|record| record.clone()))),
+        }
     }
 
     async fn complete(
@@ -203,6 +241,22 @@ impl Store for MemoryStore {
                 Ok(Conditional::Applied)
             }
             found => Ok(Conditional::Refused(found.cloned())),
+        }
+    }
+
+    async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+        let mut state = self.enter()?;
+        match state.records.get(id) {
+            Some(record)
+                if removal == Removal::UnlessInProgress && record.status == Status::InProgress =>
+            {
+                Ok(Conditional::Refused(Some(record.clone())))
+            }
+            Some(_) => {
+                state.records.remove(id);
+                Ok(Conditional::Applied)
+            }
+            None => Ok(Conditional::Refused(None)),
         }
     }
 

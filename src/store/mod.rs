@@ -37,8 +37,9 @@ pub use crate::key::RecordId;
 pub use owner::OwnerToken;
 pub use record::{Record, Status, UnknownStatus};
 
-/// A request to claim a key: write a fresh `IN_PROGRESS` record unless a
-/// live record holds the key.
+/// A request to claim a key: write a fresh `IN_PROGRESS` record where there
+/// is none ([`Store::claim`]), or in place of a lapsed claim
+/// ([`Store::take_over`]).
 #[derive(Debug, Clone)]
 pub struct Claim {
     /// The record to claim.
@@ -53,6 +54,33 @@ pub struct Claim {
     pub lease_until_ms: u64,
     /// When the record expires, epoch seconds.
     pub expiration_s: u64,
+    /// Which attempt this is: 1, or one more than the lapsed claim's.
+    pub attempt: u32,
+    /// When the first attempt began, epoch milliseconds: `now_ms`, or the
+    /// lapsed claim's.
+    pub first_started_ms: u64,
+}
+
+/// A request to extend a claim's lease, fenced on its owner.
+#[derive(Debug, Clone)]
+pub struct Extension {
+    /// The claimed record.
+    pub id: RecordId,
+    /// The claim's fencing token.
+    pub owner: OwnerToken,
+    /// The new end of the lease, epoch milliseconds.
+    pub lease_until_ms: u64,
+    /// The record's expiration, epoch seconds, pushed past the new lease.
+    pub expiration_s: u64,
+}
+
+/// Which records [`Store::remove`] may delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Any record: completed, in progress, expired.
+    Any,
+    /// Any record but an `IN_PROGRESS` one, whose operation may be running.
+    UnlessInProgress,
 }
 
 /// A request to complete a claim: store the outcome, fenced on the owner.
@@ -100,10 +128,28 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes the claim's fresh `IN_PROGRESS` record if and only if no
     /// record is there, or the one there has expired
-    /// ([`Record::is_expired`]), or is `IN_PROGRESS` with a lease that has
-    /// passed: that is, unless [`Record::is_live`] at `claim.now_ms`.
-    /// Otherwise refuses, with the record found.
+    /// ([`Record::is_expired`] at `claim.now_ms`). Otherwise refuses, with
+    /// the record found.
     fn claim(&self, claim: &Claim) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
+
+    /// Writes the claim's `IN_PROGRESS` record in place of a lapsed one
+    /// ([`Record::is_lapsed`]) if and only if the record there is still
+    /// `IN_PROGRESS` under `lapsed`, with its lease passed at
+    /// `claim.now_ms`. Otherwise refuses, with the record found. Of
+    /// concurrent takeovers of one lapsed claim, one applies.
+    fn take_over(
+        &self,
+        claim: &Claim,
+        lapsed: &OwnerToken,
+    ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
+
+    /// Sets the claim's lease end and expiration if and only if the record
+    /// is still `IN_PROGRESS` under this owner (the fence). Otherwise
+    /// refuses, with the record found.
+    fn extend(
+        &self,
+        extension: &Extension,
+    ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
 
     /// Marks the claim `COMPLETED` with its outcome, and commits the extra
     /// writes with it, all or nothing, if and only if the record is still
@@ -123,6 +169,17 @@ pub trait Store: Send + Sync + 'static {
         &self,
         id: &RecordId,
         owner: &OwnerToken,
+    ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
+
+    /// Deletes the record, whatever its owner, if `removal` allows it: for
+    /// operators ([`Engine::forget`](crate::Engine::forget)). Refuses, with
+    /// the record found, an `IN_PROGRESS` record under
+    /// [`Removal::UnlessInProgress`]; refuses with `None` when there is no
+    /// record.
+    fn remove(
+        &self,
+        id: &RecordId,
+        removal: Removal,
     ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
 
     /// Reads the record with strong consistency; an expired record is

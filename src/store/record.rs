@@ -75,6 +75,13 @@ pub struct Record {
     pub response: Option<Vec<u8>>,
     /// Epoch milliseconds of the claim, for operators.
     pub created_at_ms: Option<u64>,
+    /// Which attempt at the operation this record's claim is: 1 for the
+    /// first, and one more for each takeover of a claim whose lease passed
+    /// (its invocation crashed or timed out, maybe after acting).
+    pub attempt: u32,
+    /// Epoch milliseconds of the first attempt's claim, kept across
+    /// takeovers.
+    pub first_started_ms: Option<u64>,
     /// Epoch milliseconds of the completion, for operators.
     pub completed_at_ms: Option<u64>,
 }
@@ -83,6 +90,13 @@ impl Record {
     /// Whether the record has passed its expiration and counts as absent.
     pub fn is_expired(&self, now_ms: u64) -> bool {
         self.expiration_s < now_ms / 1000
+    }
+
+    /// Whether the record's claim was abandoned at `now_ms`: it is
+    /// `IN_PROGRESS`, not expired, and its lease has passed. Such a claim
+    /// is taken over ([`Store::take_over`](super::Store::take_over)).
+    pub fn is_lapsed(&self, now_ms: u64) -> bool {
+        self.status == Status::InProgress && !self.is_expired(now_ms) && !self.is_live(now_ms)
     }
 
     /// Whether the record still blocks a new claim at `now_ms`: not expired,
@@ -115,6 +129,8 @@ mod tests {
             lease_until_ms,
             response: None,
             created_at_ms: None,
+            attempt: 1,
+            first_started_ms: None,
             completed_at_ms: None,
         }
     }

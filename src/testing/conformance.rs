@@ -20,6 +20,14 @@ macro_rules! store_conformance {
             own_landed_writes_are_recognised,
             expired_completed_record_is_absent,
             a_refused_write_reports_what_it_found,
+            extensions_are_fenced,
+            a_takeover_is_told_it_may_follow_an_attempt_that_acted,
+            forget_removes_records_but_keeps_claims_in_progress,
+        );
+
+        $crate::store_conformance!(@each_in_real_time $store;
+            heartbeat_keeps_a_long_operation_claimed,
+            without_a_heartbeat_a_long_operation_is_taken_over,
         );
 
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -32,6 +40,12 @@ macro_rules! store_conformance {
             $crate::testing::scenarios::store_failure_fails_closed($unavailable.await).await;
         }
     };
+    (@each_in_real_time $store:expr; $($scenario:ident),* $(,)?) => {$(
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $scenario() {
+            $crate::testing::scenarios::$scenario($store.await).await;
+        }
+    )*};
     (@each $store:expr; $($scenario:ident),* $(,)?) => {$(
         #[::tokio::test]
         async fn $scenario() {

@@ -1,7 +1,9 @@
 //! A store wrapper that counts calls.
 
 use crate::{
-    store::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Store},
+    store::{
+        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
+    },
     StoreError,
 };
 use std::sync::{
@@ -19,6 +21,9 @@ pub struct CountingStore<St> {
 #[derive(Debug, Default)]
 struct Counts {
     claim: AtomicU64,
+    take_over: AtomicU64,
+    extend: AtomicU64,
+    remove: AtomicU64,
     complete: AtomicU64,
     release: AtomicU64,
     get: AtomicU64,
@@ -30,6 +35,12 @@ struct Counts {
 pub struct Calls {
     /// [`Store::claim`] calls.
     pub claim: u64,
+    /// [`Store::take_over`] calls.
+    pub take_over: u64,
+    /// [`Store::extend`] calls.
+    pub extend: u64,
+    /// [`Store::remove`] calls.
+    pub remove: u64,
     /// [`Store::complete`] calls.
     pub complete: u64,
     /// [`Store::release`] calls.
@@ -41,7 +52,13 @@ pub struct Calls {
 impl Calls {
     /// Every call, whatever its kind.
     pub fn total(&self) -> u64 {
-        self.claim + self.complete + self.release + self.get
+        self.claim
+            + self.take_over
+            + self.extend
+            + self.complete
+            + self.release
+            + self.remove
+            + self.get
     }
 }
 
@@ -64,6 +81,9 @@ impl<St> CountingStore<St> {
         let load = |counter: &AtomicU64| counter.load(Ordering::SeqCst);
         Calls {
             claim: load(&self.counts.claim),
+            take_over: load(&self.counts.take_over),
+            extend: load(&self.counts.extend),
+            remove: load(&self.counts.remove),
             complete: load(&self.counts.complete),
             release: load(&self.counts.release),
             get: load(&self.counts.get),
@@ -81,6 +101,25 @@ impl<St: Store> Store for CountingStore<St> {
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         count(&self.counts.claim);
         self.inner.claim(claim).await
+    }
+
+    async fn take_over(
+        &self,
+        claim: &Claim,
+        lapsed: &OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        count(&self.counts.take_over);
+        self.inner.take_over(claim, lapsed).await
+    }
+
+    async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+        count(&self.counts.extend);
+        self.inner.extend(extension).await
+    }
+
+    async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+        count(&self.counts.remove);
+        self.inner.remove(id, removal).await
     }
 
     async fn complete(&self, completion: Completion<St::Write>) -> Result<Conditional, StoreError> {

@@ -1,7 +1,9 @@
 //! A store wrapper that loses the answer of every write and retries it.
 
 use crate::{
-    store::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Store},
+    store::{
+        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
+    },
     StoreError,
 };
 
@@ -24,6 +26,25 @@ impl<St: Store> Store for LostAnswers<St> {
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.0.claim(claim).await?;
         self.0.claim(claim).await
+    }
+
+    async fn take_over(
+        &self,
+        claim: &Claim,
+        lapsed: &OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        self.0.take_over(claim, lapsed).await?;
+        self.0.take_over(claim, lapsed).await
+    }
+
+    async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+        self.0.extend(extension).await?;
+        self.0.extend(extension).await
+    }
+
+    /// Sent once: an operator's removal is not part of the protocol.
+    async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+        self.0.remove(id, removal).await
     }
 
     async fn complete(&self, completion: Completion<St::Write>) -> Result<Conditional, StoreError> {

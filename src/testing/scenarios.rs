@@ -8,8 +8,8 @@
 use super::{LostAnswers, ManualClock};
 use crate::{
     clock::Clock,
-    store::{Claim, Completion, Conditional, OwnerToken, RecordId, Status, Store},
-    Attempt, Engine, Error, ErrorKind, Fingerprint, OutcomeKind,
+    store::{Claim, Completion, Conditional, Extension, OwnerToken, RecordId, Status, Store},
+    Attempt, Engine, Error, ErrorKind, Fingerprint, Forgotten, Json, Mode, OutcomeKind,
 };
 use serde::{Deserialize, Serialize};
 use std::{
@@ -345,6 +345,8 @@ fn claim_at(
         now_ms,
         lease_until_ms: now_ms + lease.as_millis() as u64,
         expiration_s: now_ms / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now_ms,
     }
 }
 
@@ -378,7 +380,7 @@ pub async fn zombie_cannot_touch_its_successor<St: Store>(store: St) {
     clock.advance(Duration::from_secs(6));
     let b = claim_at(&id, &clock, "owner-b", 1, Duration::from_secs(5));
     assert_eq!(
-        store.claim(&b).await.expect("B takes over"),
+        store.take_over(&b, &a.owner).await.expect("B takes over"),
         Conditional::Applied
     );
 
@@ -571,10 +573,297 @@ pub async fn a_refused_write_reports_what_it_found<St: Store>(store: St) {
     );
     clock.advance(Duration::from_secs(6));
     let b = claim_at(&id, &clock, "owner-b", 2, Duration::from_secs(5));
+    match store.claim(&b).await.expect("B claims after A's lease") {
+        Conditional::Refused(Some(record)) => {
+            assert_eq!(
+                record.owner, a.owner,
+                "a lapsed claim still refuses a claim"
+            );
+            assert!(record.is_lapsed(clock.now_ms()));
+        }
+        other => panic!("B's claim must report A's lapsed record: {other:?}"),
+    }
+    let stranger = OwnerToken::from_stored("owner-x");
+    assert!(
+        matches!(
+            store.take_over(&b, &stranger).await.expect("take over the wrong claim"),
+            Conditional::Refused(Some(ref record)) if record.owner == a.owner
+        ),
+        "a takeover is fenced on the lapsed claim's owner"
+    );
     assert_eq!(
-        store.claim(&b).await.expect("B claims after A's lease"),
+        store.take_over(&b, &a.owner).await.expect("B takes over"),
         Conditional::Applied
     );
+    let c = claim_at(&id, &clock, "owner-c", 2, Duration::from_secs(5));
+    match store
+        .take_over(&c, &a.owner)
+        .await
+        .expect("C takes over too")
+    {
+        Conditional::Refused(Some(record)) => assert_eq!(record.owner, b.owner),
+        other => panic!("of two takeovers, one applies: {other:?}"),
+    }
+}
+
+/// An operation's lease can be extended while the claim is its own, and
+/// only then.
+pub async fn extensions_are_fenced<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let id = RecordId::new("p", "t", "extended");
+    let a = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(5));
+    assert_eq!(
+        store.claim(&a).await.expect("A claims"),
+        Conditional::Applied
+    );
+    let extension = |claim: &Claim, lease_until_ms: u64| Extension {
+        id: claim.id.clone(),
+        owner: claim.owner.clone(),
+        lease_until_ms,
+        expiration_s: claim.expiration_s + 60,
+    };
+    let later = a.lease_until_ms + 30_000;
+    assert_eq!(
+        store
+            .extend(&extension(&a, later))
+            .await
+            .expect("A extends"),
+        Conditional::Applied
+    );
+    let record = store
+        .get(&id, clock.now_ms())
+        .await
+        .expect("read")
+        .expect("A's record");
+    assert_eq!(record.lease_until_ms, Some(later));
+    assert_eq!(record.expiration_s, a.expiration_s + 60);
+    assert_eq!(record.status, Status::InProgress);
+
+    // Past the old lease, A's claim is live: nobody takes it over.
+    clock.advance(Duration::from_secs(6));
+    let b = claim_at(&id, &clock, "owner-b", 1, Duration::from_secs(5));
+    assert!(matches!(
+        store.take_over(&b, &a.owner).await.expect("B tries"),
+        Conditional::Refused(Some(ref record)) if record.owner == a.owner
+    ));
+
+    // Past the extended one, B takes over, and A can no longer extend.
+    clock.advance(Duration::from_secs(30));
+    let b = claim_at(&id, &clock, "owner-b", 1, Duration::from_secs(5));
+    assert_eq!(
+        store.take_over(&b, &a.owner).await.expect("B takes over"),
+        Conditional::Applied
+    );
+    match store
+        .extend(&extension(&a, later + 60_000))
+        .await
+        .expect("A extends")
+    {
+        Conditional::Refused(Some(record)) => {
+            assert_eq!(record.owner, b.owner);
+            assert_eq!(
+                record.lease_until_ms,
+                Some(b.lease_until_ms),
+                "B's lease untouched"
+            );
+        }
+        other => panic!("an extension of a lost claim must be refused: {other:?}"),
+    }
+}
+
+/// An attempt that crashes mid-operation (its future dropped, as at a
+/// Lambda timeout) leaves a claim that lapses; the next attempt takes it
+/// over and is told so, with the attempt count and when the first began.
+pub async fn a_takeover_is_told_it_may_follow_an_attempt_that_acted<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(10))
+        .build();
+    let first_started_at_ms = clock.now_ms();
+    let attempt = Attempt::new("t", "crashy", payload(1));
+    let acted = Arc::new(AtomicUsize::new(0));
+
+    for crash in 1..=2 {
+        let (started_tx, started_rx) = oneshot::channel();
+        let running = {
+            let engine = engine.clone();
+            let acted = Arc::clone(&acted);
+            tokio::spawn(async move {
+                let attempt = Attempt::new("t", "crashy", payload(1));
+                engine
+                    .run(&attempt, Mode::Plain, &Json, |claim| async move {
+                        let _ = started_tx.send(claim.takeover());
+                        acted.fetch_add(1, Ordering::SeqCst); // the external effect
+                        std::future::pending::<Result<(Charge, Vec<St::Write>), Declined>>().await
+                    })
+                    .await
+            })
+        };
+        let takeover = started_rx.await.expect("the attempt started");
+        assert_eq!(
+            takeover.map(|t| t.attempt),
+            (crash > 1).then_some(crash),
+            "attempt {crash}"
+        );
+        running.abort(); // the invocation dies mid-operation
+        let _ = running.await;
+        let busy = engine
+            .execute(&attempt, || async { Ok::<_, Declined>(0u8) })
+            .await;
+        assert!(matches!(busy, Err(Error::InProgress { .. })), "{busy:?}");
+        clock.advance(Duration::from_secs(11));
+    }
+
+    let outcome = engine
+        .run(&attempt, Mode::Plain, &Json, |claim| async move {
+            let takeover = claim.takeover().expect("told it is a takeover");
+            Ok::<_, Declined>(((takeover.attempt, takeover.first_started_at_ms), Vec::new()))
+        })
+        .await
+        .expect("the third attempt runs");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh);
+    assert_eq!(*outcome.value(), (3, first_started_at_ms));
+    assert_eq!(
+        acted.load(Ordering::SeqCst),
+        2,
+        "both crashed attempts acted"
+    );
+    let record = engine
+        .inspect("t", "crashy")
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!((record.attempt, record.status), (3, Status::Completed));
+    assert_eq!(record.first_started_ms, Some(first_started_at_ms));
+
+    // A key that never crashed is a first attempt, and is not told anything.
+    let fresh = engine
+        .run(
+            &Attempt::new("t", "calm", payload(1)),
+            Mode::Plain,
+            &Json,
+            |claim| async move { Ok::<_, Declined>((claim.takeover().is_none(), Vec::new())) },
+        )
+        .await
+        .expect("runs");
+    assert!(*fresh.value());
+}
+
+/// With the heartbeat, an operation running three times its lease is never
+/// taken over. Runs in real time (about 3.5 s).
+pub async fn heartbeat_keeps_a_long_operation_claimed<St: Store>(store: St) {
+    long_operation(store, true).await;
+}
+
+/// Without the heartbeat, an operation running three times its lease is
+/// taken over, and its late outcome is not stored. Runs in real time
+/// (about 3.5 s).
+pub async fn without_a_heartbeat_a_long_operation_is_taken_over<St: Store>(store: St) {
+    long_operation(store, false).await;
+}
+
+async fn long_operation<St: Store>(store: St, heartbeat: bool) {
+    {
+        let engine = Engine::builder(store)
+            .max_lease(Duration::from_secs(1))
+            .heartbeat(heartbeat)
+            .build();
+        let key = format!("long-{heartbeat}");
+        let (started_tx, started_rx) = oneshot::channel();
+        let long = {
+            let engine = engine.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let attempt = Attempt::new("t", &key, payload(1));
+                engine
+                    .run(&attempt, Mode::Plain, &Json, |claim| async move {
+                        let _ = started_tx.send(());
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        Ok::<_, Declined>((claim.is_lost(), Vec::new()))
+                    })
+                    .await
+            })
+        };
+        started_rx.await.expect("started");
+        let attempt = Attempt::new("t", &key, payload(1));
+        let mut took_over = false;
+        for _ in 0..12 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            match engine
+                .execute(&attempt, || async { Ok::<_, Declined>(true) })
+                .await
+            {
+                Err(Error::InProgress { .. }) => {}
+                Ok(outcome) if outcome.kind() == OutcomeKind::Fresh => {
+                    took_over = true;
+                    break;
+                }
+                // The long operation completed.
+                Ok(outcome) if outcome.is_replay() => break,
+                other => panic!("unexpected: {other:?}"),
+            }
+        }
+        let long = long
+            .await
+            .expect("task")
+            .expect("the long operation's result");
+        if heartbeat {
+            assert!(!took_over, "with the heartbeat, no duplicate took over");
+            assert_eq!(long.kind(), OutcomeKind::Fresh);
+            assert!(!*long.value(), "the claim was never lost");
+        } else {
+            assert!(took_over, "without the heartbeat, a duplicate took over");
+            assert_eq!(long.kind(), OutcomeKind::LeaseLost);
+        }
+    }
+}
+
+/// An operator forgets a completed record (the next request runs), and a
+/// record in progress only when forced.
+pub async fn forget_removes_records_but_keeps_claims_in_progress<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let engine = engine(store, &clock);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("t", "evict-me", payload(1));
+    engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("first");
+    assert_eq!(
+        engine.forget("t", "evict-me").await.expect("forget"),
+        Forgotten::Removed
+    );
+    assert_eq!(
+        engine.forget("t", "evict-me").await.expect("again"),
+        Forgotten::Absent
+    );
+    let again = engine
+        .execute(&attempt, charge(&runs, 1))
+        .await
+        .expect("runs again");
+    assert_eq!(again.kind(), OutcomeKind::Fresh);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    let id = engine.record_id("t", "stuck");
+    let claim = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(30));
+    assert_eq!(
+        engine.store().claim(&claim).await.expect("claim"),
+        Conditional::Applied
+    );
+    match engine.forget("t", "stuck").await.expect("forget") {
+        Forgotten::InProgress(record) => assert_eq!(record.owner, claim.owner),
+        other => panic!("a claim in progress is kept: {other:?}"),
+    }
+    assert!(engine.inspect("t", "stuck").await.expect("read").is_some());
+    assert_eq!(
+        engine
+            .forget_even_in_progress("t", "stuck")
+            .await
+            .expect("forced"),
+        Forgotten::Removed
+    );
+    assert_eq!(engine.inspect("t", "stuck").await.expect("read"), None);
 }
 
 /// A COMPLETED record whose expiration has passed, still stored because

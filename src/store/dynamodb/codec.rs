@@ -34,6 +34,11 @@ pub(super) fn claim_item(names: &AttributeNames, claim: &Claim) -> Item {
             string(claim.fingerprint.as_str()),
         ),
         (names.created_at.clone(), number(claim.now_ms)),
+        (names.attempt.clone(), number(u64::from(claim.attempt))),
+        (
+            names.first_started_at.clone(),
+            number(claim.first_started_ms),
+        ),
     ])
 }
 
@@ -58,6 +63,9 @@ pub(super) fn decode(names: &AttributeNames, mut item: Item) -> Result<Record, S
             Some(_) => return Err(wrong_type(&names.response, "binary (B)")),
         },
         created_at_ms: optional(&mut item, &names.created_at)?,
+        // Records written before attempts were counted are first attempts.
+        attempt: optional(&mut item, &names.attempt)?.unwrap_or(1),
+        first_started_ms: optional(&mut item, &names.first_started_at)?,
         completed_at_ms: optional(&mut item, &names.completed_at)?,
         status,
         id: RecordId::from_stored(id),

@@ -6,7 +6,9 @@ mod names;
 
 pub use names::AttributeNames;
 
-use super::{Claim, Completion, Conditional, OwnerToken, Record, RecordId, Status, Store};
+use super::{
+    Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
+};
 use crate::{StoreError, StoreErrorKind};
 use aws_sdk_dynamodb::{
     operation::transact_write_items::TransactWriteItemsError,
@@ -28,9 +30,14 @@ pub(crate) fn decode_item(item: Item) -> Result<Record, StoreError> {
     codec::decode(&AttributeNames::default(), item)
 }
 
-const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s \
-     OR (#status = :in_progress AND #lease_until < :now_ms)";
+const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s";
+const TAKE_OVER_CONDITION: &str =
+    "#status = :in_progress AND #owner = :lapsed AND #lease_until < :now_ms";
 const FENCE_CONDITION: &str = "#status = :in_progress AND #owner = :owner";
+const EXTEND_UPDATE: &str = "SET #lease_until = :lease_until, #expiration = :expiration";
+const EXISTS_CONDITION: &str = "attribute_exists(#id)";
+const EXISTS_UNLESS_IN_PROGRESS_CONDITION: &str =
+    "attribute_exists(#id) AND #status <> :in_progress";
 const COMPLETE_UPDATE: &str = "SET #status = :completed, #response = :response, \
      #expiration = :expiration, #completed_at = :now_ms REMOVE #lease_until";
 
@@ -119,6 +126,20 @@ impl DynamoDbStore {
         Ok(Conditional::Refused(
             item.map(|item| self.decode(item)).transpose()?,
         ))
+    }
+
+    /// A claim's answer: a refusal that carried no item is read back,
+    /// strongly consistent, so that the engine learns what holds the key.
+    async fn refused_or_read(
+        &self,
+        claim: &Claim,
+        answer: Answer,
+    ) -> Result<Conditional, StoreError> {
+        match answer {
+            Answer::Applied => Ok(Conditional::Applied),
+            Answer::ConditionFailed(Some(item)) => self.refused(Some(item)),
+            Answer::ConditionFailed(None) => self.refused(self.get_item(&claim.id).await?),
+        }
     }
 
     /// The key and values of the completion update; the response moves into
@@ -260,16 +281,56 @@ impl Store for DynamoDbStore {
             .condition_expression(CLAIM_CONDITION)
             .set_expression_attribute_names(Some(inner.expression_names.claim.clone()))
             .expression_attribute_values(":now_s", number(claim.now_ms / 1000))
-            .expression_attribute_values(":now_ms", number(claim.now_ms))
-            .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        match errors::conditional(result, "PutItem (claim)")? {
+        self.refused_or_read(claim, errors::conditional(result, "PutItem (claim)")?)
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        claim: &Claim,
+        lapsed: &OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        let inner = &*self.inner;
+        let result = inner
+            .client
+            .put_item()
+            .table_name(&inner.table)
+            .set_item(Some(codec::claim_item(&inner.names, claim)))
+            .condition_expression(TAKE_OVER_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.take_over.clone()))
+            .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
+            .expression_attribute_values(":lapsed", string(lapsed.as_str()))
+            .expression_attribute_values(":now_ms", number(claim.now_ms))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        self.refused_or_read(claim, errors::conditional(result, "PutItem (take over)")?)
+            .await
+    }
+
+    async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+        let inner = &*self.inner;
+        let mut values = Self::fence_values(&extension.owner);
+        values.insert(":lease_until".to_owned(), number(extension.lease_until_ms));
+        values.insert(":expiration".to_owned(), number(extension.expiration_s));
+        let result = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .set_key(Some(self.key(&extension.id)))
+            .update_expression(EXTEND_UPDATE)
+            .condition_expression(FENCE_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.extend.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match errors::conditional(result, "UpdateItem (extend)")? {
             Answer::Applied => Ok(Conditional::Applied),
-            Answer::ConditionFailed(Some(item)) => self.refused(Some(item)),
-            // The failure carried no item: read it, strongly consistent.
-            Answer::ConditionFailed(None) => self.refused(self.get_item(&claim.id).await?),
+            Answer::ConditionFailed(item) => self.refused(item),
         }
     }
 
@@ -300,6 +361,31 @@ impl Store for DynamoDbStore {
         match errors::conditional(result, "DeleteItem (release)")? {
             Answer::Applied => Ok(Conditional::Applied),
             // No item: the fence failed because there is no record.
+            Answer::ConditionFailed(item) => self.refused(item),
+        }
+    }
+
+    async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+        let inner = &*self.inner;
+        let request = inner
+            .client
+            .delete_item()
+            .table_name(&inner.table)
+            .set_key(Some(self.key(id)))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        let request = match removal {
+            Removal::Any => request
+                .condition_expression(EXISTS_CONDITION)
+                .set_expression_attribute_names(Some(inner.expression_names.exists.clone())),
+            Removal::UnlessInProgress => request
+                .condition_expression(EXISTS_UNLESS_IN_PROGRESS_CONDITION)
+                .set_expression_attribute_names(Some(
+                    inner.expression_names.exists_unless_in_progress.clone(),
+                ))
+                .expression_attribute_values(":in_progress", string(Status::InProgress.as_str())),
+        };
+        match errors::conditional(request.send().await, "DeleteItem (remove)")? {
+            Answer::Applied => Ok(Conditional::Applied),
             Answer::ConditionFailed(item) => self.refused(item),
         }
     }

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 ///
 /// The defaults are those of the crate's record: `id` (the partition key),
 /// `status`, `expiration` (the table's TTL attribute), `lease_until`,
-/// `owner`, `fingerprint`, `response`, `created_at`, `completed_at`.
+/// `owner`, `fingerprint`, `response`, `created_at`, `completed_at`,
+/// `attempt`, `first_started_at`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttributeNames {
     pub(crate) id: String,
@@ -18,6 +19,8 @@ pub struct AttributeNames {
     pub(crate) response: String,
     pub(crate) created_at: String,
     pub(crate) completed_at: String,
+    pub(crate) attempt: String,
+    pub(crate) first_started_at: String,
 }
 
 impl Default for AttributeNames {
@@ -32,6 +35,8 @@ impl Default for AttributeNames {
             response: "response".into(),
             created_at: "created_at".into(),
             completed_at: "completed_at".into(),
+            attempt: "attempt".into(),
+            first_started_at: "first_started_at".into(),
         }
     }
 }
@@ -70,6 +75,10 @@ setters! {
     created_at,
     /// The completion time in epoch milliseconds.
     completed_at,
+    /// The attempt number of the claim (1, then one more per takeover).
+    attempt,
+    /// The first attempt's claim time in epoch milliseconds.
+    first_started_at,
 }
 
 /// `ExpressionAttributeNames` for each request, built once: DynamoDB rejects
@@ -77,8 +86,12 @@ setters! {
 #[derive(Debug, Clone)]
 pub(super) struct ExpressionNames {
     pub(super) claim: HashMap<String, String>,
+    pub(super) take_over: HashMap<String, String>,
     pub(super) fence: HashMap<String, String>,
+    pub(super) extend: HashMap<String, String>,
     pub(super) complete: HashMap<String, String>,
+    pub(super) exists: HashMap<String, String>,
+    pub(super) exists_unless_in_progress: HashMap<String, String>,
 }
 
 impl ExpressionNames {
@@ -90,13 +103,21 @@ impl ExpressionNames {
                 .collect::<HashMap<_, _>>()
         };
         Self {
-            claim: map(&[
-                ("#id", &names.id),
-                ("#expiration", &names.expiration),
+            claim: map(&[("#id", &names.id), ("#expiration", &names.expiration)]),
+            take_over: map(&[
                 ("#status", &names.status),
+                ("#owner", &names.owner),
                 ("#lease_until", &names.lease_until),
             ]),
             fence: map(&[("#status", &names.status), ("#owner", &names.owner)]),
+            extend: map(&[
+                ("#status", &names.status),
+                ("#owner", &names.owner),
+                ("#lease_until", &names.lease_until),
+                ("#expiration", &names.expiration),
+            ]),
+            exists: map(&[("#id", &names.id)]),
+            exists_unless_in_progress: map(&[("#id", &names.id), ("#status", &names.status)]),
             complete: map(&[
                 ("#status", &names.status),
                 ("#owner", &names.owner),

@@ -33,6 +33,8 @@ fn claim() -> Claim {
         now_ms: NOW_MS,
         lease_until_ms: NOW_MS + 30_000,
         expiration_s: NOW_MS / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: NOW_MS,
     }
 }
 
