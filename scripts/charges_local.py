@@ -12,8 +12,10 @@ source of truth for their definitions), starts `charges` under
 requests and `cargo lambda invoke`, and stops what it started.
 """
 
+import collections
 import concurrent.futures
 import http.client
+import http.server
 import json
 import os
 import signal
@@ -21,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 
@@ -82,6 +85,59 @@ def count_charges():
     return dynamodb("Scan", {"TableName": TABLES["ChargesTable"], "Select": "COUNT", "ConsistentRead": True})["Count"]
 
 
+# --- a counting proxy in front of DynamoDB Local ---------------------------
+
+class CountingProxy:
+    """Forwards every request to DynamoDB Local and counts them by operation
+    (the X-Amz-Target header), so the test can say what a request cost."""
+
+    def __init__(self, upstream):
+        url = urllib.parse.urlparse(upstream)
+        counts = self.counts = collections.Counter()
+        lock = self.lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                target = self.headers.get("X-Amz-Target", "?").split(".")[-1]
+                with lock:
+                    counts[target] += 1
+                conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request("POST", self.path, body, headers)
+                response = conn.getresponse()
+                payload = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("content-length", "connection", "transfer-encoding"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                conn.close()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def take(self):
+        """The calls counted since the last take."""
+        with self.lock:
+            counts = dict(self.counts)
+            self.counts.clear()
+        return counts
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # --- the function under cargo lambda watch ---------------------------------
 
 def free_port():
@@ -91,14 +147,14 @@ def free_port():
 
 
 class Function:
-    def __init__(self, concurrency=4):
+    def __init__(self, concurrency=4, dynamodb_endpoint=None):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="cargo-lambda-watch.", suffix=".log", delete=False)
         env = {
             "IDEMPOTENCY_TABLE": TABLES["IdempotencyTable"],
             "CHARGES_TABLE": TABLES["ChargesTable"],
             "RECEIPTS_TABLE": TABLES["ReceiptsTable"],
-            "AWS_ENDPOINT_URL_DYNAMODB": os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
+            "AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint or os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
             "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
             "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
             "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"),
@@ -205,9 +261,24 @@ class Checks:
             print(f"  FAIL  {name} {detail}")
 
 
-def e2e(fn):
+def e2e(fn, proxy):
     c = Checks()
     start = count_charges()
+
+    # What a request costs in DynamoDB calls, while one warm instance serves
+    # them all: a new charge commits in one write, its replay comes from the
+    # instance's cache. (A replay without the cache costs one call:
+    # http_dynamodb::single_write_costs_one_call_per_request.)
+    proxy.take()
+    status, _, cost = post(fn, "e2e-cost")
+    calls = proxy.take()
+    c.check("a new charge costs one DynamoDB call (TransactWriteItems)",
+            status == 201 and calls == {"TransactWriteItems": 1}, calls)
+    status, headers, again = post(fn, "e2e-cost")
+    calls = proxy.take()
+    c.check("its replay from the warm instance costs none",
+            status == 201 and again == cost and headers.get("idempotent-replayed") == "true" and calls == {},
+            calls)
 
     status, headers, first = post(fn, "e2e-key-1")
     c.check("a charge is created: 201", status == 201, (status, first))
@@ -222,18 +293,19 @@ def e2e(fn):
 
     status, _, fetched = fn.request("GET", f"/v1/charges/{charge_id}")
     c.check("GET returns the charge", status == 200 and fetched == first, (status, fetched))
-    c.check("one charge item so far", count_charges() == start + 1)
+    c.check("two charge items so far", count_charges() == start + 2)
 
     before = count_charges()
     results = burst(fn, "e2e-burst", 50)
     statuses = sorted({s for s, _, _ in results})
     ids = {body["id"] for s, _, body in results if s == 201}
-    c.check("50 concurrent duplicates answer 201 or 409", set(statuses) <= {201, 409}, statuses)
-    conflicts = [h for s, h, _ in results if s == 409]
-    c.check("every 409 has Retry-After", all("retry-after" in h for h in conflicts))
+    c.check("50 concurrent duplicates all answer 201: one commits, the others replay it",
+            statuses == [201], statuses)
     c.check("they all see one charge", len(ids) == 1, ids)
     c.check("exactly one charge item written", count_charges() == before + 1, count_charges() - before)
-    print(f"        (burst: {sum(1 for s, _, _ in results if s == 201)} x 201, {len(conflicts)} x 409)")
+    calls = proxy.take()
+    replayed = sum(1 for _, h, _ in results if h.get("idempotent-replayed") == "true")
+    print(f"        (burst: {replayed} replays; DynamoDB calls: {calls})")
 
     status, _, body = post(fn, "e2e-key-1", dict(CHARGE, amount=9900))
     c.check("same key, different body: 422", status == 422, (status, body))
@@ -295,7 +367,7 @@ def show(label, result):
     print(f"  {label}: {status}{marker}\n    {json.dumps(body)}")
 
 
-def demo(fn):
+def demo(fn, proxy):
     say("1. A client creates a charge with an Idempotency-Key.")
     print(f"   POST /v1/charges  Idempotency-Key: demo-order-1001  {json.dumps(CHARGE)}")
     first = post(fn, "demo-order-1001")
@@ -306,11 +378,13 @@ def demo(fn):
     print("   Same charge, nothing ran twice: the stored response was replayed.")
 
     say("3. A flaky client fires 20 identical requests at once.")
+    proxy.take()
     results = burst(fn, "demo-order-1002", 20)
     created = {body["id"] for s, _, body in results if s == 201}
-    conflicts = sum(1 for s, _, _ in results if s == 409)
-    print(f"   {sum(1 for s, _, _ in results if s == 201)} x 201 (one charge: {', '.join(created)}), "
-          f"{conflicts} x 409 'in progress, Retry-After' while the first ran.")
+    replayed = sum(1 for _, h, _ in results if h.get("idempotent-replayed") == "true")
+    print(f"   {sum(1 for s, _, _ in results if s == 201)} x 201, one charge ({', '.join(created)}): "
+          f"one commit won, {replayed} got it replayed.")
+    print(f"   DynamoDB calls for the 20: {sum(proxy.take().values())} (one write each, no claim first).")
 
     say("4. The same key with a different amount is refused.")
     show("response", post(fn, "demo-order-1001", dict(CHARGE, amount=99900)))
@@ -330,12 +404,14 @@ def main():
         print("AWS_ENDPOINT_URL_DYNAMODB is not set: run this through scripts/with-dynamodb-local (make demo, make test)")
         return 2
     create_tables()
-    fn = Function()
+    # The function reaches DynamoDB Local through the counting proxy.
+    proxy = CountingProxy(os.environ["AWS_ENDPOINT_URL_DYNAMODB"])
+    fn = Function(dynamodb_endpoint=proxy.url)
     try:
         print(f"Starting charges under cargo lambda watch on 127.0.0.1:{fn.port} (the first build takes a while)...")
         fn.wait_until_ready()
         if sys.argv[1] == "demo":
-            demo(fn)
+            demo(fn, proxy)
             print("\nDone. Everything this demo started is stopped now.")
             return 0
         if sys.argv[1] == "invoke":
@@ -347,12 +423,13 @@ def main():
                 result = {"statusCode": status, "headers": headers, "body": body}
             print(json.dumps(result, indent=2))
             return 0
-        return e2e(fn)
+        return e2e(fn, proxy)
     except Exception as error:  # report with the function's logs, then stop everything
         print(f"error: {error}\n--- cargo lambda watch log ---\n{fn.logs()}")
         return 1
     finally:
         fn.stop()
+        proxy.stop()
 
 
 if __name__ == "__main__":

@@ -228,6 +228,9 @@ pub enum StoreErrorKind {
     /// The store rejected one of the operation's own transactional writes
     /// (their condition failed, or the transaction is invalid).
     WriteRejected,
+    /// A concurrent write to the same record won (a DynamoDB
+    /// `TransactionConflict`); trying again resolves it.
+    Conflict,
     /// Anything else the store reported.
     Other,
 }
@@ -237,7 +240,10 @@ impl StoreErrorKind {
     pub fn is_transient(self) -> bool {
         matches!(
             self,
-            StoreErrorKind::Unavailable | StoreErrorKind::Throttled | StoreErrorKind::Other
+            StoreErrorKind::Unavailable
+                | StoreErrorKind::Throttled
+                | StoreErrorKind::Conflict
+                | StoreErrorKind::Other
         )
     }
 
@@ -249,6 +255,7 @@ impl StoreErrorKind {
             StoreErrorKind::Misconfigured => "misconfigured",
             StoreErrorKind::CorruptRecord => "corrupt_record",
             StoreErrorKind::WriteRejected => "write_rejected",
+            StoreErrorKind::Conflict => "conflict",
             StoreErrorKind::Other => "other",
         }
     }

@@ -32,6 +32,7 @@ async fn store() -> DynamoDbStore {
 lambda_idempotency::store_conformance! {
     store: store(),
     unavailable: async { DynamoDbStore::new(support::unreachable_client(), "idempotency") },
+    single_write,
 }
 
 #[tokio::test]

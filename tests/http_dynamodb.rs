@@ -4,12 +4,13 @@
 
 mod support;
 
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use lambda_http::{
     http::{self, header, StatusCode},
     Body, Request, Response,
 };
 use lambda_idempotency::{
-    http::{IdempotencyLayer, REPLAYED_HEADER},
+    http::{CommitWith, IdempotencyLayer, REPLAYED_HEADER},
     DynamoDbStore, Engine, Mode,
 };
 use std::{
@@ -398,9 +399,6 @@ async fn one_tenant_in_flight_never_blocks_another_with_the_same_key() {
 /// the claim is released.
 #[tokio::test]
 async fn an_invalid_transactional_write_is_a_500_without_retry_after() {
-    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
-    use lambda_idempotency::http::CommitWith;
-
     let client = support::client();
     let charges = support::create_table_with(&client, "charges", "charge_id", None).await;
     let runs = Arc::new(AtomicUsize::new(0));
@@ -445,4 +443,155 @@ async fn an_invalid_transactional_write_is_a_500_without_retry_after() {
             "released: the retry runs again"
         );
     }
+}
+
+/// A charge handler whose only effect is the charge item it commits with
+/// its response, counting its runs.
+fn committing_handler(
+    charges: String,
+    runs: Arc<AtomicUsize>,
+) -> impl tower::Service<Request, Response = Response<Body>, Error = BoxError, Future = impl Send> + Clone
+{
+    lambda_http::service_fn(move |_: Request| {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let charges = charges.clone();
+        async move {
+            let id = format!("ch_{run}");
+            let put = Put::builder()
+                .table_name(charges)
+                .item("charge_id", AttributeValue::S(id.clone()))
+                .condition_expression("attribute_not_exists(charge_id)")
+                .build()?;
+            let mut response = Response::builder()
+                .status(201)
+                .body(Body::Text(format!(r#"{{"id":"{id}"}}"#)))?;
+            response
+                .extensions_mut()
+                .insert(CommitWith(vec![TransactWriteItem::builder()
+                    .put(put)
+                    .build()]));
+            Ok::<_, BoxError>(response)
+        }
+    })
+}
+
+async fn charge_items(client: &aws_sdk_dynamodb::Client, table: &str) -> usize {
+    client
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("scan")
+        .items
+        .unwrap_or_default()
+        .len()
+}
+
+#[tokio::test]
+async fn single_write_costs_one_call_per_request() {
+    let (client, calls) = support::counted_client();
+    let table = support::create_idempotency_table(&client).await;
+    let charges = support::create_table_with(&client, "charges", "charge_id", None).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = DynamoDbStore::new(client.clone(), table);
+    let uncached = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .single_write()
+        .layer(committing_handler(charges.clone(), Arc::clone(&runs)));
+    let cached = IdempotencyLayer::new(Engine::builder(store).cache(16).build())
+        .single_write()
+        .layer(committing_handler(charges.clone(), Arc::clone(&runs)));
+
+    calls.reset();
+    let first = uncached
+        .clone()
+        .oneshot(post("one-call", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(
+        calls.by_operation(),
+        [("TransactWriteItems", 1)].into(),
+        "a new request: one transaction, no claim"
+    );
+
+    calls.reset();
+    let replay = uncached
+        .clone()
+        .oneshot(post("one-call", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers().get(REPLAYED_HEADER).unwrap(), "true");
+    assert_eq!(
+        replay.body(),
+        first.body(),
+        "the first charge, not the retry's"
+    );
+    assert_eq!(
+        calls.by_operation(),
+        [("TransactWriteItems", 1)].into(),
+        "a replay: the refused transaction returns the record"
+    );
+
+    // The cached engine learns the record from its first replay, then
+    // replays without a call.
+    cached
+        .clone()
+        .oneshot(post("one-call", json("{}")))
+        .await
+        .unwrap();
+    calls.reset();
+    let from_cache = cached
+        .clone()
+        .oneshot(post("one-call", json("{}")))
+        .await
+        .unwrap();
+    assert_eq!(from_cache.body(), first.body());
+    assert_eq!(calls.total(), 0, "a cached replay: no call");
+    assert_eq!(
+        charge_items(&client, &charges).await,
+        1,
+        "one charge written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_write_concurrent_duplicates_commit_one_charge_and_replay_it() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let charges = support::create_table_with(&client, "charges", "charge_id", None).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service =
+        IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client.clone(), table)).build())
+            .single_write()
+            .layer(committing_handler(charges.clone(), Arc::clone(&runs)));
+    let calls: Vec<_> = (0..40)
+        .map(|_| {
+            let service = service.clone();
+            tokio::spawn(async move { service.oneshot(post("burst", json("{}"))).await })
+        })
+        .collect();
+    let mut bodies = std::collections::HashSet::new();
+    for call in calls {
+        let response = call.await.expect("task").expect("response");
+        assert_eq!(
+            response.status(),
+            StatusCode::CREATED,
+            "a replay, never a 409"
+        );
+        let Body::Text(text) = response.body() else {
+            panic!("text body")
+        };
+        bodies.insert(text.clone());
+    }
+    assert_eq!(
+        bodies.len(),
+        1,
+        "every duplicate got the one committed charge: {bodies:?}"
+    );
+    assert_eq!(
+        charge_items(&client, &charges).await,
+        1,
+        "one charge written"
+    );
 }

@@ -9,4 +9,5 @@ lambda_idempotency::store_conformance! {
         store.fail_next(1);
         store
     },
+    single_write,
 }

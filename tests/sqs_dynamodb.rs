@@ -63,12 +63,25 @@ struct Fixture {
 
 impl Fixture {
     async fn new() -> Self {
-        let client = support::client();
+        Self::with(support::client(), false).await
+    }
+
+    /// Each new record committed in one write, without a claim.
+    async fn single_write(client: Client) -> Self {
+        Self::with(client, true).await
+    }
+
+    async fn with(client: Client, single_write: bool) -> Self {
         let table = support::create_idempotency_table(&client).await;
         let receipts = support::create_table_with(&client, "receipts", "charge_id", None).await;
         let engine = Engine::builder(DynamoDbStore::new(client.clone(), table)).build();
         // Keyed by the charge (the body), so a producer's resend is caught.
         let sqs = SqsBatch::new(engine.clone(), "receipts").key(|m: &SqsMessage| m.body.clone());
+        let sqs = if single_write {
+            sqs.single_write()
+        } else {
+            sqs
+        };
         Self {
             client,
             receipts,
@@ -247,4 +260,77 @@ async fn fifo_groups_keep_their_order_and_stop_at_the_first_failure() {
     let sent = f.sent().await;
     assert_eq!(sent.get("ch_b3"), None);
     assert_eq!(sent.len(), 4);
+}
+
+#[tokio::test]
+async fn single_write_sends_every_receipt_once_in_one_call_each() {
+    let (client, calls) = support::counted_client();
+    let f = Fixture::single_write(client).await;
+    calls.reset();
+    let response = f
+        .deliver(batch(vec![
+            message("m1", "ch_a"),
+            message("m2", "ch_b"),
+            message("m4", "ch_c"),
+        ]))
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    assert_eq!(
+        calls.by_operation().get("TransactWriteItems"),
+        Some(&3),
+        "one call per new record: {:?}",
+        calls.by_operation()
+    );
+    assert_eq!(calls.total(), 3, "{:?}", calls.by_operation());
+
+    // Duplicates inside one batch, a redelivery and a producer's resend.
+    let response = f
+        .deliver(batch(vec![
+            message("m3", "ch_a"),
+            message("m5", "ch_a"),
+            message("m2", "ch_b"),
+        ]))
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    let sent = f.sent().await;
+    assert_eq!(sent.len(), 3);
+    assert!(
+        sent.values().all(|n| *n == 1),
+        "every receipt sent once: {sent:?}"
+    );
+}
+
+#[tokio::test]
+async fn single_write_reports_failures_and_records_in_progress_elsewhere() {
+    let f = Fixture::single_write(support::client()).await;
+    let now = SystemClock.now_ms();
+    let claim = Claim {
+        id: f.engine.record_id("receipts", "ch_busy"),
+        owner: OwnerToken::generate().expect("the OS random source"),
+        fingerprint: Fingerprint::of_bytes(b"ch_busy"),
+        now_ms: now,
+        lease_until_ms: now + 60_000,
+        expiration_s: now / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now,
+    };
+    f.engine
+        .store()
+        .claim(&claim)
+        .await
+        .expect("another invocation claims ch_busy");
+    let response = f
+        .deliver(batch(vec![
+            message("m1", "ch_busy"),
+            message("m2", "fail_x"),
+            message("m3", "ch_a"),
+        ]))
+        .await;
+    assert_eq!(failed(&response), ["m1", "m2"]);
+    let sent = f.sent().await;
+    assert_eq!(
+        (sent.get("ch_busy"), sent.get("fail_x"), sent.get("ch_a")),
+        (None, None, Some(&1)),
+        "nothing committed for the record held elsewhere nor the failure"
+    );
 }

@@ -20,7 +20,7 @@ use lambda_http::{
 };
 use lambda_idempotency::{
     http::{CommitWith, IdempotencyLayer},
-    DynamoDbStore, Engine, Mode,
+    DynamoDbStore, Engine,
 };
 use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::SystemTime};
@@ -219,9 +219,11 @@ async fn main() -> Result<(), Error> {
     };
 
     let service = ServiceBuilder::new()
-        // The handler commits its charge with the stored response
-        // (CommitWith): declared, so it never runs without the store.
-        .layer(IdempotencyLayer::new(engine).mode(Mode::Transactional))
+        // The handler's only effect is the charge it commits with the
+        // stored response (CommitWith): so both go in one write, without a
+        // claim before it. A new charge costs one DynamoDB call, a replay
+        // one, a cached replay none.
+        .layer(IdempotencyLayer::new(engine).single_write())
         .service(service_fn(move |request| charges.clone().handle(request)));
     lambda_http::run(service).await
 }

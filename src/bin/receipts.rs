@@ -45,7 +45,9 @@ fn send_receipt(table: &str, message: &SqsMessage) -> Result<((), Vec<TransactWr
             AttributeValue::S(message.message_id.clone().unwrap_or_default()),
         )
         .build()?;
-    tracing::info!(charge = %request.charge_id, "receipt sent");
+    // Committed with the idempotency record, or not at all (a duplicate's
+    // commit is refused and it gets the replay).
+    tracing::debug!(charge = %request.charge_id, "receipt write prepared");
     Ok((
         (),
         vec![TransactWriteItem::builder().update(update).build()],
@@ -67,8 +69,10 @@ async fn main() -> Result<(), Error> {
     let table: Arc<str> = required_env("RECEIPTS_TABLE")?.into();
     // Keyed by the charge, so a producer's second send is caught, not only
     // SQS's redeliveries; fingerprinted by the parsed body, so whitespace or
-    // key order in the JSON does not matter.
+    // key order in the JSON does not matter. The handler's only effect is
+    // the write it returns, so each new record costs one DynamoDB call.
     let batch = SqsBatch::new(engine, "receipts")
+        .single_write()
         .key(|message: &SqsMessage| parse(message).map(|request| request.charge_id))
         .fingerprint(|message: &SqsMessage| match parse(message) {
             Some(request) => Fingerprint::of_json(&request)

@@ -61,6 +61,7 @@ pub struct SqsBatch<St> {
     key: KeyFn,
     fingerprint: FingerprintFn,
     concurrency: usize,
+    single_write: bool,
 }
 
 impl<St> Clone for SqsBatch<St> {
@@ -71,6 +72,7 @@ impl<St> Clone for SqsBatch<St> {
             key: Arc::clone(&self.key),
             fingerprint: Arc::clone(&self.fingerprint),
             concurrency: self.concurrency,
+            single_write: self.single_write,
         }
     }
 }
@@ -81,6 +83,7 @@ impl<St: fmt::Debug> fmt::Debug for SqsBatch<St> {
             .field("engine", &self.engine)
             .field("scope", &self.scope)
             .field("concurrency", &self.concurrency)
+            .field("single_write", &self.single_write)
             .finish_non_exhaustive()
     }
 }
@@ -106,7 +109,34 @@ impl<St: Store> SqsBatch<St> {
                 Fingerprint::of_bytes(message.body.as_deref().unwrap_or_default().as_bytes())
             }),
             concurrency: DEFAULT_CONCURRENCY,
+            single_write: false,
         }
+    }
+
+    /// Commits each record of
+    /// [`process_transactional`](SqsBatch::process_transactional) in **one**
+    /// store write, without a claim before it (see
+    /// [`Engine::run_single_write`](crate::Engine::run_single_write)): one
+    /// DynamoDB call per new record instead of two.
+    ///
+    /// **Only for handlers whose sole effect is the writes they return.** A
+    /// duplicate record (a redelivery, a producer's second send) runs the
+    /// handler again before it is answered with the replay, and duplicates
+    /// processed at once may each run it; one commits. A record still in
+    /// progress under a claim elsewhere is reported for redelivery, as
+    /// without it.
+    ///
+    /// Only stores whose [`Store::SINGLE_WRITE`] is `true` have it: with
+    /// another store this does not compile.
+    pub fn single_write(mut self) -> Self {
+        const {
+            assert!(
+                St::SINGLE_WRITE,
+                "this store cannot commit in a single write: leave SqsBatch::single_write out"
+            )
+        };
+        self.single_write = true;
+        self
     }
 
     /// The idempotency key of a record. The default, its `messageId`,
@@ -298,11 +328,13 @@ impl<St: Store> SqsBatch<St> {
         };
         let fingerprint = (self.fingerprint)(&message);
         let attempt = Attempt::new(&self.scope, &key, fingerprint).deadline_ms(deadline_ms);
-        match self
-            .engine
-            .run(&attempt, mode, &Json, |_| handler(message))
-            .await
-        {
+        let operation = |_| handler(message);
+        let result = if mode == Mode::Transactional && self.single_write {
+            self.engine.single_write(&attempt, &Json, operation).await
+        } else {
+            self.engine.run(&attempt, mode, &Json, operation).await
+        };
+        match result {
             Ok(outcome) if outcome.is_replay() => RecordOutcome::Replayed,
             Ok(outcome) => {
                 if outcome.kind() != OutcomeKind::Fresh {

@@ -25,8 +25,8 @@ pub use outcome::{Outcome, OutcomeKind};
 use crate::{
     clock::duration_ms,
     store::{
-        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status,
-        Store,
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+        Status, Store,
     },
     Clock, Error, Fingerprint, StoreError, StoreErrorKind,
 };
@@ -74,6 +74,18 @@ const MIN_LEASE_MS: u64 = 1_000;
 /// out not to be live (it expired or was released between the condition
 /// and the read).
 pub(crate) const CLAIM_TRIES: usize = 3;
+
+/// How many times a single-write commit is tried when it conflicts with a
+/// concurrent one, or finds the record changed.
+const COMMIT_TRIES: u32 = 4;
+
+/// A random wait before trying a conflicted commit again: up to 10 ms,
+/// doubling per try, so that duplicates stop colliding.
+fn conflict_backoff(try_number: u32) -> Duration {
+    let ceiling_ms = 10u64 << try_number.min(6);
+    let noise = getrandom::u64().unwrap_or(ceiling_ms / 2);
+    Duration::from_millis(noise % ceiling_ms + 1)
+}
 
 impl<St: Store> Engine<St> {
     /// Starts configuring an engine over `store`.
@@ -243,20 +255,8 @@ impl<St: Store> Engine<St> {
         let id = self.record_id(attempt.scope, attempt.key);
         let now_ms = inner.clock.now_ms();
 
-        if let Some(cached) = self.cached(&id, now_ms) {
-            if cached.fingerprint != attempt.fingerprint {
-                debug!(record = %id, outcome = "key_reused", cached = true, "idempotency");
-                return Err(Error::KeyReused);
-            }
-            match codec.decode(&cached.response) {
-                Ok(value) => {
-                    debug!(record = %id, outcome = "cached_replay", "idempotency");
-                    return Ok(Outcome::new(value, OutcomeKind::CachedReplay));
-                }
-                // A value that no longer decodes (the type changed across a
-                // deployment) is left to the store path, which reports it.
-                Err(_) => self.evict(&id),
-            }
+        if let Some(replay) = self.cached_replay(&id, attempt, codec, now_ms) {
+            return replay;
         }
 
         // Without a fencing token nothing may run, even failing open.
@@ -318,6 +318,144 @@ impl<St: Store> Engine<St> {
         self.complete(claim, response, writes, transactional)
             .await
             .map(|kind| Outcome::new(value, kind))
+    }
+
+    /// Runs `operation` and commits its value and writes in **one** store
+    /// write (for DynamoDB, one `TransactWriteItems`, or one `PutItem`
+    /// without writes), conditioned as a claim is: no claim before it, so a
+    /// first call costs one round trip instead of two.
+    ///
+    /// **Only for operations whose sole effect is the writes they return.**
+    /// Concurrent duplicates may each run the operation; one commits, and
+    /// the others get its stored value as a replay (or a 422 for another
+    /// payload). Even a retry of a completed request runs the operation
+    /// before learning that it is a replay. So an operation that calls a
+    /// payment provider, sends a message or writes outside its returned
+    /// writes must use [`run`](Engine::run) instead.
+    ///
+    /// A record in progress under a claim (made by another entry point)
+    /// answers [`Error::InProgress`]; a lapsed claim is replaced. A
+    /// transaction conflict with a concurrent duplicate is tried again, a
+    /// few times with jitter, then settled by a consistent read. A commit
+    /// that fails is an error ([`Error::Store`]): nothing was written. The
+    /// operation gets a [`ClaimHandle`] without a claim (never a
+    /// takeover, no lease to extend).
+    ///
+    /// Only stores whose [`Store::SINGLE_WRITE`] is `true` have it: using it
+    /// with another store does not compile.
+    pub async fn run_single_write<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        const {
+            assert!(
+                St::SINGLE_WRITE,
+                "this store cannot commit in a single write: use Engine::run"
+            )
+        };
+        self.single_write(attempt, codec, operation).await
+    }
+
+    /// The single-write protocol; callers have checked
+    /// [`Store::SINGLE_WRITE`] at compile time.
+    pub(crate) async fn single_write<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let inner = &*self.inner;
+        let id = self.record_id(attempt.scope, attempt.key);
+        if let Some(replay) = self.cached_replay(&id, attempt, codec, inner.clock.now_ms()) {
+            return replay;
+        }
+        let (value, writes) = operation(ClaimHandle::unprotected())
+            .await
+            .map_err(Error::Operation)?;
+        let response = codec.encode(&value).map_err(|error| {
+            Error::Store(
+                StoreError::new(
+                    StoreErrorKind::Other,
+                    "the operation's value could not be serialised for storage",
+                )
+                .with_source(error),
+            )
+        })?;
+        let cached = inner
+            .cache
+            .as_ref()
+            .map(|_| Arc::<[u8]>::from(&response[..]));
+        for try_number in 0..COMMIT_TRIES {
+            let now_ms = inner.clock.now_ms();
+            // A fresh token per try: a retried transaction with other
+            // parameters must not reuse one.
+            let owner = OwnerToken::generate().map_err(Error::Store)?;
+            let commit = Commit {
+                id: id.clone(),
+                owner: owner.clone(),
+                fingerprint: attempt.fingerprint.clone(),
+                response: response.clone(),
+                now_ms,
+                expiration_s: self.expiration_s(now_ms),
+                writes: writes.clone(),
+            };
+            let expiration_s = commit.expiration_s;
+            let record = match inner.store.commit(commit).await {
+                Ok(Conditional::Applied) => None,
+                // This very commit, landed before its retry.
+                Ok(Conditional::Refused(Some(record))) if record.owner == owner => None,
+                Ok(Conditional::Refused(Some(record))) if record.is_live(now_ms) => Some(record),
+                // Gone or lapsed by the time it was read: commit again.
+                Ok(Conditional::Refused(_)) => continue,
+                Err(error) if error.kind() == StoreErrorKind::Conflict => {
+                    debug!(record = %id, try_number, "single-write conflict; trying again");
+                    tokio::time::sleep(conflict_backoff(try_number)).await;
+                    continue;
+                }
+                Err(error) => {
+                    warn!(record = %id, outcome = "store_error", %error, "single-write commit failed; nothing was written");
+                    return Err(Error::Store(error));
+                }
+            };
+            let Some(record) = record else {
+                if let (Some(cache), Some(response)) = (&inner.cache, cached) {
+                    cache.put(
+                        id.clone(),
+                        CachedRecord {
+                            fingerprint: attempt.fingerprint.clone(),
+                            expiration_s,
+                            response,
+                        },
+                    );
+                }
+                debug!(record = %id, outcome = "fresh", single_write = true, "idempotency");
+                return Ok(Outcome::new(value, OutcomeKind::Fresh));
+            };
+            return self.existing(record, codec, &attempt.fingerprint, now_ms);
+        }
+        // Still contended: whoever won, its record says what happened.
+        let now_ms = inner.clock.now_ms();
+        match inner.store.get(&id, now_ms).await.map_err(Error::Store)? {
+            Some(record) if record.is_live(now_ms) => {
+                self.existing(record, codec, &attempt.fingerprint, now_ms)
+            }
+            _ => Err(Error::Store(StoreError::new(
+                StoreErrorKind::Conflict,
+                format!("record {id} stayed contended over {COMMIT_TRIES} single-write commits"),
+            ))),
+        }
     }
 
     /// Claims the key, and decides what a refusal means: a record under
@@ -593,6 +731,33 @@ impl<St: Store> Engine<St> {
             }
             Err(error) => {
                 warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
+            }
+        }
+    }
+
+    /// A replay (or a rejection) from the local cache, if it holds the key.
+    fn cached_replay<T, E>(
+        &self,
+        id: &RecordId,
+        attempt: &Attempt<'_>,
+        codec: &impl Codec<T>,
+        now_ms: u64,
+    ) -> Option<Result<Outcome<T>, Error<E>>> {
+        let cached = self.cached(id, now_ms)?;
+        if cached.fingerprint != attempt.fingerprint {
+            debug!(record = %id, outcome = "key_reused", cached = true, "idempotency");
+            return Some(Err(Error::KeyReused));
+        }
+        match codec.decode(&cached.response) {
+            Ok(value) => {
+                debug!(record = %id, outcome = "cached_replay", "idempotency");
+                Some(Ok(Outcome::new(value, OutcomeKind::CachedReplay)))
+            }
+            // A value that no longer decodes (the type changed across a
+            // deployment) is left to the store path, which reports it.
+            Err(_) => {
+                self.evict(id);
+                None
             }
         }
     }

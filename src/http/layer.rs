@@ -103,6 +103,32 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Commits each request in **one** store write: the handler runs first,
+    /// then its response and its [`CommitWith`](super::CommitWith) writes
+    /// are committed together, conditioned as a claim is (see
+    /// [`Engine::run_single_write`](crate::Engine::run_single_write)). A
+    /// first request costs one DynamoDB call instead of two, a replay one.
+    ///
+    /// **Only for handlers whose sole effect is their `CommitWith` writes.**
+    /// Concurrent duplicates may each run the handler; one commits and the
+    /// others replay its response, and a retry of a completed request runs
+    /// the handler before it is answered with the replay. A handler that
+    /// calls a payment provider, sends a message or writes anything else
+    /// must not use it. Supersedes [`mode`](IdempotencyLayer::mode).
+    ///
+    /// Only stores whose [`Store::SINGLE_WRITE`] is `true` have it: with
+    /// another store this does not compile.
+    pub fn single_write(mut self) -> Self {
+        const {
+            assert!(
+                St::SINGLE_WRITE,
+                "this store cannot commit in a single write: use IdempotencyLayer::mode"
+            )
+        };
+        self.config.single_write = true;
+        self
+    }
+
     /// Derives the scope of a request's key (default: [`default_scope`],
     /// from the authorizer context and the route). Use only trusted
     /// request data: never a header the client controls.
@@ -161,6 +187,7 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("header", &self.config.header)
             .field("wait", &self.config.wait)
             .field("mode", &self.config.mode)
+            .field("single_write", &self.config.single_write)
             .field("codec", &self.config.codec)
             .field("metrics", &self.config.metrics)
             .finish_non_exhaustive()

@@ -10,7 +10,10 @@ use super::{
     problem::Problem,
     stored::StoredResponse,
 };
-use crate::{clock::epoch_ms, store::Store, Attempt, Error, Outcome, OutcomeKind, StoreErrorKind};
+use crate::{
+    clock::epoch_ms, store::Store, Attempt, ClaimHandle, Error, Outcome, OutcomeKind,
+    StoreErrorKind,
+};
 use lambda_http::{
     http::{HeaderName, HeaderValue},
     Body, IntoResponse, Request, RequestExt, Response,
@@ -214,31 +217,40 @@ where
     let mut pending = Some((inner, request));
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let result = config
-            .engine
-            .run(attempt, config.mode, &config.codec, |claim| async {
-                let Some((inner, mut request)) = pending.take() else {
-                    return Err(Failure::AlreadyRun);
-                };
-                // The handler can learn that it took over a lapsed claim
-                // (and reconcile first), and extend or watch its lease.
-                if let Some(takeover) = claim.takeover() {
-                    request.extensions_mut().insert(takeover);
-                }
-                request.extensions_mut().insert(claim);
-                let mut response = call_inner(inner, request).await.map_err(Failure::Handler)?;
-                let writes = response
-                    .extensions_mut()
-                    .remove::<CommitWith<St::Write>>()
-                    .map(|commit| commit.0)
-                    .unwrap_or_default();
-                if (config.store_when)(response.status()) {
-                    Ok((StoredResponse::Full(response), writes))
-                } else {
-                    Err(Failure::Released(response))
-                }
-            })
-            .await;
+        let not_run_yet = &mut pending;
+        let operation = move |claim: ClaimHandle| async move {
+            let Some((inner, mut request)) = not_run_yet.take() else {
+                return Err(Failure::AlreadyRun);
+            };
+            // The handler can learn that it took over a lapsed claim
+            // (and reconcile first), and extend or watch its lease.
+            if let Some(takeover) = claim.takeover() {
+                request.extensions_mut().insert(takeover);
+            }
+            request.extensions_mut().insert(claim);
+            let mut response = call_inner(inner, request).await.map_err(Failure::Handler)?;
+            let writes = response
+                .extensions_mut()
+                .remove::<CommitWith<St::Write>>()
+                .map(|commit| commit.0)
+                .unwrap_or_default();
+            if (config.store_when)(response.status()) {
+                Ok((StoredResponse::Full(response), writes))
+            } else {
+                Err(Failure::Released(response))
+            }
+        };
+        let result = if config.single_write {
+            config
+                .engine
+                .single_write(attempt, &config.codec, operation)
+                .await
+        } else {
+            config
+                .engine
+                .run(attempt, config.mode, &config.codec, operation)
+                .await
+        };
         if let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until) {
             let now = tokio::time::Instant::now();
             if now < until {

@@ -2,7 +2,8 @@
 //! and examples.
 
 use super::{
-    Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
+    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+    Status, Store,
 };
 use crate::{StoreError, StoreErrorKind};
 use std::{
@@ -147,12 +148,31 @@ fn claimed(claim: &Claim) -> Record {
     }
 }
 
+/// Rejects the whole transaction if one of its writes' conditions fails.
+fn check_writes(
+    items: &HashMap<String, Vec<u8>>,
+    writes: &[MemoryWrite],
+) -> Result<(), StoreError> {
+    match writes
+        .iter()
+        .find(|w| w.if_absent && items.contains_key(&w.key))
+    {
+        Some(taken) => Err(StoreError::new(
+            StoreErrorKind::WriteRejected,
+            format!("memory store: an item already exists under {:?}", taken.key),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn held_by(record: &Record, owner: &OwnerToken) -> bool {
     record.status == Status::InProgress && &record.owner == owner
 }
 
 impl Store for MemoryStore {
     type Write = MemoryWrite;
+
+    const SINGLE_WRITE: bool = true;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
@@ -212,16 +232,7 @@ impl Store for MemoryStore {
                 state.records.get(&completion.id).cloned(),
             ));
         };
-        if let Some(taken) = completion
-            .writes
-            .iter()
-            .find(|w| w.if_absent && state.items.contains_key(&w.key))
-        {
-            return Err(StoreError::new(
-                StoreErrorKind::WriteRejected,
-                format!("memory store: an item already exists under {:?}", taken.key),
-            ));
-        }
+        check_writes(&state.items, &completion.writes)?;
         record.status = Status::Completed;
         record.response = Some(completion.response);
         record.expiration_s = completion.expiration_s;
@@ -242,6 +253,36 @@ impl Store for MemoryStore {
             }
             found => Ok(Conditional::Refused(found.cloned())),
         }
+    }
+
+    async fn commit(&self, commit: Commit<MemoryWrite>) -> Result<Conditional, StoreError> {
+        let mut state = self.enter()?;
+        if let Some(existing) = state.records.get(&commit.id) {
+            if existing.is_live(commit.now_ms) {
+                return Ok(Conditional::Refused(Some(existing.clone())));
+            }
+        }
+        check_writes(&state.items, &commit.writes)?;
+        for write in commit.writes {
+            state.items.insert(write.key, write.value);
+        }
+        state.records.insert(
+            commit.id.clone(),
+            Record {
+                id: commit.id,
+                status: Status::Completed,
+                owner: commit.owner,
+                fingerprint: commit.fingerprint,
+                expiration_s: commit.expiration_s,
+                lease_until_ms: None,
+                response: Some(commit.response),
+                created_at_ms: Some(commit.now_ms),
+                attempt: 1,
+                first_started_ms: Some(commit.now_ms),
+                completed_at_ms: Some(commit.now_ms),
+            },
+        );
+        Ok(Conditional::Applied)
     }
 
     async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {

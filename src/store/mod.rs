@@ -61,6 +61,28 @@ pub struct Claim {
     pub first_started_ms: u64,
 }
 
+/// A request to write a completed record and the operation's writes in one
+/// atomic step, without a claim before them
+/// ([`Engine::run_single_write`](crate::Engine::run_single_write)).
+#[derive(Debug, Clone)]
+pub struct Commit<W> {
+    /// The record to write.
+    pub id: RecordId,
+    /// A fresh token, so that a retried commit that had landed is
+    /// recognised.
+    pub owner: OwnerToken,
+    /// The payload's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The encoded outcome.
+    pub response: Vec<u8>,
+    /// The current time, epoch milliseconds.
+    pub now_ms: u64,
+    /// When the record expires, epoch seconds.
+    pub expiration_s: u64,
+    /// Writes to commit atomically with the record.
+    pub writes: Vec<W>,
+}
+
 /// A request to extend a claim's lease, fenced on its owner.
 #[derive(Debug, Clone)]
 pub struct Extension {
@@ -126,6 +148,14 @@ pub trait Store: Send + Sync + 'static {
     /// [`Engine::execute_transactional`](crate::Engine::execute_transactional)).
     type Write: Clone + Send + Sync + 'static;
 
+    /// Whether [`commit`](Store::commit) is implemented: the store can write
+    /// a completed record and the operation's writes in one atomic step,
+    /// conditioned as a claim. Checked at compile time by the single-write
+    /// entry points
+    /// ([`Engine::run_single_write`](crate::Engine::run_single_write)), so
+    /// a store without it never fails at request time.
+    const SINGLE_WRITE: bool = false;
+
     /// Writes the claim's fresh `IN_PROGRESS` record if and only if no
     /// record is there, or the one there has expired
     /// ([`Record::is_expired`] at `claim.now_ms`). Otherwise refuses, with
@@ -170,6 +200,28 @@ pub trait Store: Send + Sync + 'static {
         id: &RecordId,
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
+
+    /// Writes the commit's `COMPLETED` record, with its writes, all or
+    /// nothing, if and only if the claim condition holds (no record, an
+    /// expired one, or a lapsed claim: that is, unless [`Record::is_live`]
+    /// at `commit.now_ms`). Otherwise refuses, with the record found. A
+    /// concurrent write to the record is a
+    /// [`StoreErrorKind::Conflict`](crate::StoreErrorKind::Conflict); a
+    /// failure of one of the writes is an error, as for
+    /// [`complete`](Store::complete).
+    ///
+    /// Only called when [`SINGLE_WRITE`](Store::SINGLE_WRITE) is `true`;
+    /// the default refuses as misconfigured.
+    fn commit(
+        &self,
+        commit: Commit<Self::Write>,
+    ) -> impl Future<Output = Result<Conditional, StoreError>> + Send {
+        drop(commit);
+        std::future::ready(Err(StoreError::new(
+            crate::StoreErrorKind::Misconfigured,
+            "this store cannot commit a request in a single write",
+        )))
+    }
 
     /// Deletes the record, whatever its owner, if `removal` allows it: for
     /// operators ([`Engine::forget`](crate::Engine::forget)). Refuses, with

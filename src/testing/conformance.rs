@@ -6,9 +6,21 @@
 /// future that yields a store whose calls fail as unavailable).
 ///
 /// Invoke it once per store, in its own test file or module: the tests are
-/// named after the scenarios. See the [module docs](crate::testing).
+/// named after the scenarios. End with `single_write` for a store whose
+/// [`Store::SINGLE_WRITE`](crate::store::Store::SINGLE_WRITE) is `true`,
+/// to run the single-write scenarios too. See the
+/// [module docs](crate::testing).
 #[macro_export]
 macro_rules! store_conformance {
+    (store: $store:expr, unavailable: $unavailable:expr, single_write $(,)?) => {
+        $crate::store_conformance!(store: $store, unavailable: $unavailable);
+        $crate::store_conformance!(@each $store;
+            single_write_follows_the_claim_rules,
+        );
+        $crate::store_conformance!(@each_in_real_time $store;
+            single_write_commits_one_of_concurrent_duplicates,
+        );
+    };
     (store: $store:expr, unavailable: $unavailable:expr $(,)?) => {
         $crate::store_conformance!(@each $store;
             first_call_runs_then_replays,

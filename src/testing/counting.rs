@@ -2,7 +2,8 @@
 
 use crate::{
     store::{
-        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+        Store,
     },
     StoreError,
 };
@@ -22,6 +23,7 @@ pub struct CountingStore<St> {
 struct Counts {
     claim: AtomicU64,
     take_over: AtomicU64,
+    commit: AtomicU64,
     extend: AtomicU64,
     remove: AtomicU64,
     complete: AtomicU64,
@@ -37,6 +39,8 @@ pub struct Calls {
     pub claim: u64,
     /// [`Store::take_over`] calls.
     pub take_over: u64,
+    /// [`Store::commit`] calls.
+    pub commit: u64,
     /// [`Store::extend`] calls.
     pub extend: u64,
     /// [`Store::remove`] calls.
@@ -54,6 +58,7 @@ impl Calls {
     pub fn total(&self) -> u64 {
         self.claim
             + self.take_over
+            + self.commit
             + self.extend
             + self.complete
             + self.release
@@ -82,6 +87,7 @@ impl<St> CountingStore<St> {
         Calls {
             claim: load(&self.counts.claim),
             take_over: load(&self.counts.take_over),
+            commit: load(&self.counts.commit),
             extend: load(&self.counts.extend),
             remove: load(&self.counts.remove),
             complete: load(&self.counts.complete),
@@ -97,6 +103,13 @@ fn count(counter: &AtomicU64) {
 
 impl<St: Store> Store for CountingStore<St> {
     type Write = St::Write;
+
+    const SINGLE_WRITE: bool = St::SINGLE_WRITE;
+
+    async fn commit(&self, commit: Commit<St::Write>) -> Result<Conditional, StoreError> {
+        count(&self.counts.commit);
+        self.inner.commit(commit).await
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         count(&self.counts.claim);

@@ -2,7 +2,8 @@
 
 use crate::{
     store::{
-        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+        Store,
     },
     StoreError,
 };
@@ -22,6 +23,13 @@ pub struct LostAnswers<St>(pub St);
 
 impl<St: Store> Store for LostAnswers<St> {
     type Write = St::Write;
+
+    const SINGLE_WRITE: bool = St::SINGLE_WRITE;
+
+    async fn commit(&self, commit: Commit<St::Write>) -> Result<Conditional, StoreError> {
+        self.0.commit(commit.clone()).await?;
+        self.0.commit(commit).await
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.0.claim(claim).await?;

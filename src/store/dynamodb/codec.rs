@@ -4,10 +4,10 @@
 
 use super::AttributeNames;
 use crate::{
-    store::{Claim, OwnerToken, Record, RecordId, Status},
+    store::{Claim, Commit, OwnerToken, Record, RecordId, Status},
     Fingerprint, StoreError,
 };
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::{primitives::Blob, types::AttributeValue};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 
@@ -39,6 +39,29 @@ pub(super) fn claim_item(names: &AttributeNames, claim: &Claim) -> Item {
             names.first_started_at.clone(),
             number(claim.first_started_ms),
         ),
+    ])
+}
+
+/// The `COMPLETED` item a single-write commit puts; the response moves
+/// into it, so a large body is not copied.
+pub(super) fn commit_item(names: &AttributeNames, commit: &mut Commit<impl Sized>) -> Item {
+    HashMap::from([
+        (names.id.clone(), string(commit.id.as_str())),
+        (names.status.clone(), string(Status::Completed.as_str())),
+        (names.expiration.clone(), number(commit.expiration_s)),
+        (names.owner.clone(), string(commit.owner.as_str())),
+        (
+            names.fingerprint.clone(),
+            string(commit.fingerprint.as_str()),
+        ),
+        (
+            names.response.clone(),
+            AttributeValue::B(Blob::new(std::mem::take(&mut commit.response))),
+        ),
+        (names.created_at.clone(), number(commit.now_ms)),
+        (names.completed_at.clone(), number(commit.now_ms)),
+        (names.attempt.clone(), number(1)),
+        (names.first_started_at.clone(), number(commit.now_ms)),
     ])
 }
 

@@ -127,11 +127,13 @@ pub(super) fn kind_of_code(code: Option<&str>) -> StoreErrorKind {
             | "ProvisionedThroughputExceeded"
             | "ThrottlingException"
             | "ThrottlingError"
-            | "RequestLimitExceeded"
-            | "TransactionConflict"
+            | "RequestLimitExceeded",
+        ) => StoreErrorKind::Throttled,
+        Some(
+            "TransactionConflict"
             | "TransactionConflictException"
             | "TransactionInProgressException",
-        ) => StoreErrorKind::Throttled,
+        ) => StoreErrorKind::Conflict,
         Some("InternalServerError" | "ServiceUnavailable") => StoreErrorKind::Unavailable,
         Some(
             "ResourceNotFoundException"

@@ -7,15 +7,16 @@ mod names;
 pub use names::AttributeNames;
 
 use super::{
-    Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
+    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+    Status, Store,
 };
 use crate::{StoreError, StoreErrorKind};
 use aws_sdk_dynamodb::{
     operation::transact_write_items::TransactWriteItemsError,
     primitives::Blob,
     types::{
-        AttributeValue, CancellationReason, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-        Update,
+        AttributeValue, CancellationReason, Put, ReturnValuesOnConditionCheckFailure,
+        TransactWriteItem, Update,
     },
     Client,
 };
@@ -31,6 +32,10 @@ pub(crate) fn decode_item(item: Item) -> Result<Record, StoreError> {
 }
 
 const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s";
+/// A claim's condition, and a lapsed claim: what a single-write commit may
+/// replace.
+const COMMIT_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s \
+     OR (#status = :in_progress AND #lease_until < :now_ms)";
 const TAKE_OVER_CONDITION: &str =
     "#status = :in_progress AND #owner = :lapsed AND #lease_until < :now_ms";
 const FENCE_CONDITION: &str = "#status = :in_progress AND #owner = :owner";
@@ -202,14 +207,27 @@ impl DynamoDbStore {
         let mut items = Vec::with_capacity(completion.writes.len() + 1);
         items.push(TransactWriteItem::builder().update(update).build());
         items.extend(completion.writes);
-        let result = inner
+        self.transact(items, &completion.owner, "TransactWriteItems (complete)")
+            .await
+    }
+
+    /// Sends a transaction whose first action is the record's, and reads
+    /// its answer.
+    async fn transact(
+        &self,
+        items: Vec<TransactWriteItem>,
+        owner: &OwnerToken,
+        operation: &'static str,
+    ) -> Result<Conditional, StoreError> {
+        let result = self
+            .inner
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
-            // One completion per claim: the owner token makes the
-            // transaction idempotent, so an SDK retry of one that landed
-            // succeeds instead of failing its own fence.
-            .client_request_token(completion.owner.as_str())
+            // One transaction per owner token: the token makes it
+            // idempotent, so an SDK retry of one that landed succeeds
+            // instead of failing its own condition.
+            .client_request_token(owner.as_str())
             .send()
             .await;
         match result {
@@ -227,17 +245,14 @@ impl DynamoDbStore {
                         .with_source(other)),
                     }
                 }
-                _ => Err(errors::from_transaction_sdk(
-                    "TransactWriteItems (complete)",
-                    error,
-                )),
+                _ => Err(errors::from_transaction_sdk(operation, error)),
             },
         }
     }
 
-    /// Reads why a completion transaction was cancelled: the fence (the
-    /// first action) failing is a refusal, with the record found; anything
-    /// else is about the operation's own writes.
+    /// Reads why a transaction was cancelled: the record's own action (the
+    /// first) failing its condition is a refusal, with the record found;
+    /// anything else is about the operation's own writes.
     fn cancelled(&self, reasons: Vec<CancellationReason>) -> Result<Conditional, StoreError> {
         let mut reasons = reasons.into_iter();
         if let Some(fence) = reasons.next() {
@@ -270,6 +285,60 @@ impl DynamoDbStore {
 
 impl Store for DynamoDbStore {
     type Write = TransactWriteItem;
+
+    const SINGLE_WRITE: bool = true;
+
+    async fn commit(
+        &self,
+        mut commit: Commit<TransactWriteItem>,
+    ) -> Result<Conditional, StoreError> {
+        let inner = &*self.inner;
+        let item = codec::commit_item(&inner.names, &mut commit);
+        let values = HashMap::from([
+            (":now_s".to_owned(), number(commit.now_ms / 1000)),
+            (":now_ms".to_owned(), number(commit.now_ms)),
+            (
+                ":in_progress".to_owned(),
+                string(Status::InProgress.as_str()),
+            ),
+        ]);
+        if commit.writes.is_empty() {
+            let result = inner
+                .client
+                .put_item()
+                .table_name(&inner.table)
+                .set_item(Some(item))
+                .condition_expression(COMMIT_CONDITION)
+                .set_expression_attribute_names(Some(inner.expression_names.commit.clone()))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            return match errors::conditional(result, "PutItem (commit)")? {
+                Answer::Applied => Ok(Conditional::Applied),
+                Answer::ConditionFailed(Some(item)) => self.refused(Some(item)),
+                Answer::ConditionFailed(None) => self.refused(self.get_item(&commit.id).await?),
+            };
+        }
+        let put = Put::builder()
+            .table_name(&inner.table)
+            .set_item(Some(item))
+            .condition_expression(COMMIT_CONDITION)
+            .set_expression_attribute_names(Some(inner.expression_names.commit.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| {
+                StoreError::new(StoreErrorKind::Misconfigured, "invalid commit put").with_source(e)
+            })?;
+        let mut items = Vec::with_capacity(commit.writes.len() + 1);
+        items.push(TransactWriteItem::builder().put(put).build());
+        items.extend(commit.writes);
+        self.transact(items, &commit.owner, "TransactWriteItems (commit)")
+            .await
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;

@@ -86,6 +86,7 @@ setters! {
 #[derive(Debug, Clone)]
 pub(super) struct ExpressionNames {
     pub(super) claim: HashMap<String, String>,
+    pub(super) commit: HashMap<String, String>,
     pub(super) take_over: HashMap<String, String>,
     pub(super) fence: HashMap<String, String>,
     pub(super) extend: HashMap<String, String>,
@@ -104,6 +105,12 @@ impl ExpressionNames {
         };
         Self {
             claim: map(&[("#id", &names.id), ("#expiration", &names.expiration)]),
+            commit: map(&[
+                ("#id", &names.id),
+                ("#expiration", &names.expiration),
+                ("#status", &names.status),
+                ("#lease_until", &names.lease_until),
+            ]),
             take_over: map(&[
                 ("#status", &names.status),
                 ("#owner", &names.owner),

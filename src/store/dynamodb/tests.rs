@@ -264,3 +264,65 @@ async fn transaction_cancelled_by_a_business_write_names_it() {
         .expect_err("throttled");
     assert_eq!(error.kind(), StoreErrorKind::Throttled);
 }
+
+fn conflict() -> Rule {
+    cancelled(vec![reason("TransactionConflict"), reason("None")])
+}
+
+async fn single_write(store: DynamoDbStore) -> Result<crate::Outcome<u32>, Error<()>> {
+    // The mocked records are stamped around NOW_MS.
+    let engine = Engine::builder(store)
+        .clock(crate::testing::ManualClock::new(NOW_MS))
+        .build();
+    let attempt = Attempt::new("s", "k", Fingerprint::of_bytes(b"payload"));
+    engine
+        .run_single_write(&attempt, &crate::Json, |_| async {
+            Ok((7, vec![TransactWriteItem::builder().build()]))
+        })
+        .await
+}
+
+#[tokio::test]
+async fn a_conflicted_single_write_is_tried_again_and_replays_the_winner() {
+    let first = conflict();
+    let lost = cancelled(vec![
+        CancellationReason::builder()
+            .code("ConditionalCheckFailed")
+            .set_item(Some(completed_item("winner")))
+            .build(),
+        reason("None"),
+    ]);
+    let outcome = single_write(store(&[&first, &lost]))
+        .await
+        .expect("replayed");
+    assert_eq!(outcome.kind(), OutcomeKind::Replay);
+    assert_eq!(*outcome.value(), 42, "the winner's stored value");
+    assert_eq!((first.num_calls(), lost.num_calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn a_single_write_that_keeps_conflicting_is_settled_by_a_consistent_read() {
+    let conflicts = mock!(Client::transact_write_items)
+        .sequence()
+        .error(|| {
+            TransactWriteItemsError::TransactionCanceledException(
+                TransactionCanceledException::builder()
+                    .set_cancellation_reasons(Some(vec![reason("TransactionConflict")]))
+                    .build(),
+            )
+        })
+        .times(4)
+        .build();
+    let get = mock!(Client::get_item)
+        .match_requests(|req| req.consistent_read() == Some(true))
+        .then_output(|| {
+            GetItemOutput::builder()
+                .set_item(Some(completed_item("winner")))
+                .build()
+        });
+    let outcome = single_write(store_in(RuleMode::MatchAny, &[&conflicts, &get]))
+        .await
+        .expect("settled");
+    assert_eq!(outcome.kind(), OutcomeKind::Replay);
+    assert_eq!((conflicts.num_calls(), get.num_calls()), (4, 1));
+}
