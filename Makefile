@@ -58,6 +58,7 @@ integration:
 	scripts/with-dynamodb-local bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
+	$(CARGO) run --quiet --example reconcile_after_takeover
 
 ## charges under cargo lambda watch, driven with real HTTP requests and the
 ## events in events/ through cargo lambda invoke.

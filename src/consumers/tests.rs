@@ -3,7 +3,7 @@
 use super::*;
 use crate::{
     store::{memory::MemoryWrite, Claim, OwnerToken, Store},
-    Engine, Fingerprint, MemoryStore,
+    ClaimHandle, Engine, Fingerprint, MemoryStore,
 };
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::{service_fn, Context, LambdaEvent};
@@ -408,4 +408,60 @@ async fn transactional_records_commit_their_writes_once() {
         .await;
     assert!(response.batch_item_failures.is_empty(), "{response:?}");
     assert_eq!(store.item("sent#x").as_deref(), Some(&b"1"[..]));
+}
+
+#[tokio::test]
+async fn a_record_that_takes_over_a_crashed_delivery_is_told_so() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).build();
+    let sqs = SqsBatch::new(engine.clone(), "queue");
+    // An earlier delivery of m1 claimed it and died; its lease has passed.
+    let now = crate::Clock::now_ms(&crate::SystemClock);
+    let crashed = Claim {
+        id: engine.record_id("queue", "m1"),
+        owner: OwnerToken::generate().expect("the OS random source"),
+        fingerprint: Fingerprint::of_bytes(b"pay"),
+        now_ms: now - 60_000,
+        lease_until_ms: now - 30_000,
+        expiration_s: now / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now - 60_000,
+    };
+    store.claim(&crashed).await.unwrap();
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let handler = |message: SqsMessage| {
+        let told = Arc::clone(&told);
+        async move {
+            let takeover = ClaimHandle::current().and_then(|claim| claim.takeover());
+            told.lock()
+                .unwrap()
+                .push((message.message_id.unwrap_or_default(), takeover));
+            Ok::<_, String>(())
+        }
+    };
+    let response = sqs
+        .process(
+            batch(vec![
+                message("m1", "pay", None),
+                message("m2", "other", None),
+            ]),
+            handler,
+        )
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    let mut told = told.lock().unwrap().clone();
+    told.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        told,
+        [
+            (
+                "m1".to_string(),
+                Some(crate::Takeover {
+                    attempt: 2,
+                    first_started_at_ms: now - 60_000
+                })
+            ),
+            ("m2".to_string(), None),
+        ]
+    );
 }

@@ -14,6 +14,12 @@ use std::{
 };
 use tokio::sync::watch;
 
+tokio::task_local! {
+    /// The claim of the operation being polled, for adapters whose handler
+    /// signature has no room for it.
+    static CURRENT: ClaimHandle;
+}
+
 /// This attempt took over a claim whose lease passed: an earlier attempt
 /// began the operation and did not finish it (its invocation crashed or
 /// timed out), **and may have acted** before it died.
@@ -96,6 +102,30 @@ impl ClaimHandle {
             takeover: None,
             held: None,
         }
+    }
+
+    /// The handle of the operation running on this task: set by the engine
+    /// while it polls an operation, whatever the adapter (an SQS record's
+    /// handler, an event handler, your own). `None` outside an operation,
+    /// and in tasks the operation spawns (pass the handle to them).
+    ///
+    /// ```
+    /// use lambda_idempotency::ClaimHandle;
+    ///
+    /// async fn send_receipt() {
+    ///     if let Some(takeover) = ClaimHandle::current().and_then(|claim| claim.takeover()) {
+    ///         // attempt `takeover.attempt`: look the receipt up before sending it again
+    ///         let _ = takeover;
+    ///     }
+    /// }
+    /// ```
+    pub fn current() -> Option<ClaimHandle> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// Runs `operation` with this handle as [`current`](ClaimHandle::current).
+    pub(super) fn scope<F: Future>(self, operation: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, operation)
     }
 
     /// `Some` when this attempt took over a lapsed claim: an earlier attempt

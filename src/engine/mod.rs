@@ -269,7 +269,10 @@ impl<St: Store> Engine<St> {
             Err(error) if inner.fail_open && !transactional && error.kind().is_transient() => {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
-                let (value, writes) = operation(ClaimHandle::unprotected())
+                let handle = ClaimHandle::unprotected();
+                let (value, writes) = handle
+                    .clone()
+                    .scope(operation(handle))
                     .await
                     .map_err(Error::Operation)?;
                 if !writes.is_empty() {
@@ -288,7 +291,8 @@ impl<St: Store> Engine<St> {
         }
 
         let handle = self.handle(&claim);
-        let (value, writes) = match self.run_claimed(&handle, operation(handle.clone())).await {
+        let operation = handle.clone().scope(operation(handle.clone()));
+        let (value, writes) = match self.run_claimed(&handle, operation).await {
             Ok(done) => done,
             Err(error) => {
                 self.release(&claim).await;
@@ -381,7 +385,10 @@ impl<St: Store> Engine<St> {
         if let Some(replay) = self.cached_replay(&id, attempt, codec, inner.clock.now_ms()) {
             return replay;
         }
-        let (value, writes) = operation(ClaimHandle::unprotected())
+        let handle = ClaimHandle::unprotected();
+        let (value, writes) = handle
+            .clone()
+            .scope(operation(handle))
             .await
             .map_err(Error::Operation)?;
         let response = codec.encode(&value).map_err(|error| {

@@ -863,3 +863,41 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
     );
     assert_eq!(echo.runs(), 1);
 }
+
+#[tokio::test]
+async fn a_request_that_takes_over_a_crashed_one_finds_the_takeover_in_its_extensions() {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(MemoryStore::new())
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(5))
+        .build();
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    let handler = service_fn(move |request: Request| {
+        let started = started_tx.clone();
+        async move {
+            let takeover = request.extensions().get::<crate::Takeover>().copied();
+            let claim = request.extensions().get::<crate::ClaimHandle>().cloned();
+            let _ = started.send(claim.is_some());
+            match takeover {
+                // The first attempt hangs until its invocation dies.
+                None => std::future::pending().await,
+                Some(takeover) => Ok::<_, BoxError>(Response::new(Body::from(format!(
+                    "attempt {}",
+                    takeover.attempt
+                )))),
+            }
+        }
+    });
+    let service = IdempotencyLayer::new(engine).layer(handler);
+    let crashed = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
+    assert_eq!(
+        started_rx.recv().await,
+        Some(true),
+        "the claim is in the extensions"
+    );
+    crashed.abort();
+    let _ = crashed.await;
+    clock.advance(Duration::from_secs(6));
+    let response = service.oneshot(post(Some("k"), "{}")).await.unwrap();
+    assert_eq!(text(&response), "attempt 2");
+}
