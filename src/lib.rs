@@ -177,8 +177,8 @@ pub mod testing;
 pub use clock::{Clock, SystemClock};
 pub use engine::{
     default_key_prefix, Attempt, ClaimHandle, Codec, Engine, EngineBuilder, Forgotten, Json, Mode,
-    Outcome, OutcomeKind, Takeover, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE,
-    DEFAULT_RETENTION,
+    Outcome, OutcomeKind, Replayed, Takeover, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE,
+    DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE,
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;

@@ -18,6 +18,33 @@ pub const DEFAULT_KEY_PREFIX: &str = "idempotency";
 /// The environment variable Lambda sets to the function's name.
 const FUNCTION_NAME_VARIABLE: &str = "AWS_LAMBDA_FUNCTION_NAME";
 
+/// Set to `true` to turn idempotency off, for local tests of a handler: every
+/// operation runs, nothing is stored. Read by [`EngineBuilder::build`].
+pub const DISABLED_VARIABLE: &str = "IDEMPOTENCY_DISABLED";
+
+/// Set to `true`, with [`DISABLED_VARIABLE`], to turn idempotency off even
+/// inside Lambda (where `AWS_LAMBDA_FUNCTION_NAME` is set): without it, the
+/// switch is refused there.
+pub const DISABLED_IN_LAMBDA_VARIABLE: &str = "IDEMPOTENCY_DISABLED_IN_LAMBDA";
+
+/// Whether the environment turns idempotency off: `Err` with the reason
+/// when it asks to inside Lambda without forcing it.
+fn disabled_by(
+    disabled: Option<&str>,
+    function_name: Option<&str>,
+    in_lambda: Option<&str>,
+) -> Result<bool, &'static str> {
+    let yes = |value: Option<&str>| value.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    if !yes(disabled) {
+        return Ok(false);
+    }
+    if function_name.is_some_and(|name| !name.is_empty()) && !yes(in_lambda) {
+        return Err("IDEMPOTENCY_DISABLED=true is refused inside Lambda (AWS_LAMBDA_FUNCTION_NAME is set); \
+                    idempotency stays ON. Set IDEMPOTENCY_DISABLED_IN_LAMBDA=true as well to force it");
+    }
+    Ok(true)
+}
+
 /// The record id prefix an engine gets unless
 /// [`key_prefix`](EngineBuilder::key_prefix) sets one:
 /// `idempotency:<function name>` inside a Lambda function (from
@@ -142,7 +169,36 @@ impl<St: Store> EngineBuilder<St> {
     }
 
     /// Builds the engine.
+    ///
+    /// With `IDEMPOTENCY_DISABLED=true` in the environment the engine is
+    /// **off**, for local tests of a handler: every operation runs and
+    /// nothing is stored or replayed
+    /// ([`OutcomeKind::Disabled`](crate::OutcomeKind::Disabled)); an
+    /// operation that returns writes gets
+    /// [`Error::WritesNotCommitted`](crate::Error::WritesNotCommitted).
+    /// It is logged as an error when the engine is built. Inside Lambda
+    /// (`AWS_LAMBDA_FUNCTION_NAME` set) the switch is refused, and logged,
+    /// unless `IDEMPOTENCY_DISABLED_IN_LAMBDA=true` forces it.
     pub fn build(self) -> Engine<St> {
+        let variable = |name: &str| std::env::var(name).ok();
+        let disabled = match disabled_by(
+            variable(DISABLED_VARIABLE).as_deref(),
+            variable(FUNCTION_NAME_VARIABLE).as_deref(),
+            variable(DISABLED_IN_LAMBDA_VARIABLE).as_deref(),
+        ) {
+            Ok(true) => {
+                tracing::error!(
+                    "IDEMPOTENCY IS DISABLED (IDEMPOTENCY_DISABLED=true): every operation runs, \
+                     duplicates included, and nothing is stored. For local tests only"
+                );
+                true
+            }
+            Ok(false) => false,
+            Err(refusal) => {
+                tracing::error!("{refusal}");
+                false
+            }
+        };
         Engine {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -153,8 +209,30 @@ impl<St: Store> EngineBuilder<St> {
                 cache: self.cache_capacity.map(RecordCache::new),
                 fail_open: self.fail_open,
                 heartbeat: self.heartbeat,
+                disabled,
                 clock: self.clock,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::disabled_by;
+
+    #[test]
+    fn the_switch_is_on_only_when_asked_and_refused_inside_lambda_unless_forced() {
+        assert_eq!(disabled_by(None, None, None), Ok(false));
+        assert_eq!(disabled_by(Some("false"), None, None), Ok(false));
+        assert_eq!(disabled_by(Some("1"), None, None), Ok(false), "only `true`");
+        assert_eq!(disabled_by(Some("true"), None, None), Ok(true));
+        assert_eq!(disabled_by(Some(" TRUE "), Some(""), None), Ok(true));
+        assert!(disabled_by(Some("true"), Some("charges"), None).is_err());
+        assert!(disabled_by(Some("true"), Some("charges"), Some("no")).is_err());
+        assert_eq!(
+            disabled_by(Some("true"), Some("charges"), Some("true")),
+            Ok(true)
+        );
+        assert_eq!(disabled_by(None, Some("charges"), Some("true")), Ok(false));
     }
 }

@@ -13,6 +13,8 @@ pub(crate) struct CachedRecord {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) expiration_s: u64,
     pub(crate) response: Arc<[u8]>,
+    pub(crate) completed_at_ms: Option<u64>,
+    pub(crate) attempt: u32,
 }
 
 /// An LRU of completed records. `IN_PROGRESS` records are never put here:
@@ -66,6 +68,8 @@ mod tests {
             fingerprint: Fingerprint::of_bytes(b"p"),
             expiration_s,
             response: Arc::from(&b"r"[..]),
+            completed_at_ms: None,
+            attempt: 1,
         }
     }
 

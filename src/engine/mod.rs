@@ -14,13 +14,13 @@ mod outcome;
 pub use attempt::Attempt;
 pub use builder::{
     default_key_prefix, EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE,
-    DEFAULT_RETENTION,
+    DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE,
 };
 pub use claim::{ClaimHandle, Takeover};
 
 pub use codec::{Codec, Json};
 pub use mode::Mode;
-pub use outcome::{Outcome, OutcomeKind};
+pub use outcome::{Outcome, OutcomeKind, Replayed};
 
 use crate::{
     clock::duration_ms,
@@ -64,6 +64,7 @@ struct Inner<St> {
     cache: Option<RecordCache>,
     fail_open: bool,
     heartbeat: bool,
+    disabled: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -251,6 +252,9 @@ impl<St: Store> Engine<St> {
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
         let inner = &*self.inner;
+        if inner.disabled {
+            return self.run_disabled(operation).await;
+        }
         let transactional = mode == Mode::Transactional;
         let id = self.record_id(attempt.scope, attempt.key);
         let now_ms = inner.clock.now_ms();
@@ -381,6 +385,9 @@ impl<St: Store> Engine<St> {
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
         let inner = &*self.inner;
+        if inner.disabled {
+            return self.run_disabled(operation).await;
+        }
         let id = self.record_id(attempt.scope, attempt.key);
         if let Some(replay) = self.cached_replay(&id, attempt, codec, inner.clock.now_ms()) {
             return replay;
@@ -444,6 +451,8 @@ impl<St: Store> Engine<St> {
                             fingerprint: attempt.fingerprint.clone(),
                             expiration_s,
                             response,
+                            completed_at_ms: Some(now_ms),
+                            attempt: 1,
                         },
                     );
                 }
@@ -463,6 +472,29 @@ impl<St: Store> Engine<St> {
                 format!("record {id} stayed contended over {COMMIT_TRIES} single-write commits"),
             ))),
         }
+    }
+
+    /// Idempotency is off: the operation runs, unprotected, and nothing is
+    /// stored.
+    async fn run_disabled<T, E, F, Fut>(&self, operation: F) -> Result<Outcome<T>, Error<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let handle = ClaimHandle::unprotected();
+        let (value, writes) = handle
+            .clone()
+            .scope(operation(handle))
+            .await
+            .map_err(Error::Operation)?;
+        if !writes.is_empty() {
+            return Err(Error::WritesNotCommitted(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                "idempotency is disabled (IDEMPOTENCY_DISABLED=true): the operation ran, and none of its writes was committed",
+            )));
+        }
+        debug!(outcome = "disabled", "idempotency");
+        Ok(Outcome::new(value, OutcomeKind::Disabled))
     }
 
     /// Claims the key, and decides what a refusal means: a record under
@@ -637,10 +669,20 @@ impl<St: Store> Engine<St> {
                             fingerprint: record.fingerprint,
                             expiration_s: record.expiration_s,
                             response: response.into(),
+                            completed_at_ms: record.completed_at_ms,
+                            attempt: record.attempt,
                         },
                     );
                 }
-                Ok(Outcome::new(value, OutcomeKind::Replay))
+                Ok(Outcome::replay(
+                    value,
+                    Replayed {
+                        completed_at_ms: record.completed_at_ms,
+                        expiration_s: record.expiration_s,
+                        attempt: record.attempt,
+                        cached: false,
+                    },
+                ))
             }
             Status::InProgress => {
                 let left_ms = record
@@ -696,6 +738,8 @@ impl<St: Store> Engine<St> {
                             fingerprint: claim.fingerprint,
                             expiration_s,
                             response,
+                            completed_at_ms: Some(now_ms),
+                            attempt: claim.attempt,
                         },
                     );
                 }
@@ -758,7 +802,15 @@ impl<St: Store> Engine<St> {
         match codec.decode(&cached.response) {
             Ok(value) => {
                 debug!(record = %id, outcome = "cached_replay", "idempotency");
-                Some(Ok(Outcome::new(value, OutcomeKind::CachedReplay)))
+                Some(Ok(Outcome::replay(
+                    value,
+                    Replayed {
+                        completed_at_ms: cached.completed_at_ms,
+                        expiration_s: cached.expiration_s,
+                        attempt: cached.attempt,
+                        cached: true,
+                    },
+                )))
             }
             // A value that no longer decodes (the type changed across a
             // deployment) is left to the store path, which reports it.

@@ -5,11 +5,50 @@
 pub struct Outcome<T> {
     value: T,
     kind: OutcomeKind,
+    replayed: Option<Replayed>,
+}
+
+/// What is known of the record a replay came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Replayed {
+    /// When the original request completed, epoch milliseconds (`None`
+    /// for records written before it was stored).
+    pub completed_at_ms: Option<u64>,
+    /// When the record expires, epoch seconds: retries after that run
+    /// again.
+    pub expiration_s: u64,
+    /// Which attempt completed it (more than 1 after a takeover).
+    pub attempt: u32,
+    /// Whether it came from the warm process's cache.
+    pub cached: bool,
 }
 
 impl<T> Outcome<T> {
     pub(crate) fn new(value: T, kind: OutcomeKind) -> Self {
-        Self { value, kind }
+        Self {
+            value,
+            kind,
+            replayed: None,
+        }
+    }
+
+    pub(crate) fn replay(value: T, replayed: Replayed) -> Self {
+        let kind = if replayed.cached {
+            OutcomeKind::CachedReplay
+        } else {
+            OutcomeKind::Replay
+        };
+        Self {
+            value,
+            kind,
+            replayed: Some(replayed),
+        }
+    }
+
+    /// For a replay, what is known of the record it came from.
+    pub fn replayed(&self) -> Option<&Replayed> {
+        self.replayed.as_ref()
     }
 
     /// The operation's value, fresh or replayed.
@@ -56,6 +95,9 @@ pub enum OutcomeKind {
     /// The store was unavailable and the engine is configured to fail open:
     /// the operation ran without idempotency protection.
     Unprotected,
+    /// Idempotency is turned off (`IDEMPOTENCY_DISABLED=true`, for local
+    /// tests): the operation ran, and nothing was stored.
+    Disabled,
 }
 
 impl OutcomeKind {
@@ -68,6 +110,7 @@ impl OutcomeKind {
             OutcomeKind::LeaseLost => "lease_lost",
             OutcomeKind::NotRecorded => "not_recorded",
             OutcomeKind::Unprotected => "unprotected",
+            OutcomeKind::Disabled => "disabled",
         }
     }
 }

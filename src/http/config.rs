@@ -4,10 +4,10 @@
 use super::{
     metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE, scope::default_scope, stored::ResponseCodec,
 };
-use crate::{Engine, Mode};
+use crate::{Engine, Mode, Replayed};
 use lambda_http::{
     http::{HeaderName, Method, StatusCode},
-    Request,
+    Body, Request, Response,
 };
 use std::{sync::Arc, time::Duration};
 
@@ -33,6 +33,7 @@ pub fn default_store_policy(status: StatusCode) -> bool {
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Request) -> String + Send + Sync>;
 pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<Body>, &Replayed) + Send + Sync>;
 
 /// Everything an [`IdempotencyLayer`](super::IdempotencyLayer) is
 /// configured with.
@@ -42,6 +43,7 @@ pub(crate) struct Config<St> {
     pub(crate) methods: Vec<Method>,
     pub(crate) header: HeaderName,
     pub(crate) store_when: PolicyFn,
+    pub(crate) on_replay: Option<ReplayHook>,
     pub(crate) codec: ResponseCodec,
     pub(crate) wait: Option<Duration>,
     pub(crate) mode: Mode,
@@ -62,6 +64,7 @@ impl<St> Config<St> {
             methods: vec![Method::POST, Method::PATCH],
             header: HeaderName::from_static(DEFAULT_HEADER),
             store_when: Arc::new(default_store_policy),
+            on_replay: None,
             codec: ResponseCodec::default(),
             wait: None,
             mode: Mode::Plain,
@@ -81,6 +84,7 @@ impl<St> Clone for Config<St> {
             methods: self.methods.clone(),
             header: self.header.clone(),
             store_when: Arc::clone(&self.store_when),
+            on_replay: self.on_replay.clone(),
             codec: self.codec.clone(),
             wait: self.wait,
             mode: self.mode,

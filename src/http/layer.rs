@@ -3,10 +3,10 @@
 use super::{
     config::Config, metrics::EmfMetrics, service::Idempotency, stored::MAX_STORED_RESPONSE,
 };
-use crate::{store::Store, Engine, Mode};
+use crate::{store::Store, Engine, Mode, Replayed};
 use lambda_http::{
     http::{HeaderName, Method, StatusCode},
-    Request,
+    Body, Request, Response,
 };
 use std::{fmt, sync::Arc, time::Duration};
 use tower::Layer;
@@ -126,6 +126,31 @@ impl<St: Store> IdempotencyLayer<St> {
             )
         };
         self.config.single_write = true;
+        self
+    }
+
+    /// Adjusts every replayed response before it is sent (Powertools'
+    /// `response_hook`), with what is known of the record it came from:
+    /// for example a header with the original request's time. The
+    /// `Idempotent-Replayed: true` header is already set.
+    ///
+    /// ```
+    /// use lambda_http::http::HeaderValue;
+    /// use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+    ///     .on_replay(|response, replayed| {
+    ///         if let Some(at) = replayed.completed_at_ms {
+    ///             response.headers_mut().insert("x-original-completed-at-ms", HeaderValue::from(at));
+    ///         }
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    pub fn on_replay(
+        mut self,
+        hook: impl Fn(&mut Response<Body>, &Replayed) + Send + Sync + 'static,
+    ) -> Self {
+        self.config.on_replay = Some(Arc::new(hook));
         self
     }
 

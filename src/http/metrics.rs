@@ -36,6 +36,8 @@ pub enum HttpOutcome {
     /// The store was unavailable and the engine fails open: the handler ran
     /// unprotected.
     Unprotected,
+    /// Idempotency is turned off (`IDEMPOTENCY_DISABLED`): the handler ran.
+    Disabled,
 }
 
 impl HttpOutcome {
@@ -54,6 +56,7 @@ impl HttpOutcome {
             HttpOutcome::BadKey => "bad_key",
             HttpOutcome::PassThrough => "pass_through",
             HttpOutcome::Unprotected => "unprotected",
+            HttpOutcome::Disabled => "disabled",
         }
     }
 }

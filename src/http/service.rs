@@ -271,6 +271,7 @@ fn respond<St, E>(
     let error = match result {
         Ok(outcome) => {
             let kind = outcome.kind();
+            let replayed = outcome.replayed().copied();
             let mut response = render_stored(config, outcome.into_value());
             let outcome = match kind {
                 OutcomeKind::Replay | OutcomeKind::CachedReplay => {
@@ -278,8 +279,12 @@ fn respond<St, E>(
                         HeaderName::from_static(REPLAYED_HEADER),
                         HeaderValue::from_static("true"),
                     );
+                    if let (Some(hook), Some(replayed)) = (&config.on_replay, &replayed) {
+                        hook(&mut response, replayed);
+                    }
                     HttpOutcome::Replay
                 }
+                OutcomeKind::Disabled => HttpOutcome::Disabled,
                 OutcomeKind::LeaseLost => HttpOutcome::LeaseLost,
                 OutcomeKind::NotRecorded => HttpOutcome::NotRecorded,
                 OutcomeKind::Unprotected => HttpOutcome::Unprotected,

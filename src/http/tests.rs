@@ -901,3 +901,30 @@ async fn a_request_that_takes_over_a_crashed_one_finds_the_takeover_in_its_exten
     let response = service.oneshot(post(Some("k"), "{}")).await.unwrap();
     assert_eq!(text(&response), "attempt 2");
 }
+
+#[tokio::test]
+async fn the_replay_hook_adjusts_replays_only() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(MemoryStore::new())
+        .clock(clock.clone())
+        .build();
+    let mut service = IdempotencyLayer::new(engine)
+        .on_replay(|response, replayed| {
+            let at = replayed.completed_at_ms.unwrap_or_default();
+            response.headers_mut().insert(
+                "x-original-completed-at-ms",
+                HeaderValue::from_str(&at.to_string()).unwrap(),
+            );
+        })
+        .layer(Echo::new());
+    let first = send(&mut service, post(Some("k"), r#"{"a":1}"#)).await;
+    assert!(first.headers().get("x-original-completed-at-ms").is_none());
+    clock.advance(Duration::from_secs(7));
+    let replay = send(&mut service, post(Some("k"), r#"{"a":1}"#)).await;
+    assert_eq!(
+        replay.headers().get("x-original-completed-at-ms").unwrap(),
+        "1700000000000",
+        "the first request's completion time"
+    );
+    assert_eq!(replay.headers().get(REPLAYED_HEADER).unwrap(), "true");
+}

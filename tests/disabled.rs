@@ -1,0 +1,45 @@
+//! `IDEMPOTENCY_DISABLED=true` turns the engine off for local tests, and is
+//! refused inside Lambda unless forced. One test: it sets the process's
+//! environment.
+
+use lambda_idempotency::{Attempt, Engine, Fingerprint, MemoryStore, OutcomeKind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+async fn twice(engine: &Engine<MemoryStore>) -> (usize, OutcomeKind) {
+    let runs = AtomicUsize::new(0);
+    let attempt = Attempt::new("t", "k", Fingerprint::of_bytes(b"body"));
+    let mut last = None;
+    for _ in 0..2 {
+        let outcome = engine
+            .execute(&attempt, || async {
+                Ok::<_, std::io::Error>(runs.fetch_add(1, Ordering::SeqCst))
+            })
+            .await
+            .expect("runs");
+        last = Some(outcome.kind());
+    }
+    (runs.load(Ordering::SeqCst), last.expect("ran"))
+}
+
+#[tokio::test]
+async fn the_switch_turns_idempotency_off_outside_lambda_only() {
+    std::env::remove_var("AWS_LAMBDA_FUNCTION_NAME");
+    std::env::set_var("IDEMPOTENCY_DISABLED", "true");
+    let store = MemoryStore::new();
+    let off = Engine::builder(store.clone()).key_prefix("p").build();
+    assert_eq!(twice(&off).await, (2, OutcomeKind::Disabled), "both ran");
+    assert!(
+        off.inspect("t", "k").await.expect("read").is_none(),
+        "nothing stored"
+    );
+
+    // Inside Lambda the switch is refused: idempotency stays on.
+    std::env::set_var("AWS_LAMBDA_FUNCTION_NAME", "charges");
+    let on = Engine::builder(MemoryStore::new()).key_prefix("p").build();
+    assert_eq!(twice(&on).await, (1, OutcomeKind::Replay));
+
+    // Unless forced.
+    std::env::set_var("IDEMPOTENCY_DISABLED_IN_LAMBDA", "true");
+    let forced = Engine::builder(MemoryStore::new()).key_prefix("p").build();
+    assert_eq!(twice(&forced).await, (2, OutcomeKind::Disabled));
+}
