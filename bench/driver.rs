@@ -2,8 +2,13 @@
 //! DynamoDB calls (the floor: a conditional PutItem and an UpdateItem with
 //! the record's shape), or by the handler without idempotency.
 //!
-//! `bench_driver crate|cached|floor|bare`, with the environment of
-//! `bench/run.py`. Prints one JSON line of results.
+//! Modes `single` and `floor-tx` are the transactional pair: the crate's
+//! single write (`Engine::run_single_write`) against a raw
+//! `TransactWriteItems` of the same two items (the completed record and a
+//! charge item), its floor.
+//!
+//! `bench_driver crate|cached|floor|bare|single|floor-tx`, with the
+//! environment of `bench/run.py`. Prints one JSON line of results.
 
 use aws_sdk_dynamodb::{
     config::{
@@ -11,10 +16,10 @@ use aws_sdk_dynamodb::{
         Region,
     },
     primitives::Blob,
-    types::AttributeValue,
+    types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem},
     Client,
 };
-use lambda_idempotency::{Attempt, DynamoDbStore, Engine, Fingerprint, OutcomeKind};
+use lambda_idempotency::{Attempt, DynamoDbStore, Engine, Fingerprint, Json, OutcomeKind};
 use serde::{Deserialize, Serialize};
 use std::{
     sync::{
@@ -78,8 +83,22 @@ impl Intercept for Calls {
 #[derive(Clone)]
 enum Runner {
     Engine(Engine<DynamoDbStore>),
+    Single(Engine<DynamoDbStore>, Arc<str>),
     Floor(Client, Arc<str>),
+    FloorTransaction(Client, Arc<str>),
     Bare,
+}
+
+/// The business write both transactional drivers commit with the record.
+fn charge_put(table: &str, key: &str) -> Option<TransactWriteItem> {
+    let put = Put::builder()
+        .table_name(table)
+        .item("id", AttributeValue::S(format!("charge#{key}")))
+        .item("amount", AttributeValue::N("1250".into()))
+        .item("currency", AttributeValue::S("EUR".into()))
+        .build()
+        .ok()?;
+    Some(TransactWriteItem::builder().put(put).build())
 }
 
 impl Runner {
@@ -99,6 +118,96 @@ impl Runner {
                         .map(|o| o.kind()),
                     Ok(OutcomeKind::Fresh | OutcomeKind::Replay | OutcomeKind::CachedReplay)
                 )
+            }
+            Runner::Single(engine, table) => {
+                let Ok(fingerprint) = Fingerprint::of_json(&order) else {
+                    return false;
+                };
+                let attempt = Attempt::new("bench", key, fingerprint);
+                matches!(
+                    engine
+                        .run_single_write(&attempt, &Json, |_| async {
+                            let result = charge(&order).await?;
+                            let write = charge_put(table, key)
+                                .ok_or_else(|| std::io::Error::other("invalid put"))?;
+                            Ok::<_, std::io::Error>((result, vec![write]))
+                        })
+                        .await
+                        .map(|o| o.kind()),
+                    Ok(OutcomeKind::Fresh | OutcomeKind::Replay | OutcomeKind::CachedReplay)
+                )
+            }
+            Runner::FloorTransaction(client, table) => {
+                // The same two items in one transaction, conditioned as the
+                // crate's commit is, with the handler before it.
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                let Ok(result) = charge(&order).await else {
+                    return false;
+                };
+                let Ok(response) = serde_json::to_vec(&result) else {
+                    return false;
+                };
+                let record = Put::builder()
+                    .table_name(&**table)
+                    .item("id", AttributeValue::S(format!("floor#{key}")))
+                    .item("status", AttributeValue::S("COMPLETED".into()))
+                    .item(
+                        "expiration",
+                        AttributeValue::N((now.as_secs() + 86_400).to_string()),
+                    )
+                    .item(
+                        "owner",
+                        AttributeValue::S("0123456789abcdef0123456789abcdef".into()),
+                    )
+                    .item("fingerprint", AttributeValue::S("f".repeat(64)))
+                    .item("response", AttributeValue::B(Blob::new(response)))
+                    .item("created_at", AttributeValue::N(now.as_millis().to_string()))
+                    .item(
+                        "completed_at",
+                        AttributeValue::N(now.as_millis().to_string()),
+                    )
+                    .item("attempt", AttributeValue::N("1".into()))
+                    .item(
+                        "first_started_at",
+                        AttributeValue::N(now.as_millis().to_string()),
+                    )
+                    .condition_expression(
+                        "attribute_not_exists(#id) OR #expiration < :now_s \
+                         OR (#status = :in_progress AND #lease_until < :now_ms)",
+                    )
+                    .expression_attribute_names("#id", "id")
+                    .expression_attribute_names("#expiration", "expiration")
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_names("#lease_until", "lease_until")
+                    .expression_attribute_values(
+                        ":now_s",
+                        AttributeValue::N(now.as_secs().to_string()),
+                    )
+                    .expression_attribute_values(
+                        ":now_ms",
+                        AttributeValue::N(now.as_millis().to_string()),
+                    )
+                    .expression_attribute_values(
+                        ":in_progress",
+                        AttributeValue::S("IN_PROGRESS".into()),
+                    )
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
+                    .build();
+                let (Ok(record), Some(write)) = (record, charge_put(table, key)) else {
+                    return false;
+                };
+                client
+                    .transact_write_items()
+                    .transact_items(TransactWriteItem::builder().put(record).build())
+                    .transact_items(write)
+                    .client_request_token(format!("{:032x}", now.as_nanos()))
+                    .send()
+                    .await
+                    .is_ok()
             }
             Runner::Floor(client, table) => {
                 // The two writes the protocol cannot avoid, with the same
@@ -214,6 +323,11 @@ async fn main() {
                 .build(),
         ),
         "floor" => Runner::Floor(client, table),
+        "single" => Runner::Single(
+            Engine::builder(DynamoDbStore::new(client, &*table)).build(),
+            table,
+        ),
+        "floor-tx" => Runner::FloorTransaction(client, table),
         "bare" => Runner::Bare,
         other => panic!("unknown mode {other}"),
     };
@@ -231,7 +345,7 @@ async fn main() {
     let keys: Vec<String> = (0..n).map(|i| format!("{mode}-new-{i}")).collect();
     let mut results = serde_json::Map::new();
     for phase in ["new", "replay"] {
-        if mode == "floor" && phase == "replay" {
+        if mode.starts_with("floor") && phase == "replay" {
             continue; // the floor has no replay: a replay is the failed claim alone
         }
         let (before, start) = (count(), Instant::now());
@@ -257,7 +371,7 @@ async fn main() {
     let mut rng = fastrand::Rng::with_seed(7);
     let mut issued: Vec<String> = Vec::with_capacity(total);
     for i in 0..total {
-        let duplicate = !issued.is_empty() && rng.u32(..10) == 0 && mode != "floor";
+        let duplicate = !issued.is_empty() && rng.u32(..10) == 0 && !mode.starts_with("floor");
         issued.push(if duplicate {
             issued[rng.usize(..issued.len())].clone()
         } else {
@@ -305,6 +419,8 @@ async fn main() {
         "crate" => "lambda-idempotency",
         "cached" => "lambda-idempotency (cache on)",
         "floor" => "raw DynamoDB (floor)",
+        "single" => "lambda-idempotency single write (1 transaction)",
+        "floor-tx" => "raw TransactWriteItems (single-write floor)",
         _ => "handler alone",
     };
     println!(

@@ -21,6 +21,8 @@ RUST = os.path.join(ROOT, "target", "release", "examples", "bench_driver")
 PYTHON = os.path.join(ROOT, ".tools", "bench-py", "bin", "python")
 DRIVERS = [
     ("floor", [RUST, "floor"]),
+    ("floor-tx", [RUST, "floor-tx"]),
+    ("single", [RUST, "single"]),
     ("bare", [RUST, "bare"]),
     ("crate", [RUST, "crate"]),
     ("cached", [RUST, "cached"]),
@@ -63,16 +65,19 @@ def cell(result, phase, field, digits=2):
 def main():
     if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
         sys.exit("run this through scripts/with-dynamodb-local (make bench)")
+    # BENCH_ONLY=floor-tx,single runs a subset (the single-write pair).
+    only = [name for name in os.environ.get("BENCH_ONLY", "").split(",") if name]
+    drivers = [(label, command) for label, command in DRIVERS if not only or label in only]
     print("warming DynamoDB Local up (JIT) with one discarded floor run...", flush=True)
     run("floor", [RUST, "floor"], "warmup")
     results = {}
-    for label, command in DRIVERS:
+    for label, command in drivers:
         print(f"running {label}...", flush=True)
         results[label] = run(label, command, "run")
 
     print("\n| implementation | new key median / p99 (ms) | replay median / p99 (ms) | concurrent median / p99 (ms) | concurrent throughput (req/s) | DynamoDB calls new / replay / concurrent | cold start (ms) | peak memory (MB) |")
     print("|---|---|---|---|---|---|---|---|")
-    for label, _ in DRIVERS:
+    for label, _ in drivers:
         r = results[label]
         print(f"| {r['impl']} | {cell(r, 'new', 'median_ms')} / {cell(r, 'new', 'p99_ms')} "
               f"| {cell(r, 'replay', 'median_ms')} / {cell(r, 'replay', 'p99_ms')} "
@@ -81,15 +86,24 @@ def main():
               f"| {cell(r, 'new', 'calls_per_request')} / {cell(r, 'replay', 'calls_per_request')} / {cell(r, 'concurrent', 'calls_per_request')} "
               f"| {r['cold_start_ms']:.0f} | {r['peak_memory_mb']:.0f} |")
 
-    ours = results["crate"]["results"]
     print("\nRatios (lower is better for latency):")
-    for other in ("python", "typescript"):
+    if "single" in results and "floor-tx" in results:
+        single = results["single"]["results"]["new"]["median_ms"]
+        floor_tx = results["floor-tx"]["results"]["new"]["median_ms"]
+        print(f"  new key median: single write / raw TransactWriteItems = {single / floor_tx:.3f}")
+    if "crate" not in results:
+        with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        return
+    ours = results["crate"]["results"]
+    for other in [name for name in ("python", "typescript") if name in results]:
         theirs = results[other]["results"]
         for phase in ("new", "replay", "concurrent"):
             print(f"  {phase:10} median: crate / {other:10} = {ours[phase]['median_ms'] / theirs[phase]['median_ms']:.2f}")
         print(f"  cold start: {other} / crate = {results[other]['cold_start_ms'] / results['crate']['cold_start_ms']:.1f}x")
-    floor = results["floor"]["results"]["new"]["median_ms"]
-    print(f"  new key median: crate / floor = {ours['new']['median_ms'] / floor:.3f}")
+    if "floor" in results:
+        floor = results["floor"]["results"]["new"]["median_ms"]
+        print(f"  new key median: crate / floor = {ours['new']['median_ms'] / floor:.3f}")
     with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
         json.dump(results, f, indent=2)
 
