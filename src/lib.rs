@@ -44,8 +44,10 @@
 //!
 //! **Not guaranteed:** a side effect *outside* DynamoDB that happened before
 //! a crash, and before completion, is repeated by a retry once the lease
-//! passes. [`Engine::execute_transactional`] closes that gap for effects
-//! written to DynamoDB: they commit in one transaction with the completion.
+//! passes; the retry is told so ([`ClaimHandle::takeover`]) and can
+//! reconcile first. [`Engine::execute_transactional`] closes that gap for
+//! effects written to DynamoDB: they commit in one transaction with the
+//! completion.
 //!
 //! # Example
 //!
@@ -123,7 +125,19 @@
 //!
 //! A first call makes two DynamoDB calls (claim, complete), a replay one
 //! (the failed claim returns the record), a replay from the optional local
-//! cache ([`EngineBuilder::cache`]) none.
+//! cache ([`EngineBuilder::cache`]) none. An operation whose only effects
+//! are its DynamoDB writes can skip the claim:
+//! [`Engine::run_single_write`] commits the record and the writes in one
+//! `TransactWriteItems`, so a first call makes one.
+//!
+//! # Long operations, crashed attempts, operators
+//!
+//! [`Engine::run`] hands the operation a [`ClaimHandle`]: it says whether
+//! this attempt took over a crashed one's claim ([`Takeover`]: reconcile an
+//! external effect before acting again), extends the lease
+//! ([`ClaimHandle::extend`], or [`EngineBuilder::heartbeat`] for all), and
+//! signals a lost claim ([`ClaimHandle::lost`]). [`Engine::inspect`] and
+//! [`Engine::forget`] are for operators.
 //!
 //! # Where things are
 //!
