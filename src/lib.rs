@@ -230,7 +230,7 @@ pub mod fuzzing {
         bytes: &[u8],
     ) -> Result<lambda_http::Response<lambda_http::Body>, Box<dyn std::error::Error + Send + Sync>>
     {
-        crate::http::decode_stored_for_fuzzing(bytes)
+        crate::http::decode_stored_response(bytes)
     }
 
     /// Encodes a response as the HTTP layer stores it.

@@ -146,6 +146,21 @@ impl<St: Store> Engine<St> {
         Ok(forgotten)
     }
 
+    /// Up to `limit` records of this engine's prefix that are
+    /// `IN_PROGRESS`: live claims, and stuck ones whose lease passed
+    /// ([`Record::is_lapsed`]; the next request with their key takes them
+    /// over). For operators: it scans the store.
+    pub async fn list_in_progress(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let prefix = format!("{}#", self.inner.key_prefix);
+        self.inner.store.list_in_progress(&prefix, limit).await
+    }
+
+    /// The clock the engine measures leases and expirations with, in epoch
+    /// milliseconds (for operators telling live claims from stuck ones).
+    pub fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
     /// The record of `key` inside `scope`, read with strong consistency, or
     /// `None` when there is none or it has expired: for operators and
     /// tests. It bypasses the local cache.

@@ -171,11 +171,12 @@ pub use stored::{
     default_stored_headers, BODY_HEADERS, DEFAULT_COMPRESS_ABOVE, MAX_STORED_RESPONSE,
 };
 
-/// Decodes a stored response as the layer replays it (for the fuzz
-/// targets): a response too large to store comes back as its status and
-/// headers, with no body.
-#[cfg(feature = "fuzzing")]
-pub(crate) fn decode_stored_for_fuzzing(bytes: &[u8]) -> Result<Response<Body>, BoxError> {
+/// Decodes a response as the layer stored it in a record's `response`: for
+/// operators and tools that show what a retry gets back. A response too
+/// large to store comes back as its status and headers, with no body.
+pub fn decode_stored_response(
+    bytes: &[u8],
+) -> Result<Response<Body>, Box<dyn std::error::Error + Send + Sync>> {
     match stored::ResponseCodec::default().decode(bytes)? {
         stored::StoredResponse::Full(response) => Ok(response),
         stored::StoredResponse::NotStored { status, headers } => {
@@ -194,10 +195,9 @@ pub(crate) fn encode_stored_for_fuzzing(response: Response<Body>) -> Result<Vec<
 }
 
 #[cfg(feature = "fuzzing")]
-use {
-    crate::{error::BoxError, Codec},
-    lambda_http::{Body, Response},
-};
+use crate::error::BoxError;
+use crate::Codec;
+use lambda_http::{Body, Response};
 
 #[cfg(test)]
 mod tests;

@@ -339,14 +339,9 @@ mod tests {
         let mut codec = codec();
         codec.max_stored = 4 * 1024;
         // Incompressible: pseudo-random bytes.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let noise: Vec<u8> = (0..64 * 1024)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
+        let mut rng = fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d);
+        let noise: Vec<u8> = std::iter::repeat_with(|| rng.u8(..))
+            .take(64 * 1024)
             .collect();
         let bytes = store(&codec, response(Body::Binary(noise)));
         assert!(bytes.len() <= codec.max_stored);

@@ -521,14 +521,9 @@ async fn a_response_too_large_to_store_is_never_run_again() {
     let mut service = IdempotencyLayer::new(engine())
         .max_stored_response(2048)
         .layer(echo.clone());
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..32 * 1024)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
+    let mut rng = fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
+    let noise: Vec<u8> = std::iter::repeat_with(|| rng.u8(..))
+        .take(32 * 1024)
         .collect();
     let request = || {
         http::Request::post("/v1/exports")

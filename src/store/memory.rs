@@ -301,6 +301,23 @@ impl Store for MemoryStore {
         }
     }
 
+    async fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let state = self.enter()?;
+        let mut records: Vec<Record> = state
+            .records
+            .values()
+            .filter(|r| r.status == Status::InProgress && r.id.as_str().starts_with(prefix))
+            .cloned()
+            .collect();
+        records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        records.truncate(limit);
+        Ok(records)
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         let state = self.enter()?;
         Ok(state

@@ -234,6 +234,16 @@ pub trait Store: Send + Sync + 'static {
         removal: Removal,
     ) -> impl Future<Output = Result<Conditional, StoreError>> + Send;
 
+    /// Up to `limit` `IN_PROGRESS` records whose id starts with `prefix`
+    /// (live claims, and stuck ones whose lease passed), expired or not:
+    /// for operators ([`Engine::list_in_progress`](crate::Engine::list_in_progress)).
+    /// A scan: not for request paths.
+    fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send;
+
     /// Reads the record with strong consistency; an expired record is
     /// absent. Operators reach it through
     /// [`Engine::inspect`](crate::Engine::inspect).

@@ -145,6 +145,14 @@ impl<St: Store> Store for CountingStore<St> {
         self.inner.release(id, owner).await
     }
 
+    async fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_in_progress(prefix, limit).await
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         count(&self.counts.get);
         self.inner.get(id, now_ms).await

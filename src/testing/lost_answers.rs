@@ -65,6 +65,14 @@ impl<St: Store> Store for LostAnswers<St> {
         self.0.release(id, owner).await
     }
 
+    async fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.0.list_in_progress(prefix, limit).await
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         self.0.get(id, now_ms).await
     }

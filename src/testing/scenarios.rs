@@ -1023,3 +1023,58 @@ pub async fn single_write_follows_the_claim_rules<St: Store>(store: St) {
     let again = single("k", 2).await.expect("an expired record is absent");
     assert_eq!(again.kind(), OutcomeKind::Fresh);
 }
+
+/// An operator lists the claims in progress under the engine's prefix:
+/// live ones and stuck ones, never completed records or another prefix's.
+pub async fn list_in_progress_finds_live_and_stuck_claims<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .key_prefix("listed")
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    engine
+        .execute(&Attempt::new("t", "done", payload(1)), charge(&runs, 1))
+        .await
+        .expect("completed");
+    let stuck = claim_at(
+        &engine.record_id("t", "stuck"),
+        &clock,
+        "owner-s",
+        1,
+        Duration::from_secs(5),
+    );
+    let live = claim_at(
+        &engine.record_id("t", "live"),
+        &clock,
+        "owner-l",
+        1,
+        Duration::from_secs(60),
+    );
+    let elsewhere = claim_at(
+        &RecordId::new("other", "t", "x"),
+        &clock,
+        "owner-o",
+        1,
+        Duration::from_secs(60),
+    );
+    for claim in [&stuck, &live, &elsewhere] {
+        assert_eq!(
+            engine.store().claim(claim).await.expect("claim"),
+            Conditional::Applied
+        );
+    }
+    clock.advance(Duration::from_secs(6));
+    let mut listed = engine.list_in_progress(100).await.expect("list");
+    listed.sort_by_key(|record| record.owner.as_str().to_owned());
+    let owners: Vec<_> = listed.iter().map(|r| r.owner.as_str()).collect();
+    assert_eq!(owners, ["owner-l", "owner-s"], "this prefix's claims only");
+    let now_ms = engine.now_ms();
+    assert!(!listed[0].is_lapsed(now_ms), "the live one");
+    assert!(listed[1].is_lapsed(now_ms), "the stuck one");
+    assert_eq!(
+        engine.list_in_progress(1).await.expect("list").len(),
+        1,
+        "limited"
+    );
+}

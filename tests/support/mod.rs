@@ -115,15 +115,8 @@ fn config_for(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
 
 /// `len` pseudo-random bytes: a body no compressor can shrink.
 pub fn incompressible(len: usize) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut rng = fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d);
+    std::iter::repeat_with(|| rng.u8(..)).take(len).collect()
 }
 
 /// A client for DynamoDB Local.

@@ -459,6 +459,41 @@ impl Store for DynamoDbStore {
         }
     }
 
+    async fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let inner = &*self.inner;
+        let mut records = Vec::new();
+        let mut start = None;
+        while records.len() < limit {
+            let page = inner
+                .client
+                .scan()
+                .table_name(&inner.table)
+                .consistent_read(true)
+                .filter_expression("#status = :in_progress AND begins_with(#id, :prefix)")
+                .expression_attribute_names("#status", &inner.names.status)
+                .expression_attribute_names("#id", &inner.names.id)
+                .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
+                .expression_attribute_values(":prefix", string(prefix))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| errors::from_sdk("Scan (list in progress)", e))?;
+            for item in page.items.unwrap_or_default() {
+                records.push(self.decode(item)?);
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+        records.truncate(limit);
+        Ok(records)
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         let Some(item) = self.get_item(id).await? else {
             return Ok(None);

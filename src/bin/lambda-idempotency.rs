@@ -1,0 +1,262 @@
+//! `lambda-idempotency`: look at and evict idempotency records (feature
+//! `cli`).
+//!
+//! ```text
+//! lambda-idempotency --store dynamodb://idempotency --prefix idempotency:charges \
+//!     inspect --scope '<scope>' --key order-77 [--json]
+//! lambda-idempotency --store dynamodb://idempotency forget --scope … --key … [--force]
+//! lambda-idempotency --store dynamodb://idempotency list --in-progress [--limit 100] [--json]
+//! ```
+//!
+//! The store is named by URL (`dynamodb://<table>`) or with `--table`; the
+//! AWS client comes from the environment (credentials, region,
+//! `AWS_ENDPOINT_URL_DYNAMODB`). The prefix defaults to the crate's default
+//! for the function named by `AWS_LAMBDA_FUNCTION_NAME`. Records hold only a
+//! hash of the key: this tool prints the key only when it was given one.
+
+use clap::{Args, Parser, Subcommand};
+use lambda_http::Body;
+use lambda_idempotency::{
+    default_key_prefix, http::decode_stored_response, store::Record, DynamoDbStore, Engine,
+    Forgotten, StoreError,
+};
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(version, about = "Look at and evict idempotency records")]
+struct Cli {
+    /// The store: dynamodb://<table>.
+    #[arg(long, env = "IDEMPOTENCY_STORE_URL", conflicts_with = "table")]
+    store: Option<String>,
+    /// The DynamoDB table (same as --store dynamodb://<table>).
+    #[arg(long, env = "IDEMPOTENCY_TABLE")]
+    table: Option<String>,
+    /// The record prefix of the function (default: the crate's default,
+    /// `idempotency:<AWS_LAMBDA_FUNCTION_NAME>`).
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Shows the record of a key: what a client retrying it gets back.
+    Inspect(KeyArgs),
+    /// Deletes the record of a key, so that the next request with it runs.
+    /// Keeps a record in progress unless --force.
+    Forget {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Delete it even if it is IN_PROGRESS (its operation may be
+        /// running: if so, its completion will be refused).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Lists records in progress: live claims, and stuck ones whose lease
+    /// passed.
+    List {
+        /// Only records in progress (the only listing there is).
+        #[arg(long, required = true)]
+        in_progress: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Deletes expired records: for stores without TTL (PostgreSQL).
+    PurgeExpired,
+}
+
+#[derive(Args)]
+struct KeyArgs {
+    /// The scope the key lives in, as the adapter derives it (for the HTTP
+    /// layer: `http::default_scope`, from the authorizer and the route; the
+    /// README says how to find it).
+    #[arg(long)]
+    scope: String,
+    /// The idempotency key, as the client sent it.
+    #[arg(long)]
+    key: String,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli).await {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("lambda-idempotency: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: &Cli) -> Result<ExitCode, String> {
+    let table = match (&cli.store, &cli.table) {
+        (Some(url), _) => match url.strip_prefix("dynamodb://") {
+            Some(table) if !table.is_empty() => table.to_owned(),
+            _ => {
+                return Err(format!(
+                    "unsupported store URL {url:?}: this build knows dynamodb://<table>"
+                ))
+            }
+        },
+        (None, Some(table)) => table.clone(),
+        (None, None) => {
+            return Err("name the store: --store dynamodb://<table> or --table <table>".into())
+        }
+    };
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), table);
+    let engine = Engine::builder(store)
+        .key_prefix(cli.prefix.clone().unwrap_or_else(default_key_prefix))
+        .build();
+    let failed = |error: StoreError| error.to_string();
+    match &cli.command {
+        Command::Inspect(key) => {
+            let record = engine.inspect(&key.scope, &key.key).await.map_err(failed)?;
+            let id = engine.record_id(&key.scope, &key.key);
+            match record {
+                Some(record) => {
+                    print(cli.json, describe(&record, engine.now_ms()), || text(&record, engine.now_ms()));
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    print(cli.json, json!({ "id": id.as_str(), "record": null }), || {
+                        format!("no record for {id} (never claimed, forgotten, or expired)")
+                    });
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+        Command::Forget { key, force } => {
+            let forgotten = if *force {
+                engine.forget_even_in_progress(&key.scope, &key.key).await
+            } else {
+                engine.forget(&key.scope, &key.key).await
+            }
+            .map_err(failed)?;
+            let id = engine.record_id(&key.scope, &key.key);
+            let (result, code, line) = match &forgotten {
+                Forgotten::Removed => ("removed", 0, format!("removed {id}: the next request with the key runs")),
+                Forgotten::Absent => ("absent", 1, format!("no record for {id}")),
+                Forgotten::InProgress(_) => (
+                    "in_progress",
+                    1,
+                    format!("{id} is IN_PROGRESS: kept (its operation may be running); --force deletes it"),
+                ),
+                _ => ("unknown", 1, format!("{id}: {forgotten:?}")),
+            };
+            print(cli.json, json!({ "id": id.as_str(), "result": result }), || line.clone());
+            Ok(ExitCode::from(code))
+        }
+        Command::List { limit, .. } => {
+            let records = engine.list_in_progress(*limit).await.map_err(failed)?;
+            let now_ms = engine.now_ms();
+            let values: Vec<Value> = records.iter().map(|r| describe(r, now_ms)).collect();
+            print(cli.json, Value::Array(values), || {
+                if records.is_empty() {
+                    return "no record in progress".to_owned();
+                }
+                records.iter().map(|r| text(r, now_ms)).collect::<Vec<_>>().join("\n")
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::PurgeExpired => Err(
+            "DynamoDB deletes expired records itself (TTL on `expiration`); purge-expired is for stores without TTL"
+                .into(),
+        ),
+    }
+}
+
+fn print(as_json: bool, value: Value, line: impl FnOnce() -> String) {
+    if as_json {
+        println!("{value}");
+    } else {
+        println!("{}", line());
+    }
+}
+
+/// Where a record stands at `now_ms`, in words an operator acts on.
+fn state(record: &Record, now_ms: u64) -> &'static str {
+    if record.is_expired(now_ms) {
+        "expired"
+    } else if record.is_lapsed(now_ms) {
+        "stuck"
+    } else if record.status == lambda_idempotency::store::Status::InProgress {
+        "in_progress"
+    } else {
+        "completed"
+    }
+}
+
+fn describe(record: &Record, now_ms: u64) -> Value {
+    json!({
+        "id": record.id.as_str(),
+        "status": record.status.as_str(),
+        "state": state(record, now_ms),
+        "attempt": record.attempt,
+        "created_at_ms": record.created_at_ms,
+        "first_started_at_ms": record.first_started_ms,
+        "completed_at_ms": record.completed_at_ms,
+        "lease_until_ms": record.lease_until_ms,
+        "expiration_s": record.expiration_s,
+        "fingerprint": record.fingerprint.as_str(),
+        "response_bytes": record.response.as_ref().map(Vec::len),
+        "response": record.response.as_deref().map(stored_response),
+    })
+}
+
+/// What a retry gets back: the response as the HTTP layer stored it, or a
+/// value stored as JSON by the engine, or (another codec) its size.
+fn stored_response(bytes: &[u8]) -> Value {
+    if let Ok(response) = decode_stored_response(bytes) {
+        let headers: serde_json::Map<String, Value> = response
+            .headers()
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    Value::String(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+                )
+            })
+            .collect();
+        let body = match response.body() {
+            Body::Empty => Value::Null,
+            Body::Text(text) => Value::String(text.clone()),
+            Body::Binary(bytes) => Value::String(format!("<{} bytes of binary>", bytes.len())),
+            _ => Value::String("<a body this tool cannot show>".into()),
+        };
+        return json!({ "http": { "status": response.status().as_u16(), "headers": headers, "body": body } });
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value) => json!({ "json": value }),
+        Err(_) => json!({ "bytes": bytes.len() }),
+    }
+}
+
+fn text(record: &Record, now_ms: u64) -> String {
+    let mut line = format!(
+        "{} {} ({}), attempt {}",
+        record.id,
+        record.status,
+        state(record, now_ms),
+        record.attempt
+    );
+    if let Some(lease) = record.lease_until_ms {
+        let left = i128::from(lease) - i128::from(now_ms);
+        line.push_str(&format!(
+            ", lease {} ms {}",
+            left.abs(),
+            if left >= 0 { "left" } else { "ago" }
+        ));
+    }
+    if let Some(response) = &record.response {
+        line.push_str(&format!(", response: {}", stored_response(response)));
+    }
+    line
+}
