@@ -26,7 +26,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint unit integration e2e stress fuzz bench validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint unit integration e2e stress fuzz bench bench-single-write validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -93,6 +93,12 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed bench/node_modules/.insta
 	$(CARGO) bench --bench layer
 	$(CARGO) build --release --example bench_driver
 	scripts/with-dynamodb-local $(VENV)/bin/python bench/run.py
+
+## The single write against a raw TransactWriteItems of the same two items,
+## interleaved call by call in one process (see BENCHMARKS.md).
+bench-single-write: $(VENV)/.installed
+	$(CARGO) build --release --example bench_driver
+	BENCH_ONLY=pair scripts/with-dynamodb-local $(VENV)/bin/python bench/run.py
 
 $(TOOLS)/bench-py/.installed:
 	python3 -m venv $(TOOLS)/bench-py

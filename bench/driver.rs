@@ -301,6 +301,59 @@ fn env(name: &str) -> String {
         .unwrap_or_else(|_| panic!("{name} is not set: run this through bench/run.py (make bench)"))
 }
 
+/// The single write and its floor, interleaved call by call in one process
+/// (alternating which goes first), so that both see the same DynamoDB Local
+/// state, JIT and garbage collector: the fair side-by-side of the two.
+async fn pair(client: Client, table: Arc<str>, calls: &Calls) {
+    let single = Runner::Single(
+        Engine::builder(DynamoDbStore::new(client.clone(), &*table)).build(),
+        Arc::clone(&table),
+    );
+    let floor = Runner::FloorTransaction(client, table);
+    let n: usize = env("BENCH_N").parse().expect("BENCH_N");
+    let warmup = n / 10;
+    let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut our_calls, mut their_calls) = (0, 0);
+    for i in 0..warmup + n {
+        let order: [(&Runner, bool); 2] = if i % 2 == 0 {
+            [(&floor, false), (&single, true)]
+        } else {
+            [(&single, true), (&floor, false)]
+        };
+        for (runner, is_ours) in order {
+            let key = format!("pair-{i}");
+            let before = calls.0.load(Ordering::Relaxed);
+            let call = Instant::now();
+            assert!(runner.call(&key).await, "pair {key} failed");
+            let ms = call.elapsed().as_secs_f64() * 1e3;
+            let made = calls.0.load(Ordering::Relaxed) - before;
+            if i < warmup {
+                continue;
+            }
+            if is_ours {
+                ours.push(ms);
+                our_calls += made;
+            } else {
+                theirs.push(ms);
+                their_calls += made;
+            }
+        }
+    }
+    let ours = summary(ours, 1.0, our_calls, n);
+    let theirs = summary(theirs, 1.0, their_calls, n);
+    let ratio = ours["median_ms"].as_f64().unwrap_or_default()
+        / theirs["median_ms"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{}",
+        serde_json::json!({
+            "impl": "single write vs raw TransactWriteItems, interleaved",
+            "single_write": { "median_ms": ours["median_ms"], "p99_ms": ours["p99_ms"], "calls_per_request": ours["calls_per_request"] },
+            "raw_transaction": { "median_ms": theirs["median_ms"], "p99_ms": theirs["p99_ms"], "calls_per_request": theirs["calls_per_request"] },
+            "ratio": ratio,
+        })
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let t0: u128 = env("BENCH_T0").parse().expect("BENCH_T0");
@@ -315,6 +368,9 @@ async fn main() {
         .build();
     let client = Client::from_conf(config);
     let table: Arc<str> = env("BENCH_TABLE").into();
+    if mode == "pair" {
+        return pair(client, table, &calls).await;
+    }
     let runner = match mode.as_str() {
         "crate" => Runner::Engine(Engine::builder(DynamoDbStore::new(client, &*table)).build()),
         "cached" => Runner::Engine(

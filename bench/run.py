@@ -62,14 +62,38 @@ def cell(result, phase, field, digits=2):
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def pair():
+    """The single write against a raw TransactWriteItems of the same items,
+    interleaved call by call in one process (make bench-single-write)."""
+    run("floor-tx", [RUST, "floor-tx"], "warmup")
+    table = "bench-pair"
+    create_table(table)
+    env = dict(os.environ, BENCH_N=os.environ.get("BENCH_N", "2000"), BENCH_TABLE=table,
+               BENCH_ENDPOINT=os.environ["AWS_ENDPOINT_URL_DYNAMODB"], BENCH_T0=str(time.time_ns()))
+    done = subprocess.run([RUST, "pair"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"pair failed:\n{done.stdout}\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    ours, theirs = result["single_write"], result["raw_transaction"]
+    print("| new key, one transaction | median / p99 (ms) | DynamoDB calls |")
+    print("|---|---|---|")
+    print(f"| raw TransactWriteItems (floor) | {theirs['median_ms']:.2f} / {theirs['p99_ms']:.2f} | {theirs['calls_per_request']:.2f} |")
+    print(f"| lambda-idempotency single write | {ours['median_ms']:.2f} / {ours['p99_ms']:.2f} | {ours['calls_per_request']:.2f} |")
+    print(f"\nsingle write / raw TransactWriteItems median = {result['ratio']:.3f}")
+
+
 def main():
     if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
         sys.exit("run this through scripts/with-dynamodb-local (make bench)")
+    if os.environ.get("BENCH_ONLY") == "pair":
+        pair()
+        return
     # BENCH_ONLY=floor-tx,single runs a subset (the single-write pair).
     only = [name for name in os.environ.get("BENCH_ONLY", "").split(",") if name]
     drivers = [(label, command) for label, command in DRIVERS if not only or label in only]
-    print("warming DynamoDB Local up (JIT) with one discarded floor run...", flush=True)
+    print("warming DynamoDB Local up (JIT) with discarded floor runs (single writes and transactions)...", flush=True)
     run("floor", [RUST, "floor"], "warmup")
+    run("floor-tx", [RUST, "floor-tx"], "warmup")
     results = {}
     for label, command in drivers:
         print(f"running {label}...", flush=True)
