@@ -95,8 +95,8 @@ impl ClaimHandle {
         }
     }
 
-    /// The handle of an operation run without a claim (the store was down
-    /// and the engine fails open).
+    /// The handle of an operation run without a claim: a single write, a
+    /// disabled engine, or fail-open during a store outage.
     pub(super) fn unprotected() -> Self {
         Self {
             takeover: None,
@@ -134,8 +134,9 @@ impl ClaimHandle {
         self.takeover
     }
 
-    /// Whether the operation runs under a claim; `false` only for an
-    /// unprotected run (fail-open during a store outage).
+    /// Whether the operation runs under a claim; `false` for a single
+    /// write, a disabled engine, and an unprotected run (fail-open during a
+    /// store outage).
     pub fn is_claimed(&self) -> bool {
         self.held.is_some()
     }
@@ -158,7 +159,7 @@ impl ClaimHandle {
         let Some(held) = &self.held else {
             return Err(Error::Store(StoreError::new(
                 StoreErrorKind::Unavailable,
-                "this operation runs without a claim (fail-open during a store outage): there is no lease to extend",
+                "this operation runs without a claim (a single write, idempotency disabled, or fail-open during a store outage): there is no lease to extend",
             )));
         };
         held.extend(by).await

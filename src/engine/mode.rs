@@ -1,7 +1,9 @@
 //! How an operation's outcome is committed.
 
 /// How [`Engine::run`](crate::Engine::run) commits an operation's outcome,
-/// and what it does when it cannot.
+/// and what it does when it cannot. (An operation whose only effects are
+/// its writes can also skip the claim:
+/// [`Engine::run_single_write`](crate::Engine::run_single_write).)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Mode {

@@ -5,8 +5,10 @@
 //! [`MemoryStore`](memory::MemoryStore)) and hand it to the
 //! [`Engine`](crate::Engine). This module is for those who write a store:
 //!
-//! - A store does the protocol's three conditional writes (claim, complete,
-//!   release) and a consistent read. Each write is one atomic step on the
+//! - A store does the protocol's conditional writes (claim, take over a
+//!   lapsed claim, extend, complete, release; optionally a single-write
+//!   commit) and a consistent read, plus two operator calls (remove, list
+//!   the records in progress). Each write is one atomic step on the
 //!   backend, with its condition evaluated against the `now` it is handed,
 //!   never the store's own clock, so tests can move time and every
 //!   participant agrees on what has expired.

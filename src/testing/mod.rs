@@ -21,6 +21,8 @@
 //!         store.fail_next(usize::MAX);
 //!         store
 //!     },
+//!     // For a store whose `Store::SINGLE_WRITE` is true: its scenarios too.
+//!     single_write,
 //! }
 //! ```
 //!
