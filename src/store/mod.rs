@@ -155,7 +155,36 @@ pub trait Store: Send + Sync + 'static {
     /// conditioned as a claim. Checked at compile time by the single-write
     /// entry points
     /// ([`Engine::run_single_write`](crate::Engine::run_single_write)), so
-    /// a store without it never fails at request time.
+    /// a store without it never fails at request time: it does not build.
+    ///
+    /// ```compile_fail,E0080
+    /// # use lambda_idempotency::{store::*, Attempt, Engine, Fingerprint, Json, MemoryStore, StoreError};
+    /// /// A store without single write (it leaves `SINGLE_WRITE` at `false`).
+    /// struct Plain(MemoryStore);
+    ///
+    /// impl Store for Plain {
+    ///     type Write = ();
+    /// #   async fn claim(&self, c: &Claim) -> Result<Conditional, StoreError> { self.0.claim(c).await }
+    /// #   async fn take_over(&self, c: &Claim, o: &OwnerToken) -> Result<Conditional, StoreError> { self.0.take_over(c, o).await }
+    /// #   async fn extend(&self, e: &Extension) -> Result<Conditional, StoreError> { self.0.extend(e).await }
+    /// #   async fn complete(&self, _: Completion<()>) -> Result<Conditional, StoreError> { Ok(Conditional::Refused(None)) }
+    /// #   async fn release(&self, i: &RecordId, o: &OwnerToken) -> Result<Conditional, StoreError> { self.0.release(i, o).await }
+    /// #   async fn remove(&self, i: &RecordId, r: Removal) -> Result<Conditional, StoreError> { self.0.remove(i, r).await }
+    /// #   async fn list_in_progress(&self, p: &str, l: usize) -> Result<Vec<Record>, StoreError> { self.0.list_in_progress(p, l).await }
+    /// #   async fn get(&self, i: &RecordId, n: u64) -> Result<Option<Record>, StoreError> { self.0.get(i, n).await }
+    ///     // …
+    /// }
+    ///
+    /// # async fn example() {
+    /// let engine = Engine::builder(Plain(MemoryStore::new())).build();
+    /// let attempt = Attempt::new("s", "k", Fingerprint::of_bytes(b"p"));
+    /// // error[E0080]: this store cannot commit in a single write: use Engine::run
+    /// let _ = engine
+    ///     .run_single_write(&attempt, &Json, |_| async { Ok::<_, ()>((1u8, Vec::new())) })
+    ///     .await;
+    /// # }
+    /// # fn main() { let _ = example(); }
+    /// ```
     const SINGLE_WRITE: bool = false;
 
     /// Writes the claim's fresh `IN_PROGRESS` record if and only if no
