@@ -166,3 +166,53 @@ async fn an_operator_inspects_lists_and_forgets_records() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("TTL"));
 }
+
+#[tokio::test]
+async fn an_operator_finds_a_record_from_the_request_event() {
+    let event = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/events/http-api-create-charge.json"
+    );
+    let request = lambda_http::request::from_str(&std::fs::read_to_string(event).expect("event"))
+        .expect("an HTTP API event");
+    let scope = lambda_idempotency::http::default_scope(&request);
+
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let engine = Engine::builder(DynamoDbStore::new(client, table.clone()))
+        .key_prefix(PREFIX)
+        .build();
+    let attempt = Attempt::new(&scope, "evt-key", Fingerprint::of_bytes(b"body"));
+    engine
+        .execute(&attempt, || async { Ok::<_, std::io::Error>(7u8) })
+        .await
+        .expect("completed");
+
+    let output = cli(&table, &["scope", "--event", event, "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(json(&output)["scope"], scope.as_str(), "the layer's scope");
+    let output = cli(
+        &table,
+        &["inspect", "--event", event, "--key", "evt-key", "--json"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(json(&output)["response"]["json"], 7);
+
+    let output = cli(
+        &table,
+        &[
+            "scope",
+            "--event",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+        ],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "not an event: a message, not a panic"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("not an API Gateway"),
+        "{output:?}"
+    );
+}

@@ -6,7 +6,12 @@
 //!     inspect --scope '<scope>' --key order-77 [--json]
 //! lambda-idempotency --store dynamodb://idempotency forget --scope … --key … [--force]
 //! lambda-idempotency --store dynamodb://idempotency list --in-progress [--limit 100] [--json]
+//! lambda-idempotency scope --event request.json   # the scope the HTTP layer derives
 //! ```
+//!
+//! `--event <file>` (an API Gateway, ALB or Function URL event of the
+//! request) stands for `--scope` anywhere: the tool derives the scope as the
+//! HTTP layer does.
 //!
 //! The store is named by URL (`dynamodb://<table>`) or with `--table`; the
 //! AWS client comes from the environment (credentials, region,
@@ -17,11 +22,13 @@
 use clap::{Args, Parser, Subcommand};
 use lambda_http::Body;
 use lambda_idempotency::{
-    default_key_prefix, http::decode_stored_response, store::Record, DynamoDbStore, Engine,
-    Forgotten, StoreError,
+    default_key_prefix,
+    http::{decode_stored_response, default_scope},
+    store::Record,
+    DynamoDbStore, Engine, Forgotten, StoreError,
 };
 use serde_json::{json, Value};
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
 #[derive(Parser)]
 #[command(version, about = "Look at and evict idempotency records")]
@@ -67,17 +74,63 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Prints the scope the HTTP layer derives for a request.
+    Scope {
+        #[command(flatten)]
+        scope: ScopeArgs,
+    },
     /// Deletes expired records: for stores without TTL (PostgreSQL).
     PurgeExpired,
 }
 
+impl ScopeArgs {
+    /// The scope given, or derived from the event as the HTTP layer does.
+    fn resolve(&self) -> Result<String, String> {
+        if let Some(scope) = &self.scope {
+            return Ok(scope.clone());
+        }
+        let Some(path) = &self.event else {
+            return Err("give --scope or --event".into());
+        };
+        let text = if path.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin()).map_err(|e| format!("stdin: {e}"))?
+        } else {
+            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+        };
+        // lambda_http panics on some malformed events; an operator's typo
+        // gets a message, not a backtrace.
+        let parsed = std::panic::catch_unwind(|| lambda_http::request::from_str(&text));
+        match parsed {
+            Ok(Ok(request)) => Ok(default_scope(&request)),
+            Ok(Err(error)) => Err(format!(
+                "{}: not an API Gateway, ALB or Function URL event ({error})",
+                path.display()
+            )),
+            Err(_) => Err(format!(
+                "{}: an event lambda_http cannot read",
+                path.display()
+            )),
+        }
+    }
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false, id = "where")]
+struct ScopeArgs {
+    /// The scope the key lives in, as the adapter derives it (for the HTTP
+    /// layer: `http::default_scope`, from the authorizer and the route).
+    #[arg(long, group = "where")]
+    scope: Option<String>,
+    /// An API Gateway, ALB or Function URL event of the request (a file,
+    /// `-` for stdin): its scope is derived as the HTTP layer derives it.
+    #[arg(long, group = "where")]
+    event: Option<PathBuf>,
+}
+
 #[derive(Args)]
 struct KeyArgs {
-    /// The scope the key lives in, as the adapter derives it (for the HTTP
-    /// layer: `http::default_scope`, from the authorizer and the route; the
-    /// README says how to find it).
-    #[arg(long)]
-    scope: String,
+    #[command(flatten)]
+    scope: ScopeArgs,
     /// The idempotency key, as the client sent it.
     #[arg(long)]
     key: String,
@@ -96,6 +149,11 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: &Cli) -> Result<ExitCode, String> {
+    if let Command::Scope { scope } = &cli.command {
+        let scope = scope.resolve()?;
+        print(cli.json, json!({ "scope": scope }), || scope.clone());
+        return Ok(ExitCode::SUCCESS);
+    }
     let table = match (&cli.store, &cli.table) {
         (Some(url), _) => match url.strip_prefix("dynamodb://") {
             Some(table) if !table.is_empty() => table.to_owned(),
@@ -117,9 +175,11 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
         .build();
     let failed = |error: StoreError| error.to_string();
     match &cli.command {
+        Command::Scope { .. } => Ok(ExitCode::SUCCESS),
         Command::Inspect(key) => {
-            let record = engine.inspect(&key.scope, &key.key).await.map_err(failed)?;
-            let id = engine.record_id(&key.scope, &key.key);
+            let scope = key.scope.resolve()?;
+            let record = engine.inspect(&scope, &key.key).await.map_err(failed)?;
+            let id = engine.record_id(&scope, &key.key);
             match record {
                 Some(record) => {
                     print(cli.json, describe(&record, engine.now_ms()), || text(&record, engine.now_ms()));
@@ -134,13 +194,14 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
             }
         }
         Command::Forget { key, force } => {
+            let scope = key.scope.resolve()?;
             let forgotten = if *force {
-                engine.forget_even_in_progress(&key.scope, &key.key).await
+                engine.forget_even_in_progress(&scope, &key.key).await
             } else {
-                engine.forget(&key.scope, &key.key).await
+                engine.forget(&scope, &key.key).await
             }
             .map_err(failed)?;
-            let id = engine.record_id(&key.scope, &key.key);
+            let id = engine.record_id(&scope, &key.key);
             let (result, code, line) = match &forgotten {
                 Forgotten::Removed => ("removed", 0, format!("removed {id}: the next request with the key runs")),
                 Forgotten::Absent => ("absent", 1, format!("no record for {id}")),
