@@ -133,23 +133,57 @@ impl DynamoDbStore {
         ))
     }
 
-    /// A claim's answer: a refusal that carried no item is read back,
-    /// strongly consistent, so that the engine learns what holds the key.
-    async fn refused_or_read(
-        &self,
-        claim: &Claim,
-        answer: Answer,
-    ) -> Result<Conditional, StoreError> {
+    /// A conditional write's answer, with the record found when refused.
+    fn answered(&self, answer: Answer) -> Result<Conditional, StoreError> {
         match answer {
             Answer::Applied => Ok(Conditional::Applied),
-            Answer::ConditionFailed(Some(item)) => self.refused(Some(item)),
-            Answer::ConditionFailed(None) => self.refused(self.get_item(&claim.id).await?),
+            Answer::ConditionFailed(item) => self.refused(item),
         }
     }
 
-    /// The key and values of the completion update; the response moves into
-    /// them, so a large body is not copied.
-    fn update_for(&self, completion: &mut Completion<TransactWriteItem>) -> (Item, Item) {
+    /// The answer of a write that puts a record where another may be: a
+    /// refusal that carried no item is read back, strongly consistent, so
+    /// that the engine learns what holds the key.
+    async fn answered_or_read(
+        &self,
+        id: &RecordId,
+        answer: Answer,
+    ) -> Result<Conditional, StoreError> {
+        match answer {
+            Answer::ConditionFailed(None) => self.refused(self.get_item(id).await?),
+            answer => self.answered(answer),
+        }
+    }
+
+    /// A fenced `UpdateItem` of the record (`#status = IN_PROGRESS AND
+    /// #owner = :owner`), read as a [`Conditional`].
+    async fn fenced_update(
+        &self,
+        id: &RecordId,
+        update: &'static str,
+        names: &HashMap<String, String>,
+        values: Item,
+        operation: &'static str,
+    ) -> Result<Conditional, StoreError> {
+        let inner = &*self.inner;
+        let result = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .set_key(Some(self.key(id)))
+            .update_expression(update)
+            .condition_expression(FENCE_CONDITION)
+            .set_expression_attribute_names(Some(names.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        self.answered(errors::conditional(result, operation)?)
+    }
+
+    /// The values of the completion update; the response moves into them,
+    /// so a large body is not copied.
+    fn completion_values(completion: &mut Completion<TransactWriteItem>) -> Item {
         let mut values = Self::fence_values(&completion.owner);
         values.insert(":completed".to_owned(), string(Status::Completed.as_str()));
         values.insert(
@@ -158,31 +192,23 @@ impl DynamoDbStore {
         );
         values.insert(":expiration".to_owned(), number(completion.expiration_s));
         values.insert(":now_ms".to_owned(), number(completion.now_ms));
-        (self.key(&completion.id), values)
+        values
     }
 
     async fn complete_alone(
         &self,
         mut completion: Completion<TransactWriteItem>,
     ) -> Result<Conditional, StoreError> {
-        let inner = &*self.inner;
-        let (key, values) = self.update_for(&mut completion);
-        let result = inner
-            .client
-            .update_item()
-            .table_name(&inner.table)
-            .set_key(Some(key))
-            .update_expression(COMPLETE_UPDATE)
-            .condition_expression(FENCE_CONDITION)
-            .set_expression_attribute_names(Some(inner.expression_names.complete.clone()))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match errors::conditional(result, "UpdateItem (complete)")? {
-            Answer::Applied => Ok(Conditional::Applied),
-            Answer::ConditionFailed(item) => self.refused(item),
-        }
+        let values = Self::completion_values(&mut completion);
+        let names = &self.inner.expression_names.complete;
+        self.fenced_update(
+            &completion.id,
+            COMPLETE_UPDATE,
+            names,
+            values,
+            "UpdateItem (complete)",
+        )
+        .await
     }
 
     async fn complete_in_transaction(
@@ -190,7 +216,8 @@ impl DynamoDbStore {
         mut completion: Completion<TransactWriteItem>,
     ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let (key, values) = self.update_for(&mut completion);
+        let values = Self::completion_values(&mut completion);
+        let key = self.key(&completion.id);
         let update = Update::builder()
             .table_name(&inner.table)
             .set_key(Some(key))
@@ -316,11 +343,8 @@ impl Store for DynamoDbStore {
                 )
                 .send()
                 .await;
-            return match errors::conditional(result, "PutItem (commit)")? {
-                Answer::Applied => Ok(Conditional::Applied),
-                Answer::ConditionFailed(Some(item)) => self.refused(Some(item)),
-                Answer::ConditionFailed(None) => self.refused(self.get_item(&commit.id).await?),
-            };
+            let answer = errors::conditional(result, "PutItem (commit)")?;
+            return self.answered_or_read(&commit.id, answer).await;
         }
         let put = Put::builder()
             .table_name(&inner.table)
@@ -353,8 +377,8 @@ impl Store for DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        self.refused_or_read(claim, errors::conditional(result, "PutItem (claim)")?)
-            .await
+        let answer = errors::conditional(result, "PutItem (claim)")?;
+        self.answered_or_read(&claim.id, answer).await
     }
 
     async fn take_over(
@@ -376,31 +400,23 @@ impl Store for DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        self.refused_or_read(claim, errors::conditional(result, "PutItem (take over)")?)
-            .await
+        let answer = errors::conditional(result, "PutItem (take over)")?;
+        self.answered_or_read(&claim.id, answer).await
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
-        let inner = &*self.inner;
         let mut values = Self::fence_values(&extension.owner);
         values.insert(":lease_until".to_owned(), number(extension.lease_until_ms));
         values.insert(":expiration".to_owned(), number(extension.expiration_s));
-        let result = inner
-            .client
-            .update_item()
-            .table_name(&inner.table)
-            .set_key(Some(self.key(&extension.id)))
-            .update_expression(EXTEND_UPDATE)
-            .condition_expression(FENCE_CONDITION)
-            .set_expression_attribute_names(Some(inner.expression_names.extend.clone()))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match errors::conditional(result, "UpdateItem (extend)")? {
-            Answer::Applied => Ok(Conditional::Applied),
-            Answer::ConditionFailed(item) => self.refused(item),
-        }
+        let names = &self.inner.expression_names.extend;
+        self.fenced_update(
+            &extension.id,
+            EXTEND_UPDATE,
+            names,
+            values,
+            "UpdateItem (extend)",
+        )
+        .await
     }
 
     async fn complete(
@@ -427,11 +443,8 @@ impl Store for DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        match errors::conditional(result, "DeleteItem (release)")? {
-            Answer::Applied => Ok(Conditional::Applied),
-            // No item: the fence failed because there is no record.
-            Answer::ConditionFailed(item) => self.refused(item),
-        }
+        // No item: the fence failed because there is no record.
+        self.answered(errors::conditional(result, "DeleteItem (release)")?)
     }
 
     async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
@@ -453,10 +466,10 @@ impl Store for DynamoDbStore {
                 ))
                 .expression_attribute_values(":in_progress", string(Status::InProgress.as_str())),
         };
-        match errors::conditional(request.send().await, "DeleteItem (remove)")? {
-            Answer::Applied => Ok(Conditional::Applied),
-            Answer::ConditionFailed(item) => self.refused(item),
-        }
+        self.answered(errors::conditional(
+            request.send().await,
+            "DeleteItem (remove)",
+        )?)
     }
 
     async fn list_in_progress(
