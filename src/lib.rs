@@ -167,6 +167,7 @@
 //! | `dynamodb` | yes | [`DynamoDbStore`] and `store::dynamodb`, on `aws-sdk-dynamodb` and `serde_dynamo`. The library turns off the SDK's default features; your own `aws-sdk-dynamodb` dependency brings the HTTPS client. |
 //! | `http` | yes | [`http`]: the tower layer for `lambda_http`. |
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer` and `SqsBatch`, on `lambda_runtime` and `aws_lambda_events`. |
+//! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 #![deny(missing_docs)]

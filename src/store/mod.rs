@@ -33,6 +33,9 @@ use std::future::Future;
 pub mod dynamodb;
 pub mod memory;
 mod owner;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 mod record;
 
 pub use crate::key::RecordId;

@@ -1,0 +1,79 @@
+//! tokio-postgres and pool errors translated into the crate's
+//! [`StoreError`]s: nothing above the store sees the driver.
+
+use crate::{StoreError, StoreErrorKind};
+use tokio_postgres::error::SqlState;
+
+/// The kind of a driver error: connection trouble is transient, a missing
+/// table or permission is misconfiguration.
+fn kind_of(error: &tokio_postgres::Error) -> StoreErrorKind {
+    let Some(code) = error.code() else {
+        // No SQLSTATE: the connection failed or closed.
+        return StoreErrorKind::Unavailable;
+    };
+    match code {
+        c if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
+            StoreErrorKind::Conflict
+        }
+        c if *c == SqlState::UNDEFINED_TABLE
+            || *c == SqlState::UNDEFINED_COLUMN
+            || *c == SqlState::INSUFFICIENT_PRIVILEGE
+            || *c == SqlState::INVALID_PASSWORD
+            || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            || *c == SqlState::INVALID_CATALOG_NAME =>
+        {
+            StoreErrorKind::Misconfigured
+        }
+        c if *c == SqlState::TOO_MANY_CONNECTIONS
+            || *c == SqlState::ADMIN_SHUTDOWN
+            || *c == SqlState::CRASH_SHUTDOWN
+            || *c == SqlState::CANNOT_CONNECT_NOW
+            || *c == SqlState::CONNECTION_FAILURE
+            || *c == SqlState::QUERY_CANCELED =>
+        {
+            StoreErrorKind::Unavailable
+        }
+        _ => StoreErrorKind::Other,
+    }
+}
+
+/// Maps a failed statement of the protocol's.
+pub(super) fn from_pg(operation: &'static str, error: tokio_postgres::Error) -> StoreError {
+    StoreError::new(
+        kind_of(&error),
+        format!("PostgreSQL {operation} failed: {error}"),
+    )
+    .with_source(error)
+}
+
+/// Maps a failed statement of the handler's own (its `index`-th write):
+/// a constraint or a malformed statement is rejected, not retryable.
+pub(super) fn from_write(index: usize, error: tokio_postgres::Error) -> StoreError {
+    let kind = match error.code() {
+        Some(code)
+            if code.code().starts_with("23") // integrity constraint violation
+                || code.code().starts_with("42") // syntax error or access rule violation
+                || code.code().starts_with("22") =>
+        // data exception
+        {
+            StoreErrorKind::WriteRejected
+        }
+        _ => kind_of(&error),
+    };
+    StoreError::new(
+        kind,
+        format!(
+            "PostgreSQL transaction rolled back: the operation's write {index} failed: {error}"
+        ),
+    )
+    .with_source(error)
+}
+
+/// Maps a failure to get a connection from the pool.
+pub(super) fn from_pool(error: deadpool_postgres::PoolError) -> StoreError {
+    let kind = match &error {
+        deadpool_postgres::PoolError::Backend(error) => kind_of(error),
+        _ => StoreErrorKind::Unavailable,
+    };
+    StoreError::new(kind, format!("PostgreSQL connection unavailable: {error}")).with_source(error)
+}

@@ -1,0 +1,645 @@
+//! The PostgreSQL store: the protocol as conditional `INSERT … ON CONFLICT`,
+//! `UPDATE` and `DELETE` statements (feature `postgres`).
+//!
+//! # Driver and pool
+//!
+//! [tokio-postgres] with a [deadpool-postgres] pool, built once in `main`
+//! and shared by every invocation of the execution environment. A Lambda
+//! execution environment handles one invocation at a time, so a pool of one
+//! or two connections is enough; the pool reconnects a connection that died
+//! while the environment was frozen.
+//!
+//! Every statement is sent **unprepared** with its parameter types
+//! (`query_typed`): one round trip, and nothing that depends on a named
+//! prepared statement surviving from one statement to the next, which RDS
+//! Proxy and PgBouncer in transaction mode do not guarantee. Transactions
+//! (a completion with the handler's writes, a single-write commit) are
+//! `BEGIN`…`COMMIT` on one connection, which both poolers keep together.
+//! For TLS to RDS, build the pool with a rustls connector
+//! (`tokio-postgres-rustls`) instead of `NoTls`.
+//!
+//! # The table
+//!
+//! ```sql
+#![doc = include_str!("table.sql")]
+//! ```
+//!
+//! [`PostgresStore::create_table`] runs it (`IF NOT EXISTS`). Nothing in
+//! PostgreSQL deletes expired rows by itself: every read and condition
+//! compares `expiration_s`, so they are never served, and
+//! [`PostgresStore::purge_expired`] deletes them in batches. Schedule it
+//! (an EventBridge rule invoking a small function, `pg_cron`); it is safe to
+//! run concurrently with itself and with traffic.
+//!
+//! # Writes with the completion
+//!
+//! [`PgWrite`]s, the handler's own statements, commit in one transaction
+//! with the fenced completion: a fenced-out completion commits none of them.
+//!
+//! [tokio-postgres]: https://docs.rs/tokio-postgres
+//! [deadpool-postgres]: https://docs.rs/deadpool-postgres
+
+mod errors;
+mod write;
+
+pub use write::{PgValue, PgWrite};
+/// The pool and driver crates, for building a pool of your own (TLS, other
+/// settings).
+pub use {deadpool_postgres, tokio_postgres};
+
+use super::{
+    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+    Status, Store,
+};
+use crate::{Fingerprint, StoreError, StoreErrorKind};
+use deadpool_postgres::{Object, Pool};
+use std::sync::Arc;
+use tokio_postgres::{
+    types::{ToSql, Type},
+    Row,
+};
+
+/// The record's columns, in the order every query returns them.
+const COLUMNS: &str = "id, status, owner, fingerprint, expiration_s, lease_until_ms, response, \
+     created_at_ms, completed_at_ms, attempt, first_started_ms";
+
+/// Records in a PostgreSQL table. Cheap to clone.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    table: String,
+    sql: Statements,
+}
+
+/// Every statement, with the table name in it, built once.
+struct Statements {
+    claim: String,
+    take_over: String,
+    extend: String,
+    complete: String,
+    fenced_complete: String,
+    release: String,
+    commit: String,
+    remove_any: String,
+    remove_unless_in_progress: String,
+    get: String,
+    list_in_progress: String,
+    purge: String,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.inner.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Wraps a conditional write so that one round trip answers it: whether it
+/// applied, and else the record as the statement found it.
+fn answered(write: &str, table: &str) -> String {
+    format!(
+        "WITH w AS ({write} RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM w) AS applied, {r} \
+         FROM (SELECT 1) one LEFT JOIN {table} r ON r.id = $1",
+        r = COLUMNS
+            .split(", ")
+            .map(|column| format!("r.{column}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+impl Statements {
+    fn new(t: &str) -> Self {
+        let fence = "id = $1 AND status = 'IN_PROGRESS' AND owner = $2";
+        let claim_values = "($1, 'IN_PROGRESS', $2, $3, $4, $5, NULL, $6, NULL, $7, $8)";
+        let replace = "status = excluded.status, owner = excluded.owner, \
+             fingerprint = excluded.fingerprint, expiration_s = excluded.expiration_s, \
+             lease_until_ms = excluded.lease_until_ms, response = excluded.response, \
+             created_at_ms = excluded.created_at_ms, completed_at_ms = excluded.completed_at_ms, \
+             attempt = excluded.attempt, first_started_ms = excluded.first_started_ms";
+        Self {
+            claim: answered(
+                &format!(
+                    "INSERT INTO {t} AS r ({COLUMNS}) VALUES {claim_values} \
+                     ON CONFLICT (id) DO UPDATE SET {replace} WHERE r.expiration_s < $9"
+                ),
+                t,
+            ),
+            take_over: answered(
+                &format!(
+                    "UPDATE {t} SET owner = $3, fingerprint = $4, expiration_s = $5, \
+                     lease_until_ms = $6, created_at_ms = $7, attempt = $8, first_started_ms = $9 \
+                     WHERE id = $1 AND status = 'IN_PROGRESS' AND owner = $2 AND lease_until_ms < $10"
+                ),
+                t,
+            ),
+            extend: answered(
+                &format!("UPDATE {t} SET lease_until_ms = $3, expiration_s = $4 WHERE {fence}"),
+                t,
+            ),
+            complete: answered(&Self::completion(t, fence), t),
+            fenced_complete: format!("{} RETURNING 1", Self::completion(t, fence)),
+            release: answered(&format!("DELETE FROM {t} WHERE {fence}"), t),
+            commit: format!(
+                "INSERT INTO {t} AS r ({COLUMNS}) \
+                 VALUES ($1, 'COMPLETED', $2, $3, $4, NULL, $5, $6, $6, 1, $6) \
+                 ON CONFLICT (id) DO UPDATE SET {replace} \
+                 WHERE r.expiration_s < $7 \
+                    OR (r.status = 'IN_PROGRESS' AND r.lease_until_ms < $6) \
+                 RETURNING 1"
+            ),
+            remove_any: answered(&format!("DELETE FROM {t} WHERE id = $1"), t),
+            remove_unless_in_progress: answered(
+                &format!("DELETE FROM {t} WHERE id = $1 AND status <> 'IN_PROGRESS'"),
+                t,
+            ),
+            get: format!("SELECT {COLUMNS} FROM {t} WHERE id = $1"),
+            list_in_progress: format!(
+                "SELECT {COLUMNS} FROM {t} WHERE status = 'IN_PROGRESS' AND starts_with(id, $1) \
+                 ORDER BY id LIMIT $2"
+            ),
+            // Batches of rows nobody else is deleting: safe to run from
+            // several schedulers at once.
+            purge: format!(
+                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE expiration_s < $1 \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED)"
+            ),
+        }
+    }
+
+    fn completion(t: &str, fence: &str) -> String {
+        format!(
+            "UPDATE {t} SET status = 'COMPLETED', response = $3, expiration_s = $4, \
+             completed_at_ms = $5, lease_until_ms = NULL WHERE {fence}"
+        )
+    }
+}
+
+/// Whether `name` is a table name this store puts into its statements:
+/// an identifier, optionally schema-qualified, never anything to quote.
+fn valid_table_name(name: &str) -> bool {
+    let identifier = |part: &str| {
+        let mut chars = part.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && part.len() <= 63
+    };
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.len() <= 2 && parts.iter().all(|part| identifier(part))
+}
+
+fn int8(value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| {
+        StoreError::new(
+            StoreErrorKind::Other,
+            format!("{value} does not fit PostgreSQL's bigint"),
+        )
+    })
+}
+
+impl PostgresStore {
+    /// A store over `table` (default `idempotency`; an identifier,
+    /// optionally schema-qualified), through `pool`.
+    pub fn new(pool: Pool, table: impl Into<String>) -> Result<Self, StoreError> {
+        let table = table.into();
+        if !valid_table_name(&table) {
+            return Err(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                format!("{table:?} is not a table name this store accepts: letters, digits and _, optionally schema.table"),
+            ));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                sql: Statements::new(&table),
+                table,
+            }),
+        })
+    }
+
+    /// A store over `table`, through a new pool of at most `max_size`
+    /// connections to `url` (`postgres://user:password@host:port/database`),
+    /// without TLS. Connections open on first use. Build it once, in `main`.
+    pub fn connect(
+        url: &str,
+        table: impl Into<String>,
+        max_size: usize,
+    ) -> Result<Self, StoreError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|error| {
+            StoreError::new(StoreErrorKind::Misconfigured, "invalid PostgreSQL URL")
+                .with_source(error)
+        })?;
+        let manager = deadpool_postgres::Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig {
+                // A connection that died while the environment was frozen is
+                // replaced, not handed out.
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        // A server that does not answer is an unavailable store, not a hang.
+        let pool = Pool::builder(manager)
+            .max_size(max_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(std::time::Duration::from_secs(5)))
+            .wait_timeout(Some(std::time::Duration::from_secs(5)))
+            .build()
+            .map_err(|error| {
+                StoreError::new(
+                    StoreErrorKind::Misconfigured,
+                    "the PostgreSQL pool could not be built",
+                )
+                .with_source(error)
+            })?;
+        Self::new(pool, table)
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// Creates the table and its expiration index if they are missing (the
+    /// DDL in the module docs).
+    pub async fn create_table(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let ddl = include_str!("table.sql").replace("idempotency", &self.inner.table);
+        client
+            .batch_execute(&ddl)
+            .await
+            .map_err(|e| errors::from_pg("CREATE TABLE", e))
+    }
+
+    /// Deletes records that expired before `now_s` (epoch seconds), in
+    /// batches of `batch`, until none is left; returns how many. Safe to run
+    /// concurrently: each batch skips rows another run holds.
+    pub async fn purge_expired(&self, now_s: u64, batch: u32) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let now = int8(now_s)?;
+        let batch = i64::from(batch.max(1));
+        let mut total = 0;
+        loop {
+            let deleted = client
+                .execute_typed(
+                    &self.inner.sql.purge,
+                    &[(&now, Type::INT8), (&batch, Type::INT8)],
+                )
+                .await
+                .map_err(|e| errors::from_pg("DELETE (purge expired)", e))?;
+            total += deleted;
+            if deleted < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.inner.pool.get().await.map_err(errors::from_pool)
+    }
+
+    /// Runs an answered conditional write.
+    async fn answer(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        operation: &'static str,
+    ) -> Result<Conditional, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_typed(sql, params)
+            .await
+            .map_err(|e| errors::from_pg(operation, e))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                StoreError::new(StoreErrorKind::Other, format!("{operation}: no answer row"))
+            })?;
+        let applied: bool = row
+            .try_get("applied")
+            .map_err(|e| StoreError::corrupt("the answer has no `applied`").with_source(e))?;
+        if applied {
+            return Ok(Conditional::Applied);
+        }
+        Ok(Conditional::Refused(decode_optional(&row)?))
+    }
+
+    /// Runs `write` (a statement `RETURNING 1` when it applies) and the
+    /// handler's writes in one transaction; a refusal rolls back and reports
+    /// the record found.
+    async fn transaction(
+        &self,
+        write: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        writes: &[PgWrite],
+        id: &RecordId,
+        operation: &'static str,
+    ) -> Result<Conditional, StoreError> {
+        let mut client = self.client().await?;
+        let transaction = client
+            .transaction()
+            .await
+            .map_err(|e| errors::from_pg("BEGIN", e))?;
+        let applied = !transaction
+            .query_typed(write, params)
+            .await
+            .map_err(|e| errors::from_pg(operation, e))?
+            .is_empty();
+        if !applied {
+            let rows = transaction
+                .query_typed(&self.inner.sql.get, &[(&id.as_str(), Type::TEXT)])
+                .await
+                .map_err(|e| errors::from_pg("SELECT", e))?;
+            let found = rows.first().map(decode).transpose()?;
+            transaction
+                .rollback()
+                .await
+                .map_err(|e| errors::from_pg("ROLLBACK", e))?;
+            return Ok(Conditional::Refused(found));
+        }
+        for (index, write) in writes.iter().enumerate() {
+            let params: Vec<_> = write.params.iter().map(PgValue::typed).collect();
+            if let Err(error) = transaction.execute_typed(&write.sql, &params).await {
+                // Dropping the transaction rolls it back.
+                return Err(errors::from_write(index, error));
+            }
+        }
+        transaction
+            .commit()
+            .await
+            .map_err(|e| errors::from_pg("COMMIT", e))?;
+        Ok(Conditional::Applied)
+    }
+}
+
+impl Store for PostgresStore {
+    type Write = PgWrite;
+
+    const SINGLE_WRITE: bool = true;
+
+    async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
+        let (expiration, lease, now) = (
+            int8(claim.expiration_s)?,
+            int8(claim.lease_until_ms)?,
+            int8(claim.now_ms)?,
+        );
+        let (attempt, first) = (
+            i32::try_from(claim.attempt).unwrap_or(i32::MAX),
+            int8(claim.first_started_ms)?,
+        );
+        let now_s = int8(claim.now_ms / 1000)?;
+        self.answer(
+            &self.inner.sql.claim,
+            &[
+                (&claim.id.as_str(), Type::TEXT),
+                (&claim.owner.as_str(), Type::TEXT),
+                (&claim.fingerprint.as_str(), Type::TEXT),
+                (&expiration, Type::INT8),
+                (&lease, Type::INT8),
+                (&now, Type::INT8),
+                (&attempt, Type::INT4),
+                (&first, Type::INT8),
+                (&now_s, Type::INT8),
+            ],
+            "INSERT (claim)",
+        )
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        claim: &Claim,
+        lapsed: &OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        let (expiration, lease, now) = (
+            int8(claim.expiration_s)?,
+            int8(claim.lease_until_ms)?,
+            int8(claim.now_ms)?,
+        );
+        let (attempt, first) = (
+            i32::try_from(claim.attempt).unwrap_or(i32::MAX),
+            int8(claim.first_started_ms)?,
+        );
+        self.answer(
+            &self.inner.sql.take_over,
+            &[
+                (&claim.id.as_str(), Type::TEXT),
+                (&lapsed.as_str(), Type::TEXT),
+                (&claim.owner.as_str(), Type::TEXT),
+                (&claim.fingerprint.as_str(), Type::TEXT),
+                (&expiration, Type::INT8),
+                (&lease, Type::INT8),
+                (&now, Type::INT8),
+                (&attempt, Type::INT4),
+                (&first, Type::INT8),
+                (&now, Type::INT8),
+            ],
+            "UPDATE (take over)",
+        )
+        .await
+    }
+
+    async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+        let (lease, expiration) = (
+            int8(extension.lease_until_ms)?,
+            int8(extension.expiration_s)?,
+        );
+        self.answer(
+            &self.inner.sql.extend,
+            &[
+                (&extension.id.as_str(), Type::TEXT),
+                (&extension.owner.as_str(), Type::TEXT),
+                (&lease, Type::INT8),
+                (&expiration, Type::INT8),
+            ],
+            "UPDATE (extend)",
+        )
+        .await
+    }
+
+    async fn complete(&self, completion: Completion<PgWrite>) -> Result<Conditional, StoreError> {
+        let (expiration, now) = (int8(completion.expiration_s)?, int8(completion.now_ms)?);
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
+            (&completion.id.as_str(), Type::TEXT),
+            (&completion.owner.as_str(), Type::TEXT),
+            (&completion.response, Type::BYTEA),
+            (&expiration, Type::INT8),
+            (&now, Type::INT8),
+        ];
+        if completion.writes.is_empty() {
+            return self
+                .answer(&self.inner.sql.complete, &params, "UPDATE (complete)")
+                .await;
+        }
+        self.transaction(
+            &self.inner.sql.fenced_complete,
+            &params,
+            &completion.writes,
+            &completion.id,
+            "UPDATE (complete)",
+        )
+        .await
+    }
+
+    async fn commit(&self, commit: Commit<PgWrite>) -> Result<Conditional, StoreError> {
+        let (expiration, now, now_s) = (
+            int8(commit.expiration_s)?,
+            int8(commit.now_ms)?,
+            int8(commit.now_ms / 1000)?,
+        );
+        self.transaction(
+            &self.inner.sql.commit,
+            &[
+                (&commit.id.as_str(), Type::TEXT),
+                (&commit.owner.as_str(), Type::TEXT),
+                (&commit.fingerprint.as_str(), Type::TEXT),
+                (&expiration, Type::INT8),
+                (&commit.response, Type::BYTEA),
+                (&now, Type::INT8),
+                (&now_s, Type::INT8),
+            ],
+            &commit.writes,
+            &commit.id,
+            "INSERT (commit)",
+        )
+        .await
+    }
+
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
+        self.answer(
+            &self.inner.sql.release,
+            &[(&id.as_str(), Type::TEXT), (&owner.as_str(), Type::TEXT)],
+            "DELETE (release)",
+        )
+        .await
+    }
+
+    async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+        let sql = match removal {
+            Removal::Any => &self.inner.sql.remove_any,
+            Removal::UnlessInProgress => &self.inner.sql.remove_unless_in_progress,
+        };
+        self.answer(sql, &[(&id.as_str(), Type::TEXT)], "DELETE (remove)")
+            .await
+    }
+
+    async fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query_typed(
+                &self.inner.sql.list_in_progress,
+                &[(&prefix, Type::TEXT), (&limit, Type::INT8)],
+            )
+            .await
+            .map_err(|e| errors::from_pg("SELECT (list in progress)", e))?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query_typed(&self.inner.sql.get, &[(&id.as_str(), Type::TEXT)])
+            .await
+            .map_err(|e| errors::from_pg("SELECT", e))?;
+        Ok(rows
+            .first()
+            .map(decode)
+            .transpose()?
+            .filter(|record| !record.is_expired(now_ms)))
+    }
+}
+
+/// The record of a row whose columns may all be NULL (no record).
+fn decode_optional(row: &Row) -> Result<Option<Record>, StoreError> {
+    let id: Option<String> = column(row, "id")?;
+    id.map(|_| decode(row)).transpose()
+}
+
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    name: &str,
+) -> Result<T, StoreError> {
+    row.try_get(name).map_err(|error| {
+        StoreError::corrupt(format!("column `{name}` is missing or has the wrong type"))
+            .with_source(error)
+    })
+}
+
+fn unsigned(value: i64, name: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::corrupt(format!("column `{name}` is negative")))
+}
+
+fn optional_unsigned(value: Option<i64>, name: &str) -> Result<Option<u64>, StoreError> {
+    value.map(|value| unsigned(value, name)).transpose()
+}
+
+/// Decodes a row; never panics on what the table holds.
+fn decode(row: &Row) -> Result<Record, StoreError> {
+    let id: String = column(row, "id")?;
+    let status: String = column(row, "status")?;
+    let status = status
+        .parse::<Status>()
+        .map_err(|_| StoreError::corrupt(format!("record {id}: unknown status {status:?}")))?;
+    let record = Record {
+        status,
+        owner: OwnerToken::from_stored(column::<String>(row, "owner")?),
+        fingerprint: Fingerprint::from_stored(column::<String>(row, "fingerprint")?),
+        expiration_s: unsigned(column(row, "expiration_s")?, "expiration_s")?,
+        lease_until_ms: optional_unsigned(column(row, "lease_until_ms")?, "lease_until_ms")?,
+        response: column(row, "response")?,
+        created_at_ms: optional_unsigned(column(row, "created_at_ms")?, "created_at_ms")?,
+        completed_at_ms: optional_unsigned(column(row, "completed_at_ms")?, "completed_at_ms")?,
+        attempt: u32::try_from(column::<i32>(row, "attempt")?)
+            .map_err(|_| StoreError::corrupt(format!("record {id}: negative attempt")))?,
+        first_started_ms: optional_unsigned(column(row, "first_started_ms")?, "first_started_ms")?,
+        id: RecordId::from_stored(id),
+    };
+    match record.status {
+        Status::Completed if record.response.is_none() => Err(StoreError::corrupt(format!(
+            "record {}: COMPLETED without a response",
+            record.id
+        ))),
+        Status::InProgress if record.lease_until_ms.is_none() => Err(StoreError::corrupt(format!(
+            "record {}: IN_PROGRESS without a lease",
+            record.id
+        ))),
+        _ => Ok(record),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_table_names_go_into_statements() {
+        for good in ["idempotency", "app.idempotency", "_t1", "Records"] {
+            assert!(valid_table_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "1t",
+            "a.b.c",
+            "t;drop",
+            "t t",
+            "\"t\"",
+            "a-b",
+            &"x".repeat(64),
+        ] {
+            assert!(!valid_table_name(bad), "{bad}");
+        }
+    }
+}

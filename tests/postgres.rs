@@ -1,0 +1,266 @@
+//! The PostgreSQL store against a real server: the whole conformance kit,
+//! transactional writes, expiry and purging, bad rows.
+//!
+//! Needs `IDEMPOTENCY_TEST_POSTGRES_URL`; `make test` starts a server
+//! (`scripts/with-postgres`) and provides it.
+
+use lambda_idempotency::{
+    store::{
+        postgres::{PgWrite, PostgresStore},
+        Store,
+    },
+    testing::scenarios::{charge, payload, Charge, Declined},
+    Attempt, Engine, Error, ErrorKind, OutcomeKind, StoreErrorKind,
+};
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
+
+fn url() -> String {
+    std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!(
+            "IDEMPOTENCY_TEST_POSTGRES_URL is not set: run these tests with `make test`, or \
+             `scripts/with-postgres cargo test --test postgres` (it starts a throwaway server)"
+        )
+    })
+}
+
+static TABLES: AtomicUsize = AtomicUsize::new(0);
+
+/// A store over a fresh table of its own.
+async fn store() -> PostgresStore {
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let table = format!("idem_{}_{n}", std::process::id());
+    let store = PostgresStore::connect(&url(), table, 8).expect("pool");
+    store.create_table().await.expect("create table");
+    store
+}
+
+/// A business table beside the records.
+async fn charges_table(store: &PostgresStore) -> String {
+    let table = format!("{}_charges", store.table());
+    let probe = PgWrite::new(format!(
+        "CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, amount bigint NOT NULL)"
+    ));
+    execute(store, probe).await;
+    table
+}
+
+/// Runs one statement outside the protocol, through the store's own pool.
+async fn execute(store: &PostgresStore, write: PgWrite) {
+    let client = tokio_postgres_client().await;
+    client.batch_execute(write.sql()).await.expect("statement");
+    let _ = store;
+}
+
+async fn tokio_postgres_client() -> lambda_idempotency::store::postgres::tokio_postgres::Client {
+    use lambda_idempotency::store::postgres::tokio_postgres;
+    let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+async fn count(table: &str) -> i64 {
+    let client = tokio_postgres_client().await;
+    client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .expect("count")
+        .get(0)
+}
+
+lambda_idempotency::store_conformance! {
+    store: store(),
+    unavailable: async {
+        // A closed port: every call fails fast as unavailable.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"), "idempotency", 1)
+            .expect("pool")
+    },
+    single_write,
+}
+
+#[tokio::test]
+async fn transactional_completion_commits_the_handlers_writes_with_the_record() {
+    let store = store().await;
+    let charges = charges_table(&store).await;
+    let engine = Engine::builder(store.clone()).build();
+    let attempt = Attempt::new("t", "k", payload(1250));
+    let insert = |id: &str| {
+        PgWrite::new(format!(
+            "INSERT INTO {charges} (id, amount) VALUES ($1, $2)"
+        ))
+        .bind(id)
+        .bind(1250_i64)
+    };
+    let first = engine
+        .execute_transactional(&attempt, || async {
+            Ok::<_, Declined>((
+                Charge {
+                    id: "ch_1".into(),
+                    amount: 1250,
+                },
+                vec![insert("ch_1")],
+            ))
+        })
+        .await
+        .expect("committed");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    let replay = engine
+        .execute_transactional(&attempt, || async {
+            Ok::<_, Declined>((
+                Charge {
+                    id: "ch_2".into(),
+                    amount: 1250,
+                },
+                vec![insert("ch_2")],
+            ))
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value().id, "ch_1");
+    assert_eq!(count(&charges).await, 1, "one charge row");
+
+    // A write that fails rolls everything back and releases the claim.
+    let other = Attempt::new("t", "dup", payload(1));
+    let result = engine
+        .execute_transactional(&other, || async {
+            Ok::<_, Declined>((
+                Charge {
+                    id: "ch_1".into(),
+                    amount: 1,
+                },
+                vec![insert("ch_1")],
+            ))
+        })
+        .await;
+    match result {
+        Err(Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::WriteRejected, "{error}");
+            assert!(error.to_string().contains("write 0"), "{error}");
+        }
+        other => panic!("expected a rejected write, got {other:?}"),
+    }
+    assert!(
+        engine.inspect("t", "dup").await.expect("read").is_none(),
+        "released"
+    );
+    assert_eq!(count(&charges).await, 1);
+}
+
+#[tokio::test]
+async fn a_fenced_out_completion_commits_none_of_its_writes() {
+    use lambda_idempotency::{
+        store::{Claim, Completion, Conditional, OwnerToken, RecordId},
+        Clock, SystemClock,
+    };
+    let store = store().await;
+    let charges = charges_table(&store).await;
+    let now = SystemClock.now_ms();
+    let id = RecordId::new("p", "t", "zombie");
+    let claim = |owner: &str, now_ms: u64| Claim {
+        id: id.clone(),
+        owner: OwnerToken::from_stored(owner),
+        fingerprint: payload(1),
+        now_ms,
+        lease_until_ms: now_ms + 1_000,
+        expiration_s: now_ms / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now_ms,
+    };
+    let a = claim("owner-a", now - 10_000);
+    assert_eq!(store.claim(&a).await.expect("A"), Conditional::Applied);
+    let b = claim("owner-b", now);
+    assert_eq!(
+        store.take_over(&b, &a.owner).await.expect("B"),
+        Conditional::Applied
+    );
+    let completion = Completion {
+        id: id.clone(),
+        owner: a.owner.clone(),
+        response: b"A".to_vec(),
+        now_ms: now,
+        expiration_s: now / 1000 + 3600,
+        writes: vec![PgWrite::new(format!(
+            "INSERT INTO {charges} (id, amount) VALUES ('zombie', 1)"
+        ))],
+    };
+    match store.complete(completion).await.expect("A completes") {
+        Conditional::Refused(Some(record)) => assert_eq!(record.owner, b.owner),
+        other => panic!("A must be fenced out: {other:?}"),
+    }
+    assert_eq!(count(&charges).await, 0, "none of A's writes committed");
+}
+
+#[tokio::test]
+async fn expired_rows_are_purged_in_batches_and_never_served() {
+    let store = store().await;
+    let clock = lambda_idempotency::testing::ManualClock::starting_now();
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .retention(std::time::Duration::from_secs(60))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    for i in 0..25 {
+        let key = format!("k{i}");
+        engine
+            .execute(&Attempt::new("t", &key, payload(1)), charge(&runs, 1))
+            .await
+            .expect("completed");
+    }
+    clock.advance(std::time::Duration::from_secs(61));
+    let now_s = lambda_idempotency::Clock::now_ms(&clock) / 1000;
+    assert!(
+        engine.inspect("t", "k0").await.expect("read").is_none(),
+        "expired: absent"
+    );
+    assert_eq!(count(store.table()).await, 25, "still stored until purged");
+    let (a, b) = tokio::join!(store.purge_expired(now_s, 4), store.purge_expired(now_s, 4));
+    assert_eq!(
+        a.expect("purge") + b.expect("purge"),
+        25,
+        "concurrent purges share the work"
+    );
+    assert_eq!(count(store.table()).await, 0);
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_an_error_never_a_replay() {
+    let store = store().await;
+    let engine = Engine::builder(store.clone()).build();
+    let attempt = Attempt::new("t", "k", payload(1));
+    engine
+        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+        .await
+        .expect("first");
+    let client = tokio_postgres_client().await;
+    client
+        .execute(
+            &format!("UPDATE {} SET status = 'EXPLODED'", store.table()),
+            &[],
+        )
+        .await
+        .expect_err("the CHECK constraint refuses an unknown status");
+    client
+        .execute(
+            &format!("UPDATE {} SET response = NULL", store.table()),
+            &[],
+        )
+        .await
+        .expect("a row with its response gone");
+    let result = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
+        .await;
+    assert_eq!(result.map_err(|e| e.kind()), Err(ErrorKind::CorruptRecord));
+}
+
+#[test]
+fn a_table_name_that_is_not_an_identifier_is_refused() {
+    let error = PostgresStore::connect("postgres://u@127.0.0.1/db", "t; DROP TABLE x", 1)
+        .expect_err("refused");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
+}
