@@ -52,10 +52,10 @@ lint:
 unit:
 	$(CARGO) test --lib --bins
 
-## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local
-## and a throwaway PostgreSQL, and the examples.
+## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local,
+## PostgreSQL and redis-server, and the examples.
 integration:
-	scripts/with-dynamodb-local scripts/with-postgres bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress -- --nocapture'
+	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover

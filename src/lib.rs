@@ -168,6 +168,7 @@
 //! | `http` | yes | [`http`]: the tower layer for `lambda_http`. |
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer` and `SqsBatch`, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
+//! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 #![deny(missing_docs)]

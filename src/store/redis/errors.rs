@@ -1,0 +1,29 @@
+//! Redis errors translated into the crate's [`StoreError`]s.
+
+use crate::{StoreError, StoreErrorKind};
+use redis::{ErrorKind, RedisError};
+
+/// Maps a failed command or script.
+pub(super) fn from_redis(operation: &'static str, error: RedisError) -> StoreError {
+    let kind = if error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+    {
+        StoreErrorKind::Unavailable
+    } else {
+        match error.kind() {
+            ErrorKind::BusyLoadingError
+            | ErrorKind::TryAgain
+            | ErrorKind::ClusterDown
+            | ErrorKind::MasterDown
+            | ErrorKind::ReadOnly => StoreErrorKind::Unavailable,
+            ErrorKind::AuthenticationFailed
+            | ErrorKind::InvalidClientConfig
+            | ErrorKind::NoScriptError => StoreErrorKind::Misconfigured,
+            _ if error.code() == Some("OOM") => StoreErrorKind::Throttled,
+            _ => StoreErrorKind::Other,
+        }
+    };
+    StoreError::new(kind, format!("Redis {operation} failed: {error}")).with_source(error)
+}
