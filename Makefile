@@ -68,7 +68,7 @@ e2e: $(VENV)/.installed
 ## The randomised stress test at a larger size than make test runs, with its counts.
 stress:
 	STRESS_KEYS=2000 STRESS_CLIENTS=64 STRESS_REQUESTS=30000 \
-	  scripts/with-dynamodb-local $(CARGO) test --test stress -- --nocapture
+	  scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(CARGO) test --test stress -- --nocapture
 
 ## Each fuzz target for FUZZ_SECONDS (default 30), after replaying the inputs
 ## that once crashed it (fuzz/regressions/). cargo fuzz needs nightly features:

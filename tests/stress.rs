@@ -1,16 +1,19 @@
-//! Randomised stress with an invariant checker, against DynamoDB Local
-//! behind the fault proxy: many keys, concurrent clients, random delays,
-//! operations that outlive their lease, dropped futures, operation errors,
-//! reused keys with other payloads, and random throttling and lost answers.
+//! Randomised stress with an invariant checker, on every store: DynamoDB
+//! Local behind the fault proxy (random throttling and lost answers), a
+//! real PostgreSQL and a real redis-server: many keys, concurrent clients,
+//! random delays, operations that outlive their lease, dropped futures,
+//! operation errors, reused keys with other payloads.
 //!
 //! Size from the environment: `STRESS_KEYS` (200), `STRESS_CLIENTS` (32),
 //! `STRESS_REQUESTS` (3000), `STRESS_SEED`. `make stress` runs a larger one
-//! and prints the counts. Needs `AWS_ENDPOINT_URL_DYNAMODB`.
+//! and prints the counts. Needs `AWS_ENDPOINT_URL_DYNAMODB`,
+//! `IDEMPOTENCY_TEST_POSTGRES_URL` and `IDEMPOTENCY_TEST_REDIS_URL` (`make
+//! test` provides them).
 
 mod support;
 
 use lambda_idempotency::{
-    store::{Status, Store},
+    store::{postgres::PostgresStore, redis::RedisStore, Status, Store},
     Attempt, Clock, Codec, DynamoDbStore, Engine, Error, Fingerprint, Json, OutcomeKind,
     SystemClock,
 };
@@ -86,12 +89,6 @@ const LEASE_MS: u64 = 1_500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn randomised_stress_keeps_every_invariant() {
-    let (keys, clients, requests, seed) = (
-        env("STRESS_KEYS", 200),
-        env("STRESS_CLIENTS", 32),
-        env("STRESS_REQUESTS", 3000),
-        env("STRESS_SEED", 0x5eed),
-    );
     let direct = support::client();
     let table = support::create_idempotency_table(&direct).await;
     let proxy = FaultProxy::start(&support::endpoint()).await;
@@ -106,6 +103,47 @@ async fn randomised_stress_keeps_every_invariant() {
     );
     let (client, calls) = support::client_via(&proxy.url());
     let engine = Engine::builder(DynamoDbStore::new(client, table)).build();
+    stress("DynamoDB Local behind the fault proxy", engine, || {
+        format!(
+            "DynamoDB calls: {}, faults injected: {} {:?}",
+            calls.total(),
+            proxy.injected_total(),
+            proxy.injected()
+        )
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_stress_keeps_every_invariant_on_postgres() {
+    let url = std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL").expect(
+        "IDEMPOTENCY_TEST_POSTGRES_URL is not set: run with make test, or under scripts/with-postgres",
+    );
+    let table = format!("stress_{}", std::process::id());
+    let store = PostgresStore::connect(&url, table, 16).expect("pool");
+    store.create_table().await.expect("table");
+    stress("PostgreSQL", Engine::builder(store).build(), String::new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_stress_keeps_every_invariant_on_redis() {
+    let url = std::env::var("IDEMPOTENCY_TEST_REDIS_URL").expect(
+        "IDEMPOTENCY_TEST_REDIS_URL is not set: run with make test, or under scripts/with-redis",
+    );
+    let store = RedisStore::open(&url)
+        .expect("url")
+        .namespace(format!("stress-{}:", std::process::id()));
+    stress("Redis", Engine::builder(store).build(), String::new).await;
+}
+
+/// Drives `engine` with the random mix, then checks every invariant.
+async fn stress<St: Store>(label: &str, engine: Engine<St>, report: impl FnOnce() -> String) {
+    let (keys, clients, requests, seed) = (
+        env("STRESS_KEYS", 200),
+        env("STRESS_CLIENTS", 32),
+        env("STRESS_REQUESTS", 3000),
+        env("STRESS_SEED", 0x5eed),
+    );
     let log = Arc::new(Mutex::new(Log::default()));
     let counts = Arc::new(Mutex::new(Counts::default()));
     // (key, requested payload, receipt served) for every value served.
@@ -232,11 +270,9 @@ async fn randomised_stress_keeps_every_invariant() {
     let served = std::mem::take(&mut *served.lock().unwrap());
     let dropped = std::mem::take(&mut *dropped.lock().unwrap());
     println!(
-        "stress: {keys} keys, {clients} clients, seed {seed:#x}\n  {counts:?}\n  executions: {}, DynamoDB calls: {}, faults injected: {} {:?}",
+        "stress ({label}): {keys} keys, {clients} clients, seed {seed:#x}\n  {counts:?}\n  executions: {}  {}",
         log.executions.len(),
-        calls.total(),
-        proxy.injected_total(),
-        proxy.injected()
+        report()
     );
 
     // 1. While a claim is live, nothing else runs its key: two executions of
@@ -345,7 +381,7 @@ async fn randomised_stress_keeps_every_invariant() {
         }
         reruns += executions.len().saturating_sub(1);
     }
-    println!("  keys run more than once, each excused: {reruns} extra executions");
+    println!("  {label}: keys run more than once, each excused: {reruns} extra executions");
     assert!(
         counts.replays > 0 && counts.conflicts > 0 && counts.mismatches > 0,
         "the mix exercised the protocol: {counts:?}"
