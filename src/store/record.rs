@@ -1,7 +1,7 @@
 //! The idempotency record: one per scoped key.
 
 use super::{OwnerToken, RecordId};
-use crate::Fingerprint;
+use crate::{Fingerprint, StoreError};
 use std::{fmt, str::FromStr};
 
 /// Where a record stands.
@@ -87,6 +87,24 @@ pub struct Record {
 }
 
 impl Record {
+    /// The record, if it keeps the invariants every stored record keeps (a
+    /// `COMPLETED` record holds a response, an `IN_PROGRESS` one a lease);
+    /// a [`CorruptRecord`](crate::StoreErrorKind::CorruptRecord) error
+    /// otherwise, so that it is never replayed. Stores call it on what they
+    /// decode.
+    pub fn checked(self) -> Result<Self, StoreError> {
+        match self.status {
+            Status::Completed if self.response.is_none() => Err(StoreError::corrupt(format!(
+                "record {}: COMPLETED without a response",
+                self.id
+            ))),
+            Status::InProgress if self.lease_until_ms.is_none() => Err(StoreError::corrupt(
+                format!("record {}: IN_PROGRESS without a lease", self.id),
+            )),
+            _ => Ok(self),
+        }
+    }
+
     /// Whether the record has passed its expiration and counts as absent.
     pub fn is_expired(&self, now_ms: u64) -> bool {
         self.expiration_s < now_ms / 1000

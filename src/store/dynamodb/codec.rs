@@ -93,17 +93,7 @@ pub(super) fn decode(names: &AttributeNames, mut item: Item) -> Result<Record, S
         status,
         id: RecordId::from_stored(id),
     };
-    match record.status {
-        Status::Completed if record.response.is_none() => Err(StoreError::corrupt(format!(
-            "record {}: COMPLETED without attribute `{}`",
-            record.id, names.response
-        ))),
-        Status::InProgress if record.lease_until_ms.is_none() => Err(StoreError::corrupt(format!(
-            "record {}: IN_PROGRESS without attribute `{}`",
-            record.id, names.lease_until
-        ))),
-        _ => Ok(record),
-    }
+    record.checked()
 }
 
 fn required<T: DeserializeOwned>(item: &mut Item, name: &str) -> Result<T, StoreError> {

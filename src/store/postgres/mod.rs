@@ -607,17 +607,7 @@ fn decode(row: &Row) -> Result<Record, StoreError> {
         first_started_ms: optional_unsigned(column(row, "first_started_ms")?, "first_started_ms")?,
         id: RecordId::from_stored(id),
     };
-    match record.status {
-        Status::Completed if record.response.is_none() => Err(StoreError::corrupt(format!(
-            "record {}: COMPLETED without a response",
-            record.id
-        ))),
-        Status::InProgress if record.lease_until_ms.is_none() => Err(StoreError::corrupt(format!(
-            "record {}: IN_PROGRESS without a lease",
-            record.id
-        ))),
-        _ => Ok(record),
-    }
+    record.checked()
 }
 
 #[cfg(test)]

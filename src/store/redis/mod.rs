@@ -392,15 +392,5 @@ fn decode(fields: &[Value]) -> Result<Option<Record>, StoreError> {
         first_started_ms: number("first_started_ms")?,
         id: RecordId::from_stored(id),
     };
-    match record.status {
-        Status::Completed if record.response.is_none() => Err(StoreError::corrupt(format!(
-            "record {}: COMPLETED without a response",
-            record.id
-        ))),
-        Status::InProgress if record.lease_until_ms.is_none() => Err(StoreError::corrupt(format!(
-            "record {}: IN_PROGRESS without a lease",
-            record.id
-        ))),
-        _ => Ok(Some(record)),
-    }
+    record.checked().map(Some)
 }
