@@ -9,6 +9,17 @@
 //!
 //! Environment: `IDEMPOTENCY_TABLE`, `CHARGES_TABLE`, and the standard AWS
 //! variables (`AWS_REGION`, `AWS_ENDPOINT_URL_DYNAMODB` for local runs).
+//!
+//! The idempotency records live in DynamoDB (`IDEMPOTENCY_TABLE`) unless
+//! `IDEMPOTENCY_STORE_URL` names another store: `postgres://…` or
+//! `postgresql://…` (the table `idempotency` is created if missing),
+//! `redis://…` or `rediss://…`. With another store the charge item is
+//! written to DynamoDB by the handler, between the claim and the completion,
+//! not in one transaction with the record: a crash between the two leaves a
+//! charge whose record is still in progress, and a retry after the lease
+//! passes is told it takes over (`Takeover`) and finds the charge already
+//! written (its id is derived from the idempotency record, so the write is
+//! conditional on it not existing).
 
 use aws_sdk_dynamodb::{
     types::{AttributeValue, Put, TransactWriteItem},
@@ -20,6 +31,7 @@ use lambda_http::{
 };
 use lambda_idempotency::{
     http::{CommitWith, IdempotencyLayer},
+    store::Store,
     DynamoDbStore, Engine,
 };
 use serde::{Deserialize, Serialize};
@@ -79,6 +91,9 @@ fn validate(body: &[u8]) -> Result<(u64, String, String), String> {
 struct Charges {
     client: Client,
     table: Arc<str>,
+    /// Whether the idempotency store commits the charge with the record
+    /// (DynamoDB), or the handler writes it itself.
+    commits_with_record: bool,
 }
 
 impl Charges {
@@ -93,7 +108,7 @@ impl Charges {
             .and_then(|rest| rest.strip_prefix('/'))
             .filter(|id| !id.is_empty());
         match (request.method(), route, id) {
-            (&Method::POST, Some("" | "/"), _) => self.create(&request),
+            (&Method::POST, Some("" | "/"), _) => self.create(&request).await,
             (&Method::GET, _, Some(id)) if !id.contains('/') => self.get(id).await,
             (&Method::GET, _, Some(_)) => {
                 problem(StatusCode::NOT_FOUND, "not-found", "No such route.")
@@ -107,7 +122,7 @@ impl Charges {
         }
     }
 
-    fn create(&self, request: &Request) -> Result<Response<Body>, Error> {
+    async fn create(&self, request: &Request) -> Result<Response<Body>, Error> {
         let (amount, currency, customer) = match validate(request.body()) {
             Ok(valid) => valid,
             Err(detail) => return problem(StatusCode::BAD_REQUEST, "invalid-charge", &detail),
@@ -122,17 +137,29 @@ impl Charges {
                 .map(|d| d.as_secs())
                 .unwrap_or_default(),
         };
-        let put = Put::builder()
-            .table_name(&*self.table)
-            .set_item(Some(serde_dynamo::to_item(&charge)?))
-            .condition_expression("attribute_not_exists(id)")
-            .build()?;
+        let item = serde_dynamo::to_item(&charge)?;
         tracing::info!(charge = %charge.id, amount, "charge created");
         let mut response = Response::builder()
             .status(StatusCode::CREATED)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::LOCATION, format!("{COLLECTION}/{}", charge.id))
             .body(Body::Text(serde_json::to_string(&charge)?))?;
+        if !self.commits_with_record {
+            // Another store: the charge is written now, under the claim.
+            self.client
+                .put_item()
+                .table_name(&*self.table)
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(id)")
+                .send()
+                .await?;
+            return Ok(response);
+        }
+        let put = Put::builder()
+            .table_name(&*self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(id)")
+            .build()?;
         // The charge is written only if this response is stored, in the same
         // transaction: never a charge without its record, or the reverse.
         response
@@ -209,21 +236,60 @@ async fn main() -> Result<(), Error> {
     // Built once per execution environment, reused by every invocation.
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let client = Client::new(&config);
-    let store = DynamoDbStore::new(client.clone(), required_env("IDEMPOTENCY_TABLE")?);
-    // The default record prefix names the function (AWS_LAMBDA_FUNCTION_NAME),
-    // so other functions on the same table never meet its records.
-    let engine = Engine::builder(store).cache(1024).build();
-    let charges = Charges {
-        client,
-        table: required_env("CHARGES_TABLE")?.into(),
+    let table: Arc<str> = required_env("CHARGES_TABLE")?.into();
+    let charges = |commits_with_record| Charges {
+        client: client.clone(),
+        table: Arc::clone(&table),
+        commits_with_record,
     };
+    // The default record prefix names the function (AWS_LAMBDA_FUNCTION_NAME),
+    // so other functions on the same store never meet its records.
+    match std::env::var("IDEMPOTENCY_STORE_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+    {
+        None => {
+            let store = DynamoDbStore::new(client.clone(), required_env("IDEMPOTENCY_TABLE")?);
+            let engine = Engine::builder(store).cache(1024).build();
+            // The handler's only effect is the charge it commits with the
+            // stored response (CommitWith): so both go in one write, without
+            // a claim before it. A new charge costs one DynamoDB call, a
+            // replay one, a cached replay none.
+            serve(IdempotencyLayer::new(engine).single_write(), charges(true)).await
+        }
+        Some(url) => serve_other(&url, charges(false)).await,
+    }
+}
 
+/// The store named by `IDEMPOTENCY_STORE_URL`, where this build has it
+/// (features `postgres`, `redis`: `cargo lambda build --features postgres,redis`).
+async fn serve_other(url: &str, charges: Charges) -> Result<(), Error> {
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store =
+            lambda_idempotency::store::postgres::PostgresStore::connect(url, "idempotency", 2)?;
+        store.create_table().await?;
+        let engine = Engine::builder(store).cache(1024).build();
+        return serve(IdempotencyLayer::new(engine), charges).await;
+    }
+    #[cfg(feature = "redis")]
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        let store = lambda_idempotency::store::redis::RedisStore::open(url)?;
+        let engine = Engine::builder(store).cache(1024).build();
+        return serve(IdempotencyLayer::new(engine), charges).await;
+    }
+    let _ = charges;
+    Err(format!(
+        "IDEMPOTENCY_STORE_URL {url:?}: this build knows postgres:// and postgresql:// (feature \
+         `postgres`) and redis:// and rediss:// (feature `redis`); build with \
+         `--features postgres,redis`"
+    )
+    .into())
+}
+
+async fn serve<St: Store>(layer: IdempotencyLayer<St>, charges: Charges) -> Result<(), Error> {
     let service = ServiceBuilder::new()
-        // The handler's only effect is the charge it commits with the
-        // stored response (CommitWith): so both go in one write, without a
-        // claim before it. A new charge costs one DynamoDB call, a replay
-        // one, a cached replay none.
-        .layer(IdempotencyLayer::new(engine).single_write())
+        .layer(layer)
         .service(service_fn(move |request| charges.clone().handle(request)));
     lambda_http::run(service).await
 }
