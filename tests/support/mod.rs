@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod tcp_proxy;
 
 use aws_sdk_dynamodb::{
     config::{

@@ -1,0 +1,261 @@
+//! PostgreSQL and Redis behind a TCP fault proxy: an outage, answers lost
+//! after the server acted (the connection reset after the write), delays.
+//!
+//! Needs `IDEMPOTENCY_TEST_POSTGRES_URL` and `IDEMPOTENCY_TEST_REDIS_URL`;
+//! `make test` provides them.
+
+mod support;
+
+use lambda_idempotency::{
+    store::{postgres::PostgresStore, redis::RedisStore, Store},
+    testing::{
+        scenarios::{charge, payload, Charge, Declined},
+        ManualClock,
+    },
+    Attempt, Engine, Error, ErrorKind, Json, Mode, OutcomeKind,
+};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+use support::tcp_proxy::TcpFaultProxy;
+
+fn variable(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: run with `make test` (scripts/with-postgres, scripts/with-redis)"
+        )
+    })
+}
+
+/// `url` with its host and port replaced by the proxy's.
+fn through(url: &str, proxy: &TcpFaultProxy) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let user = authority
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{user}{}/{path}", proxy.addr())
+}
+
+fn upstream(url: &str) -> String {
+    let rest = url.split_once("://").expect("a URL").1;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host)
+        .to_owned()
+}
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+async fn postgres(proxy: &TcpFaultProxy) -> PostgresStore {
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!(
+        "faults_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    // The table is made directly; the store reaches the server through the proxy.
+    PostgresStore::connect(&url, table.clone(), 1)
+        .expect("pool")
+        .create_table()
+        .await
+        .expect("table");
+    PostgresStore::connect(&through(&url, proxy), table, 4).expect("pool")
+}
+
+fn redis(proxy: &TcpFaultProxy) -> RedisStore {
+    let url = variable("IDEMPOTENCY_TEST_REDIS_URL");
+    RedisStore::open(&through(&url, proxy))
+        .expect("url")
+        .namespace(format!(
+            "faults-{}-{}:",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ))
+}
+
+async fn postgres_proxy() -> TcpFaultProxy {
+    TcpFaultProxy::start(&upstream(&variable("IDEMPOTENCY_TEST_POSTGRES_URL"))).await
+}
+
+async fn redis_proxy() -> TcpFaultProxy {
+    TcpFaultProxy::start(&upstream(&variable("IDEMPOTENCY_TEST_REDIS_URL"))).await
+}
+
+/// An outage: nothing runs, the error says the store is unavailable; once
+/// the store is back, the key runs.
+async fn outage<St: Store>(store: St, proxy: &TcpFaultProxy) {
+    let engine = Engine::builder(store).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    engine
+        .execute(&Attempt::new("t", "warm", payload(1)), charge(&runs, 1))
+        .await
+        .expect("up");
+    proxy.go_down();
+    let attempt = Attempt::new("t", "k", payload(1));
+    let result = engine.execute(&attempt, charge(&runs, 1)).await;
+    assert_eq!(
+        result.map_err(|e| e.kind()).err(),
+        Some(ErrorKind::StoreUnavailable)
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "nothing ran during the outage"
+    );
+    proxy.heal();
+    let mut outcome = None;
+    for _ in 0..20 {
+        match engine.execute(&attempt, charge(&runs, 1)).await {
+            Ok(ran) => {
+                outcome = Some(ran);
+                break;
+            }
+            Err(Error::Store(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(other) => panic!("unexpected: {other:?}"),
+        }
+    }
+    assert_eq!(outcome.expect("recovered").kind(), OutcomeKind::Fresh);
+}
+
+/// A claim whose answer was lost after the server wrote it: nothing runs
+/// (fail closed); the landed claim holds the key until its lease passes;
+/// then the retry takes it over, and is told so.
+async fn lost_claim_answer<St: Store>(store: St, proxy: &TcpFaultProxy) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(10))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    engine
+        .execute(&Attempt::new("t", "warm", payload(1)), charge(&runs, 1))
+        .await
+        .expect("up");
+    let attempt = Attempt::new("t", "k", payload(1));
+    proxy.lose_answers(1);
+    let result = engine.execute(&attempt, charge(&runs, 1)).await;
+    assert!(matches!(result, Err(Error::Store(_))), "{result:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "nothing ran");
+    let mut busy = None;
+    for _ in 0..20 {
+        match engine.execute(&attempt, charge(&runs, 1)).await {
+            Err(Error::Store(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => {
+                busy = Some(other);
+                break;
+            }
+        }
+    }
+    assert!(
+        matches!(busy, Some(Err(Error::InProgress { .. }))),
+        "the claim had landed: {busy:?}"
+    );
+    clock.advance(Duration::from_secs(11));
+    let outcome = engine
+        .run(&attempt, Mode::Plain, &Json, |claim| async move {
+            Ok::<_, Declined>((claim.takeover().map(|t| t.attempt), Vec::new()))
+        })
+        .await
+        .expect("taken over");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh);
+    assert_eq!(*outcome.value(), Some(2), "told it is the second attempt");
+}
+
+/// A completion whose answer was lost after the server wrote it: the caller
+/// still gets its value, and the retry replays the stored one.
+async fn lost_completion_answer<St: Store>(store: St, proxy: &TcpFaultProxy) {
+    let engine = Engine::builder(store).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("t", "k", payload(1));
+    let proxy_ref = proxy;
+    let outcome = engine
+        .execute(&attempt, || async {
+            proxy_ref.lose_answers(1); // the completion's
+            Ok::<_, Declined>(Charge {
+                id: "ch_1".into(),
+                amount: 1,
+            })
+        })
+        .await
+        .expect("the value comes back");
+    assert_eq!(outcome.kind(), OutcomeKind::NotRecorded);
+    let mut replay = None;
+    for _ in 0..20 {
+        match engine.execute(&attempt, charge(&runs, 1)).await {
+            Err(Error::Store(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => {
+                replay = Some(other);
+                break;
+            }
+        }
+    }
+    let replay = replay
+        .expect("answered")
+        .expect("the completion had landed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value().id, "ch_1");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran again");
+}
+
+/// Delays on every request: concurrent duplicates still run once.
+async fn delays<St: Store>(store: St, proxy: &TcpFaultProxy) {
+    proxy.delay(Duration::from_millis(30));
+    let engine = Engine::builder(store).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let (engine, runs) = (engine.clone(), Arc::clone(&runs));
+            tokio::spawn(async move {
+                let attempt = Attempt::new("t", "slow", payload(1));
+                engine
+                    .execute(&attempt, || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Ok::<_, Declined>(1u8)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        match call.await.expect("task") {
+            Ok(_) | Err(Error::InProgress { .. }) => {}
+            Err(other) => panic!("unexpected: {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once");
+}
+
+macro_rules! on_both {
+    ($($scenario:ident),*) => {
+        mod on_postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = postgres_proxy().await;
+                    super::$scenario(postgres(&proxy).await, &proxy).await;
+                }
+            )*
+        }
+        mod on_redis {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = redis_proxy().await;
+                    super::$scenario(redis(&proxy), &proxy).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(outage, lost_claim_answer, lost_completion_answer, delays);
