@@ -372,8 +372,9 @@ def e2e(fn, proxy):
 
 
 def other_store(c, name, url):
-    """charges with its idempotency records in another store: the charge is
-    written between claim and completion; duplicates still make one."""
+    """charges and receipts with their idempotency records in another store:
+    the business write happens between claim and completion; duplicates
+    still make one."""
     fn = Function(extra_env={"IDEMPOTENCY_STORE_URL": url}, features="postgres,redis")
     try:
         print(f"charges on {name} (IDEMPOTENCY_STORE_URL), cargo lambda watch on 127.0.0.1:{fn.port}...")
@@ -394,6 +395,16 @@ def other_store(c, name, url):
         c.check(f"{name}: same key, different body: 422", status == 422, (status, body))
         c.check(f"{name}: exactly two charge items written", count_charges() == before + 2,
                 count_charges() - before)
+        for item in dynamodb("Scan", {"TableName": TABLES["ReceiptsTable"], "ConsistentRead": True})["Items"]:
+            dynamodb("DeleteItem", {"TableName": TABLES["ReceiptsTable"], "Key": {"charge_id": item["charge_id"]}})
+        first = fn.invoke("events/sqs-receipts-batch-with-duplicates.json", "receipts")
+        again = fn.invoke("events/sqs-receipts-redelivery.json", "receipts")
+        c.check(f"{name}: receipts batches have no failures",
+                first.get("batchItemFailures") == [] and again.get("batchItemFailures") == [], (first, again))
+        items = dynamodb("Scan", {"TableName": TABLES["ReceiptsTable"], "ConsistentRead": True})["Items"]
+        sent = {item["charge_id"]["S"]: int(item["sent"]["N"]) for item in items}
+        c.check(f"{name}: receipts: three charges, each receipt sent exactly once",
+                len(sent) == 3 and set(sent.values()) == {1}, sent)
     except Exception as error:  # report with the function's logs
         c.check(f"{name}: charges ran", False, f"{error}\n{fn.logs()}")
     finally:

@@ -11,11 +11,14 @@
 //! record. Failed records go back to the queue through `batchItemFailures`.
 //!
 //! Environment: `IDEMPOTENCY_TABLE`, `RECEIPTS_TABLE`, and the standard AWS
-//! variables.
+//! variables. `IDEMPOTENCY_STORE_URL` (`postgres://…`, `redis://…`; built
+//! with `--features postgres,redis`) keeps the idempotency records in
+//! another store; the increment is then made by the handler between the
+//! claim and the completion, not in one transaction with the record.
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-use lambda_idempotency::{consumers::SqsBatch, DynamoDbStore, Engine, Fingerprint};
+use lambda_idempotency::{consumers::SqsBatch, store::Store, DynamoDbStore, Engine, Fingerprint};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -31,8 +34,8 @@ fn parse(message: &SqsMessage) -> Option<ReceiptRequest> {
     (!request.charge_id.is_empty()).then_some(request)
 }
 
-/// The receipt, as a write that commits with the record's completion.
-fn send_receipt(table: &str, message: &SqsMessage) -> Result<((), Vec<TransactWriteItem>), Error> {
+/// The receipt: an increment of `sent` on the charge's item.
+fn receipt(table: &str, message: &SqsMessage) -> Result<(String, Update), Error> {
     let request = parse(message).ok_or("the message body is not {\"charge_id\", \"email\"}")?;
     let update = Update::builder()
         .table_name(table)
@@ -45,17 +48,56 @@ fn send_receipt(table: &str, message: &SqsMessage) -> Result<((), Vec<TransactWr
             AttributeValue::S(message.message_id.clone().unwrap_or_default()),
         )
         .build()?;
+    Ok((request.charge_id, update))
+}
+
+/// The receipt, as a write that commits with the record's completion.
+fn send_receipt(table: &str, message: &SqsMessage) -> Result<((), Vec<TransactWriteItem>), Error> {
+    let (charge, update) = receipt(table, message)?;
     // Committed with the idempotency record, or not at all (a duplicate's
     // commit is refused and it gets the replay).
-    tracing::debug!(charge = %request.charge_id, "receipt write prepared");
+    tracing::debug!(%charge, "receipt write prepared");
     Ok((
         (),
         vec![TransactWriteItem::builder().update(update).build()],
     ))
 }
 
+/// The receipt, sent now, under the record's claim (another store).
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+async fn send_receipt_now(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    message: &SqsMessage,
+) -> Result<(), Error> {
+    let (charge, update) = receipt(table, message)?;
+    client
+        .update_item()
+        .table_name(update.table_name())
+        .set_key(Some(update.key().clone()))
+        .update_expression(update.update_expression())
+        .set_expression_attribute_values(update.expression_attribute_values().cloned())
+        .send()
+        .await?;
+    tracing::info!(%charge, "receipt sent");
+    Ok(())
+}
+
 fn required_env(name: &str) -> Result<String, Error> {
     std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
+}
+
+/// Keyed by the charge, so a producer's second send is caught, not only
+/// SQS's redeliveries; fingerprinted by the parsed body, so whitespace or key
+/// order in the JSON does not matter.
+fn batch<St: Store>(engine: Engine<St>) -> SqsBatch<St> {
+    SqsBatch::new(engine, "receipts")
+        .key(|message: &SqsMessage| parse(message).map(|request| request.charge_id))
+        .fingerprint(|message: &SqsMessage| match parse(message) {
+            Some(request) => Fingerprint::of_json(&request)
+                .unwrap_or_else(|_| Fingerprint::of_bytes(request.charge_id.as_bytes())),
+            None => Fingerprint::of_bytes(message.body.as_deref().unwrap_or_default().as_bytes()),
+        })
 }
 
 #[tokio::main]
@@ -64,22 +106,17 @@ async fn main() -> Result<(), Error> {
 
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let client = aws_sdk_dynamodb::Client::new(&config);
-    let store = DynamoDbStore::new(client, required_env("IDEMPOTENCY_TABLE")?);
-    let engine = Engine::builder(store).build();
     let table: Arc<str> = required_env("RECEIPTS_TABLE")?.into();
-    // Keyed by the charge, so a producer's second send is caught, not only
-    // SQS's redeliveries; fingerprinted by the parsed body, so whitespace or
-    // key order in the JSON does not matter. The handler's only effect is
-    // the write it returns, so each new record costs one DynamoDB call.
-    let batch = SqsBatch::new(engine, "receipts")
-        .single_write()
-        .key(|message: &SqsMessage| parse(message).map(|request| request.charge_id))
-        .fingerprint(|message: &SqsMessage| match parse(message) {
-            Some(request) => Fingerprint::of_json(&request)
-                .unwrap_or_else(|_| Fingerprint::of_bytes(request.charge_id.as_bytes())),
-            None => Fingerprint::of_bytes(message.body.as_deref().unwrap_or_default().as_bytes()),
-        });
-
+    if let Some(url) = std::env::var("IDEMPOTENCY_STORE_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+    {
+        return serve_other(&url, client, table).await;
+    }
+    let store = DynamoDbStore::new(client, required_env("IDEMPOTENCY_TABLE")?);
+    // The handler's only effect is the write it returns, so each new record
+    // costs one DynamoDB call.
+    let batch = batch(Engine::builder(store).build()).single_write();
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let batch = batch.clone();
         let table = Arc::clone(&table);
@@ -89,6 +126,53 @@ async fn main() -> Result<(), Error> {
                 async move { result }
             };
             Ok::<SqsBatchResponse, Error>(batch.process_transactional(event, handler).await)
+        }
+    }))
+    .await
+}
+
+/// The store named by `IDEMPOTENCY_STORE_URL`, where this build has it.
+async fn serve_other(
+    url: &str,
+    client: aws_sdk_dynamodb::Client,
+    table: Arc<str>,
+) -> Result<(), Error> {
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store =
+            lambda_idempotency::store::postgres::PostgresStore::connect(url, "idempotency", 2)?;
+        store.create_table().await?;
+        return serve(batch(Engine::builder(store).build()), client, table).await;
+    }
+    #[cfg(feature = "redis")]
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        let store = lambda_idempotency::store::redis::RedisStore::open(url)?;
+        return serve(batch(Engine::builder(store).build()), client, table).await;
+    }
+    let _ = (client, table);
+    Err(format!(
+        "IDEMPOTENCY_STORE_URL {url:?}: this build knows postgres:// and postgresql:// (feature \
+         `postgres`) and redis:// and rediss:// (feature `redis`); build with \
+         `--features postgres,redis`"
+    )
+    .into())
+}
+
+/// Each record's receipt sent under its claim.
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+async fn serve<St: Store>(
+    batch: SqsBatch<St>,
+    client: aws_sdk_dynamodb::Client,
+    table: Arc<str>,
+) -> Result<(), Error> {
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+        let (batch, client, table) = (batch.clone(), client.clone(), Arc::clone(&table));
+        async move {
+            let handler = |message: SqsMessage| {
+                let (client, table) = (client.clone(), Arc::clone(&table));
+                async move { send_receipt_now(&client, &table, &message).await }
+            };
+            Ok::<SqsBatchResponse, Error>(batch.process(event, handler).await)
         }
     }))
     .await
