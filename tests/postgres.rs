@@ -264,3 +264,34 @@ fn a_table_name_that_is_not_an_identifier_is_refused() {
         .expect_err("refused");
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
 }
+
+/// The whole kit again through PgBouncer in transaction mode (as RDS Proxy
+/// runs): consecutive statements of one client may reach different server
+/// connections, so any reliance on a named prepared statement would fail.
+mod through_pgbouncer {
+    use super::*;
+
+    async fn store() -> PostgresStore {
+        let url = std::env::var("IDEMPOTENCY_TEST_PGBOUNCER_URL").unwrap_or_else(|_| {
+            panic!(
+                "IDEMPOTENCY_TEST_PGBOUNCER_URL is not set: scripts/with-postgres starts PgBouncer \
+                 (Debian's pgbouncer package) in front of the server"
+            )
+        });
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("bounced_{}_{n}", std::process::id());
+        let store = PostgresStore::connect(&url, table, 8).expect("pool");
+        store.create_table().await.expect("create table");
+        store
+    }
+
+    lambda_idempotency::store_conformance! {
+        store: store(),
+        unavailable: async {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"), "idempotency", 1)
+                .expect("pool")
+        },
+        single_write,
+    }
+}
