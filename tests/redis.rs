@@ -105,3 +105,127 @@ async fn a_corrupt_hash_is_an_error_never_a_replay() {
         .await;
     assert_eq!(result.map_err(|e| e.kind()), Err(ErrorKind::CorruptRecord));
 }
+
+/// A redis-server with TLS only, on a free port, with a throwaway
+/// self-signed certificate; stopped on drop.
+struct TlsServer {
+    child: std::process::Child,
+    port: u16,
+    certificate: Vec<u8>,
+    _dir: TempDir,
+}
+
+/// A temporary directory, deleted on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_server() -> TlsServer {
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!(
+        "redis-tls-{}-{}",
+        std::process::id(),
+        NAMESPACES.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = TempDir(dir);
+    // A throwaway CA, and the server's certificate signed by it.
+    let made = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca \
+               -keyout ca.key -out ca.pem \
+             && openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out req.csr \
+             && printf 'subjectAltName=IP:127.0.0.1' > ext.cnf \
+             && openssl x509 -req -in req.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+               -extfile ext.cnf -out cert.pem",
+        )
+        .current_dir(&dir.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl (Debian's openssl package) makes the test certificates");
+    assert!(made.success(), "openssl failed");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+        ])
+        .args([
+            "--tls-cert-file",
+            "cert.pem",
+            "--tls-key-file",
+            "key.pem",
+            "--tls-auth-clients",
+            "no",
+        ])
+        .args(["--save", "", "--appendonly", "no"])
+        .current_dir(&dir.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let certificate = std::fs::read(dir.0.join("ca.pem")).expect("the CA's certificate");
+    TlsServer {
+        child,
+        port,
+        certificate,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn a_tls_server_is_reached_with_rediss() {
+    let server = tls_server();
+    // The certificate is self-signed: the store trusts it as its root, and
+    // refuses it otherwise.
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let untrusted = Engine::builder(RedisStore::open(&url).expect("url")).build();
+    let refused = untrusted
+        .execute(&Attempt::new("t", "tls", payload(1)), || async {
+            Ok::<_, Declined>(0u8)
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(lambda_idempotency::Error::Store(_))),
+        "an unknown certificate is refused: {refused:?}"
+    );
+    let store = RedisStore::open_with_root_certificate(&url, &server.certificate).expect("url");
+    let engine = Engine::builder(store).build();
+    let attempt = Attempt::new("t", "tls", payload(1));
+    let first = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+        .await
+        .expect("over TLS");
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
+        .await
+        .expect("over TLS");
+    assert_eq!((*first.value(), replay.is_replay()), (1, true));
+}

@@ -75,6 +75,32 @@ impl RedisStore {
         Ok(Self::with(client, String::new()))
     }
 
+    /// A store on the TLS server at `url` (`rediss://host:port`) whose
+    /// certificate is signed by `root_certificate` (PEM) rather than a
+    /// public authority (a private CA, a test server). ElastiCache and
+    /// MemoryDB need only [`open`](RedisStore::open): their certificates
+    /// chain to public roots, which the store trusts.
+    pub fn open_with_root_certificate(
+        url: &str,
+        root_certificate: &[u8],
+    ) -> Result<Self, StoreError> {
+        let client = redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_certificate.to_vec()),
+            },
+        )
+        .map_err(|error| {
+            StoreError::new(
+                StoreErrorKind::Misconfigured,
+                "invalid Redis URL or root certificate",
+            )
+            .with_source(error)
+        })?;
+        Ok(Self::with(client, String::new()))
+    }
+
     /// Puts every record under `namespace` (prepended to its key), so that
     /// several applications, or tests, can share one server without ever
     /// meeting each other's records.
