@@ -40,7 +40,8 @@ demo: $(VENV)/.installed
 	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py demo
 
 ## Everything CI checks: formatting, clippy, the SAM template, unit, doc and
-## integration tests against DynamoDB Local, and the end-to-end test of charges.
+## integration tests against DynamoDB Local, PostgreSQL and Redis, and the
+## end-to-end test of charges and receipts on each store.
 test: lint validate integration e2e
 
 ## Formatting and clippy, warnings as errors.
