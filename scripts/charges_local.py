@@ -440,7 +440,8 @@ def demo(fn, proxy):
     replayed = sum(1 for _, h, _ in results if h.get("idempotent-replayed") == "true")
     print(f"   {sum(1 for s, _, _ in results if s == 201)} x 201, one charge ({', '.join(created)}): "
           f"one commit won, {replayed} got it replayed.")
-    print(f"   DynamoDB calls for the 20: {sum(proxy.take().values())} (one write each, no claim first).")
+    print(f"   DynamoDB calls for the 20: {sum(proxy.take().values())} (at most one write per request, no claim "
+          "first; a warm instance replays from its cache).")
 
     say("4. The same key with a different amount is refused.")
     show("response", post(fn, "demo-order-1001", dict(CHARGE, amount=99900)))
