@@ -205,6 +205,27 @@ fn int8(value: u64) -> Result<i64, StoreError> {
     })
 }
 
+/// A claim's numbers as PostgreSQL's integers.
+struct ClaimValues {
+    expiration: i64,
+    lease: i64,
+    now: i64,
+    attempt: i32,
+    first_started: i64,
+}
+
+impl ClaimValues {
+    fn of(claim: &Claim) -> Result<Self, StoreError> {
+        Ok(Self {
+            expiration: int8(claim.expiration_s)?,
+            lease: int8(claim.lease_until_ms)?,
+            now: int8(claim.now_ms)?,
+            attempt: i32::try_from(claim.attempt).unwrap_or(i32::MAX),
+            first_started: int8(claim.first_started_ms)?,
+        })
+    }
+}
+
 impl PostgresStore {
     /// A store over `table` (default `idempotency`; an identifier,
     /// optionally schema-qualified), through `pool`.
@@ -386,15 +407,7 @@ impl Store for PostgresStore {
     const SINGLE_WRITE: bool = true;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
-        let (expiration, lease, now) = (
-            int8(claim.expiration_s)?,
-            int8(claim.lease_until_ms)?,
-            int8(claim.now_ms)?,
-        );
-        let (attempt, first) = (
-            i32::try_from(claim.attempt).unwrap_or(i32::MAX),
-            int8(claim.first_started_ms)?,
-        );
+        let v = ClaimValues::of(claim)?;
         let now_s = int8(claim.now_ms / 1000)?;
         self.answer(
             &self.inner.sql.claim,
@@ -402,11 +415,11 @@ impl Store for PostgresStore {
                 (&claim.id.as_str(), Type::TEXT),
                 (&claim.owner.as_str(), Type::TEXT),
                 (&claim.fingerprint.as_str(), Type::TEXT),
-                (&expiration, Type::INT8),
-                (&lease, Type::INT8),
-                (&now, Type::INT8),
-                (&attempt, Type::INT4),
-                (&first, Type::INT8),
+                (&v.expiration, Type::INT8),
+                (&v.lease, Type::INT8),
+                (&v.now, Type::INT8),
+                (&v.attempt, Type::INT4),
+                (&v.first_started, Type::INT8),
                 (&now_s, Type::INT8),
             ],
             "INSERT (claim)",
@@ -419,15 +432,7 @@ impl Store for PostgresStore {
         claim: &Claim,
         lapsed: &OwnerToken,
     ) -> Result<Conditional, StoreError> {
-        let (expiration, lease, now) = (
-            int8(claim.expiration_s)?,
-            int8(claim.lease_until_ms)?,
-            int8(claim.now_ms)?,
-        );
-        let (attempt, first) = (
-            i32::try_from(claim.attempt).unwrap_or(i32::MAX),
-            int8(claim.first_started_ms)?,
-        );
+        let v = ClaimValues::of(claim)?;
         self.answer(
             &self.inner.sql.take_over,
             &[
@@ -435,12 +440,12 @@ impl Store for PostgresStore {
                 (&lapsed.as_str(), Type::TEXT),
                 (&claim.owner.as_str(), Type::TEXT),
                 (&claim.fingerprint.as_str(), Type::TEXT),
-                (&expiration, Type::INT8),
-                (&lease, Type::INT8),
-                (&now, Type::INT8),
-                (&attempt, Type::INT4),
-                (&first, Type::INT8),
-                (&now, Type::INT8),
+                (&v.expiration, Type::INT8),
+                (&v.lease, Type::INT8),
+                (&v.now, Type::INT8),
+                (&v.attempt, Type::INT4),
+                (&v.first_started, Type::INT8),
+                (&v.now, Type::INT8),
             ],
             "UPDATE (take over)",
         )
