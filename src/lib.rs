@@ -144,7 +144,9 @@
 //! - The crate root: what an application uses. [`Engine`] (built with
 //!   [`Engine::builder`]), [`Attempt`], [`Outcome`], [`Error`],
 //!   [`Fingerprint`], [`derive_key`], and the two stores an application
-//!   picks, [`DynamoDbStore`] and [`MemoryStore`].
+//!   picks, [`DynamoDbStore`] and [`MemoryStore`] (the PostgreSQL and
+//!   Redis stores are in `store::postgres` and `store::redis`, behind their
+//!   features).
 //! - [`http`]: the tower layer for `lambda_http` services (API Gateway REST
 //!   and HTTP APIs, ALB, Function URLs).
 //! - [`consumers`]: event consumers, for `lambda_runtime` handlers of any

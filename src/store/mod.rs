@@ -1,9 +1,14 @@
 //! The store SPI: the [`Store`] trait, what it reads and writes, and the
 //! stores this crate ships.
 //!
-//! Applications only pick a store ([`DynamoDbStore`](dynamodb::DynamoDbStore),
-//! [`MemoryStore`](memory::MemoryStore)) and hand it to the
-//! [`Engine`](crate::Engine). This module is for those who write a store:
+//! Applications only pick a store and hand it to the
+//! [`Engine`](crate::Engine): `dynamodb::DynamoDbStore` (feature
+//! `dynamodb`, the default), `postgres::PostgresStore` (feature `postgres`:
+//! the handler's SQL writes commit with the completion),
+//! `redis::RedisStore` (feature `redis`: the lowest latency, no
+//! transactional writes), or [`MemoryStore`](memory::MemoryStore) for
+//! tests. Every one passes the same conformance kit. This module is for
+//! those who write a store:
 //!
 //! - A store does the protocol's conditional writes (claim, take over a
 //!   lapsed claim, extend, complete, release; optionally a single-write
