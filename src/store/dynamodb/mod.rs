@@ -181,6 +181,34 @@ impl DynamoDbStore {
         self.answered(errors::conditional(result, operation)?)
     }
 
+    /// A conditional `PutItem` of a whole record (a claim, a takeover, a
+    /// commit without writes), read as a [`Conditional`]; a refusal that
+    /// carried no item is read back.
+    async fn conditional_put(
+        &self,
+        id: &RecordId,
+        item: Item,
+        condition: &'static str,
+        names: &HashMap<String, String>,
+        values: Item,
+        operation: &'static str,
+    ) -> Result<Conditional, StoreError> {
+        let inner = &*self.inner;
+        let result = inner
+            .client
+            .put_item()
+            .table_name(&inner.table)
+            .set_item(Some(item))
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        let answer = errors::conditional(result, operation)?;
+        self.answered_or_read(id, answer).await
+    }
+
     /// The values of the completion update; the response moves into them,
     /// so a large body is not copied.
     fn completion_values(completion: &mut Completion<TransactWriteItem>) -> Item {
@@ -330,21 +358,17 @@ impl Store for DynamoDbStore {
             ),
         ]);
         if commit.writes.is_empty() {
-            let result = inner
-                .client
-                .put_item()
-                .table_name(&inner.table)
-                .set_item(Some(item))
-                .condition_expression(COMMIT_CONDITION)
-                .set_expression_attribute_names(Some(inner.expression_names.commit.clone()))
-                .set_expression_attribute_values(Some(values))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
+            let names = &inner.expression_names.commit;
+            return self
+                .conditional_put(
+                    &commit.id,
+                    item,
+                    COMMIT_CONDITION,
+                    names,
+                    values,
+                    "PutItem (commit)",
                 )
-                .send()
                 .await;
-            let answer = errors::conditional(result, "PutItem (commit)")?;
-            return self.answered_or_read(&commit.id, answer).await;
         }
         let put = Put::builder()
             .table_name(&inner.table)
@@ -366,19 +390,18 @@ impl Store for DynamoDbStore {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let result = inner
-            .client
-            .put_item()
-            .table_name(&inner.table)
-            .set_item(Some(codec::claim_item(&inner.names, claim)))
-            .condition_expression(CLAIM_CONDITION)
-            .set_expression_attribute_names(Some(inner.expression_names.claim.clone()))
-            .expression_attribute_values(":now_s", number(claim.now_ms / 1000))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        let answer = errors::conditional(result, "PutItem (claim)")?;
-        self.answered_or_read(&claim.id, answer).await
+        let item = codec::claim_item(&inner.names, claim);
+        let values = HashMap::from([(":now_s".to_owned(), number(claim.now_ms / 1000))]);
+        let names = &inner.expression_names.claim;
+        self.conditional_put(
+            &claim.id,
+            item,
+            CLAIM_CONDITION,
+            names,
+            values,
+            "PutItem (claim)",
+        )
+        .await
     }
 
     async fn take_over(
@@ -387,21 +410,25 @@ impl Store for DynamoDbStore {
         lapsed: &OwnerToken,
     ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let result = inner
-            .client
-            .put_item()
-            .table_name(&inner.table)
-            .set_item(Some(codec::claim_item(&inner.names, claim)))
-            .condition_expression(TAKE_OVER_CONDITION)
-            .set_expression_attribute_names(Some(inner.expression_names.take_over.clone()))
-            .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
-            .expression_attribute_values(":lapsed", string(lapsed.as_str()))
-            .expression_attribute_values(":now_ms", number(claim.now_ms))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        let answer = errors::conditional(result, "PutItem (take over)")?;
-        self.answered_or_read(&claim.id, answer).await
+        let item = codec::claim_item(&inner.names, claim);
+        let values = HashMap::from([
+            (
+                ":in_progress".to_owned(),
+                string(Status::InProgress.as_str()),
+            ),
+            (":lapsed".to_owned(), string(lapsed.as_str())),
+            (":now_ms".to_owned(), number(claim.now_ms)),
+        ]);
+        let names = &inner.expression_names.take_over;
+        self.conditional_put(
+            &claim.id,
+            item,
+            TAKE_OVER_CONDITION,
+            names,
+            values,
+            "PutItem (take over)",
+        )
+        .await
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
