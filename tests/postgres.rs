@@ -295,3 +295,31 @@ mod through_pgbouncer {
         single_write,
     }
 }
+
+#[tokio::test]
+async fn a_schema_qualified_table_is_created_and_used() {
+    let schema = format!("app_{}", std::process::id());
+    let client = tokio_postgres_client().await;
+    client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        .await
+        .expect("schema");
+    let store = PostgresStore::connect(&url(), format!("{schema}.idempotency"), 2).expect("pool");
+    store
+        .create_table()
+        .await
+        .expect("create table in the schema");
+    store.create_table().await.expect("again: IF NOT EXISTS");
+    let engine = Engine::builder(store.clone()).build();
+    let attempt = Attempt::new("t", "k", payload(1));
+    engine
+        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+        .await
+        .expect("first");
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    assert_eq!(count(store.table()).await, 1);
+}

@@ -196,6 +196,17 @@ fn valid_table_name(name: &str) -> bool {
     parts.len() <= 2 && parts.iter().all(|part| identifier(part))
 }
 
+/// The DDL of the module docs for `table`. An index lives in its table's
+/// schema and its name cannot be schema-qualified: it takes the table's
+/// bare name.
+fn table_ddl(table: &str) -> String {
+    let bare = table.rsplit('.').next().unwrap_or(table);
+    include_str!("table.sql")
+        .replace("idempotency_expiration_s", &format!("{bare}_expiration_s"))
+        .replace("EXISTS idempotency (", &format!("EXISTS {table} ("))
+        .replace("ON idempotency (", &format!("ON {table} ("))
+}
+
 fn int8(value: u64) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| {
         StoreError::new(
@@ -293,9 +304,8 @@ impl PostgresStore {
     /// DDL in the module docs).
     pub async fn create_table(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
-        let ddl = include_str!("table.sql").replace("idempotency", &self.inner.table);
         client
-            .batch_execute(&ddl)
+            .batch_execute(&table_ddl(&self.inner.table))
             .await
             .map_err(|e| errors::from_pg("CREATE TABLE", e))
     }
@@ -618,6 +628,21 @@ fn decode(row: &Row) -> Result<Record, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ddl_names_the_table_and_a_bare_index() {
+        assert_eq!(table_ddl("idempotency"), include_str!("table.sql"));
+        let ddl = table_ddl("app.records");
+        assert!(
+            ddl.contains("CREATE TABLE IF NOT EXISTS app.records ("),
+            "{ddl}"
+        );
+        assert!(
+            ddl.contains("CREATE INDEX IF NOT EXISTS records_expiration_s ON app.records ("),
+            "{ddl}"
+        );
+        assert!(!ddl.contains("idempotency"), "{ddl}");
+    }
 
     #[test]
     fn only_plain_table_names_go_into_statements() {
