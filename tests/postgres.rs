@@ -26,6 +26,15 @@ fn url() -> String {
     })
 }
 
+fn pgbouncer_url() -> String {
+    std::env::var("IDEMPOTENCY_TEST_PGBOUNCER_URL").unwrap_or_else(|_| {
+        panic!(
+            "IDEMPOTENCY_TEST_PGBOUNCER_URL is not set: scripts/with-postgres starts PgBouncer \
+             (Debian's pgbouncer package) in front of the server"
+        )
+    })
+}
+
 static TABLES: AtomicUsize = AtomicUsize::new(0);
 
 /// A store over a fresh table of its own.
@@ -272,12 +281,7 @@ mod through_pgbouncer {
     use super::*;
 
     async fn store() -> PostgresStore {
-        let url = std::env::var("IDEMPOTENCY_TEST_PGBOUNCER_URL").unwrap_or_else(|_| {
-            panic!(
-                "IDEMPOTENCY_TEST_PGBOUNCER_URL is not set: scripts/with-postgres starts PgBouncer \
-                 (Debian's pgbouncer package) in front of the server"
-            )
-        });
+        let url = pgbouncer_url();
         let n = TABLES.fetch_add(1, Ordering::SeqCst);
         let table = format!("bounced_{}_{n}", std::process::id());
         let store = PostgresStore::connect(&url, table, 8).expect("pool");
@@ -322,4 +326,129 @@ async fn a_schema_qualified_table_is_created_and_used() {
         .expect("replay");
     assert!(replay.is_replay());
     assert_eq!(count(store.table()).await, 1);
+}
+
+/// The CA of the test server's TLS certificate (`scripts/with-postgres`).
+fn certificate_authority() -> Vec<u8> {
+    let path = std::env::var("IDEMPOTENCY_TEST_POSTGRES_CA").unwrap_or_else(|_| {
+        panic!(
+            "IDEMPOTENCY_TEST_POSTGRES_CA is not set: run these tests with `make test`, or \
+             `scripts/with-postgres cargo test --test postgres`"
+        )
+    });
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[tokio::test]
+async fn connect_tls_runs_the_protocol_over_verified_tls() {
+    use lambda_idempotency::store::postgres::{tls_connector, tokio_postgres};
+    let ca = certificate_authority();
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let table = format!("idem_tls_{}_{n}", std::process::id());
+    let store = PostgresStore::connect_tls(&url(), table, 2, &ca).expect("pool");
+    store.create_table().await.expect("create table over TLS");
+    let engine = Engine::builder(store).build();
+    let attempt = Attempt::new("t", "tls", payload(1));
+    let first = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+        .await
+        .expect("over TLS");
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
+        .await
+        .expect("over TLS");
+    assert_eq!(
+        (*first.value(), *replay.value(), replay.is_replay()),
+        (1, 1, true)
+    );
+
+    // The same connector, on a connection of the test's: the server sees TLS.
+    let (client, connection) = tokio_postgres::connect(
+        &format!("{}?sslmode=require", url()),
+        tls_connector(&ca).expect("connector"),
+    )
+    .await
+    .expect("connect over TLS");
+    tokio::spawn(connection);
+    let ssl: bool = client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("pg_stat_ssl")
+        .get(0);
+    assert!(ssl, "the connection is TLS");
+}
+
+#[tokio::test]
+async fn connect_tls_refuses_a_server_it_cannot_verify_or_that_has_no_tls() {
+    // Another CA than the server's: the handshake fails, and the request
+    // fails closed (no claim, no run).
+    let dir = std::env::temp_dir().join(format!("pg-other-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=another-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl (Debian's openssl package) makes the test certificate");
+    assert!(made.success());
+    let other_ca = std::fs::read(dir.join("ca.pem")).expect("pem");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let runs = AtomicUsize::new(0);
+    for store in [
+        PostgresStore::connect_tls(&url(), "idempotency", 1, &other_ca).expect("pool"),
+        // PgBouncer here speaks no TLS to clients: no fallback to plain text.
+        PostgresStore::connect_tls(&pgbouncer_url(), "idempotency", 1, &certificate_authority())
+            .expect("pool"),
+    ] {
+        let engine = Engine::builder(store).build();
+        let refused = engine
+            .execute(&Attempt::new("t", "tls", payload(1)), || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Declined>(0u8)
+            })
+            .await;
+        match refused {
+            Err(Error::Store(error)) => {
+                assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}")
+            }
+            other => panic!("refused as an unavailable store, not {other:?}"),
+        }
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "nothing ran without a claim"
+    );
+}
+
+#[test]
+fn connect_tls_refuses_bad_configuration_at_start_up() {
+    let not_pem = PostgresStore::connect_tls(&url(), "idempotency", 1, b"not a certificate");
+    let disabled = PostgresStore::connect_tls(
+        &format!("{}?sslmode=disable", url()),
+        "idempotency",
+        1,
+        &certificate_authority(),
+    );
+    for result in [not_pem, disabled] {
+        match result {
+            Err(error) => assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}"),
+            Ok(_) => panic!("refused at start-up"),
+        }
+    }
 }

@@ -21,6 +21,14 @@
 //! written (its id is derived from the idempotency record, so the write is
 //! conditional on it not existing).
 
+#[path = "shared/store_url.rs"]
+mod store_url;
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis")),
+    allow(unused_imports)
+)]
+use store_url::OtherStore;
+
 use aws_sdk_dynamodb::{
     types::{AttributeValue, Put, TransactWriteItem},
     Client,
@@ -263,28 +271,29 @@ async fn main() -> Result<(), Error> {
 
 /// The store named by `IDEMPOTENCY_STORE_URL`, where this build has it
 /// (features `postgres`, `redis`: `cargo lambda build --features postgres,redis`).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis")),
+    allow(unused_variables)
+)]
 async fn serve_other(url: &str, charges: Charges) -> Result<(), Error> {
-    #[cfg(feature = "postgres")]
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store =
-            lambda_idempotency::store::postgres::PostgresStore::connect(url, "idempotency", 2)?;
-        store.create_table().await?;
-        let engine = Engine::builder(store).cache(1024).build();
-        return serve(IdempotencyLayer::new(engine), charges).await;
+    match store_url::open(url).await? {
+        #[cfg(feature = "postgres")]
+        OtherStore::Postgres(store) => {
+            serve(
+                IdempotencyLayer::new(Engine::builder(store).cache(1024).build()),
+                charges,
+            )
+            .await
+        }
+        #[cfg(feature = "redis")]
+        OtherStore::Redis(store) => {
+            serve(
+                IdempotencyLayer::new(Engine::builder(store).cache(1024).build()),
+                charges,
+            )
+            .await
+        }
     }
-    #[cfg(feature = "redis")]
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        let store = lambda_idempotency::store::redis::RedisStore::open(url)?;
-        let engine = Engine::builder(store).cache(1024).build();
-        return serve(IdempotencyLayer::new(engine), charges).await;
-    }
-    let _ = charges;
-    Err(format!(
-        "IDEMPOTENCY_STORE_URL {url:?}: this build knows postgres:// and postgresql:// (feature \
-         `postgres`) and redis:// and rediss:// (feature `redis`); build with \
-         `--features postgres,redis`"
-    )
-    .into())
 }
 
 async fn serve<St: Store>(layer: IdempotencyLayer<St>, charges: Charges) -> Result<(), Error> {

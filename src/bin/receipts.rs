@@ -16,6 +16,14 @@
 //! another store; the increment is then made by the handler between the
 //! claim and the completion, not in one transaction with the record.
 
+#[path = "shared/store_url.rs"]
+mod store_url;
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis")),
+    allow(unused_imports)
+)]
+use store_url::OtherStore;
+
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use lambda_idempotency::{consumers::SqsBatch, store::Store, DynamoDbStore, Engine, Fingerprint};
@@ -132,30 +140,25 @@ async fn main() -> Result<(), Error> {
 }
 
 /// The store named by `IDEMPOTENCY_STORE_URL`, where this build has it.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis")),
+    allow(unused_variables)
+)]
 async fn serve_other(
     url: &str,
     client: aws_sdk_dynamodb::Client,
     table: Arc<str>,
 ) -> Result<(), Error> {
-    #[cfg(feature = "postgres")]
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store =
-            lambda_idempotency::store::postgres::PostgresStore::connect(url, "idempotency", 2)?;
-        store.create_table().await?;
-        return serve(batch(Engine::builder(store).build()), client, table).await;
+    match store_url::open(url).await? {
+        #[cfg(feature = "postgres")]
+        OtherStore::Postgres(store) => {
+            serve(batch(Engine::builder(store).build()), client, table).await
+        }
+        #[cfg(feature = "redis")]
+        OtherStore::Redis(store) => {
+            serve(batch(Engine::builder(store).build()), client, table).await
+        }
     }
-    #[cfg(feature = "redis")]
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        let store = lambda_idempotency::store::redis::RedisStore::open(url)?;
-        return serve(batch(Engine::builder(store).build()), client, table).await;
-    }
-    let _ = (client, table);
-    Err(format!(
-        "IDEMPOTENCY_STORE_URL {url:?}: this build knows postgres:// and postgresql:// (feature \
-         `postgres`) and redis:// and rediss:// (feature `redis`); build with \
-         `--features postgres,redis`"
-    )
-    .into())
 }
 
 /// Each record's receipt sent under its claim.

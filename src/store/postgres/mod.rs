@@ -15,8 +15,10 @@
 //! Proxy and PgBouncer in transaction mode do not guarantee. Transactions
 //! (a completion with the handler's writes, a single-write commit) are
 //! `BEGIN`…`COMMIT` on one connection, which both poolers keep together.
-//! For TLS to RDS, build the pool with a rustls connector
-//! (`tokio-postgres-rustls`) instead of `NoTls`.
+//! For TLS (RDS, Aurora, RDS Proxy), [`PostgresStore::connect_tls`]
+//! connects with rustls, trusting the certificate authorities you give it
+//! (Amazon's RDS bundle) and checking the host name; [`tls_connector`]
+//! builds the same connector for a pool of your own.
 //!
 //! # The table
 //!
@@ -40,8 +42,10 @@
 //! [deadpool-postgres]: https://docs.rs/deadpool-postgres
 
 mod errors;
+mod tls;
 mod write;
 
+pub use tls::{tls_connector, TlsConnector};
 pub use write::{PgValue, PgWrite};
 /// The pool and driver crates, for building a pool of your own (TLS, other
 /// settings).
@@ -260,39 +264,49 @@ impl PostgresStore {
     /// A store over `table`, through a new pool of at most `max_size`
     /// connections to `url` (`postgres://user:password@host:port/database`),
     /// without TLS. Connections open on first use. Build it once, in `main`.
+    ///
+    /// For RDS, Aurora and RDS Proxy, use
+    /// [`connect_tls`](PostgresStore::connect_tls).
     pub fn connect(
         url: &str,
         table: impl Into<String>,
         max_size: usize,
     ) -> Result<Self, StoreError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|error| {
-            StoreError::new(StoreErrorKind::Misconfigured, "invalid PostgreSQL URL")
-                .with_source(error)
-        })?;
-        let manager = deadpool_postgres::Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
-            deadpool_postgres::ManagerConfig {
-                // A connection that died while the environment was frozen is
-                // replaced, not handed out.
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        // A server that does not answer is an unavailable store, not a hang.
-        let pool = Pool::builder(manager)
-            .max_size(max_size.max(1))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .create_timeout(Some(std::time::Duration::from_secs(5)))
-            .wait_timeout(Some(std::time::Duration::from_secs(5)))
-            .build()
-            .map_err(|error| {
-                StoreError::new(
+        Self::new(pool(config(url)?, max_size, tokio_postgres::NoTls)?, table)
+    }
+
+    /// Like [`connect`](PostgresStore::connect), over TLS, trusting the
+    /// certificate authorities in `root_certificates` (PEM) and nothing
+    /// else: for RDS, Amazon's bundle
+    /// (`https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem`,
+    /// shipped with the function, for example with `include_bytes!`).
+    ///
+    /// TLS is required: a URL without `sslmode` (or with `prefer`) is
+    /// taken as `sslmode=require`, a server that does not speak TLS is an
+    /// error rather than a plain connection, and the certificate's chain
+    /// and host name are always verified (libpq's `verify-full`). A URL
+    /// that says `sslmode=disable` is a
+    /// [`Misconfigured`](StoreErrorKind::Misconfigured) error.
+    pub fn connect_tls(
+        url: &str,
+        table: impl Into<String>,
+        max_size: usize,
+        root_certificates: &[u8],
+    ) -> Result<Self, StoreError> {
+        let mut config = config(url)?;
+        match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => {
+                return Err(StoreError::new(
                     StoreErrorKind::Misconfigured,
-                    "the PostgreSQL pool could not be built",
-                )
-                .with_source(error)
-            })?;
-        Self::new(pool, table)
+                    "connect_tls was given a PostgreSQL URL with sslmode=disable",
+                ))
+            }
+            _ => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+            }
+        }
+        let connector = tls::tls_connector(root_certificates)?;
+        Self::new(pool(config, max_size, connector)?, table)
     }
 
     /// The table's name.
@@ -623,6 +637,44 @@ fn decode(row: &Row) -> Result<Record, StoreError> {
         id: RecordId::from_stored(id),
     };
     record.checked()
+}
+
+fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
+    url.parse().map_err(|error| {
+        StoreError::new(StoreErrorKind::Misconfigured, "invalid PostgreSQL URL").with_source(error)
+    })
+}
+
+fn pool<T>(config: tokio_postgres::Config, max_size: usize, tls: T) -> Result<Pool, StoreError>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket> + Clone + Sync + Send + 'static,
+    T::Stream: Sync + Send,
+    T::TlsConnect: Sync + Send,
+    <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+{
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        tls,
+        deadpool_postgres::ManagerConfig {
+            // A connection that died while the environment was frozen is
+            // replaced, not handed out.
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    // A server that does not answer is an unavailable store, not a hang.
+    Pool::builder(manager)
+        .max_size(max_size.max(1))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .create_timeout(Some(std::time::Duration::from_secs(5)))
+        .wait_timeout(Some(std::time::Duration::from_secs(5)))
+        .build()
+        .map_err(|error| {
+            StoreError::new(
+                StoreErrorKind::Misconfigured,
+                "the PostgreSQL pool could not be built",
+            )
+            .with_source(error)
+        })
 }
 
 #[cfg(test)]

@@ -19,14 +19,16 @@
 //! ([`Engine::run_single_write`](crate::Engine::run_single_write)) does not
 //! compile with it.
 
+mod connection;
 mod errors;
 
 use super::{
     Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
 };
 use crate::{Fingerprint, StoreError, StoreErrorKind};
-use redis::{aio::ConnectionManager, Script, Value};
-use std::{collections::HashMap, fmt, sync::Arc, time::Duration};
+use connection::{Connection, Endpoint};
+use redis::{IntoConnectionInfo, Script, Value};
+use std::{collections::HashMap, fmt, sync::Arc};
 use tokio::sync::OnceCell;
 
 /// Redis cannot commit writes of the handler's with a completion: this type
@@ -41,10 +43,10 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    client: redis::Client,
+    endpoint: Endpoint,
     /// Connected on first use, so that a server down at start-up is a
     /// store error at request time (fail closed), not a failed init.
-    connection: OnceCell<ConnectionManager>,
+    connection: OnceCell<Connection>,
     namespace: String,
     scripts: Scripts,
 }
@@ -65,40 +67,87 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// A store on the server at `url` (`redis://host:port/db`). It
-    /// connects on first use, and reconnects by itself; build it once, in
-    /// `main`.
+    /// A store on the server at `url`: `redis://host:port/db`, or
+    /// `rediss://…` for TLS. `redis+cluster://host:port` (`rediss+cluster://`
+    /// with TLS) is a Redis Cluster reached through that node (ElastiCache's
+    /// configuration endpoint, MemoryDB's cluster endpoint, an ElastiCache
+    /// Serverless endpoint): the client learns the other nodes from it.
+    ///
+    /// It connects on first use, and reconnects by itself; build it once,
+    /// in `main`. A malformed URL or an unknown scheme is a
+    /// [`Misconfigured`](StoreErrorKind::Misconfigured) error here; a
+    /// server that is down is an error at request time (a 503), never a
+    /// run without a claim.
     pub fn open(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|error| {
-            StoreError::new(StoreErrorKind::Misconfigured, "invalid Redis URL").with_source(error)
-        })?;
-        Ok(Self::with(client, String::new()))
+        Self::open_with(url, None)
     }
 
-    /// A store on the TLS server at `url` (`rediss://host:port`) whose
-    /// certificate is signed by `root_certificate` (PEM) rather than a
-    /// public authority (a private CA, a test server). ElastiCache and
-    /// MemoryDB need only [`open`](RedisStore::open): their certificates
-    /// chain to public roots, which the store trusts.
+    /// A store on the TLS server or cluster at `url` (`rediss://host:port`,
+    /// `rediss+cluster://host:port`) whose certificate is signed by
+    /// `root_certificate` (PEM) rather than a public authority (a private
+    /// CA, a test server). ElastiCache and MemoryDB need only
+    /// [`open`](RedisStore::open): their certificates chain to public
+    /// roots, which the store trusts.
     pub fn open_with_root_certificate(
         url: &str,
         root_certificate: &[u8],
     ) -> Result<Self, StoreError> {
-        let client = redis::Client::build_with_tls(
-            url,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root_certificate.to_vec()),
-            },
-        )
-        .map_err(|error| {
+        Self::open_with(url, Some(root_certificate))
+    }
+
+    /// A store on the Redis Cluster that `nodes` belong to (`redis://…` or
+    /// `rediss://…` URLs; one is enough, more survive one being down at
+    /// start-up). Every record is one key, so every step of the protocol
+    /// is one script on one slot, routed by the cluster client, which
+    /// follows the cluster through reshardings and failovers.
+    pub fn open_cluster<'a>(nodes: impl IntoIterator<Item = &'a str>) -> Result<Self, StoreError> {
+        let nodes = nodes
+            .into_iter()
+            .map(node_info)
+            .collect::<Result<Vec<_>, _>>()?;
+        cluster(nodes, None)
+    }
+
+    fn open_with(url: &str, root_certificate: Option<&[u8]>) -> Result<Self, StoreError> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             StoreError::new(
                 StoreErrorKind::Misconfigured,
-                "invalid Redis URL or root certificate",
+                "invalid Redis URL: it has no scheme (redis://, rediss://, redis+cluster://, rediss+cluster://)",
             )
-            .with_source(error)
         })?;
-        Ok(Self::with(client, String::new()))
+        match scheme {
+            "redis" | "rediss" => {
+                let client = match root_certificate {
+                    None => redis::Client::open(url),
+                    Some(root) => redis::Client::build_with_tls(
+                        url,
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(root.to_vec()),
+                        },
+                    ),
+                }
+                .map_err(|error| {
+                    StoreError::new(
+                        StoreErrorKind::Misconfigured,
+                        "invalid Redis URL or root certificate",
+                    )
+                    .with_source(error)
+                })?;
+                Ok(Self::with(Endpoint::Server(client), String::new()))
+            }
+            "redis+cluster" | "rediss+cluster" => {
+                let node = format!("{}://{rest}", scheme.trim_end_matches("+cluster"));
+                cluster(vec![node_info(&node)?], root_certificate)
+            }
+            other => Err(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                format!(
+                    "invalid Redis URL: unknown scheme {other:?} (redis://, rediss://, \
+                     redis+cluster://, rediss+cluster://)"
+                ),
+            )),
+        }
     }
 
     /// Puts every record under `namespace` (prepended to its key), so that
@@ -106,13 +155,13 @@ impl RedisStore {
     /// meeting each other's records.
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
-        Self::with(self.inner.client.clone(), namespace.into())
+        Self::with(self.inner.endpoint.clone(), namespace.into())
     }
 
-    fn with(client: redis::Client, namespace: String) -> Self {
+    fn with(endpoint: Endpoint, namespace: String) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client,
+                endpoint,
                 connection: OnceCell::new(),
                 namespace,
                 scripts: Scripts {
@@ -127,23 +176,10 @@ impl RedisStore {
         }
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        let client = self.inner.client.clone();
+    async fn connection(&self) -> Result<Connection, StoreError> {
         self.inner
             .connection
-            .get_or_try_init(|| async move {
-                // Fail fast: an unreachable store is a 503 now, not after a
-                // long backoff that eats the invocation's time.
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Duration::from_secs(2))
-                    .set_response_timeout(Duration::from_secs(2))
-                    .set_number_of_retries(1)
-                    .set_factor(10)
-                    .set_max_delay(100);
-                ConnectionManager::new_with_config(client, config)
-                    .await
-                    .map_err(|e| errors::from_redis("connect", e))
-            })
+            .get_or_try_init(|| self.inner.endpoint.connect())
             .await
             .cloned()
     }
@@ -175,6 +211,38 @@ impl RedisStore {
             _ => Err(unexpected(operation)),
         }
     }
+}
+
+/// A node's URL, checked.
+fn node_info(url: &str) -> Result<redis::ConnectionInfo, StoreError> {
+    url.into_connection_info().map_err(|error| {
+        StoreError::new(
+            StoreErrorKind::Misconfigured,
+            "invalid Redis Cluster node URL",
+        )
+        .with_source(error)
+    })
+}
+
+fn cluster(
+    nodes: Vec<redis::ConnectionInfo>,
+    root_certificate: Option<&[u8]>,
+) -> Result<RedisStore, StoreError> {
+    let mut builder = connection::cluster_builder(nodes);
+    if let Some(root) = root_certificate {
+        builder = builder.certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root.to_vec()),
+        });
+    }
+    let client = builder.build().map_err(|error| {
+        StoreError::new(
+            StoreErrorKind::Misconfigured,
+            "invalid Redis Cluster nodes or root certificate",
+        )
+        .with_source(error)
+    })?;
+    Ok(RedisStore::with(Endpoint::Cluster(client), String::new()))
 }
 
 impl RedisStore {
@@ -304,33 +372,17 @@ impl Store for RedisStore {
             glob_escape(&self.inner.namespace),
             glob_escape(prefix)
         );
-        let mut cursor = 0u64;
         let mut records = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500)
+        for key in connection.scan(&pattern).await? {
+            let fields: Vec<Value> = redis::cmd("HGETALL")
+                .arg(&key)
                 .query_async(&mut connection)
                 .await
-                .map_err(|e| errors::from_redis("SCAN", e))?;
-            for key in keys {
-                let fields: Vec<Value> = redis::cmd("HGETALL")
-                    .arg(&key)
-                    .query_async(&mut connection)
-                    .await
-                    .map_err(|e| errors::from_redis("HGETALL", e))?;
-                if let Some(record) = decode(&fields)? {
-                    if record.status == Status::InProgress {
-                        records.push(record);
-                    }
+                .map_err(|e| errors::from_redis("HGETALL", e))?;
+            if let Some(record) = decode(&fields)? {
+                if record.status == Status::InProgress {
+                    records.push(record);
                 }
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
             }
         }
         records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));

@@ -1,0 +1,68 @@
+//! The store named by `IDEMPOTENCY_STORE_URL`, shared by the reference
+//! functions.
+//!
+//! - `postgres://…`, `postgresql://…` (feature `postgres`): the table
+//!   `idempotency`, created if missing.
+//! - `redis://…`, `rediss://…`, `redis+cluster://…`, `rediss+cluster://…`
+//!   (feature `redis`): a server, or a Redis Cluster through one of its
+//!   nodes (ElastiCache's configuration endpoint, ElastiCache Serverless,
+//!   MemoryDB).
+//!
+//! `IDEMPOTENCY_STORE_ROOT_CERTIFICATE`, a PEM file shipped with the
+//! function, is the certificate authority to trust for TLS: Amazon's RDS
+//! bundle for PostgreSQL (which then always connects over TLS), a private
+//! CA for Redis.
+
+use lambda_http::Error;
+
+/// A store other than DynamoDB.
+pub enum OtherStore {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(lambda_idempotency::store::postgres::PostgresStore),
+    /// Redis, Valkey, a Redis Cluster.
+    #[cfg(feature = "redis")]
+    Redis(lambda_idempotency::store::redis::RedisStore),
+}
+
+/// Opens the store at `url`, or says why this build cannot.
+pub async fn open(url: &str) -> Result<OtherStore, Error> {
+    let root_certificate = match std::env::var_os("IDEMPOTENCY_STORE_ROOT_CERTIFICATE") {
+        Some(path) if !path.is_empty() => Some(std::fs::read(&path).map_err(|e| {
+            format!("IDEMPOTENCY_STORE_ROOT_CERTIFICATE {path:?} cannot be read: {e}")
+        })?),
+        _ => None,
+    };
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    #[cfg(feature = "postgres")]
+    if matches!(scheme, "postgres" | "postgresql") {
+        use lambda_idempotency::store::postgres::PostgresStore;
+        // One invocation at a time per execution environment: two
+        // connections are plenty.
+        let store = match &root_certificate {
+            Some(root) => PostgresStore::connect_tls(url, "idempotency", 2, root)?,
+            None => PostgresStore::connect(url, "idempotency", 2)?,
+        };
+        store.create_table().await?;
+        return Ok(OtherStore::Postgres(store));
+    }
+    #[cfg(feature = "redis")]
+    if matches!(
+        scheme,
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster"
+    ) {
+        use lambda_idempotency::store::redis::RedisStore;
+        let store = match &root_certificate {
+            Some(root) => RedisStore::open_with_root_certificate(url, root)?,
+            None => RedisStore::open(url)?,
+        };
+        return Ok(OtherStore::Redis(store));
+    }
+    let _ = root_certificate;
+    Err(format!(
+        "IDEMPOTENCY_STORE_URL: scheme {scheme:?} is not one this build knows: postgres:// and \
+         postgresql:// (feature `postgres`), redis://, rediss://, redis+cluster:// and \
+         rediss+cluster:// (feature `redis`); build with `--features postgres,redis`"
+    )
+    .into())
+}
