@@ -14,14 +14,96 @@ use redis::{
     cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo},
     Cmd, Pipeline, RedisFuture, Value,
 };
-use std::time::Duration;
+use std::{
+    sync::{PoisonError, RwLock},
+    time::Duration,
+};
 
 /// Fail fast: an unreachable store is a 503 now, not after a long backoff
 /// that eats the invocation's time.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The store's connection: made on first use, so that a server down at
+/// start-up is a store error at request time (fail closed), not a failed
+/// init; and made again when a cluster connection stops answering.
+///
+/// The second is a workaround: under concurrent requests during a
+/// resharding, redis-rs's cluster connection (0.32 and 1.8 alike) can stop
+/// answering for good while a new connection to the same cluster works at
+/// once. A single server's connection manager reconnects by itself.
+pub(super) struct SharedConnection {
+    endpoint: Endpoint,
+    current: RwLock<Option<Leased>>,
+    connecting: tokio::sync::Mutex<u64>,
+}
+
+/// A connection, with the generation that tells it from its replacements.
+#[derive(Clone)]
+pub(super) struct Leased {
+    pub(super) connection: Connection,
+    generation: u64,
+}
+
+impl SharedConnection {
+    pub(super) fn new(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            current: RwLock::new(None),
+            connecting: tokio::sync::Mutex::new(0),
+        }
+    }
+
+    pub(super) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The current connection, connecting first where there is none.
+    pub(super) async fn get(&self) -> Result<Leased, StoreError> {
+        if let Some(leased) = self.peek() {
+            return Ok(leased);
+        }
+        let mut generation = self.connecting.lock().await;
+        if let Some(leased) = self.peek() {
+            return Ok(leased);
+        }
+        let connection = self.endpoint.connect().await?;
+        *generation += 1;
+        let leased = Leased {
+            connection,
+            generation: *generation,
+        };
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(leased.clone());
+        Ok(leased)
+    }
+
+    /// Takes note of a failed command: a cluster connection that timed out
+    /// is dropped, and the next command connects again.
+    pub(super) fn failed(&self, leased: &Leased, error: &redis::RedisError) {
+        if !matches!(leased.connection, Connection::Cluster(_)) || !error.is_timeout() {
+            return;
+        }
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        if current
+            .as_ref()
+            .is_some_and(|c| c.generation == leased.generation)
+        {
+            tracing::warn!("the Redis Cluster connection timed out: connecting again");
+            *current = None;
+        }
+    }
+
+    fn peek(&self) -> Option<Leased> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
 /// Where the records live: how to connect, not yet connected.
+// One per store, built once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub(super) enum Endpoint {
     Server(redis::Client),
@@ -41,11 +123,11 @@ impl Endpoint {
         match self {
             Self::Server(client) => {
                 let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(CONNECT_TIMEOUT)
-                    .set_response_timeout(RESPONSE_TIMEOUT)
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
                     .set_number_of_retries(1)
-                    .set_factor(10)
-                    .set_max_delay(100);
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_millis(100));
                 ConnectionManager::new_with_config(client.clone(), config)
                     .await
                     .map(Connection::Server)
@@ -83,7 +165,7 @@ impl Connection {
                 // A PING to every primary answers with their addresses.
                 let primaries = connection
                     .route_command(
-                        &redis::cmd("PING"),
+                        redis::cmd("PING"),
                         RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
                     )
                     .await
@@ -141,7 +223,7 @@ async fn scan_node<C: ConnectionLike + ClusterRoute>(
             .await
             .map_err(|e| errors::from_redis("SCAN", e))?;
         let (next, page): (u64, Vec<String>) =
-            redis::from_redis_value(&answer).map_err(|e| errors::from_redis("SCAN", e))?;
+            redis::from_redis_value(answer).map_err(|e| errors::from_redis("SCAN", e.into()))?;
         keys.extend(page);
         cursor = next;
         if cursor == 0 {
@@ -177,7 +259,7 @@ impl ClusterRoute for ClusterConnection {
     ) -> RedisFuture<'a, Value> {
         match route {
             Some(route) => Box::pin(async move {
-                self.route_command(command, RoutingInfo::SingleNode(route))
+                self.route_command(command.clone(), RoutingInfo::SingleNode(route))
                     .await
             }),
             None => self.req_packed_command(command),

@@ -1,7 +1,7 @@
 //! Redis errors translated into the crate's [`StoreError`]s.
 
 use crate::{StoreError, StoreErrorKind};
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Maps a failed command or script.
 pub(super) fn from_redis(operation: &'static str, error: RedisError) -> StoreError {
@@ -13,14 +13,18 @@ pub(super) fn from_redis(operation: &'static str, error: RedisError) -> StoreErr
         StoreErrorKind::Unavailable
     } else {
         match error.kind() {
-            ErrorKind::BusyLoadingError
-            | ErrorKind::TryAgain
-            | ErrorKind::ClusterDown
-            | ErrorKind::MasterDown
-            | ErrorKind::ReadOnly => StoreErrorKind::Unavailable,
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly,
+            ) => StoreErrorKind::Unavailable,
             ErrorKind::AuthenticationFailed
             | ErrorKind::InvalidClientConfig
-            | ErrorKind::NoScriptError => StoreErrorKind::Misconfigured,
+            | ErrorKind::Server(ServerErrorKind::NoScript | ServerErrorKind::NoPerm) => {
+                StoreErrorKind::Misconfigured
+            }
             _ if error.code() == Some("OOM") => StoreErrorKind::Throttled,
             _ => StoreErrorKind::Other,
         }

@@ -26,10 +26,9 @@ use super::{
     Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
 };
 use crate::{Fingerprint, StoreError, StoreErrorKind};
-use connection::{Connection, Endpoint};
+use connection::{Connection, Endpoint, SharedConnection};
 use redis::{IntoConnectionInfo, Script, Value};
 use std::{collections::HashMap, fmt, sync::Arc};
-use tokio::sync::OnceCell;
 
 /// Redis cannot commit writes of the handler's with a completion: this type
 /// has no values.
@@ -43,10 +42,7 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    endpoint: Endpoint,
-    /// Connected on first use, so that a server down at start-up is a
-    /// store error at request time (fail closed), not a failed init.
-    connection: OnceCell<Connection>,
+    connection: SharedConnection,
     namespace: String,
     scripts: Scripts,
 }
@@ -155,14 +151,13 @@ impl RedisStore {
     /// meeting each other's records.
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
-        Self::with(self.inner.endpoint.clone(), namespace.into())
+        Self::with(self.inner.connection.endpoint().clone(), namespace.into())
     }
 
     fn with(endpoint: Endpoint, namespace: String) -> Self {
         Self {
             inner: Arc::new(Inner {
-                endpoint,
-                connection: OnceCell::new(),
+                connection: SharedConnection::new(endpoint),
                 namespace,
                 scripts: Scripts {
                     claim: Script::new(include_str!("scripts/claim.lua")),
@@ -176,12 +171,28 @@ impl RedisStore {
         }
     }
 
-    async fn connection(&self) -> Result<Connection, StoreError> {
-        self.inner
-            .connection
-            .get_or_try_init(|| self.inner.endpoint.connect())
-            .await
-            .cloned()
+    /// Runs `command` (a script invocation, a command) on the store's
+    /// connection.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        operation: &'static str,
+        command: impl AsyncFnOnce(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
+        let mut leased = self.inner.connection.get().await?;
+        match command(&mut leased.connection).await {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                self.inner.connection.failed(&leased, &error);
+                Err(errors::from_redis(operation, error))
+            }
+        }
+    }
+
+    async fn hgetall(&self, key: &str) -> Result<Vec<Value>, StoreError> {
+        self.query("HGETALL", async |connection| {
+            redis::cmd("HGETALL").arg(key).query_async(connection).await
+        })
+        .await
     }
 
     /// Runs a script and reads its answer: `{1, {}}` applied, `{0, fields}`
@@ -197,11 +208,11 @@ impl RedisStore {
         for arg in args {
             invocation.arg(*arg);
         }
-        let mut connection = self.connection().await?;
-        let value: Value = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|e| errors::from_redis(operation, e))?;
+        let value: Value = self
+            .query(operation, async |connection| {
+                invocation.invoke_async(connection).await
+            })
+            .await?;
         let Value::Array(parts) = value else {
             return Err(unexpected(operation));
         };
@@ -366,19 +377,15 @@ impl Store for RedisStore {
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let mut connection = self.connection().await?;
+        let mut leased = self.inner.connection.get().await?;
         let pattern = format!(
             "{}{}*",
             glob_escape(&self.inner.namespace),
             glob_escape(prefix)
         );
         let mut records = Vec::new();
-        for key in connection.scan(&pattern).await? {
-            let fields: Vec<Value> = redis::cmd("HGETALL")
-                .arg(&key)
-                .query_async(&mut connection)
-                .await
-                .map_err(|e| errors::from_redis("HGETALL", e))?;
+        for key in leased.connection.scan(&pattern).await? {
+            let fields = self.hgetall(&key).await?;
             if let Some(record) = decode(&fields)? {
                 if record.status == Status::InProgress {
                     records.push(record);
@@ -391,12 +398,7 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
-        let mut connection = self.connection().await?;
-        let fields: Vec<Value> = redis::cmd("HGETALL")
-            .arg(self.key(id))
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| errors::from_redis("HGETALL", e))?;
+        let fields = self.hgetall(&self.key(id)).await?;
         Ok(decode(&fields)?.filter(|record| !record.is_expired(now_ms)))
     }
 }
