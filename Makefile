@@ -94,7 +94,7 @@ $(TOOLS)/cargo/bin/cargo-fuzz:
 bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed bench/node_modules/.installed
 	$(CARGO) bench --bench layer
 	$(CARGO) build --release --example bench_driver
-	scripts/with-dynamodb-local $(VENV)/bin/python bench/run.py
+	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python bench/run.py
 
 ## The single write against a raw TransactWriteItems of the same two items,
 ## interleaved call by call in one process (see BENCHMARKS.md).
@@ -104,7 +104,7 @@ bench-single-write: $(VENV)/.installed
 
 $(TOOLS)/bench-py/.installed:
 	python3 -m venv $(TOOLS)/bench-py
-	$(TOOLS)/bench-py/bin/pip install --quiet --disable-pip-version-check aws-lambda-powertools==3.37.0 boto3==1.44.5
+	$(TOOLS)/bench-py/bin/pip install --quiet --disable-pip-version-check "aws-lambda-powertools[redis]==3.37.0" boto3==1.44.5
 	touch $@
 
 bench/node_modules/.installed: bench/package.json

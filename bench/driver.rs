@@ -19,7 +19,11 @@ use aws_sdk_dynamodb::{
     types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem},
     Client,
 };
-use lambda_idempotency::{Attempt, DynamoDbStore, Engine, Fingerprint, Json, OutcomeKind};
+use lambda_idempotency::{
+    store::{postgres::PostgresStore, redis::RedisStore, Store},
+    testing::CountingStore,
+    Attempt, DynamoDbStore, Engine, Fingerprint, Json, OutcomeKind,
+};
 use serde::{Deserialize, Serialize};
 use std::{
     sync::{
@@ -83,6 +87,13 @@ impl Intercept for Calls {
 #[derive(Clone)]
 enum Runner {
     Engine(Engine<DynamoDbStore>),
+    Postgres(Engine<CountingStore<PostgresStore>>),
+    Redis(Engine<CountingStore<RedisStore>>),
+    RedisFloor(
+        redis::aio::ConnectionManager,
+        Arc<redis::Script>,
+        Arc<redis::Script>,
+    ),
     Single(Engine<DynamoDbStore>, Arc<str>),
     Floor(Client, Arc<str>),
     FloorTransaction(Client, Arc<str>),
@@ -106,18 +117,32 @@ impl Runner {
         let order = order(key);
         match self {
             Runner::Bare => charge(&order).await.is_ok(),
-            Runner::Engine(engine) => {
-                let Ok(fingerprint) = Fingerprint::of_json(&order) else {
+            Runner::Engine(engine) => idempotent_charge(engine, key, &order).await,
+            Runner::Postgres(engine) => idempotent_charge(engine, key, &order).await,
+            Runner::Redis(engine) => idempotent_charge(engine, key, &order).await,
+            Runner::RedisFloor(connection, claim, complete) => {
+                // The two scripts the protocol cannot avoid, as bare as they
+                // come, with the handler between them.
+                let mut connection = connection.clone();
+                let claimed: redis::RedisResult<i64> = claim
+                    .key(format!("floor:{key}"))
+                    .invoke_async(&mut connection)
+                    .await;
+                if claimed != Ok(1) {
+                    return false;
+                }
+                let Ok(result) = charge(&order).await else {
                     return false;
                 };
-                let attempt = Attempt::new("bench", key, fingerprint);
-                matches!(
-                    engine
-                        .execute(&attempt, || charge(&order))
-                        .await
-                        .map(|o| o.kind()),
-                    Ok(OutcomeKind::Fresh | OutcomeKind::Replay | OutcomeKind::CachedReplay)
-                )
+                let Ok(response) = serde_json::to_vec(&result) else {
+                    return false;
+                };
+                let completed: redis::RedisResult<i64> = complete
+                    .key(format!("floor:{key}"))
+                    .arg(response)
+                    .invoke_async(&mut connection)
+                    .await;
+                completed == Ok(1)
             }
             Runner::Single(engine, table) => {
                 let Ok(fingerprint) = Fingerprint::of_json(&order) else {
@@ -278,6 +303,21 @@ impl Runner {
     }
 }
 
+/// The crate's way, on any store.
+async fn idempotent_charge<St: Store>(engine: &Engine<St>, key: &str, order: &Order) -> bool {
+    let Ok(fingerprint) = Fingerprint::of_json(order) else {
+        return false;
+    };
+    let attempt = Attempt::new("bench", key, fingerprint);
+    matches!(
+        engine
+            .execute(&attempt, || charge(order))
+            .await
+            .map(|o| o.kind()),
+        Ok(OutcomeKind::Fresh | OutcomeKind::Replay | OutcomeKind::CachedReplay)
+    )
+}
+
 fn summary(mut latencies: Vec<f64>, wall_s: f64, calls: u64, requests: usize) -> serde_json::Value {
     latencies.sort_by(f64::total_cmp);
     let n = latencies.len();
@@ -371,7 +411,44 @@ async fn main() {
     if mode == "pair" {
         return pair(client, table, &calls).await;
     }
+    // Store calls, for the stores other than DynamoDB (whose calls the
+    // client's interceptor counts): each is one round trip.
+    let mut store_calls = None;
     let runner = match mode.as_str() {
+        "postgres" => {
+            let store =
+                PostgresStore::connect(&env("BENCH_POSTGRES_URL"), &*table.replace('-', "_"), 16)
+                    .expect("PostgreSQL URL");
+            store.create_table().await.expect("create table");
+            let store = CountingStore::new(store);
+            let counted = store.clone();
+            store_calls = Some(Box::new(move || counted.calls().total()) as Box<dyn Fn() -> u64>);
+            Runner::Postgres(Engine::builder(store).build())
+        }
+        "redis" => {
+            let store = CountingStore::new(
+                RedisStore::open(&env("BENCH_REDIS_URL"))
+                    .expect("Redis URL")
+                    .namespace(format!("{table}:")),
+            );
+            let counted = store.clone();
+            store_calls = Some(Box::new(move || counted.calls().total()) as Box<dyn Fn() -> u64>);
+            Runner::Redis(Engine::builder(store).build())
+        }
+        "floor-redis" => {
+            let client = redis::Client::open(env("BENCH_REDIS_URL")).expect("Redis URL");
+            Runner::RedisFloor(
+                redis::aio::ConnectionManager::new(client)
+                    .await
+                    .expect("connect"),
+                Arc::new(redis::Script::new(
+                    "if redis.call('HSETNX', KEYS[1], 'status', 'IN_PROGRESS') == 1 then return 1 end return 0",
+                )),
+                Arc::new(redis::Script::new(
+                    "redis.call('HSET', KEYS[1], 'status', 'COMPLETED', 'response', ARGV[1]) return 1",
+                )),
+            )
+        }
         "crate" => Runner::Engine(Engine::builder(DynamoDbStore::new(client, &*table)).build()),
         "cached" => Runner::Engine(
             Engine::builder(DynamoDbStore::new(client, &*table))
@@ -387,7 +464,10 @@ async fn main() {
         "bare" => Runner::Bare,
         other => panic!("unknown mode {other}"),
     };
-    let count = || calls.0.load(Ordering::Relaxed);
+    let count = || match &store_calls {
+        Some(store_calls) => store_calls(),
+        None => calls.0.load(Ordering::Relaxed),
+    };
 
     assert!(runner.call("cold").await, "the first call failed");
     let cold_ms = (SystemTime::now()
@@ -473,6 +553,9 @@ async fn main() {
 
     let name = match mode.as_str() {
         "crate" => "lambda-idempotency",
+        "postgres" => "lambda-idempotency (PostgreSQL)",
+        "redis" => "lambda-idempotency (Redis)",
+        "floor-redis" => "raw Redis scripts (floor)",
         "cached" => "lambda-idempotency (cache on)",
         "floor" => "raw DynamoDB (floor)",
         "single" => "lambda-idempotency single write (1 transaction)",

@@ -2,7 +2,9 @@
 
 Environment: BENCH_T0 (ns, spawn time), BENCH_ENDPOINT, BENCH_TABLE,
 BENCH_N (sequential calls), BENCH_CONCURRENT (requests), BENCH_CLIENTS.
-Prints one JSON line of results.
+With BENCH_REDIS_URL, the records go to that redis-server through
+Powertools' RedisCachePersistenceLayer instead of DynamoDB, and the calls
+counted are Redis commands. Prints one JSON line of results.
 """
 import os
 import time
@@ -21,22 +23,38 @@ from aws_lambda_powertools.utilities.idempotency import (  # noqa: E402
     idempotent_function,
 )
 
-client = boto3.client(
-    "dynamodb",
-    endpoint_url=os.environ["BENCH_ENDPOINT"],
-    region_name="us-east-1",
-    aws_access_key_id="local",
-    aws_secret_access_key="local",
-)
 calls = [0]
+REDIS_URL = os.environ.get("BENCH_REDIS_URL")
 
 
 def count(**_):
     calls[0] += 1
 
 
-client.meta.events.register("before-call.dynamodb", count)
-persistence = DynamoDBPersistenceLayer(table_name=os.environ["BENCH_TABLE"], boto3_client=client)
+if REDIS_URL:
+    import redis  # noqa: E402
+    from aws_lambda_powertools.utilities.idempotency.persistence.redis import (  # noqa: E402
+        RedisCachePersistenceLayer,
+    )
+
+    class CountingRedis(redis.Redis):
+        def execute_command(self, *args, **options):
+            count()
+            return super().execute_command(*args, **options)
+
+    persistence = RedisCachePersistenceLayer(client=CountingRedis.from_url(REDIS_URL))
+    IMPL = "powertools-python (Redis)"
+else:
+    client = boto3.client(
+        "dynamodb",
+        endpoint_url=os.environ["BENCH_ENDPOINT"],
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    client.meta.events.register("before-call.dynamodb", count)
+    persistence = DynamoDBPersistenceLayer(table_name=os.environ["BENCH_TABLE"], boto3_client=client)
+    IMPL = "powertools-python"
 config = IdempotencyConfig(event_key_jmespath="order_id", raise_on_no_idempotency_key=True)
 
 
@@ -71,7 +89,7 @@ def main():
     cold_ms = (time.time_ns() - T0) / 1e6
     results = {}
 
-    keys = [f"py-new-{i}" for i in range(n)]
+    keys = [f"py-new-{T0}-{i}" for i in range(n)]
     before, start = calls[0], time.perf_counter()
     lat = [timed(lambda k=k: charge(order=order(k))) for k in keys]
     results["new"] = summary(lat, time.perf_counter() - start, calls[0] - before, n)
@@ -84,7 +102,7 @@ def main():
     rng = random.Random(7)
     issued = []
     for i in range(total):
-        issued.append(rng.choice(issued) if issued and rng.random() < 0.10 else f"py-conc-{i}")
+        issued.append(rng.choice(issued) if issued and rng.random() < 0.10 else f"py-conc-{T0}-{i}")
 
     def one(key):
         try:
@@ -97,7 +115,7 @@ def main():
         lat = [x for x in pool.map(one, issued) if x is not None]
     results["concurrent"] = summary(lat, time.perf_counter() - start, calls[0] - before, total)
     results["concurrent"]["errors"] = total - len(lat)
-    print(json.dumps({"impl": "powertools-python", "cold_start_ms": cold_ms, "results": results}))
+    print(json.dumps({"impl": IMPL, "cold_start_ms": cold_ms, "results": results}))
 
 
 main()

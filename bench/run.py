@@ -26,7 +26,11 @@ DRIVERS = [
     ("bare", [RUST, "bare"]),
     ("crate", [RUST, "crate"]),
     ("cached", [RUST, "cached"]),
+    ("postgres", [RUST, "postgres"]),
+    ("floor-redis", [RUST, "floor-redis"]),
+    ("redis", [RUST, "redis"]),
     ("python", [PYTHON, os.path.join(ROOT, "bench", "powertools_py.py")]),
+    ("python-redis", [PYTHON, os.path.join(ROOT, "bench", "powertools_py.py")]),
     ("typescript", ["node", os.path.join(ROOT, "bench", "powertools_ts.mjs")]),
 ]
 
@@ -46,6 +50,12 @@ def run(label, command, run_id):
     table = f"bench-{label}-{run_id}"
     create_table(table)
     env = dict(os.environ, **WORKLOAD, BENCH_TABLE=table, BENCH_ENDPOINT=os.environ["AWS_ENDPOINT_URL_DYNAMODB"])
+    # The PostgreSQL and Redis drivers get the servers of scripts/with-postgres
+    # and scripts/with-redis; the Python driver uses Redis only when told.
+    if label == "postgres":
+        env["BENCH_POSTGRES_URL"] = os.environ["IDEMPOTENCY_TEST_POSTGRES_URL"]
+    if label in ("redis", "floor-redis", "python-redis"):
+        env["BENCH_REDIS_URL"] = os.environ["IDEMPOTENCY_TEST_REDIS_URL"]
     env["BENCH_T0"] = str(time.time_ns())
     done = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M"] + command, env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
@@ -85,6 +95,8 @@ def pair():
 def main():
     if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
         sys.exit("run this through scripts/with-dynamodb-local (make bench)")
+    if "IDEMPOTENCY_TEST_POSTGRES_URL" not in os.environ or "IDEMPOTENCY_TEST_REDIS_URL" not in os.environ:
+        sys.exit("run this through scripts/with-postgres and scripts/with-redis too (make bench)")
     if os.environ.get("BENCH_ONLY") == "pair":
         pair()
         return
@@ -110,7 +122,25 @@ def main():
               f"| {cell(r, 'new', 'calls_per_request')} / {cell(r, 'replay', 'calls_per_request')} / {cell(r, 'concurrent', 'calls_per_request')} "
               f"| {r['cold_start_ms']:.0f} | {r['peak_memory_mb']:.0f} |")
 
+    stores = [label for label in ("crate", "postgres", "floor-redis", "redis", "python-redis") if label in results]
+    if stores:
+        print("\nEach store side by side (store calls are round trips: one per claim, one per completion, one per replay):")
+        print("| store | new key median / p99 (ms) | replay median / p99 (ms) | concurrent median / p99 (ms) | concurrent throughput (req/s) | store calls new / replay / concurrent |")
+        print("|---|---|---|---|---|---|")
+        for label in stores:
+            r = results[label]
+            print(f"| {r['impl']} | {cell(r, 'new', 'median_ms')} / {cell(r, 'new', 'p99_ms')} "
+                  f"| {cell(r, 'replay', 'median_ms')} / {cell(r, 'replay', 'p99_ms')} "
+                  f"| {cell(r, 'concurrent', 'median_ms')} / {cell(r, 'concurrent', 'p99_ms')} "
+                  f"| {cell(r, 'concurrent', 'throughput_rps', 0)} "
+                  f"| {cell(r, 'new', 'calls_per_request')} / {cell(r, 'replay', 'calls_per_request')} / {cell(r, 'concurrent', 'calls_per_request')} |")
+
     print("\nRatios (lower is better for latency):")
+    if "redis" in results and "python-redis" in results:
+        ours, theirs = results["redis"]["results"], results["python-redis"]["results"]
+        for phase in ("new", "replay", "concurrent"):
+            print(f"  {phase:10} median: Redis store / Powertools Python Redis = "
+                  f"{ours[phase]['median_ms'] / theirs[phase]['median_ms']:.2f}")
     if "single" in results and "floor-tx" in results:
         single = results["single"]["results"]["new"]["median_ms"]
         floor_tx = results["floor-tx"]["results"]["new"]["median_ms"]

@@ -13,6 +13,24 @@
 //! Unlike Powertools' Redis layer, completion and release are fenced on the
 //! claim's owner token, so a zombie cannot touch its successor's record.
 //!
+//! # Redis Cluster
+//!
+//! `redis+cluster://host:port` (or [`RedisStore::open_cluster`]) reaches a
+//! Redis Cluster through any of its nodes: ElastiCache cluster mode,
+//! ElastiCache Serverless, MemoryDB. A record is one key, so every script
+//! touches one slot, and the cluster client follows `MOVED` and `ASK`
+//! redirections through reshardings and failovers. The tests race
+//! concurrent duplicates through a whole resharding of a local three-primary
+//! cluster and a failover: one run per key.
+//!
+//! # Failover
+//!
+//! Redis replicates asynchronously: a primary that fails right after
+//! acknowledging a claim or a completion can lose it, and a duplicate may
+//! then run. MemoryDB, which acknowledges a write only once it is in its
+//! multi-AZ log, does not lose it. The README's "Choosing a store" says
+//! what each store can lose, and what closes the gap.
+//!
 //! Redis has no transaction that could hold the handler's own writes with
 //! the completion: the store's [`Write`](crate::store::Store::Write) type
 //! has no values, and single write
