@@ -1,31 +1,61 @@
-//! Idempotent event consumers: `lambda_runtime` handlers of any event type,
-//! and SQS batches with partial batch responses.
+//! Idempotent event consumers: every Lambda event source that delivers at
+//! least once, and `lambda_runtime` handlers of any event type.
 //!
-//! SQS, SNS, EventBridge and Kafka deliver at least once, and producers send
-//! twice. Two tools, on the same [`Engine`](crate::Engine) as the HTTP
-//! layer:
+//! Queues, streams, brokers and buses deliver at least once, Lambda retries
+//! failed batches, and producers send twice. Two tools, on the same
+//! [`Engine`](crate::Engine) as the HTTP layer:
 //!
+//! - [`Batch`]: each record of a batch processed idempotently, with the
+//!   source's own order and retry semantics, through one API for every
+//!   source:
+//!
+//!   | source | type | order | what a record that does not complete does |
+//!   |---|---|---|---|
+//!   | SQS standard | [`SqsBatch`] | none (concurrent) | reported in `batchItemFailures`; redelivered after the visibility timeout |
+//!   | SQS FIFO | [`SqsBatch`] | per message group | it and the rest of its group reported |
+//!   | Kinesis Data Streams | [`KinesisBatch`] | per shard | its sequence number is the checkpoint: the shard resumes from it |
+//!   | DynamoDB Streams | [`DynamoDbStreamBatch`] | per shard | its sequence number is the checkpoint |
+//!   | Kafka (MSK, self-managed) | [`KafkaBatch`] | per partition | the invocation fails ([`BatchFailed`]): the batch comes again |
+//!   | Amazon MQ (RabbitMQ) | [`RabbitMqBatch`] | per queue | the invocation fails |
+//!   | Amazon MQ (ActiveMQ) | [`ActiveMqBatch`] | per destination | the invocation fails |
+//!   | SNS | [`SnsBatch`] | none | the invocation fails: Lambda retries it |
+//!   | EventBridge | [`EventBridgeBatch`] | one event | the invocation fails: Lambda retries it |
+//!
+//!   On every redelivery the records that completed replay (their handler
+//!   does not run again), so a retried batch resumes where it stopped. The
+//!   key of a record defaults to the source's identity of the delivery (a
+//!   message id, `eventID`, `topic/partition/offset`), and a closure can
+//!   give a business key instead, which also catches a producer's second
+//!   send. [`Source`] lets another event type be processed the same way.
 //! - [`IdempotentEventLayer`]: a tower layer for a handler of events `E`,
-//!   with the key and the fingerprinted part of the event chosen by closures;
-//!   the handler's result is stored with serde and replayed to redeliveries.
-//! - [`SqsBatch`]: each record of an SQS batch processed idempotently,
-//!   concurrently (in order per message group on FIFO queues), with the
-//!   records to redeliver reported in `batchItemFailures`.
+//!   with the key and the fingerprinted part of the event chosen by
+//!   closures; the handler's result is stored with serde and replayed to
+//!   redeliveries.
 //!
 //! Inside any handler, [`Engine::execute`](crate::Engine::execute) makes one
 //! async function idempotent, and [`derive_key`](crate::derive_key) gives each
 //! downstream call of a fan-out its own stable key from the parent's.
 
+mod batch;
 mod config;
+mod failed;
 mod future;
 mod layer;
 mod service;
-mod sqs;
+mod source;
+mod sources;
 
+pub use batch::{Batch, DEFAULT_CONCURRENCY};
+pub use failed::BatchFailed;
 pub use future::ResponseFuture;
 pub use layer::IdempotentEventLayer;
 pub use service::IdempotentEvent;
-pub use sqs::{SqsBatch, DEFAULT_CONCURRENCY};
+pub use source::{Delivery, RecordStatus, Report, Source};
+pub use sources::{
+    ActiveMq, ActiveMqBatch, DynamoDbStream, DynamoDbStreamBatch, EventBridge, EventBridgeBatch,
+    Kafka, KafkaBatch, Kinesis, KinesisBatch, RabbitMq, RabbitMqBatch, Sns, SnsBatch, Sqs,
+    SqsBatch,
+};
 
 #[cfg(test)]
 mod tests;

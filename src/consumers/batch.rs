@@ -1,0 +1,399 @@
+//! [`Batch`]: idempotent processing of the records of any at-least-once
+//! event source, with each source's own retry semantics.
+
+use super::{Delivery, RecordStatus, Report, Source};
+use crate::{store::Store, Attempt, Engine, Error, Fingerprint, Json, Mode, OutcomeKind};
+use futures_util::{stream, StreamExt};
+use lambda_runtime::LambdaEvent;
+use serde::{de::DeserializeOwned, Serialize};
+use std::{
+    collections::HashMap,
+    fmt::{self, Display},
+    future::Future,
+    marker::PhantomData,
+    sync::Arc,
+};
+
+type KeyFn<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
+type FingerprintFn<R> = Arc<dyn Fn(&R) -> Result<Fingerprint, String> + Send + Sync>;
+
+/// The default number of records (or ordered groups) processed at once.
+pub const DEFAULT_CONCURRENCY: usize = 8;
+
+/// Processes the records of a batch from source `Src` idempotently, and
+/// tells Lambda which ones to deliver again in the way `Src` understands.
+///
+/// Use it through its per-source names: [`SqsBatch`](super::SqsBatch),
+/// [`KinesisBatch`](super::KinesisBatch),
+/// [`DynamoDbStreamBatch`](super::DynamoDbStreamBatch),
+/// [`KafkaBatch`](super::KafkaBatch), [`RabbitMqBatch`](super::RabbitMqBatch),
+/// [`ActiveMqBatch`](super::ActiveMqBatch), [`SnsBatch`](super::SnsBatch) and
+/// [`EventBridgeBatch`](super::EventBridgeBatch); each one's docs say how
+/// that source orders and retries.
+///
+/// Each record runs at most once per key: a duplicate inside the batch, a
+/// redelivery, or (with a business key) a producer's second send replays
+/// instead. A record does not complete when its handler fails, when its key
+/// is in progress in another invocation or was used with another payload,
+/// when it has no key, or when the store is unavailable.
+///
+/// Records of an ordered group (a shard, a partition, a broker queue, a
+/// FIFO message group) run one after another in delivery order, and the
+/// group stops at its first record that does not complete: the ones after
+/// it are held back, to be delivered again after it. Ordered groups run
+/// side by side, up to [`concurrency`](Batch::concurrency) at once.
+/// Unordered records (standard SQS queues, SNS) run concurrently, except
+/// that records sharing a key run one after another, so that a duplicate
+/// inside the batch replays its twin's result.
+///
+/// Bad records never panic and are never dropped: a record without the
+/// fields its key needs, or whose fingerprint cannot be computed, fails
+/// with a log line that names it, and a handler that cannot parse the
+/// record's body returns an error, which fails that record.
+pub struct Batch<Src: Source, St> {
+    engine: Engine<St>,
+    scope: Arc<str>,
+    key: KeyFn<Src::Record>,
+    fingerprint: FingerprintFn<Src::Record>,
+    concurrency: usize,
+    single_write: bool,
+    source: PhantomData<fn() -> Src>,
+}
+
+impl<Src: Source, St> Clone for Batch<Src, St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            scope: Arc::clone(&self.scope),
+            key: Arc::clone(&self.key),
+            fingerprint: Arc::clone(&self.fingerprint),
+            concurrency: self.concurrency,
+            single_write: self.single_write,
+            source: PhantomData,
+        }
+    }
+}
+
+impl<Src: Source, St: fmt::Debug> fmt::Debug for Batch<Src, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("source", &Src::NAME)
+            .field("engine", &self.engine)
+            .field("scope", &self.scope)
+            .field("concurrency", &self.concurrency)
+            .field("single_write", &self.single_write)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Src: Source, St: Store> Batch<Src, St> {
+    /// A batch processor over `engine`, whose keys live in `scope` (name the
+    /// queue, stream or topic and the consumer: keys of different sources
+    /// must not meet). The key and the fingerprint are the source's
+    /// defaults (see each source) until set.
+    pub fn new(engine: Engine<St>, scope: impl Into<Arc<str>>) -> Self {
+        Self {
+            engine,
+            scope: scope.into(),
+            key: Arc::new(Src::default_key),
+            fingerprint: Arc::new(Src::default_fingerprint),
+            concurrency: DEFAULT_CONCURRENCY,
+            single_write: false,
+            source: PhantomData,
+        }
+    }
+
+    /// Commits each record of
+    /// [`process_transactional`](Batch::process_transactional) in **one**
+    /// store write, without a claim before it (see
+    /// [`Engine::run_single_write`](crate::Engine::run_single_write)): one
+    /// DynamoDB call per new record instead of two.
+    ///
+    /// **Only for handlers whose sole effect is the writes they return.** A
+    /// duplicate record (a redelivery, a producer's second send) runs the
+    /// handler again before it is answered with the replay, and duplicates
+    /// processed at once may each run it; one commits. A record still in
+    /// progress under a claim elsewhere does not complete, as without it.
+    ///
+    /// Only stores whose [`Store::SINGLE_WRITE`] is `true` have it: with
+    /// another store this does not compile.
+    pub fn single_write(mut self) -> Self {
+        const {
+            assert!(
+                St::SINGLE_WRITE,
+                "this store cannot commit in a single write: leave single_write out"
+            )
+        };
+        self.single_write = true;
+        self
+    }
+
+    /// The idempotency key of a record. The source's default (a message id,
+    /// a sequence number, `topic/partition/offset`) catches redeliveries of
+    /// one record; a business key taken from the payload (an order id) also
+    /// catches a producer that sends twice. `None` fails the record.
+    pub fn key(
+        mut self,
+        key: impl Fn(&Src::Record) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// The part of a record that must match for a duplicate to be a replay
+    /// (the source's default: its payload).
+    pub fn fingerprint(
+        mut self,
+        fingerprint: impl Fn(&Src::Record) -> Fingerprint + Send + Sync + 'static,
+    ) -> Self {
+        self.fingerprint = Arc::new(move |record| Ok(fingerprint(record)));
+        self
+    }
+
+    /// How many unordered records or ordered groups are processed at once
+    /// (default 8, at least 1). Records of one ordered group never run side
+    /// by side.
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    /// Processes every record with `handler`, and returns what tells Lambda
+    /// which records to deliver again.
+    ///
+    /// The handler's `Ok` value is stored with the record and replayed to
+    /// duplicates; an `Err` fails the record (it runs again when delivered
+    /// again).
+    pub async fn process<T, E, F, Fut>(
+        &self,
+        event: LambdaEvent<Src::Event>,
+        handler: F,
+    ) -> Src::Response
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: Fn(Src::Record) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let handler = |record| {
+            let run = handler(record);
+            async move { run.await.map(|value| (value, Vec::new())) }
+        };
+        Src::respond(self.run(event, Mode::Plain, handler).await)
+    }
+
+    /// Like [`process`](Batch::process), but each record's handler also
+    /// returns writes (for DynamoDB,
+    /// [`TransactWriteItem`](aws_sdk_dynamodb::types::TransactWriteItem)s)
+    /// committed in one transaction with the record's completion: the effect
+    /// and the idempotency record appear together or not at all, so a crash
+    /// between them cannot make a redelivery repeat the effect.
+    pub async fn process_transactional<T, E, F, Fut>(
+        &self,
+        event: LambdaEvent<Src::Event>,
+        handler: F,
+    ) -> Src::Response
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: Fn(Src::Record) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        Src::respond(self.run(event, Mode::Transactional, handler).await)
+    }
+
+    async fn run<T, E, F, Fut>(
+        &self,
+        event: LambdaEvent<Src::Event>,
+        mode: Mode,
+        handler: F,
+    ) -> Report
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: Fn(Src::Record) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let deadline_ms = event.context.deadline;
+        let deliveries = Src::deliveries(event.payload);
+        let total = deliveries.len();
+        let prepared: Vec<Prepared<Src::Record>> = deliveries
+            .into_iter()
+            .enumerate()
+            .map(|(position, delivery)| self.prepare(position, delivery))
+            .collect();
+        let groups = group(prepared);
+        let handler = &handler;
+        let mut statuses: Vec<(usize, Option<String>, RecordStatus)> = stream::iter(groups)
+            .map(|group| async move {
+                let ordered = group.ordered;
+                let mut statuses = Vec::with_capacity(group.records.len());
+                let mut records = group.records.into_iter();
+                for record in records.by_ref() {
+                    let (position, id) = (record.position, record.id.clone());
+                    let status = self.record(record, deadline_ms, mode, handler).await;
+                    statuses.push((position, id, status));
+                    if ordered && !status.is_done() {
+                        break;
+                    }
+                }
+                statuses
+                    .extend(records.map(|held| (held.position, held.id, RecordStatus::HeldBack)));
+                statuses
+            })
+            .buffer_unordered(self.concurrency)
+            .flat_map(stream::iter)
+            .collect()
+            .await;
+        statuses.sort_by_key(|(position, _, _)| *position);
+        let report = Report {
+            source: Src::NAME,
+            records: statuses
+                .into_iter()
+                .map(|(_, id, status)| (id, status))
+                .collect(),
+        };
+        tracing::info!(
+            source = Src::NAME,
+            records = total,
+            ran = report.count(RecordStatus::Ran),
+            replayed = report.count(RecordStatus::Replayed),
+            failed = report.count(RecordStatus::Failed),
+            held_back = report.count(RecordStatus::HeldBack),
+            "batch processed"
+        );
+        report
+    }
+
+    fn prepare(&self, position: usize, delivery: Delivery<Src::Record>) -> Prepared<Src::Record> {
+        let record = delivery.record;
+        let id = Src::id(&record);
+        let key = (self.key)(&record).filter(|key| !key.is_empty());
+        Prepared {
+            position,
+            id,
+            key,
+            group: delivery.group,
+            record,
+        }
+    }
+
+    async fn record<T, E, F, Fut>(
+        &self,
+        prepared: Prepared<Src::Record>,
+        deadline_ms: u64,
+        mode: Mode,
+        handler: &F,
+    ) -> RecordStatus
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: Fn(Src::Record) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let source = Src::NAME;
+        let record_id = prepared.id.as_deref().unwrap_or("(no id)");
+        let Some(key) = prepared.key else {
+            tracing::error!(
+                source,
+                record_id,
+                "record has no idempotency key (the fields the key is made of are missing); \
+                 not processed, reported for redelivery"
+            );
+            return RecordStatus::Failed;
+        };
+        let fingerprint = match (self.fingerprint)(&prepared.record) {
+            Ok(fingerprint) => fingerprint,
+            Err(error) => {
+                tracing::error!(
+                    source,
+                    record_id,
+                    %error,
+                    "record cannot be fingerprinted; not processed, reported for redelivery"
+                );
+                return RecordStatus::Failed;
+            }
+        };
+        let attempt = Attempt::new(&self.scope, &key, fingerprint).deadline_ms(deadline_ms);
+        let record = prepared.record;
+        let operation = |_| handler(record);
+        let result = if mode == Mode::Transactional && self.single_write {
+            self.engine.single_write(&attempt, &Json, operation).await
+        } else {
+            self.engine.run(&attempt, mode, &Json, operation).await
+        };
+        match result {
+            Ok(outcome) if outcome.is_replay() => RecordStatus::Replayed,
+            Ok(outcome) => {
+                if outcome.kind() != OutcomeKind::Fresh {
+                    tracing::warn!(
+                        source,
+                        record_id,
+                        outcome = outcome.kind().as_str(),
+                        "record ran but its outcome is not stored"
+                    );
+                }
+                RecordStatus::Ran
+            }
+            Err(Error::Operation(error)) => {
+                tracing::warn!(
+                    source,
+                    record_id,
+                    %error,
+                    "record failed; reported for redelivery"
+                );
+                RecordStatus::Failed
+            }
+            Err(error) => {
+                tracing::warn!(
+                    source,
+                    record_id,
+                    outcome = error.kind().as_str(),
+                    "record not processed; reported for redelivery"
+                );
+                RecordStatus::Failed
+            }
+        }
+    }
+}
+
+/// A record with what was read from it before it runs.
+struct Prepared<R> {
+    position: usize,
+    id: Option<String>,
+    key: Option<String>,
+    group: Option<String>,
+    record: R,
+}
+
+/// Records that run one after another.
+struct Group<R> {
+    /// An ordered group stops at its first record that does not complete.
+    ordered: bool,
+    records: Vec<Prepared<R>>,
+}
+
+/// Ordered records by their group; unordered ones by key, so that a
+/// duplicate inside the batch replays its twin's result instead of finding
+/// it in progress. Groups in order of first appearance, records in
+/// delivery order.
+fn group<R>(records: Vec<Prepared<R>>) -> Vec<Group<R>> {
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut groups: Vec<Group<R>> = Vec::new();
+    for record in records {
+        let (name, ordered) = match (&record.group, &record.key) {
+            (Some(group), _) => (format!("group:{group}"), true),
+            (None, Some(key)) => (format!("key:{key}"), false),
+            (None, None) => (format!("unkeyed:{}", record.position), false),
+        };
+        let slot = *index.entry(name).or_insert_with(|| {
+            groups.push(Group {
+                ordered,
+                records: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        groups[slot].records.push(record);
+    }
+    groups
+}
