@@ -217,6 +217,21 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         let deadline_ms = event.context.deadline;
         let deliveries = Src::deliveries(event.payload);
         let total = deliveries.len();
+        if total == 0 {
+            // Lambda never delivers an empty batch: this is an event of
+            // another shape that happened to parse (a Kinesis event sent to
+            // a Kafka function). Succeeding would drop its records.
+            tracing::error!(
+                source = Src::NAME,
+                "the event has no {} records: it is not an event of this source; \
+                 reported as failed so that nothing it carries is lost",
+                Src::NAME
+            );
+            return Report {
+                source: Src::NAME,
+                records: vec![(None, RecordStatus::Failed)],
+            };
+        }
         let prepared: Vec<Prepared<Src::Record>> = deliveries
             .into_iter()
             .enumerate()
@@ -297,7 +312,9 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             tracing::error!(
                 source,
                 record_id,
-                "record has no idempotency key (the fields the key is made of are missing); \
+                default_key = Src::DEFAULT_KEY,
+                "record has no idempotency key: the fields the key is made of are missing \
+                 (the source's default key, or what the key closure reads); \
                  not processed, reported for redelivery"
             );
             return RecordStatus::Failed;

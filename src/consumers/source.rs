@@ -27,6 +27,10 @@ pub trait Source: 'static {
     /// The source's name in log lines and errors.
     const NAME: &'static str;
 
+    /// What [`default_key`](Source::default_key) is made of, named in the
+    /// log line of a record that lacks it.
+    const DEFAULT_KEY: &'static str;
+
     /// The event's records in delivery order, each with the ordered group
     /// it belongs to, if any.
     fn deliveries(event: Self::Event) -> Vec<Delivery<Self::Record>>;

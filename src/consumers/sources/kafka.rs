@@ -66,6 +66,7 @@ impl Source for Kafka {
     type Record = KafkaRecord;
     type Response = Result<(), BatchFailed>;
     const NAME: &'static str = "Kafka";
+    const DEFAULT_KEY: &'static str = "topic/partition/offset";
 
     fn deliveries(event: KafkaEvent) -> Vec<Delivery<KafkaRecord>> {
         // The event maps "topic-partition" to that partition's records in

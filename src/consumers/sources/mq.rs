@@ -62,6 +62,7 @@ impl Source for RabbitMq {
     type Record = RabbitMqMessage;
     type Response = Result<(), BatchFailed>;
     const NAME: &'static str = "RabbitMQ";
+    const DEFAULT_KEY: &'static str = "the messageId property, which RabbitMQ publishers must set";
 
     fn deliveries(event: RabbitMqEvent) -> Vec<Delivery<RabbitMqMessage>> {
         let mut queues: Vec<(String, Vec<RabbitMqMessage>)> =
@@ -103,6 +104,7 @@ impl Source for ActiveMq {
     type Record = ActiveMqMessage;
     type Response = Result<(), BatchFailed>;
     const NAME: &'static str = "ActiveMQ";
+    const DEFAULT_KEY: &'static str = "the JMS messageID";
 
     fn deliveries(event: ActiveMqEvent) -> Vec<Delivery<ActiveMqMessage>> {
         event

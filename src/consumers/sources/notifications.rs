@@ -116,6 +116,7 @@ impl Source for Sns {
     type Record = SnsRecord;
     type Response = Result<(), BatchFailed>;
     const NAME: &'static str = "SNS";
+    const DEFAULT_KEY: &'static str = "the MessageId";
 
     fn deliveries(event: SnsEvent) -> Vec<Delivery<SnsRecord>> {
         event.records.into_iter().map(Delivery::unordered).collect()
@@ -143,6 +144,7 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Source for EventBridge<T>
     type Record = EventBridgeEvent<T>;
     type Response = Result<(), BatchFailed>;
     const NAME: &'static str = "EventBridge";
+    const DEFAULT_KEY: &'static str = "the event id";
 
     fn deliveries(event: EventBridgeEvent<T>) -> Vec<Delivery<EventBridgeEvent<T>>> {
         vec![Delivery::unordered(event)]

@@ -54,6 +54,7 @@ impl Source for Sqs {
     type Record = SqsMessage;
     type Response = SqsBatchResponse;
     const NAME: &'static str = "SQS";
+    const DEFAULT_KEY: &'static str = "the messageId";
 
     fn deliveries(event: SqsEvent) -> Vec<Delivery<SqsMessage>> {
         event

@@ -121,6 +121,7 @@ impl Source for Kinesis {
     type Record = KinesisEventRecord;
     type Response = KinesisEventResponse;
     const NAME: &'static str = "Kinesis";
+    const DEFAULT_KEY: &'static str = "the eventID";
 
     fn deliveries(event: KinesisEvent) -> Vec<Delivery<KinesisEventRecord>> {
         event
@@ -166,6 +167,7 @@ impl Source for DynamoDbStream {
     type Record = DynamoDbRecord;
     type Response = DynamoDbEventResponse;
     const NAME: &'static str = "DynamoDB Streams";
+    const DEFAULT_KEY: &'static str = "the eventID";
 
     fn deliveries(event: DynamoDbEvent) -> Vec<Delivery<DynamoDbRecord>> {
         event
