@@ -18,7 +18,7 @@ CARGO_FUZZ_VERSION := 0.13.2
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := key_parse json_fingerprint record_decode stored_response http_event
 EVENT ?= events/http-api-create-charge.json
-FUNCTION ?= $(if $(findstring sqs-,$(EVENT)),receipts,charges)
+FUNCTION ?= $(if $(findstring sqs-,$(EVENT)),receipts,$(if $(findstring dynamodb-stream-,$(EVENT)),ledger,charges))
 
 export SAM_CLI_TELEMETRY := 0
 export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
@@ -116,14 +116,15 @@ validate: $(SAM_VENV)/.installed
 	$(SAM_VENV)/bin/cfn-lint template.yaml
 	$(SAM_VENV)/bin/sam validate --lint -t template.yaml
 
-## The deployable arm64 binaries, charges and receipts, in target/lambda/ (zig
+## The deployable arm64 binaries, charges, receipts and ledger, in target/lambda/ (zig
 ## comes with cargo-lambda; the Rust target is aarch64-unknown-linux-gnu:
 ## rustup target add aarch64-unknown-linux-gnu where it is missing).
 build: $(VENV)/.installed
 	$(CARGO_LAMBDA) lambda build --release --arm64
 
 ## One event against the local functions: make invoke EVENT=events/rest-api-create-charge.json
-## (events/sqs-* go to receipts, the others to charges; FUNCTION=… to choose).
+## (events/sqs-* go to receipts, events/dynamodb-stream-* to ledger, the others
+## to charges; FUNCTION=… to choose).
 invoke: $(VENV)/.installed
 	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py invoke $(EVENT) $(FUNCTION)
 

@@ -30,7 +30,8 @@ import urllib.parse
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TABLES = {"IdempotencyTable": "idempotency", "ChargesTable": "charges", "ReceiptsTable": "receipts"}
+TABLES = {"IdempotencyTable": "idempotency", "ChargesTable": "charges", "ReceiptsTable": "receipts",
+          "LedgerTable": "ledger"}
 CARGO_LAMBDA = os.environ.get("CARGO_LAMBDA", "cargo-lambda")
 BUILD_TIMEOUT_S = 900
 
@@ -157,6 +158,7 @@ class Function:
             "IDEMPOTENCY_TABLE": TABLES["IdempotencyTable"],
             "CHARGES_TABLE": TABLES["ChargesTable"],
             "RECEIPTS_TABLE": TABLES["ReceiptsTable"],
+            "LEDGER_TABLE": TABLES["LedgerTable"],
             "AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint or os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
             "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
             "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
@@ -361,6 +363,8 @@ def e2e(fn, proxy):
     c.check("receipts: three charges, each receipt sent exactly once",
             len(sent) == 3 and set(sent.values()) == {1}, sent)
 
+    ledger(c, fn)
+
     for name, variable in (("PostgreSQL", "IDEMPOTENCY_TEST_POSTGRES_URL"), ("Redis", "IDEMPOTENCY_TEST_REDIS_URL")):
         url = os.environ.get(variable)
         c.check(f"{name}: {variable} is set (run under scripts/with-postgres and scripts/with-redis)", bool(url))
@@ -369,6 +373,51 @@ def e2e(fn, proxy):
 
     print(f"\n{c.passed} passed, {c.failed} failed")
     return 1 if c.failed else 0
+
+
+def ledger(c, fn):
+    """The DynamoDB Streams pipeline: every charge is booked once however the
+    shard is delivered and retried, and a record that cannot be booked is
+    the checkpoint."""
+    def entries():
+        items = dynamodb("Scan", {"TableName": TABLES["LedgerTable"], "ConsistentRead": True})["Items"]
+        return {item["charge_id"]["S"]: int(item["entries"]["N"]) for item in items}
+
+    def checkpoints(response):
+        return [failure.get("itemIdentifier") for failure in response.get("batchItemFailures", [])]
+
+    first = fn.invoke("events/dynamodb-stream-charges-batch.json", "ledger")
+    c.check("ledger: a batch of three charges has no failures", checkpoints(first) == [], first)
+    again = fn.invoke("events/dynamodb-stream-charges-redelivery.json", "ledger")
+    c.check("ledger: a batch with two redelivered records has no failures", checkpoints(again) == [], again)
+    c.check("ledger: four charges, each booked once after the redelivery",
+            entries() == {f"ch_ledger_{i}": 1 for i in (1, 2, 3, 4)}, entries())
+
+    with open(os.path.join(ROOT, "events/dynamodb-stream-charges-half-failed.json")) as f:
+        records = json.load(f)["Records"]
+    poison = records[1]["dynamodb"]["SequenceNumber"]
+    half = fn.invoke("events/dynamodb-stream-charges-half-failed.json", "ledger")
+    c.check("ledger: a batch that fails halfway names the record without a charge id as the checkpoint",
+            checkpoints(half) == [poison], half)
+    booked = entries()
+    c.check("ledger: the record before the checkpoint is booked, the one after it waits",
+            booked.get("ch_ledger_5") == 1 and "ch_ledger_7" not in booked, booked)
+    # Lambda resumes the shard at the checkpoint, then gives up on the poison
+    # record (MaximumRetryAttempts) and resumes after it; and a bisected retry
+    # brings the whole batch once more.
+    with tempfile.TemporaryDirectory() as scratch:
+        retries = []
+        for name, batch in (("resume", records[1:]), ("after-give-up", records[2:]), ("whole", records)):
+            path = os.path.join(scratch, f"{name}.json")
+            with open(path, "w") as f:
+                json.dump({"Records": batch}, f)
+            retries.append(fn.invoke(path, "ledger"))
+    resume, after, whole = retries
+    c.check("ledger: the retry from the checkpoint stops there again", checkpoints(resume) == [poison], resume)
+    c.check("ledger: after the give-up the shard completes", checkpoints(after) == [], after)
+    c.check("ledger: the whole batch again stops at the poison record only", checkpoints(whole) == [poison], whole)
+    c.check("ledger: every charge booked exactly once after the retried half-failed batch",
+            entries() == {f"ch_ledger_{i}": 1 for i in (1, 2, 3, 4, 5, 7)}, entries())
 
 
 def other_store(c, name, url):
