@@ -56,7 +56,7 @@ unit:
 ## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local,
 ## PostgreSQL and redis-server, and the examples.
 integration:
-	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress -- --nocapture'
+	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover
@@ -67,10 +67,12 @@ integration:
 e2e: $(VENV)/.installed
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python scripts/charges_local.py e2e
 
-## The randomised stress test at a larger size than make test runs, with its counts.
+## The randomised stress tests (requests, and stream consumers) at a larger size
+## than make test runs, with their counts.
 stress:
-	STRESS_KEYS=2000 STRESS_CLIENTS=64 STRESS_REQUESTS=30000 \
-	  scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(CARGO) test --test stress -- --nocapture
+	STRESS_KEYS=2000 STRESS_CLIENTS=64 STRESS_REQUESTS=30000 STRESS_SHARDS=8 STRESS_RECORDS=1000 \
+	  scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis \
+	  $(CARGO) test --test stress --test stress_consumers -- --nocapture
 
 ## Each fuzz target for FUZZ_SECONDS (default 30), after replaying the inputs
 ## that once crashed it (fuzz/regressions/). cargo fuzz needs nightly features:
