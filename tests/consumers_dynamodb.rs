@@ -578,11 +578,50 @@ async fn eventbridge_id_is_the_key_and_a_reused_id_with_another_detail_fails() {
 
 fn upstream<E: serde::de::DeserializeOwned>(file: &str) -> E {
     let text = std::fs::read_to_string(format!(
-        "{}/tests/data/upstream/aws_lambda_events/{file}",
+        "{}/tests/data/upstream/aws_lambda_events/consumers/{file}",
         env!("CARGO_MANIFEST_DIR")
     ))
     .expect("the upstream fixture");
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file} does not parse: {e}"))
+}
+
+#[test]
+fn every_upstream_consumer_event_is_listed() {
+    let listed: HashSet<&str> = UPSTREAM.iter().map(|(_, file)| *file).collect();
+    let dir = format!(
+        "{}/tests/data/upstream/aws_lambda_events/consumers",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    for entry in std::fs::read_dir(dir).expect("the fixtures") {
+        let file = entry.expect("an entry").file_name();
+        let file = file.to_string_lossy();
+        if NOT_EVENTS.contains(&file.as_ref()) {
+            continue;
+        }
+        assert!(listed.contains(file.as_ref()), "{file} is not tested");
+    }
+}
+
+/// Upstream fixtures that are not whole events: one DynamoDB Streams
+/// record, and SNS with a typed message (`SnsEventObj`); each is parsed in
+/// its own test.
+const NOT_EVENTS: &[&str] = &[
+    "example-dynamodb-event-record-with-optional-fields.json",
+    "example-sns-event-obj.json",
+];
+
+#[test]
+fn the_upstream_record_and_typed_sns_event_parse() {
+    let record: EventRecord = upstream(NOT_EVENTS[0]);
+    assert!(record.change.sequence_number.is_none());
+    // A record without a sequence number cannot be a checkpoint: its id is
+    // none, which makes Lambda retry the whole batch if it fails.
+    assert_eq!(
+        <lambda_idempotency::consumers::DynamoDbStream as Source>::id(&record),
+        None
+    );
+    let typed: aws_lambda_events::sns::SnsEventObj<Value> = upstream(NOT_EVENTS[1]);
+    assert_eq!(typed.records.len(), 1);
 }
 
 /// The upstream example events of each source, as `(source name, file)`.
