@@ -149,8 +149,10 @@
 //!   features).
 //! - [`http`]: the tower layer for `lambda_http` services (API Gateway REST
 //!   and HTTP APIs, ALB, Function URLs).
-//! - [`consumers`]: event consumers, for `lambda_runtime` handlers of any
-//!   event and for SQS batches.
+//! - [`consumers`]: event consumers: batches of every at-least-once
+//!   source (SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS,
+//!   EventBridge) with each source's order and retry semantics, and
+//!   `lambda_runtime` handlers of any event.
 //! - [`store`]: the store SPI, for those who write a store: the [`Store`](store::Store)
 //!   trait and the records it keeps, and the DynamoDB and memory stores'
 //!   own types ([`AttributeNames`](store::dynamodb::AttributeNames),
@@ -168,7 +170,7 @@
 //! | --- | --- | --- |
 //! | `dynamodb` | yes | [`DynamoDbStore`] and `store::dynamodb`, on `aws-sdk-dynamodb` and `serde_dynamo`. The library turns off the SDK's default features; your own `aws-sdk-dynamodb` dependency brings the HTTPS client. |
 //! | `http` | yes | [`http`]: the tower layer for `lambda_http`. |
-//! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer` and `SqsBatch`, on `lambda_runtime` and `aws_lambda_events`. |
+//! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer`, and `Batch` for SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS and EventBridge, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
 //! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |

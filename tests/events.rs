@@ -47,6 +47,27 @@ fn every_event_parses() {
             count += 1;
             continue;
         }
+        if name.starts_with("dynamodb-stream-") {
+            let records = stream_records(&name);
+            assert!(!records.is_empty(), "{name}");
+            assert!(
+                records.iter().all(|r| !r.event_id.is_empty()
+                    && r.change.sequence_number.is_some()
+                    && r.event_name == "INSERT"),
+                "{name}: every record an INSERT with an eventID and a sequence number"
+            );
+            let without_id = records
+                .iter()
+                .filter(|r| !r.change.new_image.contains_key("id"))
+                .count();
+            assert_eq!(
+                without_id,
+                usize::from(name.contains("half-failed")),
+                "{name}: only the half-failed batch has a record without a charge id"
+            );
+            count += 1;
+            continue;
+        }
         let request = load(&name);
         assert!(
             request.uri().path().contains("/v1/charges"),
@@ -58,7 +79,32 @@ fn every_event_parses() {
         assert_eq!(has_key, !name.contains("missing-key") && !is_get, "{name}");
         count += 1;
     }
-    assert!(count >= 17, "found {count} events");
+    assert!(count >= 20, "found {count} events");
+}
+
+fn stream_records(name: &str) -> Vec<aws_lambda_events::dynamodb::EventRecord> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("events")
+        .join(name);
+    let json = fs::read_to_string(&path).expect("read");
+    let event: aws_lambda_events::dynamodb::Event = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("{name} is not a DynamoDB Streams event: {e}"));
+    event.records
+}
+
+#[test]
+fn the_stream_redelivery_repeats_records_of_the_first_batch() {
+    let ids = |name: &str| -> Vec<String> {
+        stream_records(name)
+            .into_iter()
+            .map(|r| r.event_id)
+            .collect()
+    };
+    let first = ids("dynamodb-stream-charges-batch.json");
+    let again = ids("dynamodb-stream-charges-redelivery.json");
+    let repeated = again.iter().filter(|id| first.contains(id)).count();
+    assert_eq!(repeated, 2, "two redelivered records");
+    assert_eq!(again.len(), 3, "and a new one");
 }
 
 async fn outcomes(prefix: &str) -> Vec<(u16, bool)> {

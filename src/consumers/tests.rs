@@ -465,3 +465,92 @@ async fn a_record_that_takes_over_a_crashed_delivery_is_told_so() {
         ]
     );
 }
+
+#[tokio::test]
+async fn an_event_without_records_fails_on_every_source_instead_of_succeeding() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let never = |_record| async { Err::<(), _>("must not run") };
+
+    let sqs = SqsBatch::new(engine.clone(), "q")
+        .process(batch(Vec::new()), |m: SqsMessage| never(m.message_id))
+        .await;
+    let ids: Vec<&str> = failed_ids(&sqs);
+    assert_eq!(
+        ids,
+        [""],
+        "an empty identifier: Lambda retries the whole batch"
+    );
+
+    let kinesis = KinesisBatch::new(engine.clone(), "k")
+        .process(
+            LambdaEvent::new(Default::default(), Context::default()),
+            |r: aws_lambda_events::kinesis::KinesisEventRecord| never(r.event_id),
+        )
+        .await;
+    assert_eq!(kinesis.batch_item_failures.len(), 1);
+    assert_eq!(
+        kinesis.batch_item_failures[0].item_identifier.as_deref(),
+        Some("")
+    );
+
+    let kafka = KafkaBatch::new(engine, "t")
+        .process(
+            LambdaEvent::new(Default::default(), Context::default()),
+            |r: aws_lambda_events::kafka::KafkaRecord| never(r.topic),
+        )
+        .await
+        .expect_err("no records");
+    assert!(
+        kafka
+            .to_string()
+            .starts_with("1 of 1 Kafka records failed ((no id))"),
+        "{kafka}"
+    );
+}
+
+#[tokio::test]
+async fn batch_failed_names_the_first_failures_and_counts_the_rest() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let event: aws_lambda_events::activemq::ActiveMqEvent =
+        serde_json::from_value(serde_json::json!({
+            "eventSource": "aws:amq",
+            "messages": (0..9).map(|i| serde_json::json!({
+                "messageID": format!("ID:{i}"), "messageType": "jms/text-message",
+                "timestamp": 1_763_800_000_000_i64, "deliveryMode": 2, "redelivered": false,
+                "expiration": 0, "priority": 4, "brokerInTime": 0, "brokerOutTime": 0,
+                "properties": {},
+                "destination": { "physicalName": if i % 2 == 0 { "even" } else { "odd" } },
+                "data": "e30="
+            })).collect::<Vec<_>>()
+        }))
+        .expect("an ActiveMQ event");
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let error = ActiveMqBatch::new(engine, "mq")
+        .process(
+            LambdaEvent::new(event, Context::default()),
+            |message: aws_lambda_events::activemq::ActiveMqMessage| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    let id = message.message_id.unwrap_or_default();
+                    runs.lock().unwrap().push(id.clone());
+                    if id == "ID:2" {
+                        return Err(format!("{id} failed"));
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .expect_err("ID:2 failed");
+    assert_eq!(
+        error.to_string(),
+        "1 of 9 ActiveMQ records failed (ID:2) and 3 were held back behind them; \
+         the invocation fails so that Lambda delivers the batch again, where the \
+         records that completed replay"
+    );
+    let mut runs = runs.lock().unwrap().clone();
+    runs.sort();
+    // The "even" destination stopped at ID:2; "odd" ran to its end.
+    assert_eq!(error.report().count(RecordStatus::HeldBack), 3);
+    assert_eq!(runs, ["ID:0", "ID:1", "ID:2", "ID:3", "ID:5", "ID:7"]);
+}
