@@ -89,10 +89,13 @@ enum Runner {
     Engine(Engine<DynamoDbStore>),
     Postgres(Engine<CountingStore<PostgresStore>>),
     Redis(Engine<CountingStore<RedisStore>>),
+    /// The connection, the two scripts, and the run's key prefix (its
+    /// table name: each run has its own keys on the shared server).
     RedisFloor(
         redis::aio::ConnectionManager,
         Arc<redis::Script>,
         Arc<redis::Script>,
+        Arc<str>,
     ),
     Single(Engine<DynamoDbStore>, Arc<str>),
     Floor(Client, Arc<str>),
@@ -120,12 +123,12 @@ impl Runner {
             Runner::Engine(engine) => idempotent_charge(engine, key, &order).await,
             Runner::Postgres(engine) => idempotent_charge(engine, key, &order).await,
             Runner::Redis(engine) => idempotent_charge(engine, key, &order).await,
-            Runner::RedisFloor(connection, claim, complete) => {
+            Runner::RedisFloor(connection, claim, complete, prefix) => {
                 // The two scripts the protocol cannot avoid, as bare as they
                 // come, with the handler between them.
                 let mut connection = connection.clone();
                 let claimed: redis::RedisResult<i64> = claim
-                    .key(format!("floor:{key}"))
+                    .key(format!("floor:{prefix}:{key}"))
                     .invoke_async(&mut connection)
                     .await;
                 if claimed != Ok(1) {
@@ -138,7 +141,7 @@ impl Runner {
                     return false;
                 };
                 let completed: redis::RedisResult<i64> = complete
-                    .key(format!("floor:{key}"))
+                    .key(format!("floor:{prefix}:{key}"))
                     .arg(response)
                     .invoke_async(&mut connection)
                     .await;
@@ -394,8 +397,25 @@ async fn pair(client: Client, table: Arc<str>, calls: &Calls) {
     );
 }
 
-#[tokio::main]
-async fn main() {
+/// `BENCH_RUNTIME=current_thread` runs the driver on tokio's
+/// single-threaded runtime, as a Lambda function that serves one request at
+/// a time can (`#[tokio::main(flavor = "current_thread")]`); the default is
+/// the multi-threaded runtime of a plain `#[tokio::main]`.
+fn main() {
+    let current_thread = std::env::var("BENCH_RUNTIME").as_deref() == Ok("current_thread");
+    let mut runtime = if current_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    runtime
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(drive(current_thread));
+}
+
+async fn drive(current_thread: bool) {
     let t0: u128 = env("BENCH_T0").parse().expect("BENCH_T0");
     let mode = std::env::args().nth(1).unwrap_or_else(|| "crate".into());
     let calls = Calls::default();
@@ -447,6 +467,7 @@ async fn main() {
                 Arc::new(redis::Script::new(
                     "redis.call('HSET', KEYS[1], 'status', 'COMPLETED', 'response', ARGV[1]) return 1",
                 )),
+                Arc::clone(&table),
             )
         }
         "crate" => Runner::Engine(Engine::builder(DynamoDbStore::new(client, &*table)).build()),
@@ -561,6 +582,11 @@ async fn main() {
         "single" => "lambda-idempotency single write (1 transaction)",
         "floor-tx" => "raw TransactWriteItems (single-write floor)",
         _ => "handler alone",
+    };
+    let name = if current_thread {
+        format!("{name}, current-thread runtime")
+    } else {
+        name.to_owned()
     };
     println!(
         "{}",

@@ -29,6 +29,9 @@ DRIVERS = [
     ("postgres", [RUST, "postgres"]),
     ("floor-redis", [RUST, "floor-redis"]),
     ("redis", [RUST, "redis"]),
+    # The same two on tokio's single-threaded runtime (BENCH_RUNTIME).
+    ("floor-redis-1t", [RUST, "floor-redis"]),
+    ("redis-1t", [RUST, "redis"]),
     ("python", [PYTHON, os.path.join(ROOT, "bench", "powertools_py.py")]),
     ("python-redis", [PYTHON, os.path.join(ROOT, "bench", "powertools_py.py")]),
     ("typescript", ["node", os.path.join(ROOT, "bench", "powertools_ts.mjs")]),
@@ -54,8 +57,10 @@ def run(label, command, run_id):
     # and scripts/with-redis; the Python driver uses Redis only when told.
     if label == "postgres":
         env["BENCH_POSTGRES_URL"] = os.environ["IDEMPOTENCY_TEST_POSTGRES_URL"]
-    if label in ("redis", "floor-redis", "python-redis"):
+    if label in ("redis", "floor-redis", "redis-1t", "floor-redis-1t", "python-redis"):
         env["BENCH_REDIS_URL"] = os.environ["IDEMPOTENCY_TEST_REDIS_URL"]
+    if label.endswith("-1t"):
+        env["BENCH_RUNTIME"] = "current_thread"
     env["BENCH_T0"] = str(time.time_ns())
     done = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M"] + command, env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
@@ -122,7 +127,8 @@ def main():
               f"| {cell(r, 'new', 'calls_per_request')} / {cell(r, 'replay', 'calls_per_request')} / {cell(r, 'concurrent', 'calls_per_request')} "
               f"| {r['cold_start_ms']:.0f} | {r['peak_memory_mb']:.0f} |")
 
-    stores = [label for label in ("crate", "postgres", "floor-redis", "redis", "python-redis") if label in results]
+    stores = [label for label in ("crate", "postgres", "floor-redis", "redis", "floor-redis-1t", "redis-1t",
+                                  "python-redis") if label in results]
     if stores:
         print("\nEach store side by side (store calls are round trips: one per claim, one per completion, one per replay):")
         print("| store | new key median / p99 (ms) | replay median / p99 (ms) | concurrent median / p99 (ms) | concurrent throughput (req/s) | store calls new / replay / concurrent |")
@@ -136,10 +142,12 @@ def main():
                   f"| {cell(r, 'new', 'calls_per_request')} / {cell(r, 'replay', 'calls_per_request')} / {cell(r, 'concurrent', 'calls_per_request')} |")
 
     print("\nRatios (lower is better for latency):")
-    if "redis" in results and "python-redis" in results:
-        ours, theirs = results["redis"]["results"], results["python-redis"]["results"]
+    for label, runtime in (("redis", "multi-thread"), ("redis-1t", "current-thread")):
+        if label not in results or "python-redis" not in results:
+            continue
+        ours, theirs = results[label]["results"], results["python-redis"]["results"]
         for phase in ("new", "replay", "concurrent"):
-            print(f"  {phase:10} median: Redis store / Powertools Python Redis = "
+            print(f"  {phase:10} median: Redis store ({runtime} runtime) / Powertools Python Redis = "
                   f"{ours[phase]['median_ms'] / theirs[phase]['median_ms']:.2f}")
     if "single" in results and "floor-tx" in results:
         single = results["single"]["results"]["new"]["median_ms"]
