@@ -3,6 +3,8 @@
 //! cannot parse, an event of another shape. Its own test binary: a
 //! process-wide subscriber (see `log_hygiene.rs`).
 
+mod support;
+
 use aws_lambda_events::{
     kafka::{KafkaEvent, KafkaRecord},
     kinesis::{KinesisEvent, KinesisEventRecord},
@@ -13,21 +15,6 @@ use lambda_idempotency::{
 };
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::json;
-use std::sync::{Arc, Mutex};
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn record(event_id: Option<&str>, sequence: &str, data: &str) -> serde_json::Value {
     use base64::Engine as _;
@@ -45,7 +32,7 @@ fn record(event_id: Option<&str>, sequence: &str, data: &str) -> serde_json::Val
 
 #[tokio::test]
 async fn bad_records_are_logged_with_their_source_id_and_reason() {
-    let captured = Captured::default();
+    let captured = support::Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)
@@ -93,7 +80,7 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
         .expect_err("no records");
     assert!(failure.to_string().contains("Kafka"), "{failure}");
 
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).expect("utf-8");
+    let logs = captured.text();
     let line = |needle: &str| -> &str {
         logs.lines()
             .find(|line| line.contains(needle))

@@ -48,6 +48,21 @@ fn parse<E: serde::de::DeserializeOwned>(value: Value) -> E {
     serde_json::from_value(value).expect("a well-formed test event")
 }
 
+/// Base64, as Kinesis, Kafka and RabbitMQ events carry their data.
+fn encode(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// Base64 data as text; what does not decode reads as empty.
+fn decode(data: Option<&str>) -> String {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.unwrap_or_default())
+        .unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// A handler that logs the name of each record it runs, in order, and
 /// fails the records whose name is in `failing`.
 #[derive(Clone, Default)]
@@ -87,7 +102,6 @@ impl Recorder {
 // ---------------------------------------------------------------- Kinesis
 
 fn kinesis_record(shard: &str, sequence: &str, data: &str) -> Value {
-    use base64::Engine as _;
     json!({
         "awsRegion": "eu-west-1",
         "eventID": format!("{shard}:{sequence}"),
@@ -98,7 +112,7 @@ fn kinesis_record(shard: &str, sequence: &str, data: &str) -> Value {
         "invokeIdentityArn": "arn:aws:iam::123456789012:role/consumer",
         "kinesis": {
             "approximateArrivalTimestamp": 1_700_000_000.5,
-            "data": base64::engine::general_purpose::STANDARD.encode(data),
+            "data": encode(data),
             "kinesisSchemaVersion": "1.0",
             "partitionKey": "pk",
             "sequenceNumber": sequence,
@@ -342,7 +356,6 @@ async fn dynamodb_streams_checkpoint_at_the_first_failure_and_replay_on_retry() 
 // ------------------------------------------------------------------ Kafka
 
 fn kafka(partitions: &[(&str, i64, &[&str])]) -> LambdaEvent<KafkaEvent> {
-    use base64::Engine as _;
     let mut records = serde_json::Map::new();
     for (topic, partition, values) in partitions {
         let list: Vec<Value> = values
@@ -352,7 +365,7 @@ fn kafka(partitions: &[(&str, i64, &[&str])]) -> LambdaEvent<KafkaEvent> {
                 json!({
                     "topic": topic, "partition": partition, "offset": offset,
                     "timestamp": 1_763_800_000_000_i64, "timestampType": "CREATE_TIME",
-                    "value": base64::engine::general_purpose::STANDARD.encode(value),
+                    "value": encode(value),
                     "headers": []
                 })
             })
@@ -368,11 +381,7 @@ fn kafka(partitions: &[(&str, i64, &[&str])]) -> LambdaEvent<KafkaEvent> {
 }
 
 fn kafka_value(record: &KafkaRecord) -> String {
-    use base64::Engine as _;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(record.value.as_deref().unwrap_or_default())
-        .unwrap_or_default();
-    String::from_utf8_lossy(&bytes).into_owned()
+    decode(record.value.as_deref())
 }
 
 #[tokio::test]
@@ -426,7 +435,6 @@ async fn kafka_fails_the_invocation_and_completed_records_replay_on_the_retry() 
 // --------------------------------------------------------------- Amazon MQ
 
 fn rabbitmq(messages: &[(Option<&str>, &str)]) -> LambdaEvent<RabbitMqEvent> {
-    use base64::Engine as _;
     let list: Vec<Value> = messages
         .iter()
         .map(|(id, data)| {
@@ -436,7 +444,7 @@ fn rabbitmq(messages: &[(Option<&str>, &str)]) -> LambdaEvent<RabbitMqEvent> {
                     "priority": 0, "messageId": id, "bodySize": data.len()
                 },
                 "redelivered": false,
-                "data": base64::engine::general_purpose::STANDARD.encode(data)
+                "data": encode(data)
             })
         })
         .collect();
@@ -448,11 +456,7 @@ fn rabbitmq(messages: &[(Option<&str>, &str)]) -> LambdaEvent<RabbitMqEvent> {
 }
 
 fn rabbitmq_data(message: &RabbitMqMessage) -> String {
-    use base64::Engine as _;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(message.data.as_deref().unwrap_or_default())
-        .unwrap_or_default();
-    String::from_utf8_lossy(&bytes).into_owned()
+    decode(message.data.as_deref())
 }
 
 #[tokio::test]

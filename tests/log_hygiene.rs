@@ -4,9 +4,10 @@
 //! interest cache (with a thread-local subscriber, a summary line could go
 //! missing when another test reached the call site first).
 
+mod support;
+
 use lambda_http::{http, service_fn, Body, Request, Response};
 use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
-use std::sync::{Arc, Mutex};
 use tower::{Layer, Service, ServiceExt};
 
 type BoxError = lambda_http::Error;
@@ -32,23 +33,9 @@ where
         .expect("response")
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn logs_name_outcomes_but_never_the_raw_key() {
-    let captured = Captured::default();
+    let captured = support::Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::DEBUG)
@@ -73,7 +60,7 @@ async fn logs_name_outcomes_but_never_the_raw_key() {
     store.fail_next(1);
     send(&mut service, post("other", r#"{"a":1}"#)).await;
 
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     for outcome in ["fresh", "replay", "key_reused", "store_error"] {
         let line = logs.lines().find(|line| {
             line.contains("idempotent request handled")

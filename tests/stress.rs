@@ -25,13 +25,6 @@ use std::{
 };
 use support::proxy::{Fault, FaultProxy};
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// What an execution returns, and what is stored and replayed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Receipt {
@@ -139,10 +132,10 @@ async fn randomised_stress_keeps_every_invariant_on_redis() {
 /// Drives `engine` with the random mix, then checks every invariant.
 async fn stress<St: Store>(label: &str, engine: Engine<St>, report: impl FnOnce() -> String) {
     let (keys, clients, requests, seed) = (
-        env("STRESS_KEYS", 200),
-        env("STRESS_CLIENTS", 32),
-        env("STRESS_REQUESTS", 3000),
-        env("STRESS_SEED", 0x5eed),
+        support::env_or("STRESS_KEYS", 200),
+        support::env_or("STRESS_CLIENTS", 32),
+        support::env_or("STRESS_REQUESTS", 3000),
+        support::env_or("STRESS_SEED", 0x5eed),
     );
     let log = Arc::new(Mutex::new(Log::default()));
     let counts = Arc::new(Mutex::new(Counts::default()));

@@ -37,13 +37,6 @@ use std::{
 };
 use support::proxy::{Fault, FaultProxy};
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// An invocation's time limit: the lease of the records it claims.
 const DEADLINE_MS: u64 = 700;
 
@@ -299,9 +292,9 @@ async fn scan(client: &Client, table: &str) -> HashMap<String, u64> {
 
 async fn harness() -> (Harness, Engine<DynamoDbStore>, FaultProxy) {
     let (shards, per_shard, seed) = (
-        env("STRESS_SHARDS", 4) as usize,
-        env("STRESS_RECORDS", 120) as usize,
-        env("STRESS_SEED", 0x5eed),
+        support::env_or("STRESS_SHARDS", 4) as usize,
+        support::env_or("STRESS_RECORDS", 120) as usize,
+        support::env_or("STRESS_SEED", 0x5eed),
     );
     let direct = support::client();
     let table = support::create_idempotency_table(&direct).await;

@@ -237,3 +237,33 @@ pub async fn create_named_table(client: &Client, name: &str, pk_name: &str, ttl:
 pub async fn create_idempotency_table(client: &Client) -> String {
     create_table_with(client, "idempotency", "id", Some("expiration")).await
 }
+
+/// A test-size knob from the environment (`STRESS_KEYS=2000`), or `default`.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Log output captured from a `tracing_subscriber` writer.
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

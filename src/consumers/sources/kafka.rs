@@ -69,19 +69,8 @@ impl Source for Kafka {
     const DEFAULT_KEY: &'static str = "topic/partition/offset";
 
     fn deliveries(event: KafkaEvent) -> Vec<Delivery<KafkaRecord>> {
-        // The event maps "topic-partition" to that partition's records in
-        // offset order; the map's own order means nothing, so partitions
-        // are taken in name order for reports that read the same each time.
-        let mut partitions: Vec<(String, Vec<KafkaRecord>)> = event.records.into_iter().collect();
-        partitions.sort_by(|(a, _), (b, _)| a.cmp(b));
-        partitions
-            .into_iter()
-            .flat_map(|(partition, records)| {
-                records
-                    .into_iter()
-                    .map(move |record| Delivery::in_order(partition.clone(), record))
-            })
-            .collect()
+        // "topic-partition" → that partition's records in offset order.
+        super::in_order_by_group(event.records)
     }
 
     fn id(record: &KafkaRecord) -> Option<String> {

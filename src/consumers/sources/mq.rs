@@ -65,17 +65,8 @@ impl Source for RabbitMq {
     const DEFAULT_KEY: &'static str = "the messageId property, which RabbitMQ publishers must set";
 
     fn deliveries(event: RabbitMqEvent) -> Vec<Delivery<RabbitMqMessage>> {
-        let mut queues: Vec<(String, Vec<RabbitMqMessage>)> =
-            event.messages_by_queue.into_iter().collect();
-        queues.sort_by(|(a, _), (b, _)| a.cmp(b));
-        queues
-            .into_iter()
-            .flat_map(|(queue, messages)| {
-                messages
-                    .into_iter()
-                    .map(move |message| Delivery::in_order(queue.clone(), message))
-            })
-            .collect()
+        // "queue::vhost" → that queue's messages in delivery order.
+        super::in_order_by_group(event.messages_by_queue)
     }
 
     fn id(message: &RabbitMqMessage) -> Option<String> {
