@@ -106,7 +106,8 @@ struct Harness {
     counters: String,
     log: Arc<Mutex<Log>>,
     counts: Arc<Mutex<Counts>>,
-    streams: Vec<Vec<Produced>>,
+    /// Shared with the key closures, which look records up in it.
+    streams: Arc<Vec<Vec<Produced>>>,
     seed: u64,
 }
 
@@ -317,7 +318,7 @@ async fn harness() -> (Harness, Engine<DynamoDbStore>, FaultProxy) {
         counters,
         log: Arc::default(),
         counts: Arc::default(),
-        streams: produce(shards, per_shard, &mut rng),
+        streams: Arc::new(produce(shards, per_shard, &mut rng)),
         seed,
     };
     (harness, engine, proxy)
@@ -359,7 +360,7 @@ fn place(partition_key: &str) -> Option<(usize, usize)> {
 async fn kinesis_consumer_stress_takes_effect_once_per_key_in_order() {
     let (harness, engine, proxy) = harness().await;
     let harness = Arc::new(harness);
-    let streams = Arc::new(harness.streams.clone());
+    let streams = Arc::clone(&harness.streams);
     let batch = KinesisBatch::new(engine, "stress-kinesis").key(move |record| {
         let (shard, index) = place(&record.kinesis.partition_key)?;
         Some(streams.get(shard)?.get(index)?.key.clone())
@@ -418,7 +419,7 @@ fn kafka_event(partition: usize, from: usize, to: usize) -> KafkaEvent {
 async fn kafka_consumer_stress_takes_effect_once_per_key_in_order() {
     let (harness, engine, proxy) = harness().await;
     let harness = Arc::new(harness);
-    let streams = Arc::new(harness.streams.clone());
+    let streams = Arc::clone(&harness.streams);
     let batch = KafkaBatch::new(engine, "stress-kafka").key(move |record: &KafkaRecord| {
         let partition = usize::try_from(record.partition).ok()?;
         let offset = usize::try_from(record.offset).ok()?;
