@@ -867,7 +867,8 @@ pub async fn forget_removes_records_but_keeps_claims_in_progress<St: Store>(stor
 }
 
 /// A COMPLETED record whose expiration has passed, still stored because
-/// deletion lags (DynamoDB's TTL), counts as absent: the key runs again.
+/// deletion lags (DynamoDB's TTL), counts as absent: the key runs again,
+/// under a claim that keeps none of the old record's fields.
 pub async fn expired_completed_record_is_absent<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
@@ -886,11 +887,27 @@ pub async fn expired_completed_record_is_absent<St: Store>(store: St) {
         None,
         "absent to reads"
     );
+    // The new claim is a new record: nothing of the expired one (its
+    // response, its completion time) may show through while it runs.
     let again = engine
-        .execute(&attempt, charge(&runs, 1))
+        .execute(&attempt, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let record = engine.inspect("t", "k").await.map_err(|_| Declined)?;
+            let record = record.ok_or(Declined)?;
+            Ok::<_, Declined>((
+                record.status.as_str().to_owned(),
+                record.response.is_some(),
+                record.completed_at_ms,
+            ))
+        })
         .await
         .expect("after expiry");
     assert_eq!(again.kind(), OutcomeKind::Fresh, "absent to claims");
+    assert_eq!(
+        again.value(),
+        &("IN_PROGRESS".to_owned(), false, None),
+        "the claim over an expired record keeps none of its fields"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 
     // A different payload after expiry is a new request, not a mismatch.

@@ -1,10 +1,13 @@
 -- Claims KEYS[1] unless a record is there that has not expired.
 -- ARGV: now_s, id, owner, fingerprint, expiration_s, lease_until_ms, now_ms, attempt, first_started_ms
 local expiration = redis.call('HGET', KEYS[1], 'expiration_s')
-if expiration and tonumber(expiration) >= tonumber(ARGV[1]) then
-  return {0, redis.call('HGETALL', KEYS[1])}
+if expiration then
+  if tonumber(expiration) >= tonumber(ARGV[1]) then
+    return {0, redis.call('HGETALL', KEYS[1])}
+  end
+  -- An expired record: its fields must not outlive it in the new one.
+  redis.call('DEL', KEYS[1])
 end
-redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'status', 'IN_PROGRESS', 'owner', ARGV[3],
   'fingerprint', ARGV[4], 'expiration_s', ARGV[5], 'lease_until_ms', ARGV[6],
   'created_at_ms', ARGV[7], 'attempt', ARGV[8], 'first_started_ms', ARGV[9])
