@@ -26,7 +26,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint unit integration e2e stress fuzz bench bench-single-write validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint unit integration e2e stress fuzz bench bench-redis bench-single-write validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -92,11 +92,20 @@ $(TOOLS)/cargo/bin/cargo-fuzz:
 
 ## Criterion micro benchmarks, then the side-by-side benchmark: this crate,
 ## raw DynamoDB calls (the floor), the handler alone, Powertools Python and
-## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md).
+## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md);
+## each store side by side; then the Redis rounds of bench-redis.
 bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed bench/node_modules/.installed
 	$(CARGO) bench --bench layer
 	$(CARGO) build --release --example bench_driver
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python bench/run.py
+	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python bench/run.py
+
+## The Redis store against Powertools Python's RedisCachePersistenceLayer on
+## one redis-server: interleaved rounds, server and drivers pinned to one CPU
+## (BENCH_ROUNDS, default 5; see BENCHMARKS.md).
+bench-redis: $(VENV)/.installed $(TOOLS)/bench-py/.installed
+	$(CARGO) build --release --example bench_driver
+	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python bench/run.py
 
 ## The single write against a raw TransactWriteItems of the same two items,
 ## interleaved call by call in one process (see BENCHMARKS.md).

@@ -97,6 +97,76 @@ def pair():
     print(f"\nsingle write / raw TransactWriteItems median = {result['ratio']:.3f}")
 
 
+# The Redis comparison: the Redis store (on both tokio runtimes), its floor,
+# and Powertools Python's RedisCachePersistenceLayer.
+REDIS_ROUNDS = ["floor-redis", "floor-redis-1t", "redis", "redis-1t", "python-redis"]
+
+
+def redis_rounds():
+    """The Redis store against Powertools on the same redis-server, in
+    BENCH_ROUNDS interleaved rounds (the order rotates each round), with the
+    server and every driver pinned to one CPU (make bench-redis).
+
+    Why pinned: on a VM a wake-up across vCPUs costs tens of microseconds,
+    about a bare round trip's worth, and where the scheduler happens to put
+    the client and the server changes from process to process; unpinned,
+    even two bare scripts had medians from 0.08 to 0.25 ms from one run to
+    the next. One CPU for all measures what each client adds to the same
+    round trips. The unpinned figures are in the main table.
+    BENCH_PLACEMENT=split puts the server on another CPU than the drivers:
+    every round trip then pays two wake-ups across vCPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = str(cpus[-1])
+    split = os.environ.get("BENCH_PLACEMENT") == "split" and len(cpus) > 1
+    server_cpu = str(cpus[0]) if split else cpu
+    server = os.environ["IDEMPOTENCY_TEST_REDIS_PID"]
+    rounds = int(os.environ.get("BENCH_ROUNDS", "5"))
+    subprocess.run(["taskset", "-a", "-p", "-c", server_cpu, server], check=True, capture_output=True)
+    commands = dict(DRIVERS)
+    runs = {label: [] for label in REDIS_ROUNDS}
+    for r in range(rounds):
+        order = REDIS_ROUNDS[r % len(REDIS_ROUNDS):] + REDIS_ROUNDS[:r % len(REDIS_ROUNDS)]
+        print(f"round {r + 1} of {rounds}: {', '.join(order)}...", flush=True)
+        for label in order:
+            runs[label].append(run(label, ["taskset", "-c", cpu] + commands[label], f"round{r}"))
+
+    def median(values):
+        values = sorted(values)
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    def phase_median(label, phase):
+        values = [result["results"][phase]["median_ms"] for result in runs[label] if phase in result["results"]]
+        return median(values) if values else None
+
+    where = f"server on CPU {server_cpu}, drivers on CPU {cpu}" if split else f"server and drivers on CPU {cpu}"
+    print(f"\nRedis store against Powertools Python (RedisCachePersistenceLayer), {where}, "
+          f"{rounds} interleaved rounds; medians of the rounds' medians (ms), and each round's new-key median:")
+    print("| implementation | new key | replay | concurrent | store calls new / replay | new key, each round |")
+    print("|---|---|---|---|---|---|")
+    for label in REDIS_ROUNDS:
+        first = runs[label][0]
+        cells = [phase_median(label, phase) for phase in ("new", "replay", "concurrent")]
+        each = ", ".join(f"{result['results']['new']['median_ms']:.3f}" for result in runs[label])
+        print(f"| {first['impl']} | " + " | ".join("n/a" if c is None else f"{c:.3f}" for c in cells)
+              + f" | {cell(first, 'new', 'calls_per_request')} / {cell(first, 'replay', 'calls_per_request')} | {each} |")
+    print("\nRatios to Powertools Python (Redis), per round (lower is better):")
+    summary = {}
+    for label, runtime in (("redis", "multi-thread"), ("redis-1t", "current-thread")):
+        for phase in ("new", "replay", "concurrent"):
+            ratios = [ours["results"][phase]["median_ms"] / theirs["results"][phase]["median_ms"]
+                      for ours, theirs in zip(runs[label], runs["python-redis"])]
+            summary[f"{label}/{phase}"] = ratios
+            print(f"  {phase:10} median, Redis store ({runtime} runtime) / Powertools: "
+                  f"median {median(ratios):.2f}, worst {max(ratios):.2f}, best {min(ratios):.2f}")
+    for label, floor, runtime in (("redis", "floor-redis", "multi-thread"), ("redis-1t", "floor-redis-1t", "current-thread")):
+        print(f"  new key median, Redis store / its floor (two bare scripts), {runtime} runtime: "
+              f"{phase_median(label, 'new') / phase_median(floor, 'new'):.2f}")
+    name = "results-redis-split.json" if split else "results-redis.json"
+    with open(os.path.join(ROOT, "bench", name), "w") as f:
+        json.dump({"server_cpu": server_cpu, "driver_cpu": cpu, "rounds": runs, "ratios": summary}, f, indent=2)
+
+
 def main():
     if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
         sys.exit("run this through scripts/with-dynamodb-local (make bench)")
@@ -104,6 +174,9 @@ def main():
         sys.exit("run this through scripts/with-postgres and scripts/with-redis too (make bench)")
     if os.environ.get("BENCH_ONLY") == "pair":
         pair()
+        return
+    if os.environ.get("BENCH_ONLY") == "redis-rounds":
+        redis_rounds()
         return
     # BENCH_ONLY=floor-tx,single runs a subset (the single-write pair).
     only = [name for name in os.environ.get("BENCH_ONLY", "").split(",") if name]

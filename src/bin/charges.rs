@@ -236,7 +236,10 @@ fn required_env(name: &str) -> Result<String, Error> {
     std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
 }
 
-#[tokio::main]
+// One invocation at a time per execution environment: the single-threaded
+// runtime saves a hop between threads on every store round trip (about a
+// quarter of a Redis new key's latency; BENCHMARKS.md).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     // JSON logs when AWS_LAMBDA_LOG_FORMAT=JSON (set by the template).
     lambda_http::tracing::init_default_subscriber();

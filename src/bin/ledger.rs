@@ -91,7 +91,10 @@ fn required_env(name: &str) -> Result<String, Error> {
     std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
 }
 
-#[tokio::main]
+// One invocation at a time per execution environment: the single-threaded
+// runtime saves a hop between threads on every store round trip (about a
+// quarter of a Redis new key's latency; BENCHMARKS.md).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
 

@@ -108,7 +108,10 @@ fn batch<St: Store>(engine: Engine<St>) -> SqsBatch<St> {
         })
 }
 
-#[tokio::main]
+// One invocation at a time per execution environment: the single-threaded
+// runtime saves a hop between threads on every store round trip (about a
+// quarter of a Redis new key's latency; BENCHMARKS.md).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
 

@@ -35,7 +35,7 @@ pub struct Sqs;
 ///     Ok(())
 /// }
 ///
-/// #[tokio::main]
+/// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> Result<(), Error> {
 ///     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
 ///     let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency");

@@ -53,7 +53,7 @@ pub struct DynamoDbStream;
 ///     Ok(())
 /// }
 ///
-/// #[tokio::main]
+/// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> Result<(), Error> {
 ///     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
 ///     let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency");
@@ -98,7 +98,7 @@ pub type KinesisBatch<St> = Batch<Kinesis, St>;
 ///     Ok(())
 /// }
 ///
-/// #[tokio::main]
+/// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> Result<(), Error> {
 ///     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
 ///     let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency");
