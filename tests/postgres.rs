@@ -328,6 +328,99 @@ async fn a_schema_qualified_table_is_created_and_used() {
     assert_eq!(count(store.table()).await, 1);
 }
 
+/// A table of the same name that was there before, with another shape:
+/// `create_table` names each difference as a misconfiguration at start-up
+/// and changes nothing; a store used without that check fails every request
+/// with the same kind of error, and nothing runs.
+#[tokio::test]
+async fn a_table_of_another_shape_is_refused_at_start_up_and_left_alone() {
+    let ddl = include_str!("../src/store/postgres/table.sql");
+    let record_columns = &ddl[ddl.find('(').expect("(") + 1..ddl.find(");").expect(");")];
+    let cases = [
+        (
+            "another application's table",
+            "(id text PRIMARY KEY, body jsonb NOT NULL)".to_owned(),
+            vec![
+                "column `status` (text) is missing",
+                "column `fingerprint` (text) is missing",
+                "column `body` is NOT NULL without a default",
+            ],
+        ),
+        (
+            "a response stored as text",
+            format!(
+                "({})",
+                record_columns.replace("response         bytea", "response text")
+            ),
+            vec!["column `response` is text, not bytea"],
+        ),
+        (
+            "no primary key",
+            format!(
+                "({})",
+                record_columns.replace("text    PRIMARY KEY", "text")
+            ),
+            vec!["`id` is not the primary key"],
+        ),
+    ];
+    let client = tokio_postgres_client().await;
+    for (n, (what, columns, expected)) in cases.into_iter().enumerate() {
+        let table = format!("other_shape_{}_{n}", std::process::id());
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} {columns}"
+            ))
+            .await
+            .expect("the other table");
+        let shape = || async {
+            let rows = client
+                .query(
+                    "SELECT column_name::text, data_type::text FROM information_schema.columns \
+                     WHERE table_name = $1 ORDER BY ordinal_position",
+                    &[&table],
+                )
+                .await
+                .expect("columns");
+            rows.iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1)))
+                .collect::<Vec<_>>()
+        };
+        let before = shape().await;
+        let store = PostgresStore::connect(&url(), table.as_str(), 2).expect("pool");
+        let error = store.create_table().await.expect_err(what);
+        assert_eq!(
+            error.kind(),
+            StoreErrorKind::Misconfigured,
+            "{what}: {error}"
+        );
+        for difference in expected {
+            assert!(
+                error.to_string().contains(difference),
+                "{what}: {difference:?} in {error}"
+            );
+        }
+        assert_eq!(shape().await, before, "{what}: the table is left as it was");
+
+        if n == 0 {
+            let runs = AtomicUsize::new(0);
+            let result = Engine::builder(store)
+                .build()
+                .execute(&Attempt::new("t", "k", payload(1)), || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Declined>(1u8)
+                })
+                .await;
+            match result {
+                Err(Error::Store(error)) => {
+                    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+            assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing runs");
+        }
+    }
+}
+
 /// The CA of the test server's TLS certificate (`scripts/with-postgres`).
 fn certificate_authority() -> Vec<u8> {
     let path = std::env::var("IDEMPOTENCY_TEST_POSTGRES_CA").unwrap_or_else(|_| {

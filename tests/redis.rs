@@ -229,3 +229,86 @@ async fn a_tls_server_is_reached_with_rediss() {
         .expect("over TLS");
     assert_eq!((*first.value(), replay.is_replay()), (1, true));
 }
+
+/// A key in the store's namespace that holds someone else's data (a
+/// string, a list, a hash that is not a record): a typed error that names
+/// the problem, nothing runs, and the data is left as it was.
+#[tokio::test]
+async fn a_key_holding_something_else_is_an_error_and_is_left_alone() {
+    let mut connection = raw().await;
+    for (what, plant, read) in [
+        (
+            "a string",
+            vec!["SET", "{key}", "hello"],
+            vec!["GET", "{key}"],
+        ),
+        (
+            "a list",
+            vec!["RPUSH", "{key}", "a", "b"],
+            vec!["LRANGE", "{key}", "0", "-1"],
+        ),
+        (
+            "a hash that is not a record",
+            vec!["HSET", "{key}", "name", "someone else's"],
+            vec!["HGETALL", "{key}"],
+        ),
+    ] {
+        let namespace = namespace();
+        let store = RedisStore::open(&url()).expect("url").namespace(&namespace);
+        let engine = Engine::builder(store).key_prefix("foreign").build();
+        let key = format!("{namespace}{}", engine.record_id("t", "k"));
+        let command = |parts: &[&str]| {
+            let mut command = redis::cmd(parts[0]);
+            for part in &parts[1..] {
+                command.arg(if *part == "{key}" { key.as_str() } else { part });
+            }
+            command
+        };
+        let _: redis::Value = command(&plant)
+            .query_async(&mut connection)
+            .await
+            .expect("plant");
+        let before: redis::Value = command(&read)
+            .query_async(&mut connection)
+            .await
+            .expect("read");
+
+        let runs = AtomicUsize::new(0);
+        let result = engine
+            .execute(&Attempt::new("t", "k", payload(1)), || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Declined>(1u8)
+            })
+            .await;
+        let error = match result {
+            Err(lambda_idempotency::Error::Store(error)) => error,
+            other => panic!("{what}: {other:?}"),
+        };
+        assert_eq!(
+            error.kind(),
+            lambda_idempotency::StoreErrorKind::Misconfigured,
+            "{what}: {error}"
+        );
+        assert!(
+            error.to_string().contains("not an idempotency record"),
+            "{what}: {error}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{what}: nothing runs");
+        let after: redis::Value = command(&read)
+            .query_async(&mut connection)
+            .await
+            .expect("read");
+        assert_eq!(before, after, "{what}: left as it was");
+        // Reads fail too (a hash that is not a record reads as a corrupt
+        // one), and never report a record.
+        let read_error = engine.inspect("t", "k").await.expect_err(what);
+        assert!(
+            matches!(
+                read_error.kind(),
+                lambda_idempotency::StoreErrorKind::Misconfigured
+                    | lambda_idempotency::StoreErrorKind::CorruptRecord
+            ),
+            "{what}: {read_error}"
+        );
+    }
+}

@@ -37,11 +37,29 @@ fn kind_of(error: &tokio_postgres::Error) -> StoreErrorKind {
     }
 }
 
+/// What went wrong, in the server's words where it gave some: the
+/// driver's own `Display` says only "db error".
+fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{}: {}", db.code().code(), db.message());
+            if let Some(detail) = db.detail() {
+                text.push_str(&format!(" ({detail})"));
+            }
+            if let Some(hint) = db.hint() {
+                text.push_str(&format!("; hint: {hint}"));
+            }
+            text
+        }
+        None => error.to_string(),
+    }
+}
+
 /// Maps a failed statement of the protocol's.
 pub(super) fn from_pg(operation: &'static str, error: tokio_postgres::Error) -> StoreError {
     StoreError::new(
         kind_of(&error),
-        format!("PostgreSQL {operation} failed: {error}"),
+        format!("PostgreSQL {operation} failed: {}", describe(&error)),
     )
     .with_source(error)
 }
@@ -63,7 +81,8 @@ pub(super) fn from_write(index: usize, error: tokio_postgres::Error) -> StoreErr
     StoreError::new(
         kind,
         format!(
-            "PostgreSQL transaction rolled back: the operation's write {index} failed: {error}"
+            "PostgreSQL transaction rolled back: the operation's write {index} failed: {}",
+            describe(&error)
         ),
     )
     .with_source(error)

@@ -211,6 +211,47 @@ fn table_ddl(table: &str) -> String {
         .replace("ON idempotency (", &format!("ON {table} ("))
 }
 
+/// The record's columns and the types `format_type` names them by.
+const COLUMN_TYPES: [(&str, &str); 11] = [
+    ("id", "text"),
+    ("status", "text"),
+    ("owner", "text"),
+    ("fingerprint", "text"),
+    ("expiration_s", "bigint"),
+    ("lease_until_ms", "bigint"),
+    ("response", "bytea"),
+    ("created_at_ms", "bigint"),
+    ("completed_at_ms", "bigint"),
+    ("attempt", "integer"),
+    ("first_started_ms", "bigint"),
+];
+
+/// How a table's columns (name, type, required without a default) and its
+/// `id` index differ from what the store reads and writes.
+fn table_differences(found: &[(String, String, bool)], id_is_unique: bool) -> Vec<String> {
+    let mut differences = Vec::new();
+    for (name, expected) in COLUMN_TYPES {
+        match found.iter().find(|(column, _, _)| column == name) {
+            None => differences.push(format!("column `{name}` ({expected}) is missing")),
+            Some((_, actual, _)) if actual != expected => {
+                differences.push(format!("column `{name}` is {actual}, not {expected}"))
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, _, required) in found {
+        if *required && !COLUMN_TYPES.iter().any(|(column, _)| column == name) {
+            differences.push(format!(
+                "column `{name}` is NOT NULL without a default: the store's inserts cannot fill it"
+            ));
+        }
+    }
+    if !id_is_unique {
+        differences.push("`id` is not the primary key (nor unique on its own)".to_owned());
+    }
+    differences
+}
+
 fn int8(value: u64) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| {
         StoreError::new(
@@ -315,13 +356,75 @@ impl PostgresStore {
     }
 
     /// Creates the table and its expiration index if they are missing (the
-    /// DDL in the module docs).
+    /// DDL in the module docs), then checks the table: one that was already
+    /// there with another shape (a column missing or of another type, `id`
+    /// not unique, a column of its own that inserts cannot leave empty) is
+    /// a [`StoreErrorKind::Misconfigured`] error naming each difference,
+    /// and is left as it is.
     pub async fn create_table(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
+        let ddl = table_ddl(&self.inner.table);
+        // The table, then its check, then its index: an index is not added to
+        // a table of another shape.
+        let (create_table, create_index) = ddl.split_once(";\n").unwrap_or((&ddl, ""));
         client
-            .batch_execute(&table_ddl(&self.inner.table))
+            .batch_execute(create_table)
             .await
-            .map_err(|e| errors::from_pg("CREATE TABLE", e))
+            .map_err(|e| errors::from_pg("CREATE TABLE", e))?;
+        self.check_table(&client).await?;
+        client
+            .batch_execute(create_index)
+            .await
+            .map_err(|e| errors::from_pg("CREATE INDEX", e))
+    }
+
+    async fn check_table(&self, client: &Object) -> Result<(), StoreError> {
+        let table = &self.inner.table;
+        let columns = client
+            .query_typed(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
+                        a.attnotnull AND NOT a.atthasdef \
+                 FROM pg_attribute a \
+                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+                &[(table, Type::TEXT)],
+            )
+            .await
+            .map_err(|e| errors::from_pg("read the table's columns", e))?;
+        let id_is_unique: bool = client
+            .query_typed(
+                "SELECT EXISTS (SELECT 1 FROM pg_index i \
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+                   WHERE i.indrelid = to_regclass($1) AND i.indisunique \
+                     AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'id')",
+                &[(table, Type::TEXT)],
+            )
+            .await
+            .map_err(|e| errors::from_pg("read the table's indexes", e))?
+            .first()
+            .and_then(|row| row.try_get(0).ok())
+            .unwrap_or(false);
+        let found: Vec<(String, String, bool)> = columns
+            .iter()
+            .filter_map(|row| {
+                Some((
+                    row.try_get(0).ok()?,
+                    row.try_get(1).ok()?,
+                    row.try_get(2).ok()?,
+                ))
+            })
+            .collect();
+        let differences = table_differences(&found, id_is_unique);
+        if differences.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Misconfigured,
+            format!(
+                "PostgreSQL table {table} exists with another shape than the store's (see the DDL \
+                 in the postgres store's docs): {}",
+                differences.join("; ")
+            ),
+        ))
     }
 
     /// Deletes records that expired before `now_s` (epoch seconds), in

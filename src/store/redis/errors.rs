@@ -26,8 +26,25 @@ pub(super) fn from_redis(operation: &'static str, error: RedisError) -> StoreErr
                 StoreErrorKind::Misconfigured
             }
             _ if error.code() == Some("OOM") => StoreErrorKind::Throttled,
+            _ if is_not_a_record(&error) => {
+                return StoreError::new(
+                    StoreErrorKind::Misconfigured,
+                    format!(
+                        "Redis {operation} failed: the record's key holds something that is not \
+                         an idempotency record (does another application write under this \
+                         namespace? see RedisStore::namespace): {error}"
+                    ),
+                )
+                .with_source(error)
+            }
             _ => StoreErrorKind::Other,
         }
     };
     StoreError::new(kind, format!("Redis {operation} failed: {error}")).with_source(error)
+}
+
+/// A key of another type (`WRONGTYPE`), or a hash that is not a record
+/// (`NOTRECORD`, from the claim script).
+fn is_not_a_record(error: &RedisError) -> bool {
+    matches!(error.code(), Some("WRONGTYPE" | "NOTRECORD"))
 }

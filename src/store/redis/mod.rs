@@ -13,6 +13,11 @@
 //! Unlike Powertools' Redis layer, completion and release are fenced on the
 //! claim's owner token, so a zombie cannot touch its successor's record.
 //!
+//! A key of the namespace that holds anything but a record (a string, a
+//! list, a hash without a record's fields: another application writing
+//! under the same names) is never claimed, overwritten or replayed: calls
+//! on it fail with [`StoreErrorKind::Misconfigured`], which says so.
+//!
 //! # Redis Cluster
 //!
 //! `redis+cluster://host:port` (or [`RedisStore::open_cluster`]) reaches a

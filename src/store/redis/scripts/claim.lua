@@ -7,6 +7,10 @@ if expiration then
   end
   -- An expired record: its fields must not outlive it in the new one.
   redis.call('DEL', KEYS[1])
+elseif redis.call('EXISTS', KEYS[1]) == 1 then
+  -- A hash without an expiration is not a record: someone else's data,
+  -- neither overwritten nor claimed.
+  return redis.error_reply('NOTRECORD the key holds a hash that is not an idempotency record')
 end
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'status', 'IN_PROGRESS', 'owner', ARGV[3],
   'fingerprint', ARGV[4], 'expiration_s', ARGV[5], 'lease_until_ms', ARGV[6],
