@@ -1,30 +1,53 @@
-//! The `lambda-idempotency` operator tool against DynamoDB Local: inspect,
-//! list, forget, with real records.
+//! The `lambda-idempotency` operator tool against DynamoDB Local,
+//! PostgreSQL and Redis: inspect, list, forget, purge, with real records.
 //!
-//! Needs `AWS_ENDPOINT_URL_DYNAMODB`; `make test` provides it.
+//! Needs `AWS_ENDPOINT_URL_DYNAMODB`, `IDEMPOTENCY_TEST_POSTGRES_URL` and
+//! `IDEMPOTENCY_TEST_REDIS_URL`; `make test` provides them.
 
 mod support;
 
 use lambda_idempotency::{
-    store::{Claim, OwnerToken, Store},
+    store::{postgres::PostgresStore, redis::RedisStore, Claim, OwnerToken, Store},
+    testing::ManualClock,
     Attempt, Clock, DynamoDbStore, Engine, Fingerprint, SystemClock,
 };
 use serde_json::Value;
-use std::process::{Command, Output};
+use std::{
+    process::{Command, Output},
+    time::Duration,
+};
 
 const PREFIX: &str = "idempotency:cli-test";
 
+/// The tool, with the arguments that name a store.
+struct Tool(Vec<String>);
+
+impl Tool {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_lambda-idempotency"))
+            .args(&self.0)
+            .args(["--prefix", PREFIX])
+            .args(args)
+            .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint())
+            .env("AWS_ACCESS_KEY_ID", "local")
+            .env("AWS_SECRET_ACCESS_KEY", "local")
+            .env("AWS_REGION", "us-east-1")
+            .env_remove("AWS_PROFILE")
+            .env_remove("IDEMPOTENCY_STORE_URL")
+            .env_remove("IDEMPOTENCY_TABLE")
+            .output()
+            .expect("the tool runs")
+    }
+}
+
+fn variable(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run these tests with `make test` (it starts the servers)")
+    })
+}
+
 fn cli(table: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lambda-idempotency"))
-        .args(["--table", table, "--prefix", PREFIX])
-        .args(args)
-        .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint())
-        .env("AWS_ACCESS_KEY_ID", "local")
-        .env("AWS_SECRET_ACCESS_KEY", "local")
-        .env("AWS_REGION", "us-east-1")
-        .env_remove("AWS_PROFILE")
-        .output()
-        .expect("the tool runs")
+    Tool(vec!["--table".into(), table.into()]).run(args)
 }
 
 fn json(output: &Output) -> Value {
@@ -41,7 +64,126 @@ fn json(output: &Output) -> Value {
 async fn an_operator_inspects_lists_and_forgets_records() {
     let client = support::client();
     let table = support::create_idempotency_table(&client).await;
-    let store = DynamoDbStore::new(client, table.clone());
+    let tool = Tool(vec!["--table".into(), table.clone()]);
+    inspect_list_forget(DynamoDbStore::new(client, table.clone()), &tool).await;
+
+    let output = tool.run(&["purge-expired"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("TTL"));
+    let output = Tool(vec![
+        "--store".into(),
+        format!("dynamodb://{table}"),
+        "--table".into(),
+        "other".into(),
+    ])
+    .run(&["list", "--in-progress"]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "two tables named: {output:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_operator_inspects_lists_forgets_and_purges_postgresql_records() {
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!("cli_{}", std::process::id());
+    let store = PostgresStore::connect(&url, table.as_str(), 2).expect("pool");
+    store.create_table().await.expect("table");
+    let tool = Tool(vec![
+        "--store".into(),
+        url,
+        "--postgres-table".into(),
+        table.clone(),
+    ]);
+    inspect_list_forget(store.clone(), &tool).await;
+
+    // Three records that expired a day ago, beside the live ones.
+    let clock = ManualClock::new(SystemClock.now_ms() - 2 * 86_400_000);
+    let past = Engine::builder(store.clone())
+        .key_prefix(PREFIX)
+        .clock(clock)
+        .retention(Duration::from_secs(86_400))
+        .build();
+    for key in ["old-1", "old-2", "old-3"] {
+        past.execute(
+            &Attempt::new("tenant-1", key, Fingerprint::of_bytes(b"old")),
+            || async { Ok::<_, std::io::Error>(1u8) },
+        )
+        .await
+        .expect("an old record");
+    }
+    let rows = || async {
+        use lambda_idempotency::store::postgres::tokio_postgres;
+        let (client, connection) = tokio_postgres::connect(
+            &variable("IDEMPOTENCY_TEST_POSTGRES_URL"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .expect("connect");
+        tokio::spawn(connection);
+        let count: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .expect("count")
+            .get(0);
+        count
+    };
+    let before = rows().await;
+    let output = tool.run(&["purge-expired", "--batch", "2", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        json(&output)["purged"],
+        3,
+        "the three expired records, in batches of 2"
+    );
+    assert_eq!(rows().await, before - 3, "the live records stay");
+    let output = tool.run(&["purge-expired", "--json"]);
+    assert_eq!(json(&output)["purged"], 0, "nothing left to purge");
+}
+
+#[tokio::test]
+async fn an_operator_inspects_lists_and_forgets_redis_records() {
+    let url = variable("IDEMPOTENCY_TEST_REDIS_URL");
+    let namespace = format!("cli-{}:", std::process::id());
+    let store = RedisStore::open(&url).expect("url").namespace(&namespace);
+    let tool = Tool(vec![
+        "--store".into(),
+        url,
+        "--redis-namespace".into(),
+        namespace,
+    ]);
+    inspect_list_forget(store, &tool).await;
+
+    let output = tool.run(&["purge-expired"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("PEXPIREAT"),
+        "{output:?}"
+    );
+}
+
+#[test]
+fn a_store_url_the_tool_does_not_know_is_a_message() {
+    for url in [
+        "ftp://example.com/records",
+        "dynamodb://",
+        "postgres://[bad",
+    ] {
+        let output = Tool(vec!["--store".into(), url.into()]).run(&["list", "--in-progress"]);
+        assert_eq!(output.status.code(), Some(2), "{url}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with("lambda-idempotency: "),
+            "{url}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{url}: {stderr}");
+    }
+}
+
+/// Inspect, list and forget through the tool, on records the engine wrote
+/// to `store` (which `tool` names).
+async fn inspect_list_forget<St: Store + Clone>(store: St, tool: &Tool) {
     let engine = Engine::builder(store.clone()).key_prefix(PREFIX).build();
     let attempt = Attempt::new(
         "tenant-1",
@@ -68,17 +210,14 @@ async fn an_operator_inspects_lists_and_forgets_records() {
     };
     store.claim(&stuck).await.expect("claimed");
 
-    let output = cli(
-        &table,
-        &[
-            "inspect",
-            "--scope",
-            "tenant-1",
-            "--key",
-            "order-secret-77",
-            "--json",
-        ],
-    );
+    let output = tool.run(&[
+        "inspect",
+        "--scope",
+        "tenant-1",
+        "--key",
+        "order-secret-77",
+        "--json",
+    ]);
     assert!(output.status.success(), "{output:?}");
     let record = json(&output);
     assert_eq!(record["status"], "COMPLETED");
@@ -88,7 +227,7 @@ async fn an_operator_inspects_lists_and_forgets_records() {
         "what a retry gets back"
     );
 
-    let output = cli(&table, &["list", "--in-progress", "--json"]);
+    let output = tool.run(&["list", "--in-progress", "--json"]);
     assert!(output.status.success(), "{output:?}");
     let listed = json(&output);
     let listed = listed.as_array().expect("a list");
@@ -100,54 +239,42 @@ async fn an_operator_inspects_lists_and_forgets_records() {
         "a raw key it was not given is never printed"
     );
 
-    let output = cli(
-        &table,
-        &[
-            "forget",
-            "--scope",
-            "tenant-1",
-            "--key",
-            "order-secret-78",
-            "--json",
-        ],
-    );
+    let output = tool.run(&[
+        "forget",
+        "--scope",
+        "tenant-1",
+        "--key",
+        "order-secret-78",
+        "--json",
+    ]);
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert_eq!(
         json(&output)["result"],
         "in_progress",
         "kept without --force"
     );
-    let output = cli(
-        &table,
-        &[
-            "forget",
-            "--scope",
-            "tenant-1",
-            "--key",
-            "order-secret-78",
-            "--force",
-            "--json",
-        ],
-    );
+    let output = tool.run(&[
+        "forget",
+        "--scope",
+        "tenant-1",
+        "--key",
+        "order-secret-78",
+        "--force",
+        "--json",
+    ]);
     assert!(output.status.success(), "{output:?}");
     assert_eq!(json(&output)["result"], "removed");
 
-    let output = cli(
-        &table,
-        &["forget", "--scope", "tenant-1", "--key", "order-secret-77"],
-    );
+    let output = tool.run(&["forget", "--scope", "tenant-1", "--key", "order-secret-77"]);
     assert!(output.status.success(), "{output:?}");
-    let output = cli(
-        &table,
-        &[
-            "inspect",
-            "--scope",
-            "tenant-1",
-            "--key",
-            "order-secret-77",
-            "--json",
-        ],
-    );
+    let output = tool.run(&[
+        "inspect",
+        "--scope",
+        "tenant-1",
+        "--key",
+        "order-secret-77",
+        "--json",
+    ]);
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(json(&output)["record"], Value::Null);
     let runs = engine
@@ -161,10 +288,6 @@ async fn an_operator_inspects_lists_and_forgets_records() {
         "ch_2",
         "forgotten: the next request runs"
     );
-
-    let output = cli(&table, &["purge-expired"]);
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("TTL"));
 }
 
 #[tokio::test]

@@ -279,7 +279,7 @@ async fn main() -> Result<(), Error> {
     allow(unused_variables)
 )]
 async fn serve_other(url: &str, charges: Charges) -> Result<(), Error> {
-    match store_url::open(url).await? {
+    match store_url::open(url, store_url::POSTGRES_TABLE, true).await? {
         #[cfg(feature = "postgres")]
         OtherStore::Postgres(store) => {
             serve(

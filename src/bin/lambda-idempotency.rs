@@ -1,11 +1,12 @@
 //! `lambda-idempotency`: look at and evict idempotency records (feature
-//! `cli`).
+//! `cli`; with features `postgres` and `redis`, on those stores too).
 //!
 //! ```text
 //! lambda-idempotency --store dynamodb://idempotency --prefix idempotency:charges \
 //!     inspect --scope '<scope>' --key order-77 [--json]
 //! lambda-idempotency --store dynamodb://idempotency forget --scope … --key … [--force]
 //! lambda-idempotency --store dynamodb://idempotency list --in-progress [--limit 100] [--json]
+//! lambda-idempotency --store postgres://… purge-expired [--batch 1000]
 //! lambda-idempotency scope --event request.json   # the scope the HTTP layer derives
 //! ```
 //!
@@ -13,18 +14,28 @@
 //! request) stands for `--scope` anywhere: the tool derives the scope as the
 //! HTTP layer does.
 //!
-//! The store is named by URL (`dynamodb://<table>`) or with `--table`; the
+//! The store is named by URL, as the reference functions name it
+//! (`IDEMPOTENCY_STORE_URL`): `dynamodb://<table>` (or `--table`),
+//! `postgres://…` and `postgresql://…` (the table `idempotency`, or
+//! `--postgres-table`), `redis://…`, `rediss://…`, `redis+cluster://…`,
+//! `rediss+cluster://…` (under `--redis-namespace`, none by default). The
 //! AWS client comes from the environment (credentials, region,
-//! `AWS_ENDPOINT_URL_DYNAMODB`). The prefix defaults to the crate's default
-//! for the function named by `AWS_LAMBDA_FUNCTION_NAME`. Records hold only a
-//! hash of the key: this tool prints the key only when it was given one.
+//! `AWS_ENDPOINT_URL_DYNAMODB`); `IDEMPOTENCY_STORE_ROOT_CERTIFICATE` names
+//! the CA to trust for TLS, as for the functions. The prefix defaults to the
+//! crate's default for the function named by `AWS_LAMBDA_FUNCTION_NAME`.
+//! Records hold only a hash of the key: this tool prints the key only when
+//! it was given one.
+
+#[path = "shared/store_url.rs"]
+#[allow(dead_code)]
+mod store_url;
 
 use clap::{Args, Parser, Subcommand};
 use lambda_http::Body;
 use lambda_idempotency::{
     default_key_prefix,
     http::{decode_stored_response, default_scope},
-    store::Record,
+    store::{Record, Store},
     DynamoDbStore, Engine, Forgotten, StoreError,
 };
 use serde_json::{json, Value};
@@ -33,12 +44,19 @@ use std::{path::PathBuf, process::ExitCode};
 #[derive(Parser)]
 #[command(version, about = "Look at and evict idempotency records")]
 struct Cli {
-    /// The store: dynamodb://<table>.
-    #[arg(long, env = "IDEMPOTENCY_STORE_URL", conflicts_with = "table")]
+    /// The store: dynamodb://<table>, postgres://…, redis://…,
+    /// rediss://…, redis+cluster://…
+    #[arg(long, env = "IDEMPOTENCY_STORE_URL")]
     store: Option<String>,
     /// The DynamoDB table (same as --store dynamodb://<table>).
     #[arg(long, env = "IDEMPOTENCY_TABLE")]
     table: Option<String>,
+    /// The PostgreSQL table of the records.
+    #[arg(long, default_value = store_url::POSTGRES_TABLE)]
+    postgres_table: String,
+    /// The Redis key namespace of the records (RedisStore::namespace).
+    #[arg(long, default_value = "")]
+    redis_namespace: String,
     /// The record prefix of the function (default: the crate's default,
     /// `idempotency:<AWS_LAMBDA_FUNCTION_NAME>`).
     #[arg(long)]
@@ -79,8 +97,13 @@ enum Command {
         #[command(flatten)]
         scope: ScopeArgs,
     },
-    /// Deletes expired records: for stores without TTL (PostgreSQL).
-    PurgeExpired,
+    /// Deletes expired records, in batches: for PostgreSQL, which has no
+    /// TTL (DynamoDB and Redis delete them themselves).
+    PurgeExpired {
+        /// Rows per DELETE.
+        #[arg(long, default_value_t = 1000)]
+        batch: u32,
+    },
 }
 
 impl ScopeArgs {
@@ -154,22 +177,81 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
         print(cli.json, json!({ "scope": scope }), || scope.clone());
         return Ok(ExitCode::SUCCESS);
     }
-    let table = match (&cli.store, &cli.table) {
-        (Some(url), _) => match url.strip_prefix("dynamodb://") {
-            Some(table) if !table.is_empty() => table.to_owned(),
-            _ => {
+    let url = match (&cli.store, &cli.table) {
+        // IDEMPOTENCY_TABLE beside IDEMPOTENCY_STORE_URL in a function's
+        // environment is its DynamoDB table, unused with another store.
+        (Some(url), _) if !url.starts_with("dynamodb://") => url.clone(),
+        (Some(url), None) => url.clone(),
+        (Some(url), Some(table)) => {
+            if url.strip_prefix("dynamodb://") != Some(table.as_str()) {
                 return Err(format!(
-                    "unsupported store URL {url:?}: this build knows dynamodb://<table>"
-                ))
+                    "--store {url} and --table {table} name two DynamoDB tables: give one"
+                ));
             }
-        },
-        (None, Some(table)) => table.clone(),
+            url.clone()
+        }
+        (None, Some(table)) => format!("dynamodb://{table}"),
         (None, None) => {
-            return Err("name the store: --store dynamodb://<table> or --table <table>".into())
+            return Err(
+                "name the store: --store <url> (dynamodb://<table>, postgres://…, \
+                        redis://…) or --table <DynamoDB table>"
+                    .into(),
+            )
         }
     };
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), table);
+    if let Some(table) = url.strip_prefix("dynamodb://") {
+        if table.is_empty() {
+            return Err("--store dynamodb:// needs a table: dynamodb://<table>".into());
+        }
+        if matches!(cli.command, Command::PurgeExpired { .. }) {
+            return Err(
+                "DynamoDB deletes expired records itself (TTL on `expiration`); \
+                        purge-expired is for PostgreSQL"
+                    .into(),
+            );
+        }
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), table);
+        return operate(cli, store).await;
+    }
+    open_other(cli, &url).await
+}
+
+/// A store other than DynamoDB, where this build has it.
+async fn open_other(cli: &Cli, url: &str) -> Result<ExitCode, String> {
+    let store = store_url::open(url, &cli.postgres_table, false)
+        .await
+        .map_err(|error| error.to_string())?;
+    match store {
+        #[cfg(feature = "postgres")]
+        store_url::OtherStore::Postgres(store) => {
+            if let Command::PurgeExpired { batch } = &cli.command {
+                let now_s = Engine::builder(store.clone()).build().now_ms() / 1000;
+                let purged = store
+                    .purge_expired(now_s, *batch)
+                    .await
+                    .map_err(|error| error.to_string())?;
+                print(cli.json, json!({ "purged": purged }), || {
+                    format!("purged {purged} expired records from {}", store.table())
+                });
+                return Ok(ExitCode::SUCCESS);
+            }
+            operate(cli, store).await
+        }
+        #[cfg(feature = "redis")]
+        store_url::OtherStore::Redis(store) => {
+            if matches!(cli.command, Command::PurgeExpired { .. }) {
+                return Err("Redis deletes expired records itself (PEXPIREAT); \
+                            purge-expired is for PostgreSQL"
+                    .into());
+            }
+            operate(cli, store.namespace(&cli.redis_namespace)).await
+        }
+    }
+}
+
+/// inspect, forget and list, on any store.
+async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
     let engine = Engine::builder(store)
         .key_prefix(cli.prefix.clone().unwrap_or_else(default_key_prefix))
         .build();
@@ -182,13 +264,17 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
             let id = engine.record_id(&scope, &key.key);
             match record {
                 Some(record) => {
-                    print(cli.json, describe(&record, engine.now_ms()), || text(&record, engine.now_ms()));
+                    print(cli.json, describe(&record, engine.now_ms()), || {
+                        text(&record, engine.now_ms())
+                    });
                     Ok(ExitCode::SUCCESS)
                 }
                 None => {
-                    print(cli.json, json!({ "id": id.as_str(), "record": null }), || {
-                        format!("no record for {id} (never claimed, forgotten, or expired)")
-                    });
+                    print(
+                        cli.json,
+                        json!({ "id": id.as_str(), "record": null }),
+                        || format!("no record for {id} (never claimed, forgotten, or expired)"),
+                    );
                     Ok(ExitCode::from(1))
                 }
             }
@@ -212,7 +298,11 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
                 ),
                 _ => ("unknown", 1, format!("{id}: {forgotten:?}")),
             };
-            print(cli.json, json!({ "id": id.as_str(), "result": result }), || line.clone());
+            print(
+                cli.json,
+                json!({ "id": id.as_str(), "result": result }),
+                || line.clone(),
+            );
             Ok(ExitCode::from(code))
         }
         Command::List { limit, .. } => {
@@ -223,14 +313,15 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
                 if records.is_empty() {
                     return "no record in progress".to_owned();
                 }
-                records.iter().map(|r| text(r, now_ms)).collect::<Vec<_>>().join("\n")
+                records
+                    .iter()
+                    .map(|r| text(r, now_ms))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             });
             Ok(ExitCode::SUCCESS)
         }
-        Command::PurgeExpired => Err(
-            "DynamoDB deletes expired records itself (TTL on `expiration`); purge-expired is for stores without TTL"
-                .into(),
-        ),
+        Command::PurgeExpired { .. } => Err("purge-expired is for PostgreSQL".into()),
     }
 }
 

@@ -152,7 +152,7 @@ async fn serve_other(
     client: aws_sdk_dynamodb::Client,
     table: Arc<str>,
 ) -> Result<(), Error> {
-    match store_url::open(url).await? {
+    match store_url::open(url, store_url::POSTGRES_TABLE, true).await? {
         #[cfg(feature = "postgres")]
         OtherStore::Postgres(store) => {
             serve(batch(Engine::builder(store).build()), client, table).await

@@ -2,7 +2,7 @@
 //! functions.
 //!
 //! - `postgres://…`, `postgresql://…` (feature `postgres`): the table
-//!   `idempotency`, created if missing.
+//!   `idempotency` for the functions, created if missing.
 //! - `redis://…`, `rediss://…`, `redis+cluster://…`, `rediss+cluster://…`
 //!   (feature `redis`): a server, or a Redis Cluster through one of its
 //!   nodes (ElastiCache's configuration endpoint, ElastiCache Serverless,
@@ -25,8 +25,13 @@ pub enum OtherStore {
     Redis(lambda_idempotency::store::redis::RedisStore),
 }
 
-/// Opens the store at `url`, or says why this build cannot.
-pub async fn open(url: &str) -> Result<OtherStore, Error> {
+/// The PostgreSQL table of the reference functions.
+pub const POSTGRES_TABLE: &str = "idempotency";
+
+/// Opens the store at `url`, with its records in `postgres_table` on
+/// PostgreSQL (created if missing, and its shape checked, when `create`),
+/// or says why this build cannot.
+pub async fn open(url: &str, postgres_table: &str, create: bool) -> Result<OtherStore, Error> {
     let root_certificate = match std::env::var_os("IDEMPOTENCY_STORE_ROOT_CERTIFICATE") {
         Some(path) if !path.is_empty() => Some(std::fs::read(&path).map_err(|e| {
             format!("IDEMPOTENCY_STORE_ROOT_CERTIFICATE {path:?} cannot be read: {e}")
@@ -40,10 +45,12 @@ pub async fn open(url: &str) -> Result<OtherStore, Error> {
         // One invocation at a time per execution environment: two
         // connections are plenty.
         let store = match &root_certificate {
-            Some(root) => PostgresStore::connect_tls(url, "idempotency", 2, root)?,
-            None => PostgresStore::connect(url, "idempotency", 2)?,
+            Some(root) => PostgresStore::connect_tls(url, postgres_table, 2, root)?,
+            None => PostgresStore::connect(url, postgres_table, 2)?,
         };
-        store.create_table().await?;
+        if create {
+            store.create_table().await?;
+        }
         return Ok(OtherStore::Postgres(store));
     }
     #[cfg(feature = "redis")]
@@ -58,7 +65,7 @@ pub async fn open(url: &str) -> Result<OtherStore, Error> {
         };
         return Ok(OtherStore::Redis(store));
     }
-    let _ = root_certificate;
+    let _ = (root_certificate, postgres_table, create);
     Err(format!(
         "IDEMPOTENCY_STORE_URL: scheme {scheme:?} is not one this build knows: postgres:// and \
          postgresql:// (feature `postgres`), redis://, rediss://, redis+cluster:// and \

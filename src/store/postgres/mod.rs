@@ -30,8 +30,9 @@
 //! PostgreSQL deletes expired rows by itself: every read and condition
 //! compares `expiration_s`, so they are never served, and
 //! [`PostgresStore::purge_expired`] deletes them in batches. Schedule it
-//! (an EventBridge rule invoking a small function, `pg_cron`); it is safe to
-//! run concurrently with itself and with traffic.
+//! (an EventBridge rule invoking a small function, `pg_cron`), or run
+//! `lambda-idempotency --store postgres://… purge-expired` (feature `cli`);
+//! it is safe to run concurrently with itself and with traffic.
 //!
 //! # Writes with the completion
 //!
