@@ -62,8 +62,8 @@ integration:
 	$(CARGO) run --quiet --example reconcile_after_takeover
 
 ## charges under cargo lambda watch, driven with real HTTP requests and the
-## events in events/ through cargo lambda invoke; then once more on PostgreSQL
-## and on Redis (IDEMPOTENCY_STORE_URL).
+## events in events/ through cargo lambda invoke; then once more on PostgreSQL,
+## on Redis and on a Redis Cluster (IDEMPOTENCY_STORE_URL).
 e2e: $(VENV)/.installed
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python scripts/charges_local.py e2e
 

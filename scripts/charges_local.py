@@ -365,7 +365,8 @@ def e2e(fn, proxy):
 
     ledger(c, fn)
 
-    for name, variable in (("PostgreSQL", "IDEMPOTENCY_TEST_POSTGRES_URL"), ("Redis", "IDEMPOTENCY_TEST_REDIS_URL")):
+    for name, variable in (("PostgreSQL", "IDEMPOTENCY_TEST_POSTGRES_URL"), ("Redis", "IDEMPOTENCY_TEST_REDIS_URL"),
+                           ("Redis Cluster", "IDEMPOTENCY_TEST_REDIS_CLUSTER_URL")):
         url = os.environ.get(variable)
         c.check(f"{name}: {variable} is set (run under scripts/with-postgres and scripts/with-redis)", bool(url))
         if url:
@@ -429,7 +430,7 @@ def other_store(c, name, url):
         print(f"charges on {name} (IDEMPOTENCY_STORE_URL), cargo lambda watch on 127.0.0.1:{fn.port}...")
         fn.wait_until_ready()
         before = count_charges()
-        key = f"e2e-{name.lower()}"
+        key = f"e2e-{name.lower().replace(' ', '-')}"
         status, _, first = post(fn, key)
         c.check(f"{name}: a charge is created: 201", status == 201, (status, first))
         status, headers, again = post(fn, key)
