@@ -237,8 +237,8 @@ fn required_env(name: &str) -> Result<String, Error> {
 }
 
 // One invocation at a time per execution environment: the single-threaded
-// runtime saves a hop between threads on every store round trip (about a
-// quarter of a Redis new key's latency; BENCHMARKS.md).
+// runtime saves a hop between threads on every store round trip (almost a
+// third of a Redis new key's latency; BENCHMARKS.md).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     // JSON logs when AWS_LAMBDA_LOG_FORMAT=JSON (set by the template).
