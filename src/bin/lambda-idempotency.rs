@@ -27,7 +27,6 @@
 //! it was given one.
 
 #[path = "shared/store_url.rs"]
-#[allow(dead_code)]
 mod store_url;
 
 use clap::{Args, Parser, Subcommand};

@@ -212,6 +212,11 @@ fn table_ddl(table: &str) -> String {
         .replace("ON idempotency (", &format!("ON {table} ("))
 }
 
+/// The DDL's `CREATE TABLE` and the statements after it (the index).
+fn split_ddl(ddl: &str) -> (&str, &str) {
+    ddl.split_at(ddl.find("CREATE INDEX").unwrap_or(ddl.len()))
+}
+
 /// The record's columns and the types `format_type` names them by.
 const COLUMN_TYPES: [(&str, &str); 11] = [
     ("id", "text"),
@@ -367,7 +372,7 @@ impl PostgresStore {
         let ddl = table_ddl(&self.inner.table);
         // The table, then its check, then its index: an index is not added to
         // a table of another shape.
-        let (create_table, create_index) = ddl.split_once(";\n").unwrap_or((&ddl, ""));
+        let (create_table, create_index) = split_ddl(&ddl);
         client
             .batch_execute(create_table)
             .await
@@ -798,6 +803,15 @@ mod tests {
             "{ddl}"
         );
         assert!(!ddl.contains("idempotency"), "{ddl}");
+        let (table, index) = split_ddl(&ddl);
+        assert!(
+            table.starts_with("CREATE TABLE") && !table.contains("INDEX"),
+            "{table}"
+        );
+        assert!(
+            index.starts_with("CREATE INDEX") && !index.contains("TABLE"),
+            "{index}"
+        );
     }
 
     #[test]
