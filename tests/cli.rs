@@ -16,6 +16,7 @@ use std::{
     process::{Command, Output},
     time::Duration,
 };
+use support::variable;
 
 const PREFIX: &str = "idempotency:cli-test";
 
@@ -38,12 +39,6 @@ impl Tool {
             .output()
             .expect("the tool runs")
     }
-}
-
-fn variable(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run these tests with `make test` (it starts the servers)")
-    })
 }
 
 fn cli(table: &str, args: &[&str]) -> Output {
@@ -113,22 +108,8 @@ async fn an_operator_inspects_lists_forgets_and_purges_postgresql_records() {
         .await
         .expect("an old record");
     }
-    let rows = || async {
-        use lambda_idempotency::store::postgres::tokio_postgres;
-        let (client, connection) = tokio_postgres::connect(
-            &variable("IDEMPOTENCY_TEST_POSTGRES_URL"),
-            tokio_postgres::NoTls,
-        )
-        .await
-        .expect("connect");
-        tokio::spawn(connection);
-        let count: i64 = client
-            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-            .await
-            .expect("count")
-            .get(0);
-        count
-    };
+    let postgres = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let rows = || support::postgres_rows(&postgres, &table);
     let before = rows().await;
     let output = tool.run(&["purge-expired", "--batch", "2", "--json"]);
     assert!(output.status.success(), "{output:?}");

@@ -4,6 +4,8 @@
 //! Needs `IDEMPOTENCY_TEST_POSTGRES_URL`; `make test` starts a server
 //! (`scripts/with-postgres`) and provides it.
 
+mod support;
+
 use lambda_idempotency::{
     store::{
         postgres::{PgWrite, PostgresStore},
@@ -73,12 +75,7 @@ async fn tokio_postgres_client() -> lambda_idempotency::store::postgres::tokio_p
 }
 
 async fn count(table: &str) -> i64 {
-    let client = tokio_postgres_client().await;
-    client
-        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-        .await
-        .expect("count")
-        .get(0)
+    support::postgres_rows(&url(), table).await
 }
 
 lambda_idempotency::store_conformance! {

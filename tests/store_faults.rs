@@ -21,15 +21,7 @@ use std::{
     },
     time::Duration,
 };
-use support::tcp_proxy::TcpFaultProxy;
-
-fn variable(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!(
-            "{name} is not set: run with `make test` (scripts/with-postgres, scripts/with-redis)"
-        )
-    })
-}
+use support::{tcp_proxy::TcpFaultProxy, variable};
 
 /// `url` with its host and port replaced by the proxy's.
 fn through(url: &str, proxy: &TcpFaultProxy) -> String {

@@ -225,7 +225,8 @@ async fn open_other(cli: &Cli, url: &str) -> Result<ExitCode, String> {
         #[cfg(feature = "postgres")]
         store_url::OtherStore::Postgres(store) => {
             if let Command::PurgeExpired { batch } = &cli.command {
-                let now_s = Engine::builder(store.clone()).build().now_ms() / 1000;
+                use lambda_idempotency::{Clock, SystemClock};
+                let now_s = SystemClock.now_ms() / 1000;
                 let purged = store
                     .purge_expired(now_s, *batch)
                     .await

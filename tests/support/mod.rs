@@ -1,4 +1,5 @@
-//! Test support: DynamoDB Local clients and tables, and a call counter.
+//! Test support: DynamoDB Local clients and tables, a call counter, and the
+//! other test servers' URLs.
 #![allow(dead_code)]
 
 pub mod proxy;
@@ -266,4 +267,30 @@ impl std::io::Write for Captured {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// A test server's setting from the environment (`make test` sets them:
+/// scripts/with-postgres, scripts/with-redis); fails the test with
+/// instructions when unset.
+pub fn variable(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: run with `make test` (scripts/with-postgres, scripts/with-redis)"
+        )
+    })
+}
+
+/// How many rows `table` holds, over a PostgreSQL connection of the test's
+/// own.
+pub async fn postgres_rows(url: &str, table: &str) -> i64 {
+    use lambda_idempotency::store::postgres::tokio_postgres;
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .expect("count")
+        .get(0)
 }

@@ -5,6 +5,17 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Maps a failed command or script.
 pub(super) fn from_redis(operation: &'static str, error: RedisError) -> StoreError {
+    if is_not_a_record(&error) {
+        return StoreError::new(
+            StoreErrorKind::Misconfigured,
+            format!(
+                "Redis {operation} failed: the record's key holds something that is not an \
+                 idempotency record (does another application write under this namespace? see \
+                 RedisStore::namespace): {error}"
+            ),
+        )
+        .with_source(error);
+    }
     let kind = if error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
@@ -26,17 +37,6 @@ pub(super) fn from_redis(operation: &'static str, error: RedisError) -> StoreErr
                 StoreErrorKind::Misconfigured
             }
             _ if error.code() == Some("OOM") => StoreErrorKind::Throttled,
-            _ if is_not_a_record(&error) => {
-                return StoreError::new(
-                    StoreErrorKind::Misconfigured,
-                    format!(
-                        "Redis {operation} failed: the record's key holds something that is not \
-                         an idempotency record (does another application write under this \
-                         namespace? see RedisStore::namespace): {error}"
-                    ),
-                )
-                .with_source(error)
-            }
             _ => StoreErrorKind::Other,
         }
     };
