@@ -8,6 +8,7 @@ prints the table and the ratios, and writes bench/results.json.
 """
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -123,6 +124,12 @@ def redis_rounds():
     rounds = int(os.environ.get("BENCH_ROUNDS", "5"))
     subprocess.run(["taskset", "-a", "-p", "-c", server_cpu, server], check=True, capture_output=True)
     commands = dict(DRIVERS)
+    # A discarded round first: the servers the harness just started (the
+    # JVM of DynamoDB Local, where each run creates its table) are still
+    # warming up, and slowed the first round's drivers.
+    print("warm-up round (discarded)...", flush=True)
+    for label in REDIS_ROUNDS:
+        run(label, ["taskset", "-c", cpu] + commands[label], "warmup")
     runs = {label: [] for label in REDIS_ROUNDS}
     for r in range(rounds):
         order = REDIS_ROUNDS[r % len(REDIS_ROUNDS):] + REDIS_ROUNDS[:r % len(REDIS_ROUNDS)]
@@ -130,14 +137,9 @@ def redis_rounds():
         for label in order:
             runs[label].append(run(label, ["taskset", "-c", cpu] + commands[label], f"round{r}"))
 
-    def median(values):
-        values = sorted(values)
-        middle = len(values) // 2
-        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
     def phase_median(label, phase):
         values = [result["results"][phase]["median_ms"] for result in runs[label] if phase in result["results"]]
-        return median(values) if values else None
+        return statistics.median(values) if values else None
 
     where = f"server on CPU {server_cpu}, drivers on CPU {cpu}" if split else f"server and drivers on CPU {cpu}"
     print(f"\nRedis store against Powertools Python (RedisCachePersistenceLayer), {where}, "
@@ -158,7 +160,7 @@ def redis_rounds():
                       for ours, theirs in zip(runs[label], runs["python-redis"])]
             summary[f"{label}/{phase}"] = ratios
             print(f"  {phase:10} median, Redis store ({runtime} runtime) / Powertools: "
-                  f"median {median(ratios):.2f}, worst {max(ratios):.2f}, best {min(ratios):.2f}")
+                  f"median {statistics.median(ratios):.2f}, worst {max(ratios):.2f}, best {min(ratios):.2f}")
     for label, floor, runtime in (("redis", "floor-redis", "multi-thread"), ("redis-1t", "floor-redis-1t", "current-thread")):
         print(f"  new key median, Redis store / its floor (two bare scripts), {runtime} runtime: "
               f"{phase_median(label, 'new') / phase_median(floor, 'new'):.2f}")

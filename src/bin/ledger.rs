@@ -92,7 +92,7 @@ fn required_env(name: &str) -> Result<String, Error> {
 }
 
 // One invocation at a time per execution environment: the single-threaded
-// runtime saves a hop between threads on every store round trip (almost a
+// runtime saves a hop between threads on every store round trip (about a
 // third of a Redis new key's latency; BENCHMARKS.md).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
