@@ -26,7 +26,8 @@ pub enum Error<E = std::convert::Infallible> {
     /// belongs to that other request and is never served for this one.
     KeyReused,
     /// The store could not be used (unreachable, throttled, misconfigured, or
-    /// holding a record it cannot decode). The operation did not run, unless
+    /// holding a record it cannot decode): its
+    /// [`StoreErrorKind`] says which. The operation did not run, unless
     /// the error comes from a transactional completion (see
     /// [`Engine::execute_transactional`](crate::Engine::execute_transactional)).
     Store(StoreError),
@@ -54,7 +55,8 @@ impl<E> Error<E> {
             Error::Store(e) if e.kind() == StoreErrorKind::CorruptRecord => {
                 ErrorKind::CorruptRecord
             }
-            Error::Store(_) => ErrorKind::StoreUnavailable,
+            Error::Store(e) if e.kind().is_transient() => ErrorKind::StoreUnavailable,
+            Error::Store(_) => ErrorKind::StoreFailed,
             Error::LeaseLost => ErrorKind::LeaseLost,
             Error::WritesNotCommitted(_) => ErrorKind::WritesNotCommitted,
             Error::Operation(_) => ErrorKind::Operation,
@@ -131,8 +133,12 @@ pub enum ErrorKind {
     InProgress,
     /// See [`Error::KeyReused`].
     KeyReused,
-    /// See [`Error::Store`]: the store could not be used.
+    /// See [`Error::Store`]: the store could not be used for now (an
+    /// outage); a retry later can succeed.
     StoreUnavailable,
+    /// See [`Error::Store`]: the store refused in a way a retry will not
+    /// fix (misconfigured, a value out of range); an operator must act.
+    StoreFailed,
     /// See [`Error::Store`]: a stored record could not be decoded.
     CorruptRecord,
     /// See [`Error::LeaseLost`].
@@ -150,6 +156,7 @@ impl ErrorKind {
             ErrorKind::InProgress => "in_progress",
             ErrorKind::KeyReused => "key_reused",
             ErrorKind::StoreUnavailable => "store_error",
+            ErrorKind::StoreFailed => "store_failed",
             ErrorKind::CorruptRecord => "corrupt_record",
             ErrorKind::LeaseLost => "lease_lost",
             ErrorKind::WritesNotCommitted => "writes_not_committed",
@@ -211,17 +218,35 @@ impl StdError for StoreError {
     }
 }
 
-/// The kind of a [`StoreError`].
+/// The kind of a [`StoreError`]: what the failure means for the request,
+/// decided by the store in one place (its `errors` module) and acted on by
+/// the engine and the adapters alike.
+///
+/// | kind | what it means | the engine | HTTP |
+/// |---|---|---|---|
+/// | [`Unavailable`](StoreErrorKind::Unavailable), [`Throttled`](StoreErrorKind::Throttled) | an outage: the store cannot be reached, timed out, is failing over, or is out of capacity | the only kinds [fail-open](crate::EngineBuilder::fail_open) may run through | 503 with `Retry-After` |
+/// | [`Conflict`](StoreErrorKind::Conflict) | the write lost a race with a concurrent one | claims again; ends as in progress, a replay or a 422 | never seen |
+/// | [`Misconfigured`](StoreErrorKind::Misconfigured) | the store is not set up as the crate needs (no table, no permission, a bad name or URL, data that is not a record) | fails closed, never retried | 500 |
+/// | [`Rejected`](StoreErrorKind::Rejected) | a value out of the store's range, refused before any write | fails closed | 500 |
+/// | [`CorruptRecord`](StoreErrorKind::CorruptRecord) | a stored record that does not decode | fails closed, never replayed | 500 |
+/// | [`WriteRejected`](StoreErrorKind::WriteRejected) | the operation's own transactional writes were refused | releases the claim | 500 |
+/// | [`Other`](StoreErrorKind::Other) | anything no store could classify | fails closed | 500 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StoreErrorKind {
-    /// The store could not be reached, or did not answer in time.
+    /// An outage: the store could not be reached, did not answer in time,
+    /// or is failing over (a read-only or loading node).
     Unavailable,
-    /// The store refused the request for capacity reasons.
+    /// An outage of capacity: the store refused the request for capacity
+    /// reasons (throttling, out of memory).
     Throttled,
     /// The store is not set up as the crate expects (a missing table, a
-    /// missing permission, a wrong key schema).
+    /// missing permission, a wrong key schema, a URL that cannot work, a key
+    /// holding data that is not a record).
     Misconfigured,
+    /// A value the store cannot represent (a duration or a time beyond its
+    /// integer types), refused before anything was written.
+    Rejected,
     /// A stored record has missing attributes, wrong attribute types or an
     /// unknown status. It is never replayed.
     CorruptRecord,
@@ -229,22 +254,25 @@ pub enum StoreErrorKind {
     /// (their condition failed, or the transaction is invalid).
     WriteRejected,
     /// A concurrent write to the same record won (a DynamoDB
-    /// `TransactionConflict`); trying again resolves it.
+    /// `TransactionConflict`, a PostgreSQL serialization failure or
+    /// deadlock); trying again resolves it.
     Conflict,
     /// Anything else the store reported.
     Other,
 }
 
 impl StoreErrorKind {
-    /// Whether retrying the same call later can succeed.
+    /// Whether this is an outage: the store could not serve the call at
+    /// all. The only kinds [fail-open](crate::EngineBuilder::fail_open) runs
+    /// an operation through without a claim.
+    pub fn is_outage(self) -> bool {
+        matches!(self, StoreErrorKind::Unavailable | StoreErrorKind::Throttled)
+    }
+
+    /// Whether retrying the same call later can succeed: an outage, or a
+    /// lost race.
     pub fn is_transient(self) -> bool {
-        matches!(
-            self,
-            StoreErrorKind::Unavailable
-                | StoreErrorKind::Throttled
-                | StoreErrorKind::Conflict
-                | StoreErrorKind::Other
-        )
+        self.is_outage() || self == StoreErrorKind::Conflict
     }
 
     /// A stable snake_case name, for log fields and metric dimensions.
@@ -253,6 +281,7 @@ impl StoreErrorKind {
             StoreErrorKind::Unavailable => "unavailable",
             StoreErrorKind::Throttled => "throttled",
             StoreErrorKind::Misconfigured => "misconfigured",
+            StoreErrorKind::Rejected => "rejected",
             StoreErrorKind::CorruptRecord => "corrupt_record",
             StoreErrorKind::WriteRejected => "write_rejected",
             StoreErrorKind::Conflict => "conflict",

@@ -285,7 +285,7 @@ impl<St: Store> Engine<St> {
             Ok(Claimed::Held(record)) => {
                 return self.existing(record, codec, &attempt.fingerprint, now_ms)
             }
-            Err(error) if inner.fail_open && !transactional && error.kind().is_transient() => {
+            Err(error) if inner.fail_open && !transactional && error.kind().is_outage() => {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
                 let handle = ClaimHandle::unprotected();

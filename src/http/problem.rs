@@ -21,6 +21,7 @@ pub(crate) enum Problem {
     InProgress { retry_after: Duration },
     KeyReused,
     StoreUnavailable { retry_after: Duration },
+    StoreFailed,
     CorruptRecord,
     ResponseNotStored { status: StatusCode },
     LeaseLost,
@@ -44,6 +45,7 @@ impl<E> From<&Error<E>> for Problem {
             Error::Store(error) if error.kind() == StoreErrorKind::WriteRejected => {
                 Problem::WriteRejected
             }
+            Error::Store(error) if !error.kind().is_transient() => Problem::StoreFailed,
             Error::Store(_) => Problem::StoreUnavailable {
                 retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
             },
@@ -74,6 +76,7 @@ impl Problem {
             Problem::InProgress { .. } => "idempotency-key-in-use",
             Problem::KeyReused => "idempotency-key-reused",
             Problem::StoreUnavailable { .. } => "idempotency-store-unavailable",
+            Problem::StoreFailed => "idempotency-store-failed",
             Problem::CorruptRecord => "idempotency-record-corrupt",
             Problem::ResponseNotStored { .. } => "idempotency-response-not-stored",
             Problem::LeaseLost => "idempotency-lease-lost",
@@ -89,6 +92,7 @@ impl Problem {
             Problem::InProgress { .. } => StatusCode::CONFLICT,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::StoreFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::CorruptRecord => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::ResponseNotStored { status } => *status,
             Problem::LeaseLost => StatusCode::CONFLICT,
@@ -105,6 +109,7 @@ impl Problem {
             Problem::InProgress { .. } => "Request with this idempotency key in progress",
             Problem::KeyReused => "Idempotency key reused with a different request",
             Problem::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Problem::StoreFailed => "Idempotency store misconfigured",
             Problem::CorruptRecord => "Idempotency record unreadable",
             Problem::ResponseNotStored { .. } => "Original response not stored",
             Problem::LeaseLost => "Request taken over by a retry",
@@ -137,6 +142,10 @@ impl Problem {
                  Retry with the same key after {} seconds.",
                 retry_after.as_secs()
             ),
+            Problem::StoreFailed => "The request was not processed: the idempotency store \
+                 refused it in a way that retrying will not fix (it is not set up as this service \
+                 needs). Contact the API operator."
+                .to_owned(),
             Problem::CorruptRecord => "The stored record for this idempotency key cannot be read, so \
                  the request was not processed again. Contact the API operator."
                 .to_owned(),

@@ -346,6 +346,9 @@ fn log_refusal<E>(error: &Error<E>) {
         Error::Store(error) if error.kind() == StoreErrorKind::WriteRejected => {
             tracing::error!(%error, "the handler's transactional writes were rejected; nothing was committed");
         }
+        Error::Store(error) if !error.kind().is_transient() => {
+            tracing::error!(%error, kind = error.kind().as_str(), "idempotency store refused the request (an operator must act); the handler did not run");
+        }
         Error::Store(error) => {
             tracing::error!(%error, "idempotency store unavailable; the handler did not run");
         }
