@@ -474,7 +474,7 @@ async fn connect_tls_runs_the_protocol_over_verified_tls() {
 #[tokio::test]
 async fn connect_tls_refuses_a_server_it_cannot_verify_or_that_has_no_tls() {
     // Another CA than the server's: the handshake fails, and the request
-    // fails closed (no claim, no run).
+    // fails closed (no claim, no run), fail-open or not.
     let dir = std::env::temp_dir().join(format!("pg-other-ca-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let made = std::process::Command::new("openssl")
@@ -505,7 +505,9 @@ async fn connect_tls_refuses_a_server_it_cannot_verify_or_that_has_no_tls() {
         PostgresStore::connect_tls(&pgbouncer_url(), "idempotency", 1, &certificate_authority())
             .expect("pool"),
     ] {
-        let engine = Engine::builder(store).build();
+        // Misconfigured, not an outage (issue 21): even failing open, the
+        // operation does not run without a claim.
+        let engine = Engine::builder(store).fail_open(true).build();
         let refused = engine
             .execute(&Attempt::new("t", "tls", payload(1)), || async {
                 runs.fetch_add(1, Ordering::SeqCst);
@@ -514,9 +516,9 @@ async fn connect_tls_refuses_a_server_it_cannot_verify_or_that_has_no_tls() {
             .await;
         match refused {
             Err(Error::Store(error)) => {
-                assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}")
+                assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}")
             }
-            other => panic!("refused as an unavailable store, not {other:?}"),
+            other => panic!("refused as a misconfigured store, not {other:?}"),
         }
     }
     assert_eq!(

@@ -11,6 +11,12 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(15 * 60);
 /// The lease when an attempt has no deadline: 60 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The longest retention or lease an engine accepts: 100 years. Every
+/// store keeps a record's times as epoch milliseconds in a signed 64-bit
+/// integer (PostgreSQL's `bigint`) or a Lua number (exact below 2^53), so a
+/// longer one would overflow there; [`EngineBuilder::try_build`] refuses it
+/// before anything is written.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 /// The record id prefix outside Lambda; inside, [`default_key_prefix`] adds
 /// the function's name.
 pub const DEFAULT_KEY_PREFIX: &str = "idempotency";
@@ -179,7 +185,55 @@ impl<St: Store> EngineBuilder<St> {
     /// It is logged as an error when the engine is built. Inside Lambda
     /// (`AWS_LAMBDA_FUNCTION_NAME` set) the switch is refused, and logged,
     /// unless `IDEMPOTENCY_DISABLED_IN_LAMBDA=true` forces it.
+    ///
+    /// # Panics
+    ///
+    /// When the configuration is invalid (see [`try_build`](EngineBuilder::try_build)):
+    /// a retention of zero or longer than [`MAX_DURATION`], a lease longer
+    /// than it. Use `try_build` for settings read at run time.
     pub fn build(self) -> Engine<St> {
+        match self.try_build() {
+            Ok(engine) => engine,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// Builds the engine, or says why its configuration cannot work: a
+    /// retention of zero (nothing would ever be replayed), or a retention or
+    /// lease longer than [`MAX_DURATION`] (the stores' integer types cannot
+    /// hold its end). Checked once, here, so that no request ever meets it.
+    ///
+    /// ```
+    /// # use lambda_idempotency::{Engine, MemoryStore};
+    /// # use std::time::Duration;
+    /// let error = Engine::builder(MemoryStore::new())
+    ///     .retention(Duration::MAX)
+    ///     .try_build()
+    ///     .unwrap_err();
+    /// assert!(error.to_string().contains("retention"));
+    /// ```
+    pub fn try_build(self) -> Result<Engine<St>, BuildError> {
+        if self.retention.is_zero() {
+            return Err(BuildError::new(
+                "the retention is zero: no outcome would ever be replayed",
+            ));
+        }
+        for (name, duration) in [
+            ("retention", self.retention),
+            ("max_lease", self.max_lease),
+            ("default_lease", self.default_lease),
+        ] {
+            if duration > MAX_DURATION {
+                return Err(BuildError::new(format!(
+                    "the {name} ({duration:?}) is longer than the longest the stores can hold \
+                     (MAX_DURATION, 100 years)"
+                )));
+            }
+        }
+        Ok(self.build_checked())
+    }
+
+    fn build_checked(self) -> Engine<St> {
         let variable = |name: &str| std::env::var(name).ok();
         let disabled = match disabled_by(
             variable(DISABLED_VARIABLE).as_deref(),
@@ -215,6 +269,33 @@ impl<St: Store> EngineBuilder<St> {
         }
     }
 }
+
+/// Why [`EngineBuilder::try_build`] refused a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BuildError {
+    message: String,
+}
+
+impl BuildError {
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid idempotency engine configuration: {}",
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for BuildError {}
 
 #[cfg(test)]
 mod tests {

@@ -13,8 +13,9 @@ mod outcome;
 
 pub use attempt::Attempt;
 pub use builder::{
-    default_key_prefix, EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE,
-    DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE,
+    default_key_prefix, BuildError, EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE,
+    DEFAULT_MAX_LEASE, DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE,
+    MAX_DURATION,
 };
 pub use claim::{ClaimHandle, Takeover};
 
@@ -31,8 +32,12 @@ use crate::{
     Clock, Error, Fingerprint, StoreError, StoreErrorKind,
 };
 use cache::{CachedRecord, RecordCache};
+use futures_util::FutureExt;
 use serde::{de::DeserializeOwned, Serialize};
-use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
+use std::{
+    any::Any, convert::Infallible, future::Future, panic::AssertUnwindSafe, sync::Arc,
+    time::Duration,
+};
 use tracing::{debug, warn};
 
 /// Runs operations at most once per key, and replays their outcome to
@@ -75,6 +80,11 @@ const MIN_LEASE_MS: u64 = 1_000;
 /// out not to be live (it expired or was released between the condition
 /// and the read).
 pub(crate) const CLAIM_TRIES: usize = 3;
+
+/// How many times a claim is tried when it conflicts with a concurrent
+/// write (a PostgreSQL serialization failure or deadlock, a DynamoDB
+/// transaction conflict) before a consistent read settles it.
+pub(crate) const CONFLICT_TRIES: u32 = 5;
 
 /// How many times a single-write commit is tried when it conflicts with a
 /// concurrent one, or finds the record changed.
@@ -303,15 +313,40 @@ impl<St: Store> Engine<St> {
                 }
                 return Ok(Outcome::new(value, OutcomeKind::Unprotected));
             }
+            // Duplicates raced for the key and none of them could tell
+            // who holds it: the caller retries, as for a claim in progress.
+            Err(error) if error.kind() == StoreErrorKind::Conflict => {
+                debug!(record = %claim.id, outcome = "in_progress", %error, "idempotency");
+                return Err(Error::InProgress {
+                    retry_after: Duration::from_secs(1),
+                });
+            }
             Err(error) => {
-                warn!(record = %claim.id, outcome = "store_error", %error, "idempotency claim failed");
+                warn!(record = %claim.id, outcome = "store_error", kind = error.kind().as_str(), %error, "idempotency claim failed");
                 return Err(Error::Store(error));
             }
         }
 
         let handle = self.handle(&claim);
-        let operation = handle.clone().scope(operation(handle.clone()));
-        let (value, writes) = match self.run_claimed(&handle, operation).await {
+        let scoped = handle.clone();
+        // Built inside the future, so that a closure that panics before it
+        // returns one unwinds through the same guard.
+        let operation = async move { scoped.clone().scope(operation(scoped)).await };
+        let ran = AssertUnwindSafe(self.run_claimed(&handle, operation))
+            .catch_unwind()
+            .await;
+        let ran = match ran {
+            Ok(ran) => ran,
+            Err(panic) => {
+                // The invocation is dying, but a retry need not wait for
+                // its lease: Powertools deletes the claim on any exception.
+                warn!(record = %claim.id, outcome = "panicked", panic = panic_message(&*panic),
+                    "the operation panicked; its claim is released so that a retry can run it");
+                self.release(&claim).await;
+                std::panic::resume_unwind(panic);
+            }
+        };
+        let (value, writes) = match ran {
             Ok(done) => done,
             Err(error) => {
                 self.release(&claim).await;
@@ -520,22 +555,22 @@ impl<St: Store> Engine<St> {
     /// claimed again.
     async fn claim(&self, claim: &mut Claim) -> Result<Claimed, StoreError> {
         let store = &self.inner.store;
-        for _ in 0..CLAIM_TRIES {
-            let mut found = store.claim(claim).await?;
-            if let Conditional::Refused(Some(lapsed)) = &found {
-                if lapsed.owner != claim.owner && lapsed.is_lapsed(claim.now_ms) {
-                    let takeover = Claim {
-                        attempt: lapsed.attempt.saturating_add(1),
-                        first_started_ms: lapsed
-                            .first_started_ms
-                            .or(lapsed.created_at_ms)
-                            .unwrap_or(claim.now_ms),
-                        ..claim.clone()
-                    };
-                    found = store.take_over(&takeover, &lapsed.owner).await?;
-                    *claim = takeover;
+        let mut conflicts = 0;
+        let mut refusals = 0;
+        while refusals < CLAIM_TRIES && conflicts < CONFLICT_TRIES {
+            let found = match self.claim_once(claim).await {
+                Ok(found) => found,
+                // A concurrent write won (a serialization failure, a
+                // transaction conflict): the winner's record decides, once
+                // it is there to read.
+                Err(error) if error.kind() == StoreErrorKind::Conflict => {
+                    debug!(record = %claim.id, conflicts, %error, "the claim conflicted; trying again");
+                    tokio::time::sleep(conflict_backoff(conflicts)).await;
+                    conflicts += 1;
+                    continue;
                 }
-            }
+                Err(error) => return Err(error),
+            };
             match found {
                 Conditional::Applied => {}
                 Conditional::Refused(Some(record)) if record.owner == claim.owner => {
@@ -544,7 +579,10 @@ impl<St: Store> Engine<St> {
                 Conditional::Refused(Some(record)) if record.is_live(claim.now_ms) => {
                     return Ok(Claimed::Held(record))
                 }
-                Conditional::Refused(_) => continue,
+                Conditional::Refused(_) => {
+                    refusals += 1;
+                    continue;
+                }
             }
             if claim.attempt > 1 {
                 warn!(record = %claim.id, outcome = "takeover", attempt = claim.attempt,
@@ -552,13 +590,43 @@ impl<St: Store> Engine<St> {
             }
             return Ok(Claimed::Ours);
         }
-        Err(StoreError::new(
-            StoreErrorKind::Other,
-            format!(
-                "record {} kept changing during {CLAIM_TRIES} claim attempts",
-                claim.id
-            ),
-        ))
+        // Still contended: whatever is there now says what happened.
+        match store.get(&claim.id, claim.now_ms).await? {
+            Some(record) if record.owner == claim.owner => Ok(Claimed::Ours),
+            Some(record) if record.is_live(claim.now_ms) => Ok(Claimed::Held(record)),
+            _ => Err(StoreError::new(
+                StoreErrorKind::Conflict,
+                format!(
+                    "record {} kept changing during {} claim attempts",
+                    claim.id,
+                    refusals + conflicts as usize
+                ),
+            )),
+        }
+    }
+
+    /// One claim: a fresh claim, and the takeover of the lapsed claim it
+    /// found, if that is what it found (`claim` then becomes the takeover).
+    async fn claim_once(&self, claim: &mut Claim) -> Result<Conditional, StoreError> {
+        let store = &self.inner.store;
+        let found = store.claim(claim).await?;
+        let Conditional::Refused(Some(lapsed)) = &found else {
+            return Ok(found);
+        };
+        if lapsed.owner == claim.owner || !lapsed.is_lapsed(claim.now_ms) {
+            return Ok(found);
+        }
+        let takeover = Claim {
+            attempt: lapsed.attempt.saturating_add(1),
+            first_started_ms: lapsed
+                .first_started_ms
+                .or(lapsed.created_at_ms)
+                .unwrap_or(claim.now_ms),
+            ..claim.clone()
+        };
+        let found = store.take_over(&takeover, &lapsed.owner).await?;
+        *claim = takeover;
+        Ok(found)
     }
 
     /// The operation's handle to the claim it runs under.
@@ -862,6 +930,16 @@ impl<St: Store> claim::Extender for Engine<St> {
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>> {
         Box::pin(self.inner.store.extend(extension))
     }
+}
+
+/// The text a panic was raised with, when it was a string (as `panic!`
+/// and `unwrap` raise).
+pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a panic without a message)")
 }
 
 /// What [`Engine::forget`] did.

@@ -266,3 +266,194 @@ async fn transactional_writes_commit_with_the_completion_or_not_at_all() {
     assert_eq!(store.record(&engine.record_id("s", "k2")), None, "released");
     assert!(clock.now_ms() > 0);
 }
+
+/// Issue 21: fail-open runs an operation without a claim only through an
+/// outage; a store that is misconfigured, refuses a value, or answers
+/// something unclassified fails closed, fail-open or not.
+#[tokio::test]
+async fn fail_open_runs_only_through_an_outage() {
+    for (kind, runs_unprotected) in [
+        (StoreErrorKind::Unavailable, true),
+        (StoreErrorKind::Throttled, true),
+        (StoreErrorKind::Misconfigured, false),
+        (StoreErrorKind::Rejected, false),
+        (StoreErrorKind::CorruptRecord, false),
+        (StoreErrorKind::Other, false),
+    ] {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).fail_open(true).build();
+        let runs = AtomicUsize::new(0);
+        store.fail_next_with(1, kind);
+        let result = engine
+            .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Failed>(1u8)
+            })
+            .await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst) == 1,
+            runs_unprotected,
+            "{kind:?}: {result:?}"
+        );
+        match result {
+            Ok(outcome) => assert_eq!(outcome.kind(), OutcomeKind::Unprotected, "{kind:?}"),
+            Err(Error::Store(error)) => {
+                assert_eq!(error.kind(), kind);
+                assert_eq!(
+                    Error::<Failed>::Store(error).kind(),
+                    if kind == StoreErrorKind::CorruptRecord {
+                        ErrorKind::CorruptRecord
+                    } else {
+                        ErrorKind::StoreFailed
+                    },
+                    "{kind:?} is no outage: no Retry-After"
+                );
+            }
+            Err(other) => panic!("{kind:?}: {other:?}"),
+        }
+    }
+}
+
+/// Issue 21, item 1: a claim that loses a race (a serialization failure)
+/// is claimed again, and ends as whatever the winner left: never a store
+/// error, never a run without a claim.
+#[tokio::test]
+async fn a_conflicted_claim_is_claimed_again_never_run_unprotected() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).fail_open(true).build();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let first = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(1u8) })
+        .await
+        .expect("first run");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+
+    let runs = AtomicUsize::new(0);
+    store.fail_next_with(2, StoreErrorKind::Conflict);
+    let retried = engine
+        .execute(&attempt, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>(2u8)
+        })
+        .await
+        .expect("settled by the winner's record");
+    assert_eq!(retried.kind(), OutcomeKind::Replay);
+    assert_eq!(*retried.value(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // A race that never settles answers in progress, never a 5xx.
+    store.fail_next_with(usize::MAX, StoreErrorKind::Conflict);
+    let contended = engine
+        .execute(&Attempt::new("s", "other", fingerprint(1)), || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>(3u8)
+        })
+        .await;
+    store.fail_next(0);
+    assert!(
+        matches!(
+            contended,
+            Err(Error::InProgress { .. }) | Err(Error::Store(_))
+        ),
+        "{contended:?}"
+    );
+    if let Err(Error::Store(error)) = &contended {
+        // The settling read failed too (the memory store injects on every
+        // call): a conflict still never runs the operation.
+        assert_eq!(error.kind(), StoreErrorKind::Conflict);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "never ran unprotected");
+}
+
+/// Issue 21, item 9: an operation that panics leaves no claim behind: the
+/// panic goes on to the caller, and the next attempt runs at once.
+#[tokio::test]
+async fn a_panicking_operation_releases_its_claim() {
+    let (engine, store, _) = setup();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let panicked = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            engine
+                .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
+                    panic!("the handler's bug");
+                    #[allow(unreachable_code)]
+                    Ok::<u8, Failed>(0)
+                })
+                .await
+        }
+    })
+    .await;
+    let panic = panicked.expect_err("the panic reaches the caller");
+    assert!(panic.is_panic());
+    assert_eq!(
+        super::panic_message(&*panic.into_panic()),
+        "the handler's bug"
+    );
+    assert!(
+        store.records().is_empty(),
+        "the claim is released: {:?}",
+        store.records()
+    );
+    let retry = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(7u8) })
+        .await
+        .expect("the retry runs at once, not after the lease");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+
+    // A closure that panics before it returns its future is caught too.
+    let early = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            engine
+                .execute::<u8, Failed, _, std::future::Ready<Result<u8, Failed>>>(
+                    &Attempt::new("s", "early", fingerprint(1)),
+                    || panic!("before the future"),
+                )
+                .await
+        }
+    })
+    .await;
+    assert!(early.expect_err("panicked").is_panic());
+    assert!(store.record(&engine.record_id("s", "early")).is_none());
+}
+
+/// Issue 21, item 2: durations the stores cannot hold are refused once, at
+/// build time, with a message that names them.
+#[test]
+fn durations_beyond_the_stores_are_refused_at_build_time() {
+    for (builder, named) in [
+        (
+            Engine::builder(MemoryStore::new()).retention(Duration::MAX),
+            "retention",
+        ),
+        (
+            Engine::builder(MemoryStore::new()).retention(Duration::ZERO),
+            "retention",
+        ),
+        (
+            Engine::builder(MemoryStore::new()).max_lease(Duration::MAX),
+            "max_lease",
+        ),
+        (
+            Engine::builder(MemoryStore::new())
+                .default_lease(crate::MAX_DURATION + Duration::from_secs(1)),
+            "default_lease",
+        ),
+    ] {
+        let error = builder.try_build().expect_err(named);
+        assert!(error.to_string().contains(named), "{error}");
+    }
+    assert!(Engine::builder(MemoryStore::new())
+        .retention(crate::MAX_DURATION)
+        .max_lease(crate::MAX_DURATION)
+        .try_build()
+        .is_ok());
+    let panic = std::panic::catch_unwind(|| {
+        Engine::builder(MemoryStore::new())
+            .retention(Duration::MAX)
+            .build()
+    })
+    .expect_err("build panics with the same message");
+    assert!(super::panic_message(&*panic).contains("retention"));
+}

@@ -792,13 +792,14 @@ async fn a_comma_separated_key_is_a_repeated_header() {
 }
 
 /// Issue 10, item 13: `wait_for_result(Duration::MAX)` overflowed the clock
-/// and panicked on every keyed request.
+/// and panicked on every keyed request. The engine's own durations go up to
+/// `MAX_DURATION` (issue 21, item 2: beyond it, `try_build` refuses them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durations_at_their_maximum_never_panic() {
     let engine = Engine::builder(MemoryStore::new())
-        .retention(Duration::MAX)
-        .max_lease(Duration::MAX)
-        .default_lease(Duration::MAX)
+        .retention(crate::MAX_DURATION)
+        .max_lease(crate::MAX_DURATION)
+        .default_lease(crate::MAX_DURATION)
         .build();
     a_waiting_duplicate_gets_the_replay(engine, Duration::MAX).await;
 }

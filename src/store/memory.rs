@@ -61,6 +61,7 @@ pub struct MemoryStore {
 struct Inner {
     state: Mutex<State>,
     failures: AtomicUsize,
+    failure_kind: Mutex<Option<StoreErrorKind>>,
 }
 
 #[derive(Debug, Default)]
@@ -96,8 +97,13 @@ impl MemoryStore {
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         if injected.is_ok() {
+            let kind = *self
+                .inner
+                .failure_kind
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             return Err(StoreError::new(
-                StoreErrorKind::Unavailable,
+                kind.unwrap_or(StoreErrorKind::Unavailable),
                 "memory store: injected failure",
             ));
         }
@@ -111,6 +117,16 @@ impl MemoryStore {
 impl MemoryStore {
     /// Makes the next `n` calls fail with [`StoreErrorKind::Unavailable`].
     pub fn fail_next(&self, n: usize) {
+        self.fail_next_with(n, StoreErrorKind::Unavailable);
+    }
+
+    /// Makes the next `n` calls fail with an error of `kind`.
+    pub fn fail_next_with(&self, n: usize, kind: StoreErrorKind) {
+        *self
+            .inner
+            .failure_kind
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(kind);
         self.inner.failures.store(n, Ordering::SeqCst);
     }
 

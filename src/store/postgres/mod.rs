@@ -186,9 +186,118 @@ impl Statements {
     }
 }
 
-/// Whether `name` is a table name this store puts into its statements:
-/// an identifier, optionally schema-qualified, never anything to quote.
-fn valid_table_name(name: &str) -> bool {
+/// PostgreSQL's reserved key words (`pg_get_keywords()`'s categories R
+/// and T, PostgreSQL 15 to 17): none of them is a table or schema name
+/// without quotes. A test compares the list with the server's.
+pub(crate) const RESERVED_WORDS: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "binary",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "collation",
+    "column",
+    "concurrently",
+    "constraint",
+    "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "freeze",
+    "from",
+    "full",
+    "grant",
+    "group",
+    "having",
+    "ilike",
+    "in",
+    "initially",
+    "inner",
+    "intersect",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "lateral",
+    "leading",
+    "left",
+    "like",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "natural",
+    "not",
+    "notnull",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "outer",
+    "overlaps",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "right",
+    "select",
+    "session_user",
+    "similar",
+    "some",
+    "symmetric",
+    "system_user",
+    "table",
+    "tablesample",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "verbose",
+    "when",
+    "where",
+    "window",
+    "with",
+];
+
+/// Why `name` is not a table name this store puts into its statements, if
+/// it is not one: an identifier, optionally schema-qualified, never
+/// anything to quote, and never a reserved word where PostgreSQL's grammar
+/// refuses one (the table alone, or the schema: after a dot any word goes).
+fn table_name_error(name: &str) -> Option<String> {
     let identifier = |part: &str| {
         let mut chars = part.chars();
         chars
@@ -198,7 +307,20 @@ fn valid_table_name(name: &str) -> bool {
             && part.len() <= 63
     };
     let parts: Vec<&str> = name.split('.').collect();
-    parts.len() <= 2 && parts.iter().all(|part| identifier(part))
+    if parts.len() > 2 || !parts.iter().all(|part| identifier(part)) {
+        return Some(format!(
+            "{name:?} is not a table name this store accepts: letters, digits and _, \
+             optionally schema.table"
+        ));
+    }
+    let first = parts[0].to_ascii_lowercase();
+    RESERVED_WORDS.contains(&first.as_str()).then(|| {
+        format!(
+            "{name:?} is not a table name this store accepts: {first:?} is a reserved word in \
+             PostgreSQL (every statement would fail as a syntax error); choose another name, or \
+             qualify it with a schema (public.{name})"
+        )
+    })
 }
 
 /// The DDL of the module docs for `table`. An index lives in its table's
@@ -258,11 +380,13 @@ fn table_differences(found: &[(String, String, bool)], id_is_unique: bool) -> Ve
     differences
 }
 
+/// A time or count as PostgreSQL's `bigint`, refused before any statement
+/// when it does not fit.
 fn int8(value: u64) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| {
         StoreError::new(
-            StoreErrorKind::Other,
-            format!("{value} does not fit PostgreSQL's bigint"),
+            StoreErrorKind::Rejected,
+            format!("{value} does not fit PostgreSQL's bigint; nothing was written"),
         )
     })
 }
@@ -293,11 +417,8 @@ impl PostgresStore {
     /// optionally schema-qualified), through `pool`.
     pub fn new(pool: Pool, table: impl Into<String>) -> Result<Self, StoreError> {
         let table = table.into();
-        if !valid_table_name(&table) {
-            return Err(StoreError::new(
-                StoreErrorKind::Misconfigured,
-                format!("{table:?} is not a table name this store accepts: letters, digits and _, optionally schema.table"),
-            ));
+        if let Some(error) = table_name_error(&table) {
+            return Err(StoreError::new(StoreErrorKind::Misconfigured, error));
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -748,10 +869,27 @@ fn decode(row: &Row) -> Result<Record, StoreError> {
     record.checked()
 }
 
+/// The URL's configuration, refused here when it cannot connect at all:
+/// the pool connects lazily, and would otherwise report an outage on every
+/// call (one that fail-open runs through).
 fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
-    url.parse().map_err(|error| {
+    let config: tokio_postgres::Config = url.parse().map_err(|error| {
         StoreError::new(StoreErrorKind::Misconfigured, "invalid PostgreSQL URL").with_source(error)
-    })
+    })?;
+    let missing = if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        Some("no host (postgres://user@host:port/database)")
+    } else if config.get_user().is_none() {
+        Some("no user (postgres://user@host:port/database)")
+    } else {
+        None
+    };
+    match missing {
+        Some(what) => Err(StoreError::new(
+            StoreErrorKind::Misconfigured,
+            format!("invalid PostgreSQL URL: it names {what}"),
+        )),
+        None => Ok(config),
+    }
 }
 
 fn pool<T>(config: tokio_postgres::Config, max_size: usize, tls: T) -> Result<Pool, StoreError>
@@ -816,8 +954,20 @@ mod tests {
 
     #[test]
     fn only_plain_table_names_go_into_statements() {
-        for good in ["idempotency", "app.idempotency", "_t1", "Records"] {
-            assert!(valid_table_name(good), "{good}");
+        for good in [
+            "idempotency",
+            "app.idempotency",
+            "_t1",
+            "Records",
+            "public.order",
+            "orders",
+            "app.select",
+        ] {
+            assert_eq!(table_name_error(good), None, "{good}");
+        }
+        for reserved in ["order", "SELECT", "group", "user", "select.t"] {
+            let error = table_name_error(reserved).expect(reserved);
+            assert!(error.contains("reserved word"), "{error}");
         }
         for bad in [
             "",
@@ -829,7 +979,31 @@ mod tests {
             "a-b",
             &"x".repeat(64),
         ] {
-            assert!(!valid_table_name(bad), "{bad}");
+            assert!(table_name_error(bad).is_some(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_url_that_cannot_connect_is_refused_at_construction() {
+        for url in [
+            "postgresql://",
+            "postgresql:///db",
+            "postgres://:5432/db",
+            "host= user=x",
+        ] {
+            let error = config(url).expect_err(url);
+            assert_eq!(
+                error.kind(),
+                StoreErrorKind::Misconfigured,
+                "{url}: {error}"
+            );
+        }
+        for url in [
+            "postgres://u@127.0.0.1:1/db",
+            "postgresql://u@%2Frun%2Fpostgresql/db",
+            "host=/run/postgresql user=u",
+        ] {
+            assert!(config(url).is_ok(), "{url}");
         }
     }
 }
