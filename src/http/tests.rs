@@ -62,6 +62,9 @@ impl Service<Request> for Echo {
             if request.headers().contains_key("x-fail") {
                 return Err("handler failed".into());
             }
+            if request.headers().contains_key("x-panic") {
+                panic!("the handler panicked");
+            }
             let status = request
                 .headers()
                 .get("x-status")
@@ -923,4 +926,33 @@ async fn the_replay_hook_adjusts_replays_only() {
         "the first request's completion time"
     );
     assert_eq!(replay.headers().get(REPLAYED_HEADER).unwrap(), "true");
+}
+
+/// Issue 21, item 9: a handler that panics leaves no claim behind: the
+/// panic goes on to the runtime (lambda_http answers the invocation with an
+/// error), and the client's retry runs at once instead of getting "in
+/// progress" until the dead invocation's deadline.
+#[tokio::test]
+async fn a_panicking_handler_releases_its_claim() {
+    use futures_util::FutureExt;
+    let echo = Echo::new();
+    let store = MemoryStore::new();
+    let mut service =
+        IdempotencyLayer::new(Engine::builder(store.clone()).build()).layer(echo.clone());
+    let mut panicking = post(Some("k"), "{}");
+    panicking
+        .headers_mut()
+        .insert("x-panic", HeaderValue::from_static("1"));
+    let panic = std::panic::AssertUnwindSafe(send(&mut service, panicking))
+        .catch_unwind()
+        .await
+        .expect_err("the panic reaches the runtime");
+    assert_eq!(
+        crate::engine::panic_message(&*panic),
+        "the handler panicked"
+    );
+    assert!(store.records().is_empty(), "{:?}", store.records());
+    let retry = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(echo.runs(), 2);
 }

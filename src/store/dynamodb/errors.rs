@@ -81,6 +81,12 @@ where
     let kind = match &error {
         SdkError::ServiceError(service) => kind_of_code(service.err().code()),
         SdkError::ConstructionFailure(_) => StoreErrorKind::Misconfigured,
+        // Failing before anything was sent: no region or endpoint, no
+        // credentials (the SDK reports both as dispatch failures of kind
+        // "other" or "user"). No retry makes them appear.
+        SdkError::DispatchFailure(failure) if !failure.is_io() && !failure.is_timeout() => {
+            StoreErrorKind::Misconfigured
+        }
         // Timeouts, connection failures and unparseable answers: the store
         // could not be reached or did not answer in time.
         _ => StoreErrorKind::Unavailable,
@@ -135,6 +141,8 @@ pub(super) fn kind_of_code(code: Option<&str>) -> StoreErrorKind {
             | "TransactionInProgressException",
         ) => StoreErrorKind::Conflict,
         Some("InternalServerError" | "ServiceUnavailable") => StoreErrorKind::Unavailable,
+        // A global table's write raced one in another region.
+        Some("ReplicatedWriteConflictException") => StoreErrorKind::Conflict,
         Some(
             "ResourceNotFoundException"
             | "AccessDeniedException"
