@@ -144,7 +144,11 @@ impl<St: Store> EngineBuilder<St> {
     /// **Dangerous.** When the store cannot be reached to claim a key, run the
     /// operation anyway, without any idempotency protection (default
     /// `false`: fail closed, the operation does not run). Duplicates that
-    /// arrive during a store outage all run. The outcome is marked
+    /// arrive during a store outage all run. Only an outage
+    /// ([`StoreErrorKind::is_outage`](crate::StoreErrorKind::is_outage):
+    /// unreachable, timed out, failing over, throttled) is failed open; a
+    /// misconfigured store, a rejected value or a lost race never runs the
+    /// operation without a claim. The outcome is marked
     /// [`OutcomeKind::Unprotected`](crate::OutcomeKind::Unprotected) and
     /// logged as a warning. Transactional executions always fail closed:
     /// their writes need the store.

@@ -517,10 +517,14 @@ impl<St: Store> Engine<St> {
             Some(record) if record.is_live(now_ms) => {
                 self.existing(record, codec, &attempt.fingerprint, now_ms)
             }
-            _ => Err(Error::Store(StoreError::new(
-                StoreErrorKind::Conflict,
-                format!("record {id} stayed contended over {COMMIT_TRIES} single-write commits"),
-            ))),
+            // Duplicates kept colliding and none committed yet: the caller
+            // retries, as for a request in progress (never a 5xx).
+            _ => {
+                debug!(record = %id, outcome = "in_progress", "single-write commits stayed contended");
+                Err(Error::InProgress {
+                    retry_after: Duration::from_secs(1),
+                })
+            }
         }
     }
 

@@ -22,9 +22,24 @@
 //!   engine decides what that means: the store's own earlier write that
 //!   landed (an SDK retry whose first answer was lost), a live record to
 //!   replay or wait for, or a record that changed meanwhile (claim again).
-//! - A store translates its backend's errors into [`StoreError`]s, with the
-//!   [`StoreErrorKind`](crate::StoreErrorKind) that says whether a retry
-//!   can help; nothing above a store sees the backend.
+//! - A store translates its backend's errors into [`StoreError`]s, in one
+//!   place (its `errors` module), with the
+//!   [`StoreErrorKind`](crate::StoreErrorKind) that says what the failure
+//!   is; nothing above a store sees the backend. The kind decides what
+//!   the engine does, so get it right:
+//!
+//! | kind | when | the engine |
+//! |---|---|---|
+//! | `Unavailable`, `Throttled` | an outage: cannot reach, timeout, failover in progress, out of capacity | fails closed (503), or, with [fail-open](crate::EngineBuilder::fail_open), runs without a claim: the only kinds that may |
+//! | `Conflict` | the write lost a race with a concurrent one | claims again, then reads: in progress, a replay or a 422, never a 5xx, never unprotected |
+//! | `Misconfigured` | no table, no permission, a bad name or URL, data that is not a record | fails closed (500), never a retry-later |
+//! | `Rejected` | a value out of the store's range, refused before any write | fails closed (500) |
+//! | `CorruptRecord` | a record that does not decode | fails closed (500), never replayed |
+//! | `WriteRejected` | the operation's own writes refused | releases the claim (500) |
+//! | `Other` | nothing above fits | fails closed (500) |
+//!
+//! Each store's module docs give its own table: which backend error is
+//! which kind.
 //!
 //! The `testing` feature's conformance kit
 //! (`lambda_idempotency::testing`) checks a store against every

@@ -1,4 +1,20 @@
 //! The DynamoDB store: the protocol as conditional writes.
+//!
+//! # Errors
+//!
+//! What each SDK failure means, decided in one place (`errors.rs`; see
+//! [`StoreErrorKind`](crate::StoreErrorKind) for what the engine does with
+//! each kind):
+//!
+//! | SDK failure | kind |
+//! |---|---|
+//! | timeout, connection refused or reset, an answer that does not parse; `InternalServerError`, `ServiceUnavailable` | `Unavailable` (an outage) |
+//! | `ProvisionedThroughputExceeded`, `ThrottlingException`, `RequestLimitExceeded` | `Throttled` (an outage) |
+//! | `TransactionConflict`, `TransactionInProgress`, `ReplicatedWriteConflict` | `Conflict` (claimed again) |
+//! | `ResourceNotFoundException` (no table), `AccessDenied`, `UnrecognizedClient`, bad signature, `ValidationException`; no region, no endpoint or no credentials (failures before anything is sent), a request the SDK cannot build | `Misconfigured` |
+//! | the operation's own transactional writes refused | `WriteRejected` |
+//! | an item that does not decode as a record | `CorruptRecord` |
+//! | any other service error | `Other` (fails closed) |
 
 mod codec;
 mod errors;

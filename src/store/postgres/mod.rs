@@ -34,6 +34,28 @@
 //! `lambda-idempotency --store postgres://… purge-expired` (feature `cli`);
 //! it is safe to run concurrently with itself and with traffic.
 //!
+//! # Errors
+//!
+//! What each failure means, decided in one place (`errors.rs`, by
+//! SQLSTATE, exact code first, then class; see
+//! [`StoreErrorKind`](crate::StoreErrorKind) for what the engine does with
+//! each kind):
+//!
+//! | failure | kind |
+//! |---|---|
+//! | no connection (refused, reset, closed, pool timeout); class `08` (PgBouncer's included), `53` (disk, memory, connections; not `53400`), `58`; `25006` (a writer demoted by a failover), `57014` (statement timeout), `57P01`, `57P02`, `57P03`, `57P05` | `Unavailable` (an outage) |
+//! | `40001` (serialization failure, at `SERIALIZABLE` or `REPEATABLE READ`), `40P01` (deadlock), `55P03` (lock timeout) | `Conflict` (claimed again) |
+//! | class `42` (syntax, no table or column, no privilege), `28` (authentication), `3D`, `3F`, `0A`, `23` (a constraint of the table's own), `53400`, `57P04`; a certificate the connector does not trust, a server without the TLS `connect_tls` requires; at construction: a table name that is not a plain identifier or is a reserved word, a URL without host or user | `Misconfigured` |
+//! | class `22` (a value out of range); a number beyond `bigint`, refused before the statement | `Rejected` |
+//! | a row that does not decode as a record | `CorruptRecord` |
+//! | the operation's own writes refused (classes `22`, `23`, `42` in a [`PgWrite`]) | `WriteRejected` |
+//! | any other SQLSTATE | `Other` (fails closed) |
+//!
+//! Any isolation level works: at `SERIALIZABLE` or `REPEATABLE READ` (a
+//! server, database or role default), concurrent duplicates abort each
+//! other's claims with `40001`, and the engine claims again until it reads
+//! the winner's record.
+//!
 //! # Writes with the completion
 //!
 //! [`PgWrite`]s, the handler's own statements, commit in one transaction
