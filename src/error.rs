@@ -266,7 +266,10 @@ impl StoreErrorKind {
     /// all. The only kinds [fail-open](crate::EngineBuilder::fail_open) runs
     /// an operation through without a claim.
     pub fn is_outage(self) -> bool {
-        matches!(self, StoreErrorKind::Unavailable | StoreErrorKind::Throttled)
+        matches!(
+            self,
+            StoreErrorKind::Unavailable | StoreErrorKind::Throttled
+        )
     }
 
     /// Whether retrying the same call later can succeed: an outage, or a

@@ -55,7 +55,8 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
     };
     let response = kinesis
         .process(LambdaEvent::new(event, Context::default()), parse)
-        .await;
+        .await
+        .expect("a partial batch response");
     assert_eq!(response.batch_item_failures.len(), 1);
 
     // A body the handler cannot parse.
@@ -65,7 +66,8 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
     .expect("an event");
     kinesis
         .process(LambdaEvent::new(event, Context::default()), parse)
-        .await;
+        .await
+        .expect("a partial batch response");
 
     // A Kinesis event sent to a Kafka function.
     let kinesis_as_kafka: KafkaEvent =

@@ -53,8 +53,9 @@ pub use service::IdempotentEvent;
 pub use source::{Delivery, RecordStatus, Report, Source};
 pub use sources::{
     ActiveMq, ActiveMqBatch, DynamoDbStream, DynamoDbStreamBatch, EventBridge, EventBridgeBatch,
-    Kafka, KafkaBatch, Kinesis, KinesisBatch, RabbitMq, RabbitMqBatch, Sns, SnsBatch, Sqs,
-    SqsBatch,
+    Kafka, KafkaBatch, KafkaBatchItemFailure, KafkaBatchResponse, KafkaItemIdentifier,
+    KafkaPartial, KafkaPartialBatch, Kinesis, KinesisBatch, RabbitMq, RabbitMqBatch, Sns, SnsBatch,
+    Sqs, SqsBatch,
 };
 
 #[cfg(test)]
