@@ -180,7 +180,7 @@ impl Report {
     }
 
     /// The report as the error that fails the invocation, when a record
-    /// did not complete: for sources whose event source mapping cannot take
+    /// did not complete: for sources whose event source mapping does not take
     /// a partial batch response.
     pub fn into_result(self) -> Result<(), BatchFailed> {
         if self.is_complete() {
