@@ -55,7 +55,8 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
     };
     let response = kinesis
         .process(LambdaEvent::new(event, Context::default()), parse)
-        .await;
+        .await
+        .expect("a partial batch response");
     assert_eq!(response.batch_item_failures.len(), 1);
 
     // A body the handler cannot parse.
@@ -65,7 +66,27 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
     .expect("an event");
     kinesis
         .process(LambdaEvent::new(event, Context::default()), parse)
-        .await;
+        .await
+        .expect("a partial batch response");
+
+    // A handler that panics: its record fails, with the panic's message.
+    let event: KinesisEvent = serde_json::from_value(json!({ "Records": [
+        record(Some("shardId-1:801"), "801", "{}"),
+    ]}))
+    .expect("an event");
+    let response = kinesis
+        .process(
+            LambdaEvent::new(event, Context::default()),
+            |_: KinesisEventRecord| async {
+                if true {
+                    panic!("the ledger is closed");
+                }
+                Ok::<(), String>(())
+            },
+        )
+        .await
+        .expect("a partial batch response");
+    assert_eq!(response.batch_item_failures.len(), 1);
 
     // A Kinesis event sent to a Kafka function.
     let kinesis_as_kafka: KafkaEvent =
@@ -98,6 +119,10 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
     let bad_body = line("record failed; reported for redelivery");
     for part in ["record_id=\"601\"", "the body is not JSON"] {
         assert!(bad_body.contains(part), "{part:?} missing from {bad_body}");
+    }
+    let panicked = line("record panicked; reported for redelivery");
+    for part in ["ERROR", "record_id=\"801\"", "the ledger is closed"] {
+        assert!(panicked.contains(part), "{part:?} missing from {panicked}");
     }
     let wrong_shape = line("the event has no Kafka records");
     assert!(wrong_shape.contains("ERROR"), "{wrong_shape}");

@@ -31,6 +31,7 @@ fn message(id: &str, charge: &str) -> SqsMessage {
 
 fn fifo(id: &str, charge: &str, group: &str) -> SqsMessage {
     let mut message = message(id, charge);
+    message.event_source_arn = Some("arn:aws:sqs:eu-west-1:123456789012:charges.fifo".into());
     message
         .attributes
         .insert("MessageGroupId".into(), group.into());
@@ -115,7 +116,10 @@ impl Fixture {
                 ))
             }
         };
-        self.sqs.process_transactional(event, handler).await
+        self.sqs
+            .process_transactional(event, handler)
+            .await
+            .expect("SQS answers with a partial batch response")
     }
 
     async fn sent(&self) -> HashMap<String, u64> {

@@ -114,7 +114,7 @@ async fn main() -> Result<(), Error> {
                 let result = entry(&ledger, &record);
                 async move { result }
             };
-            Ok::<DynamoDbEventResponse, Error>(batch.process_transactional(event, handler).await)
+            Ok::<DynamoDbEventResponse, Error>(batch.process_transactional(event, handler).await?)
         }
     }))
     .await

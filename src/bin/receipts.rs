@@ -136,7 +136,7 @@ async fn main() -> Result<(), Error> {
                 let result = send_receipt(&table, &message);
                 async move { result }
             };
-            Ok::<SqsBatchResponse, Error>(batch.process_transactional(event, handler).await)
+            Ok::<SqsBatchResponse, Error>(batch.process_transactional(event, handler).await?)
         }
     }))
     .await
@@ -178,7 +178,7 @@ async fn serve<St: Store>(
                 let (client, table) = (client.clone(), Arc::clone(&table));
                 async move { send_receipt_now(&client, &table, &message).await }
             };
-            Ok::<SqsBatchResponse, Error>(batch.process(event, handler).await)
+            Ok::<SqsBatchResponse, Error>(batch.process(event, handler).await?)
         }
     }))
     .await

@@ -1,16 +1,18 @@
 //! [`Batch`]: idempotent processing of the records of any at-least-once
 //! event source, with each source's own retry semantics.
 
-use super::{Delivery, RecordStatus, Report, Source};
+use super::{source::Reported, BatchFailed, Delivery, RecordStatus, Report, Source};
 use crate::{store::Store, Attempt, Engine, Error, Fingerprint, Json, Mode, OutcomeKind};
-use futures_util::{stream, StreamExt};
+use futures_util::{stream, FutureExt, StreamExt};
 use lambda_runtime::LambdaEvent;
 use serde::{de::DeserializeOwned, Serialize};
 use std::{
+    any::Any,
     collections::HashMap,
     fmt::{self, Display},
     future::Future,
     marker::PhantomData,
+    panic::AssertUnwindSafe,
     sync::Arc,
 };
 
@@ -49,7 +51,15 @@ pub const DEFAULT_CONCURRENCY: usize = 8;
 /// Bad records never panic and are never dropped: a record without the
 /// fields its key needs, or whose fingerprint cannot be computed, fails
 /// with a log line that names it, and a handler that cannot parse the
-/// record's body returns an error, which fails that record.
+/// record's body returns an error, which fails that record. A handler (or
+/// key or fingerprint closure) that panics fails only its own record, as an
+/// error would, with the panic's message logged: the records running beside
+/// it finish, and the batch still answers.
+///
+/// **Never wrap a batch handler in an
+/// [`IdempotentEventLayer`](super::IdempotentEventLayer)**: the layer would
+/// store the batch's response, and replay a partial-failure response to the
+/// retry of that batch, so the failed records would never run again.
 pub struct Batch<Src: Source, St> {
     engine: Engine<St>,
     scope: Arc<str>,
@@ -57,6 +67,7 @@ pub struct Batch<Src: Source, St> {
     fingerprint: FingerprintFn<Src::Record>,
     concurrency: usize,
     single_write: bool,
+    fail_on_entire_batch_failure: bool,
     source: PhantomData<fn() -> Src>,
 }
 
@@ -69,6 +80,7 @@ impl<Src: Source, St> Clone for Batch<Src, St> {
             fingerprint: Arc::clone(&self.fingerprint),
             concurrency: self.concurrency,
             single_write: self.single_write,
+            fail_on_entire_batch_failure: self.fail_on_entire_batch_failure,
             source: PhantomData,
         }
     }
@@ -82,6 +94,10 @@ impl<Src: Source, St: fmt::Debug> fmt::Debug for Batch<Src, St> {
             .field("scope", &self.scope)
             .field("concurrency", &self.concurrency)
             .field("single_write", &self.single_write)
+            .field(
+                "fail_on_entire_batch_failure",
+                &self.fail_on_entire_batch_failure,
+            )
             .finish_non_exhaustive()
     }
 }
@@ -99,6 +115,7 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             fingerprint: Arc::new(Src::default_fingerprint),
             concurrency: DEFAULT_CONCURRENCY,
             single_write: false,
+            fail_on_entire_batch_failure: false,
             source: PhantomData,
         }
     }
@@ -158,17 +175,37 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         self
     }
 
+    /// Fails the invocation ([`BatchFailed`]) when no record of the batch
+    /// completed (each failed or was held back), instead of answering with
+    /// a partial batch response that names every record; Powertools calls
+    /// it `raise_on_entire_batch_failure`. Off by default.
+    ///
+    /// A partial response that names every record is, to Lambda, a
+    /// successful invocation: a downstream outage that fails every record
+    /// shows in no `Errors` metric or alarm, and Lambda's handling of
+    /// function errors (its retry back-off, the event source mapping's
+    /// reaction to a failing function) never starts, while each SQS
+    /// message burns a receive towards its dead-letter queue. A failed
+    /// invocation is retried the same way (the whole batch comes again, and
+    /// the records that completed elsewhere replay).
+    pub fn fail_on_entire_batch_failure(mut self) -> Self {
+        self.fail_on_entire_batch_failure = true;
+        self
+    }
+
     /// Processes every record with `handler`, and returns what tells Lambda
-    /// which records to deliver again.
+    /// which records to deliver again: the partial batch response, or a
+    /// [`BatchFailed`] to return from the function handler with `?`, so
+    /// that the invocation fails and Lambda delivers the batch again.
     ///
     /// The handler's `Ok` value is stored with the record and replayed to
-    /// duplicates; an `Err` fails the record (it runs again when delivered
-    /// again).
+    /// duplicates; an `Err` (or a panic) fails the record (it runs again
+    /// when delivered again).
     pub async fn process<T, E, F, Fut>(
         &self,
         event: LambdaEvent<Src::Event>,
         handler: F,
-    ) -> Src::Response
+    ) -> Result<Src::Output, BatchFailed>
     where
         T: Serialize + DeserializeOwned,
         E: Display,
@@ -179,7 +216,7 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             let run = handler(record);
             async move { run.await.map(|value| (value, Vec::new())) }
         };
-        Src::respond(self.run(event, Mode::Plain, handler).await)
+        self.respond(self.run(event, Mode::Plain, handler).await)
     }
 
     /// Like [`process`](Batch::process), but each record's handler also
@@ -192,14 +229,26 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         &self,
         event: LambdaEvent<Src::Event>,
         handler: F,
-    ) -> Src::Response
+    ) -> Result<Src::Output, BatchFailed>
     where
         T: Serialize + DeserializeOwned,
         E: Display,
         F: Fn(Src::Record) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        Src::respond(self.run(event, Mode::Transactional, handler).await)
+        self.respond(self.run(event, Mode::Transactional, handler).await)
+    }
+
+    fn respond(&self, report: Report) -> Result<Src::Output, BatchFailed> {
+        if self.fail_on_entire_batch_failure && report.is_entire_failure() {
+            tracing::error!(
+                source = Src::NAME,
+                records = report.records.len(),
+                "no record of the batch completed: the invocation fails"
+            );
+            return Err(BatchFailed::new(report));
+        }
+        Src::respond(report)
     }
 
     async fn run<T, E, F, Fut>(
@@ -229,7 +278,11 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             );
             return Report {
                 source: Src::NAME,
-                records: vec![(None, RecordStatus::Failed)],
+                records: vec![Reported {
+                    id: None,
+                    group: None,
+                    status: RecordStatus::Failed,
+                }],
             };
         }
         let prepared: Vec<Prepared<Src::Record>> = deliveries
@@ -239,34 +292,50 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             .collect();
         let groups = group(prepared);
         let handler = &handler;
-        let mut statuses: Vec<(usize, Option<String>, RecordStatus)> = stream::iter(groups)
+        let mut statuses: Vec<(usize, Reported)> = stream::iter(groups)
             .map(|group| async move {
                 let ordered = group.ordered;
                 let mut statuses = Vec::with_capacity(group.records.len());
                 let mut records = group.records.into_iter();
                 for record in records.by_ref() {
-                    let (position, id) = (record.position, record.id.clone());
-                    let status = self.record(record, deadline_ms, mode, handler).await;
-                    statuses.push((position, id, status));
+                    let position = record.position;
+                    let (id, group) = (record.id.clone(), record.group.clone());
+                    // Around the whole record, claim included: the engine has
+                    // released the claim before the unwind gets here, and the
+                    // records beside this one must finish, not be dropped
+                    // mid-run with their claims held.
+                    let status = AssertUnwindSafe(self.record(record, deadline_ms, mode, handler))
+                        .catch_unwind()
+                        .await
+                        .unwrap_or_else(|panic| {
+                            tracing::error!(
+                                source = Src::NAME,
+                                record_id = id.as_deref().unwrap_or("(no id)"),
+                                panic = panic_message(&*panic),
+                                "record panicked; reported for redelivery"
+                            );
+                            RecordStatus::Failed
+                        });
+                    statuses.push((position, Reported { id, group, status }));
                     if ordered && !status.is_done() {
                         break;
                     }
                 }
-                statuses
-                    .extend(records.map(|held| (held.position, held.id, RecordStatus::HeldBack)));
+                statuses.extend(records.map(|held| {
+                    let status = RecordStatus::HeldBack;
+                    let (id, group) = (held.id, held.group);
+                    (held.position, Reported { id, group, status })
+                }));
                 statuses
             })
             .buffer_unordered(self.concurrency)
             .flat_map(stream::iter)
             .collect()
             .await;
-        statuses.sort_by_key(|(position, _, _)| *position);
+        statuses.sort_by_key(|(position, _)| *position);
         let report = Report {
             source: Src::NAME,
-            records: statuses
-                .into_iter()
-                .map(|(_, id, status)| (id, status))
-                .collect(),
+            records: statuses.into_iter().map(|(_, record)| record).collect(),
         };
         tracing::info!(
             source = Src::NAME,
@@ -283,7 +352,17 @@ impl<Src: Source, St: Store> Batch<Src, St> {
     fn prepare(&self, position: usize, delivery: Delivery<Src::Record>) -> Prepared<Src::Record> {
         let record = delivery.record;
         let id = Src::id(&record);
-        let key = (self.key)(&record).filter(|key| !key.is_empty());
+        let key = std::panic::catch_unwind(AssertUnwindSafe(|| (self.key)(&record)))
+            .unwrap_or_else(|panic| {
+                tracing::error!(
+                    source = Src::NAME,
+                    record_id = id.as_deref().unwrap_or("(no id)"),
+                    panic = panic_message(&*panic),
+                    "the key closure panicked on this record"
+                );
+                None
+            })
+            .filter(|key| !key.is_empty());
         Prepared {
             position,
             id,
@@ -413,4 +492,13 @@ fn group<R>(records: Vec<Prepared<R>>) -> Vec<Group<R>> {
         groups[slot].records.push(record);
     }
     groups
+}
+
+/// What a panic said, for its log line: its message when it is text.
+fn panic_message(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a panic without a message)")
 }

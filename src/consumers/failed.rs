@@ -4,10 +4,12 @@
 use super::{RecordStatus, Report};
 use std::fmt;
 
-/// Some records of a batch did not complete, and the source cannot take a
-/// partial batch response (Kafka, Amazon MQ, SNS, EventBridge): return it
-/// from the handler so that the invocation fails and Lambda delivers the
-/// batch again. On that delivery the records that completed replay (their
+/// Some records of a batch did not complete, and the source takes no
+/// partial batch response (Kafka without `ReportBatchItemFailures`, Amazon
+/// MQ, SNS, EventBridge), or no record completed and the batch was built
+/// with [`fail_on_entire_batch_failure`](super::Batch::fail_on_entire_batch_failure):
+/// return it from the handler (`?`) so that the invocation fails and Lambda
+/// delivers the batch again. On that delivery the records that completed replay (their
 /// handler does not run again) and the others run.
 #[derive(Debug, Clone)]
 pub struct BatchFailed {

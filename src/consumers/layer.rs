@@ -19,6 +19,12 @@ use tower::Layer;
 /// retries (asynchronous invocations, event source mappings) deliver again
 /// later.
 ///
+/// **Not for batch handlers** (SQS, Kinesis, DynamoDB Streams, Kafka):
+/// their response is a partial batch response, and a stored one replayed to
+/// the batch's retry would tell Lambda that the failed records failed
+/// again, without running them. Use [`Batch`](super::Batch), which makes
+/// each record idempotent.
+///
 /// ```
 /// use lambda_idempotency::{consumers::IdempotentEventLayer, Engine, Fingerprint, MemoryStore};
 /// use lambda_runtime::{service_fn, Error, LambdaEvent};

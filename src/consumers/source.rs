@@ -2,6 +2,7 @@
 //! of Lambda event: its records, their identities, their order, and how
 //! the function tells Lambda which ones to deliver again.
 
+use super::BatchFailed;
 use crate::Fingerprint;
 
 /// One kind of at-least-once Lambda event, as a [`Batch`](super::Batch)
@@ -20,9 +21,10 @@ pub trait Source: 'static {
     type Event;
     /// One record of it, as the handler receives it.
     type Record: Send;
-    /// What the function returns to Lambda: a partial batch response, or a
-    /// `Result` whose error fails the invocation.
-    type Response;
+    /// What the function returns to Lambda when the invocation succeeds: a
+    /// partial batch response, or `()` for a source that takes none (there
+    /// a record that did not complete fails the invocation instead).
+    type Output;
 
     /// The source's name in log lines and errors.
     const NAME: &'static str;
@@ -45,11 +47,18 @@ pub trait Source: 'static {
     fn default_key(record: &Self::Record) -> Option<String>;
 
     /// The record's fingerprint when no fingerprint closure is set: the
-    /// payload that must match for a duplicate to be a replay.
+    /// payload that must match for a duplicate to be a replay. It must be
+    /// what a business key identifies (the body, the data, the image, the
+    /// attributes the sender set), never what the source adds to each
+    /// delivery (receive counts, arrival times, sequence numbers, offsets):
+    /// with a business key a second delivery carries other metadata, and a
+    /// fingerprint that covered it would refuse the duplicate as "key
+    /// reused with another payload" on every retry.
     fn default_fingerprint(record: &Self::Record) -> Result<Fingerprint, String>;
 
-    /// The response that tells Lambda what to deliver again.
-    fn respond(report: Report) -> Self::Response;
+    /// The response that tells Lambda what to deliver again, or the error
+    /// that fails the invocation so that Lambda delivers the batch again.
+    fn respond(report: Report) -> Result<Self::Output, BatchFailed>;
 }
 
 /// One record of an event, and the ordered group it belongs to.
@@ -110,7 +119,16 @@ impl RecordStatus {
 #[derive(Debug, Clone)]
 pub struct Report {
     pub(crate) source: &'static str,
-    pub(crate) records: Vec<(Option<String>, RecordStatus)>,
+    pub(crate) records: Vec<Reported>,
+}
+
+/// One record of a [`Report`].
+#[derive(Debug, Clone)]
+pub(crate) struct Reported {
+    pub(crate) id: Option<String>,
+    /// The ordered group it was delivered in (a Kafka `topic-partition`).
+    pub(crate) group: Option<String>,
+    pub(crate) status: RecordStatus,
 }
 
 impl Report {
@@ -119,7 +137,7 @@ impl Report {
     pub fn records(&self) -> impl Iterator<Item = (Option<&str>, RecordStatus)> {
         self.records
             .iter()
-            .map(|(id, status)| (id.as_deref(), *status))
+            .map(|record| (record.id.as_deref(), record.status))
     }
 
     /// The ids of the records that did not complete, failed or held back,
@@ -128,8 +146,8 @@ impl Report {
     pub fn not_done(&self) -> impl Iterator<Item = String> + '_ {
         self.records
             .iter()
-            .filter(|(_, status)| !status.is_done())
-            .map(|(id, _)| id.clone().unwrap_or_default())
+            .filter(|record| !record.status.is_done())
+            .map(|record| record.id.clone().unwrap_or_default())
     }
 
     /// The ids of the records that failed, without the ones held back
@@ -139,28 +157,36 @@ impl Report {
     pub fn failed(&self) -> impl Iterator<Item = String> + '_ {
         self.records
             .iter()
-            .filter(|(_, status)| *status == RecordStatus::Failed)
-            .map(|(id, _)| id.clone().unwrap_or_default())
+            .filter(|record| record.status == RecordStatus::Failed)
+            .map(|record| record.id.clone().unwrap_or_default())
     }
 
     /// Whether every record ran or replayed.
     pub fn is_complete(&self) -> bool {
-        self.records.iter().all(|(_, status)| status.is_done())
+        self.records.iter().all(|record| record.status.is_done())
+    }
+
+    /// Whether no record ran or replayed: each failed or was held back.
+    pub fn is_entire_failure(&self) -> bool {
+        self.records.iter().all(|record| !record.status.is_done())
     }
 
     /// How many records had `status`.
     pub fn count(&self, status: RecordStatus) -> usize {
-        self.records.iter().filter(|(_, s)| *s == status).count()
+        self.records
+            .iter()
+            .filter(|record| record.status == status)
+            .count()
     }
 
     /// The report as the error that fails the invocation, when a record
-    /// did not complete: for sources whose event source mapping cannot take
+    /// did not complete: for sources whose event source mapping does not take
     /// a partial batch response.
-    pub fn into_result(self) -> Result<(), super::BatchFailed> {
+    pub fn into_result(self) -> Result<(), BatchFailed> {
         if self.is_complete() {
             Ok(())
         } else {
-            Err(super::BatchFailed::new(self))
+            Err(BatchFailed::new(self))
         }
     }
 }

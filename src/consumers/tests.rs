@@ -182,6 +182,7 @@ fn message(id: &str, body: &str, group: Option<&str>) -> SqsMessage {
     message.message_id = Some(id.into());
     message.body = Some(body.into());
     if let Some(group) = group {
+        message.event_source_arn = Some("arn:aws:sqs:eu-west-1:123456789012:orders.fifo".into());
         message
             .attributes
             .insert("MessageGroupId".into(), group.into());
@@ -239,14 +240,16 @@ async fn duplicates_in_and_across_batches_run_once() {
             ]),
             &handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     assert!(response.batch_item_failures.is_empty(), "{response:?}");
     let response = sqs
         .process(
             batch(vec![message("m4", "b", None), message("m5", "c", None)]),
             &handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     assert!(response.batch_item_failures.is_empty());
     let mut ran = seen.lock().unwrap().clone();
     ran.sort();
@@ -282,7 +285,8 @@ async fn only_failed_and_in_progress_records_are_reported() {
             ]),
             &handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     let mut failed = failed_ids(&response);
     failed.sort();
     assert_eq!(failed, ["m2", "m3"]);
@@ -300,7 +304,8 @@ async fn only_failed_and_in_progress_records_are_reported() {
             ]),
             &handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     assert_eq!(failed_ids(&response), ["m2"]);
     assert_eq!(
         seen.lock().unwrap().iter().filter(|b| *b == "ok-1").count(),
@@ -352,7 +357,8 @@ async fn fifo_groups_run_in_order_and_stop_at_their_first_failure() {
             ]),
             handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     let order = order.lock().unwrap();
     assert_eq!(order["A"], ["a-1", "a-2", "a-3"]);
     assert_eq!(
@@ -380,7 +386,8 @@ async fn an_unavailable_store_reports_every_record() {
             ]),
             &handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     assert_eq!(response.batch_item_failures.len(), 3);
     assert!(
         seen.lock().unwrap().is_empty(),
@@ -405,7 +412,8 @@ async fn transactional_records_commit_their_writes_once() {
             batch(vec![message("m1", "x", None), message("m2", "x", None)]),
             handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     assert!(response.batch_item_failures.is_empty(), "{response:?}");
     assert_eq!(store.item("sent#x").as_deref(), Some(&b"1"[..]));
 }
@@ -447,7 +455,8 @@ async fn a_record_that_takes_over_a_crashed_delivery_is_told_so() {
             ]),
             handler,
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     assert!(response.batch_item_failures.is_empty(), "{response:?}");
     let mut told = told.lock().unwrap().clone();
     told.sort_by(|a, b| a.0.cmp(&b.0));
@@ -473,7 +482,8 @@ async fn an_event_without_records_fails_on_every_source_instead_of_succeeding() 
 
     let sqs = SqsBatch::new(engine.clone(), "q")
         .process(batch(Vec::new()), |m: SqsMessage| never(m.message_id))
-        .await;
+        .await
+        .expect("a partial batch response");
     let ids: Vec<&str> = failed_ids(&sqs);
     assert_eq!(
         ids,
@@ -486,7 +496,8 @@ async fn an_event_without_records_fails_on_every_source_instead_of_succeeding() 
             LambdaEvent::new(Default::default(), Context::default()),
             |r: aws_lambda_events::kinesis::KinesisEventRecord| never(r.event_id),
         )
-        .await;
+        .await
+        .expect("a partial batch response");
     assert_eq!(kinesis.batch_item_failures.len(), 1);
     assert_eq!(
         kinesis.batch_item_failures[0].item_identifier.as_deref(),
@@ -553,4 +564,172 @@ async fn batch_failed_names_the_first_failures_and_counts_the_rest() {
     // The "even" destination stopped at ID:2; "odd" ran to its end.
     assert_eq!(error.report().count(RecordStatus::HeldBack), 3);
     assert_eq!(runs, ["ID:0", "ID:1", "ID:2", "ID:3", "ID:5", "ID:7"]);
+}
+
+/// Runs `body`'s record: sleeps, then panics for bodies that start with
+/// "panic", fails those that start with "fail", and succeeds otherwise.
+async fn slow_or_panicking(runs: Arc<Mutex<Vec<String>>>, body: String) -> Result<String, String> {
+    runs.lock().unwrap().push(body.clone());
+    if body.starts_with("panic") {
+        panic!("the handler panicked on {body}");
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    if body.starts_with("fail") {
+        return Err(format!("cannot process {body}"));
+    }
+    Ok(body)
+}
+
+#[tokio::test]
+async fn a_panicking_record_fails_alone_and_the_records_beside_it_finish() {
+    let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "queue");
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let handler = |message: SqsMessage| {
+        slow_or_panicking(Arc::clone(&runs), message.body.unwrap_or_default())
+    };
+    let event = || {
+        batch(vec![
+            message("m1", "ok-1", None),
+            message("m2", "panic-2", None),
+            message("m3", "ok-3", None),
+        ])
+    };
+    let response = sqs.process(event(), handler).await.expect("a response");
+    assert_eq!(failed_ids(&response), ["m2"]);
+    // The records beside it ran to the end and stored their results: the
+    // redelivery replays them. (Whether the panicking one runs again at
+    // once is the engine's part: it releases the claim of an operation
+    // that panicked.)
+    runs.lock().unwrap().clear();
+    let again = sqs.process(event(), handler).await.expect("a response");
+    assert_eq!(failed_ids(&again), ["m2"]);
+    let ran_again = runs.lock().unwrap().clone();
+    assert!(
+        ran_again.iter().all(|body| body.starts_with("panic")),
+        "{ran_again:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_record_stops_its_ordered_group_like_an_error() {
+    let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "fifo");
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let handler = |message: SqsMessage| {
+        slow_or_panicking(Arc::clone(&runs), message.body.unwrap_or_default())
+    };
+    let response = sqs
+        .process(
+            batch(vec![
+                message("a1", "ok-a1", Some("A")),
+                message("a2", "panic-a2", Some("A")),
+                message("a3", "ok-a3", Some("A")),
+                message("b1", "ok-b1", Some("B")),
+            ]),
+            handler,
+        )
+        .await
+        .expect("a response");
+    assert_eq!(failed_ids(&response), ["a2", "a3"]);
+    let mut ran = runs.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, ["ok-a1", "ok-b1", "panic-a2"]);
+}
+
+#[tokio::test]
+async fn a_panicking_key_closure_fails_only_its_record() {
+    let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "queue").key(
+        |message: &SqsMessage| {
+            let body = message.body.clone()?;
+            assert!(!body.starts_with("panic"), "the key closure panicked");
+            Some(body)
+        },
+    );
+    let (_, handler) = recorder();
+    let response = sqs
+        .process(
+            batch(vec![
+                message("m1", "ok", None),
+                message("m2", "panic", None),
+            ]),
+            &handler,
+        )
+        .await
+        .expect("a response");
+    assert_eq!(failed_ids(&response), ["m2"]);
+}
+
+#[tokio::test]
+async fn a_standard_queue_with_message_groups_does_not_hold_a_group_back() {
+    // Fair queues: a standard queue's messages carry a MessageGroupId too.
+    let grouped = |id: &str, body: &str| {
+        let mut message = message(id, body, None);
+        message.event_source_arn = Some("arn:aws:sqs:eu-west-1:123456789012:orders".into());
+        message
+            .attributes
+            .insert("MessageGroupId".into(), "tenant-1".into());
+        message
+    };
+    let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "fair");
+    let (seen, handler) = recorder();
+    let response = sqs
+        .process(
+            batch(vec![grouped("m1", "fail-1"), grouped("m2", "ok-2")]),
+            &handler,
+        )
+        .await
+        .expect("a response");
+    assert_eq!(failed_ids(&response), ["m1"], "m2 is not held back");
+    assert!(seen.lock().unwrap().contains(&"ok-2".to_string()));
+}
+
+#[tokio::test]
+async fn fail_on_entire_batch_failure_fails_the_invocation_only_when_nothing_completed() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let (_, handler) = recorder();
+    let all_fail = || {
+        batch(vec![
+            message("m1", "fail-1", None),
+            message("m2", "fail-2", None),
+        ])
+    };
+
+    // Off by default: every record named in a partial response.
+    let default = SqsBatch::new(engine.clone(), "default");
+    let response = default.process(all_fail(), &handler).await;
+    let response = response.expect("a partial response by default");
+    assert_eq!(failed_ids(&response), ["m1", "m2"]);
+
+    let strict = SqsBatch::new(engine.clone(), "strict").fail_on_entire_batch_failure();
+    let failure = strict
+        .process(all_fail(), &handler)
+        .await
+        .expect_err("nothing completed: the invocation fails");
+    assert_eq!(failure.report().count(RecordStatus::Failed), 2);
+
+    // One record completed: the partial response, as without the option.
+    let response = strict
+        .process(
+            batch(vec![
+                message("m3", "ok-3", None),
+                message("m4", "fail-4", None),
+            ]),
+            &handler,
+        )
+        .await
+        .expect("a partial response");
+    assert_eq!(failed_ids(&response), ["m4"]);
+
+    // A FIFO group held back behind its first failure completed nothing
+    // either.
+    let held = strict
+        .process(
+            batch(vec![
+                message("f1", "fail-f1", Some("G")),
+                message("f2", "ok-f2", Some("G")),
+            ]),
+            &handler,
+        )
+        .await
+        .expect_err("nothing completed");
+    assert_eq!(held.report().count(RecordStatus::HeldBack), 1);
 }

@@ -7,7 +7,10 @@ mod notifications;
 mod sqs;
 mod streams;
 
-pub use kafka::{Kafka, KafkaBatch};
+pub use kafka::{
+    Kafka, KafkaBatch, KafkaBatchItemFailure, KafkaBatchResponse, KafkaItemIdentifier,
+    KafkaPartial, KafkaPartialBatch,
+};
 
 use super::Delivery;
 use std::collections::HashMap;

@@ -33,7 +33,9 @@ pub struct ActiveMq;
 /// - **Key**: the message's `messageId` property, which the publisher must
 ///   set (RabbitMQ does not). A message without one fails with a log line
 ///   that says so: set it when publishing, or give a business key with
-///   [`key`](Batch::key). **Fingerprint**: the message's data.
+///   [`key`](Batch::key). **Fingerprint**: the message's data only: the
+///   broker adds headers to a message it delivers again (`x-death` when it
+///   was dead-lettered and came back), so headers are no part of it.
 pub type RabbitMqBatch<St> = Batch<RabbitMq, St>;
 
 /// Processes an Amazon MQ for ActiveMQ batch idempotently and in order per
@@ -50,7 +52,9 @@ pub type RabbitMqBatch<St> = Batch<RabbitMq, St>;
 ///   bound how often a poison message comes back.
 /// - **Key**: the JMS `messageID`, the same on every redelivery; a business
 ///   key (a JMS property, a field of the data) also catches a producer's
-///   second send. **Fingerprint**: the message's data.
+///   second send. **Fingerprint**: the message's data only: properties
+///   may be set by the broker on a delivery (a delivery count), so they
+///   are no part of it.
 pub type ActiveMqBatch<St> = Batch<ActiveMq, St>;
 
 fn data_fingerprint(data: &Option<String>) -> Fingerprint {
@@ -60,7 +64,7 @@ fn data_fingerprint(data: &Option<String>) -> Fingerprint {
 impl Source for RabbitMq {
     type Event = RabbitMqEvent;
     type Record = RabbitMqMessage;
-    type Response = Result<(), BatchFailed>;
+    type Output = ();
     const NAME: &'static str = "RabbitMQ";
     const DEFAULT_KEY: &'static str = "the messageId property, which RabbitMQ publishers must set";
 
@@ -93,7 +97,7 @@ impl Source for RabbitMq {
 impl Source for ActiveMq {
     type Event = ActiveMqEvent;
     type Record = ActiveMqMessage;
-    type Response = Result<(), BatchFailed>;
+    type Output = ();
     const NAME: &'static str = "ActiveMQ";
     const DEFAULT_KEY: &'static str = "the JMS messageID";
 

@@ -10,7 +10,7 @@ use aws_lambda_events::{
     sns::{SnsEvent, SnsRecord},
 };
 use serde::{de::DeserializeOwned, Serialize};
-use std::marker::PhantomData;
+use std::{collections::HashMap, marker::PhantomData};
 
 /// Amazon SNS: the [`Source`] of an [`SnsBatch`].
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +35,11 @@ impl<T> std::fmt::Debug for EventBridge<T> {
 ///   dead-letter queue). SNS itself may also deliver a message twice.
 /// - **Key**: the notification's `MessageId`, the same on each delivery of
 ///   one publish; a business key from the message also catches a
-///   publisher's second `Publish`. **Fingerprint**: the message.
+///   publisher's second `Publish`. **Fingerprint**: what the publisher
+///   sent: the `Message`, its `Subject` and `MessageAttributes`; never the
+///   envelope SNS adds to each delivery (`MessageId`, `Timestamp`,
+///   `Signature`, `UnsubscribeUrl`, …), which differs between two
+///   publishes of the same message.
 ///
 /// ```
 /// use aws_lambda_events::sns::{SnsEvent, SnsRecord};
@@ -80,7 +84,10 @@ pub type SnsBatch<St> = Batch<Sns, St>;
 ///   least once, and its own retry policy may deliver an event again.
 /// - **Key**: the event's `id`, the same on every delivery of one event; a
 ///   business key from the `detail` also catches a second `PutEvents` of
-///   the same thing. **Fingerprint**: the `detail`, as canonical JSON.
+///   the same thing. **Fingerprint**: what the sender put: `source`,
+///   `detail-type` and the `detail` (as canonical JSON); never the
+///   envelope EventBridge adds (`id`, `time`, `replay-name`, …), which
+///   differs between two `PutEvents` of the same event.
 ///
 /// ```
 /// use aws_lambda_events::eventbridge::EventBridgeEvent;
@@ -114,7 +121,7 @@ pub type EventBridgeBatch<St, T = serde_json::Value> = Batch<EventBridge<T>, St>
 impl Source for Sns {
     type Event = SnsEvent;
     type Record = SnsRecord;
-    type Response = Result<(), BatchFailed>;
+    type Output = ();
     const NAME: &'static str = "SNS";
     const DEFAULT_KEY: &'static str = "the MessageId";
 
@@ -131,7 +138,18 @@ impl Source for Sns {
     }
 
     fn default_fingerprint(record: &SnsRecord) -> Result<Fingerprint, String> {
-        Ok(Fingerprint::of_bytes(record.sns.message.as_bytes()))
+        #[derive(Serialize)]
+        struct Published<'a, Attribute> {
+            message: &'a str,
+            subject: Option<&'a str>,
+            attributes: &'a HashMap<String, Attribute>,
+        }
+        let published = Published {
+            message: &record.sns.message,
+            subject: record.sns.subject.as_deref(),
+            attributes: &record.sns.message_attributes,
+        };
+        Fingerprint::of_json(&published).map_err(|error| error.to_string())
     }
 
     fn respond(report: Report) -> Result<(), BatchFailed> {
@@ -142,7 +160,7 @@ impl Source for Sns {
 impl<T: Serialize + DeserializeOwned + Send + 'static> Source for EventBridge<T> {
     type Event = EventBridgeEvent<T>;
     type Record = EventBridgeEvent<T>;
-    type Response = Result<(), BatchFailed>;
+    type Output = ();
     const NAME: &'static str = "EventBridge";
     const DEFAULT_KEY: &'static str = "the event id";
 
@@ -159,7 +177,18 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Source for EventBridge<T>
     }
 
     fn default_fingerprint(event: &EventBridgeEvent<T>) -> Result<Fingerprint, String> {
-        Fingerprint::of_json(&event.detail).map_err(|error| error.to_string())
+        #[derive(Serialize)]
+        struct Put<'a, T> {
+            source: &'a str,
+            detail_type: &'a str,
+            detail: &'a T,
+        }
+        let put = Put {
+            source: &event.source,
+            detail_type: &event.detail_type,
+            detail: &event.detail,
+        };
+        Fingerprint::of_json(&put).map_err(|error| error.to_string())
     }
 
     fn respond(report: Report) -> Result<(), BatchFailed> {

@@ -2,7 +2,7 @@
 //! checkpointing.
 
 use crate::{
-    consumers::{Batch, Delivery, Report, Source},
+    consumers::{Batch, BatchFailed, Delivery, Report, Source},
     Fingerprint,
 };
 use aws_lambda_events::{
@@ -10,6 +10,7 @@ use aws_lambda_events::{
     kinesis::{KinesisEvent, KinesisEventRecord},
     streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisEventResponse},
 };
+use serde::Serialize;
 
 /// Kinesis Data Streams: the [`Source`] of a [`KinesisBatch`].
 #[derive(Debug, Clone, Copy)]
@@ -23,20 +24,23 @@ pub struct DynamoDbStream;
 /// returns the checkpoint in a [`KinesisEventResponse`] (enable
 /// `ReportBatchItemFailures` on the event source mapping).
 ///
-/// - **Order**: the records of a shard run one after another in sequence
-///   order. At the first record that does not complete (its handler failed,
-///   or it is in progress in another invocation) the shard stops, and the
-///   response names that record's sequence number: Lambda resumes the shard
-///   from it, so the records after it are not skipped and never run ahead
-///   of it. On that retry the records before it that completed replay
-///   instead of running again, and so do the ones after it that a
-///   concurrent delivery completed. Shards (a batch holds one; shard ids
-///   come from the `eventID`) may run side by side, up to
-///   [`concurrency`](Batch::concurrency).
+/// - **Order**: a batch is one shard, and its records run one after another
+///   in sequence order. At the first record that does not complete (its
+///   handler failed, or it is in progress in another invocation) the batch
+///   stops, and the response names that record and every one after it:
+///   Lambda resumes the shard from the lowest sequence number named, so the
+///   records after it are not skipped and never run ahead of it. On that
+///   retry the records before it that completed replay instead of running
+///   again, and so do the ones after it that a concurrent delivery
+///   completed.
 /// - **Key**: the record's `eventID` (`shardId-…:sequenceNumber`, the same
 ///   on every retry); a business key from the data catches a producer's
 ///   second `PutRecord`, which gets a new sequence number. **Fingerprint**:
-///   the record's data.
+///   the record's partition key and data, never its sequence number or
+///   `approximateArrivalTimestamp`, which a second `PutRecord` changes.
+/// - **Without `ReportBatchItemFailures`** on the event source mapping,
+///   Lambda ignores the response and checkpoints past the whole batch: the
+///   records named in it are skipped. Enable it.
 /// - **A record that keeps failing** stops its shard until the mapping's
 ///   `MaximumRetryAttempts` or `MaximumRecordAgeInSeconds` is reached; then
 ///   Lambda sends it to the on-failure destination and moves on. Set both,
@@ -60,7 +64,7 @@ pub struct DynamoDbStream;
 ///     let batch = KinesisBatch::new(Engine::builder(store).build(), "clicks-stream/counter");
 ///     lambda_runtime::run(service_fn(|event: LambdaEvent<KinesisEvent>| {
 ///         let batch = batch.clone();
-///         async move { Ok::<KinesisEventResponse, Error>(batch.process(event, record_click).await) }
+///         async move { Ok::<KinesisEventResponse, Error>(batch.process(event, record_click).await?) }
 ///     }))
 ///     .await
 /// }
@@ -71,15 +75,24 @@ pub type KinesisBatch<St> = Batch<Kinesis, St>;
 /// the checkpoint in a [`DynamoDbEventResponse`] (enable
 /// `ReportBatchItemFailures` on the event source mapping).
 ///
-/// - **Order**: the records run one after another in stream order (Lambda
-///   delivers one shard per batch). At the first record that does not
-///   complete the batch stops, and the response names that record's
-///   `SequenceNumber`: Lambda resumes the shard from it; on that retry the
-///   records that completed replay instead of running again.
+/// - **Order**: a batch is one shard (whatever `eventSourceARN` its records
+///   carry), and its records run one after another in stream order. At the
+///   first record that does not complete the batch stops, and the response
+///   names its `SequenceNumber` and every one after it: Lambda resumes the
+///   shard from the lowest; on that retry the records that completed replay
+///   instead of running again.
 /// - **Key**: the record's `eventID`, unique per stream record and the same
 ///   on every retry; a business key from the image (an order id) also
-///   catches the same change written twice. **Fingerprint**: the record's
-///   change (`dynamodb`: keys, images, sequence number).
+///   catches the same change delivered twice. **Fingerprint**: the change
+///   itself: `eventName`, `Keys`, `NewImage` and `OldImage`. Never the
+///   delivery's metadata (`eventID`, `SequenceNumber`,
+///   `ApproximateCreationDateTime`, `SizeBytes`), which differ between two
+///   stream records of the same change: a fingerprint over them would make
+///   the second one "key reused with another payload" on every retry, and
+///   stall the shard. Another change under the same business key (another
+///   image, or a `MODIFY` after the `INSERT`) is still refused as such.
+/// - **Without `ReportBatchItemFailures`** on the event source mapping,
+///   Lambda ignores the response and checkpoints past the whole batch.
 /// - **A record that keeps failing** stops the shard until the mapping's
 ///   `MaximumRetryAttempts` or `MaximumRecordAgeInSeconds` (a stream keeps
 ///   records 24 hours); set them with `BisectBatchOnFunctionError` and an
@@ -105,7 +118,7 @@ pub type KinesisBatch<St> = Batch<Kinesis, St>;
 ///     let batch = DynamoDbStreamBatch::new(Engine::builder(store).build(), "orders-stream/indexer");
 ///     lambda_runtime::run(service_fn(|event: LambdaEvent<Event>| {
 ///         let batch = batch.clone();
-///         async move { Ok::<DynamoDbEventResponse, Error>(batch.process(event, index_order).await) }
+///         async move { Ok::<DynamoDbEventResponse, Error>(batch.process(event, index_order).await?) }
 ///     }))
 ///     .await
 /// }
@@ -116,27 +129,22 @@ fn non_empty(value: &str) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
 }
 
+/// Lambda reads a stream batch from one shard: its records are one ordered
+/// group, whatever stream or shard each says it comes from (Powertools'
+/// DynamoDB Streams example holds records with two ARNs).
+const SHARD: &str = "shard";
+
 impl Source for Kinesis {
     type Event = KinesisEvent;
     type Record = KinesisEventRecord;
-    type Response = KinesisEventResponse;
+    type Output = KinesisEventResponse;
     const NAME: &'static str = "Kinesis";
     const DEFAULT_KEY: &'static str = "the eventID";
 
     fn deliveries(event: KinesisEvent) -> Vec<Delivery<KinesisEventRecord>> {
-        event
-            .records
-            .into_iter()
-            .map(|record| {
-                let stream = record.event_source_arn.clone().unwrap_or_default();
-                let shard = record
-                    .event_id
-                    .as_deref()
-                    .and_then(|id| id.split_once(':'))
-                    .map(|(shard, _)| shard.to_owned())
-                    .unwrap_or_default();
-                Delivery::in_order(format!("{stream}/{shard}"), record)
-            })
+        let records = event.records.into_iter();
+        records
+            .map(|record| Delivery::in_order(SHARD, record))
             .collect()
     }
 
@@ -149,34 +157,32 @@ impl Source for Kinesis {
     }
 
     fn default_fingerprint(record: &KinesisEventRecord) -> Result<Fingerprint, String> {
-        Ok(Fingerprint::of_bytes(&record.kinesis.data))
+        let partition_key = record.kinesis.partition_key.as_bytes();
+        Ok(Fingerprint::of_parts([partition_key, &record.kinesis.data]))
     }
 
-    fn respond(report: Report) -> KinesisEventResponse {
-        // The first failure of each shard only: Lambda resumes from the
-        // lowest sequence number reported, and an empty one makes it retry
-        // the whole batch, the only safe answer for a record it cannot name.
+    fn respond(report: Report) -> Result<KinesisEventResponse, BatchFailed> {
+        // Every record not done, the held-back ones too: Lambda resumes
+        // from the lowest sequence number named, and an empty one makes it
+        // retry the whole batch, the only safe answer for a record it
+        // cannot name.
         let mut response = KinesisEventResponse::default();
-        response.set_failures(report.failed());
-        response
+        response.set_failures(report.not_done());
+        Ok(response)
     }
 }
 
 impl Source for DynamoDbStream {
     type Event = DynamoDbEvent;
     type Record = DynamoDbRecord;
-    type Response = DynamoDbEventResponse;
+    type Output = DynamoDbEventResponse;
     const NAME: &'static str = "DynamoDB Streams";
     const DEFAULT_KEY: &'static str = "the eventID";
 
     fn deliveries(event: DynamoDbEvent) -> Vec<Delivery<DynamoDbRecord>> {
-        event
-            .records
-            .into_iter()
-            .map(|record| {
-                let stream = record.event_source_arn.clone().unwrap_or_default();
-                Delivery::in_order(stream, record)
-            })
+        let records = event.records.into_iter();
+        records
+            .map(|record| Delivery::in_order(SHARD, record))
             .collect()
     }
 
@@ -189,19 +195,32 @@ impl Source for DynamoDbStream {
     }
 
     fn default_fingerprint(record: &DynamoDbRecord) -> Result<Fingerprint, String> {
-        Fingerprint::of_json(&record.change).map_err(|error| error.to_string())
+        #[derive(Serialize)]
+        struct Change<'a, Item> {
+            event_name: &'a str,
+            keys: &'a Item,
+            new_image: &'a Item,
+            old_image: &'a Item,
+        }
+        let change = Change {
+            event_name: &record.event_name,
+            keys: &record.change.keys,
+            new_image: &record.change.new_image,
+            old_image: &record.change.old_image,
+        };
+        Fingerprint::of_json(&change).map_err(|error| error.to_string())
     }
 
-    fn respond(report: Report) -> DynamoDbEventResponse {
+    fn respond(report: Report) -> Result<DynamoDbEventResponse, BatchFailed> {
         let mut response = DynamoDbEventResponse::default();
         response.batch_item_failures = report
-            .failed()
+            .not_done()
             .map(|id| {
                 let mut failure = DynamoDbBatchItemFailure::default();
                 failure.item_identifier = Some(id);
                 failure
             })
             .collect();
-        response
+        Ok(response)
     }
 }
