@@ -93,6 +93,38 @@ async fn a_failed_event_is_released_and_runs_again() {
     assert_eq!(runs.load(Ordering::SeqCst), 2, "released, so it ran again");
 }
 
+/// Issue 21, item 9: an event whose handler panics releases its claim; the
+/// panic goes on to the runtime (which fails the invocation), and Lambda's
+/// async retry runs the event again at once instead of being told "in
+/// progress" until the dead invocation's lease passes.
+#[tokio::test]
+async fn a_panicking_event_releases_its_claim() {
+    use futures_util::FutureExt;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = Arc::clone(&runs);
+        service_fn(move |event: LambdaEvent<Order>| {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                assert!(run > 1, "the handler panicked on its first run");
+                Ok::<_, BoxError>(format!("invoice {run} for {}", event.payload.order_id))
+            }
+        })
+    };
+    let service = layer().layer(handler);
+    let panic = std::panic::AssertUnwindSafe(service.clone().oneshot(order("o-9", 10)))
+        .catch_unwind()
+        .await
+        .expect_err("the panic reaches the runtime");
+    assert!(crate::engine::panic_message(&*panic).contains("panicked on its first run"));
+    let retried = service
+        .clone()
+        .oneshot(order("o-9", 10))
+        .await
+        .expect("the retry runs at once");
+    assert_eq!(retried, "invoice 2 for o-9");
+}
+
 #[tokio::test]
 async fn events_without_a_key_are_refused_unless_optional() {
     let runs = Arc::new(AtomicUsize::new(0));
@@ -597,16 +629,17 @@ async fn a_panicking_record_fails_alone_and_the_records_beside_it_finish() {
     let response = sqs.process(event(), handler).await.expect("a response");
     assert_eq!(failed_ids(&response), ["m2"]);
     // The records beside it ran to the end and stored their results: the
-    // redelivery replays them. (Whether the panicking one runs again at
-    // once is the engine's part: it releases the claim of an operation
-    // that panicked.)
+    // redelivery replays them. The panicking one released its claim (item
+    // 9), so the redelivery runs it again at once, not "in progress" until
+    // the dead attempt's lease passes.
     runs.lock().unwrap().clear();
     let again = sqs.process(event(), handler).await.expect("a response");
     assert_eq!(failed_ids(&again), ["m2"]);
     let ran_again = runs.lock().unwrap().clone();
-    assert!(
-        ran_again.iter().all(|body| body.starts_with("panic")),
-        "{ran_again:?}"
+    assert_eq!(
+        ran_again,
+        ["panic-2"],
+        "only the panicking record runs again"
     );
 }
 
