@@ -621,6 +621,7 @@ pub async fn extensions_are_fenced<St: Store>(store: St) {
         owner: claim.owner.clone(),
         lease_until_ms,
         expiration_s: claim.expiration_s + 60,
+        now_ms: clock.now_ms(),
     };
     let later = a.lease_until_ms + 30_000;
     assert_eq!(

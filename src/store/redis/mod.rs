@@ -85,6 +85,16 @@ impl fmt::Debug for RedisStore {
     }
 }
 
+/// A script's text: the checks every script shares, then its own.
+macro_rules! script {
+    ($name:literal) => {
+        concat!(
+            include_str!("scripts/record.lua"),
+            include_str!(concat!("scripts/", $name, ".lua"))
+        )
+    };
+}
+
 impl RedisStore {
     /// A store on the server at `url`: `redis://host:port/db`, or
     /// `rediss://…` for TLS. `redis+cluster://host:port` (`rediss+cluster://`
@@ -183,12 +193,12 @@ impl RedisStore {
                 connection: SharedConnection::new(endpoint),
                 namespace,
                 scripts: Scripts {
-                    claim: Script::new(include_str!("scripts/claim.lua")),
-                    take_over: Script::new(include_str!("scripts/take_over.lua")),
-                    extend: Script::new(include_str!("scripts/extend.lua")),
-                    complete: Script::new(include_str!("scripts/complete.lua")),
-                    release: Script::new(include_str!("scripts/release.lua")),
-                    remove: Script::new(include_str!("scripts/remove.lua")),
+                    claim: Script::new(script!("claim")),
+                    take_over: Script::new(script!("take_over")),
+                    extend: Script::new(script!("extend")),
+                    complete: Script::new(script!("complete")),
+                    release: Script::new(script!("release")),
+                    remove: Script::new(script!("remove")),
                 },
             }),
         }
@@ -292,8 +302,44 @@ fn unexpected(operation: &str) -> StoreError {
     )
 }
 
-fn text(n: u64) -> Vec<u8> {
-    n.to_string().into_bytes()
+/// The largest integer a Lua number (a double) holds exactly: 2^53 − 1.
+/// The scripts compare and add numbers as doubles; above this, two
+/// different times could compare equal, or an expiry be off.
+const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// `n` as a script argument, or [`StoreErrorKind::Rejected`] (nothing is
+/// written) when the scripts cannot hold it exactly.
+fn exact(name: &str, n: u64) -> Result<Vec<u8>, StoreError> {
+    if n > MAX_EXACT {
+        return Err(StoreError::new(
+            StoreErrorKind::Rejected,
+            format!(
+                "Redis: {name} = {n} is beyond 2^53 - 1, the largest integer the store's \
+                 scripts hold exactly; nothing was written (is the retention or the lease \
+                 out of range?)"
+            ),
+        ));
+    }
+    Ok(n.to_string().into_bytes())
+}
+
+/// `expiration_s` as a script argument: the scripts expire the record at
+/// `(expiration_s + 1) * 1000` milliseconds, which must be exact too.
+fn expiration(expiration_s: u64) -> Result<Vec<u8>, StoreError> {
+    match expiration_s
+        .checked_add(1)
+        .and_then(|s| s.checked_mul(1000))
+    {
+        Some(expire_at_ms) if expire_at_ms <= MAX_EXACT => exact("expiration_s", expiration_s),
+        _ => Err(StoreError::new(
+            StoreErrorKind::Rejected,
+            format!(
+                "Redis: expiration_s = {expiration_s} is beyond what the store can expire \
+                 exactly (its expiry in milliseconds must stay below 2^53); nothing was \
+                 written (is the retention out of range?)"
+            ),
+        )),
+    }
 }
 
 impl Store for RedisStore {
@@ -304,15 +350,15 @@ impl Store for RedisStore {
             &self.inner.scripts.claim,
             &claim.id,
             &[
-                &text(claim.now_ms / 1000),
+                &exact("now_ms", claim.now_ms / 1000)?,
                 claim.id.as_str().as_bytes(),
                 claim.owner.as_str().as_bytes(),
                 claim.fingerprint.as_str().as_bytes(),
-                &text(claim.expiration_s),
-                &text(claim.lease_until_ms),
-                &text(claim.now_ms),
-                &text(u64::from(claim.attempt)),
-                &text(claim.first_started_ms),
+                &expiration(claim.expiration_s)?,
+                &exact("lease_until_ms", claim.lease_until_ms)?,
+                &exact("now_ms", claim.now_ms)?,
+                &exact("attempt", u64::from(claim.attempt))?,
+                &exact("first_started_ms", claim.first_started_ms)?,
             ],
             "claim",
         )
@@ -329,13 +375,13 @@ impl Store for RedisStore {
             &claim.id,
             &[
                 lapsed.as_str().as_bytes(),
-                &text(claim.now_ms),
+                &exact("now_ms", claim.now_ms)?,
                 claim.owner.as_str().as_bytes(),
                 claim.fingerprint.as_str().as_bytes(),
-                &text(claim.expiration_s),
-                &text(claim.lease_until_ms),
-                &text(u64::from(claim.attempt)),
-                &text(claim.first_started_ms),
+                &expiration(claim.expiration_s)?,
+                &exact("lease_until_ms", claim.lease_until_ms)?,
+                &exact("attempt", u64::from(claim.attempt))?,
+                &exact("first_started_ms", claim.first_started_ms)?,
             ],
             "take over",
         )
@@ -348,8 +394,9 @@ impl Store for RedisStore {
             &extension.id,
             &[
                 extension.owner.as_str().as_bytes(),
-                &text(extension.lease_until_ms),
-                &text(extension.expiration_s),
+                &exact("lease_until_ms", extension.lease_until_ms)?,
+                &expiration(extension.expiration_s)?,
+                &exact("now_ms", extension.now_ms)?,
             ],
             "extend",
         )
@@ -363,8 +410,8 @@ impl Store for RedisStore {
             &[
                 completion.owner.as_str().as_bytes(),
                 &completion.response,
-                &text(completion.expiration_s),
-                &text(completion.now_ms),
+                &expiration(completion.expiration_s)?,
+                &exact("now_ms", completion.now_ms)?,
             ],
             "complete",
         )
@@ -438,6 +485,18 @@ fn glob_escape(prefix: &str) -> String {
     escaped
 }
 
+/// A hash that is not a record, found by a read: what the scripts answer
+/// `NOTRECORD` for.
+fn not_a_record(why: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Misconfigured,
+        format!(
+            "Redis: the record's key holds a hash that is not an idempotency record ({why}); \
+             does another application write under this namespace? see RedisStore::namespace"
+        ),
+    )
+}
+
 /// Decodes `HGETALL` fields; no fields is no record. Never panics on what
 /// the server holds.
 fn decode(fields: &[Value]) -> Result<Option<Record>, StoreError> {
@@ -474,18 +533,39 @@ fn decode(fields: &[Value]) -> Result<Option<Record>, StoreError> {
             })
             .transpose()
     };
+    // The fields the scripts decide on: a hash where they are not what a
+    // record holds is someone else's data (as the scripts say, NOTRECORD),
+    // not a record of ours gone bad.
+    let status = map
+        .get("status")
+        .and_then(|bytes| std::str::from_utf8(bytes).ok())
+        .and_then(|text| text.parse::<Status>().ok())
+        .ok_or_else(|| not_a_record("its status is missing or unknown"))?;
+    if !map.contains_key("owner") {
+        return Err(not_a_record("it has no owner"));
+    }
+    let script_number = |name: &str| -> Result<Option<u64>, StoreError> {
+        map.get(name)
+            .map(|bytes| {
+                std::str::from_utf8(bytes)
+                    .ok()
+                    .filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|text| text.parse::<u64>().ok())
+                    .filter(|n| *n <= MAX_EXACT)
+                    .ok_or_else(|| not_a_record(&format!("its {name} is not a number")))
+            })
+            .transpose()
+    };
+    let expiration_s =
+        script_number("expiration_s")?.ok_or_else(|| not_a_record("it has no expiration_s"))?;
+    let lease_until_ms = script_number("lease_until_ms")?;
     let id = string("id")?;
-    let status = string("status")?;
-    let status = status
-        .parse::<Status>()
-        .map_err(|_| StoreError::corrupt(format!("record {id}: unknown status {status:?}")))?;
     let record = Record {
         status,
         owner: OwnerToken::from_stored(string("owner")?),
         fingerprint: Fingerprint::from_stored(string("fingerprint")?),
-        expiration_s: number("expiration_s")?
-            .ok_or_else(|| StoreError::corrupt(format!("record {id}: no expiration")))?,
-        lease_until_ms: number("lease_until_ms")?,
+        expiration_s,
+        lease_until_ms,
         response: map.get("response").cloned(),
         created_at_ms: number("created_at_ms")?,
         completed_at_ms: number("completed_at_ms")?,
