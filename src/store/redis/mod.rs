@@ -44,6 +44,9 @@
 
 mod connection;
 mod errors;
+mod eviction;
+
+pub use eviction::{NodeReport, ServerReport};
 
 use super::{
     Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
@@ -163,7 +166,7 @@ impl RedisStore {
                     )
                     .with_source(error)
                 })?;
-                Ok(Self::with(Endpoint::Server(client), String::new()))
+                Ok(Self::with(Endpoint::Server(client), String::new(), false))
             }
             "redis+cluster" | "rediss+cluster" => {
                 let node = format!("{}://{rest}", scheme.trim_end_matches("+cluster"));
@@ -184,13 +187,51 @@ impl RedisStore {
     /// meeting each other's records.
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
-        Self::with(self.inner.connection.endpoint().clone(), namespace.into())
+        Self::with(
+            self.inner.connection.endpoint().clone(),
+            namespace.into(),
+            self.inner.connection.eviction().allow_eviction(),
+        )
     }
 
-    fn with(endpoint: Endpoint, namespace: String) -> Self {
+    /// Accepts a server that evicts keys under memory pressure (a
+    /// `maxmemory-policy` other than `noeviction`, with a `maxmemory`),
+    /// which the store otherwise refuses: every call fails as
+    /// [`Misconfigured`](StoreErrorKind::Misconfigured).
+    ///
+    /// Every record has a TTL, so `volatile-*` policies (ElastiCache's
+    /// default parameter group is `volatile-lru`) evict records as readily
+    /// as `allkeys-*`: **a completed key whose record is evicted runs
+    /// again**, and an evicted claim lets a duplicate run concurrently.
+    /// With this, the store logs a warning once, and
+    /// [`server_report`](RedisStore::server_report) counts the evictions.
+    #[must_use]
+    pub fn allow_eviction(self) -> Self {
+        Self::with(
+            self.inner.connection.endpoint().clone(),
+            self.inner.namespace.clone(),
+            true,
+        )
+    }
+
+    /// The server's eviction settings (`maxmemory_policy`, `maxmemory`) and
+    /// the keys it has evicted (`evicted_keys`), from `INFO`: one server,
+    /// or every primary of a cluster. Logs a warning when the count grew
+    /// since the last report (or since the connection's check). For an
+    /// operator's scheduled check, or a metric of your own: each evicted
+    /// record is a key that runs again. It answers for a server the store
+    /// refuses too, so that an operator can see why.
+    pub async fn server_report(&self) -> Result<ServerReport, StoreError> {
+        let mut leased = self.inner.connection.connection().await?;
+        let report = eviction::report(&mut leased.connection).await?;
+        self.inner.connection.eviction().seen(&report);
+        Ok(report)
+    }
+
+    fn with(endpoint: Endpoint, namespace: String, allow_eviction: bool) -> Self {
         Self {
             inner: Arc::new(Inner {
-                connection: SharedConnection::new(endpoint),
+                connection: SharedConnection::new(endpoint, allow_eviction),
                 namespace,
                 scripts: Scripts {
                     claim: Script::new(script!("claim")),
@@ -286,7 +327,11 @@ fn cluster(
         )
         .with_source(error)
     })?;
-    Ok(RedisStore::with(Endpoint::Cluster(client), String::new()))
+    Ok(RedisStore::with(
+        Endpoint::Cluster(client),
+        String::new(),
+        false,
+    ))
 }
 
 impl RedisStore {
