@@ -879,3 +879,33 @@ async fn a_cluster_whose_primary_evicts_is_refused() {
     assert!(report.nodes[0].node.is_some(), "named by address");
     assert!(report.evicts());
 }
+
+/// An ACL user without `INFO` (a locked-down ElastiCache user): the policy
+/// cannot be read, the store warns once and works.
+#[tokio::test]
+async fn a_server_that_refuses_info_is_used_unchecked() {
+    let server = own_server(&["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]);
+    let admin = format!("redis://127.0.0.1:{}", server.port);
+    let mut connection = redis::Client::open(admin.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">secret", "~*", "+@all", "-info"][..])
+        .query_async(&mut connection)
+        .await
+        .expect("acl");
+    let url = format!("redis://app:secret@127.0.0.1:{}", server.port);
+    let engine = Engine::builder(RedisStore::open(&url).expect("url")).build();
+    let attempt = Attempt::new("t", "k", payload(1));
+    let first = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+        .await
+        .expect("works unchecked");
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
+        .await
+        .expect("works unchecked");
+    assert_eq!((*first.value(), replay.is_replay()), (1, true));
+}
