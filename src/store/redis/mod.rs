@@ -6,17 +6,60 @@
 //! each one script, loaded once and called by its SHA (`EVALSHA`, with
 //! `EVAL` when the server lost it), with the same conditions as the
 //! DynamoDB store; a refused write returns the record found in the same
-//! round trip. Expiry is Redis's own: every write sets `PEXPIREAT` to the
-//! end of the record's `expiration_s`, and every condition compares
-//! `expiration_s` itself too.
+//! round trip. Expiry is Redis's own: every write sets the record's TTL
+//! (`PEXPIRE`) to the end of its `expiration_s` counted from the engine's
+//! `now`, so that an offset between the function's clock and the server's
+//! neither deletes a record at once nor keeps it too long; every condition
+//! compares `expiration_s` itself too.
+//!
+//! Each script checks its arguments and the fields it reads before its
+//! first write, and computes the TTL before it too: a script that refuses
+//! has written nothing, and no record is ever left without a TTL. Lua
+//! numbers are doubles, so a number above 2^53 − 1 (or an `expiration_s`
+//! whose expiry in milliseconds is) is refused as
+//! [`Rejected`](StoreErrorKind::Rejected) before the call.
 //!
 //! Unlike Powertools' Redis layer, completion and release are fenced on the
 //! claim's owner token, so a zombie cannot touch its successor's record.
 //!
 //! A key of the namespace that holds anything but a record (a string, a
-//! list, a hash without a record's fields: another application writing
-//! under the same names) is never claimed, overwritten or replayed: calls
-//! on it fail with [`StoreErrorKind::Misconfigured`], which says so.
+//! list, a hash without a record's fields, or whose `status`,
+//! `expiration_s` or `lease_until_ms` is not what a record holds: another
+//! application writing under the same names) is never claimed, overwritten,
+//! deleted or replayed: every script and both reads fail on it with
+//! [`StoreErrorKind::Misconfigured`], which says so, and fail-open does not
+//! run the operation.
+//!
+//! # Eviction
+//!
+//! Every record has a TTL, so a server with a `maxmemory` and any
+//! `maxmemory-policy` but `noeviction` (`volatile-lru` is ElastiCache's
+//! default) may evict records it acknowledged, and their keys run again.
+//! On each new connection (and after a dropped one) the store reads `INFO`
+//! from the server, or every primary of a cluster, and refuses such a
+//! server: every call fails as `Misconfigured`, naming the policy and the
+//! fix, unless [`RedisStore::allow_eviction`] accepts it (with a warning).
+//! [`RedisStore::server_report`] returns each node's policy and
+//! `evicted_keys`. `INFO` refused by an ACL, or without the policy: a
+//! warning, once, and the store goes on.
+//!
+//! # Errors
+//!
+//! | Redis error or condition | kind | why |
+//! |---|---|---|
+//! | I/O error, connection refused or dropped, timeout | `Unavailable` | an outage |
+//! | `LOADING`, `READONLY` (a demoted primary), `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN` | `Unavailable` | a node restarting or failing over, a cluster resharding or losing a slot's primary |
+//! | `MOVED`, `ASK` still there after the cluster client's retries | `Unavailable` | slots moving (a storm of redirections) |
+//! | `BUSY` | `Unavailable` | a script of someone else's runs past `lua-time-limit` |
+//! | `OOM` | `Throttled` | full under `noeviction`: refused before any write |
+//! | a server that evicts keys (policy read at connection) | `Misconfigured` | evicted records run again; see above |
+//! | `NOAUTH`, `WRONGPASS`, authentication failed, `NOPERM` | `Misconfigured` | credentials or ACL |
+//! | `NOSCRIPT` still there after the client loaded the script, `CROSSSLOT` | `Misconfigured` | a setup where scripts cannot be loaded; one key per script |
+//! | `WRONGTYPE`, `NOTRECORD` (a script), a hash that is not a record (a read) | `Misconfigured` | someone else's data in the namespace |
+//! | any other runtime error of the store's own scripts (`ERR … user_script …`) | `Misconfigured` | what they were handed or found; never retried, never unprotected |
+//! | a number above 2^53 − 1, an expiry beyond it (`REJECTED` from a script) | `Rejected` | refused before any write |
+//! | a record with a missing or undecodable field the scripts do not read (`response`, `fingerprint`, `id`, …) | `CorruptRecord` | never replayed |
+//! | a reply of an unexpected shape, anything else | `Other` | fails closed |
 //!
 //! # Redis Cluster
 //!
