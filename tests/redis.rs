@@ -5,12 +5,21 @@
 //! Needs `IDEMPOTENCY_TEST_REDIS_URL`; `make test` starts a server
 //! (`scripts/with-redis`) and provides it.
 
+#[path = "support/redis_edges.rs"]
+mod redis_edges;
+
 use lambda_idempotency::{
     store::redis::RedisStore,
-    testing::scenarios::{payload, Declined},
-    Attempt, Engine, ErrorKind,
+    testing::{
+        scenarios::{payload, Declined},
+        ManualClock,
+    },
+    Attempt, Clock, Engine, ErrorKind, StoreErrorKind, SystemClock,
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::{
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
 fn url() -> String {
     std::env::var("IDEMPOTENCY_TEST_REDIS_URL").unwrap_or_else(|_| {
@@ -52,34 +61,52 @@ lambda_idempotency::store_conformance! {
     },
 }
 
+/// Redis deletes a record by itself, `retention` (and the second that
+/// `expiration_s` rounds up to) after the engine's now, on its own clock:
+/// an engine clock two days behind the server's or ahead of it changes
+/// nothing (an absolute `PEXPIREAT` deleted the record at once, or kept it
+/// two days too long).
 #[tokio::test]
-async fn records_expire_in_redis_itself() {
-    let namespace = namespace();
-    let store = RedisStore::open(&url()).expect("url").namespace(&namespace);
-    let engine = Engine::builder(store).key_prefix("ttl").build();
-    engine
-        .execute(&Attempt::new("t", "k", payload(1)), || async {
-            Ok::<_, Declined>(1u8)
-        })
-        .await
-        .expect("completed");
-    let key = format!("{namespace}{}", engine.record_id("t", "k"));
-    let mut connection = raw().await;
-    let expire_at_ms: i64 = redis::cmd("PEXPIRETIME")
-        .arg(&key)
-        .query_async(&mut connection)
-        .await
-        .expect("pexpiretime");
-    let record = engine
-        .inspect("t", "k")
-        .await
-        .expect("read")
-        .expect("stored");
-    assert_eq!(
-        expire_at_ms,
-        ((record.expiration_s + 1) * 1000) as i64,
-        "Redis deletes it when it expires"
-    );
+async fn records_expire_in_redis_itself_relative_to_the_engines_now() {
+    let day_ms = 24 * 3600 * 1000;
+    for (what, offset_ms) in [
+        ("in step", 0i64),
+        ("two days behind", -2 * day_ms),
+        ("two days ahead", 2 * day_ms),
+    ] {
+        let namespace = namespace();
+        let store = RedisStore::open(&url()).expect("url").namespace(&namespace);
+        let clock = ManualClock::new(SystemClock.now_ms().saturating_add_signed(offset_ms));
+        let engine = Engine::builder(store)
+            .key_prefix("ttl")
+            .clock(clock)
+            .retention(Duration::from_secs(3600))
+            .build();
+        engine
+            .execute(&Attempt::new("t", "k", payload(1)), || async {
+                Ok::<_, Declined>(1u8)
+            })
+            .await
+            .expect("completed");
+        let key = format!("{namespace}{}", engine.record_id("t", "k"));
+        let mut connection = raw().await;
+        let ttl_ms: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .expect("pttl");
+        assert!(
+            (3_595_000..=3_601_000).contains(&ttl_ms),
+            "{what}: Redis keeps the record for the retention, not {ttl_ms} ms"
+        );
+        let replay = engine
+            .execute(&Attempt::new("t", "k", payload(1)), || async {
+                Ok::<_, Declined>(2u8)
+            })
+            .await
+            .expect("replayed");
+        assert_eq!((*replay.value(), replay.is_replay()), (1, true), "{what}");
+    }
 }
 
 #[tokio::test]
@@ -311,4 +338,288 @@ async fn a_key_holding_something_else_is_an_error_and_is_left_alone() {
             "{what}: {read_error}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_hash_with_a_field_no_record_holds_is_misconfigured_for_every_script() {
+    redis_edges::a_hash_with_a_field_no_record_holds_is_misconfigured_for_every_script(
+        &url(),
+        namespace,
+        &mut raw().await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn numbers_beyond_the_scripts_are_rejected_before_any_write() {
+    redis_edges::numbers_beyond_the_scripts_are_rejected_before_any_write(
+        &url(),
+        &namespace(),
+        &mut raw().await,
+    )
+    .await;
+}
+
+/// A redis-server of the test's own on a free port of 127.0.0.1, nothing
+/// persisted, with `args` (a configuration the shared server must not
+/// get); stopped on drop.
+struct OwnServer {
+    child: std::process::Child,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn own_server(args: &[&str]) -> OwnServer {
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!(
+        "redis-own-{}-{}",
+        std::process::id(),
+        NAMESPACES.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = TempDir(dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("its address")
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(args)
+        .current_dir(&dir.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    OwnServer {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+/// A response of about 16 KiB, so that a few hundred fill 4 MB.
+fn bulky(n: u64) -> String {
+    format!("{n:0>16384}")
+}
+
+/// `maxmemory 4mb` with `maxmemory-policy volatile-lru` (ElastiCache's
+/// default): every record has a TTL, so the server evicts completed
+/// records and their keys run again. The store refuses such a server
+/// (Misconfigured, naming the policy and the fix; nothing runs, even with
+/// fail-open); with `allow_eviction()` it works, keys do run again, and
+/// `server_report` counts the evictions.
+#[tokio::test]
+async fn a_server_that_evicts_is_refused_unless_allowed() {
+    let server = own_server(&["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+
+    let refused = Engine::builder(RedisStore::open(&url).expect("url"))
+        .fail_open(true)
+        .build();
+    let runs = AtomicUsize::new(0);
+    let result = refused
+        .execute(&Attempt::new("t", "k", payload(1)), || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Declined>(1u8)
+        })
+        .await;
+    match result {
+        Err(lambda_idempotency::Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+            let message = error.to_string();
+            for needle in [
+                "volatile-lru",
+                "maxmemory-policy noeviction",
+                "allow_eviction",
+            ] {
+                assert!(message.contains(needle), "{needle}: {message}");
+            }
+        }
+        other => panic!("a server that evicts is refused: {other:?}"),
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "nothing runs, even with fail-open"
+    );
+
+    // Accepted: records are evicted, their keys run again, and the report
+    // says so.
+    let store = RedisStore::open(&url).expect("url").allow_eviction();
+    let engine = Engine::builder(store.clone()).build();
+    let keys = 400u64;
+    for n in 0..keys {
+        engine
+            .execute(&Attempt::new("t", &format!("k{n}"), payload(n)), || async {
+                Ok::<_, Declined>(bulky(n))
+            })
+            .await
+            .expect("accepted");
+    }
+    let mut ran_again = 0;
+    for n in 0..keys {
+        let outcome = engine
+            .execute(&Attempt::new("t", &format!("k{n}"), payload(n)), || async {
+                Ok::<_, Declined>(bulky(n))
+            })
+            .await
+            .expect("accepted");
+        if !outcome.is_replay() {
+            ran_again += 1;
+        }
+    }
+    assert!(ran_again > 0, "evicted completed keys run again");
+    let report = store.server_report().await.expect("report");
+    assert_eq!(report.nodes.len(), 1);
+    assert_eq!(
+        report.nodes[0].maxmemory_policy.as_deref(),
+        Some("volatile-lru")
+    );
+    assert!(report.evicts());
+    assert!(
+        report.evicted_keys() >= ran_again,
+        "{} evicted, {ran_again} ran again",
+        report.evicted_keys()
+    );
+}
+
+/// Under `noeviction` a full server refuses writes (OOM): an outage of
+/// capacity, `Throttled`, with nothing written.
+#[tokio::test]
+async fn a_full_server_under_noeviction_is_throttled() {
+    let server = own_server(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let engine = Engine::builder(RedisStore::open(&url).expect("url")).build();
+    let mut full = None;
+    for n in 0..1000u64 {
+        match engine
+            .execute(&Attempt::new("t", &format!("k{n}"), payload(n)), || async {
+                Ok::<_, Declined>(bulky(n))
+            })
+            .await
+        {
+            Ok(_) => {}
+            Err(lambda_idempotency::Error::Store(error)) => {
+                full = Some((n, error));
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    let (n, error) = full.expect("4 MB fill up");
+    assert_eq!(error.kind(), StoreErrorKind::Throttled, "{error}");
+    assert!(error.kind().is_outage());
+    let key = engine.record_id("t", &format!("k{n}")).to_string();
+    let mut connection = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut connection)
+        .await
+        .expect("exists");
+    assert_eq!(exists, 0, "the refused claim left nothing");
+}
+
+/// A cluster whose primary evicts is refused the same way: the policy is
+/// read from every primary (a one-node cluster of the test's own, so the
+/// shared cluster keeps its configuration).
+#[tokio::test]
+async fn a_cluster_whose_primary_evicts_is_refused() {
+    let server = own_server(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--maxmemory",
+        "4mb",
+        "--maxmemory-policy",
+        "allkeys-lru",
+    ]);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let mut connection = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query_async(&mut connection)
+        .await
+        .expect("slots");
+    for _ in 0..100 {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut connection)
+            .await
+            .expect("cluster info");
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store =
+        RedisStore::open(&format!("redis+cluster://127.0.0.1:{}", server.port)).expect("url");
+    let engine = Engine::builder(store.clone()).build();
+    let error = engine
+        .execute(&Attempt::new("t", "k", payload(1)), || async {
+            Ok::<_, Declined>(1u8)
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(error.kind(), ErrorKind::StoreFailed, "{error}");
+    assert!(error.to_string().contains("allkeys-lru"), "{error}");
+    let report = store.server_report().await.expect("report");
+    assert_eq!(report.nodes.len(), 1, "{report:?}");
+    assert!(report.nodes[0].node.is_some(), "named by address");
+    assert!(report.evicts());
+}
+
+/// An ACL user without `INFO` (a locked-down ElastiCache user): the policy
+/// cannot be read, the store warns once and works.
+#[tokio::test]
+async fn a_server_that_refuses_info_is_used_unchecked() {
+    let server = own_server(&["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]);
+    let admin = format!("redis://127.0.0.1:{}", server.port);
+    let mut connection = redis::Client::open(admin.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">secret", "~*", "+@all", "-info"][..])
+        .query_async(&mut connection)
+        .await
+        .expect("acl");
+    let url = format!("redis://app:secret@127.0.0.1:{}", server.port);
+    let engine = Engine::builder(RedisStore::open(&url).expect("url")).build();
+    let attempt = Attempt::new("t", "k", payload(1));
+    let first = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+        .await
+        .expect("works unchecked");
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
+        .await
+        .expect("works unchecked");
+    assert_eq!((*first.value(), replay.is_replay()), (1, true));
 }

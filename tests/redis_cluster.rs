@@ -6,6 +6,9 @@
 //! failover race is in `redis_cluster_reshard.rs`, a binary of its own, so
 //! that it never moves slots under these tests.
 
+#[path = "support/redis_edges.rs"]
+mod redis_edges;
+
 use lambda_idempotency::{
     store::redis::RedisStore,
     testing::scenarios::{payload, Declined},
@@ -115,4 +118,40 @@ fn bad_urls_are_refused_at_start_up() {
         Err(error) => assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}"),
         Ok(_) => panic!("a cluster without nodes is refused"),
     }
+}
+
+/// A raw connection to the cluster, to plant and read keys on whichever
+/// node owns their slot.
+async fn raw() -> redis::cluster_async::ClusterConnection {
+    let nodes = std::env::var("IDEMPOTENCY_TEST_REDIS_CLUSTER_NODES").expect("nodes");
+    redis::cluster::ClusterClient::new(
+        nodes
+            .split_whitespace()
+            .map(|node| format!("redis://{node}"))
+            .collect::<Vec<_>>(),
+    )
+    .expect("nodes")
+    .get_async_connection()
+    .await
+    .expect("connect")
+}
+
+#[tokio::test]
+async fn a_hash_with_a_field_no_record_holds_is_misconfigured_for_every_script() {
+    redis_edges::a_hash_with_a_field_no_record_holds_is_misconfigured_for_every_script(
+        &cluster_url(),
+        namespace,
+        &mut raw().await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn numbers_beyond_the_scripts_are_rejected_before_any_write() {
+    redis_edges::numbers_beyond_the_scripts_are_rejected_before_any_write(
+        &cluster_url(),
+        &namespace(),
+        &mut raw().await,
+    )
+    .await;
 }

@@ -209,6 +209,7 @@ impl Held {
             owner: self.owner.clone(),
             lease_until_ms: until_ms,
             expiration_s,
+            now_ms,
         };
         match self
             .extender

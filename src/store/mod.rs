@@ -122,6 +122,8 @@ pub struct Extension {
     pub lease_until_ms: u64,
     /// The record's expiration, epoch seconds, pushed past the new lease.
     pub expiration_s: u64,
+    /// The current time, epoch milliseconds.
+    pub now_ms: u64,
 }
 
 /// Which records [`Store::remove`] may delete.

@@ -31,6 +31,7 @@ macro_rules! store_conformance {
             zombie_cannot_touch_its_successor,
             own_landed_writes_are_recognised,
             expired_completed_record_is_absent,
+            clock_offsets_change_nothing,
             a_refused_write_reports_what_it_found,
             extensions_are_fenced,
             a_takeover_is_told_it_may_follow_an_attempt_that_acted,

@@ -621,6 +621,7 @@ pub async fn extensions_are_fenced<St: Store>(store: St) {
         owner: claim.owner.clone(),
         lease_until_ms,
         expiration_s: claim.expiration_s + 60,
+        now_ms: clock.now_ms(),
     };
     let later = a.lease_until_ms + 30_000;
     assert_eq!(
@@ -917,6 +918,95 @@ pub async fn expired_completed_record_is_absent<St: Store>(store: St) {
         .await
         .expect("new payload after expiry");
     assert_eq!(other.kind(), OutcomeKind::Fresh);
+}
+
+/// The engine's clock far from the store's: two days behind it, then two
+/// days ahead, with a retention of one hour. A claim, its completion, a
+/// replay, and a duplicate that finds the claim in progress all behave as
+/// with clocks in step, and the records are still stored and replay
+/// afterwards: a store counts its own expiry from the `now` it is handed,
+/// never from its clock (an absolute expiry on the store's clock would
+/// delete a record at once when the engine is behind).
+pub async fn clock_offsets_change_nothing<St: Store>(store: St) {
+    let day_ms = 24 * 3600 * 1000;
+    let real_now = crate::SystemClock.now_ms();
+    let clock = ManualClock::new(real_now);
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .retention(Duration::from_secs(3600))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    for (what, now_ms) in [
+        ("two days behind", real_now - 2 * day_ms),
+        ("two days ahead", real_now + 2 * day_ms),
+    ] {
+        clock.set(now_ms);
+        let before = runs.load(Ordering::SeqCst);
+        let attempt = Attempt::new("offset", what, payload(1));
+        let first = engine
+            .execute(&attempt, charge(&runs, 1))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: first call: {e}"));
+        assert_eq!(first.kind(), OutcomeKind::Fresh, "{what}");
+        let replay = engine
+            .execute(&attempt, charge(&runs, 1))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: replay: {e}"));
+        assert_eq!(replay.kind(), OutcomeKind::Replay, "{what}: a replay");
+        assert_eq!(replay.value(), first.value(), "{what}");
+
+        // A duplicate while the first call runs: in progress.
+        let running_key = format!("{what}, running");
+        let running = Attempt::new("offset", &running_key, payload(2));
+        let (started_tx, started_rx) = oneshot::channel::<()>();
+        let (finish_tx, finish_rx) = oneshot::channel::<()>();
+        let (long, duplicate) = tokio::join!(
+            engine.execute(&running, || async {
+                let _ = started_tx.send(());
+                let _ = finish_rx.await;
+                Ok::<_, Declined>(Charge {
+                    id: "ch_running".into(),
+                    amount: 2,
+                })
+            }),
+            async {
+                let _ = started_rx.await;
+                let duplicate = engine.execute(&running, charge(&runs, 2)).await;
+                let _ = finish_tx.send(());
+                duplicate
+            },
+        );
+        assert!(
+            matches!(duplicate, Err(Error::InProgress { .. })),
+            "{what}: the duplicate finds the claim in progress: {duplicate:?}"
+        );
+        let long = long.unwrap_or_else(|e| panic!("{what}: the running call: {e}"));
+        assert_eq!(long.kind(), OutcomeKind::Fresh, "{what}");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            before + 1,
+            "{what}: one run of the first key, none of the duplicate"
+        );
+
+        // Both records are still there, and replay.
+        for (key, amount) in [(what, 1), (running_key.as_str(), 2)] {
+            let record = engine
+                .inspect("offset", key)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: read {key}: {e}"))
+                .unwrap_or_else(|| panic!("{what}: the record of {key:?} is gone"));
+            assert_eq!(record.status, Status::Completed, "{what}: {key}");
+            let again = engine
+                .execute(
+                    &Attempt::new("offset", key, payload(amount)),
+                    charge(&runs, amount),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{what}: replay {key}: {e}"));
+            assert_eq!(again.kind(), OutcomeKind::Replay, "{what}: {key} replays");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), before + 1, "{what}");
+    }
 }
 
 /// A store failure at claim time: the operation does not run. `store`

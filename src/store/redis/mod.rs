@@ -6,17 +6,60 @@
 //! each one script, loaded once and called by its SHA (`EVALSHA`, with
 //! `EVAL` when the server lost it), with the same conditions as the
 //! DynamoDB store; a refused write returns the record found in the same
-//! round trip. Expiry is Redis's own: every write sets `PEXPIREAT` to the
-//! end of the record's `expiration_s`, and every condition compares
-//! `expiration_s` itself too.
+//! round trip. Expiry is Redis's own: every write sets the record's TTL
+//! (`PEXPIRE`) to the end of its `expiration_s` counted from the engine's
+//! `now`, so that an offset between the function's clock and the server's
+//! neither deletes a record at once nor keeps it too long; every condition
+//! compares `expiration_s` itself too.
+//!
+//! Each script checks its arguments and the fields it reads before its
+//! first write, and computes the TTL before it too: a script that refuses
+//! has written nothing, and no record is ever left without a TTL. Lua
+//! numbers are doubles, so a number above 2^53 − 1 (or an `expiration_s`
+//! whose expiry in milliseconds is) is refused as
+//! [`Rejected`](StoreErrorKind::Rejected) before the call.
 //!
 //! Unlike Powertools' Redis layer, completion and release are fenced on the
 //! claim's owner token, so a zombie cannot touch its successor's record.
 //!
 //! A key of the namespace that holds anything but a record (a string, a
-//! list, a hash without a record's fields: another application writing
-//! under the same names) is never claimed, overwritten or replayed: calls
-//! on it fail with [`StoreErrorKind::Misconfigured`], which says so.
+//! list, a hash without a record's fields, or whose `status`,
+//! `expiration_s` or `lease_until_ms` is not what a record holds: another
+//! application writing under the same names) is never claimed, overwritten,
+//! deleted or replayed: every script and both reads fail on it with
+//! [`StoreErrorKind::Misconfigured`], which says so, and fail-open does not
+//! run the operation.
+//!
+//! # Eviction
+//!
+//! Every record has a TTL, so a server with a `maxmemory` and any
+//! `maxmemory-policy` but `noeviction` (`volatile-lru` is ElastiCache's
+//! default) may evict records it acknowledged, and their keys run again.
+//! On each new connection (and after a dropped one) the store reads `INFO`
+//! from the server, or every primary of a cluster, and refuses such a
+//! server: every call fails as `Misconfigured`, naming the policy and the
+//! fix, unless [`RedisStore::allow_eviction`] accepts it (with a warning).
+//! [`RedisStore::server_report`] returns each node's policy and
+//! `evicted_keys`. `INFO` refused by an ACL, or without the policy: a
+//! warning, once, and the store goes on.
+//!
+//! # Errors
+//!
+//! | Redis error or condition | kind | why |
+//! |---|---|---|
+//! | I/O error, connection refused or dropped, timeout | `Unavailable` | an outage |
+//! | `LOADING`, `READONLY` (a demoted primary), `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN` | `Unavailable` | a node restarting or failing over, a cluster resharding or losing a slot's primary |
+//! | `MOVED`, `ASK` still there after the cluster client's retries | `Unavailable` | slots moving (a storm of redirections) |
+//! | `BUSY` | `Unavailable` | a script of someone else's runs past `lua-time-limit` |
+//! | `OOM` | `Throttled` | full under `noeviction`: refused before any write |
+//! | a server that evicts keys (policy read at connection) | `Misconfigured` | evicted records run again; see above |
+//! | `NOAUTH`, `WRONGPASS`, authentication failed, `NOPERM` | `Misconfigured` | credentials or ACL |
+//! | `NOSCRIPT` still there after the client loaded the script, `CROSSSLOT` | `Misconfigured` | a setup where scripts cannot be loaded; one key per script |
+//! | `WRONGTYPE`, `NOTRECORD` (a script), a hash that is not a record (a read) | `Misconfigured` | someone else's data in the namespace |
+//! | any other runtime error of the store's own scripts (`ERR … user_script …`) | `Misconfigured` | what they were handed or found; never retried, never unprotected |
+//! | a number above 2^53 − 1, an expiry beyond it (`REJECTED` from a script) | `Rejected` | refused before any write |
+//! | a record with a missing or undecodable field the scripts do not read (`response`, `fingerprint`, `id`, …) | `CorruptRecord` | never replayed |
+//! | a reply of an unexpected shape, anything else | `Other` | fails closed |
 //!
 //! # Redis Cluster
 //!
@@ -44,6 +87,9 @@
 
 mod connection;
 mod errors;
+mod eviction;
+
+pub use eviction::{NodeReport, ServerReport};
 
 use super::{
     Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
@@ -83,6 +129,16 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore").finish_non_exhaustive()
     }
+}
+
+/// A script's text: the checks every script shares, then its own.
+macro_rules! script {
+    ($name:literal) => {
+        concat!(
+            include_str!("scripts/record.lua"),
+            include_str!(concat!("scripts/", $name, ".lua"))
+        )
+    };
 }
 
 impl RedisStore {
@@ -153,7 +209,7 @@ impl RedisStore {
                     )
                     .with_source(error)
                 })?;
-                Ok(Self::with(Endpoint::Server(client), String::new()))
+                Ok(Self::with(Endpoint::Server(client), String::new(), false))
             }
             "redis+cluster" | "rediss+cluster" => {
                 let node = format!("{}://{rest}", scheme.trim_end_matches("+cluster"));
@@ -174,21 +230,59 @@ impl RedisStore {
     /// meeting each other's records.
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
-        Self::with(self.inner.connection.endpoint().clone(), namespace.into())
+        Self::with(
+            self.inner.connection.endpoint().clone(),
+            namespace.into(),
+            self.inner.connection.eviction().allow_eviction(),
+        )
     }
 
-    fn with(endpoint: Endpoint, namespace: String) -> Self {
+    /// Accepts a server that evicts keys under memory pressure (a
+    /// `maxmemory-policy` other than `noeviction`, with a `maxmemory`),
+    /// which the store otherwise refuses: every call fails as
+    /// [`Misconfigured`](StoreErrorKind::Misconfigured).
+    ///
+    /// Every record has a TTL, so `volatile-*` policies (ElastiCache's
+    /// default parameter group is `volatile-lru`) evict records as readily
+    /// as `allkeys-*`: **a completed key whose record is evicted runs
+    /// again**, and an evicted claim lets a duplicate run concurrently.
+    /// With this, the store logs a warning once, and
+    /// [`server_report`](RedisStore::server_report) counts the evictions.
+    #[must_use]
+    pub fn allow_eviction(self) -> Self {
+        Self::with(
+            self.inner.connection.endpoint().clone(),
+            self.inner.namespace.clone(),
+            true,
+        )
+    }
+
+    /// The server's eviction settings (`maxmemory_policy`, `maxmemory`) and
+    /// the keys it has evicted (`evicted_keys`), from `INFO`: one server,
+    /// or every primary of a cluster. Logs a warning when the count grew
+    /// since the last report (or since the connection's check). For an
+    /// operator's scheduled check, or a metric of your own: each evicted
+    /// record is a key that runs again. It answers for a server the store
+    /// refuses too, so that an operator can see why.
+    pub async fn server_report(&self) -> Result<ServerReport, StoreError> {
+        let mut leased = self.inner.connection.connection().await?;
+        let report = eviction::report(&mut leased.connection).await?;
+        self.inner.connection.eviction().seen(&report);
+        Ok(report)
+    }
+
+    fn with(endpoint: Endpoint, namespace: String, allow_eviction: bool) -> Self {
         Self {
             inner: Arc::new(Inner {
-                connection: SharedConnection::new(endpoint),
+                connection: SharedConnection::new(endpoint, allow_eviction),
                 namespace,
                 scripts: Scripts {
-                    claim: Script::new(include_str!("scripts/claim.lua")),
-                    take_over: Script::new(include_str!("scripts/take_over.lua")),
-                    extend: Script::new(include_str!("scripts/extend.lua")),
-                    complete: Script::new(include_str!("scripts/complete.lua")),
-                    release: Script::new(include_str!("scripts/release.lua")),
-                    remove: Script::new(include_str!("scripts/remove.lua")),
+                    claim: Script::new(script!("claim")),
+                    take_over: Script::new(script!("take_over")),
+                    extend: Script::new(script!("extend")),
+                    complete: Script::new(script!("complete")),
+                    release: Script::new(script!("release")),
+                    remove: Script::new(script!("remove")),
                 },
             }),
         }
@@ -276,7 +370,11 @@ fn cluster(
         )
         .with_source(error)
     })?;
-    Ok(RedisStore::with(Endpoint::Cluster(client), String::new()))
+    Ok(RedisStore::with(
+        Endpoint::Cluster(client),
+        String::new(),
+        false,
+    ))
 }
 
 impl RedisStore {
@@ -292,8 +390,44 @@ fn unexpected(operation: &str) -> StoreError {
     )
 }
 
-fn text(n: u64) -> Vec<u8> {
-    n.to_string().into_bytes()
+/// The largest integer a Lua number (a double) holds exactly: 2^53 − 1.
+/// The scripts compare and add numbers as doubles; above this, two
+/// different times could compare equal, or an expiry be off.
+const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// `n` as a script argument, or [`StoreErrorKind::Rejected`] (nothing is
+/// written) when the scripts cannot hold it exactly.
+fn exact(name: &str, n: u64) -> Result<Vec<u8>, StoreError> {
+    if n > MAX_EXACT {
+        return Err(StoreError::new(
+            StoreErrorKind::Rejected,
+            format!(
+                "Redis: {name} = {n} is beyond 2^53 - 1, the largest integer the store's \
+                 scripts hold exactly; nothing was written (is the retention or the lease \
+                 out of range?)"
+            ),
+        ));
+    }
+    Ok(n.to_string().into_bytes())
+}
+
+/// `expiration_s` as a script argument: the scripts expire the record at
+/// `(expiration_s + 1) * 1000` milliseconds, which must be exact too.
+fn expiration(expiration_s: u64) -> Result<Vec<u8>, StoreError> {
+    match expiration_s
+        .checked_add(1)
+        .and_then(|s| s.checked_mul(1000))
+    {
+        Some(expire_at_ms) if expire_at_ms <= MAX_EXACT => exact("expiration_s", expiration_s),
+        _ => Err(StoreError::new(
+            StoreErrorKind::Rejected,
+            format!(
+                "Redis: expiration_s = {expiration_s} is beyond what the store can expire \
+                 exactly (its expiry in milliseconds must stay below 2^53); nothing was \
+                 written (is the retention out of range?)"
+            ),
+        )),
+    }
 }
 
 impl Store for RedisStore {
@@ -304,15 +438,15 @@ impl Store for RedisStore {
             &self.inner.scripts.claim,
             &claim.id,
             &[
-                &text(claim.now_ms / 1000),
+                &exact("now_ms", claim.now_ms / 1000)?,
                 claim.id.as_str().as_bytes(),
                 claim.owner.as_str().as_bytes(),
                 claim.fingerprint.as_str().as_bytes(),
-                &text(claim.expiration_s),
-                &text(claim.lease_until_ms),
-                &text(claim.now_ms),
-                &text(u64::from(claim.attempt)),
-                &text(claim.first_started_ms),
+                &expiration(claim.expiration_s)?,
+                &exact("lease_until_ms", claim.lease_until_ms)?,
+                &exact("now_ms", claim.now_ms)?,
+                &exact("attempt", u64::from(claim.attempt))?,
+                &exact("first_started_ms", claim.first_started_ms)?,
             ],
             "claim",
         )
@@ -329,13 +463,13 @@ impl Store for RedisStore {
             &claim.id,
             &[
                 lapsed.as_str().as_bytes(),
-                &text(claim.now_ms),
+                &exact("now_ms", claim.now_ms)?,
                 claim.owner.as_str().as_bytes(),
                 claim.fingerprint.as_str().as_bytes(),
-                &text(claim.expiration_s),
-                &text(claim.lease_until_ms),
-                &text(u64::from(claim.attempt)),
-                &text(claim.first_started_ms),
+                &expiration(claim.expiration_s)?,
+                &exact("lease_until_ms", claim.lease_until_ms)?,
+                &exact("attempt", u64::from(claim.attempt))?,
+                &exact("first_started_ms", claim.first_started_ms)?,
             ],
             "take over",
         )
@@ -348,8 +482,9 @@ impl Store for RedisStore {
             &extension.id,
             &[
                 extension.owner.as_str().as_bytes(),
-                &text(extension.lease_until_ms),
-                &text(extension.expiration_s),
+                &exact("lease_until_ms", extension.lease_until_ms)?,
+                &expiration(extension.expiration_s)?,
+                &exact("now_ms", extension.now_ms)?,
             ],
             "extend",
         )
@@ -363,8 +498,8 @@ impl Store for RedisStore {
             &[
                 completion.owner.as_str().as_bytes(),
                 &completion.response,
-                &text(completion.expiration_s),
-                &text(completion.now_ms),
+                &expiration(completion.expiration_s)?,
+                &exact("now_ms", completion.now_ms)?,
             ],
             "complete",
         )
@@ -438,6 +573,18 @@ fn glob_escape(prefix: &str) -> String {
     escaped
 }
 
+/// A hash that is not a record, found by a read: what the scripts answer
+/// `NOTRECORD` for.
+fn not_a_record(why: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Misconfigured,
+        format!(
+            "Redis: the record's key holds a hash that is not an idempotency record ({why}); \
+             does another application write under this namespace? see RedisStore::namespace"
+        ),
+    )
+}
+
 /// Decodes `HGETALL` fields; no fields is no record. Never panics on what
 /// the server holds.
 fn decode(fields: &[Value]) -> Result<Option<Record>, StoreError> {
@@ -474,18 +621,39 @@ fn decode(fields: &[Value]) -> Result<Option<Record>, StoreError> {
             })
             .transpose()
     };
+    // The fields the scripts decide on: a hash where they are not what a
+    // record holds is someone else's data (as the scripts say, NOTRECORD),
+    // not a record of ours gone bad.
+    let status = map
+        .get("status")
+        .and_then(|bytes| std::str::from_utf8(bytes).ok())
+        .and_then(|text| text.parse::<Status>().ok())
+        .ok_or_else(|| not_a_record("its status is missing or unknown"))?;
+    if !map.contains_key("owner") {
+        return Err(not_a_record("it has no owner"));
+    }
+    let script_number = |name: &str| -> Result<Option<u64>, StoreError> {
+        map.get(name)
+            .map(|bytes| {
+                std::str::from_utf8(bytes)
+                    .ok()
+                    .filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|text| text.parse::<u64>().ok())
+                    .filter(|n| *n <= MAX_EXACT)
+                    .ok_or_else(|| not_a_record(&format!("its {name} is not a number")))
+            })
+            .transpose()
+    };
+    let expiration_s =
+        script_number("expiration_s")?.ok_or_else(|| not_a_record("it has no expiration_s"))?;
+    let lease_until_ms = script_number("lease_until_ms")?;
     let id = string("id")?;
-    let status = string("status")?;
-    let status = status
-        .parse::<Status>()
-        .map_err(|_| StoreError::corrupt(format!("record {id}: unknown status {status:?}")))?;
     let record = Record {
         status,
         owner: OwnerToken::from_stored(string("owner")?),
         fingerprint: Fingerprint::from_stored(string("fingerprint")?),
-        expiration_s: number("expiration_s")?
-            .ok_or_else(|| StoreError::corrupt(format!("record {id}: no expiration")))?,
-        lease_until_ms: number("lease_until_ms")?,
+        expiration_s,
+        lease_until_ms,
         response: map.get("response").cloned(),
         created_at_ms: number("created_at_ms")?,
         completed_at_ms: number("completed_at_ms")?,

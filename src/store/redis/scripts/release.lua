@@ -1,7 +1,7 @@
 -- Deletes the claim under ARGV[1] (the fence).
 -- ARGV: owner
-local r = redis.call('HMGET', KEYS[1], 'status', 'owner')
-if r[1] == 'IN_PROGRESS' and r[2] == ARGV[1] then
+local found = record()
+if found and found.status == 'IN_PROGRESS' and found.owner == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return {1, {}}
 end

@@ -1,7 +1,8 @@
--- Deletes the record, unless ARGV[1] is '1' and it is IN_PROGRESS.
+-- Deletes the record, unless ARGV[1] is '1' and it is IN_PROGRESS. Never
+-- deletes a key that holds something else than a record.
 -- ARGV: unless_in_progress
-local status = redis.call('HGET', KEYS[1], 'status')
-if status and not (ARGV[1] == '1' and status == 'IN_PROGRESS') then
+local found = record()
+if found and not (ARGV[1] == '1' and found.status == 'IN_PROGRESS') then
   redis.call('DEL', KEYS[1])
   return {1, {}}
 end
