@@ -2,12 +2,14 @@
 //! event source, with each source's own retry semantics.
 
 use super::{source::Reported, BatchFailed, Delivery, RecordStatus, Report, Source};
-use crate::{store::Store, Attempt, Engine, Error, Fingerprint, Json, Mode, OutcomeKind};
+use crate::{
+    engine::panic_message, store::Store, Attempt, Engine, Error, Fingerprint, Json, Mode,
+    OutcomeKind,
+};
 use futures_util::{stream, FutureExt, StreamExt};
 use lambda_runtime::LambdaEvent;
 use serde::{de::DeserializeOwned, Serialize};
 use std::{
-    any::Any,
     collections::HashMap,
     fmt::{self, Display},
     future::Future,
@@ -492,13 +494,4 @@ fn group<R>(records: Vec<Prepared<R>>) -> Vec<Group<R>> {
         groups[slot].records.push(record);
     }
     groups
-}
-
-/// What a panic said, for its log line: its message when it is text.
-fn panic_message(panic: &(dyn Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(a panic without a message)")
 }
