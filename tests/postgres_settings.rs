@@ -191,19 +191,94 @@ async fn a_read_only_server_is_an_outage() {
             .await
             .expect("create the table read-write");
         let store = PostgresStore::connect(&url, table, 2).expect("pool");
-        let engine = Engine::builder(store).build();
-        let refused = engine
-            .execute(&Attempt::new("t", "ro", payload(1)), || async {
-                Ok::<_, Declined>(1u8)
+        // Failing open: the writer refuses, but it answers the read that
+        // would confirm an outage, so nothing runs without a claim (an
+        // Aurora reader endpoint given by mistake would otherwise turn
+        // idempotency off for good).
+        let engine = Engine::builder(store).fail_open(true).build();
+        let runs = AtomicUsize::new(0);
+        for _ in 0..3 {
+            let refused = engine
+                .execute(&Attempt::new("t", "ro", payload(1)), || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Declined>(1u8)
+                })
+                .await;
+            match refused {
+                Err(Error::Store(error)) => {
+                    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{via}: {error}");
+                    assert!(error.to_string().contains("25006"), "{error}");
+                }
+                other => panic!("{via}: a 25006 is an outage, not {other:?}"),
+            }
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            0,
+            "{via}: never ran unprotected"
+        );
+    }
+}
+
+/// Review of issue 21: a duplicate whose claim waits on its twin's row lock
+/// (the twin's transactional completion) until `statement_timeout` gets
+/// 57014, an outage code; a read finds the twin's claim, so the duplicate
+/// is told "in progress", and never runs, failing open or not (it ran a
+/// second time under fail-open, and was a 503 without).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_timing_out_on_its_twins_lock_is_in_progress() {
+    use lambda_idempotency::store::postgres::PgWrite;
+    database_with("idem_statement_timeout", "statement_timeout = '1s'").await;
+    let url = on_database(
+        &variable("IDEMPOTENCY_TEST_POSTGRES_URL"),
+        "idem_statement_timeout",
+    );
+    let store = store_on(&url).await;
+    for fail_open in [false, true] {
+        let key = format!("twin-{fail_open}");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = tokio::spawn({
+            let (engine, runs, key) = (
+                Engine::builder(store.clone()).build(),
+                Arc::clone(&runs),
+                key.clone(),
+            );
+            async move {
+                engine
+                    .execute_transactional(&Attempt::new("t", &key, payload(1)), || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // Three writes under the timeout each: the completion
+                        // holds the record's row lock for about 2.1 s.
+                        let slow = || PgWrite::new("SELECT pg_sleep(0.7)");
+                        Ok::<_, Declined>((1u8, vec![slow(), slow(), slow()]))
+                    })
+                    .await
+                    .map(|outcome| outcome.kind())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let duplicate = Engine::builder(store.clone())
+            .fail_open(fail_open)
+            .build()
+            .execute(&Attempt::new("t", &key, payload(1)), || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Declined>(2u8)
             })
             .await;
-        match refused {
-            Err(Error::Store(error)) => {
-                assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{via}: {error}");
-                assert!(error.to_string().contains("25006"), "{error}");
-            }
-            other => panic!("{via}: a 25006 is an outage, not {other:?}"),
-        }
+        assert!(
+            matches!(duplicate, Err(Error::InProgress { .. })),
+            "fail_open {fail_open}: {duplicate:?}"
+        );
+        let first = first.await.expect("first");
+        assert!(
+            matches!(first, Ok(OutcomeKind::Fresh)),
+            "fail_open {fail_open}: {first:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "fail_open {fail_open}: ran once"
+        );
     }
 }
 
@@ -296,4 +371,45 @@ async fn a_value_beyond_bigint_is_rejected_before_any_write() {
         None,
         "nothing written"
     );
+}
+
+/// Review of issue 21: a table named like a name the store's statements
+/// use for themselves (`w` was one) runs the protocol; the longest name
+/// accepted still gets its expiration index, and a longer one is refused
+/// (PostgreSQL would cut the index's name to the table's and skip it).
+#[tokio::test]
+async fn short_and_long_table_names_work_or_are_refused_at_construction() {
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let long = format!("idem_{}_{}", std::process::id(), "x".repeat(40));
+    let long = &long[..50];
+    for table in ["w", "one", "r", long] {
+        let store = PostgresStore::connect(&url, table, 2).expect(table);
+        store.create_table().await.expect("create table");
+        let engine = Engine::builder(store).build();
+        for expected in [OutcomeKind::Fresh, OutcomeKind::Replay] {
+            let outcome = engine
+                .execute(
+                    &Attempt::new("t", &format!("names-{}", std::process::id()), payload(1)),
+                    || async { Ok::<_, Declined>(1u8) },
+                )
+                .await
+                .unwrap_or_else(|error| panic!("{table}: {error}"));
+            assert_eq!(outcome.kind(), expected, "{table}");
+        }
+    }
+    let indexes: i64 = admin()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexname = $2",
+            &[&long, &format!("{long}_expiration_s")],
+        )
+        .await
+        .expect("pg_indexes")
+        .get(0);
+    assert_eq!(indexes, 1, "the longest name keeps its expiration index");
+    let longer = format!("{long}y");
+    match PostgresStore::connect(&url, longer.as_str(), 1) {
+        Err(error) => assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}"),
+        Ok(_) => panic!("a name over 50 characters is refused"),
+    }
 }

@@ -407,7 +407,8 @@ async fn fifo_groups_run_in_order_and_stop_at_their_first_failure() {
 async fn an_unavailable_store_reports_every_record() {
     let store = MemoryStore::new();
     let sqs = SqsBatch::new(Engine::builder(store.clone()).build(), "queue");
-    store.fail_next(3);
+    // Each record's claim, and the read that confirms the outage.
+    store.fail_next(6);
     let (seen, handler) = recorder();
     let response = sqs
         .process(

@@ -98,6 +98,29 @@ fn conflict_backoff(try_number: u32) -> Duration {
     Duration::from_millis(noise % ceiling_ms + 1)
 }
 
+/// Calls `call` again while it fails with a conflict (a concurrent write
+/// won), a few times with jitter: for fenced writes, which a retry cannot
+/// apply twice.
+async fn retry_conflicts<T, F, Fut>(mut call: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut tries = 0;
+    loop {
+        match call().await {
+            Err(error)
+                if error.kind() == StoreErrorKind::Conflict && tries + 1 < CONFLICT_TRIES =>
+            {
+                debug!(tries, %error, "a fenced write conflicted; trying again");
+                tokio::time::sleep(conflict_backoff(tries)).await;
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
 impl<St: Store> Engine<St> {
     /// Starts configuring an engine over `store`.
     pub fn builder(store: St) -> EngineBuilder<St> {
@@ -295,7 +318,7 @@ impl<St: Store> Engine<St> {
             Ok(Claimed::Held(record)) => {
                 return self.existing(record, codec, &attempt.fingerprint, now_ms)
             }
-            Err(error) if inner.fail_open && !transactional && error.kind().is_outage() => {
+            Err(ClaimError::Outage(error)) if inner.fail_open && !transactional => {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
                 let handle = ClaimHandle::unprotected();
@@ -315,13 +338,13 @@ impl<St: Store> Engine<St> {
             }
             // Duplicates raced for the key and none of them could tell
             // who holds it: the caller retries, as for a claim in progress.
-            Err(error) if error.kind() == StoreErrorKind::Conflict => {
+            Err(ClaimError::Failed(error)) if error.kind() == StoreErrorKind::Conflict => {
                 debug!(record = %claim.id, outcome = "in_progress", %error, "idempotency");
                 return Err(Error::InProgress {
                     retry_after: Duration::from_secs(1),
                 });
             }
-            Err(error) => {
+            Err(ClaimError::Outage(error) | ClaimError::Failed(error)) => {
                 warn!(record = %claim.id, outcome = "store_error", kind = error.kind().as_str(), %error, "idempotency claim failed");
                 return Err(Error::Store(error));
             }
@@ -332,9 +355,15 @@ impl<St: Store> Engine<St> {
         // Built inside the future, so that a closure that panics before it
         // returns one unwinds through the same guard.
         let operation = async move { scoped.clone().scope(operation(scoped)).await };
-        let ran = AssertUnwindSafe(self.run_claimed(&handle, operation))
-            .catch_unwind()
-            .await;
+        // The value is encoded inside the guard too: a `Serialize` that
+        // panics must not keep the claim either.
+        let ran = AssertUnwindSafe(async {
+            let (value, writes) = self.run_claimed(&handle, operation).await?;
+            let response = codec.encode(&value);
+            Ok((value, writes, response))
+        })
+        .catch_unwind()
+        .await;
         let ran = match ran {
             Ok(ran) => ran,
             Err(panic) => {
@@ -346,7 +375,7 @@ impl<St: Store> Engine<St> {
                 std::panic::resume_unwind(panic);
             }
         };
-        let (value, writes) = match ran {
+        let (value, writes, response) = match ran {
             Ok(done) => done,
             Err(error) => {
                 self.release(&claim).await;
@@ -355,7 +384,7 @@ impl<St: Store> Engine<St> {
             }
         };
         let transactional = transactional || !writes.is_empty();
-        let response = match codec.encode(&value) {
+        let response = match response {
             Ok(response) => response,
             Err(error) if transactional => {
                 self.release(&claim).await;
@@ -557,7 +586,7 @@ impl<St: Store> Engine<St> {
     /// lapsed claim is taken over, as the next attempt (`claim` becomes the
     /// takeover); a record gone or no longer live by the time it was read is
     /// claimed again.
-    async fn claim(&self, claim: &mut Claim) -> Result<Claimed, StoreError> {
+    async fn claim(&self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
         let store = &self.inner.store;
         let mut conflicts = 0;
         let mut refusals = 0;
@@ -573,7 +602,10 @@ impl<St: Store> Engine<St> {
                     conflicts += 1;
                     continue;
                 }
-                Err(error) => return Err(error),
+                Err(error) if error.kind().is_outage() => {
+                    return self.confirm_outage(claim, error).await
+                }
+                Err(error) => return Err(ClaimError::Failed(error)),
             };
             match found {
                 Conditional::Applied => {}
@@ -595,17 +627,41 @@ impl<St: Store> Engine<St> {
             return Ok(Claimed::Ours);
         }
         // Still contended: whatever is there now says what happened.
-        match store.get(&claim.id, claim.now_ms).await? {
-            Some(record) if record.owner == claim.owner => Ok(Claimed::Ours),
-            Some(record) if record.is_live(claim.now_ms) => Ok(Claimed::Held(record)),
-            _ => Err(StoreError::new(
+        match store.get(&claim.id, claim.now_ms).await {
+            Ok(Some(record)) if record.owner == claim.owner => Ok(Claimed::Ours),
+            Ok(Some(record)) if record.is_live(claim.now_ms) => Ok(Claimed::Held(record)),
+            Ok(_) => Err(ClaimError::Failed(StoreError::new(
                 StoreErrorKind::Conflict,
                 format!(
                     "record {} kept changing during {} claim attempts",
                     claim.id,
                     refusals + conflicts as usize
                 ),
-            )),
+            ))),
+            Err(error) => Err(ClaimError::Failed(error)),
+        }
+    }
+
+    /// A claim failed as an outage; a read tells whether the store is down.
+    /// A statement can time out waiting on a duplicate's lock, and a writer
+    /// demoted by a failover still answers reads: then the record found
+    /// decides (this claim's own, landed before its answer was lost; a
+    /// live record to replay or wait for), and the failure is not an
+    /// outage that fail-open may run through. Only a store that cannot be
+    /// read either is down.
+    async fn confirm_outage(
+        &self,
+        claim: &Claim,
+        error: StoreError,
+    ) -> Result<Claimed, ClaimError> {
+        match self.inner.store.get(&claim.id, claim.now_ms).await {
+            Ok(Some(record)) if record.owner == claim.owner => Ok(Claimed::Ours),
+            Ok(Some(record)) if record.is_live(claim.now_ms) => {
+                debug!(record = %claim.id, %error, "the claim failed, and a read found the key held");
+                Ok(Claimed::Held(record))
+            }
+            Ok(_) => Err(ClaimError::Failed(error)),
+            Err(_) => Err(ClaimError::Outage(error)),
         }
     }
 
@@ -807,7 +863,10 @@ impl<St: Store> Engine<St> {
             expiration_s,
             writes,
         };
-        let applied = match inner.store.complete(completion).await {
+        // A completion is fenced, so one that lost a race (at SERIALIZABLE,
+        // a duplicate's claim reading the row) is safely tried again.
+        let completed = retry_conflicts(|| inner.store.complete(completion.clone())).await;
+        let applied = match completed {
             Ok(Conditional::Applied) => Ok(true),
             // This very completion, landed before its retry.
             Ok(Conditional::Refused(Some(record))) => {
@@ -860,7 +919,7 @@ impl<St: Store> Engine<St> {
     /// Releases a claim so a retry can run; best effort, since a claim that
     /// cannot be released still expires with its lease.
     async fn release(&self, claim: &Claim) {
-        match self.inner.store.release(&claim.id, &claim.owner).await {
+        match retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner)).await {
             // No record: released already (a retry of a release that had
             // landed), or never there. Nothing of ours is left.
             Ok(Conditional::Applied | Conditional::Refused(None)) => {}
@@ -967,6 +1026,15 @@ impl Forgotten {
             Forgotten::InProgress(_) => "in_progress",
         }
     }
+}
+
+/// Why a claim failed.
+enum ClaimError {
+    /// The store could neither claim nor be read: an outage, which
+    /// fail-open may run through.
+    Outage(StoreError),
+    /// Anything else, an outage the store's reads contradict included.
+    Failed(StoreError),
 }
 
 /// What a claim decided.

@@ -136,14 +136,16 @@ async fn fail_open_runs_unprotected_but_never_for_transactions() {
     let store = MemoryStore::new();
     let engine = Engine::builder(store.clone()).fail_open(true).build();
     let attempt = Attempt::new("s", "k", fingerprint(1));
-    store.fail_next(1);
+    // The claim, and the read that confirms the outage.
+    store.fail_next(2);
     let outcome = engine
         .execute(&attempt, || async { Ok::<_, Failed>(1u8) })
         .await
         .expect("fail-open");
     assert_eq!(outcome.kind(), OutcomeKind::Unprotected);
 
-    store.fail_next(1);
+    // The claim, and the read that confirms the outage.
+    store.fail_next(2);
     let runs = AtomicUsize::new(0);
     let result = engine
         .execute_transactional(&attempt, || async {
@@ -283,7 +285,8 @@ async fn fail_open_runs_only_through_an_outage() {
         let store = MemoryStore::new();
         let engine = Engine::builder(store.clone()).fail_open(true).build();
         let runs = AtomicUsize::new(0);
-        store.fail_next_with(1, kind);
+        // The claim, and (for an outage) the read that confirms it.
+        store.fail_next_with(2, kind);
         let result = engine
             .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
                 runs.fetch_add(1, Ordering::SeqCst);
@@ -456,4 +459,101 @@ fn durations_beyond_the_stores_are_refused_at_build_time() {
     })
     .expect_err("build panics with the same message");
     assert!(super::panic_message(&*panic).contains("retention"));
+}
+
+/// Review of issue 21: a claim that fails as an outage while the store
+/// still answers reads (a statement timed out on a duplicate's lock, a
+/// read-only writer) is decided by the record the read finds, and never
+/// runs the operation without a claim, even failing open.
+#[tokio::test]
+async fn an_outage_that_reads_contradict_never_runs_unprotected() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).fail_open(true).build();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let runs = AtomicUsize::new(0);
+
+    // Nothing there: fail closed (a 503), not unprotected.
+    store.fail_next(1);
+    let refused = engine
+        .execute(&attempt, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>(1u8)
+        })
+        .await;
+    assert_eq!(
+        refused.map_err(|e| e.kind()).map(|o| o.kind()),
+        Err(ErrorKind::StoreUnavailable)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "never ran unprotected");
+
+    // A completed record: replayed. One held by a duplicate: in progress.
+    engine
+        .execute(&attempt, || async { Ok::<_, Failed>(7u8) })
+        .await
+        .expect("first run");
+    store.fail_next(1);
+    let replay = engine
+        .execute(&attempt, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>(8u8)
+        })
+        .await
+        .expect("replayed");
+    assert_eq!((replay.kind(), *replay.value()), (OutcomeKind::Replay, 7));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// Review of issue 21: a value whose `Serialize` panics releases the claim
+/// as a panicking operation does.
+#[tokio::test]
+async fn a_value_that_panics_while_encoded_releases_its_claim() {
+    struct Explosive;
+    impl Serialize for Explosive {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            panic!("Serialize panicked")
+        }
+    }
+    impl<'de> serde::Deserialize<'de> for Explosive {
+        fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+            Ok(Explosive)
+        }
+    }
+    let (engine, store, _) = setup();
+    let panicked = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            engine
+                .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
+                    Ok::<_, Failed>(Explosive)
+                })
+                .await
+                .map(|_| ())
+        }
+    })
+    .await;
+    assert!(panicked.expect_err("the panic goes on").is_panic());
+    assert!(store.records().is_empty(), "{:?}", store.records());
+}
+
+/// Issue 21, item 1: at SERIALIZABLE a completion can lose a race with a
+/// duplicate's claim (40001); it is fenced, so it is tried again, and the
+/// outcome is stored (it was `NotRecorded`, and the key ran again after
+/// the lease).
+#[tokio::test]
+async fn a_conflicted_completion_is_tried_again() {
+    let (engine, store, _) = setup();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let outcome = engine
+        .execute(&attempt, || async {
+            store.fail_next_with(2, StoreErrorKind::Conflict); // the completion, twice
+            Ok::<_, Failed>(3u8)
+        })
+        .await
+        .expect("ran");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh);
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(4u8) })
+        .await
+        .expect("replayed");
+    assert_eq!((replay.kind(), *replay.value()), (OutcomeKind::Replay, 3));
 }

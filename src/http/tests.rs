@@ -819,7 +819,8 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
     let mut declared = IdempotencyLayer::new(engine.clone())
         .mode(crate::Mode::Transactional)
         .layer(committing(Arc::clone(&runs), 201));
-    store.fail_next(1);
+    // The claim, and the read that confirms the outage.
+    store.fail_next(2);
     let response = send(&mut declared, post(Some("k"), "{}")).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
@@ -833,7 +834,8 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
     );
 
     let mut undeclared = IdempotencyLayer::new(engine).layer(committing(Arc::clone(&runs), 201));
-    store.fail_next(1);
+    // The claim, and the read that confirms the outage.
+    store.fail_next(2);
     let response = send(&mut undeclared, post(Some("k2"), "{}")).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1, "it ran");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -855,7 +857,8 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
     let echo = Echo::new();
     let mut plain = IdempotencyLayer::new(Engine::builder(store.clone()).fail_open(true).build())
         .layer(echo.clone());
-    store.fail_next(1);
+    // The claim, and the read that confirms the outage.
+    store.fail_next(2);
     assert_eq!(
         send(&mut plain, post(Some("k3"), "{}")).await.status(),
         StatusCode::CREATED

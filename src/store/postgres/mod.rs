@@ -126,12 +126,21 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// The name of the answered write's common table expression: it hides a
+/// table of the same name inside the statement, so no table may have it.
+const WRITE_CTE: &str = "lambda_idempotency_write";
+
+/// The longest bare table name: its index is `<name>_expiration_s`, and
+/// PostgreSQL cuts every name at 63 bytes (the index would then take the
+/// table's own name, and `IF NOT EXISTS` would skip it in silence).
+const MAX_TABLE_NAME: usize = 63 - "_expiration_s".len();
+
 /// Wraps a conditional write so that one round trip answers it: whether it
 /// applied, and else the record as the statement found it.
 fn answered(write: &str, table: &str) -> String {
     format!(
-        "WITH w AS ({write} RETURNING 1) \
-         SELECT EXISTS (SELECT 1 FROM w) AS applied, {r} \
+        "WITH {WRITE_CTE} AS ({write} RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM {WRITE_CTE}) AS applied, {r} \
          FROM (SELECT 1) one LEFT JOIN {table} r ON r.id = $1",
         r = COLUMNS
             .split(", ")
@@ -333,6 +342,20 @@ fn table_name_error(name: &str) -> Option<String> {
         return Some(format!(
             "{name:?} is not a table name this store accepts: letters, digits and _, \
              optionally schema.table"
+        ));
+    }
+    let bare = parts[parts.len() - 1].to_ascii_lowercase();
+    if bare.len() > MAX_TABLE_NAME {
+        return Some(format!(
+            "{name:?} is not a table name this store accepts: at most {MAX_TABLE_NAME} \
+             characters (its index is named <table>_expiration_s, and PostgreSQL cuts names \
+             at 63)"
+        ));
+    }
+    if bare == WRITE_CTE {
+        return Some(format!(
+            "{name:?} is not a table name this store accepts: the store's statements use \
+             {WRITE_CTE} for a name of their own"
         ));
     }
     let first = parts[0].to_ascii_lowercase();
@@ -984,6 +1007,8 @@ mod tests {
             "public.order",
             "orders",
             "app.select",
+            "w",
+            &"x".repeat(50),
         ] {
             assert_eq!(table_name_error(good), None, "{good}");
         }
@@ -1000,6 +1025,9 @@ mod tests {
             "\"t\"",
             "a-b",
             &"x".repeat(64),
+            &"x".repeat(51),
+            "lambda_idempotency_write",
+            "app.LAMBDA_IDEMPOTENCY_WRITE",
         ] {
             assert!(table_name_error(bad).is_some(), "{bad}");
         }
