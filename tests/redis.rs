@@ -623,3 +623,59 @@ async fn a_server_that_refuses_info_is_used_unchecked() {
         .expect("works unchecked");
     assert_eq!((*first.value(), replay.is_replay()), (1, true));
 }
+
+/// Review of issue 21: `maxmemory-policy` is a dynamic setting (an
+/// ElastiCache parameter group change reaches a live cluster). A server
+/// set to evict after the store connected is refused once the store
+/// reads its settings again: at once after an operator's
+/// `server_report`, and every minute on its own (it went on working).
+#[tokio::test]
+async fn an_eviction_policy_set_after_connecting_is_refused() {
+    let server = own_server(&[]);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let engine = Engine::builder(RedisStore::open(&url).expect("url"))
+        .fail_open(true)
+        .build();
+    let runs = AtomicUsize::new(0);
+    let run = |key: &'static str| {
+        let (engine, runs) = (&engine, &runs);
+        async move {
+            engine
+                .execute(&Attempt::new("t", key, payload(1)), || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Declined>(1u8)
+                })
+                .await
+        }
+    };
+    run("before").await.expect("noeviction is accepted");
+
+    let mut admin = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    for (name, value) in [("maxmemory", "500mb"), ("maxmemory-policy", "allkeys-lru")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut admin)
+            .await
+            .expect("CONFIG SET");
+    }
+    let report = engine.store().server_report().await.expect("report");
+    assert!(report.evicts(), "{report:?}");
+    match run("after").await {
+        Err(lambda_idempotency::Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+            assert!(error.to_string().contains("allkeys-lru"), "{error}");
+        }
+        other => panic!("refused once the policy was read again, not {other:?}"),
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "nothing ran after the change"
+    );
+}

@@ -11,6 +11,18 @@ use aws_sdk_dynamodb::{
 };
 use std::{error::Error as StdError, fmt::Debug};
 
+/// Whether a raw response is a 5xx, for a service error without a code.
+pub(super) trait ServerStatus {
+    /// Whether the status is 500 to 599.
+    fn is_server_error(&self) -> bool;
+}
+
+impl ServerStatus for aws_sdk_dynamodb::config::http::HttpResponse {
+    fn is_server_error(&self) -> bool {
+        self.status().is_server_error()
+    }
+}
+
 /// What a conditional single-item write answered.
 #[derive(Debug)]
 pub(super) enum Answer {
@@ -60,7 +72,7 @@ pub(super) fn conditional<O, E, R>(
 ) -> Result<Answer, StoreError>
 where
     E: ConditionalError,
-    R: Debug + Send + Sync + 'static,
+    R: Debug + Send + Sync + 'static + ServerStatus,
 {
     match result {
         Ok(_) => Ok(Answer::Applied),
@@ -76,10 +88,15 @@ where
 pub(super) fn from_sdk<E, R>(operation: &'static str, error: SdkError<E, R>) -> StoreError
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
-    R: Debug + Send + Sync + 'static,
+    R: Debug + Send + Sync + 'static + ServerStatus,
 {
     let kind = match &error {
-        SdkError::ServiceError(service) => kind_of_code(service.err().code()),
+        SdkError::ServiceError(service) => match kind_of_code(service.err().code()) {
+            // A 5xx without an error code of DynamoDB's (a proxy, a load
+            // balancer in front of it): the service did not answer.
+            StoreErrorKind::Other if service.raw().is_server_error() => StoreErrorKind::Unavailable,
+            kind => kind,
+        },
         SdkError::ConstructionFailure(_) => StoreErrorKind::Misconfigured,
         // Failing before anything was sent: no region or endpoint, no
         // credentials (the SDK reports both as dispatch failures of kind
@@ -109,7 +126,7 @@ pub(super) fn from_transaction_sdk<E, R>(
 ) -> StoreError
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
-    R: Debug + Send + Sync + 'static,
+    R: Debug + Send + Sync + 'static + ServerStatus,
 {
     let rejected = match &error {
         SdkError::ServiceError(service) => service.err().code() == Some("ValidationException"),
@@ -149,6 +166,7 @@ pub(super) fn kind_of_code(code: Option<&str>) -> StoreErrorKind {
             | "UnrecognizedClientException"
             | "MissingAuthenticationTokenException"
             | "InvalidSignatureException"
+            | "ExpiredTokenException"
             | "ValidationException",
         ) => StoreErrorKind::Misconfigured,
         Some("ConditionalCheckFailed" | "ValidationError" | "ItemCollectionSizeLimitExceeded") => {
@@ -171,7 +189,12 @@ mod tests {
         ] {
             assert!(kind_of_code(Some(code)).is_transient(), "{code}");
         }
-        for code in ["ResourceNotFoundException", "AccessDeniedException"] {
+        for code in [
+            "ResourceNotFoundException",
+            "AccessDeniedException",
+            "ExpiredTokenException",
+            "UnrecognizedClientException",
+        ] {
             assert_eq!(
                 kind_of_code(Some(code)),
                 StoreErrorKind::Misconfigured,
@@ -179,5 +202,13 @@ mod tests {
             );
             assert!(!kind_of_code(Some(code)).is_transient());
         }
+        for code in [
+            "TransactionConflict",
+            "TransactionConflictException",
+            "ReplicatedWriteConflictException",
+        ] {
+            assert_eq!(kind_of_code(Some(code)), StoreErrorKind::Conflict, "{code}");
+        }
+        assert_eq!(kind_of_code(None), StoreErrorKind::Other);
     }
 }

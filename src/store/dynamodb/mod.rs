@@ -8,10 +8,10 @@
 //!
 //! | SDK failure | kind |
 //! |---|---|
-//! | timeout, connection refused or reset, an answer that does not parse; `InternalServerError`, `ServiceUnavailable` | `Unavailable` (an outage) |
+//! | timeout, connection refused or reset, an answer that does not parse; `InternalServerError`, `ServiceUnavailable`; a 5xx without a DynamoDB error code (a proxy answering) | `Unavailable` (an outage) |
 //! | `ProvisionedThroughputExceeded`, `ThrottlingException`, `RequestLimitExceeded` | `Throttled` (an outage) |
 //! | `TransactionConflict`, `TransactionInProgress`, `ReplicatedWriteConflict` | `Conflict` (claimed again) |
-//! | `ResourceNotFoundException` (no table), `AccessDenied`, `UnrecognizedClient`, bad signature, `ValidationException`; no region, no endpoint or no credentials (failures before anything is sent), a request the SDK cannot build | `Misconfigured` |
+//! | `ResourceNotFoundException` (no table), `AccessDenied`, `UnrecognizedClient`, `ExpiredToken`, bad signature, `ValidationException`; no region, no endpoint or no credentials (failures before anything is sent), a request the SDK cannot build | `Misconfigured` |
 //! | the operation's own transactional writes refused | `WriteRejected` |
 //! | an item that does not decode as a record | `CorruptRecord` |
 //! | any other service error | `Other` (fails closed) |

@@ -329,3 +329,22 @@ async fn a_single_write_that_keeps_conflicting_is_settled_by_a_consistent_read()
     assert_eq!(outcome.kind(), OutcomeKind::Replay);
     assert_eq!((conflicts.num_calls(), get.num_calls()), (4, 1));
 }
+
+/// Issue 21: a 5xx without an error code of DynamoDB's (a proxy or a load
+/// balancer answering for it) is an outage, not an unclassified error.
+#[tokio::test]
+async fn a_bare_server_error_is_an_outage() {
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    let put = mock!(Client::put_item)
+        .sequence()
+        .http_response(|| {
+            HttpResponse::new(
+                502u16.try_into().expect("502"),
+                "<html>Bad Gateway</html>".into(),
+            )
+        })
+        .repeatedly()
+        .build();
+    let error = store(&[&put]).claim(&claim()).await.expect_err("a 502");
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+}

@@ -18,9 +18,12 @@ use redis::{
     cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo},
     Value,
 };
-use std::sync::{
-    atomic::{AtomicBool, AtomicU64, Ordering},
-    PoisonError,
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        PoisonError,
+    },
+    time::{Duration, Instant},
 };
 
 /// What one server (a cluster's primary) says about eviction.
@@ -80,11 +83,19 @@ impl ServerReport {
     }
 }
 
-/// The check, once per connection, and what it has warned about.
+/// How long a passed check holds: `maxmemory-policy` is a dynamic setting
+/// (an ElastiCache parameter group change reaches a live cluster), so a
+/// warm process reads it again this often.
+pub(super) const RECHECK_EVERY: Duration = Duration::from_secs(60);
+
+/// The check, once per connection and again every [`RECHECK_EVERY`], and
+/// what it has warned about.
 pub(super) struct Guard {
     allow_eviction: bool,
     /// The connection generation that passed the check (0: none).
     checked: AtomicU64,
+    /// When it passed.
+    checked_at: std::sync::Mutex<Option<Instant>>,
     checking: tokio::sync::Mutex<()>,
     warned_evicting: AtomicBool,
     warned_unknown: AtomicBool,
@@ -97,6 +108,7 @@ impl Guard {
         Self {
             allow_eviction,
             checked: AtomicU64::new(0),
+            checked_at: std::sync::Mutex::new(None),
             checking: tokio::sync::Mutex::new(()),
             warned_evicting: AtomicBool::new(false),
             warned_unknown: AtomicBool::new(false),
@@ -112,11 +124,11 @@ impl Guard {
     /// refuses every call until it is fixed (each call checks again, so a
     /// fixed policy takes effect without a restart).
     pub(super) async fn check(&self, leased: &Leased) -> Result<(), StoreError> {
-        if self.checked.load(Ordering::Acquire) == leased.generation {
+        if self.holds(leased) {
             return Ok(());
         }
         let _checking = self.checking.lock().await;
-        if self.checked.load(Ordering::Acquire) == leased.generation {
+        if self.holds(leased) {
             return Ok(());
         }
         let report = match report(&mut leased.connection.clone()).await {
@@ -130,14 +142,42 @@ impl Guard {
                          if it evicts keys (volatile-*, allkeys-*), a completed idempotency \
                          key whose record is evicted runs again; use noeviction");
                 }
-                self.checked.store(leased.generation, Ordering::Release);
+                self.passed(leased);
                 return Ok(());
             }
         };
         self.judge(&report)?;
         self.seen(&report);
-        self.checked.store(leased.generation, Ordering::Release);
+        self.passed(leased);
         Ok(())
+    }
+
+    /// Whether this connection passed the check less than
+    /// [`RECHECK_EVERY`] ago.
+    fn holds(&self, leased: &Leased) -> bool {
+        self.checked.load(Ordering::Acquire) == leased.generation
+            && self
+                .checked_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some_and(|at| at.elapsed() < RECHECK_EVERY)
+    }
+
+    fn passed(&self, leased: &Leased) {
+        *self
+            .checked_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        self.checked.store(leased.generation, Ordering::Release);
+    }
+
+    /// Judges a report read for an operator: a server found evicting makes
+    /// the next call check again (and refuse it).
+    pub(super) fn review(&self, report: &ServerReport) {
+        if self.judge(report).is_err() {
+            self.recheck();
+        }
+        self.seen(report);
     }
 
     /// The connection's server may have changed (a reconnection, perhaps to

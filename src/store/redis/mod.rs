@@ -35,12 +35,15 @@
 //! Every record has a TTL, so a server with a `maxmemory` and any
 //! `maxmemory-policy` but `noeviction` (`volatile-lru` is ElastiCache's
 //! default) may evict records it acknowledged, and their keys run again.
-//! On each new connection (and after a dropped one) the store reads `INFO`
-//! from the server, or every primary of a cluster, and refuses such a
+//! On each new connection (and after a dropped one), and again every
+//! minute while it is used (the policy is a dynamic setting: a parameter
+//! group change reaches a live cluster), the store reads `INFO` from the
+//! server, or every primary of a cluster, and refuses such a
 //! server: every call fails as `Misconfigured`, naming the policy and the
 //! fix, unless [`RedisStore::allow_eviction`] accepts it (with a warning).
 //! [`RedisStore::server_report`] returns each node's policy and
-//! `evicted_keys`. `INFO` refused by an ACL, or without the policy: a
+//! `evicted_keys`, and a server it finds evicting is refused from the next
+//! call on. `INFO` refused by an ACL, or without the policy: a
 //! warning, once, and the store goes on.
 //!
 //! # Errors
@@ -267,7 +270,7 @@ impl RedisStore {
     pub async fn server_report(&self) -> Result<ServerReport, StoreError> {
         let mut leased = self.inner.connection.connection().await?;
         let report = eviction::report(&mut leased.connection).await?;
-        self.inner.connection.eviction().seen(&report);
+        self.inner.connection.eviction().review(&report);
         Ok(report)
     }
 
