@@ -148,7 +148,9 @@ impl<St: Store> EngineBuilder<St> {
     /// ([`StoreErrorKind::is_outage`](crate::StoreErrorKind::is_outage):
     /// unreachable, timed out, failing over, throttled) is failed open; a
     /// misconfigured store, a rejected value or a lost race never runs the
-    /// operation without a claim. The outcome is marked
+    /// operation without a claim. The outage is confirmed by a read of the
+    /// key's record first: a store that still answers it is answered from
+    /// the record it holds (in progress, a replay), or fails closed. The outcome is marked
     /// [`OutcomeKind::Unprotected`](crate::OutcomeKind::Unprotected) and
     /// logged as a warning. Transactional executions always fail closed:
     /// their writes need the store.
