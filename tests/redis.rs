@@ -244,17 +244,7 @@ async fn a_tls_server_is_reached_with_rediss() {
         "an unknown certificate is refused: {refused:?}"
     );
     let store = RedisStore::open_with_root_certificate(&url, &server.certificate).expect("url");
-    let engine = Engine::builder(store).build();
-    let attempt = Attempt::new("t", "tls", payload(1));
-    let first = engine
-        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
-        .await
-        .expect("over TLS");
-    let replay = engine
-        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
-        .await
-        .expect("over TLS");
-    assert_eq!((*first.value(), replay.is_replay()), (1, true));
+    runs_once_then_replays(Engine::builder(store).build(), "over TLS").await;
 }
 
 /// A key in the store's namespace that holds someone else's data (a
@@ -612,16 +602,21 @@ async fn a_server_that_refuses_info_is_used_unchecked() {
         .expect("acl");
     let url = format!("redis://app:secret@127.0.0.1:{}", server.port);
     let engine = Engine::builder(RedisStore::open(&url).expect("url")).build();
+    runs_once_then_replays(engine, "works unchecked").await;
+}
+
+/// One key run, then replayed: the store works.
+async fn runs_once_then_replays(engine: Engine<RedisStore>, what: &str) {
     let attempt = Attempt::new("t", "k", payload(1));
     let first = engine
         .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
         .await
-        .expect("works unchecked");
+        .expect(what);
     let replay = engine
         .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
         .await
-        .expect("works unchecked");
-    assert_eq!((*first.value(), replay.is_replay()), (1, true));
+        .expect(what);
+    assert_eq!((*first.value(), replay.is_replay()), (1, true), "{what}");
 }
 
 /// Review of issue 21: `maxmemory-policy` is a dynamic setting (an
