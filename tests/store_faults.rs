@@ -116,9 +116,11 @@ async fn outage<St: Store>(store: St, proxy: &TcpFaultProxy) {
     assert_eq!(outcome.expect("recovered").kind(), OutcomeKind::Fresh);
 }
 
-/// A claim whose answer was lost after the server wrote it: nothing runs
-/// (fail closed); the landed claim holds the key until its lease passes;
-/// then the retry takes it over, and is told so.
+/// A claim whose answer was lost after the server wrote it. The read that
+/// checks the outage finds the claim, under this attempt's own token: it
+/// runs, once, and the retry replays. When that read's answer is lost
+/// too, nothing runs (fail closed); the landed claim holds the key until
+/// its lease passes; then the retry takes it over, and is told so.
 async fn lost_claim_answer<St: Store>(store: St, proxy: &TcpFaultProxy) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
@@ -130,11 +132,29 @@ async fn lost_claim_answer<St: Store>(store: St, proxy: &TcpFaultProxy) {
         .execute(&Attempt::new("t", "warm", payload(1)), charge(&runs, 1))
         .await
         .expect("up");
-    let attempt = Attempt::new("t", "k", payload(1));
+
+    let recognised = Attempt::new("t", "read", payload(1));
     proxy.lose_answers(1);
+    let ours = engine
+        .execute(&recognised, charge(&runs, 1))
+        .await
+        .expect("the read found this attempt's own claim");
+    assert_eq!(ours.kind(), OutcomeKind::Fresh);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "ran once");
+    let replay = engine
+        .execute(&recognised, charge(&runs, 1))
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // The claim's answer, the read's, and those of whatever the client
+    // sends on reconnecting (Redis's INFO check): all lost.
+    let attempt = Attempt::new("t", "k", payload(1));
+    proxy.lose_answers(5);
     let result = engine.execute(&attempt, charge(&runs, 1)).await;
     assert!(matches!(result, Err(Error::Store(_))), "{result:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "nothing ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "nothing ran");
     let mut busy = None;
     for _ in 0..20 {
         match engine.execute(&attempt, charge(&runs, 1)).await {
