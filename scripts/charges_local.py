@@ -397,9 +397,12 @@ def ledger(c, fn):
     with open(os.path.join(ROOT, "events/dynamodb-stream-charges-half-failed.json")) as f:
         records = json.load(f)["Records"]
     poison = records[1]["dynamodb"]["SequenceNumber"]
+    # The poison record and every record after it: Lambda checkpoints at the
+    # lowest sequence number reported.
+    from_poison = [record["dynamodb"]["SequenceNumber"] for record in records[1:]]
     half = fn.invoke("events/dynamodb-stream-charges-half-failed.json", "ledger")
     c.check("ledger: a batch that fails halfway names the record without a charge id as the checkpoint",
-            checkpoints(half) == [poison], half)
+            checkpoints(half) == from_poison and min(map(int, checkpoints(half))) == int(poison), half)
     booked = entries()
     c.check("ledger: the record before the checkpoint is booked, the one after it waits",
             booked.get("ch_ledger_5") == 1 and "ch_ledger_7" not in booked, booked)
@@ -414,9 +417,9 @@ def ledger(c, fn):
                 json.dump({"Records": batch}, f)
             retries.append(fn.invoke(path, "ledger"))
     resume, after, whole = retries
-    c.check("ledger: the retry from the checkpoint stops there again", checkpoints(resume) == [poison], resume)
+    c.check("ledger: the retry from the checkpoint stops there again", checkpoints(resume) == from_poison, resume)
     c.check("ledger: after the give-up the shard completes", checkpoints(after) == [], after)
-    c.check("ledger: the whole batch again stops at the poison record only", checkpoints(whole) == [poison], whole)
+    c.check("ledger: the whole batch again stops at the poison record", checkpoints(whole) == from_poison, whole)
     c.check("ledger: every charge booked exactly once after the retried half-failed batch",
             entries() == {f"ch_ledger_{i}": 1 for i in (1, 2, 3, 4, 5, 7)}, entries())
 
