@@ -160,13 +160,7 @@ impl Drop for TlsServer {
 
 fn tls_server() -> TlsServer {
     use std::process::{Command, Stdio};
-    let dir = std::env::temp_dir().join(format!(
-        "redis-tls-{}-{}",
-        std::process::id(),
-        NAMESPACES.fetch_add(1, Ordering::SeqCst)
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let dir = TempDir(dir);
+    let dir = scratch_dir("tls");
     // A throwaway CA, and the server's certificate signed by it.
     let made = Command::new("sh")
         .arg("-c")
@@ -184,40 +178,25 @@ fn tls_server() -> TlsServer {
         .status()
         .expect("openssl (Debian's openssl package) makes the test certificates");
     assert!(made.success(), "openssl failed");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
+    let port = free_port();
+    let child = start_redis(
+        &dir,
+        port,
+        &[
             "--bind",
             "127.0.0.1",
             "--port",
             "0",
             "--tls-port",
             &port.to_string(),
-        ])
-        .args([
             "--tls-cert-file",
             "cert.pem",
             "--tls-key-file",
             "key.pem",
             "--tls-auth-clients",
             "no",
-        ])
-        .args(["--save", "", "--appendonly", "no"])
-        .current_dir(&dir.0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+        ],
+    );
     let certificate = std::fs::read(dir.0.join("ca.pem")).expect("the CA's certificate");
     TlsServer {
         child,
@@ -367,23 +346,46 @@ impl Drop for OwnServer {
 }
 
 fn own_server(args: &[&str]) -> OwnServer {
-    use std::process::{Command, Stdio};
+    let dir = scratch_dir("own");
+    let port = free_port();
+    let child = start_redis(
+        &dir,
+        port,
+        &[&["--bind", "127.0.0.1", "--port", &port.to_string()], args].concat(),
+    );
+    OwnServer {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+/// A directory of the test's own, removed on drop.
+fn scratch_dir(kind: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!(
-        "redis-own-{}-{}",
+        "redis-{kind}-{}-{}",
         std::process::id(),
         NAMESPACES.fetch_add(1, Ordering::SeqCst)
     ));
     std::fs::create_dir_all(&dir).expect("dir");
-    let dir = TempDir(dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    TempDir(dir)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .expect("a free port")
         .local_addr()
         .expect("its address")
-        .port();
+        .port()
+}
+
+/// A redis-server in `dir` with `args`, nothing persisted, once `port`
+/// accepts connections.
+fn start_redis(dir: &TempDir, port: u16, args: &[&str]) -> std::process::Child {
+    use std::process::{Command, Stdio};
     let child = Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--save", "", "--appendonly", "no"])
         .args(args)
+        .args(["--save", "", "--appendonly", "no"])
         .current_dir(&dir.0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -395,11 +397,7 @@ fn own_server(args: &[&str]) -> OwnServer {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    OwnServer {
-        child,
-        port,
-        _dir: dir,
-    }
+    child
 }
 
 /// A response of about 16 KiB, so that a few hundred fill 4 MB.

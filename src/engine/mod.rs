@@ -628,16 +628,16 @@ impl<St: Store> Engine<St> {
         }
         // Still contended: whatever is there now says what happened.
         match store.get(&claim.id, claim.now_ms).await {
-            Ok(Some(record)) if record.owner == claim.owner => Ok(Claimed::Ours),
-            Ok(Some(record)) if record.is_live(claim.now_ms) => Ok(Claimed::Held(record)),
-            Ok(_) => Err(ClaimError::Failed(StoreError::new(
-                StoreErrorKind::Conflict,
-                format!(
-                    "record {} kept changing during {} claim attempts",
-                    claim.id,
-                    refusals + conflicts as usize
-                ),
-            ))),
+            Ok(found) => Claimed::by_read(claim, found).ok_or_else(|| {
+                ClaimError::Failed(StoreError::new(
+                    StoreErrorKind::Conflict,
+                    format!(
+                        "record {} kept changing during {} claim attempts",
+                        claim.id,
+                        refusals + conflicts as usize
+                    ),
+                ))
+            }),
             Err(error) => Err(ClaimError::Failed(error)),
         }
     }
@@ -655,12 +655,10 @@ impl<St: Store> Engine<St> {
         error: StoreError,
     ) -> Result<Claimed, ClaimError> {
         match self.inner.store.get(&claim.id, claim.now_ms).await {
-            Ok(Some(record)) if record.owner == claim.owner => Ok(Claimed::Ours),
-            Ok(Some(record)) if record.is_live(claim.now_ms) => {
-                debug!(record = %claim.id, %error, "the claim failed, and a read found the key held");
-                Ok(Claimed::Held(record))
+            Ok(found) => {
+                debug!(record = %claim.id, %error, "the claim failed, but the store answers reads");
+                Claimed::by_read(claim, found).ok_or(ClaimError::Failed(error))
             }
-            Ok(_) => Err(ClaimError::Failed(error)),
             Err(_) => Err(ClaimError::Outage(error)),
         }
     }
@@ -1043,6 +1041,19 @@ enum Claimed {
     Ours,
     /// A live record holds the key.
     Held(Record),
+}
+
+impl Claimed {
+    /// What the record a read found under the claim's id decides: this
+    /// claim's own write (landed, its answer lost), or a live record that
+    /// holds the key; nothing when there is neither.
+    fn by_read(claim: &Claim, found: Option<Record>) -> Option<Self> {
+        match found {
+            Some(record) if record.owner == claim.owner => Some(Claimed::Ours),
+            Some(record) if record.is_live(claim.now_ms) => Some(Claimed::Held(record)),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,24 +4,13 @@
 use super::codec::Item;
 use crate::{StoreError, StoreErrorKind};
 use aws_sdk_dynamodb::{
+    config::http::HttpResponse,
     error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
     operation::{
         delete_item::DeleteItemError, put_item::PutItemError, update_item::UpdateItemError,
     },
 };
 use std::{error::Error as StdError, fmt::Debug};
-
-/// Whether a raw response is a 5xx, for a service error without a code.
-pub(super) trait ServerStatus {
-    /// Whether the status is 500 to 599.
-    fn is_server_error(&self) -> bool;
-}
-
-impl ServerStatus for aws_sdk_dynamodb::config::http::HttpResponse {
-    fn is_server_error(&self) -> bool {
-        self.status().is_server_error()
-    }
-}
 
 /// What a conditional single-item write answered.
 #[derive(Debug)]
@@ -66,13 +55,12 @@ conditional_error!(PutItemError, UpdateItemError, DeleteItemError);
 
 /// Reads a conditional write's result: applied, the condition failed (with
 /// the old item), or any other failure as a [`StoreError`].
-pub(super) fn conditional<O, E, R>(
-    result: Result<O, SdkError<E, R>>,
+pub(super) fn conditional<O, E>(
+    result: Result<O, SdkError<E, HttpResponse>>,
     operation: &'static str,
 ) -> Result<Answer, StoreError>
 where
     E: ConditionalError,
-    R: Debug + Send + Sync + 'static + ServerStatus,
 {
     match result {
         Ok(_) => Ok(Answer::Applied),
@@ -85,16 +73,17 @@ where
 
 /// Maps a failed SDK call that is not one of the protocol's expected
 /// conditional failures.
-pub(super) fn from_sdk<E, R>(operation: &'static str, error: SdkError<E, R>) -> StoreError
+pub(super) fn from_sdk<E>(operation: &'static str, error: SdkError<E, HttpResponse>) -> StoreError
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
-    R: Debug + Send + Sync + 'static + ServerStatus,
 {
     let kind = match &error {
         SdkError::ServiceError(service) => match kind_of_code(service.err().code()) {
             // A 5xx without an error code of DynamoDB's (a proxy, a load
             // balancer in front of it): the service did not answer.
-            StoreErrorKind::Other if service.raw().is_server_error() => StoreErrorKind::Unavailable,
+            StoreErrorKind::Other if service.raw().status().is_server_error() => {
+                StoreErrorKind::Unavailable
+            }
             kind => kind,
         },
         SdkError::ConstructionFailure(_) => StoreErrorKind::Misconfigured,
@@ -120,13 +109,12 @@ where
 /// request DynamoDB rejects as invalid (`ValidationException`: an item
 /// without its key, two actions on one item, too many items) or that the SDK
 /// could not even build is about those writes: rejected, not retryable.
-pub(super) fn from_transaction_sdk<E, R>(
+pub(super) fn from_transaction_sdk<E>(
     operation: &'static str,
-    error: SdkError<E, R>,
+    error: SdkError<E, HttpResponse>,
 ) -> StoreError
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
-    R: Debug + Send + Sync + 'static + ServerStatus,
 {
     let rejected = match &error {
         SdkError::ServiceError(service) => service.err().code() == Some("ValidationException"),

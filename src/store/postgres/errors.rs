@@ -63,42 +63,40 @@ fn kind_of(error: &tokio_postgres::Error) -> StoreErrorKind {
     }
 }
 
+/// Whether `error` or any error it was caused by satisfies `test`.
+fn any_cause(
+    error: &(dyn std::error::Error + 'static),
+    test: impl Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
+    std::iter::successors(Some(error), |error| error.source()).any(test)
+}
+
 /// Whether `error` is tokio-postgres's answer to a server that declined
 /// TLS when the store requires it (it has no error kind of its own).
 fn lacks_tls(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(error);
-    while let Some(error) = cause {
-        if error.to_string() == "server does not support TLS" {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
+    any_cause(error, |cause| {
+        cause.to_string() == "server does not support TLS"
+    })
 }
 
 /// Whether `error` comes from a TLS certificate that failed verification.
 fn is_untrusted_certificate(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(error);
-    while let Some(error) = cause {
-        let rustls = error.downcast_ref::<rustls::Error>().or_else(|| {
-            error
+    any_cause(error, |cause| {
+        let rustls = cause.downcast_ref::<rustls::Error>().or_else(|| {
+            cause
                 .downcast_ref::<std::io::Error>()
                 .and_then(|io| io.get_ref())
                 .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         });
-        if matches!(
+        matches!(
             rustls,
             Some(
                 rustls::Error::InvalidCertificate(_)
                     | rustls::Error::NoCertificatesPresented
                     | rustls::Error::UnsupportedNameType
             )
-        ) {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
+        )
+    })
 }
 
 /// What went wrong, in the server's words where it gave some: the
