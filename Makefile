@@ -26,7 +26,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint unit integration e2e stress fuzz bench bench-redis bench-single-write validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e stress fuzz bench bench-redis bench-single-write validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -42,12 +42,22 @@ demo: $(VENV)/.installed
 ## Everything CI checks: formatting, clippy, the SAM template, unit, doc and
 ## integration tests against DynamoDB Local, PostgreSQL and Redis, and the
 ## end-to-end test of charges and receipts on each store.
-test: lint validate integration e2e
+test: lint package validate integration e2e
 
-## Formatting and clippy, warnings as errors.
+## Formatting, clippy (warnings as errors, incompatible_msrv included) on
+## every package of the workspace, and the declared rust-version against
+## every dependency (scripts/check-msrv).
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	scripts/check-msrv
+
+## What crates.io would get: cargo publish --dry-run of the library and the
+## operator tool (the reference functions are not published), and the
+## library's file list.
+package:
+	$(CARGO) publish --dry-run --workspace --allow-dirty
+	$(CARGO) package --list -p lambda-idempotency --allow-dirty
 
 ## Unit tests only (no DynamoDB needed).
 unit:

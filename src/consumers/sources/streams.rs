@@ -97,7 +97,7 @@ pub type KinesisBatch<St> = Batch<Kinesis, St>;
 ///   `MaximumRetryAttempts` or `MaximumRecordAgeInSeconds` (a stream keeps
 ///   records 24 hours); set them with `BisectBatchOnFunctionError` and an
 ///   on-failure destination. The `ledger` reference function
-///   (`src/bin/ledger.rs`) is a complete example, with its SAM template.
+///   (`functions/ledger` in the repository) is a complete example, with its SAM template.
 ///
 /// ```no_run
 /// use aws_lambda_events::{dynamodb::{Event, EventRecord}, streams::DynamoDbEventResponse};

@@ -31,7 +31,7 @@
 //! compares `expiration_s`, so they are never served, and
 //! [`PostgresStore::purge_expired`] deletes them in batches. Schedule it
 //! (an EventBridge rule invoking a small function, `pg_cron`), or run
-//! `lambda-idempotency --store postgres://… purge-expired` (feature `cli`);
+//! `lambda-idempotency --store postgres://… purge-expired` (the `lambda-idempotency-cli` package);
 //! it is safe to run concurrently with itself and with traffic.
 //!
 //! # Errors

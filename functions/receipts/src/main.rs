@@ -16,7 +16,7 @@
 //! another store; the increment is then made by the handler between the
 //! claim and the completion, not in one transaction with the record.
 
-#[path = "shared/store_url.rs"]
+#[path = "../../../cli/src/store_url.rs"]
 mod store_url;
 #[cfg_attr(
     not(any(feature = "postgres", feature = "redis")),

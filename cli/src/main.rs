@@ -1,5 +1,5 @@
-//! `lambda-idempotency`: look at and evict idempotency records (feature
-//! `cli`; with features `postgres` and `redis`, on those stores too).
+//! `lambda-idempotency`: look at and evict idempotency records in DynamoDB,
+//! and with the default features `postgres` and `redis` in those stores too.
 //!
 //! ```text
 //! lambda-idempotency --store dynamodb://idempotency --prefix idempotency:charges \
@@ -26,7 +26,6 @@
 //! Records hold only a hash of the key: this tool prints the key only when
 //! it was given one.
 
-#[path = "shared/store_url.rs"]
 mod store_url;
 
 use clap::{Args, Parser, Subcommand};

@@ -1,5 +1,6 @@
-//! The store named by `IDEMPOTENCY_STORE_URL`, shared by the reference
-//! functions.
+//! The store named by `IDEMPOTENCY_STORE_URL`, shared by the operator tool
+//! and the reference functions (which include this file: they are not
+//! published, the tool is).
 //!
 //! - `postgres://…`, `postgresql://…` (feature `postgres`): the table
 //!   `idempotency` for the functions, created if missing.
@@ -13,7 +14,9 @@
 //! bundle for PostgreSQL (which then always connects over TLS), a private
 //! CA for Redis.
 
-use lambda_http::Error;
+/// What `lambda_http` and `lambda_runtime` call `Error`: this file is shared
+/// by the tool and by functions on either runtime.
+type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// A store other than DynamoDB.
 pub enum OtherStore {

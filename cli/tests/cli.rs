@@ -4,6 +4,8 @@
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB`, `IDEMPOTENCY_TEST_POSTGRES_URL` and
 //! `IDEMPOTENCY_TEST_REDIS_URL`; `make test` provides them.
 
+// The integration harness helpers are the library's (tests/support).
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use lambda_idempotency::{

@@ -21,7 +21,7 @@
 //! written (its id is derived from the idempotency record, so the write is
 //! conditional on it not existing).
 
-#[path = "shared/store_url.rs"]
+#[path = "../../../cli/src/store_url.rs"]
 mod store_url;
 #[cfg_attr(
     not(any(feature = "postgres", feature = "redis")),
