@@ -45,12 +45,13 @@ demo: $(VENV)/.installed
 test: lint package validate integration e2e
 
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
-## every package of the workspace, and the declared rust-version against
-## every dependency (scripts/check-msrv).
+## every package of the workspace, the declared rust-version against every
+## dependency (scripts/check-msrv), and the docs as docs.rs builds them.
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	scripts/check-msrv
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,consumers,postgres,redis,testing
 
 ## What crates.io would get: cargo publish --dry-run of the library and the
 ## operator tool (the reference functions are not published), and the

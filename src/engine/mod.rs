@@ -3,6 +3,7 @@
 //! It decides everything from what the [`Store`] returns and never touches a
 //! backend itself, so the same protocol runs on DynamoDB and in memory.
 
+mod alert;
 mod attempt;
 mod builder;
 mod cache;
@@ -299,6 +300,23 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
+        let result = self.run_unreported(attempt, mode, codec, operation).await;
+        alert::operator_must_act(&result);
+        result
+    }
+
+    async fn run_unreported<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        mode: Mode,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
         let inner = &*self.inner;
         if inner.disabled {
             return self.run_disabled(operation).await;
@@ -447,7 +465,9 @@ impl<St: Store> Engine<St> {
                 "this store cannot commit in a single write: use Engine::run"
             )
         };
-        self.single_write(attempt, codec, operation).await
+        let result = self.single_write(attempt, codec, operation).await;
+        alert::operator_must_act(&result);
+        result
     }
 
     /// The single-write protocol; callers have checked

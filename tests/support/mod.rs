@@ -169,7 +169,7 @@ pub fn unreachable_client() -> Client {
     Client::from_conf(config)
 }
 
-fn unique_name(prefix: &str) -> String {
+pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

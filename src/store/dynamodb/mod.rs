@@ -1,9 +1,76 @@
 //! The DynamoDB store: the protocol as conditional writes.
 //!
+//! # The table
+//!
+//! One partition key of type S (`id` unless renamed with
+//! [`AttributeNames`]), no sort key, TTL on `expiration`, on-demand
+//! capacity. [`DynamoDbStore::create_table`] makes it (tests, scripts);
+//! [`DynamoDbStore::verify`] checks it from `main` without writing. In
+//! infrastructure code:
+//!
+//! ```yaml
+//! # SAM / CloudFormation
+//! IdempotencyTable:
+//!   Type: AWS::DynamoDB::Table
+//!   Properties:
+//!     BillingMode: PAY_PER_REQUEST
+//!     AttributeDefinitions: [{ AttributeName: id, AttributeType: S }]
+//!     KeySchema: [{ AttributeName: id, KeyType: HASH }]
+//!     TimeToLiveSpecification: { AttributeName: expiration, Enabled: true }
+//! ```
+//!
+//! ```text
+//! // CDK (TypeScript)
+//! new dynamodb.TableV2(this, "Idempotency", {
+//!   partitionKey: { name: "id", type: dynamodb.AttributeType.STRING },
+//!   timeToLiveAttribute: "expiration",
+//! });  // TableV2 is on-demand by default
+//!
+//! # Terraform
+//! resource "aws_dynamodb_table" "idempotency" {
+//!   name         = "idempotency"
+//!   billing_mode = "PAY_PER_REQUEST"
+//!   hash_key     = "id"
+//!   attribute { name = "id"  type = "S" }
+//!   ttl { attribute_name = "expiration"  enabled = true }
+//! }
+//!
+//! # AWS CLI
+//! aws dynamodb create-table --table-name idempotency --billing-mode PAY_PER_REQUEST \
+//!     --attribute-definitions AttributeName=id,AttributeType=S \
+//!     --key-schema AttributeName=id,KeyType=HASH
+//! aws dynamodb update-time-to-live --table-name idempotency \
+//!     --time-to-live-specification Enabled=true,AttributeName=expiration
+//! ```
+//!
+//! # IAM
+//!
+//! The function's role, on the table's ARN:
+//!
+//! | action | used for |
+//! |---|---|
+//! | `dynamodb:PutItem` | the claim |
+//! | `dynamodb:UpdateItem` | the completion, a lease extension, a takeover |
+//! | `dynamodb:DeleteItem` | releasing a claim when the operation fails |
+//! | `dynamodb:GetItem` | the consistent read after a conditional failure that carries no item |
+//! | `dynamodb:Scan` | only for [`Engine::list_in_progress`](crate::Engine::list_in_progress) and the operator tool's `list` |
+//! | `dynamodb:DescribeTimeToLive` | only for [`DynamoDbStore::verify`] |
+//! | `dynamodb:CreateTable`, `DescribeTable`, `UpdateTimeToLive` | only for [`DynamoDbStore::create_table`] |
+//!
+//! A `TransactWriteItems` (a completion with the operation's writes, the
+//! single write) needs no action of its own: it needs those of its parts,
+//! `UpdateItem` or `PutItem` here and what your writes need on their tables.
+//!
+//! A missing table, a missing permission or a wrong key is
+//! [`Misconfigured`](crate::StoreErrorKind::Misconfigured): the HTTP layer
+//! answers 500 `idempotency-store-failed` (never a 503 that invites a retry),
+//! nothing runs, even failing open, and the first one in a process is logged
+//! at error level even without a `tracing` subscriber.
+//!
 //! # Errors
 //!
 //! What each SDK failure means, decided in one place (`errors.rs`; see
-//! [`StoreErrorKind`](crate::StoreErrorKind) for what the engine does with
+//! [`StoreErrorKind`] for what the engine does with
 //! each kind):
 //!
 //! | SDK failure | kind |
@@ -19,6 +86,7 @@
 mod codec;
 mod errors;
 mod names;
+mod table;
 
 pub use names::AttributeNames;
 

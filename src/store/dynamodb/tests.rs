@@ -348,3 +348,30 @@ async fn a_bare_server_error_is_an_outage() {
     let error = store(&[&put]).claim(&claim()).await.expect_err("a 502");
     assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
 }
+
+/// DynamoDB Local does not enforce IAM: a role without `UpdateItem` is
+/// mocked. `verify` names the action to grant.
+#[tokio::test]
+async fn verify_names_the_permission_a_role_lacks() {
+    let put = mock!(Client::put_item).then_error(|| {
+        PutItemError::ConditionalCheckFailedException(
+            ConditionalCheckFailedException::builder().build(),
+        )
+    });
+    let update = mock!(Client::update_item).then_error(|| {
+        aws_sdk_dynamodb::operation::update_item::UpdateItemError::generic(
+            ErrorMetadata::builder()
+                .code("AccessDeniedException")
+                .message("User: arn:aws:sts::1:assumed-role/charges is not authorized to perform: dynamodb:UpdateItem")
+                .build(),
+        )
+    });
+    let error = store(&[&put, &update]).verify().await.expect_err("refused");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("may not call dynamodb:UpdateItem on table idempotency"),
+        "{error}"
+    );
+}

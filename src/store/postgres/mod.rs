@@ -38,7 +38,7 @@
 //!
 //! What each failure means, decided in one place (`errors.rs`, by
 //! SQLSTATE, exact code first, then class; see
-//! [`StoreErrorKind`](crate::StoreErrorKind) for what the engine does with
+//! [`StoreErrorKind`] for what the engine does with
 //! each kind):
 //!
 //! | failure | kind |

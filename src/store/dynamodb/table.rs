@@ -1,0 +1,292 @@
+//! The table itself: [`DynamoDbStore::create_table`] for tests and scripts,
+//! [`DynamoDbStore::verify`] for a function's start-up.
+
+use super::{
+    codec::string,
+    errors::{conditional, from_sdk, Answer, ConditionalError},
+    DynamoDbStore,
+};
+use crate::{StoreError, StoreErrorKind};
+use aws_sdk_dynamodb::{
+    client::Waiters,
+    config::http::HttpResponse,
+    error::SdkError,
+    types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+        TimeToLiveSpecification, TimeToLiveStatus,
+    },
+};
+use std::{collections::HashMap, time::Duration};
+
+/// The item the probes address. A condition no item can meet makes each
+/// probe fail without writing, after DynamoDB has checked the table, its
+/// key schema and the caller's permission for the action.
+const PROBE_ID: &str = "lambda-idempotency#verify";
+const NEVER: &str = "attribute_exists(#id) AND attribute_not_exists(#id)";
+/// How long [`DynamoDbStore::create_table`] waits for a new table to be
+/// `ACTIVE` (DynamoDB takes seconds; DynamoDB Local none).
+const ACTIVE_WITHIN: Duration = Duration::from_secs(300);
+
+impl DynamoDbStore {
+    /// Creates the table the store needs: on-demand capacity, the partition
+    /// key (`id`, type S, or the configured name) and TTL on the expiration
+    /// attribute, then waits until it is `ACTIVE` and [verifies](Self::verify)
+    /// it. An existing table is left as it is and verified, so this is safe
+    /// to call from a test set-up or a script more than once.
+    ///
+    /// For production, declare the table in your infrastructure code (the
+    /// README has SAM, CDK, Terraform and AWS CLI forms). Needs
+    /// `dynamodb:CreateTable`, `dynamodb:DescribeTable`,
+    /// `dynamodb:UpdateTimeToLive` and what [`verify`](Self::verify) needs.
+    ///
+    /// ```no_run
+    /// # async fn create() -> Result<(), lambda_idempotency::StoreError> {
+    /// use lambda_idempotency::DynamoDbStore;
+    ///
+    /// let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency");
+    /// store.create_table().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_table(&self) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let created = inner
+            .client
+            .create_table()
+            .table_name(&inner.table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(&inner.names.id)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .map_err(invalid)?,
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(&inner.names.id)
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .map_err(invalid)?,
+            )
+            .send()
+            .await;
+        if let Err(error) = created {
+            // An existing table (or our own create, retried after its answer
+            // was lost) is verified below like any other.
+            let exists = error
+                .as_service_error()
+                .is_some_and(|e| e.is_resource_in_use_exception());
+            if !exists {
+                return Err(from_sdk("CreateTable", error));
+            }
+        }
+        inner
+            .client
+            .wait_until_table_exists()
+            .table_name(&inner.table)
+            .wait(ACTIVE_WITHIN)
+            .await
+            .map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!("table {} did not become ACTIVE: {e}", inner.table),
+                )
+                .with_source(e)
+            })?;
+        if self.time_to_live().await?.is_none() {
+            inner
+                .client
+                .update_time_to_live()
+                .table_name(&inner.table)
+                .time_to_live_specification(
+                    TimeToLiveSpecification::builder()
+                        .attribute_name(&inner.names.expiration)
+                        .enabled(true)
+                        .build()
+                        .map_err(invalid)?,
+                )
+                .send()
+                .await
+                .map_err(|e| from_sdk("UpdateTimeToLive", e))?;
+        }
+        self.verify().await
+    }
+
+    /// Checks, without writing anything, that the table exists, that its key
+    /// is the store's partition key of type S, that the caller may make every
+    /// call the store makes, and that TTL deletes expired records. Call it
+    /// once in `main`, before serving, to fail a deployment at its first cold
+    /// start with the cause in the error rather than answer every request
+    /// 500:
+    ///
+    /// ```no_run
+    /// # async fn start() -> Result<(), lambda_idempotency::StoreError> {
+    /// # let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let store = lambda_idempotency::DynamoDbStore::new(
+    ///     aws_sdk_dynamodb::Client::new(&config),
+    ///     "idempotency",
+    /// );
+    /// store.verify().await?; // e.g. "TTL is not enabled on table idempotency …"
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Each of `PutItem`, `UpdateItem`, `DeleteItem` is probed with a
+    /// condition no item can meet, so DynamoDB checks the table, the key and
+    /// the permission and then refuses to write (each probe is billed as a
+    /// one-unit write); `GetItem` reads an item that never exists. TTL is
+    /// read with `DescribeTimeToLive`, the one action beyond the store's own
+    /// that the function's role needs for this check.
+    ///
+    /// Every failure is [`StoreErrorKind::Misconfigured`] with a message
+    /// that names the table and the cause (a missing table, a wrong key, a
+    /// missing permission with the action, TTL off or on another attribute),
+    /// except an outage, which keeps its kind.
+    pub async fn verify(&self) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let key = HashMap::from([(inner.names.id.clone(), string(PROBE_ID))]);
+        let names = HashMap::from([("#id".to_owned(), inner.names.id.clone())]);
+
+        let put = inner
+            .client
+            .put_item()
+            .table_name(&inner.table)
+            .set_item(Some(key.clone()))
+            .condition_expression(NEVER)
+            .set_expression_attribute_names(Some(names.clone()))
+            .send()
+            .await;
+        self.refused_by_condition("PutItem", put)?;
+        let update = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .set_key(Some(key.clone()))
+            .update_expression("REMOVE #id_probe")
+            .condition_expression(NEVER)
+            .set_expression_attribute_names(Some(
+                names
+                    .clone()
+                    .into_iter()
+                    .chain([("#id_probe".to_owned(), format!("{PROBE_ID}#none"))])
+                    .collect(),
+            ))
+            .send()
+            .await;
+        self.refused_by_condition("UpdateItem", update)?;
+        let delete = inner
+            .client
+            .delete_item()
+            .table_name(&inner.table)
+            .set_key(Some(key.clone()))
+            .condition_expression(NEVER)
+            .set_expression_attribute_names(Some(names))
+            .send()
+            .await;
+        self.refused_by_condition("DeleteItem", delete)?;
+        inner
+            .client
+            .get_item()
+            .table_name(&inner.table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.explain("GetItem", from_sdk("GetItem", e)))?;
+
+        match self.time_to_live().await? {
+            Some(attribute) if attribute == inner.names.expiration => Ok(()),
+            Some(attribute) => Err(self.misconfigured(format!(
+                "TTL on table {} deletes by `{attribute}`, but the records expire by `{}`: \
+                 expired records would stay forever. Enable TTL on `{}` (a table has one TTL \
+                 attribute), or name the store's expiration attribute `{attribute}` \
+                 (AttributeNames::expiration)",
+                inner.table, inner.names.expiration, inner.names.expiration
+            ))),
+            None => Err(self.misconfigured(format!(
+                "TTL is not enabled on table {}: expired records are never deleted and the \
+                 table grows without end. Enable it on `{}` (aws dynamodb update-time-to-live \
+                 --table-name {} --time-to-live-specification \
+                 Enabled=true,AttributeName={})",
+                inner.table, inner.names.expiration, inner.table, inner.names.expiration
+            ))),
+        }
+    }
+
+    /// The attribute TTL deletes by, when TTL is enabled or being enabled.
+    async fn time_to_live(&self) -> Result<Option<String>, StoreError> {
+        let inner = &*self.inner;
+        let described = inner
+            .client
+            .describe_time_to_live()
+            .table_name(&inner.table)
+            .send()
+            .await
+            .map_err(|e| self.explain("DescribeTimeToLive", from_sdk("DescribeTimeToLive", e)))?;
+        let Some(description) = described.time_to_live_description() else {
+            return Ok(None);
+        };
+        Ok(match description.time_to_live_status() {
+            Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling) => {
+                description.attribute_name().map(str::to_owned)
+            }
+            _ => None,
+        })
+    }
+
+    /// A probe must fail on its condition: anything else says what is wrong.
+    fn refused_by_condition<O, E: ConditionalError>(
+        &self,
+        operation: &'static str,
+        result: Result<O, SdkError<E, HttpResponse>>,
+    ) -> Result<(), StoreError> {
+        match conditional(result, operation) {
+            Ok(Answer::ConditionFailed(_)) => Ok(()),
+            Ok(Answer::Applied) => Err(self.misconfigured(format!(
+                "DynamoDB {operation} on table {} met a condition no item can meet: this is \
+                 not DynamoDB's conditional-write behaviour (a proxy or an emulator in front?)",
+                self.inner.table
+            ))),
+            Err(error) => Err(self.explain(operation, error)),
+        }
+    }
+
+    /// Names the cause of a failed check, keeping the SDK's error as source.
+    fn explain(&self, operation: &str, error: StoreError) -> StoreError {
+        if error.kind() != StoreErrorKind::Misconfigured {
+            return error;
+        }
+        let table = &self.inner.table;
+        let text = error.to_string();
+        let cause = if text.contains("ResourceNotFoundException") {
+            format!(
+                "table {table} does not exist (in this account, region and endpoint): create it \
+                 with the partition key `{}` of type S",
+                self.inner.names.id
+            )
+        } else if text.contains("AccessDenied") {
+            format!(
+                "the caller may not call dynamodb:{operation} on table {table}: grant it in the \
+                 function's role"
+            )
+        } else if text.contains("ValidationException") && text.contains("key") {
+            format!(
+                "table {table}'s key is not what the store needs: a partition key `{}` of type S \
+                 and no sort key",
+                self.inner.names.id
+            )
+        } else {
+            format!("DynamoDB {operation} on table {table} was refused")
+        };
+        StoreError::new(StoreErrorKind::Misconfigured, format!("{cause} ({text})"))
+            .with_source(error)
+    }
+
+    fn misconfigured(&self, message: String) -> StoreError {
+        StoreError::new(StoreErrorKind::Misconfigured, message)
+    }
+}
+
+fn invalid(error: aws_sdk_dynamodb::error::BuildError) -> StoreError {
+    StoreError::new(StoreErrorKind::Misconfigured, error.to_string()).with_source(error)
+}
