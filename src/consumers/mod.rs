@@ -47,6 +47,74 @@
 //! Inside any handler, [`Engine::execute`](crate::Engine::execute) makes one
 //! async function idempotent, and [`derive_key`](crate::derive_key) gives each
 //! downstream call of a fan-out its own stable key from the parent's.
+//!
+//! # What "the same record" is
+//!
+//! The default fingerprint is what the sender
+//! sent, never what the source adds to each delivery, so that under a business
+//! key a second delivery of the same thing replays, and only another payload
+//! under the key is refused ("key reused with another payload"):
+//!
+//! | source | fingerprinted | left out (differs between two deliveries of the same thing) |
+//! |---|---|---|
+//! | SQS | the body and the `messageAttributes` the sender set | `attributes` (`ApproximateReceiveCount`, `SentTimestamp`, …), `messageId`, receipt handle |
+//! | Kinesis | the partition key and the data | sequence number, `approximateArrivalTimestamp`, `eventID` |
+//! | DynamoDB Streams | `eventName`, `Keys`, `NewImage`, `OldImage` | `eventID`, `SequenceNumber`, `ApproximateCreationDateTime`, `SizeBytes` |
+//! | Kafka | key, value and headers | offset, `timestamp` |
+//! | Amazon MQ | the data | headers and properties (the broker adds some on redelivery) |
+//! | SNS | `Message`, `Subject`, `MessageAttributes` | `MessageId`, `Timestamp`, `Signature`, the URLs |
+//! | EventBridge | `source`, `detail-type`, `detail` | `id`, `time`, `replay-name` |
+//!
+//! A fingerprint over delivery metadata would refuse the second delivery on
+//! every retry and stall a stream's shard until its retries ran out.
+//! `.fingerprint(…)` chooses another part.
+//!
+//! # Configuring the event source mapping, and other rules
+//!
+//! - **Transactions.** `process_transactional` commits each record's DynamoDB
+//!   writes in one transaction with its idempotency record (add
+//!   `.single_write()` for one call per record). `functions/receipts` (SQS)
+//!   and `functions/ledger` (DynamoDB Streams) keep deliberately
+//!   non-idempotent counters (`sent += 1`, `entries += 1`) at 1 however often
+//!   they are delivered.
+//! - **Configure the mapping for the semantics.** Streams:
+//!   `FunctionResponseTypes: [ReportBatchItemFailures]`,
+//!   `BisectBatchOnFunctionError`, `MaximumRetryAttempts`,
+//!   `MaximumRecordAgeInSeconds` and an on-failure destination, so that a
+//!   poison record is given up on instead of stalling its shard (see
+//!   `LedgerEventSourceMapping` in `template.yaml`). SQS:
+//!   `ReportBatchItemFailures` and a dead-letter queue.
+//! - **Without `ReportBatchItemFailures` the response is ignored.** Lambda
+//!   reads a successful invocation as a complete batch: SQS deletes every
+//!   message, the reported ones included, and a stream checkpoints past them:
+//!   the records the response names are lost. `SqsBatch`, `KinesisBatch`,
+//!   `DynamoDbStreamBatch` and `KafkaPartialBatch` need it on the mapping;
+//!   where a Kafka mapping cannot have it (on-demand mode), use `KafkaBatch`.
+//! - **`.fail_on_entire_batch_failure()`** (Powertools'
+//!   `raise_on_entire_batch_failure`) fails the invocation when no record
+//!   completed. A partial response that names every record is a successful
+//!   invocation to Lambda: a downstream outage that fails everything shows in
+//!   no `Errors` metric or alarm, Lambda's handling of function errors never
+//!   starts, and each SQS message burns a receive towards its dead-letter
+//!   queue.
+//! - **Retention outlasts retries.** A record's idempotency record must still
+//!   exist when its batch is retried: keep `Engine::builder(…).retention` (24 h
+//!   by default) above the mapping's `MaximumRecordAgeInSeconds` (Kinesis
+//!   keeps records up to a year; DynamoDB Streams 24 h) and above how long an
+//!   SQS message can come back (the queue keeps it up to 14 days; `maxReceiveCount`
+//!   × the visibility timeout bounds it sooner), or a late redelivery runs
+//!   again.
+//! - **Never wrap a batch handler in `IdempotentEventLayer`.** The layer
+//!   stores the handler's response and replays it: the retry of a batch with
+//!   a partial failure would get the stored response, and its failed records
+//!   would never run again. `Batch` already makes each record idempotent.
+//! - **RabbitMQ sets no message id.** Publishers must set the `messageId`
+//!   property, or give a business key with `.key(…)`; a message without a key
+//!   fails loudly rather than run without a claim.
+//! - **Parallelism.** Ordered groups (shards, partitions, queues, FIFO groups)
+//!   run side by side, up to `.concurrency(n)` (8 by default); records of one
+//!   group never do.
+//! - `consumers::Source` lets another event type be processed the same way.
 
 mod batch;
 mod config;

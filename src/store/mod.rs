@@ -44,6 +44,76 @@
 //! The `testing` feature's conformance kit
 //! (`lambda_idempotency::testing`) checks a store against every
 //! guarantee with one macro call.
+//!
+//! # How each store can lose what it acknowledged
+//!
+//! - **DynamoDB**: a write is acknowledged once durable in several AZs. Nothing
+//!   is lost by a failure of AWS's side that the store reports as success.
+//! - **PostgreSQL**: with `synchronous_commit = on` (the default) a commit is on
+//!   disk before it is acknowledged; RDS Multi-AZ instances replicate
+//!   synchronously, and Aurora commits to a quorum. A failover to an
+//!   asynchronous read replica promoted by hand can lose the last commits.
+//! - **Redis**: replication is asynchronous. A primary that fails after
+//!   acknowledging a claim or a completion, before its replica received it,
+//!   loses that record when the replica is promoted. For this crate that means:
+//!   a lost claim lets a concurrent duplicate run while the first still runs; a
+//!   lost completion lets a later retry run the operation again, as a first
+//!   attempt, not a takeover. `appendonly yes` with `appendfsync always`
+//!   protects a restarted primary, not a failover. `WAIT 1 <ms>` after each
+//!   write narrows the window but does not close it (Redis's own docs: it does
+//!   not make Redis strongly consistent). **MemoryDB** closes it: a write is
+//!   acknowledged only once in its multi-AZ transaction log, and a failover
+//!   never loses it. For payments on a Redis API, use MemoryDB, or DynamoDB or
+//!   PostgreSQL. The cluster tests found the same in practice: failing over to a
+//!   replica that had not finished its initial sync lost completed records and
+//!   let their keys run again, while a failover to an in-sync replica and a
+//!   whole resharding under concurrent duplicates lost nothing.
+//! - **Redis eviction**: every record carries a TTL, so a server at its
+//!   `maxmemory` under any policy but `noeviction` (`volatile-lru` is
+//!   ElastiCache's default parameter group; `volatile-*` and `allkeys-*`
+//!   alike) deletes records it acknowledged, and their keys run again (on a
+//!   local server with `maxmemory 4mb` and `volatile-lru`, 393 of 400
+//!   completed keys ran again). The store reads `INFO` (which ElastiCache and
+//!   MemoryDB allow, unlike `CONFIG`) when it connects and every minute after
+//!   (the policy can change on a live server), on every primary of a
+//!   cluster, and refuses such a server: every call fails as `Misconfigured`
+//!   (a 500), naming the policy. Use `maxmemory-policy noeviction` (on
+//!   ElastiCache, a custom parameter group), a cache of its own for the
+//!   records, or MemoryDB. Under `noeviction` a full server refuses new
+//!   claims (`OOM`: `Throttled`, a 503) instead of forgetting old ones.
+//!   `RedisStore::allow_eviction()` accepts an evicting server, with a
+//!   warning, and `RedisStore::server_report()` returns the policy and
+//!   `evicted_keys` of each node (it logs a warning when the count grows):
+//!   watch it, each eviction may be a key that runs again. ElastiCache and
+//!   MemoryDB also publish the count as the CloudWatch metric `Evictions`
+//!   (per node): alarm on any value above 0. When `INFO` is
+//!   refused (an ACL) or says nothing of the policy, the store warns once and
+//!   goes on.
+//! - **Clock offsets**: conditions use the engine's `now` on every store. A
+//!   Redis record's TTL is counted from that `now` (`PEXPIRE`), on the
+//!   server's own clock, so an offset between the function's clock and the
+//!   server's changes nothing. DynamoDB's TTL deletes by AWS's clock: the
+//!   record's `expiration` is an absolute epoch time, so a function whose
+//!   clock is behind AWS's by more than the retention writes records that
+//!   AWS already counts as expired and may delete at any moment (their keys
+//!   then run again); a clock ahead only keeps records longer. Lambda's clock
+//!   is kept by AWS, so this matters for a function run elsewhere (a
+//!   container or a machine whose clock drifts). PostgreSQL deletes nothing by
+//!   itself: `purge_expired` deletes what expired before the `now_s` it is
+//!   given (the CLI's `purge-expired`: the clock of the machine that runs it).
+//! - **Every store**: a store that cannot be reached fails closed (a 503 with
+//!   `Retry-After`), never a run without a claim; a completion whose answer is
+//!   lost leaves the claim until its lease passes, and the retry after it is
+//!   told it takes over (`Takeover`). A store that is set up wrong is a 500
+//!   (`idempotency-store-failed`) and an error in the log, never a 503 and
+//!   never a run without a claim, even failing open: each store's module docs
+//!   have the table of which backend error is which kind
+//!   (`StoreErrorKind`: an outage, a conflict, misconfiguration, a rejected
+//!   value).
+//! - **PostgreSQL at any isolation level**: at `SERIALIZABLE` or `REPEATABLE
+//!   READ` (a server, database or role default), concurrent duplicates abort
+//!   each other's claims (`40001`); the engine claims again and reads the
+//!   winner's record, so one runs and the others are told in progress.
 
 use crate::{Fingerprint, StoreError};
 use std::future::Future;

@@ -23,6 +23,17 @@
 //! # The table
 //!
 //! ```sql
+//!
+//! # Deploying
+//!
+//! **RDS Proxy**: the function in the VPC as above, the proxy's endpoint in
+//!   `IDEMPOTENCY_STORE_URL`
+//!   (`postgres://user:password@<proxy endpoint>:5432/db`), the RDS CA bundle
+//!   in `IDEMPOTENCY_STORE_ROOT_CERTIFICATE`, and the proxy's `RequireTLS` on.
+//!   With IAM authentication, the role needs `rds-db:connect` on
+//!   `arn:aws:rds-db:<region>:<account>:dbuser:<proxy resource id>/<user>`.
+//!   The table must exist before the first request, or the function's database
+//!   user needs `CREATE` on the schema (`charges` creates it when missing).
 #![doc = include_str!("table.sql")]
 //! ```
 //!

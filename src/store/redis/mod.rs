@@ -87,6 +87,17 @@
 //! has no values, and single write
 //! ([`Engine::run_single_write`](crate::Engine::run_single_write)) does not
 //! compile with it.
+//!
+//! # Deploying
+//!
+//! **ElastiCache / MemoryDB**: put the function in the cache's VPC
+//!   (`VpcConfig` with private subnets and a security group the cache's group
+//!   admits on 6379), and set `IDEMPOTENCY_STORE_URL` to
+//!   `rediss+cluster://<configuration endpoint>:6379` (cluster mode,
+//!   Serverless, MemoryDB) or `rediss://<primary endpoint>:6379`. With Redis
+//!   AUTH or an ACL user, put the credentials in the URL from Secrets Manager
+//!   (`{{resolve:secretsmanager:…}}`). No IAM policy is needed for the data
+//!   path; the function's role needs `AWSLambdaVPCAccessExecutionRole`.
 
 mod connection;
 mod errors;
