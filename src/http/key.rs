@@ -261,6 +261,20 @@ mod tests {
     }
 
     #[test]
+    fn keys_from_elsewhere_are_checked_as_they_are() {
+        assert_eq!(
+            check_key("evt_1NG8Du2eZvKYlo2CUI79vXWy"),
+            Ok("evt_1NG8Du2eZvKYlo2CUI79vXWy")
+        );
+        assert_eq!(check_key("a, \"quoted\" key"), Ok("a, \"quoted\" key"));
+        assert_eq!(check_key(&"k".repeat(255)).map(str::len), Ok(255));
+        assert_eq!(check_key(""), Err(KeyError::Empty));
+        assert_eq!(check_key(&"k".repeat(256)), Err(KeyError::TooLong));
+        assert_eq!(check_key("tab\there"), Err(KeyError::InvalidCharacter));
+        assert_eq!(check_key("cl\u{e9}"), Err(KeyError::InvalidCharacter));
+    }
+
+    #[test]
     fn rejects_everything_else() {
         let cases: &[(&[u8], KeyError)] = &[
             (b"", KeyError::Empty),

@@ -51,10 +51,19 @@ const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 /// and answers with the inner service's own response body type, so it
 /// composes where the inner service does (`lambda_http::run`, axum's
 /// `Router::layer`, hyper).
-#[derive(Clone)]
 pub struct Idempotency<S, St> {
     inner: S,
     config: Arc<Config<St>>,
+}
+
+// Not derived: the store need not be `Clone` (the configuration is shared).
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
 }
 
 impl<S, St> Idempotency<S, St> {
