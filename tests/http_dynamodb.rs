@@ -339,7 +339,7 @@ async fn neither_raw_keys_nor_principals_are_stored() {
     let table = support::create_idempotency_table(&client).await;
     let engine = Engine::builder(DynamoDbStore::new(client.clone(), table.clone())).build();
     let service = IdempotencyLayer::new(engine)
-        .scope(|_: &Request| "principal-alice@example.com POST /v1/charges".to_owned())
+        .scope(|_: &http::Request<_>| "principal-alice@example.com POST /v1/charges".to_owned())
         .layer(Handler::new(charge));
     let key = "raw-secret-key-0f3c9a77";
     service
@@ -371,7 +371,7 @@ async fn one_tenant_in_flight_never_blocks_another_with_the_same_key() {
     let handler = Handler::new(charge).slow(Duration::from_millis(500));
     let tenant = |name: &'static str| {
         IdempotencyLayer::new(engine.clone())
-            .scope(move |_: &Request| format!("tenant-{name} POST /v1/charges"))
+            .scope(move |_: &http::Request<_>| format!("tenant-{name} POST /v1/charges"))
             .layer(handler.clone())
     };
     let a = tokio::spawn(tenant("a").oneshot(post("shared-key", json("{}"))));

@@ -2,14 +2,19 @@
 //! makes, and its defaults.
 
 use super::{
-    metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE, scope::default_scope, stored::ResponseCodec,
+    body::DEFAULT_BODY_LIMIT, key::KeySource, metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE,
+    service::REPLAYED_HEADER, stored::ResponseCodec,
 };
 use crate::{Engine, Mode, Replayed};
+use bytes::Bytes;
 use lambda_http::{
-    http::{HeaderName, Method, StatusCode},
-    Body, Request, Response,
+    http::{HeaderName, Method, Request, StatusCode},
+    Body, Response,
 };
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{atomic::AtomicBool, Arc},
+    time::Duration,
+};
 
 /// The default key header, as the IETF draft names it.
 pub const DEFAULT_HEADER: &str = "idempotency-key";
@@ -31,7 +36,7 @@ pub fn default_store_policy(status: StatusCode) -> bool {
         || status.is_informational())
 }
 
-pub(crate) type ScopeFn = Arc<dyn Fn(&Request) -> String + Send + Sync>;
+pub(crate) type ScopeFn = Arc<dyn Fn(&Request<Bytes>) -> String + Send + Sync>;
 pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<Body>, &Replayed) + Send + Sync>;
 
@@ -41,14 +46,20 @@ pub(crate) struct Config<St> {
     pub(crate) engine: Engine<St>,
     pub(crate) require_key: bool,
     pub(crate) methods: Vec<Method>,
-    pub(crate) header: HeaderName,
+    pub(crate) key: KeySource,
+    pub(crate) replayed_header: HeaderName,
+    pub(crate) body_limit: usize,
     pub(crate) store_when: PolicyFn,
     pub(crate) on_replay: Option<ReplayHook>,
     pub(crate) codec: ResponseCodec,
     pub(crate) wait: Option<Duration>,
     pub(crate) mode: Mode,
     pub(crate) single_write: bool,
-    pub(crate) scope: ScopeFn,
+    /// `None`: the [default scope](super::default_scope), with a warning
+    /// for a request without a Lambda context.
+    pub(crate) scope: Option<ScopeFn>,
+    /// Whether the warning about the anonymous scope was logged.
+    pub(crate) anonymous_warned: Arc<AtomicBool>,
     pub(crate) metrics: Option<EmfMetrics>,
     pub(crate) problem_base: String,
 }
@@ -62,14 +73,17 @@ impl<St> Config<St> {
             engine,
             require_key: true,
             methods: vec![Method::POST, Method::PATCH],
-            header: HeaderName::from_static(DEFAULT_HEADER),
+            key: KeySource::header(HeaderName::from_static(DEFAULT_HEADER)),
+            replayed_header: HeaderName::from_static(REPLAYED_HEADER),
+            body_limit: DEFAULT_BODY_LIMIT,
             store_when: Arc::new(default_store_policy),
             on_replay: None,
             codec: ResponseCodec::default(),
             wait: None,
             mode: Mode::Plain,
             single_write: false,
-            scope: Arc::new(default_scope),
+            scope: None,
+            anonymous_warned: Arc::default(),
             metrics: None,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
         }
@@ -82,14 +96,17 @@ impl<St> Clone for Config<St> {
             engine: self.engine.clone(),
             require_key: self.require_key,
             methods: self.methods.clone(),
-            header: self.header.clone(),
+            key: self.key.clone(),
+            replayed_header: self.replayed_header.clone(),
+            body_limit: self.body_limit,
             store_when: Arc::clone(&self.store_when),
             on_replay: self.on_replay.clone(),
             codec: self.codec.clone(),
             wait: self.wait,
             mode: self.mode,
             single_write: self.single_write,
-            scope: Arc::clone(&self.scope),
+            scope: self.scope.clone(),
+            anonymous_warned: Arc::clone(&self.anonymous_warned),
             metrics: self.metrics.clone(),
             problem_base: self.problem_base.clone(),
         }

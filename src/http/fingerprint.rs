@@ -4,8 +4,7 @@
 
 use crate::Fingerprint;
 use lambda_http::{
-    aws_lambda_events::query_map::QueryMap, http::header::CONTENT_TYPE, request::RequestContext,
-    Request, RequestExt,
+    aws_lambda_events::query_map::QueryMap, http::Request, request::RequestContext, RequestExt,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -22,12 +21,15 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 ///   hash map, in an order that changes from one parse of the same event to
 ///   the next, and from a `Host` header that may hold anything: the URI is
 ///   not what identifies the request.
-/// - A body whose content type is JSON (`application/json`, or any `+json`
-///   type) in canonical form: keys sorted, whitespace dropped, strings
-///   unescaped, numbers by their exact text (`1.0` is not `1`, and no
-///   number is rounded). A body that is not JSON, or that holds a duplicate
-///   key (which parsers disagree on), and any other body: its raw bytes.
-pub fn request_fingerprint(request: &Request) -> Fingerprint {
+/// - A body that parses as JSON, whatever its `Content-Type` says, in
+///   canonical form: keys sorted, whitespace dropped, strings unescaped,
+///   numbers by their exact text (`1.0` is not `1`, and no number is
+///   rounded). So a retry that adds, drops or changes `Content-Type` on the
+///   same JSON is the same request. A body that is not JSON, or that holds
+///   a duplicate key (which parsers disagree on): its raw bytes.
+///
+/// No header is part of it.
+pub fn request_fingerprint<B: AsRef<[u8]>>(request: &Request<B>) -> Fingerprint {
     let method = request.method().as_str().as_bytes();
     let path = request_path(request).as_bytes();
     let pairs = query_pairs(request);
@@ -40,19 +42,15 @@ pub fn request_fingerprint(request: &Request) -> Fingerprint {
         )
     };
     let body: &[u8] = request.body().as_ref();
-    if is_json(request) {
-        if let Some(fingerprint) =
-            Fingerprint::of_parts_and_json(head().chain([&b"json"[..]]), body)
-        {
-            return fingerprint;
-        }
+    if let Some(fingerprint) = Fingerprint::of_parts_and_json(head().chain([&b"json"[..]]), body) {
+        return fingerprint;
     }
     Fingerprint::of_parts(head().chain([&b"raw"[..], body]))
 }
 
 /// The request's path as the event carries it, or the URI's path for a
 /// request built by hand.
-pub(crate) fn request_path(request: &Request) -> &str {
+pub(crate) fn request_path<B>(request: &Request<B>) -> &str {
     match request.raw_http_path() {
         "" => request.uri().path(),
         raw => raw,
@@ -61,7 +59,7 @@ pub(crate) fn request_path(request: &Request) -> &str {
 
 /// The query's decoded pairs, sorted by name (stable: a repeated name keeps
 /// the order of its values).
-fn query_pairs(request: &Request) -> Vec<(String, String)> {
+fn query_pairs<B>(request: &Request<B>) -> Vec<(String, String)> {
     let parsed;
     let map = match request.request_context_ref() {
         // From an event: the parameters lambda_http read from it.
@@ -101,29 +99,12 @@ fn query_pairs(request: &Request) -> Vec<(String, String)> {
     pairs
 }
 
-fn is_json(request: &Request) -> bool {
-    let Some(content_type) = request
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || essence.ends_with("+json")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lambda_http::Body;
+    use lambda_http::{http::header::CONTENT_TYPE, Body};
 
-    fn request(method: &str, uri: &str, content_type: Option<&str>, body: &str) -> Request {
+    fn request(method: &str, uri: &str, content_type: Option<&str>, body: &str) -> Request<Body> {
         let mut builder = lambda_http::http::Request::builder()
             .method(method)
             .uri(uri);
@@ -205,10 +186,40 @@ mod tests {
         }
     }
 
+    /// Issue 22, item 6: a retry that added `content-type` to the same JSON
+    /// used to get 422 (the header decided JSON or raw bytes).
+    #[test]
+    fn json_is_json_whatever_the_content_type() {
+        let body = r#"{"amount":100,"currency":"eur"}"#;
+        let expected = request_fingerprint(&request(
+            "POST",
+            "/v1/charges",
+            Some("application/json"),
+            body,
+        ));
+        for content_type in [
+            None,
+            Some("text/plain"),
+            Some("application/x-www-form-urlencoded"),
+        ] {
+            let fingerprint =
+                request_fingerprint(&request("POST", "/v1/charges", content_type, body));
+            assert_eq!(fingerprint, expected, "{content_type:?}");
+        }
+        let a = request("POST", "/upload", Some("text/plain"), r#"{"a":1,"b":2}"#);
+        let b = request("POST", "/upload", None, r#"{ "b":2, "a":1 }"#);
+        assert_eq!(request_fingerprint(&a), request_fingerprint(&b));
+        // The body of a request built by any body type.
+        let bytes = Request::post("/v1/charges")
+            .body(bytes::Bytes::from_static(body.as_bytes()))
+            .expect("request");
+        assert_eq!(request_fingerprint(&bytes), expected);
+    }
+
     #[test]
     fn other_bodies_are_raw_bytes() {
-        let a = request("POST", "/upload", Some("text/plain"), r#"{"a":1,"b":2}"#);
-        let b = request("POST", "/upload", Some("text/plain"), r#"{"b":2,"a":1}"#);
+        let a = request("POST", "/upload", Some("text/plain"), "a=1&b=2");
+        let b = request("POST", "/upload", Some("text/plain"), "b=2&a=1");
         assert_ne!(request_fingerprint(&a), request_fingerprint(&b));
         // Invalid JSON under a JSON content type still fingerprints, as bytes.
         let c = request("POST", "/x", Some("application/json"), "{not json");

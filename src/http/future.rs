@@ -1,7 +1,7 @@
 //! [`ResponseFuture`]: the future of an [`Idempotency`](super::Idempotency)
 //! service.
 
-use lambda_http::{Body, Response};
+use lambda_http::Response;
 use std::{
     fmt,
     future::Future,
@@ -9,17 +9,18 @@ use std::{
     task::{Context, Poll},
 };
 
-type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
+type BoxFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
 
 /// The response of an [`Idempotency`](super::Idempotency) service: the
-/// handler's, a replay, or the layer's own problem response.
-pub struct ResponseFuture<E> {
-    inner: BoxFuture<E>,
+/// handler's, a replay, or the layer's own problem response, with a body of
+/// the handler's body type `B`.
+pub struct ResponseFuture<B, E> {
+    inner: BoxFuture<B, E>,
 }
 
-impl<E> ResponseFuture<E> {
+impl<B, E> ResponseFuture<B, E> {
     pub(crate) fn new(
-        future: impl Future<Output = Result<Response<Body>, E>> + Send + 'static,
+        future: impl Future<Output = Result<Response<B>, E>> + Send + 'static,
     ) -> Self {
         Self {
             inner: Box::pin(future),
@@ -27,15 +28,15 @@ impl<E> ResponseFuture<E> {
     }
 }
 
-impl<E> Future for ResponseFuture<E> {
-    type Output = Result<Response<Body>, E>;
+impl<B, E> Future for ResponseFuture<B, E> {
+    type Output = Result<Response<B>, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.inner.as_mut().poll(cx)
     }
 }
 
-impl<E> fmt::Debug for ResponseFuture<E> {
+impl<B, E> fmt::Debug for ResponseFuture<B, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

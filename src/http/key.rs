@@ -1,7 +1,11 @@
-//! The `Idempotency-Key` header: an RFC 8941 sf-string (`"…"`) or a bare
-//! token of visible ASCII, 1 to 255 characters.
+//! Where a request's key comes from ([`KeySource`]), and what a key may
+//! be: in a header, an RFC 8941 sf-string (`"…"`) or a bare token of
+//! visible ASCII; from anywhere else, visible ASCII and spaces. 1 to 255
+//! characters either way.
 
-use std::fmt;
+use bytes::Bytes;
+use lambda_http::http::{HeaderName, Request};
+use std::{fmt, sync::Arc};
 
 /// The longest key accepted, in characters (Stripe's limit).
 pub const MAX_KEY_LEN: usize = 255;
@@ -23,6 +27,8 @@ pub enum KeyError {
     /// The header appears more than once, or holds a comma-separated list
     /// (API Gateway HTTP APIs join a repeated header's values with commas).
     Repeated,
+    /// A key read from a JSON body is neither a string nor a number.
+    NotText,
 }
 
 impl fmt::Display for KeyError {
@@ -39,6 +45,7 @@ impl fmt::Display for KeyError {
             KeyError::Repeated => {
                 "the idempotency key header appears more than once or holds a list of values (send exactly one key; a bare key cannot contain a comma, quote it if it must)"
             }
+            KeyError::NotText => "the idempotency key in the body is neither a string nor a number",
         })
     }
 }
@@ -71,6 +78,136 @@ pub fn parse_key(value: &[u8]) -> Result<String, KeyError> {
         0 => Err(KeyError::Empty),
         n if n > MAX_KEY_LEN => Err(KeyError::TooLong),
         _ => Ok(key),
+    }
+}
+
+/// Checks a key that did not come from a header (a [`KeySource::json_pointer`]
+/// or [`KeySource::from_fn`] value): 1 to [`MAX_KEY_LEN`] characters of
+/// visible ASCII or spaces, taken as they are (no quotes, no trimming).
+pub fn check_key(key: &str) -> Result<&str, KeyError> {
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if !key.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(KeyError::InvalidCharacter);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong);
+    }
+    Ok(key)
+}
+
+type ReadKey = Arc<dyn Fn(&Request<Bytes>) -> Option<String> + Send + Sync>;
+
+/// Where an [`IdempotencyLayer`](super::IdempotencyLayer) reads each
+/// request's key (Powertools' `event_key_jmespath`): a header (the default,
+/// `Idempotency-Key`), a field of a JSON body, or any function of the
+/// request.
+///
+/// Whatever the source, the key is checked as keys are (1 to 255
+/// characters, see [`check_key`] and [`parse_key`]), and a missing or
+/// invalid one is a `400` problem that names the source.
+///
+/// ```
+/// use lambda_idempotency::http::KeySource;
+///
+/// // Stripe webhooks: the event's `id`, in the JSON body.
+/// let stripe = KeySource::json_pointer("/id");
+/// // GitHub webhooks: one delivery, one id.
+/// let github = KeySource::header("x-github-delivery".parse()?);
+/// // Shopify webhooks, through a function of the request.
+/// let shopify = KeySource::from_fn("an `X-Shopify-Webhook-Id` header", |request| {
+///     request.headers().get("x-shopify-webhook-id")?.to_str().ok().map(str::to_owned)
+/// });
+/// # let _ = (stripe, github, shopify);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct KeySource(pub(crate) Source);
+
+#[derive(Clone)]
+pub(crate) enum Source {
+    Header(HeaderName),
+    JsonPointer(String),
+    Custom { place: String, read: ReadKey },
+}
+
+impl KeySource {
+    /// The key is the value of header `name`: an sf-string or a bare token
+    /// ([`parse_key`]); a header sent twice, or a list, is a `400`. The
+    /// layer reads it before the body: a request without one is answered
+    /// (or passed through, with an optional key) unread.
+    pub fn header(name: HeaderName) -> Self {
+        Self(Source::Header(name))
+    }
+
+    /// The key is the value at `pointer` (RFC 6901, for example `/id` or
+    /// `/data/object/id`) in a JSON body, whatever its `Content-Type`: a
+    /// string as it is, a number as its text. A body that is not JSON, or
+    /// has nothing at `pointer`, carries no key.
+    pub fn json_pointer(pointer: impl Into<String>) -> Self {
+        Self(Source::JsonPointer(pointer.into()))
+    }
+
+    /// The key is what `read` returns for the request (its head and whole
+    /// body), `None` when it carries none. `place` says where a client puts
+    /// the key, in the `400` answers, for example ``"an `X-Shopify-Webhook-Id` header"``.
+    pub fn from_fn(
+        place: impl Into<String>,
+        read: impl Fn(&Request<Bytes>) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Source::Custom {
+            place: place.into(),
+            read: Arc::new(read),
+        })
+    }
+
+    /// Where a client puts the key, as the problem answers say it.
+    pub(crate) fn place(&self) -> String {
+        match &self.0 {
+            Source::Header(name) => format!("an `{name}` header"),
+            Source::JsonPointer(pointer) => format!("a key at `{pointer}` in its JSON body"),
+            Source::Custom { place, .. } => place.clone(),
+        }
+    }
+
+    /// The key a request with a buffered body carries, for the sources that
+    /// read more than a header.
+    pub(crate) fn read(&self, request: &Request<Bytes>) -> Result<Option<String>, KeyError> {
+        let value = match &self.0 {
+            // Read before the body is.
+            Source::Header(_) => return Ok(None),
+            Source::JsonPointer(pointer) => {
+                let Ok(json) = serde_json::from_slice::<serde_json::Value>(request.body()) else {
+                    return Ok(None);
+                };
+                match json.pointer(pointer) {
+                    None | Some(serde_json::Value::Null) => return Ok(None),
+                    Some(serde_json::Value::String(text)) => text.clone(),
+                    Some(serde_json::Value::Number(number)) => number.to_string(),
+                    Some(_) => return Err(KeyError::NotText),
+                }
+            }
+            Source::Custom { read, .. } => match read(request) {
+                Some(value) => value,
+                None => return Ok(None),
+            },
+        };
+        check_key(&value)?;
+        Ok(Some(value))
+    }
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Source::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Source::JsonPointer(pointer) => f.debug_tuple("JsonPointer").field(pointer).finish(),
+            Source::Custom { place, .. } => f
+                .debug_struct("Custom")
+                .field("place", place)
+                .finish_non_exhaustive(),
+        }
     }
 }
 
@@ -121,6 +258,20 @@ mod tests {
         assert_eq!(parse_key(b"\"a,b\"").unwrap(), "a,b");
         // A token and the sf-string of the same characters are the same key.
         assert_eq!(parse_key(b"abc").unwrap(), parse_key(b"\"abc\"").unwrap());
+    }
+
+    #[test]
+    fn keys_from_elsewhere_are_checked_as_they_are() {
+        assert_eq!(
+            check_key("evt_1NG8Du2eZvKYlo2CUI79vXWy"),
+            Ok("evt_1NG8Du2eZvKYlo2CUI79vXWy")
+        );
+        assert_eq!(check_key("a, \"quoted\" key"), Ok("a, \"quoted\" key"));
+        assert_eq!(check_key(&"k".repeat(255)).map(str::len), Ok(255));
+        assert_eq!(check_key(""), Err(KeyError::Empty));
+        assert_eq!(check_key(&"k".repeat(256)), Err(KeyError::TooLong));
+        assert_eq!(check_key("tab\there"), Err(KeyError::InvalidCharacter));
+        assert_eq!(check_key("cl\u{e9}"), Err(KeyError::InvalidCharacter));
     }
 
     #[test]

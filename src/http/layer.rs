@@ -1,17 +1,20 @@
 //! [`IdempotencyLayer`]: the layer, configured with builder methods.
 
 use super::{
-    config::Config, metrics::EmfMetrics, service::Idempotency, stored::MAX_STORED_RESPONSE,
+    config::Config, key::KeySource, metrics::EmfMetrics, service::Idempotency,
+    stored::MAX_STORED_RESPONSE,
 };
 use crate::{store::Store, Engine, Mode, Replayed};
+use bytes::Bytes;
 use lambda_http::{
-    http::{HeaderName, Method, StatusCode},
-    Body, Request, Response,
+    http::{HeaderName, Method, Request, StatusCode},
+    Body, Response,
 };
 use std::{fmt, sync::Arc, time::Duration};
 use tower::Layer;
 
-/// Makes a `lambda_http` service idempotent: see the [module docs](super).
+/// Makes an HTTP service idempotent (`lambda_http`, axum, hyper, any
+/// `http::Request<B>` with `B: http_body::Body`): see the [module docs](super).
 ///
 /// Configure it with its builder methods; every setting has a default.
 pub struct IdempotencyLayer<St> {
@@ -52,9 +55,36 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// The header carrying the key (default `Idempotency-Key`).
+    /// The header carrying the key (default `Idempotency-Key`): short for
+    /// [`key_source`](Self::key_source)`(KeySource::header(name))`.
     pub fn header(mut self, name: HeaderName) -> Self {
-        self.config.header = name;
+        self.config.key = KeySource::header(name);
+        self
+    }
+
+    /// Where the key is read (default: the `Idempotency-Key` header): a
+    /// header, a field of a JSON body, or any function of the request. See
+    /// [`KeySource`].
+    pub fn key_source(mut self, source: KeySource) -> Self {
+        self.config.key = source;
+        self
+    }
+
+    /// The header that marks a replayed response (default
+    /// [`Idempotent-Replayed`](super::REPLAYED_HEADER)`: true`).
+    pub fn replayed_header(mut self, name: HeaderName) -> Self {
+        self.config.replayed_header = name;
+        self
+    }
+
+    /// The most bytes of a request body the layer reads (default
+    /// [`DEFAULT_BODY_LIMIT`](super::DEFAULT_BODY_LIMIT), 6 MiB, Lambda's
+    /// own limit). The layer buffers the whole body of each request it makes
+    /// idempotent, to fingerprint it, before the handler runs; a longer one
+    /// is answered `413` and nothing runs. Requests it passes through are
+    /// not read.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.config.body_limit = bytes;
         self
     }
 
@@ -155,12 +185,21 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Derives the scope of a request's key (default: [`default_scope`],
-    /// from the authorizer context and the route). Use only trusted
-    /// request data: never a header the client controls.
+    /// from the Lambda authorizer context and the route). Use only trusted
+    /// request data: never a header the client controls. Outside Lambda,
+    /// the caller usually comes from request extensions that an
+    /// authentication middleware (layered outside this one) put there: see
+    /// [Outside Lambda](super#outside-lambda).
+    ///
+    /// The request's body is there too, read whole; it is rarely what a
+    /// scope should depend on.
     ///
     /// [`default_scope`]: super::default_scope
-    pub fn scope(mut self, scope: impl Fn(&Request) -> String + Send + Sync + 'static) -> Self {
-        self.config.scope = Arc::new(scope);
+    pub fn scope(
+        mut self,
+        scope: impl Fn(&Request<Bytes>) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.config.scope = Some(Arc::new(scope));
         self
     }
 
@@ -209,7 +248,9 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("engine", &self.config.engine)
             .field("require_key", &self.config.require_key)
             .field("methods", &self.config.methods)
-            .field("header", &self.config.header)
+            .field("key", &self.config.key)
+            .field("replayed_header", &self.config.replayed_header)
+            .field("body_limit", &self.config.body_limit)
             .field("wait", &self.config.wait)
             .field("mode", &self.config.mode)
             .field("single_write", &self.config.single_write)

@@ -28,8 +28,11 @@ pub enum HttpOutcome {
     Released,
     /// The handler returned an error; the claim was released.
     HandlerError,
-    /// The key header was missing or invalid: 400.
+    /// The key was missing or invalid: 400.
     BadKey,
+    /// The request body was longer than the limit (413) or failed while
+    /// it was read (400); the handler did not run.
+    BadBody,
     /// The request was not subject to idempotency (method, or an optional
     /// key absent).
     PassThrough,
@@ -54,6 +57,7 @@ impl HttpOutcome {
             HttpOutcome::Released => "released",
             HttpOutcome::HandlerError => "handler_error",
             HttpOutcome::BadKey => "bad_key",
+            HttpOutcome::BadBody => "bad_body",
             HttpOutcome::PassThrough => "pass_through",
             HttpOutcome::Unprotected => "unprotected",
             HttpOutcome::Disabled => "disabled",

@@ -1,5 +1,10 @@
-//! A tower layer that makes any `lambda_http` service idempotent, with the
-//! HTTP semantics of the IETF `Idempotency-Key` draft and Stripe.
+//! A tower layer that makes an HTTP service idempotent, with the HTTP
+//! semantics of the IETF `Idempotency-Key` draft and Stripe: a
+//! `lambda_http` function, an axum `Router` (in Lambda through
+//! `lambda_http::run`, or on ECS, Fargate or EC2), a hyper service. It
+//! serves `http::Request<B>` for any [`http_body::Body`] `B` that can be
+//! rebuilt from bytes, and answers in the inner service's own response body
+//! type (see [On any HTTP stack](#on-any-http-stack)).
 //!
 //! | request | response |
 //! |---|---|
@@ -9,11 +14,15 @@
 //! | same key, different method, path or body | `422` |
 //! | key missing (where required) | `400` |
 //! | key invalid (empty, over 255 characters, not visible ASCII, malformed sf-string, repeated header) | `400` |
+//! | body longer than the [limit](IdempotencyLayer::body_limit) (default 6 MiB) | `413`; the handler does not run |
+//! | body that fails while it is read | `400`; the handler does not run |
 //! | store unreachable | `503` with `Retry-After`; the handler does not run |
 //!
 //! Every error is `application/problem+json` (RFC 9457) with a stable
 //! `type`: `idempotency-key-missing`, `idempotency-key-invalid`,
 //! `idempotency-key-in-use`, `idempotency-key-reused`,
+//! `idempotency-body-too-large`, `idempotency-body-unreadable`,
+//! `idempotency-response-unreadable`,
 //! `idempotency-store-unavailable`, `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
@@ -90,14 +99,17 @@
 //!   a string it joined in a hash map's order). Not the request's URI: `lambda_http` rebuilds a REST API or ALB query
 //!   from a hash map, in an order that changes from one parse to the next,
 //!   and builds the URI from a `Host` header that may hold anything;
-//! - a JSON body (`application/json`, `+json`) in canonical form: keys
-//!   sorted, whitespace dropped, strings unescaped; numbers by their text
-//!   (`1.0` is not `1`, and nothing is rounded through a float), with only
-//!   the exponent normalised (`1E+02` is `1e2`); a body with a duplicate
-//!   key, which parsers disagree on, by its raw bytes;
+//! - a body that parses as JSON, whatever its `Content-Type` says (or
+//!   whether it has one), in canonical form: keys sorted, whitespace
+//!   dropped, strings unescaped; numbers by their text (`1.0` is not `1`,
+//!   and nothing is rounded through a float), with only the exponent
+//!   normalised (`1E+02` is `1e2`); a body with a duplicate key, which
+//!   parsers disagree on, by its raw bytes;
 //! - any other body by its raw bytes.
 //!
-//! Headers are not part of it. A repeated `Idempotency-Key` is a 400: HTTP
+//! No header is part of it, `Content-Type` included: a retry that adds,
+//! drops or changes it on the same JSON body is the same request (it used
+//! to decide JSON or raw bytes, and such a retry got 422). A repeated `Idempotency-Key` is a 400: HTTP
 //! APIs join repeated headers with commas, and a bare key holds none (quote
 //! a key that must). REST APIs hand `lambda_http` every value, and it keeps
 //! only the last, so there the last key sent is the key.
@@ -110,7 +122,124 @@
 //! status, the [allowlisted headers](default_stored_headers) and always the
 //! headers that describe its body ([`BODY_HEADERS`]).
 //!
-//! # Example
+//! # Keys from anywhere
+//!
+//! The key is read from the `Idempotency-Key` header unless
+//! [`key_source`](IdempotencyLayer::key_source) says otherwise: another
+//! header (GitHub's `X-GitHub-Delivery`), a field of a JSON body (Stripe's
+//! event `id`: [`KeySource::json_pointer`]`("/id")`), or any function of the
+//! request ([`KeySource::from_fn`]). Keys from anywhere are checked as
+//! header keys are (1 to 255 characters; [`check_key`]), and a missing or
+//! invalid one is a `400` whose detail says where the key goes. A header
+//! key is read before the body; the others after it, within the body limit.
+//!
+//! # What the layer buffers
+//!
+//! To fingerprint a request (and to read a key from its body) the layer
+//! reads the whole body of each request it makes idempotent before the
+//! handler runs, at most [`body_limit`](IdempotencyLayer::body_limit) bytes
+//! (default [`DEFAULT_BODY_LIMIT`], 6 MiB, Lambda's own limit): a declared
+//! `Content-Length` over it is refused unread, a streamed body as soon as
+//! it passes it, with a `413` problem, and nothing runs. The handler then
+//! gets the same bytes in its own body type. Requests the layer passes
+//! through (other methods, or no key where the key is optional and read
+//! from a header) are not read.
+//!
+//! A response to store is read whole too (a `lambda_http` body already
+//! is); one the [outcome policy](default_store_policy) does not store, and
+//! every response of a request passed through, goes back to the client
+//! untouched, streamed if it streams. A response body that fails while it
+//! is read is a `500` problem and releases the claim, as a handler error
+//! does. Behind axum, the layer's limit is the one that bounds its buffer;
+//! axum's `DefaultBodyLimit` (2 MB) still applies to the extractors that
+//! read the body after it.
+//!
+//! # On any HTTP stack
+//!
+//! [`Idempotency`] serves `http::Request<B>` where `B` is an
+//! [`http_body::Body`] that is `From<Vec<u8>>` (the layer rebuilds it from
+//! the bytes it read): `lambda_http::Body`, axum's `Body`,
+//! `http_body_util::Full<Bytes>`. Its response is the inner service's
+//! `Response<ResBody>`, with replays and problems built in `ResBody` (also
+//! `From<Vec<u8>>`), so it fits wherever the inner service does:
+//! `lambda_http::run`, axum's `Router::layer`, `Router::route_layer` and
+//! `MethodRouter::layer`, hyper through `hyper_util`'s `TowerToHyperService`.
+//! hyper's own `Incoming` cannot be rebuilt from bytes: put the layer
+//! behind axum, or map the request body to one that can be (axum's
+//! `Body::new`) first.
+//!
+//! With axum, layer only the routes that need it, so webhooks and reads
+//! need no key; `Path`, `Json` and the other extractors see the request
+//! as they would without the layer. An extractor's rejection (axum's `Json`
+//! answers 400, 415 or 422) is the handler's answer to that request, and
+//! the [outcome policy](default_store_policy) treats it as any handler
+//! response: by default stored and replayed, so a corrected body needs a
+//! new key. `store_when(|status| status.is_success())` releases them
+//! instead.
+//!
+//! ```
+//! use axum::{extract::Path, http::StatusCode, routing::{get, post}, Json, Router};
+//! use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
+//! use serde_json::{json, Value};
+//!
+//! async fn create_charge(Path(customer): Path<String>, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+//!     (StatusCode::CREATED, Json(json!({ "id": "ch_1", "customer": customer, "amount": body["amount"] })))
+//! }
+//!
+//! // In `main`, once: the engine over a `DynamoDbStore` in a real service.
+//! let engine = Engine::builder(MemoryStore::new()).build();
+//! let app: Router = Router::new()
+//!     .route("/v1/customers/{customer}/charges", post(create_charge))
+//!     // Only the routes above: the webhook below needs no key.
+//!     .route_layer(IdempotencyLayer::new(engine))
+//!     .route("/webhooks", post(|| async { StatusCode::NO_CONTENT }))
+//!     .route("/health", get(|| async { "ok" }));
+//! // In Lambda: lambda_http::run(app).await
+//! // Elsewhere:  axum::serve(listener, app).await
+//! # let _ = app;
+//! ```
+//!
+//! # Outside Lambda
+//!
+//! Without a Lambda request context there is no authorizer to name the
+//! caller: [`default_scope`] then scopes every request to one
+//! [`ANONYMOUS`] caller (and the route), so two clients that send the same
+//! key share its record, and the second gets the first's response. The
+//! layer says so: a `tracing` warning, once, the first time it scopes a
+//! request that way. Name the caller with [`IdempotencyLayer::scope`], from
+//! what your authentication middleware (layered outside this one, so it
+//! runs first) put in the request's extensions:
+//!
+//! ```
+//! use axum::{http::Request, routing::post, Router};
+//! use bytes::Bytes;
+//! use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
+//!
+//! /// What the JWT middleware puts in the request's extensions once the
+//! /// token is verified.
+//! #[derive(Clone)]
+//! struct Principal { issuer: String, subject: String }
+//!
+//! let engine = Engine::builder(MemoryStore::new()).build();
+//! let idempotency = IdempotencyLayer::new(engine).scope(|request: &Request<Bytes>| {
+//!     let route = format!("{} {}", request.method(), request.uri().path());
+//!     match request.extensions().get::<Principal>() {
+//!         Some(caller) => format!("jwt {} {} {route}", caller.issuer, caller.subject),
+//!         // Only where unauthenticated calls are allowed at all.
+//!         None => format!("anonymous {route}"),
+//!     }
+//! });
+//! let app: Router = Router::new()
+//!     .route("/v1/charges", post(|| async { "charged" }))
+//!     .layer(idempotency);
+//!     // .layer(jwt_middleware): added last, so it runs first.
+//! # let _ = app;
+//! ```
+//!
+//! `examples/axum_server.rs` is a whole server on a TCP listener, and
+//! `examples/axum_lambda.rs` the same router in Lambda.
+//!
+//! # Example: `lambda_http`
 //!
 //! ```
 //! use lambda_http::{service_fn, Body, Error, Request, Response};
@@ -145,6 +274,7 @@
 //! # }
 //! ```
 
+mod body;
 mod commit;
 mod config;
 mod fingerprint;
@@ -157,11 +287,12 @@ mod scope;
 mod service;
 mod stored;
 
+pub use body::DEFAULT_BODY_LIMIT;
 pub use commit::CommitWith;
 pub use config::{default_store_policy, DEFAULT_HEADER};
 pub use fingerprint::request_fingerprint;
 pub use future::ResponseFuture;
-pub use key::{parse_key, KeyError, MAX_KEY_LEN};
+pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;
@@ -199,5 +330,7 @@ use crate::error::BoxError;
 use crate::Codec;
 use lambda_http::{Body, Response};
 
+#[cfg(test)]
+mod generic_tests;
 #[cfg(test)]
 mod tests;

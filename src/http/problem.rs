@@ -13,20 +13,50 @@ use std::time::Duration;
 /// The default prefix of every problem `type`.
 pub const DEFAULT_PROBLEM_BASE: &str = "urn:lambda-idempotency:problem:";
 
+/// Where a key that was rejected came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeyPlace {
+    /// A header, by name.
+    Header(String),
+    /// Anywhere else, as [`KeySource::place`](super::KeySource) says it.
+    Other(String),
+}
+
 /// An error the layer answers itself. None of these responses is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Problem {
-    KeyMissing { header: String },
-    KeyInvalid { header: String, error: KeyError },
-    InProgress { retry_after: Duration },
+    /// `place` says where the key goes: ``an `idempotency-key` header``.
+    KeyMissing {
+        place: String,
+    },
+    /// `header` is the header's name for a header source; `place` says
+    /// where the key goes for the others.
+    KeyInvalid {
+        place: KeyPlace,
+        error: KeyError,
+    },
+    BodyTooLarge {
+        limit: usize,
+    },
+    BodyUnreadable,
+    ResponseUnreadable,
+    InProgress {
+        retry_after: Duration,
+    },
     KeyReused,
-    StoreUnavailable { retry_after: Duration },
+    StoreUnavailable {
+        retry_after: Duration,
+    },
     StoreFailed,
     CorruptRecord,
-    ResponseNotStored { status: StatusCode },
+    ResponseNotStored {
+        status: StatusCode,
+    },
     LeaseLost,
     WriteRejected,
-    WritesNotCommitted { retry_after: Duration },
+    WritesNotCommitted {
+        retry_after: Duration,
+    },
     Internal,
 }
 
@@ -72,6 +102,9 @@ impl Problem {
     pub(crate) fn slug(&self) -> &'static str {
         match self {
             Problem::KeyMissing { .. } => "idempotency-key-missing",
+            Problem::BodyTooLarge { .. } => "idempotency-body-too-large",
+            Problem::BodyUnreadable => "idempotency-body-unreadable",
+            Problem::ResponseUnreadable => "idempotency-response-unreadable",
             Problem::KeyInvalid { .. } => "idempotency-key-invalid",
             Problem::InProgress { .. } => "idempotency-key-in-use",
             Problem::KeyReused => "idempotency-key-reused",
@@ -89,6 +122,9 @@ impl Problem {
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             Problem::KeyMissing { .. } | Problem::KeyInvalid { .. } => StatusCode::BAD_REQUEST,
+            Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Problem::ResponseUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::InProgress { .. } => StatusCode::CONFLICT,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -105,6 +141,9 @@ impl Problem {
     fn title(&self) -> &'static str {
         match self {
             Problem::KeyMissing { .. } => "Idempotency key missing",
+            Problem::BodyTooLarge { .. } => "Request body too large",
+            Problem::BodyUnreadable => "Request body unreadable",
+            Problem::ResponseUnreadable => "Response body unreadable",
             Problem::KeyInvalid { .. } => "Idempotency key invalid",
             Problem::InProgress { .. } => "Request with this idempotency key in progress",
             Problem::KeyReused => "Idempotency key reused with a different request",
@@ -121,14 +160,35 @@ impl Problem {
 
     fn detail(&self) -> String {
         match self {
-            Problem::KeyMissing { header } => format!(
-                "This request requires an `{header}` header: a unique value (a UUID is recommended) \
+            Problem::KeyMissing { place } => format!(
+                "This request requires {place}: a unique value (a UUID is recommended) \
                  that you reuse when you retry the same request."
             ),
-            Problem::KeyInvalid { header, error } => format!(
+            Problem::KeyInvalid {
+                place: KeyPlace::Header(header),
+                error,
+            } => format!(
                 "The `{header}` header is invalid: {error}. Send 1 to 255 visible ASCII characters, \
                  bare or as a quoted string."
             ),
+            Problem::KeyInvalid {
+                place: KeyPlace::Other(place),
+                error,
+            } => format!(
+                "The idempotency key ({place}) is invalid: {error}. Send 1 to 255 characters of \
+                 visible ASCII or spaces."
+            ),
+            Problem::BodyTooLarge { limit } => format!(
+                "The request body is longer than the {limit} bytes this service reads to make a \
+                 request idempotent. The request was not processed."
+            ),
+            Problem::BodyUnreadable => "The request body could not be read to the end. The \
+                 request was not processed; retry it with the same key."
+                .to_owned(),
+            Problem::ResponseUnreadable => "The request was processed, but its response failed \
+                 while it was read, so it was not stored. A retry with the same key processes it \
+                 again."
+                .to_owned(),
             Problem::InProgress { retry_after } => format!(
                 "A request with this idempotency key is still being processed. Retry after {} \
                  seconds to get its result.",

@@ -13,8 +13,9 @@ use lambda_http::{
         ApiGatewayProxyRequestContext, ApiGatewayRequestAuthorizer,
         ApiGatewayRequestAuthorizerIamDescription, ApiGatewayV2httpRequestContext,
     },
+    http::Request,
     request::RequestContext,
-    Request, RequestExt,
+    RequestExt,
 };
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -39,7 +40,13 @@ const PER_REQUEST_FIELDS: [&str; 1] = ["integrationLatency"];
 /// share records. The route is API Gateway's route key (HTTP API) or method
 /// and resource (REST API), falling back to the method and path (ALB,
 /// Function URL, `$default` routes).
-pub fn default_scope(request: &Request) -> String {
+///
+/// A request without a Lambda request context (axum or hyper outside
+/// Lambda, or a request built by hand) has no principal: every caller is
+/// [`ANONYMOUS`], and only the method and path tell scopes apart. The layer
+/// logs a warning the first time it scopes such a request this way; name
+/// the caller with [`IdempotencyLayer::scope`](super::IdempotencyLayer::scope).
+pub fn default_scope<B>(request: &Request<B>) -> String {
     let principal = principal(request).unwrap_or_else(|| ANONYMOUS.to_owned());
     let entry = entry_point(request).unwrap_or_default();
     let route =
@@ -63,7 +70,7 @@ pub fn default_scope(request: &Request) -> String {
 /// no identity of one kind can be made to read as another. Which fields
 /// make it, for every integration and authorizer, is the table in the
 /// [module docs](super#who-the-caller-is).
-pub fn principal(request: &Request) -> Option<String> {
+pub fn principal<B>(request: &Request<B>) -> Option<String> {
     match request.request_context_ref()? {
         RequestContext::ApiGatewayV1(context) => rest_api_principal(context),
         RequestContext::ApiGatewayV2(context) => http_api_principal(context),
@@ -71,7 +78,7 @@ pub fn principal(request: &Request) -> Option<String> {
     }
 }
 
-fn entry_point(request: &Request) -> Option<String> {
+fn entry_point<B>(request: &Request<B>) -> Option<String> {
     let (api, stage) = match request.request_context_ref()? {
         RequestContext::ApiGatewayV1(context) => (&context.apiid, &context.stage),
         RequestContext::ApiGatewayV2(context) => (&context.apiid, &context.stage),
@@ -87,7 +94,7 @@ fn entry_point(request: &Request) -> Option<String> {
     ))
 }
 
-fn route(request: &Request) -> Option<String> {
+fn route<B>(request: &Request<B>) -> Option<String> {
     match request.request_context_ref()? {
         RequestContext::ApiGatewayV2(context) => context
             .route_key

@@ -1,32 +1,37 @@
 //! [`Idempotency`]: the service the layer wraps around a handler.
 
 use super::{
+    body::{buffer_request, buffer_response, into_response, rebuild_request, BodyError},
     commit::CommitWith,
     config::Config,
     fingerprint::request_fingerprint,
     future::ResponseFuture,
-    key::{parse_key, KeyError},
+    key::{parse_key, KeyError, Source},
     metrics::HttpOutcome,
-    problem::Problem,
+    problem::{KeyPlace, Problem},
+    scope::default_scope,
     stored::StoredResponse,
 };
 use crate::{
-    clock::epoch_ms, store::Store, Attempt, ClaimHandle, Error, Outcome, OutcomeKind,
-    StoreErrorKind,
+    clock::epoch_ms, error::BoxError, store::Store, Attempt, ClaimHandle, Error, Outcome,
+    OutcomeKind, StoreErrorKind,
 };
+use bytes::Bytes;
+use http_body::Body as HttpBody;
 use lambda_http::{
-    http::{HeaderName, HeaderValue},
-    Body, IntoResponse, Request, RequestExt, Response,
+    http::{HeaderValue, Request},
+    Body, RequestExt, Response,
 };
 use std::{
-    sync::Arc,
+    sync::{atomic::Ordering, Arc},
     task::{Context, Poll},
     time::{Duration, SystemTime},
 };
 use tower::Service;
 use tracing::{field, Instrument};
 
-/// The header that marks a replayed response.
+/// The header that marks a replayed response, by default
+/// ([`replayed_header`](super::IdempotencyLayer::replayed_header)).
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// Waiting for another request's result stops this long before the
@@ -38,12 +43,27 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// overflow the clock.
 const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// A `lambda_http` service made idempotent by an
+/// An HTTP service made idempotent by an
 /// [`IdempotencyLayer`](super::IdempotencyLayer).
-#[derive(Clone)]
+///
+/// It serves `http::Request<B>` for any body `B` that can be rebuilt from
+/// bytes (`lambda_http`'s `Body`, axum's `Body`, `http_body_util::Full`),
+/// and answers with the inner service's own response body type, so it
+/// composes where the inner service does (`lambda_http::run`, axum's
+/// `Router::layer`, hyper).
 pub struct Idempotency<S, St> {
     inner: S,
     config: Arc<Config<St>>,
+}
+
+// Not derived: the store need not be `Clone` (the configuration is shared).
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
 }
 
 impl<S, St> Idempotency<S, St> {
@@ -65,23 +85,28 @@ impl<S: std::fmt::Debug, St> std::fmt::Debug for Idempotency<S, St> {
     }
 }
 
-impl<S, St> Service<Request> for Idempotency<S, St>
+impl<S, St, B, ResBody> Service<Request<B>> for Idempotency<S, St>
 where
-    S: Service<Request> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
-    S::Response: IntoResponse,
     S::Error: Send + 'static,
     St: Store,
+    B: HttpBody + From<Vec<u8>> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: HttpBody + From<Vec<u8>> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<Body>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Error>;
+    type Future = ResponseFuture<ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request) -> Self::Future {
+    fn call(&mut self, request: Request<B>) -> Self::Future {
         // Use the service that was polled ready; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -110,102 +135,167 @@ where
 }
 
 /// Why the operation did not produce a response to store.
-enum Failure<E> {
+enum Failure<E, R> {
     /// The handler failed: release the claim, return its error.
     Handler(E),
     /// The outcome policy says not to store this response: release the
-    /// claim, return the response.
-    Released(Response<Body>),
+    /// claim, return the response, its body untouched.
+    Released(Response<R>),
+    /// The handler's response body failed while it was read to be stored:
+    /// release the claim, answer a 500 problem.
+    ResponseUnreadable(BoxError),
     /// The engine asked for the operation a second time, after it had run.
     /// It never does (it asks at most once per call, and a call that finds
     /// the key in progress runs nothing); answered as an internal error.
     AlreadyRun,
 }
 
-type Attempted<E> = Result<Outcome<StoredResponse>, Error<Failure<E>>>;
+type Attempted<E, R> = Result<Outcome<StoredResponse>, Error<Failure<E, R>>>;
 
-async fn call_inner<S>(mut inner: S, request: Request) -> Result<Response<Body>, S::Error>
-where
-    S: Service<Request>,
-    S::Response: IntoResponse,
-{
-    let response = inner.call(request).await?;
-    // Converted before awaiting, so the handler's response type need not be
-    // `Send`.
-    let response = response.into_response();
-    Ok(response.await)
+/// A problem in the handler's body type.
+fn problem_response<St, R: From<Vec<u8>> + 'static>(
+    config: &Config<St>,
+    problem: &Problem,
+) -> Response<R> {
+    into_response(problem.to_response(&config.problem_base))
 }
 
-async fn handle<S, St>(
+async fn handle<S, St, B, ResBody>(
     config: &Config<St>,
-    inner: S,
-    request: Request,
-) -> (HttpOutcome, Result<Response<Body>, S::Error>)
+    mut inner: S,
+    request: Request<B>,
+) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
 where
-    S: Service<Request>,
-    S::Response: IntoResponse,
+    S: Service<Request<B>, Response = Response<ResBody>>,
     St: Store,
+    B: HttpBody + From<Vec<u8>> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: HttpBody + From<Vec<u8>> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
 {
     if !config.methods.contains(request.method()) {
-        return (HttpOutcome::PassThrough, call_inner(inner, request).await);
+        return (HttpOutcome::PassThrough, inner.call(request).await);
     }
-    let key = match read_key(config, &request) {
-        Ok(Some(key)) => key,
-        Ok(None) => return (HttpOutcome::PassThrough, call_inner(inner, request).await),
-        Err(problem) => {
-            return (
-                HttpOutcome::BadKey,
-                Ok(problem.to_response(&config.problem_base)),
-            )
+    // A key in a header is read before the body: a request without one is
+    // answered, or passed through, unread.
+    let header_key = match read_header_key(config, &request) {
+        Ok(Some(key)) => Some(key),
+        Ok(None) if matches!(config.key.0, Source::Header(_)) => {
+            return (HttpOutcome::PassThrough, inner.call(request).await)
+        }
+        Ok(None) => None,
+        Err(problem) => return (HttpOutcome::BadKey, Ok(problem_response(config, &problem))),
+    };
+    let (request, kind) = match buffer_request(request, config.body_limit).await {
+        Ok(buffered) => buffered,
+        Err(error) => {
+            let problem = match error {
+                BodyError::TooLarge => Problem::BodyTooLarge {
+                    limit: config.body_limit,
+                },
+                BodyError::Unreadable(error) => {
+                    tracing::warn!(%error, "request body unreadable; the handler did not run");
+                    Problem::BodyUnreadable
+                }
+            };
+            return (HttpOutcome::BadBody, Ok(problem_response(config, &problem)));
         }
     };
-    let scope = (config.scope)(&request);
+    let key = match header_key {
+        Some(key) => key,
+        None => match config.key.read(&request) {
+            Ok(Some(key)) => key,
+            Ok(None) if config.require_key => {
+                let problem = Problem::KeyMissing {
+                    place: config.key.place(),
+                };
+                return (HttpOutcome::BadKey, Ok(problem_response(config, &problem)));
+            }
+            Ok(None) => {
+                let request = rebuild_request(request, kind);
+                return (HttpOutcome::PassThrough, inner.call(request).await);
+            }
+            Err(error) => {
+                let problem = Problem::KeyInvalid {
+                    place: KeyPlace::Other(config.key.place()),
+                    error,
+                };
+                return (HttpOutcome::BadKey, Ok(problem_response(config, &problem)));
+            }
+        },
+    };
+    let scope = scope(config, &request);
     let deadline_ms = request.lambda_context_ref().map(|context| context.deadline);
     let mut attempt = Attempt::new(&scope, &key, request_fingerprint(&request));
     if let Some(deadline_ms) = deadline_ms {
         attempt = attempt.deadline_ms(deadline_ms);
     }
+    let request = rebuild_request(request, kind);
     let result = run_waiting(config, &attempt, deadline_ms, inner, request).await;
     respond(config, result)
 }
 
-/// The key the request carries: `Ok(None)` when it carries none and the key
-/// is optional; a problem when it is missing, repeated or malformed.
-fn read_key<St>(config: &Config<St>, request: &Request) -> Result<Option<String>, Problem> {
-    let header = || config.header.to_string();
-    let mut values = request.headers().get_all(&config.header).iter();
+/// The scope of the request's key: the configured function's, or the
+/// default scope, said out loud when it cannot name the caller.
+fn scope<St>(config: &Config<St>, request: &Request<Bytes>) -> String {
+    if let Some(scope) = &config.scope {
+        return scope(request);
+    }
+    if request.request_context_ref().is_none()
+        && !config.anonymous_warned.swap(true, Ordering::Relaxed)
+    {
+        tracing::warn!(
+            "idempotency keys are scoped to one anonymous caller: the request has no Lambda \
+             request context to name its caller, so two callers that send the same key share \
+             its record. Outside Lambda, name the caller with IdempotencyLayer::scope (logged once)"
+        );
+    }
+    default_scope(request)
+}
+
+/// The key in the configured header: `Ok(None)` when there is none (or the
+/// key comes from elsewhere) and it is optional; a problem when it is
+/// missing, repeated or malformed.
+fn read_header_key<St, B>(
+    config: &Config<St>,
+    request: &Request<B>,
+) -> Result<Option<String>, Problem> {
+    let Source::Header(name) = &config.key.0 else {
+        return Ok(None);
+    };
+    let invalid = |error| Problem::KeyInvalid {
+        place: KeyPlace::Header(name.to_string()),
+        error,
+    };
+    let mut values = request.headers().get_all(name).iter();
     match (values.next(), values.next()) {
-        (None, _) if config.require_key => Err(Problem::KeyMissing { header: header() }),
-        (None, _) => Ok(None),
-        (Some(_), Some(_)) => Err(Problem::KeyInvalid {
-            header: header(),
-            error: KeyError::Repeated,
+        (None, _) if config.require_key => Err(Problem::KeyMissing {
+            place: config.key.place(),
         }),
-        (Some(value), None) => {
-            parse_key(value.as_bytes())
-                .map(Some)
-                .map_err(|error| Problem::KeyInvalid {
-                    header: header(),
-                    error,
-                })
-        }
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(invalid(KeyError::Repeated)),
+        (Some(value), None) => parse_key(value.as_bytes()).map(Some).map_err(invalid),
     }
 }
 
 /// Runs the attempt; while another request holds the key, waits for its
 /// result (with backoff, within the configured budget and the invocation's
 /// deadline) and asks again.
-async fn run_waiting<S, St>(
+async fn run_waiting<S, St, B, ResBody>(
     config: &Config<St>,
     attempt: &Attempt<'_>,
     deadline_ms: Option<u64>,
     inner: S,
-    request: Request,
-) -> Attempted<S::Error>
+    request: Request<B>,
+) -> Attempted<S::Error, ResBody>
 where
-    S: Service<Request>,
-    S::Response: IntoResponse,
+    S: Service<Request<B>, Response = Response<ResBody>>,
     St: Store,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
 {
     let wait_until = config.wait.map(|budget| {
         let left = deadline_ms.map_or(budget, |deadline| {
@@ -219,7 +309,7 @@ where
     loop {
         let not_run_yet = &mut pending;
         let operation = move |claim: ClaimHandle| async move {
-            let Some((inner, mut request)) = not_run_yet.take() else {
+            let Some((mut inner, mut request)) = not_run_yet.take() else {
                 return Err(Failure::AlreadyRun);
             };
             // The handler can learn that it took over a lapsed claim
@@ -228,16 +318,23 @@ where
                 request.extensions_mut().insert(takeover);
             }
             request.extensions_mut().insert(claim);
-            let mut response = call_inner(inner, request).await.map_err(Failure::Handler)?;
-            let writes = response
-                .extensions_mut()
+            let response = inner.call(request).await.map_err(Failure::Handler)?;
+            let (mut parts, body) = response.into_parts();
+            let writes = parts
+                .extensions
                 .remove::<CommitWith<St::Write>>()
                 .map(|commit| commit.0)
                 .unwrap_or_default();
-            if (config.store_when)(response.status()) {
-                Ok((StoredResponse::Full(response), writes))
-            } else {
-                Err(Failure::Released(response))
+            if !(config.store_when)(parts.status) {
+                return Err(Failure::Released(Response::from_parts(parts, body)));
+            }
+            // Stored, so read whole (a lambda_http body already is).
+            match buffer_response(body).await {
+                Ok(body) => Ok((
+                    StoredResponse::Full(Response::from_parts(parts, body)),
+                    writes,
+                )),
+                Err(error) => Err(Failure::ResponseUnreadable(error)),
             }
         };
         let result = if config.single_write {
@@ -264,10 +361,10 @@ where
 }
 
 /// The answer to an attempt, and what it was.
-fn respond<St, E>(
+fn respond<St, E, R: From<Vec<u8>> + 'static>(
     config: &Config<St>,
-    result: Attempted<E>,
-) -> (HttpOutcome, Result<Response<Body>, E>) {
+    result: Attempted<E, R>,
+) -> (HttpOutcome, Result<Response<R>, E>) {
     let error = match result {
         Ok(outcome) => {
             let kind = outcome.kind();
@@ -276,7 +373,7 @@ fn respond<St, E>(
             let outcome = match kind {
                 OutcomeKind::Replay | OutcomeKind::CachedReplay => {
                     response.headers_mut().insert(
-                        HeaderName::from_static(REPLAYED_HEADER),
+                        config.replayed_header.clone(),
                         HeaderValue::from_static("true"),
                     );
                     if let (Some(hook), Some(replayed)) = (&config.on_replay, &replayed) {
@@ -290,7 +387,7 @@ fn respond<St, E>(
                 OutcomeKind::Unprotected => HttpOutcome::Unprotected,
                 OutcomeKind::Fresh => HttpOutcome::Fresh,
             };
-            return (outcome, Ok(response));
+            return (outcome, Ok(into_response(response)));
         }
         Err(Error::Operation(Failure::Handler(error))) => {
             return (HttpOutcome::HandlerError, Err(error))
@@ -298,12 +395,18 @@ fn respond<St, E>(
         Err(Error::Operation(Failure::Released(response))) => {
             return (HttpOutcome::Released, Ok(response))
         }
+        Err(Error::Operation(Failure::ResponseUnreadable(error))) => {
+            tracing::error!(%error, "the handler's response body failed while it was read to be stored; the claim is released");
+            return (
+                HttpOutcome::HandlerError,
+                Ok(problem_response(config, &Problem::ResponseUnreadable)),
+            );
+        }
         Err(Error::Operation(Failure::AlreadyRun)) => {
             tracing::error!("the engine asked for the handler after it had run; this is a bug");
-            let problem = Problem::Internal;
             return (
                 HttpOutcome::StoreError,
-                Ok(problem.to_response(&config.problem_base)),
+                Ok(problem_response(config, &Problem::Internal)),
             );
         }
         Err(error) => error,
@@ -316,7 +419,7 @@ fn respond<St, E>(
         _ => HttpOutcome::StoreError,
     };
     let problem = Problem::from(&error);
-    (outcome, Ok(problem.to_response(&config.problem_base)))
+    (outcome, Ok(problem_response(config, &problem)))
 }
 
 /// A stored response as the client gets it: whole, or, for one too large to

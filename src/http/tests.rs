@@ -617,7 +617,7 @@ async fn a_custom_scope_and_header_are_used() {
     let echo = Echo::new();
     let layer = IdempotencyLayer::new(engine())
         .header(HeaderName::from_static("x-request-key"))
-        .scope(|request: &Request| {
+        .scope(|request: &http::Request<bytes::Bytes>| {
             request
                 .headers()
                 .get("x-tenant-from-mtls")

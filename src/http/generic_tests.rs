@@ -1,0 +1,590 @@
+//! The layer on body types other than `lambda_http`'s: axum's `Router`
+//! (`layer`, `route_layer`, `MethodRouter::layer`, extractors and their
+//! rejections), `http_body_util::Full`; keys from anywhere, the body
+//! limit and the scope outside Lambda. On the memory store.
+
+use super::*;
+use crate::{Engine, MemoryStore};
+use axum::{
+    body::Body as AxumBody,
+    extract::{Path, Request as AxumRequest},
+    http::{header, HeaderName, Request, StatusCode},
+    middleware::{self, Next},
+    routing::post,
+    Json, Router,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+use std::{
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+};
+use tower::{Service, ServiceExt};
+
+fn layer() -> IdempotencyLayer<MemoryStore> {
+    IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+}
+
+/// A charge handler with a path and a JSON body, counting its runs.
+fn charges(runs: &Arc<AtomicUsize>) -> axum::routing::MethodRouter {
+    let runs = Arc::clone(runs);
+    post(
+        move |Path(customer): Path<String>, Json(body): Json<Value>| {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                (
+                    StatusCode::CREATED,
+                    Json(
+                        json!({ "id": format!("ch_{run}"), "customer": customer, "amount": body["amount"] }),
+                    ),
+                )
+            }
+        },
+    )
+}
+
+fn charge(key: Option<&str>, body: &str) -> Request<AxumBody> {
+    let mut request = Request::post("/v1/customers/cus_1/charges")
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    request
+        .body(AxumBody::from(body.to_owned()))
+        .expect("request")
+}
+
+async fn send<S>(
+    service: &S,
+    request: Request<AxumBody>,
+) -> (StatusCode, axum::http::HeaderMap, Value)
+where
+    S: Service<Request<AxumBody>, Response = axum::response::Response, Error = Infallible> + Clone,
+{
+    let response = service.clone().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.expect("body").to_bytes();
+    let json = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (parts.status, parts.headers, json)
+}
+
+#[tokio::test]
+async fn router_layer_gives_the_lambda_semantics() {
+    let runs = Arc::default();
+    let app = Router::new()
+        .route("/v1/customers/{customer}/charges", charges(&runs))
+        .layer(layer());
+    let body = r#"{"amount":1250}"#;
+
+    let (status, headers, first) = send(&app, charge(Some("k-1"), body)).await;
+    assert_eq!(status, 201);
+    assert_eq!(
+        first,
+        json!({ "id": "ch_1", "customer": "cus_1", "amount": 1250 })
+    );
+    assert!(headers.get(REPLAYED_HEADER).is_none());
+
+    // The same request, reformatted: replayed, not run.
+    let (status, headers, replay) = send(&app, charge(Some("k-1"), r#"{ "amount": 1250 }"#)).await;
+    assert_eq!((status.as_u16(), &replay), (201, &first));
+    assert_eq!(headers[REPLAYED_HEADER], "true");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+
+    let (status, headers, problem) = send(&app, charge(Some("k-1"), r#"{"amount":99}"#)).await;
+    assert_eq!(status, 422);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-reused"
+    );
+
+    let (status, _, problem) = send(&app, charge(None, body)).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-missing"
+    );
+    let (status, _, problem) = send(&app, charge(Some("two words"), body)).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-invalid"
+    );
+
+    // Another path is another route: without a Lambda context the default
+    // scope holds the method and path, so the key is free there.
+    let other = Request::post("/v1/customers/cus_2/charges")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("idempotency-key", "k-1")
+        .body(AxumBody::from(body))
+        .expect("request");
+    assert_eq!(send(&app, other).await.0, 201);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn route_layer_and_method_router_layer_protect_one_route() {
+    for how in ["route_layer", "method_router"] {
+        let runs = Arc::default();
+        let webhook_runs = Arc::new(AtomicUsize::new(0));
+        let webhook = {
+            let runs = Arc::clone(&webhook_runs);
+            post(move || {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { StatusCode::NO_CONTENT }
+            })
+        };
+        let app = match how {
+            "route_layer" => Router::new()
+                .route("/v1/customers/{customer}/charges", charges(&runs))
+                .route_layer(layer())
+                .route("/webhooks", webhook),
+            _ => Router::new()
+                .route(
+                    "/v1/customers/{customer}/charges",
+                    charges(&runs).layer(layer()),
+                )
+                .route("/webhooks", webhook),
+        };
+        let (status, _, first) = send(&app, charge(Some("k"), r#"{"amount":1}"#)).await;
+        assert_eq!(status, 201, "{how}");
+        let (_, headers, replay) = send(&app, charge(Some("k"), r#"{"amount":1}"#)).await;
+        assert_eq!(
+            (headers[REPLAYED_HEADER].to_str().ok(), replay),
+            (Some("true"), first)
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{how}");
+        // The other route needs no key.
+        let hook = Request::post("/webhooks")
+            .body(AxumBody::empty())
+            .expect("request");
+        assert_eq!(send(&app, hook).await.0, 204, "{how}");
+        assert_eq!(webhook_runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// An extractor's rejection is the handler's answer to that request: the
+/// layer treats it as any handler response, so by the default outcome
+/// policy a 4xx is stored and replayed (as a handler's own 400 or 422
+/// would be), and the key stays bound to that body.
+#[tokio::test]
+async fn json_rejections_are_handler_answers_stored_by_the_policy() {
+    let runs = Arc::default();
+    let app = Router::new()
+        .route("/v1/customers/{customer}/charges", charges(&runs))
+        .layer(layer());
+    let (status, headers, first) = send(&app, charge(Some("bad"), r#"{"amount":"#)).await;
+    assert_eq!(status, 400, "axum's syntax error rejection: {first}");
+    assert!(headers.get(REPLAYED_HEADER).is_none());
+    let (status, headers, replay) = send(&app, charge(Some("bad"), r#"{"amount":"#)).await;
+    assert_eq!((status.as_u16(), &replay), (400, &first));
+    assert_eq!(headers[REPLAYED_HEADER], "true");
+    // The corrected body needs a new key.
+    assert_eq!(
+        send(&app, charge(Some("bad"), r#"{"amount":1}"#)).await.0,
+        422
+    );
+    // Without a JSON content type: axum's 415, stored likewise.
+    let plain = || {
+        Request::post("/v1/customers/cus_1/charges")
+            .header("idempotency-key", "plain")
+            .body(AxumBody::from(r#"{"amount":1}"#))
+            .expect("request")
+    };
+    assert_eq!(send(&app, plain()).await.0, 415);
+    let (status, headers, _) = send(&app, plain()).await;
+    assert_eq!(
+        (status.as_u16(), headers[REPLAYED_HEADER].to_str().ok()),
+        (415, Some("true"))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "no handler body ran");
+
+    // A policy that releases rejections lets the corrected retry run.
+    let app = Router::new()
+        .route("/v1/customers/{customer}/charges", charges(&runs))
+        .layer(layer().store_when(|status| status.is_success()));
+    assert_eq!(
+        send(&app, charge(Some("bad"), r#"{"amount":"#)).await.0,
+        400
+    );
+    assert_eq!(
+        send(&app, charge(Some("bad"), r#"{"amount":1}"#)).await.0,
+        201
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_duplicate_in_progress_gets_409() {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let app = {
+        let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+        Router::new()
+            .route(
+                "/v1/customers/{customer}/charges",
+                post(move || {
+                    let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+                    async move {
+                        started.notify_one();
+                        release.notified().await;
+                        StatusCode::CREATED
+                    }
+                }),
+            )
+            .layer(layer())
+    };
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, charge(Some("k"), "{}")).await.0 }
+    });
+    started.notified().await;
+    let (status, headers, problem) = send(&app, charge(Some("k"), "{}")).await;
+    assert_eq!(status, 409);
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-in-use"
+    );
+    release.notify_one();
+    assert_eq!(first.await.expect("joins"), 201);
+}
+
+/// A webhook receiver whose request counter tells runs apart.
+fn webhook(runs: &Arc<AtomicUsize>) -> Router {
+    let runs = Arc::clone(runs);
+    Router::new().route(
+        "/hooks",
+        post(move || {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { (StatusCode::OK, format!("run {run}")) }
+        }),
+    )
+}
+
+fn hook(header: Option<(&str, &str)>, body: &str) -> Request<AxumBody> {
+    let mut request = Request::post("/hooks");
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
+    }
+    request
+        .body(AxumBody::from(body.to_owned()))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn keys_from_a_json_body_a_header_or_a_function() {
+    // Stripe: the event id in the body. Delivered twice, run once, and the
+    // body's content type does not matter.
+    let runs = Arc::default();
+    let app = webhook(&runs).layer(layer().key_source(KeySource::json_pointer("/id")));
+    let event = r#"{"id":"evt_1NG8Du2eZvKYlo2CUI79vXWy","type":"charge.succeeded"}"#;
+    let (status, _, first) = send(
+        &app,
+        hook(Some(("content-type", "application/json")), event),
+    )
+    .await;
+    assert_eq!((status.as_u16(), &first), (200, &json!("run 1")));
+    let (_, headers, again) = send(&app, hook(None, event)).await;
+    assert_eq!(
+        (headers[REPLAYED_HEADER].to_str().ok(), &again),
+        (Some("true"), &first)
+    );
+    let (status, _, problem) = send(&app, hook(None, r#"{"type":"ping"}"#)).await;
+    assert_eq!(status, 400);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("`/id` in its JSON body"),
+        "{problem}"
+    );
+    let (status, _, problem) = send(&app, hook(None, r#"{"id":{"nested":1}}"#)).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-invalid"
+    );
+    let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(256));
+    assert_eq!(send(&app, hook(None, &long)).await.0, 400);
+    assert_eq!(send(&app, hook(None, "not json")).await.0, 400);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // GitHub: a delivery header, and a replay header of one's own.
+    let runs = Arc::default();
+    let app = webhook(&runs).layer(
+        layer()
+            .key_source(KeySource::header(HeaderName::from_static(
+                "x-github-delivery",
+            )))
+            .replayed_header(HeaderName::from_static("x-replayed")),
+    );
+    let delivery = Some(("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"));
+    send(&app, hook(delivery, "{}")).await;
+    let (_, headers, _) = send(&app, hook(delivery, "{}")).await;
+    assert_eq!(headers["x-replayed"], "true");
+    assert!(headers.get(REPLAYED_HEADER).is_none());
+    let (status, _, problem) = send(&app, hook(None, "{}")).await;
+    assert_eq!(status, 400);
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("`x-github-delivery` header"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Shopify, through a function; optional keys pass through.
+    let runs = Arc::default();
+    let app = webhook(&runs).layer(
+        layer()
+            .key_source(KeySource::from_fn(
+                "an `X-Shopify-Webhook-Id` header",
+                |request| {
+                    let value = request.headers().get("x-shopify-webhook-id")?;
+                    value.to_str().ok().map(str::to_owned)
+                },
+            ))
+            .require_key(false),
+    );
+    let shopify = Some((
+        "x-shopify-webhook-id",
+        "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
+    ));
+    send(&app, hook(shopify, "{}")).await;
+    assert_eq!(
+        send(&app, hook(shopify, "{}")).await.1[REPLAYED_HEADER],
+        "true"
+    );
+    send(&app, hook(None, "{}")).await;
+    send(&app, hook(None, "{}")).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "without a key, each runs");
+    let (status, _, problem) = send(
+        &app,
+        hook(Some(("x-shopify-webhook-id", "tab\there")), "{}"),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("X-Shopify-Webhook-Id"));
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_and_nothing_runs() {
+    let runs = Arc::default();
+    let app = webhook(&runs).layer(layer().body_limit(16));
+    let (status, headers, problem) =
+        send(&app, hook(Some(("idempotency-key", "k")), &"a".repeat(17))).await;
+    assert_eq!(status, 413);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-body-too-large"
+    );
+    // Streamed, with no declared length.
+    let chunks = (0..5).map(|_| Ok::<_, Infallible>(Bytes::from_static(b"abcd")));
+    let streamed = Request::post("/hooks")
+        .header("idempotency-key", "k")
+        .body(AxumBody::from_stream(futures::stream::iter(chunks)))
+        .expect("request");
+    assert_eq!(send(&app, streamed).await.0, 413);
+    // At the limit, it runs; a request the layer passes through is not read.
+    assert_eq!(
+        send(&app, hook(Some(("idempotency-key", "k")), &"a".repeat(16)))
+            .await
+            .0,
+        200
+    );
+    let app = webhook(&runs).layer(layer().body_limit(16).require_key(false));
+    assert_eq!(send(&app, hook(None, &"a".repeat(100))).await.0, 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[derive(Clone)]
+struct Principal(String);
+
+/// An authentication middleware, as an app would have one: it puts the
+/// verified caller in the request's extensions.
+async fn authenticate(mut request: AxumRequest, next: Next) -> axum::response::Response {
+    // A real one verifies a JWT; here the test names the caller.
+    if let Some(user) = request
+        .headers()
+        .get("x-test-user")
+        .and_then(|v| v.to_str().ok())
+    {
+        let principal = Principal(user.to_owned());
+        request.extensions_mut().insert(principal);
+    }
+    next.run(request).await
+}
+
+#[tokio::test]
+async fn the_scope_comes_from_request_extensions_outside_lambda() {
+    let runs = Arc::default();
+    let app = webhook(&runs)
+        .layer(layer().scope(|request: &Request<Bytes>| {
+            match request.extensions().get::<Principal>() {
+                Some(Principal(user)) => format!("user:{user}"),
+                None => "anonymous".to_owned(),
+            }
+        }))
+        // Outside the idempotency layer, so it runs first.
+        .layer(middleware::from_fn(authenticate));
+    let request = |user: &str| {
+        Request::post("/hooks")
+            .header("idempotency-key", "same-key")
+            .header("x-test-user", user)
+            .body(AxumBody::from("{}"))
+            .expect("request")
+    };
+    let (_, _, alice) = send(&app, request("alice")).await;
+    let (_, headers, bob) = send(&app, request("bob")).await;
+    assert!(
+        headers.get(REPLAYED_HEADER).is_none(),
+        "bob is not served alice's"
+    );
+    assert_ne!(alice, bob);
+    assert_eq!(
+        send(&app, request("alice")).await.1[REPLAYED_HEADER],
+        "true"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_anonymous_scope_is_said_once() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let runs = Arc::default();
+    let app = webhook(&runs).layer(layer());
+    for key in ["a", "b", "c"] {
+        assert_eq!(
+            send(&app, hook(Some(("idempotency-key", key)), "{}"))
+                .await
+                .0,
+            200
+        );
+    }
+    let scoped = webhook(&runs).layer(layer().scope(|_: &Request<Bytes>| "tenant-1".to_owned()));
+    send(&scoped, hook(Some(("idempotency-key", "d")), "{}")).await;
+    let logs = String::from_utf8_lossy(&captured.0.lock().expect("log")).into_owned();
+    assert_eq!(logs.matches("one anonymous caller").count(), 1, "{logs}");
+    assert!(logs.contains("WARN"), "{logs}");
+}
+
+/// Issue 22, item 6, through the layer.
+#[tokio::test]
+async fn a_retry_that_adds_a_content_type_is_replayed() {
+    let runs = Arc::default();
+    let app = webhook(&runs).layer(layer());
+    let key = ("idempotency-key", "k");
+    send(&app, hook(Some(key), r#"{"amount":1}"#)).await;
+    let retry = Request::post("/hooks")
+        .header(key.0, key.1)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(AxumBody::from(r#"{"amount":1}"#))
+        .expect("request");
+    assert_eq!(send(&app, retry).await.1[REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A response body that fails while the layer reads it to store it: a 500
+/// problem, and the claim released so a retry runs again.
+#[tokio::test]
+async fn a_failing_response_body_releases_the_claim() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let runs = Arc::clone(&runs);
+        Router::new()
+            .route(
+                "/hooks",
+                post(move || {
+                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    async move {
+                        let chunks: Vec<Result<Bytes, std::io::Error>> = if run == 1 {
+                            vec![
+                                Ok(Bytes::from_static(b"par")),
+                                Err(std::io::Error::other("reset")),
+                            ]
+                        } else {
+                            vec![Ok(Bytes::from_static(b"whole"))]
+                        };
+                        AxumBody::from_stream(futures::stream::iter(chunks))
+                    }
+                }),
+            )
+            .layer(layer())
+    };
+    let (status, _, problem) = send(&app, hook(Some(("idempotency-key", "k")), "{}")).await;
+    assert_eq!(status, 500);
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-response-unreadable"
+    );
+    let (status, headers, body) = send(&app, hook(Some(("idempotency-key", "k")), "{}")).await;
+    assert_eq!((status.as_u16(), body), (200, json!("whole")));
+    assert!(headers.get(REPLAYED_HEADER).is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// Not axum: `http_body_util::Full` in and out, as a hyper service might
+/// have them.
+#[tokio::test]
+async fn full_bodies_work_too() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = {
+        let runs = Arc::clone(&runs);
+        tower::service_fn(move |request: Request<Full<Bytes>>| {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                let body = request.into_body().collect().await?.to_bytes();
+                let text = format!("run {run}: {}", String::from_utf8_lossy(&body));
+                Ok::<_, Infallible>(axum::http::Response::new(Full::new(Bytes::from(text))))
+            }
+        })
+    };
+    let service = tower::ServiceBuilder::new().layer(layer()).service(service);
+    let request = || {
+        Request::post("/x")
+            .header("idempotency-key", "k")
+            .body(Full::new(Bytes::from_static(b"payload")))
+            .expect("request")
+    };
+    for _ in 0..2 {
+        let response = service
+            .clone()
+            .oneshot(request())
+            .await
+            .expect("infallible");
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("full")
+            .to_bytes();
+        assert_eq!(body, "run 1: payload");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
