@@ -29,10 +29,17 @@ pub const DEFAULT_HEADER: &str = "idempotency-key";
 /// (401 Unauthorized, 403 Forbidden, 407 Proxy Authentication Required):
 /// credentials are in neither the scope nor the fingerprint when no
 /// authorizer checks them, so a retry with a fresh token must not be
-/// answered with the 401 its expired one got.
+/// answered with the 401 its expired one got; and the 4xx about headers
+/// the fingerprint leaves out (406 Not Acceptable, 415 Unsupported Media
+/// Type, axum's `Json` rejection of a body without
+/// `Content-Type: application/json`), so the retry that fixes the header
+/// runs rather than getting the old answer replayed.
 pub fn default_store_policy(status: StatusCode) -> bool {
     !(status.is_server_error()
-        || matches!(status.as_u16(), 401 | 403 | 407 | 408 | 409 | 425 | 429)
+        || matches!(
+            status.as_u16(),
+            401 | 403 | 406 | 407 | 408 | 409 | 415 | 425 | 429
+        )
         || status.is_informational())
 }
 

@@ -189,20 +189,22 @@ async fn json_rejections_are_handler_answers_stored_by_the_policy() {
         send(&app, charge(Some("bad"), r#"{"amount":1}"#)).await.0,
         422
     );
-    // Without a JSON content type: axum's 415, stored likewise.
-    let plain = || {
-        Request::post("/v1/customers/cus_1/charges")
-            .header("idempotency-key", "plain")
-            .body(AxumBody::from(r#"{"amount":1}"#))
-            .expect("request")
-    };
-    assert_eq!(send(&app, plain()).await.0, 415);
-    let (status, headers, _) = send(&app, plain()).await;
-    assert_eq!(
-        (status.as_u16(), headers[REPLAYED_HEADER].to_str().ok()),
-        (415, Some("true"))
-    );
     assert_eq!(runs.load(Ordering::SeqCst), 0, "no handler body ran");
+    // Without a JSON content type: axum's 415, an answer about a header the
+    // fingerprint leaves out, so not stored: the retry that sets
+    // `Content-Type` runs (it used to get the 415 replayed, for ever).
+    let plain = Request::post("/v1/customers/cus_1/charges")
+        .header("idempotency-key", "plain")
+        .body(AxumBody::from(r#"{"amount":1}"#))
+        .expect("request");
+    let (status, headers, _) = send(&app, plain).await;
+    assert_eq!(status, 415);
+    assert!(headers.get(REPLAYED_HEADER).is_none());
+    let (status, headers, _) = send(&app, charge(Some("plain"), r#"{"amount":1}"#)).await;
+    assert_eq!(status, 201, "the corrected retry runs");
+    assert!(headers.get(REPLAYED_HEADER).is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    runs.store(0, Ordering::SeqCst);
 
     // A policy that releases rejections lets the corrected retry run.
     let app = Router::new()

@@ -173,8 +173,10 @@
 //! as they would without the layer. An extractor's rejection (axum's `Json`
 //! answers 400, 415 or 422) is the handler's answer to that request, and
 //! the [outcome policy](default_store_policy) treats it as any handler
-//! response: by default stored and replayed, so a corrected body needs a
-//! new key. `store_when(|status| status.is_success())` releases them
+//! response: by default a 400 or 422 is stored and replayed, so a
+//! corrected body needs a new key; a 415 (no JSON `Content-Type`) is not,
+//! since the header is not part of the fingerprint, so the retry that sets
+//! it runs. `store_when(|status| status.is_success())` releases them all
 //! instead.
 //!
 //! ```

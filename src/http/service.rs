@@ -10,7 +10,7 @@ use super::{
     metrics::HttpOutcome,
     problem::{KeyPlace, Problem},
     scope::default_scope,
-    stored::StoredResponse,
+    stored::{StoredResponse, BODY_HEADERS},
 };
 use crate::{
     clock::epoch_ms, error::BoxError, store::Store, Attempt, ClaimHandle, Error, Outcome,
@@ -431,6 +431,11 @@ fn render_stored<St>(config: &Config<St>, stored: StoredResponse) -> Response<Bo
             let mut response =
                 Problem::ResponseNotStored { status }.to_response(&config.problem_base);
             for (name, value) in &headers {
+                // The headers that describe the original body (a
+                // `Content-Encoding: gzip`) would misdescribe the problem.
+                if BODY_HEADERS.contains(name) {
+                    continue;
+                }
                 if !response.headers().contains_key(name) {
                     response.headers_mut().append(name, value.clone());
                 }

@@ -550,6 +550,125 @@ async fn a_response_too_large_to_store_is_never_run_again() {
     assert_eq!(echo.runs(), 1);
 }
 
+/// Review of issue 22: the explanation that replaces a body too large to
+/// store is plain JSON; the stored `Content-Encoding` (and the other headers
+/// that describe the original body) used to be copied onto it, so a client
+/// tried to gunzip the problem and failed.
+#[tokio::test]
+async fn a_not_stored_replay_does_not_describe_the_body_it_lacks() {
+    let mut rng = fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d);
+    let noise: Vec<u8> = std::iter::repeat_with(|| rng.u8(..))
+        .take(32 * 1024)
+        .collect();
+    let handler = service_fn(move |_: Request| {
+        let noise = noise.clone();
+        async move {
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(201)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .header(header::CONTENT_ENCODING, "gzip")
+                    .header(header::CONTENT_LANGUAGE, "fr")
+                    .header(
+                        header::CONTENT_DISPOSITION,
+                        "attachment; filename=\"export.gz\"",
+                    )
+                    .header(header::LOCATION, "/v1/exports/1")
+                    .body(Body::Binary(noise))
+                    .expect("response"),
+            )
+        }
+    });
+    let mut service = IdempotencyLayer::new(engine())
+        .max_stored_response(2048)
+        .layer(handler);
+    let request = || {
+        http::Request::post("/v1/exports")
+            .header("idempotency-key", "k")
+            .body(Body::Empty)
+            .expect("request")
+    };
+    let first = send(&mut service, request()).await;
+    assert_eq!(first.headers()[header::CONTENT_ENCODING], "gzip");
+    let retry = send(&mut service, request()).await;
+    assert_eq!(retry.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(retry.headers()[header::LOCATION], "/v1/exports/1");
+    for name in [
+        header::CONTENT_ENCODING,
+        header::CONTENT_LANGUAGE,
+        header::CONTENT_DISPOSITION,
+    ] {
+        assert!(
+            retry.headers().get(&name).is_none(),
+            "{name} describes the original body, not the problem"
+        );
+    }
+    assert_eq!(
+        problem(&retry)["type"],
+        "urn:lambda-idempotency:problem:idempotency-response-not-stored"
+    );
+}
+
+/// Review of issue 22: `Content-Type` is not part of the fingerprint, so a
+/// 415 (axum's `Json` rejection of a JSON body sent without
+/// `Content-Type: application/json`) was stored and replayed to the retry
+/// that fixed the header: the key could never succeed. 415 and 406 answer
+/// headers, not the payload: a retry runs again.
+#[tokio::test]
+async fn answers_about_headers_outside_the_fingerprint_are_not_stored() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = Arc::clone(&runs);
+        service_fn(move |request: Request| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let status = match (
+                request.headers().get(header::CONTENT_TYPE),
+                request.headers().get(header::ACCEPT),
+            ) {
+                (None, _) => 415,
+                (_, Some(accept)) if accept == "text/csv" => 406,
+                _ => 201,
+            };
+            async move {
+                Ok::<_, BoxError>(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::Empty)
+                        .expect("response"),
+                )
+            }
+        })
+    };
+    let mut service = IdempotencyLayer::new(engine()).layer(handler);
+    let request = |content_type: Option<&str>, accept: Option<&str>| {
+        let mut builder = http::Request::post("/v1/charges").header("idempotency-key", "k");
+        if let Some(value) = content_type {
+            builder = builder.header(header::CONTENT_TYPE, value);
+        }
+        if let Some(value) = accept {
+            builder = builder.header(header::ACCEPT, value);
+        }
+        builder
+            .body(Body::from(r#"{"amount":1}"#))
+            .expect("request")
+    };
+    let first = send(&mut service, request(None, None)).await;
+    assert_eq!(first.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let second = send(
+        &mut service,
+        request(Some("application/json"), Some("text/csv")),
+    )
+    .await;
+    assert_eq!(second.status(), StatusCode::NOT_ACCEPTABLE, "ran again");
+    let fixed = send(&mut service, request(Some("application/json"), None)).await;
+    assert_eq!(fixed.status(), StatusCode::CREATED, "ran again");
+    assert!(fixed.headers().get(REPLAYED_HEADER).is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let replay = send(&mut service, request(Some("application/json"), None)).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
 #[tokio::test]
 async fn the_lease_runs_until_the_invocation_deadline() {
     let store = MemoryStore::new();
