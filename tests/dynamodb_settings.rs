@@ -162,6 +162,74 @@ async fn verify_names_a_wrong_key_schema() {
     assert!(message.contains("`id`"), "{message}");
 }
 
+/// Review of issue 22: a sort key, or a partition key of another type, is
+/// named as a wrong key; and the SDK's error is said once (it used to be in
+/// the message and again as its source: twice the SDK's dump).
+#[tokio::test]
+async fn verify_names_a_sort_key_or_a_number_key_and_says_the_sdk_error_once() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let client = support::client();
+    for (prefix, id_type, sort_key) in [
+        ("sorted", ScalarAttributeType::S, true),
+        ("number-key", ScalarAttributeType::N, false),
+    ] {
+        let name = support::unique_name(prefix);
+        let mut create = client
+            .create_table()
+            .table_name(&name)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("id")
+                    .attribute_type(id_type)
+                    .build()
+                    .expect("definition"),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name("id")
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .expect("key"),
+            );
+        if sort_key {
+            create = create
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name("sk")
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .expect("definition"),
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name("sk")
+                        .key_type(KeyType::Range)
+                        .build()
+                        .expect("key"),
+                );
+        }
+        create.send().await.expect("created");
+        let message = misconfigured(
+            DynamoDbStore::new(client.clone(), name.clone())
+                .verify()
+                .await,
+            prefix,
+        );
+        assert!(
+            message.contains("key is not what the store needs"),
+            "{prefix}: {message}"
+        );
+        assert_eq!(
+            message.matches("DynamoDB PutItem failed").count(),
+            1,
+            "{prefix}: the SDK's error once: {message}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn verify_names_ttl_off_or_on_another_attribute() {
     let client = support::client();

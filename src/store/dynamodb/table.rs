@@ -31,8 +31,10 @@ impl DynamoDbStore {
     /// Creates the table the store needs: on-demand capacity, the partition
     /// key (`id`, type S, or the configured name) and TTL on the expiration
     /// attribute, then waits until it is `ACTIVE` and [verifies](Self::verify)
-    /// it. An existing table is left as it is and verified, so this is safe
-    /// to call from a test set-up or a script more than once.
+    /// it. An existing table keeps its key schema and capacity; TTL is
+    /// enabled on it when it has none (so a second call racing the first
+    /// still finds TTL on); then it is verified. Safe to call from a test
+    /// set-up or a script more than once.
     ///
     /// For production, declare the table in your infrastructure code (the
     /// README has SAM, CDK, Terraform and AWS CLI forms). Needs
@@ -278,8 +280,8 @@ impl DynamoDbStore {
         } else {
             format!("DynamoDB {operation} on table {table} was refused")
         };
-        StoreError::new(StoreErrorKind::Misconfigured, format!("{cause} ({text})"))
-            .with_source(error)
+        // The SDK's error is the source, which `Display` appends: said once.
+        StoreError::new(StoreErrorKind::Misconfigured, cause).with_source(error)
     }
 
     fn misconfigured(&self, message: String) -> StoreError {
