@@ -179,6 +179,15 @@
 //! it runs. `store_when(|status| status.is_success())` releases them all
 //! instead.
 //!
+//! Inside a router given to `Router::nest`, axum strips the prefix from
+//! the URI, and outside Lambda the default scope and the fingerprint read
+//! the URI's path: behind `nest("/accounts/{id}", …)`, a key sent to
+//! `/accounts/a/charges` and again to `/accounts/b/charges` would replay
+//! account `a`'s response. Layer the outer router, or put the original
+//! path in the scope: `scope(|request| …)` can read axum's `OriginalUri`
+//! from `request.extensions()`. (In Lambda the path comes from the event,
+//! which `nest` does not change.)
+//!
 //! ```
 //! use axum::{extract::Path, http::StatusCode, routing::{get, post}, Json, Router};
 //! use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
