@@ -51,6 +51,8 @@ pub(crate) struct Config<St> {
     pub(crate) scope: ScopeFn,
     pub(crate) metrics: Option<EmfMetrics>,
     pub(crate) problem_base: String,
+    #[cfg(feature = "powertools")]
+    pub(crate) powertools: Option<Arc<crate::powertools::PowertoolsCompat>>,
 }
 
 impl<St> Config<St> {
@@ -72,6 +74,8 @@ impl<St> Config<St> {
             scope: Arc::new(default_scope),
             metrics: None,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+            #[cfg(feature = "powertools")]
+            powertools: None,
         }
     }
 }
@@ -92,6 +96,8 @@ impl<St> Clone for Config<St> {
             scope: Arc::clone(&self.scope),
             metrics: self.metrics.clone(),
             problem_base: self.problem_base.clone(),
+            #[cfg(feature = "powertools")]
+            powertools: self.powertools.clone(),
         }
     }
 }

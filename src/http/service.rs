@@ -149,6 +149,10 @@ where
     if !config.methods.contains(request.method()) {
         return (HttpOutcome::PassThrough, call_inner(inner, request).await);
     }
+    #[cfg(feature = "powertools")]
+    if let Some(answer) = powertools_answer(config, &request).await {
+        return answer;
+    }
     let key = match read_key(config, &request) {
         Ok(Some(key)) => key,
         Ok(None) => return (HttpOutcome::PassThrough, call_inner(inner, request).await),
@@ -167,6 +171,61 @@ where
     }
     let result = run_waiting(config, &attempt, deadline_ms, inner, request).await;
     respond(config, result)
+}
+
+/// The compatibility mode's answer, when Powertools' record decides the
+/// request; `None` lets the protocol run.
+#[cfg(feature = "powertools")]
+async fn powertools_answer<St: Store, E>(
+    config: &Config<St>,
+    request: &Request,
+) -> Option<(HttpOutcome, Result<Response<Body>, E>)> {
+    use crate::powertools::{http, PowertoolsFound};
+    let compat = config.powertools.as_ref()?;
+    // Nothing to read with idempotency off; nor for a key this instance
+    // answers from its cache (the cache holds this crate's own outcome).
+    let key = read_key(config, request).ok().flatten();
+    let scope = key
+        .as_ref()
+        .map(|_| (config.scope)(request))
+        .unwrap_or_default();
+    if config.engine.skips_powertools(&scope, key.as_deref()) {
+        return None;
+    }
+    let refused = |error: Error| {
+        let error = match error {
+            Error::InProgress { retry_after } => Error::InProgress { retry_after },
+            Error::KeyReused => Error::KeyReused,
+            Error::LeaseLost => Error::LeaseLost,
+            Error::Store(e) => Error::Store(e),
+            Error::WritesNotCommitted(e) => Error::WritesNotCommitted(e),
+            Error::Operation(never) => match never {},
+        };
+        respond(config, Err(error))
+    };
+    match compat.check_in(&http::request_view(request), true).await {
+        Ok(None) => None,
+        Ok(Some(PowertoolsFound::InProgress { retry_after })) => {
+            Some(refused(Error::InProgress { retry_after }))
+        }
+        Ok(Some(PowertoolsFound::Completed { data })) => {
+            match http::proxy_response(data.as_deref()) {
+                Ok(mut response) => {
+                    response.headers_mut().insert(
+                        HeaderName::from_static(REPLAYED_HEADER),
+                        HeaderValue::from_static("true"),
+                    );
+                    tracing::debug!("replayed the response Powertools stored");
+                    Some((HttpOutcome::Replay, Ok(response)))
+                }
+                Err(why) => Some(refused(Error::Store(crate::StoreError::new(
+                    StoreErrorKind::CorruptRecord,
+                    format!("the Powertools record cannot be replayed as an HTTP response: {why}"),
+                )))),
+            }
+        }
+        Err(error) => Some(refused(error)),
+    }
 }
 
 /// The key the request carries: `Ok(None)` when it carries none and the key

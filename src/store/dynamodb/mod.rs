@@ -19,6 +19,8 @@
 mod codec;
 mod errors;
 mod names;
+#[cfg(feature = "powertools")]
+mod powertools;
 
 pub use names::AttributeNames;
 
