@@ -306,6 +306,47 @@ async fn powertools_records_on_redis_are_honoured() {
     check_sqs(Engine::builder(store.clone()).build(), store, &manifest).await;
 }
 
+/// What the mode costs in calls: one `GetItem` more on a first request,
+/// and nothing on a replay from the local cache.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mode_costs_one_read_and_none_on_a_cached_replay() {
+    let (client, calls) = support::counted_client();
+    let table = support::create_idempotency_table(&client).await;
+    let store = DynamoDbStore::new(client, &table);
+    let runs = Runs::default();
+    let engine = Engine::builder(store.clone()).cache(16).build();
+    let mut service = layered(engine, compat_for(store.clone(), "header"), &runs);
+    let template: Value =
+        serde_json::from_str(include_str!("../events/rest-api-create-charge.json")).unwrap();
+    let mut call = async |event: &Value| {
+        calls.reset();
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(event))
+            .await
+            .unwrap();
+        (response.status().as_u16(), calls.by_operation())
+    };
+    let (status, first) = call(&template).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        first,
+        [("GetItem", 1), ("PutItem", 1), ("UpdateItem", 1)]
+            .into_iter()
+            .collect(),
+        "the Powertools read, then the claim and the completion"
+    );
+    let (status, replay) = call(&template).await;
+    assert_eq!(status, 200);
+    assert!(
+        replay.is_empty(),
+        "a cached replay calls nothing: {replay:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
 /// The mode's cost on a first request, against DynamoDB Local: the same
 /// new requests with the mode off and on, interleaved. Run by
 /// `make bench-powertools` (in release), not by `make test`.

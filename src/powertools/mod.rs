@@ -69,15 +69,17 @@
 //!
 //! Checked against Powertools for AWS Lambda (Python) 3.37, by tests in
 //! which Powertools itself writes the records (DynamoDB and Redis). The
-//! TypeScript, Java and .NET ports store the same DynamoDB layout (`id`,
-//! `expiration` in seconds, `in_progress_expiration` in milliseconds,
-//! `status`, `data`, `validation`) and the same id shape, but they hash
-//! differently: TypeScript hashes `JSON.stringify` of the selection
-//! (compact, keys in the event's order) with md5 in base64, not hex; Java
-//! and .NET hash their own JSON serialisations (md5 hex, compact). Their
-//! records are read by this mode only through a closure that reproduces
-//! their serialisation; the hashing here is Python's. Redis records are
-//! Python's layout only (a JSON string under the id, no namespace).
+//! other ports share the DynamoDB layout (`id`, `expiration` in seconds,
+//! `in_progress_expiration` in milliseconds, `status`, `data`,
+//! `validation`) and the id's shape (`{prefix}#{hash}`), but not the hash:
+//! TypeScript's `BasePersistenceLayer` hashes `JSON.stringify` of the
+//! selection (compact, keys in the event's order) and writes the digest in
+//! base64, not hex, and stores the response as a DynamoDB map rather than
+//! JSON text. Java and .NET hash their own JSON serialisations; their
+//! sources were not checked here. So only Python's records are found by
+//! the expressions above; another port's are not supported (a closure
+//! cannot reproduce a base64 digest). Redis records are Python's layout
+//! only (a JSON string under the id, no namespace).
 //!
 //! # Costs and limits
 //!
