@@ -26,7 +26,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e stress fuzz bench bench-redis bench-single-write validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e stress fuzz bench bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -51,7 +51,7 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,consumers,postgres,redis,testing
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,consumers,postgres,redis,testing,powertools
 
 ## What crates.io would get: cargo publish --dry-run of the library and the
 ## operator tool (the reference functions are not published), and the
@@ -65,8 +65,9 @@ unit:
 	$(CARGO) test --lib --bins
 
 ## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local,
-## PostgreSQL and redis-server, and the examples.
-integration:
+## PostgreSQL and redis-server, and the examples. Powertools (Python) writes
+## the records the compatibility test reads (tests/powertools/).
+integration: $(TOOLS)/bench-py/.installed
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
@@ -123,6 +124,12 @@ bench-redis: $(VENV)/.installed $(TOOLS)/bench-py/.installed
 bench-single-write: $(VENV)/.installed
 	$(CARGO) build --release --example bench_driver
 	BENCH_ONLY=pair scripts/with-dynamodb-local $(VENV)/bin/python bench/run.py
+
+## The Powertools compatibility mode's cost on a first request: the same new
+## requests with the mode off and on, interleaved, against DynamoDB Local, in
+## release (BENCH_REQUESTS, default 2000; see BENCHMARKS.md).
+bench-powertools:
+	scripts/with-dynamodb-local $(CARGO) test --release --test powertools_compat powertools_mode_latency -- --ignored --nocapture
 
 $(TOOLS)/bench-py/.installed:
 	python3 -m venv $(TOOLS)/bench-py

@@ -189,6 +189,9 @@ mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;
+#[cfg(feature = "powertools")]
+#[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
+pub mod powertools;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

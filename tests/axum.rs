@@ -133,14 +133,18 @@ async fn a_concurrent_duplicate_gets_409_then_the_replay() {
     let app = Router::new()
         .route(
             "/v1/customers/{customer}/charges",
-            charges(&runs, Duration::from_millis(500)),
+            charges(&runs, Duration::from_millis(1500)),
         )
         .layer(layer().await);
     let first = tokio::spawn({
         let app = app.clone();
         async move { send(&app, charge(Some("slow"), "{}")).await.status }
     });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The duplicate goes once the first is inside its handler (its claim
+    // made), however slow the machine.
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let duplicate = send(&app, charge(Some("slow"), "{}")).await;
     assert_eq!(duplicate.status, 409);
     assert!(duplicate.headers.contains_key(header::RETRY_AFTER));

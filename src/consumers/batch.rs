@@ -20,6 +20,8 @@ use std::{
 
 type KeyFn<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
 type FingerprintFn<R> = Arc<dyn Fn(&R) -> Result<Fingerprint, String> + Send + Sync>;
+#[cfg(feature = "powertools")]
+type ViewFn<R> = Arc<dyn Fn(&R) -> Option<serde_json::Value> + Send + Sync>;
 
 /// The default number of records (or ordered groups) processed at once.
 pub const DEFAULT_CONCURRENCY: usize = 8;
@@ -70,6 +72,11 @@ pub struct Batch<Src: Source, St> {
     concurrency: usize,
     single_write: bool,
     fail_on_entire_batch_failure: bool,
+    #[cfg(feature = "powertools")]
+    powertools: Option<(
+        Arc<crate::powertools::PowertoolsCompat>,
+        ViewFn<Src::Record>,
+    )>,
     source: PhantomData<fn() -> Src>,
 }
 
@@ -83,6 +90,8 @@ impl<Src: Source, St> Clone for Batch<Src, St> {
             concurrency: self.concurrency,
             single_write: self.single_write,
             fail_on_entire_batch_failure: self.fail_on_entire_batch_failure,
+            #[cfg(feature = "powertools")]
+            powertools: self.powertools.clone(),
             source: PhantomData,
         }
     }
@@ -118,6 +127,8 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             concurrency: DEFAULT_CONCURRENCY,
             single_write: false,
             fail_on_entire_batch_failure: false,
+            #[cfg(feature = "powertools")]
+            powertools: None,
             source: PhantomData,
         }
     }
@@ -193,6 +204,69 @@ impl<Src: Source, St: Store> Batch<Src, St> {
     pub fn fail_on_entire_batch_failure(mut self) -> Self {
         self.fail_on_entire_batch_failure = true;
         self
+    }
+
+    /// Powertools compatibility, for a migration window: before claiming a
+    /// record, read the record Powertools (`idempotent_function` on the
+    /// record, keyed by its `event_key_jmespath`, such as `messageId`)
+    /// wrote for it. A completed one counts as done and its handler does
+    /// not run; one in progress fails the record (delivered again later).
+    /// The expression reads the record as `aws_lambda_events` serialises
+    /// it. Skipped for a key the local cache answers. See
+    /// [`crate::powertools`].
+    #[cfg(feature = "powertools")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
+    pub fn powertools(mut self, compat: crate::powertools::PowertoolsCompat) -> Self
+    where
+        Src::Record: Serialize,
+    {
+        let view: ViewFn<Src::Record> = Arc::new(|record| serde_json::to_value(record).ok());
+        self.powertools = Some((Arc::new(compat), view));
+        self
+    }
+
+    /// The status Powertools' record decides for a record, if it decides.
+    #[cfg(feature = "powertools")]
+    async fn powertools_status(
+        &self,
+        record: &Src::Record,
+        key: &str,
+        record_id: &str,
+    ) -> Option<RecordStatus> {
+        use crate::powertools::PowertoolsFound;
+        let (compat, view) = self.powertools.as_ref()?;
+        if self.engine.skips_powertools(&self.scope, Some(key)) {
+            return None;
+        }
+        let source = Src::NAME;
+        let Some(view) = view(record) else {
+            tracing::error!(
+                source,
+                record_id,
+                "record cannot be read as JSON for the Powertools check; reported for redelivery"
+            );
+            return Some(RecordStatus::Failed);
+        };
+        match compat.check(&view).await {
+            Ok(None) => None,
+            Ok(Some(PowertoolsFound::Completed { .. })) => {
+                tracing::debug!(source, record_id, "completed by Powertools: not run again");
+                Some(RecordStatus::Replayed)
+            }
+            Ok(Some(PowertoolsFound::InProgress { .. })) => {
+                tracing::warn!(
+                    source,
+                    record_id,
+                    outcome = "in_progress",
+                    "in progress under Powertools; reported for redelivery"
+                );
+                Some(RecordStatus::Failed)
+            }
+            Err(error) => {
+                tracing::warn!(source, record_id, outcome = error.kind().as_str(), %error, "Powertools record check failed; reported for redelivery");
+                Some(RecordStatus::Failed)
+            }
+        }
     }
 
     /// Processes every record with `handler`, and returns what tells Lambda
@@ -412,6 +486,13 @@ impl<Src: Source, St: Store> Batch<Src, St> {
                 return RecordStatus::Failed;
             }
         };
+        #[cfg(feature = "powertools")]
+        if let Some(status) = self
+            .powertools_status(&prepared.record, &key, record_id)
+            .await
+        {
+            return status;
+        }
         let attempt = Attempt::new(&self.scope, &key, fingerprint).deadline_ms(deadline_ms);
         let record = prepared.record;
         let operation = |_| handler(record);

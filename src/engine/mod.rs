@@ -985,6 +985,18 @@ impl<St: Store> Engine<St> {
         }
     }
 
+    /// Whether the compatibility mode's read of Powertools' record is
+    /// skipped: idempotency is off, or the local cache holds `key` inside
+    /// `scope` (the next call is answered from it, without a store call).
+    #[cfg(feature = "powertools")]
+    pub(crate) fn skips_powertools(&self, scope: &str, key: Option<&str>) -> bool {
+        self.inner.disabled
+            || key.is_some_and(|key| {
+                let id = self.record_id(scope, key);
+                self.cached(&id, self.inner.clock.now_ms()).is_some()
+            })
+    }
+
     fn cached(&self, id: &RecordId, now_ms: u64) -> Option<CachedRecord> {
         self.inner.cache.as_ref()?.get(id, now_ms)
     }

@@ -69,6 +69,8 @@ pub(crate) struct Config<St> {
     pub(crate) anonymous_warned: Arc<AtomicBool>,
     pub(crate) metrics: Option<EmfMetrics>,
     pub(crate) problem_base: String,
+    #[cfg(feature = "powertools")]
+    pub(crate) powertools: Option<Arc<crate::powertools::PowertoolsCompat>>,
 }
 
 impl<St> Config<St> {
@@ -93,6 +95,8 @@ impl<St> Config<St> {
             anonymous_warned: Arc::default(),
             metrics: None,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+            #[cfg(feature = "powertools")]
+            powertools: None,
         }
     }
 }
@@ -116,6 +120,8 @@ impl<St> Clone for Config<St> {
             anonymous_warned: Arc::clone(&self.anonymous_warned),
             metrics: self.metrics.clone(),
             problem_base: self.problem_base.clone(),
+            #[cfg(feature = "powertools")]
+            powertools: self.powertools.clone(),
         }
     }
 }

@@ -227,6 +227,19 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Powertools compatibility, for a migration window: before claiming a
+    /// request, read the record Powertools wrote for it; a completed one
+    /// is replayed (its proxy response, with the `idempotent-replayed`
+    /// header), one in progress answers 409. Runs on every request of an
+    /// idempotent method, with or without a key header, unless the local
+    /// cache answers it. See [`crate::powertools`].
+    #[cfg(feature = "powertools")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
+    pub fn powertools(mut self, compat: crate::powertools::PowertoolsCompat) -> Self {
+        self.config.powertools = Some(Arc::new(compat));
+        self
+    }
+
     /// Emit a CloudWatch Embedded Metric Format count per request.
     pub fn metrics(mut self, metrics: EmfMetrics) -> Self {
         self.config.metrics = Some(metrics);

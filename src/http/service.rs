@@ -227,6 +227,10 @@ where
         },
     };
     let scope = scope(config, &request);
+    #[cfg(feature = "powertools")]
+    if let Some(answer) = powertools_answer(config, &request, &scope, &key).await {
+        return answer;
+    }
     let deadline_ms = request.lambda_context_ref().map(|context| context.deadline);
     let mut attempt = Attempt::new(&scope, &key, request_fingerprint(&request));
     if let Some(deadline_ms) = deadline_ms {
@@ -235,6 +239,59 @@ where
     let request = rebuild_request(request, kind);
     let result = run_waiting(config, &attempt, deadline_ms, inner, request).await;
     respond(config, result)
+}
+
+/// The compatibility mode's answer, when Powertools' record decides the
+/// request; `None` lets the protocol run.
+#[cfg(feature = "powertools")]
+async fn powertools_answer<St: Store, E, R: From<Vec<u8>> + 'static>(
+    config: &Config<St>,
+    request: &Request<Bytes>,
+    scope: &str,
+    key: &str,
+) -> Option<(HttpOutcome, Result<Response<R>, E>)> {
+    use crate::powertools::{http, PowertoolsFound};
+    let compat = config.powertools.as_ref()?;
+    // Nothing to read with idempotency off; nor for a key this instance
+    // answers from its cache (the cache holds this crate's own outcome).
+    if config.engine.skips_powertools(scope, Some(key)) {
+        return None;
+    }
+    let refused = |error: Error| {
+        let error = match error {
+            Error::InProgress { retry_after } => Error::InProgress { retry_after },
+            Error::KeyReused => Error::KeyReused,
+            Error::LeaseLost => Error::LeaseLost,
+            Error::Store(e) => Error::Store(e),
+            Error::WritesNotCommitted(e) => Error::WritesNotCommitted(e),
+            Error::Operation(never) => match never {},
+        };
+        respond(config, Err(error))
+    };
+    match compat.check_in(&http::request_view(request), true).await {
+        Ok(None) => None,
+        Ok(Some(PowertoolsFound::InProgress { retry_after })) => {
+            Some(refused(Error::InProgress { retry_after }))
+        }
+        Ok(Some(PowertoolsFound::Completed { data })) => {
+            match http::proxy_response(data.as_deref()) {
+                Ok(response) => {
+                    let mut response = into_response(response);
+                    response.headers_mut().insert(
+                        config.replayed_header.clone(),
+                        HeaderValue::from_static("true"),
+                    );
+                    tracing::debug!("replayed the response Powertools stored");
+                    Some((HttpOutcome::Replay, Ok(response)))
+                }
+                Err(why) => Some(refused(Error::Store(crate::StoreError::new(
+                    StoreErrorKind::CorruptRecord,
+                    format!("the Powertools record cannot be replayed as an HTTP response: {why}"),
+                )))),
+            }
+        }
+        Err(error) => Some(refused(error)),
+    }
 }
 
 /// The scope of the request's key: the configured function's, or the

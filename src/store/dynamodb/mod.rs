@@ -86,6 +86,8 @@
 mod codec;
 mod errors;
 mod names;
+#[cfg(feature = "powertools")]
+mod powertools;
 mod table;
 
 pub use names::AttributeNames;

@@ -102,6 +102,8 @@
 mod connection;
 mod errors;
 mod eviction;
+#[cfg(feature = "powertools")]
+mod powertools;
 
 pub use eviction::{NodeReport, ServerReport};
 

@@ -1,0 +1,500 @@
+//! Powertools compatibility: honour the idempotency records that Powertools
+//! for AWS Lambda wrote, during a migration from it to this crate.
+//!
+//! A client that sent a request to the old (Powertools) function and
+//! retries after the alias moved reaches the new function, which has never
+//! seen the key: without this mode it runs the request a second time. In
+//! compatibility mode the HTTP layer ([`IdempotencyLayer::powertools`]) and
+//! the batches ([`Batch::powertools`]) first read the record Powertools
+//! would have written for the same request, and:
+//!
+//! | Powertools record | answer |
+//! |---|---|
+//! | `COMPLETED`, `expiration` not passed | its stored response, replayed (HTTP: the proxy response dict as the response, status, headers and body as stored, with the `idempotent-replayed` header; a batch record: done, not run) |
+//! | `INPROGRESS`, `in_progress_expiration` (or, without one, `expiration`) not passed | in progress: 409 with `Retry-After`; a failed record in a batch |
+//! | either, with `validation` differing from this request's payload hash, or absent (payload validation on) | the key was reused: 422; a failed record (Powertools raises `IdempotencyValidationError` too) |
+//! | expired, lapsed, absent, or no key in the request | this crate's own protocol runs |
+//!
+//! The mode only reads: it never writes, changes or deletes a Powertools
+//! record.
+//!
+//! # Configuration
+//!
+//! Tell it what Powertools was configured with:
+//!
+//! - the record id's prefix: the function name and the handler's
+//!   `module.qualname` ([`PowertoolsCompat::new`]: `@idempotent` on
+//!   `app.lambda_handler` in function `orders` makes `orders.app.lambda_handler`),
+//!   or Powertools' `key_prefix` ([`PowertoolsCompat::with_key_prefix`]);
+//! - `event_key_jmespath` ([`event_key_jmespath`](PowertoolsCompat::event_key_jmespath)),
+//!   for the common forms: a field path (`messageId`,
+//!   `headers."Idempotency-Key"`), a list of paths (`[user, order_id]`),
+//!   either after `powertools_json(path)` (`powertools_json(body).order_id`),
+//!   and the empty expression (the whole event); a closure
+//!   ([`event_key`](PowertoolsCompat::event_key)) for anything else;
+//! - `payload_validation_jmespath`, if it was on (and only then: a record
+//!   without a `validation` hash is refused as a reused key, as Powertools
+//!   refuses it; its Redis layer drops the hash when it completes a record,
+//!   so with validation on Powertools answers every retry of a completed
+//!   Redis record with `IdempotencyValidationError`, and so does this mode);
+//! - `hash_function` ([`HashFunction`], md5 by default);
+//! - the table, key and attribute names ([`PowertoolsLayout`]), defaulting
+//!   to Powertools' own (`id`, `expiration` in seconds,
+//!   `in_progress_expiration` in milliseconds, `status`, `data`,
+//!   `validation`).
+//!
+//! The record id is `{prefix}#{hash}`, where `hash` is the hex digest of
+//! `json.dumps(selected, sort_keys=True)` (Python's separators, keys in
+//! code point order, `ensure_ascii`, floats as Python's `repr`), as
+//! Powertools' `BasePersistenceLayer._generate_hash` computes it; a selection
+//! that Powertools counts as missing (null, `""`, an empty list or object, a
+//! list or object of nulls) had no record and is not looked up.
+//!
+//! # What it sees of a request
+//!
+//! - HTTP: the request's `headers` (matched in any case: `lambda_http`
+//!   lowercases names, API Gateway REST keeps the client's) and its `body`
+//!   as text (a body API Gateway sent base64-encoded is not JSON to
+//!   `powertools_json` either, so Powertools wrote no record for it). The
+//!   whole API Gateway event, as Lambda delivered it, is not available
+//!   after `lambda_http` parsed it; it also holds the request id and time,
+//!   so Powertools keyed on the whole event never matched a client's retry
+//!   anyway. A closure sees the same view: `{"headers": {...}, "body": ...}`.
+//! - Batches: the record serialised by `aws_lambda_events` (`messageId`,
+//!   `body`, `attributes`...). A field path is exact; the whole record is
+//!   not (the crate's types write fields Lambda left out), so key batches on
+//!   a field, as Powertools' own examples do (`messageId`).
+//!
+//! # Which Powertools
+//!
+//! Checked against Powertools for AWS Lambda (Python) 3.37, by tests in
+//! which Powertools itself writes the records (DynamoDB and Redis). The
+//! other ports share the DynamoDB layout (`id`, `expiration` in seconds,
+//! `in_progress_expiration` in milliseconds, `status`, `data`,
+//! `validation`) and the id's shape (`{prefix}#{hash}`), but not the hash:
+//! TypeScript's `BasePersistenceLayer` hashes `JSON.stringify` of the
+//! selection (compact, keys in the event's order) and writes the digest in
+//! base64, not hex, and stores the response as a DynamoDB map rather than
+//! JSON text. Java and .NET hash their own JSON serialisations; their
+//! sources were not checked here. So only Python's records are found by
+//! the expressions above; another port's are not supported (a closure
+//! cannot reproduce a base64 digest). Redis records are Python's layout
+//! only (a JSON string under the id, no namespace).
+//!
+//! # Costs and limits
+//!
+//! - One extra strongly consistent read (DynamoDB `GetItem`, Redis `GET`)
+//!   per request this crate has not answered from its local cache; none on
+//!   a cached replay. Measured in BENCHMARKS.md.
+//! - Switch it off once the old function's retention has passed since its
+//!   last request (Powertools' `expires_after_seconds`, one hour by
+//!   default): no record of it can be live after that.
+//! - It cannot cover a request still running in the old function when the
+//!   new one sees its retry: the old function may not have written its
+//!   `INPROGRESS` record yet, or the retry may come before it; both may
+//!   run. Drain the old alias first (move traffic, then wait for the old
+//!   function's longest timeout) to narrow that window to nothing.
+//! - A Powertools response replayed by the HTTP layer is not stored again
+//!   in this crate's table: each retry reads the Powertools record again,
+//!   until it expires.
+//! - Integers beyond 64 bits and Python-only values (`NaN`, `Infinity`) in a
+//!   selection hash differently here, and miss.
+//!
+//! [`IdempotencyLayer::powertools`]: crate::http::IdempotencyLayer::powertools
+//! [`Batch::powertools`]: crate::consumers::Batch::powertools
+
+mod expr;
+#[cfg(feature = "http")]
+pub(crate) mod http;
+mod json;
+
+pub use expr::UnsupportedExpression;
+
+use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock};
+use expr::{EvalError, Expression};
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use std::{fmt, sync::Arc, time::Duration};
+
+/// The hash function Powertools was configured with (`hash_function`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HashFunction {
+    /// `md5`, Powertools' default.
+    #[default]
+    Md5,
+    /// `sha256`.
+    Sha256,
+}
+
+impl HashFunction {
+    fn hex(self, bytes: &[u8]) -> String {
+        match self {
+            HashFunction::Md5 => {
+                use md5::Digest;
+                hex::encode(md5::Md5::digest(bytes))
+            }
+            HashFunction::Sha256 => {
+                use sha2::Digest;
+                hex::encode(sha2::Sha256::digest(bytes))
+            }
+        }
+    }
+}
+
+/// Where and under which names Powertools keeps its records; the defaults
+/// are Powertools' own (`DynamoDBPersistenceLayer`, `RedisCachePersistenceLayer`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PowertoolsLayout {
+    /// DynamoDB: the table, when it is not the store's own.
+    pub table: Option<String>,
+    /// DynamoDB: the partition key (`key_attr`, default `id`).
+    pub key_attr: String,
+    /// DynamoDB: the sort key (`sort_key_attr`), if the table has one: the
+    /// id is then the sort key and the partition key is `static_pk_value`.
+    pub sort_key_attr: Option<String>,
+    /// DynamoDB: the partition key's value with a sort key (Powertools'
+    /// default: `idempotency#{AWS_LAMBDA_FUNCTION_NAME}`).
+    pub static_pk_value: Option<String>,
+    /// `expiry_attr` (default `expiration`), epoch seconds.
+    pub expiry_attr: String,
+    /// `in_progress_expiry_attr` (default `in_progress_expiration`), epoch
+    /// milliseconds.
+    pub in_progress_expiry_attr: String,
+    /// `status_attr` (default `status`).
+    pub status_attr: String,
+    /// `data_attr` (default `data`): the response, as JSON text.
+    pub data_attr: String,
+    /// `validation_key_attr` (default `validation`).
+    pub validation_key_attr: String,
+}
+
+impl Default for PowertoolsLayout {
+    fn default() -> Self {
+        Self {
+            table: None,
+            key_attr: "id".to_owned(),
+            sort_key_attr: None,
+            static_pk_value: None,
+            expiry_attr: "expiration".to_owned(),
+            in_progress_expiry_attr: "in_progress_expiration".to_owned(),
+            status_attr: "status".to_owned(),
+            data_attr: "data".to_owned(),
+            validation_key_attr: "validation".to_owned(),
+        }
+    }
+}
+
+/// A record as Powertools stored it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PowertoolsRecord {
+    /// `INPROGRESS` or `COMPLETED`.
+    pub status: String,
+    /// When the record expires, epoch seconds.
+    pub expiration_s: Option<i64>,
+    /// When an `INPROGRESS` record lapses, epoch milliseconds (absent when
+    /// Powertools did not know the invocation's remaining time).
+    pub in_progress_expiration_ms: Option<i64>,
+    /// The response, as JSON text (`COMPLETED` only).
+    pub data: Option<String>,
+    /// The payload's hash, when payload validation was on.
+    pub validation: Option<String>,
+}
+
+impl PowertoolsRecord {
+    /// A record with `status` and nothing else, to fill in (for other
+    /// stores' implementations of [`PowertoolsRecords`]).
+    pub fn new(status: impl Into<String>) -> Self {
+        Self {
+            status: status.into(),
+            expiration_s: None,
+            in_progress_expiration_ms: None,
+            data: None,
+            validation: None,
+        }
+    }
+}
+
+/// Reads a Powertools record by its id: what a store implements for
+/// [`PowertoolsCompat`] (the DynamoDB and Redis stores do). The mode's
+/// logic never touches a backend itself.
+pub trait PowertoolsRecords: Send + Sync + fmt::Debug {
+    /// The record stored under `id`, read with strong consistency, or
+    /// `None`. Failures are the store's own [`StoreError`] kinds.
+    fn read_powertools_record<'a>(
+        &'a self,
+        id: &'a str,
+        layout: &'a PowertoolsLayout,
+    ) -> BoxFuture<'a, Result<Option<PowertoolsRecord>, StoreError>>;
+}
+
+/// What Powertools' record says about a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PowertoolsFound {
+    /// Completed within its expiry: replay this response (JSON text, as
+    /// Powertools stored it; `None` if it stored none).
+    Completed {
+        /// The stored response.
+        data: Option<String>,
+    },
+    /// Still in progress in the old function.
+    InProgress {
+        /// How long until its in-progress expiry passes (at least 1 s).
+        retry_after: Duration,
+    },
+}
+
+type Selector = Arc<dyn Fn(&Value) -> Option<Value> + Send + Sync>;
+
+#[derive(Clone)]
+enum Selection {
+    Expression(Expression),
+    Closure(Selector),
+}
+
+impl Selection {
+    /// The selected value, `None` when Powertools would have had no key.
+    fn select(&self, event: &Value, headers_any_case: bool) -> Option<Value> {
+        let value = match self {
+            Selection::Expression(expression) => match expression.evaluate(event, headers_any_case)
+            {
+                Ok(value) => value,
+                Err(EvalError::NotJson) => return None,
+            },
+            Selection::Closure(closure) => closure(event)?,
+        };
+        (!is_missing(&value)).then_some(value)
+    }
+}
+
+/// Powertools' `is_missing_idempotency_key`.
+fn is_missing(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(_) | Value::Number(_) => false,
+        Value::String(text) => text.is_empty(),
+        Value::Array(items) => items.iter().all(Value::is_null),
+        Value::Object(map) => map.values().all(Value::is_null),
+    }
+}
+
+/// The compatibility mode: how to find the record Powertools wrote for a
+/// request, and what it means. See the [module docs](self).
+#[derive(Clone)]
+pub struct PowertoolsCompat {
+    reader: Arc<dyn PowertoolsRecords>,
+    prefix: String,
+    key: Selection,
+    validation: Option<Selection>,
+    hash: HashFunction,
+    layout: PowertoolsLayout,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for PowertoolsCompat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PowertoolsCompat")
+            .field("reader", &self.reader)
+            .field("prefix", &self.prefix)
+            .field("hash", &self.hash)
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PowertoolsCompat {
+    /// Records of Powertools' `@idempotent` (or `@idempotent_function`) on
+    /// `handler` (its `module.qualname`, such as `app.lambda_handler`) in the
+    /// Lambda function `function_name` (its `AWS_LAMBDA_FUNCTION_NAME`),
+    /// read through `reader` (a [`DynamoDbStore`](crate::DynamoDbStore) or
+    /// a `RedisStore`). The key is the whole event until set.
+    pub fn new(
+        reader: impl PowertoolsRecords + 'static,
+        function_name: &str,
+        handler: &str,
+    ) -> Self {
+        Self::with_key_prefix(reader, format!("{function_name}.{handler}"))
+    }
+
+    /// Records of a Powertools handler configured with `key_prefix`.
+    pub fn with_key_prefix(
+        reader: impl PowertoolsRecords + 'static,
+        key_prefix: impl Into<String>,
+    ) -> Self {
+        Self {
+            reader: Arc::new(reader),
+            prefix: key_prefix.into(),
+            key: Selection::Expression(Expression::whole()),
+            validation: None,
+            hash: HashFunction::default(),
+            layout: PowertoolsLayout::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Powertools' `event_key_jmespath`, for the supported forms (see the
+    /// [module docs](self)); anything else is refused: use
+    /// [`event_key`](Self::event_key).
+    pub fn event_key_jmespath(mut self, expression: &str) -> Result<Self, UnsupportedExpression> {
+        self.key = Selection::Expression(Expression::parse(expression)?);
+        Ok(self)
+    }
+
+    /// The value Powertools' `event_key_jmespath` selected from the event
+    /// (see the module docs for the event each adapter passes), for
+    /// expressions outside the supported forms. `None`: no key.
+    pub fn event_key(
+        mut self,
+        select: impl Fn(&Value) -> Option<Value> + Send + Sync + 'static,
+    ) -> Self {
+        self.key = Selection::Closure(Arc::new(select));
+        self
+    }
+
+    /// Powertools' `payload_validation_jmespath`, when it was on.
+    pub fn payload_validation_jmespath(
+        mut self,
+        expression: &str,
+    ) -> Result<Self, UnsupportedExpression> {
+        self.validation = Some(Selection::Expression(Expression::parse(expression)?));
+        Ok(self)
+    }
+
+    /// Payload validation with a closure, like [`event_key`](Self::event_key).
+    pub fn payload_validation(
+        mut self,
+        select: impl Fn(&Value) -> Option<Value> + Send + Sync + 'static,
+    ) -> Self {
+        self.validation = Some(Selection::Closure(Arc::new(select)));
+        self
+    }
+
+    /// Powertools' `hash_function` (default md5).
+    pub fn hash_function(mut self, hash: HashFunction) -> Self {
+        self.hash = hash;
+        self
+    }
+
+    /// Where and under which names the records are (default: Powertools'
+    /// names, in the store's own table).
+    pub fn layout(mut self, layout: PowertoolsLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// The clock expiries are compared with (default: the system's).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The id of the record Powertools wrote for `event`, or `None` when it
+    /// had no key (and wrote no record).
+    pub fn record_id(&self, event: &Value) -> Option<String> {
+        self.record_id_in(event, false)
+    }
+
+    fn record_id_in(&self, event: &Value, headers_any_case: bool) -> Option<String> {
+        let selected = self.key.select(event, headers_any_case)?;
+        Some(format!("{}#{}", self.prefix, self.hash_of(&selected)))
+    }
+
+    fn hash_of(&self, value: &Value) -> String {
+        self.hash.hex(json::dumps(value).as_bytes())
+    }
+
+    /// Reads the record Powertools wrote for `event` and says what it
+    /// means: `Ok(None)` lets this crate's protocol run. A record whose
+    /// payload hash differs (validation on) is [`Error::KeyReused`]; a read
+    /// that fails, [`Error::Store`].
+    pub async fn check(&self, event: &Value) -> Result<Option<PowertoolsFound>, Error> {
+        self.check_in(event, false).await
+    }
+
+    pub(crate) async fn check_in(
+        &self,
+        event: &Value,
+        headers_any_case: bool,
+    ) -> Result<Option<PowertoolsFound>, Error> {
+        let Some(id) = self.record_id_in(event, headers_any_case) else {
+            return Ok(None);
+        };
+        let record = self
+            .reader
+            .read_powertools_record(&id, &self.layout)
+            .await
+            .map_err(Error::Store)?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let found = decide(&record, self.clock.now_ms()).map_err(|error| {
+            Error::Store(StoreError::new(
+                StoreErrorKind::CorruptRecord,
+                format!("Powertools record {id}: {error}"),
+            ))
+        })?;
+        if found.is_some() {
+            // A record without a hash fails validation too, as in Powertools
+            // (its Redis layer drops the hash when it completes a record,
+            // and then refuses every retry of it).
+            if let Some(validation) = &self.validation {
+                // Powertools hashes the selection even when it is null.
+                let selected = match validation {
+                    Selection::Expression(expression) => expression
+                        .evaluate(event, headers_any_case)
+                        .unwrap_or(Value::Null),
+                    Selection::Closure(closure) => closure(event).unwrap_or(Value::Null),
+                };
+                if record.validation.as_deref() != Some(self.hash_of(&selected).as_str()) {
+                    tracing::debug!(record = %id, outcome = "key_reused", "Powertools record");
+                    return Err(Error::KeyReused);
+                }
+            }
+        }
+        tracing::debug!(record = %id, found = ?found.as_ref().map(kind), "Powertools record read");
+        Ok(found)
+    }
+}
+
+fn kind(found: &PowertoolsFound) -> &'static str {
+    match found {
+        PowertoolsFound::Completed { .. } => "completed",
+        PowertoolsFound::InProgress { .. } => "in_progress",
+    }
+}
+
+/// What a record means at `now_ms`, as Powertools decides it
+/// (`DataRecord.is_expired`, `_handle_for_status`).
+fn decide(record: &PowertoolsRecord, now_ms: u64) -> Result<Option<PowertoolsFound>, String> {
+    let now_ms = i64::try_from(now_ms).unwrap_or(i64::MAX);
+    let now_s = now_ms / 1000;
+    if record
+        .expiration_s
+        .is_some_and(|expiration| now_s > expiration)
+    {
+        return Ok(None);
+    }
+    match record.status.as_str() {
+        "COMPLETED" => Ok(Some(PowertoolsFound::Completed {
+            data: record.data.clone(),
+        })),
+        "INPROGRESS" => {
+            let until_ms = match (record.in_progress_expiration_ms, record.expiration_s) {
+                (Some(lapses), _) if lapses < now_ms => return Ok(None),
+                (Some(lapses), _) => Some(lapses),
+                (None, expiration) => expiration.map(|s| s.saturating_mul(1000)),
+            };
+            let left = until_ms.map_or(0, |until| until.saturating_sub(now_ms));
+            let retry_after =
+                Duration::from_millis(u64::try_from(left).unwrap_or(0)).max(Duration::from_secs(1));
+            Ok(Some(PowertoolsFound::InProgress { retry_after }))
+        }
+        other => Err(format!("unknown status {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests;

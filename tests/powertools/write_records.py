@@ -1,0 +1,136 @@
+"""Has Powertools (Python) write idempotency records through its own
+handlers, for the compatibility test (tests/powertools_compat.rs).
+
+    write_records.py MANIFEST.json
+
+For each handler (header key, body-field key, SQS messageId), one request
+of each state: completed (the handler ran), in progress (the process was
+killed inside the handler), expired (completed with a one-second expiry,
+then waited out) and absent (never sent). The manifest holds the events,
+the responses Powertools returned, what it answered to a retry of a
+completed request, and the record ids it computed.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+
+class Context:
+    """The part of the Lambda context Powertools reads."""
+
+    function_name = os.environ.get("AWS_LAMBDA_FUNCTION_NAME", "")
+    aws_request_id = "00000000-0000-0000-0000-000000000000"
+
+    def get_remaining_time_in_millis(self):
+        return 600_000
+
+
+def http_event(key, order_id, amount):
+    with open(os.path.join(ROOT, "events", "rest-api-create-charge.json")) as f:
+        event = json.load(f)
+    event["headers"]["Idempotency-Key"] = key
+    event["multiValueHeaders"]["Idempotency-Key"] = [key]
+    event["body"] = json.dumps({"order_id": order_id, "amount": amount, "currency": "eur"})
+    return event
+
+
+def sqs_event(message_ids):
+    with open(os.path.join(ROOT, "events", "sqs-receipts-batch-with-duplicates.json")) as f:
+        template = json.load(f)["Records"][0]
+    records = []
+    for i, message_id in enumerate(message_ids):
+        record = copy.deepcopy(template)
+        record["messageId"] = message_id
+        record["body"] = json.dumps({"charge_id": f"ch_{i}", "email": "ana@example.com"})
+        records.append(record)
+    return {"Records": records}
+
+
+def run_elsewhere(handler, event, **env):
+    """Runs a handler in a process of its own (to kill it, or to give it
+    another expiry); returns its exit status."""
+    code = (
+        "import json, sys, write_records, app; "
+        "event = json.loads(sys.stdin.read()); "
+        f"app.HANDLERS[{handler!r}](event, write_records.Context())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(event),
+        text=True,
+        cwd=HERE,
+        env={**os.environ, **env},
+        check=False,
+    )
+    return done.returncode
+
+
+def main():
+    import app
+    from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyValidationError
+
+    manifest = {"http": [], "sqs": {}}
+    last_expiring = time.time()
+    ids = {
+        "completed": "pt-completed",
+        "in_progress": "pt-in-progress",
+        "expired": "pt-expired",
+        "absent": "pt-absent",
+    }
+    for handler in ("header", "body"):
+        for state, key in ids.items():
+            order_id = f"{handler}-{state}"
+            event = http_event(f"{key}-{handler}", order_id, 1250)
+            case = {"handler": handler, "state": state, "event": event}
+            if state == "completed":
+                case["response"] = app.HANDLERS[handler](event, Context())
+                # What Powertools itself answers to the client's retry: the
+                # Rust function must answer the same.
+                try:
+                    again = app.HANDLERS[handler](event, Context())
+                    assert again == case["response"], "Powertools replayed another response"
+                    case["powertools_retry"] = "replayed"
+                except IdempotencyValidationError:
+                    case["powertools_retry"] = "validation_error"
+            elif state == "in_progress":
+                status = run_elsewhere(handler, event, PT_DIE_IN_HANDLER="1")
+                assert status == 17, f"the killed handler exited {status}"
+            elif state == "expired":
+                status = run_elsewhere(handler, event, PT_EXPIRES_AFTER="1")
+                assert status == 0, f"the expiring handler exited {status}"
+                last_expiring = time.time()
+            case["powertools_id"] = app.STORES[handler]._get_hashed_idempotency_key(data=event)
+            manifest["http"].append(case)
+
+    message_ids = {state: f"msg-{state}" for state in ids}
+    event = sqs_event(list(message_ids.values()))
+    by_id = {r["messageId"]: r for r in event["Records"]}
+    app.sqs_handler({"Records": [by_id["msg-completed"]]}, Context())
+    assert run_elsewhere("sqs", {"Records": [by_id["msg-in_progress"]]}, PT_DIE_IN_HANDLER="1") == 17
+    assert run_elsewhere("sqs", {"Records": [by_id["msg-expired"]]}, PT_EXPIRES_AFTER="1") == 0
+    last_expiring = time.time()
+    manifest["sqs"] = {
+        "event": event,
+        "states": {message_id: state for state, message_id in message_ids.items()},
+        "powertools_ids": {
+            r["messageId"]: app.sqs_store._get_hashed_idempotency_key(data=r) for r in event["Records"]
+        },
+    }
+
+    # A record written with expires_after_seconds=1 expires once the clock's
+    # second passes expiration (DataRecord.is_expired): at most 2 s.
+    time.sleep(max(0.0, last_expiring + 2.1 - time.time()))
+    with open(sys.argv[1], "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

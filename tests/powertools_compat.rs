@@ -1,0 +1,444 @@
+//! Powertools compatibility, against records that Powertools for AWS Lambda
+//! (Python 3.37, the version `make bench` pins) writes itself through its own
+//! `@idempotent` handlers and `idempotent_function` (tests/powertools/), on
+//! DynamoDB Local and on redis-server: the completed ones are replayed
+//! byte for byte without running the handler, the in-progress ones are
+//! refused, the expired and absent ones run.
+//!
+//! Needs `AWS_ENDPOINT_URL_DYNAMODB`, `IDEMPOTENCY_TEST_REDIS_URL` and
+//! `.tools/bench-py` (Powertools); `make test` provides them all.
+
+mod support;
+
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use lambda_http::{request::from_str, Body, Request, Response};
+use lambda_idempotency::{
+    consumers::SqsBatch,
+    http::{IdempotencyLayer, REPLAYED_HEADER},
+    powertools::{PowertoolsCompat, PowertoolsRecords},
+    store::{redis::RedisStore, Store},
+    DynamoDbStore, Engine,
+};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::Value;
+use std::{
+    path::Path,
+    process::Command,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+/// The Lambda function name the Powertools function ran as.
+const FUNCTION: &str = "pt-fn";
+const PYTHON: &str = ".tools/bench-py/bin/python";
+
+/// Runs tests/powertools/write_records.py against `env` and reads its manifest.
+fn powertools_writes(env: &[(&str, String)]) -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(PYTHON);
+    assert!(
+        python.exists(),
+        "{PYTHON} is missing: `make .tools/bench-py/.installed` installs Powertools (make test does)"
+    );
+    let manifest = std::env::temp_dir().join(format!(
+        "powertools-manifest-{}-{}.json",
+        std::process::id(),
+        env.len()
+    ));
+    let status = Command::new(python)
+        .arg(root.join("tests/powertools/write_records.py"))
+        .arg(&manifest)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("PYTHONWARNINGS", "ignore")
+        .status()
+        .expect("run Powertools");
+    assert!(status.success(), "write_records.py failed: {status}");
+    let text = std::fs::read_to_string(&manifest).expect("read the manifest");
+    let _ = std::fs::remove_file(&manifest);
+    serde_json::from_str(&text).expect("the manifest is JSON")
+}
+
+#[derive(Clone, Default)]
+struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The Rust function: a handler that counts its runs and answers 200 "rust".
+fn layered<St: Store + Clone>(
+    engine: Engine<St>,
+    compat: PowertoolsCompat,
+    runs: &Runs,
+) -> impl Service<Request, Response = Response<Body>, Error = lambda_http::Error> {
+    let runs = runs.clone();
+    let handler = service_fn(move |_request: Request| {
+        let runs = runs.clone();
+        async move {
+            runs.0.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, lambda_http::Error>(Response::new(Body::Text("rust".into())))
+        }
+    });
+    IdempotencyLayer::new(engine)
+        .powertools(compat)
+        .layer(handler)
+}
+
+fn compat_for(reader: impl PowertoolsRecords + 'static, handler: &str) -> PowertoolsCompat {
+    let compat = PowertoolsCompat::new(reader, FUNCTION, &format!("app.{handler}_handler"));
+    match handler {
+        "header" => compat
+            .event_key_jmespath("headers.\"Idempotency-Key\"")
+            .unwrap()
+            .payload_validation_jmespath("powertools_json(body)")
+            .unwrap(),
+        _ => compat
+            .event_key_jmespath("powertools_json(body).order_id")
+            .unwrap(),
+    }
+}
+
+fn request(event: &Value) -> Request {
+    from_str(&event.to_string()).expect("lambda_http reads the event")
+}
+
+/// Every HTTP case of the manifest through the Rust function in
+/// compatibility mode.
+async fn check_http<St: Store + Clone>(
+    engine: Engine<St>,
+    reader: impl PowertoolsRecords + Clone + 'static,
+    manifest: &Value,
+) {
+    for case in manifest["http"].as_array().expect("http cases") {
+        let handler = case["handler"].as_str().unwrap();
+        let state = case["state"].as_str().unwrap();
+        let what = format!("{handler} handler, {state}");
+        let runs = Runs::default();
+        let mut service = layered(engine.clone(), compat_for(reader.clone(), handler), &runs);
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(&case["event"]))
+            .await
+            .unwrap();
+        let body = response.body().as_ref().to_vec();
+        match state {
+            "completed" if case["powertools_retry"] == "validation_error" => {
+                // Powertools itself refuses the retry (its Redis layer drops
+                // the validation hash on completion): so does the mode.
+                assert_eq!(runs.count(), 0, "{what}: the handler must not run");
+                assert_eq!(response.status(), 422, "{what}: as Powertools refuses it");
+            }
+            "completed" => {
+                assert_eq!(case["powertools_retry"], "replayed", "{what}");
+                let stored = &case["response"];
+                assert_eq!(runs.count(), 0, "{what}: the handler must not run");
+                assert_eq!(
+                    response.status().as_u16() as u64,
+                    stored["statusCode"],
+                    "{what}"
+                );
+                assert_eq!(
+                    body,
+                    stored["body"].as_str().unwrap().as_bytes(),
+                    "{what}: the body Powertools stored, byte for byte"
+                );
+                for (name, value) in stored["headers"].as_object().unwrap() {
+                    assert_eq!(
+                        response.headers()[name.as_str()],
+                        value.as_str().unwrap(),
+                        "{what}: {name}"
+                    );
+                }
+                assert_eq!(response.headers()[REPLAYED_HEADER], "true", "{what}");
+            }
+            "in_progress" => {
+                assert_eq!(runs.count(), 0, "{what}: the handler must not run");
+                assert_eq!(
+                    response.status(),
+                    409,
+                    "{what}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+                let retry_after: u64 = response.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!(
+                    (1..=600).contains(&retry_after),
+                    "{what}: Retry-After {retry_after}"
+                );
+            }
+            "expired" | "absent" => {
+                assert_eq!(runs.count(), 1, "{what}: the handler runs");
+                assert_eq!(response.status(), 200, "{what}");
+                assert_eq!(body, b"rust", "{what}");
+                assert!(response.headers().get(REPLAYED_HEADER).is_none(), "{what}");
+            }
+            other => panic!("unknown state {other}"),
+        }
+
+        if handler == "header" && state == "completed" {
+            // The same key with another body: Powertools' payload validation
+            // was on, so this is a reused key, never the stored response.
+            let mut other = case["event"].clone();
+            other["body"] = Value::String("{\"order_id\": \"x\", \"amount\": 1}".into());
+            let response = service
+                .ready()
+                .await
+                .unwrap()
+                .call(request(&other))
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 422, "{what}, another body");
+            assert_eq!(runs.count(), 0, "{what}, another body");
+        }
+    }
+}
+
+/// The SQS batch of the manifest through `SqsBatch` in compatibility mode.
+async fn check_sqs<St: Store + Clone>(
+    engine: Engine<St>,
+    reader: impl PowertoolsRecords + Clone + 'static,
+    manifest: &Value,
+) {
+    let sqs = &manifest["sqs"];
+    let event: SqsEvent = serde_json::from_value(sqs["event"].clone()).expect("an SQS event");
+    let compat = PowertoolsCompat::new(reader, FUNCTION, "app.process_record")
+        .event_key_jmespath("messageId")
+        .unwrap();
+    for message in &event.records {
+        let id = message.message_id.clone().unwrap();
+        let view = serde_json::to_value(message).unwrap();
+        assert_eq!(
+            compat.record_id(&view).as_deref(),
+            sqs["powertools_ids"][&id].as_str(),
+            "the record id Powertools computed for {id}"
+        );
+    }
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let batch = SqsBatch::new(engine, "receipts").powertools(compat);
+    let response: SqsBatchResponse = batch
+        .process(
+            LambdaEvent::new(event, Context::default()),
+            |message: SqsMessage| {
+                let ran = Arc::clone(&ran);
+                async move {
+                    ran.lock()
+                        .unwrap()
+                        .push(message.message_id.unwrap_or_default());
+                    Ok::<_, String>(())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    let failed: Vec<String> = response
+        .batch_item_failures
+        .iter()
+        .map(|failure| failure.item_identifier.clone())
+        .collect();
+    let mut ran = ran.lock().unwrap().clone();
+    ran.sort();
+    let states = sqs["states"].as_object().unwrap();
+    let with = |wanted: &[&str]| {
+        let mut ids: Vec<String> = states
+            .iter()
+            .filter(|(_, state)| wanted.contains(&state.as_str().unwrap()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(
+        failed,
+        with(&["in_progress"]),
+        "only the record in progress fails"
+    );
+    assert_eq!(
+        ran,
+        with(&["expired", "absent"]),
+        "the completed one does not run again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn powertools_records_on_dynamodb_are_honoured() {
+    let client = support::client();
+    // No TTL on the table: DynamoDB Local would delete the expired records
+    // before they are read, and the expired branch would go untested.
+    let table = support::create_table_with(&client, "powertools", "id", None).await;
+    let manifest = powertools_writes(&[
+        ("PT_TABLE", table.clone()),
+        ("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint()),
+    ]);
+    let store = DynamoDbStore::new(client, &table);
+    check_http(
+        Engine::builder(store.clone()).build(),
+        store.clone(),
+        &manifest,
+    )
+    .await;
+    check_sqs(Engine::builder(store.clone()).build(), store, &manifest).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn powertools_records_on_redis_are_honoured() {
+    let url = support::variable("IDEMPOTENCY_TEST_REDIS_URL");
+    let manifest = powertools_writes(&[("PT_REDIS_URL", url.clone())]);
+    let store = RedisStore::open(&url).unwrap();
+    check_http(
+        Engine::builder(store.clone()).build(),
+        store.clone(),
+        &manifest,
+    )
+    .await;
+    check_sqs(Engine::builder(store.clone()).build(), store, &manifest).await;
+}
+
+/// What the mode costs in calls: one `GetItem` more on a first request,
+/// and nothing on a replay from the local cache.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mode_costs_one_read_and_none_on_a_cached_replay() {
+    let (client, calls) = support::counted_client();
+    let table = support::create_idempotency_table(&client).await;
+    let store = DynamoDbStore::new(client, &table);
+    let runs = Runs::default();
+    let engine = Engine::builder(store.clone()).cache(16).build();
+    let mut service = layered(engine, compat_for(store.clone(), "header"), &runs);
+    let template: Value =
+        serde_json::from_str(include_str!("../events/rest-api-create-charge.json")).unwrap();
+    let mut call = async |event: &Value| {
+        calls.reset();
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(event))
+            .await
+            .unwrap();
+        (response.status().as_u16(), calls.by_operation())
+    };
+    let (status, first) = call(&template).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        first,
+        [("GetItem", 1), ("PutItem", 1), ("UpdateItem", 1)]
+            .into_iter()
+            .collect(),
+        "the Powertools read, then the claim and the completion"
+    );
+    let (status, replay) = call(&template).await;
+    assert_eq!(status, 200);
+    assert!(
+        replay.is_empty(),
+        "a cached replay calls nothing: {replay:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+/// The mode's cost on a first request, against DynamoDB Local: the same
+/// new requests with the mode off and on, interleaved. Run by
+/// `make bench-powertools` (in release), not by `make test`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement: make bench-powertools"]
+async fn powertools_mode_latency() {
+    let rounds: usize = support::env_or("BENCH_REQUESTS", 2000) as usize;
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let store = DynamoDbStore::new(client, &table);
+    let runs = Runs::default();
+    let handler = |runs: &Runs| {
+        let runs = runs.clone();
+        service_fn(move |_request: Request| {
+            let runs = runs.clone();
+            async move {
+                runs.0.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, lambda_http::Error>(Response::new(Body::Text("rust".into())))
+            }
+        })
+    };
+    let mut off =
+        IdempotencyLayer::new(Engine::builder(store.clone()).build()).layer(handler(&runs));
+    let mut on = layered(
+        Engine::builder(store.clone()).build(),
+        compat_for(store.clone(), "header"),
+        &runs,
+    );
+    let template: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("events/rest-api-create-charge.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let event = |i: usize, mode: &str| {
+        let mut event = template.clone();
+        event["headers"]["Idempotency-Key"] = Value::String(format!("bench-{mode}-{i}"));
+        event["multiValueHeaders"]["Idempotency-Key"] =
+            serde_json::json!([format!("bench-{mode}-{i}")]);
+        request(&event)
+    };
+    let (mut times_off, mut times_on, mut times_replay_on) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..rounds + 100 {
+        let started = Instant::now();
+        let response = off
+            .ready()
+            .await
+            .unwrap()
+            .call(event(i, "off"))
+            .await
+            .unwrap();
+        let elapsed_off = started.elapsed();
+        assert_eq!(response.status(), 200);
+        let started = Instant::now();
+        let response = on
+            .ready()
+            .await
+            .unwrap()
+            .call(event(i, "on"))
+            .await
+            .unwrap();
+        let elapsed_on = started.elapsed();
+        assert_eq!(response.status(), 200);
+        let started = Instant::now();
+        let response = on
+            .ready()
+            .await
+            .unwrap()
+            .call(event(i, "on"))
+            .await
+            .unwrap();
+        let elapsed_replay = started.elapsed();
+        assert_eq!(response.headers()[REPLAYED_HEADER], "true");
+        if i >= 100 {
+            times_off.push(elapsed_off);
+            times_on.push(elapsed_on);
+            times_replay_on.push(elapsed_replay);
+        }
+    }
+    let report = |name: &str, times: &mut Vec<Duration>| {
+        times.sort();
+        let at = |q: f64| times[((times.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1000.0;
+        println!(
+            "{name:<32} median {:.3} ms  p90 {:.3} ms  p99 {:.3} ms",
+            at(0.5),
+            at(0.9),
+            at(0.99)
+        );
+    };
+    println!("{rounds} requests each, interleaved, DynamoDB Local:");
+    report("first request, mode off", &mut times_off);
+    report("first request, mode on", &mut times_on);
+    report("replay (store), mode on", &mut times_replay_on);
+}
