@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Runs the functions under `sam local`, in Docker, against DynamoDB Local.
 
-    sam_local.py      every event in events/ through `sam local invoke`, then
-                      `sam local start-api` driven with HTTP (make sam-local)
+    sam_local.py          every event in events/ through `sam local invoke`,
+                          then `sam local start-api` driven with HTTP (make sam-local)
+    sam_local.py tables   only creates the tables, named as sam local passes
+                          them to the functions (to run sam local by hand)
 
 Run it under scripts/with-docker and scripts/with-dynamodb-local (make
 sam-local does): they provide DOCKER_HOST, DOCKER_BRIDGE_ADDRESS (where the
@@ -21,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -249,6 +252,45 @@ def remove_containers():
 
 # --- the checks ------------------------------------------------------------
 
+# The template as SAM resolves it, with and without the local overrides (run
+# by the SAM CLI's own Python).
+RESOLVE_TEMPLATE = r"""
+import json, sys
+from samcli.lib.providers.sam_base_provider import SamBaseProvider
+from samcli.yamlhelper import yaml_parse
+with open("template.yaml") as f:
+    template = yaml_parse(f.read())
+functions = {}
+for name, overrides in (("default", {}), ("local", json.loads(sys.argv[1]))):
+    resources = SamBaseProvider.get_template(template, overrides)["Resources"]
+    functions[name] = {logical_id: {"variables": (resource["Properties"].get("Environment") or {}).get("Variables"),
+                                    "architectures": resource["Properties"].get("Architectures")}
+                       for logical_id, resource in resources.items()
+                       if resource["Type"] == "AWS::Serverless::Function"}
+print(json.dumps(functions))
+"""
+
+
+def template_parameters(c, endpoint):
+    """What differs locally is the parameters' doing; the template's defaults
+    are what AWS gets."""
+    python = os.path.join(os.path.dirname(SAM), "python")
+    overrides = {"Architecture": "x86_64", "LocalDynamoDbEndpoint": endpoint}
+    output = subprocess.run([python, "-c", RESOLVE_TEMPLATE, json.dumps(overrides)], cwd=ROOT,
+                            capture_output=True, text=True, check=True)
+    functions = json.loads(output.stdout)
+    default, local = functions["default"], functions["local"]
+    c.check("template: three functions", sorted(default) == sorted(FUNCTIONS.values()), sorted(default))
+    c.check("template: by default every function is arm64 and has no AWS_ENDPOINT_URL_DYNAMODB at all",
+            all(f["architectures"] == ["arm64"] and isinstance(f["variables"], dict)
+                and "AWS_ENDPOINT_URL_DYNAMODB" not in f["variables"] for f in default.values()), default)
+    c.check("template: with the overrides, x86_64 and AWS_ENDPOINT_URL_DYNAMODB set to the endpoint",
+            all(f["architectures"] == ["x86_64"] and isinstance(f["variables"], dict)
+                and f["variables"].get("AWS_ENDPOINT_URL_DYNAMODB") == endpoint for f in local.values()), local)
+    c.check("template: otherwise the same variables",
+            all({k: v for k, v in local[name]["variables"].items() if k != "AWS_ENDPOINT_URL_DYNAMODB"}
+                == default[name]["variables"] for name in default), functions)
+
 def field(body, name):
     return body.get(name, "") if isinstance(body, dict) else ""
 
@@ -331,6 +373,19 @@ def drive_api(c, fn):
 
 
 def main():
+    # start-api runs in a session of its own: a SIGTERM (make interrupted,
+    # scripts/with-docker stopping) must still reach the `finally` that stops it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if sys.argv[1:] == ["tables"]:
+        if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
+            print("AWS_ENDPOINT_URL_DYNAMODB is not set: run this through scripts/with-dynamodb-local")
+            return 2
+        create_tables(SAM_TABLES)
+        print(f"Created {', '.join(SAM_TABLES)} at {os.environ['AWS_ENDPOINT_URL_DYNAMODB']}")
+        return 0
+    if sys.argv[1:]:
+        print(__doc__)
+        return 2
     for variable in ("DOCKER_HOST", "DOCKER_BRIDGE_ADDRESS", "AWS_ENDPOINT_URL_DYNAMODB"):
         if variable not in os.environ:
             print(f"{variable} is not set: run this through scripts/with-docker scripts/with-dynamodb-local "
@@ -344,6 +399,7 @@ def main():
     started = time.monotonic()
     binaries = build_binaries()
     print(f"Base image {BASE_IMAGE}: {base_image(binaries)}")
+    template_parameters(c, endpoint)
     create_tables(SAM_TABLES)
     scratch = tempfile.mkdtemp(prefix="sam-local.", dir=os.path.join(ROOT, ".tools"))
     api = None
