@@ -26,7 +26,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e stress fuzz bench bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress fuzz bench bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -40,9 +40,9 @@ demo: $(VENV)/.installed
 	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py demo
 
 ## Everything CI checks: formatting, clippy, the SAM template, unit, doc and
-## integration tests against DynamoDB Local, PostgreSQL and Redis, and the
-## end-to-end test of charges and receipts on each store.
-test: lint package validate integration e2e
+## integration tests against DynamoDB Local, PostgreSQL and Redis, the
+## end-to-end test of charges and receipts on each store, and sam local.
+test: lint package validate integration e2e sam-local
 
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
 ## every package of the workspace, the declared rust-version against every
@@ -78,6 +78,14 @@ integration: $(TOOLS)/bench-py/.installed
 ## on Redis and on a Redis Cluster (IDEMPOTENCY_STORE_URL).
 e2e: $(VENV)/.installed
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python scripts/charges_local.py e2e
+
+## The functions under SAM's own emulator, in Docker, against DynamoDB Local:
+## every event in events/ through sam local invoke, then sam local start-api
+## driven with real HTTP requests. Installs Debian's docker.io and
+## busybox-static where missing, runs its own dockerd on a bridge of its own
+## (no route off this machine), and stops it all, pass or fail.
+sam-local: $(SAM_VENV)/.installed $(VENV)/.installed
+	scripts/with-docker scripts/with-dynamodb-local $(VENV)/bin/python scripts/sam_local.py
 
 ## The randomised stress tests (requests, and stream consumers) at a larger size
 ## than make test runs, with their counts.

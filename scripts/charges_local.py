@@ -66,10 +66,11 @@ CloudFormationLoader.add_multi_constructor(
         else loader.construct_mapping(node)))
 
 
-def create_tables():
+def create_tables(names=TABLES):
+    """Creates the template's tables, named by `names` (logical id to name)."""
     with open(os.path.join(ROOT, "template.yaml")) as f:
         template = yaml.load(f, Loader=CloudFormationLoader)
-    for logical_id, table_name in TABLES.items():
+    for logical_id, table_name in names.items():
         props = template["Resources"][logical_id]["Properties"]
         dynamodb("CreateTable", {
             "TableName": table_name,
@@ -82,8 +83,8 @@ def create_tables():
             dynamodb("UpdateTimeToLive", {"TableName": table_name, "TimeToLiveSpecification": ttl})
 
 
-def count_charges():
-    return dynamodb("Scan", {"TableName": TABLES["ChargesTable"], "Select": "COUNT", "ConsistentRead": True})["Count"]
+def count_charges(table=TABLES["ChargesTable"]):
+    return dynamodb("Scan", {"TableName": table, "Select": "COUNT", "ConsistentRead": True})["Count"]
 
 
 # --- a counting proxy in front of DynamoDB Local ---------------------------
@@ -192,13 +193,13 @@ class Function:
             data = raw.decode("utf-8", "replace")
         return response.status, {k.lower(): v for k, v in response.getheaders()}, data
 
-    def wait_until_ready(self):
-        deadline = time.time() + BUILD_TIMEOUT_S
+    def wait_until_ready(self, timeout=BUILD_TIMEOUT_S):
+        deadline = time.time() + timeout
         while time.time() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError("cargo lambda watch exited:\n" + self.logs())
+                raise RuntimeError(f"{self.process.args[0]} exited:\n" + self.logs())
             try:
-                status, _, _ = self.request("GET", "/v1/charges/ch_warmup", timeout=BUILD_TIMEOUT_S)
+                status, _, _ = self.request("GET", "/v1/charges/ch_warmup", timeout=timeout)
                 if status in (200, 404):
                     return
             except (ConnectionError, OSError, http.client.HTTPException):
@@ -214,13 +215,7 @@ class Function:
         if output.returncode != 0:
             raise RuntimeError(f"cargo lambda invoke {event_file}: {output.stderr}")
         response = json.loads(output.stdout)
-        if function != "charges":
-            return response
-        body = response.get("body")
-        # REST API (v1) responses carry their headers in multiValueHeaders.
-        headers = {k.lower(): v[-1] for k, v in (response.get("multiValueHeaders") or {}).items() if v}
-        headers.update({k.lower(): v for k, v in (response.get("headers") or {}).items()})
-        return response.get("statusCode"), headers, (json.loads(body) if body else None)
+        return http_response(response) if function == "charges" else response
 
     def logs(self):
         self.log.flush()
@@ -237,6 +232,15 @@ class Function:
                 self.process.wait()
         self.log.close()
         os.unlink(self.log.name)
+
+
+def http_response(response):
+    """(status, headers, body) of an API Gateway response that an invoke returned."""
+    body = response.get("body")
+    # REST API (v1) responses carry their headers in multiValueHeaders.
+    headers = {k.lower(): v[-1] for k, v in (response.get("multiValueHeaders") or {}).items() if v}
+    headers.update({k.lower(): v for k, v in (response.get("headers") or {}).items()})
+    return response.get("statusCode"), headers, (json.loads(body) if body else None)
 
 
 CHARGE = {"amount": 1250, "currency": "EUR", "customer": "cus_42"}
@@ -353,16 +357,7 @@ def e2e(fn, proxy):
     c.check("REST API (v1) replay gets it back", status == 201 and rest_again == rest, (status, rest_again))
     c.check("three charge items from the events", count_charges() == before + 3, count_charges() - before)
 
-    first = fn.invoke("events/sqs-receipts-batch-with-duplicates.json", "receipts")
-    c.check("receipts: a batch with a producer's duplicate has no failures",
-            first.get("batchItemFailures") == [], first)
-    again = fn.invoke("events/sqs-receipts-redelivery.json", "receipts")
-    c.check("receipts: the redelivery batch has no failures", again.get("batchItemFailures") == [], again)
-    items = dynamodb("Scan", {"TableName": TABLES["ReceiptsTable"], "ConsistentRead": True})["Items"]
-    sent = {item["charge_id"]["S"]: int(item["sent"]["N"]) for item in items}
-    c.check("receipts: three charges, each receipt sent exactly once",
-            len(sent) == 3 and set(sent.values()) == {1}, sent)
-
+    receipts(c, fn)
     ledger(c, fn)
 
     for name, variable in (("PostgreSQL", "IDEMPOTENCY_TEST_POSTGRES_URL"), ("Redis", "IDEMPOTENCY_TEST_REDIS_URL"),
@@ -376,12 +371,26 @@ def e2e(fn, proxy):
     return 1 if c.failed else 0
 
 
-def ledger(c, fn):
+def receipts(c, fn, tables=TABLES):
+    """The SQS consumer: a producer's duplicate and a redelivery send no
+    receipt twice."""
+    first = fn.invoke("events/sqs-receipts-batch-with-duplicates.json", "receipts")
+    c.check("receipts: a batch with a producer's duplicate has no failures",
+            first.get("batchItemFailures") == [], first)
+    again = fn.invoke("events/sqs-receipts-redelivery.json", "receipts")
+    c.check("receipts: the redelivery batch has no failures", again.get("batchItemFailures") == [], again)
+    items = dynamodb("Scan", {"TableName": tables["ReceiptsTable"], "ConsistentRead": True})["Items"]
+    sent = {item["charge_id"]["S"]: int(item["sent"]["N"]) for item in items}
+    c.check("receipts: three charges, each receipt sent exactly once",
+            len(sent) == 3 and set(sent.values()) == {1}, sent)
+
+
+def ledger(c, fn, tables=TABLES):
     """The DynamoDB Streams pipeline: every charge is booked once however the
     shard is delivered and retried, and a record that cannot be booked is
     the checkpoint."""
     def entries():
-        items = dynamodb("Scan", {"TableName": TABLES["LedgerTable"], "ConsistentRead": True})["Items"]
+        items = dynamodb("Scan", {"TableName": tables["LedgerTable"], "ConsistentRead": True})["Items"]
         return {item["charge_id"]["S"]: int(item["entries"]["N"]) for item in items}
 
     def checkpoints(response):
