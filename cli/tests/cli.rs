@@ -277,7 +277,7 @@ async fn inspect_list_forget<St: Store + Clone>(store: St, tool: &Tool) {
 async fn an_operator_finds_a_record_from_the_request_event() {
     let event = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/events/http-api-create-charge.json"
+        "/../events/http-api-create-charge.json"
     );
     let request = lambda_http::request::from_str(&std::fs::read_to_string(event).expect("event"))
         .expect("an HTTP API event");
