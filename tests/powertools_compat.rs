@@ -391,35 +391,11 @@ async fn powertools_mode_latency() {
     };
     let (mut times_off, mut times_on, mut times_replay_on) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..rounds + 100 {
-        let started = Instant::now();
-        let response = off
-            .ready()
-            .await
-            .unwrap()
-            .call(event(i, "off"))
-            .await
-            .unwrap();
-        let elapsed_off = started.elapsed();
+        let (response, elapsed_off) = timed(&mut off, event(i, "off")).await;
         assert_eq!(response.status(), 200);
-        let started = Instant::now();
-        let response = on
-            .ready()
-            .await
-            .unwrap()
-            .call(event(i, "on"))
-            .await
-            .unwrap();
-        let elapsed_on = started.elapsed();
+        let (response, elapsed_on) = timed(&mut on, event(i, "on")).await;
         assert_eq!(response.status(), 200);
-        let started = Instant::now();
-        let response = on
-            .ready()
-            .await
-            .unwrap()
-            .call(event(i, "on"))
-            .await
-            .unwrap();
-        let elapsed_replay = started.elapsed();
+        let (response, elapsed_replay) = timed(&mut on, event(i, "on")).await;
         assert_eq!(response.headers()[REPLAYED_HEADER], "true");
         if i >= 100 {
             times_off.push(elapsed_off);
@@ -441,4 +417,15 @@ async fn powertools_mode_latency() {
     report("first request, mode off", &mut times_off);
     report("first request, mode on", &mut times_on);
     report("replay (store), mode on", &mut times_replay_on);
+}
+
+/// One request through `service`, and how long it took.
+async fn timed<S>(service: &mut S, request: Request) -> (S::Response, Duration)
+where
+    S: Service<Request>,
+    S::Error: std::fmt::Debug,
+{
+    let started = Instant::now();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    (response, started.elapsed())
 }
