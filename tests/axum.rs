@@ -32,7 +32,7 @@ use tower::{Service, ServiceExt};
 async fn layer() -> IdempotencyLayer<DynamoDbStore> {
     let client = support::client();
     let table = support::create_idempotency_table(&client).await;
-    IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client, table)).build())
+    IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client, table)).build()).shared_scope()
 }
 
 /// A charge route with a path and a JSON body that counts its runs and

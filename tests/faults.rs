@@ -97,7 +97,7 @@ async fn a_claim_that_keeps_failing_is_store_unavailable_and_nothing_runs() {
     let handled = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&handled);
     let service =
-        IdempotencyLayer::new(s.engine.clone()).layer(tower::service_fn(move |_: Request| {
+        IdempotencyLayer::new(s.engine.clone()).shared_scope().layer(tower::service_fn(move |_: Request| {
             counter.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, lambda_http::Error>(Response::new(Body::from("ran"))) }
         }));

@@ -46,7 +46,7 @@ async fn logs_name_outcomes_but_never_the_raw_key() {
 
     let secret_key = "customer-7731-secret-key";
     let store = MemoryStore::new();
-    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build()).layer(
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope().layer(
         service_fn(|request: Request| async move {
             Response::builder()
                 .status(201)

@@ -67,6 +67,63 @@ pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
     Ok(out)
 }
 
+/// What an RFC 6901 JSON pointer finds in a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Pointed {
+    /// Nothing, or `null`; or the document is not JSON, holds a duplicate
+    /// key (parsers disagree on which value it has) or is too deep.
+    Absent,
+    /// A string, unescaped, or a number, by its exact text: never rounded
+    /// through a float, so `98765432109876543210` and
+    /// `98765432109876543211` stay two values.
+    Text(String),
+    /// A boolean, an array or an object.
+    NotText,
+}
+
+/// The value at `pointer` in the JSON document `json`.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) fn pointed(json: &[u8], pointer: &str) -> Pointed {
+    let Ok(mut node) = parse(json) else {
+        return Pointed::Absent;
+    };
+    if !pointer.is_empty() {
+        let Some(tokens) = pointer.strip_prefix('/') else {
+            return Pointed::Absent;
+        };
+        for token in tokens.split('/') {
+            let token = token.replace("~1", "/").replace("~0", "~");
+            let next = match node {
+                Node::Object(entries) => entries
+                    .into_iter()
+                    .find(|(name, _)| *name == token)
+                    .map(|(_, value)| value),
+                Node::Array(items) => array_index(&token).and_then(|i| items.into_iter().nth(i)),
+                _ => None,
+            };
+            match next {
+                Some(next) => node = next,
+                None => return Pointed::Absent,
+            }
+        }
+    }
+    match node {
+        Node::Null => Pointed::Absent,
+        Node::String(text) => Pointed::Text(text.into_owned()),
+        Node::Number(text) => Pointed::Text(String::from_utf8_lossy(text).into_owned()),
+        Node::Bool(_) | Node::Array(_) | Node::Object(_) => Pointed::NotText,
+    }
+}
+
+/// An array index as RFC 6901 spells it: digits, no leading zero.
+fn array_index(token: &str) -> Option<usize> {
+    let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (token.len() > 1 && token.starts_with('0')) {
+        return None;
+    }
+    token.parse().ok()
+}
+
 fn parse(json: &[u8]) -> Result<Node<'_>, NotCanonical> {
     // A JSON text is UTF-8 (RFC 8259): checked once here, so every string
     // without escapes can be borrowed from it as it stands.
@@ -292,6 +349,27 @@ mod tests {
         assert!(canon(&deep).is_ok());
         let deeper = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
         assert_eq!(canon(&deeper), Err(NotCanonical::TooDeep));
+    }
+
+    #[test]
+    fn pointers_find_exact_numbers_and_unescaped_strings() {
+        let json = br#"{"data":{"object":{"id":98765432109876543211,"ref":"a\u002Fb"}},"a/b":{"~":[1.50,"x"]},"n":null,"t":true}"#;
+        let text = |value: &str| Pointed::Text(value.to_owned());
+        assert_eq!(pointed(json, "/data/object/id"), text("98765432109876543211"));
+        assert_ne!(pointed(json, "/data/object/id"), text("98765432109876543210"));
+        assert_eq!(pointed(json, "/data/object/ref"), text("a/b"));
+        assert_eq!(pointed(json, "/a~1b/~0/0"), text("1.50"));
+        assert_eq!(pointed(json, "/a~1b/~0/1"), text("x"));
+        assert_eq!(pointed(json, "/a~1b/~0/01"), Pointed::Absent);
+        assert_eq!(pointed(json, "/a~1b/~0/2"), Pointed::Absent);
+        assert_eq!(pointed(json, "/n"), Pointed::Absent);
+        assert_eq!(pointed(json, "/missing"), Pointed::Absent);
+        assert_eq!(pointed(json, "data"), Pointed::Absent);
+        assert_eq!(pointed(json, "/t"), Pointed::NotText);
+        assert_eq!(pointed(json, "/data"), Pointed::NotText);
+        assert_eq!(pointed(br#"{"id":1,"id":2}"#, "/id"), Pointed::Absent);
+        assert_eq!(pointed(b"not json", "/id"), Pointed::Absent);
+        assert_eq!(pointed(b"7", ""), text("7"));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 mod canonical;
 
-pub(crate) use canonical::{canonical, write_canonical};
+pub(crate) use canonical::{canonical, pointed, write_canonical, Pointed};
 
 use serde::Serialize;
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! Bodies of any `http_body::Body` type: the request's, buffered within a
-//! limit for the key and the fingerprint and rebuilt for the handler; the
-//! handler's response, buffered to be stored; and stored responses and
-//! problems, built in the handler's own body type.
+//! limit for the key and the fingerprint and rebuilt for the handler; and
+//! stored responses and problems, built in the handler's own body type.
+//! (The handler's response is read to be stored in `streaming`.)
 //!
 //! Internally a buffered body is a `lambda_http::Body` (empty, text or
 //! binary): the stored form of a response. A `lambda_http` body is taken
@@ -49,7 +49,7 @@ pub(crate) enum LambdaKind {
 }
 
 /// `value` as a `T` when it is one (as axum-core's `try_downcast`).
-fn try_downcast<T: 'static, K: 'static>(value: K) -> Result<T, K> {
+pub(crate) fn try_downcast<T: 'static, K: 'static>(value: K) -> Result<T, K> {
     let mut slot = Some(value);
     if let Some(value) = (&mut slot as &mut dyn Any)
         .downcast_mut::<Option<T>>()
@@ -135,28 +135,6 @@ fn lambda_bytes(body: LambdaBody) -> (Bytes, LambdaKind) {
         #[allow(unreachable_patterns)]
         other => (Bytes::copy_from_slice(other.as_ref()), LambdaKind::Binary),
     }
-}
-
-/// The handler's response body, whole, as it is stored: a `lambda_http`
-/// body as it is; any other body collected, text when it is UTF-8.
-pub(crate) async fn buffer_response<B>(body: B) -> Result<LambdaBody, BoxError>
-where
-    B: HttpBody + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-{
-    let body = match try_downcast::<LambdaBody, B>(body) {
-        Ok(body) => return Ok(body),
-        Err(body) => body,
-    };
-    let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
-    if bytes.is_empty() {
-        return Ok(LambdaBody::Empty);
-    }
-    Ok(match String::from_utf8(Vec::from(bytes)) {
-        Ok(text) => LambdaBody::Text(text),
-        Err(error) => LambdaBody::Binary(error.into_bytes()),
-    })
 }
 
 /// A stored or problem body in the handler's body type.

@@ -11,10 +11,9 @@ use lambda_http::{
     http::{HeaderName, Method, Request, StatusCode},
     Body, Response,
 };
-use std::{
-    sync::{atomic::AtomicBool, Arc},
-    time::Duration,
-};
+use lambda_http::http::HeaderMap;
+use std::{sync::Arc, time::Duration};
+use tokio_util::task::TaskTracker;
 
 /// The default key header, as the IETF draft names it.
 pub const DEFAULT_HEADER: &str = "idempotency-key";
@@ -33,17 +32,39 @@ pub const DEFAULT_HEADER: &str = "idempotency-key";
 /// the fingerprint leaves out (406 Not Acceptable, 415 Unsupported Media
 /// Type, axum's `Json` rejection of a body without
 /// `Content-Type: application/json`), so the retry that fixes the header
-/// runs rather than getting the old answer replayed.
+/// runs rather than getting the old answer replayed; and 405 Method Not
+/// Allowed, which axum's router answers for a method the route does not
+/// serve (a router layered with `Router::route_layer` passes those requests
+/// through the layer): nothing ran, and the route may serve the method
+/// after a deployment.
 pub fn default_store_policy(status: StatusCode) -> bool {
     !(status.is_server_error()
         || matches!(
             status.as_u16(),
-            401 | 403 | 406 | 407 | 408 | 409 | 415 | 425 | 429
+            401 | 403 | 405 | 406 | 407 | 408 | 409 | 415 | 425 | 429
         )
         || status.is_informational())
 }
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Request<Bytes>) -> String + Send + Sync>;
+pub(crate) type CallerFn = Arc<dyn Fn(&Request<Bytes>) -> Option<String> + Send + Sync>;
+pub(crate) type StreamFn = Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>;
+
+/// How the layer scopes a request's key.
+#[derive(Clone)]
+pub(crate) enum ScopeRule {
+    /// The [default scope](super::default_scope) for a request with a Lambda
+    /// request context; any other request is refused (`500`), since nothing
+    /// names its caller.
+    LambdaContext,
+    /// The default scope, with the caller this function names.
+    Caller(CallerFn),
+    /// The default scope, every request without a Lambda context
+    /// anonymous: the callers share records (a single-tenant service).
+    Shared,
+    /// This function's scope, whole.
+    Custom(ScopeFn),
+}
 pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<Body>, &Replayed) + Send + Sync>;
 
@@ -62,11 +83,13 @@ pub(crate) struct Config<St> {
     pub(crate) wait: Option<Duration>,
     pub(crate) mode: Mode,
     pub(crate) single_write: bool,
-    /// `None`: the [default scope](super::default_scope), with a warning
-    /// for a request without a Lambda context.
-    pub(crate) scope: Option<ScopeFn>,
-    /// Whether the warning about the anonymous scope was logged.
-    pub(crate) anonymous_warned: Arc<AtomicBool>,
+    pub(crate) scope: ScopeRule,
+    /// Responses passed through from their first byte (besides
+    /// `text/event-stream` and the [`StreamResponse`](super::StreamResponse)
+    /// marker).
+    pub(crate) stream_when: Option<StreamFn>,
+    /// The claimed requests' detached work, shared by every clone.
+    pub(crate) in_flight: TaskTracker,
     pub(crate) metrics: Option<EmfMetrics>,
     pub(crate) problem_base: String,
     #[cfg(feature = "powertools")]
@@ -91,8 +114,9 @@ impl<St> Config<St> {
             wait: None,
             mode: Mode::Plain,
             single_write: false,
-            scope: None,
-            anonymous_warned: Arc::default(),
+            scope: ScopeRule::LambdaContext,
+            stream_when: None,
+            in_flight: TaskTracker::new(),
             metrics: None,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             #[cfg(feature = "powertools")]
@@ -117,7 +141,8 @@ impl<St> Clone for Config<St> {
             mode: self.mode,
             single_write: self.single_write,
             scope: self.scope.clone(),
-            anonymous_warned: Arc::clone(&self.anonymous_warned),
+            stream_when: self.stream_when.clone(),
+            in_flight: self.in_flight.clone(),
             metrics: self.metrics.clone(),
             problem_base: self.problem_base.clone(),
             #[cfg(feature = "powertools")]
@@ -138,7 +163,7 @@ mod tests {
                 "{stored}"
             );
         }
-        for released in [401, 403, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
+        for released in [401, 403, 405, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
             assert!(
                 !default_store_policy(StatusCode::from_u16(released).unwrap()),
                 "{released}"

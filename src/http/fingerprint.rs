@@ -11,7 +11,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// The fingerprint of `request`.
 ///
 /// - The method, and the path as the event carries it (`lambda_http`'s raw
-///   path; the URI's path for a request built by hand).
+///   path); outside Lambda the path the client sent (with the `axum`
+///   feature, axum's `OriginalUri`, which `Router::nest` does not strip;
+///   else the URI's path).
 /// - The query as its decoded `name=value` pairs (`lambda_http`'s query
 ///   parameters; the URI's query, form-decoded, for a request built by hand),
 ///   sorted by name, the values of a repeated name kept in their order
@@ -52,9 +54,20 @@ pub fn request_fingerprint<B: AsRef<[u8]>>(request: &Request<B>) -> Fingerprint 
 /// request built by hand.
 pub(crate) fn request_path<B>(request: &Request<B>) -> &str {
     match request.raw_http_path() {
-        "" => request.uri().path(),
+        "" => original_path(request),
         raw => raw,
     }
+}
+
+/// The path the client sent: axum's `OriginalUri` where its router put one
+/// (a router given to `Router::nest` sees the path with the prefix
+/// stripped), else the request's own.
+fn original_path<B>(request: &Request<B>) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(original) = request.extensions().get::<axum::extract::OriginalUri>() {
+        return original.path();
+    }
+    request.uri().path()
 }
 
 /// The query's decoded pairs, sorted by name (stable: a repeated name keeps

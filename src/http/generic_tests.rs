@@ -26,7 +26,7 @@ use std::{
 use tower::{Service, ServiceExt};
 
 fn layer() -> IdempotencyLayer<MemoryStore> {
-    IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+    IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).shared_scope()
 }
 
 /// A charge handler with a path and a JSON body, counting its runs.
@@ -116,15 +116,18 @@ async fn router_layer_gives_the_lambda_semantics() {
         "urn:lambda-idempotency:problem:idempotency-key-invalid"
     );
 
-    // Another path is another route: without a Lambda context the default
-    // scope holds the method and path, so the key is free there.
+    // Another path of the same route: the scope holds the route template
+    // (axum's `MatchedPath`) and the fingerprint the path, so the key is
+    // reused with another request, as inside Lambda (never cus_1's charge).
     let other = Request::post("/v1/customers/cus_2/charges")
         .header(header::CONTENT_TYPE, "application/json")
         .header("idempotency-key", "k-1")
         .body(AxumBody::from(body))
         .expect("request");
-    assert_eq!(send(&app, other).await.0, 201);
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let (status, _, problem) = send(&app, other).await;
+    assert_eq!(status, 422);
+    assert_eq!(problem["type"], "urn:lambda-idempotency:problem:idempotency-key-reused");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
@@ -472,7 +475,7 @@ impl std::io::Write for Captured {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn the_anonymous_scope_is_said_once() {
+async fn outside_lambda_without_a_caller_nothing_runs_and_the_fix_is_named() {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -480,20 +483,56 @@ async fn the_anonymous_scope_is_said_once() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
     let runs = Arc::default();
-    let app = webhook(&runs).layer(layer());
-    for key in ["a", "b", "c"] {
-        assert_eq!(
-            send(&app, hook(Some(("idempotency-key", key)), "{}"))
-                .await
-                .0,
-            200
-        );
-    }
-    let scoped = webhook(&runs).layer(layer().scope(|_: &Request<Bytes>| "tenant-1".to_owned()));
-    send(&scoped, hook(Some(("idempotency-key", "d")), "{}")).await;
+    let unset = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build());
+    let app = webhook(&runs).layer(unset);
+    let (status, headers, problem) = send(&app, hook(Some(("idempotency-key", "a")), "{}")).await;
+    assert_eq!(status, 500);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(problem["type"], "urn:lambda-idempotency:problem:idempotency-scope-unset");
+    assert!(problem["detail"].as_str().unwrap_or_default().contains("IdempotencyLayer::caller"));
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing runs without a scope");
     let logs = String::from_utf8_lossy(&captured.0.lock().expect("log")).into_owned();
-    assert_eq!(logs.matches("one anonymous caller").count(), 1, "{logs}");
-    assert!(logs.contains("WARN"), "{logs}");
+    assert!(logs.contains("ERROR"), "{logs}");
+    assert!(logs.contains("IdempotencyLayer::shared_scope"), "{logs}");
+
+    // Each explicit choice serves.
+    let named = layer().caller(|_: &Request<Bytes>| Some("alice".to_owned()));
+    let app = webhook(&runs).layer(named);
+    assert_eq!(send(&app, hook(Some(("idempotency-key", "b")), "{}")).await.0, 200);
+    let app = webhook(&runs).layer(layer().shared_scope());
+    assert_eq!(send(&app, hook(Some(("idempotency-key", "c")), "{}")).await.0, 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// Two callers named by `caller` never share a record; a caller named the
+/// way a Lambda authorizer's principal is spelled is still another caller.
+#[tokio::test]
+async fn callers_named_by_the_layer_have_records_of_their_own() {
+    let runs = Arc::default();
+    let named = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).caller(
+        |request: &Request<Bytes>| {
+            request
+                .headers()
+                .get("x-test-caller")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        },
+    );
+    let app = webhook(&runs).layer(named);
+    let as_caller = |caller: Option<&str>| {
+        let mut request = Request::post("/hooks").header("idempotency-key", "same");
+        if let Some(caller) = caller {
+            request = request.header("x-test-caller", caller);
+        }
+        request.body(AxumBody::from("{}")).expect("request")
+    };
+    for caller in [Some("alice"), Some("bob"), None, Some(r#"["jwt","",""]"#)] {
+        let (status, headers, _) = send(&app, as_caller(caller)).await;
+        assert_eq!(status, 200);
+        assert!(!headers.contains_key(REPLAYED_HEADER), "{caller:?} got another's record");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    assert_eq!(send(&app, as_caller(Some("bob"))).await.1[REPLAYED_HEADER], "true");
 }
 
 /// Issue 22, item 6, through the layer.

@@ -3,6 +3,7 @@
 //! visible ASCII; from anywhere else, visible ASCII and spaces. 1 to 255
 //! characters either way.
 
+use crate::fingerprint::{pointed, Pointed};
 use bytes::Bytes;
 use lambda_http::http::{HeaderName, Request};
 use std::{fmt, sync::Arc};
@@ -143,8 +144,10 @@ impl KeySource {
 
     /// The key is the value at `pointer` (RFC 6901, for example `/id` or
     /// `/data/object/id`) in a JSON body, whatever its `Content-Type`: a
-    /// string as it is, a number as its text. A body that is not JSON, or
-    /// has nothing at `pointer`, carries no key.
+    /// string as it is, a number as its exact text (never rounded through a
+    /// float: the 20-digit ids `98765432109876543210` and
+    /// `98765432109876543211` are two keys). A body that is not JSON, holds
+    /// a duplicate key, or has nothing at `pointer`, carries no key.
     pub fn json_pointer(pointer: impl Into<String>) -> Self {
         Self(Source::JsonPointer(pointer.into()))
     }
@@ -177,17 +180,11 @@ impl KeySource {
         let value = match &self.0 {
             // Read before the body is.
             Source::Header(_) => return Ok(None),
-            Source::JsonPointer(pointer) => {
-                let Ok(json) = serde_json::from_slice::<serde_json::Value>(request.body()) else {
-                    return Ok(None);
-                };
-                match json.pointer(pointer) {
-                    None | Some(serde_json::Value::Null) => return Ok(None),
-                    Some(serde_json::Value::String(text)) => text.clone(),
-                    Some(serde_json::Value::Number(number)) => number.to_string(),
-                    Some(_) => return Err(KeyError::NotText),
-                }
-            }
+            Source::JsonPointer(pointer) => match pointed(request.body(), pointer) {
+                Pointed::Absent => return Ok(None),
+                Pointed::Text(text) => text,
+                Pointed::NotText => return Err(KeyError::NotText),
+            },
             Source::Custom { read, .. } => match read(request) {
                 Some(value) => value,
                 None => return Ok(None),

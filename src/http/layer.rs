@@ -1,13 +1,17 @@
 //! [`IdempotencyLayer`]: the layer, configured with builder methods.
 
 use super::{
-    config::Config, key::KeySource, metrics::EmfMetrics, service::Idempotency,
+    config::{Config, ScopeRule},
+    in_flight::InFlight,
+    key::KeySource,
+    metrics::EmfMetrics,
+    service::Idempotency,
     stored::MAX_STORED_RESPONSE,
 };
 use crate::{store::Store, Engine, Mode, Replayed};
 use bytes::Bytes;
 use lambda_http::{
-    http::{HeaderName, Method, Request, StatusCode},
+    http::{HeaderMap, HeaderName, Method, Request, StatusCode},
     Body, Response,
 };
 use std::{fmt, sync::Arc, time::Duration};
@@ -34,7 +38,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// PATCH in the `Idempotency-Key` header, the [default outcome
     /// policy](super::default_store_policy), the [default stored
     /// headers](super::default_stored_headers), no waiting (a duplicate of a
-    /// request in progress gets 409), the [default scope](super::default_scope).
+    /// request in progress gets 409), the [default scope](super::default_scope)
+    /// for requests with a Lambda request context (outside Lambda, choose
+    /// [`caller`](Self::caller) or [`shared_scope`](Self::shared_scope)).
     pub fn new(engine: Engine<St>) -> Self {
         Self {
             config: Config::new(engine),
@@ -184,12 +190,46 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// Derives the scope of a request's key (default: [`default_scope`],
+    /// Names the caller of a request, outside Lambda: from what your
+    /// authentication middleware (layered outside this one, so it runs
+    /// first) put in the request's extensions, never from a header the
+    /// client controls. `None` is an anonymous caller. The scope is then the
+    /// caller, the entry point and the [route](super::route), as
+    /// [`default_scope`] makes it from a Lambda authorizer, so routes never
+    /// share records whatever the function returns.
+    ///
+    /// Without this, [`scope`](Self::scope) or
+    /// [`shared_scope`](Self::shared_scope), a request without a Lambda
+    /// request context is refused with a `500` problem: nothing could tell
+    /// its caller from another's. See [Outside Lambda](super#outside-lambda).
+    ///
+    /// [`default_scope`]: super::default_scope
+    pub fn caller(
+        mut self,
+        caller: impl Fn(&Request<Bytes>) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.scope = ScopeRule::Caller(Arc::new(caller));
+        self
+    }
+
+    /// Declares that every caller without a Lambda request context shares
+    /// records: a single-tenant service, or one whose keys are unique
+    /// across callers by construction. The scope is then the
+    /// [`ANONYMOUS`](super::ANONYMOUS) caller, the entry point and the
+    /// [route](super::route). Two clients that send the same key and body
+    /// to the same route get one response: the second gets the first's.
+    /// Requests with a Lambda request context are scoped by their caller as
+    /// always.
+    pub fn shared_scope(mut self) -> Self {
+        self.config.scope = ScopeRule::Shared;
+        self
+    }
+
+    /// Derives the whole scope of a request's key (default: [`default_scope`],
     /// from the Lambda authorizer context and the route). Use only trusted
-    /// request data: never a header the client controls. Outside Lambda,
-    /// the caller usually comes from request extensions that an
-    /// authentication middleware (layered outside this one) put there: see
-    /// [Outside Lambda](super#outside-lambda).
+    /// request data: never a header the client controls; and put the
+    /// [route](super::route) in it, or two routes share records. Most
+    /// services want [`caller`](Self::caller), which only names the caller.
     ///
     /// The request's body is there too, read whole; it is rarely what a
     /// scope should depend on.
@@ -199,8 +239,31 @@ impl<St: Store> IdempotencyLayer<St> {
         mut self,
         scope: impl Fn(&Request<Bytes>) -> String + Send + Sync + 'static,
     ) -> Self {
-        self.config.scope = Some(Arc::new(scope));
+        self.config.scope = ScopeRule::Custom(Arc::new(scope));
         self
+    }
+
+    /// Which responses pass through from their first byte, besides
+    /// `text/event-stream` and those whose extensions hold a
+    /// [`StreamResponse`](super::StreamResponse): a response this predicate
+    /// selects (by status and headers) is not read by the layer. Its record
+    /// completes as soon as its head is known, without its body, so retries
+    /// get the [not-stored answer](super#what-is-stored) and it never runs
+    /// again.
+    pub fn stream_when(
+        mut self,
+        streams: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.config.stream_when = Some(Arc::new(streams));
+        self
+    }
+
+    /// The work of requests that have claimed their key, which runs to its
+    /// end even when the request's future is dropped (a client that
+    /// disconnects, a `TimeoutLayer`): wait for it at graceful shutdown.
+    /// Every service this layer (or a clone of it) makes shares it.
+    pub fn in_flight(&self) -> InFlight {
+        InFlight::new(self.config.in_flight.clone())
     }
 
     /// The prefix of every problem `type` (default

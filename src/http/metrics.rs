@@ -41,6 +41,9 @@ pub enum HttpOutcome {
     Unprotected,
     /// Idempotency is turned off (`IDEMPOTENCY_DISABLED`): the handler ran.
     Disabled,
+    /// Outside Lambda, the layer has no way to name the caller (no
+    /// `caller`, `scope` or `shared_scope`): 500, the handler did not run.
+    ScopeUnset,
 }
 
 impl HttpOutcome {
@@ -61,6 +64,7 @@ impl HttpOutcome {
             HttpOutcome::PassThrough => "pass_through",
             HttpOutcome::Unprotected => "unprotected",
             HttpOutcome::Disabled => "disabled",
+            HttpOutcome::ScopeUnset => "scope_unset",
         }
     }
 }

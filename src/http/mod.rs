@@ -290,6 +290,7 @@ mod commit;
 mod config;
 mod fingerprint;
 mod future;
+mod in_flight;
 mod key;
 mod layer;
 mod metrics;
@@ -297,21 +298,24 @@ mod problem;
 mod scope;
 mod service;
 mod stored;
+mod streaming;
 
 pub use body::DEFAULT_BODY_LIMIT;
 pub use commit::CommitWith;
 pub use config::{default_store_policy, DEFAULT_HEADER};
 pub use fingerprint::request_fingerprint;
 pub use future::ResponseFuture;
+pub use in_flight::InFlight;
 pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;
-pub use scope::{default_scope, principal, ANONYMOUS};
+pub use scope::{default_scope, principal, route, ANONYMOUS};
 pub use service::{Idempotency, REPLAYED_HEADER};
 pub use stored::{
     default_stored_headers, BODY_HEADERS, DEFAULT_COMPRESS_ABOVE, MAX_STORED_RESPONSE,
 };
+pub use streaming::StreamResponse;
 
 /// Decodes a response as the layer stored it in a record's `response`: for
 /// operators and tools that show what a retry gets back. A response too

@@ -58,6 +58,8 @@ pub(crate) enum Problem {
         retry_after: Duration,
     },
     Internal,
+    /// Outside Lambda, with nothing configured to name the caller.
+    ScopeUnset,
 }
 
 impl<E> From<&Error<E>> for Problem {
@@ -116,6 +118,7 @@ impl Problem {
             Problem::WriteRejected => "idempotency-write-rejected",
             Problem::WritesNotCommitted { .. } => "idempotency-writes-not-committed",
             Problem::Internal => "idempotency-internal-error",
+            Problem::ScopeUnset => "idempotency-scope-unset",
         }
     }
 
@@ -134,7 +137,7 @@ impl Problem {
             Problem::LeaseLost => StatusCode::CONFLICT,
             Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::WritesNotCommitted { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::Internal | Problem::ScopeUnset => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -155,6 +158,7 @@ impl Problem {
             Problem::WriteRejected => "Request's writes rejected",
             Problem::WritesNotCommitted { .. } => "Request's writes not committed",
             Problem::Internal => "Internal error",
+            Problem::ScopeUnset => "Idempotency scope not configured",
         }
     }
 
@@ -229,6 +233,11 @@ impl Problem {
             ),
             Problem::Internal => "The idempotency layer failed in a way it should not; the \
                  request's outcome is unknown. Contact the API operator."
+                .to_owned(),
+            Problem::ScopeUnset => "The request was not processed: this service cannot tell \
+                 its callers apart, and it will not share one caller's results with another. \
+                 The operator must name the caller (IdempotencyLayer::caller or ::scope) or \
+                 declare a single-tenant service (IdempotencyLayer::shared_scope)."
                 .to_owned(),
         }
     }

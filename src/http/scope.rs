@@ -37,27 +37,56 @@ const PER_REQUEST_FIELDS: [&str; 1] = ["integrationLatency"];
 /// The principal is [`principal`]'s, or [`ANONYMOUS`]. The entry point is
 /// the API and its stage (API Gateway, Function URLs) or the target group
 /// (ALB), so two stages of one API, or two APIs, on one function never
-/// share records. The route is API Gateway's route key (HTTP API) or method
-/// and resource (REST API), falling back to the method and path (ALB,
-/// Function URL, `$default` routes).
+/// share records. The route is [`route`]'s: API Gateway's route key (HTTP
+/// API) or method and resource (REST API), then axum's route template
+/// (with the `axum` feature), then the method and path.
 ///
 /// A request without a Lambda request context (axum or hyper outside
 /// Lambda, or a request built by hand) has no principal: every caller is
-/// [`ANONYMOUS`], and only the method and path tell scopes apart. The layer
-/// logs a warning the first time it scopes such a request this way; name
-/// the caller with [`IdempotencyLayer::scope`](super::IdempotencyLayer::scope).
+/// [`ANONYMOUS`]. The layer scopes such a request this way only when told
+/// that its callers share records
+/// ([`IdempotencyLayer::shared_scope`](super::IdempotencyLayer::shared_scope));
+/// otherwise it answers it with a `500` that names the fix. Name the caller
+/// with [`IdempotencyLayer::caller`](super::IdempotencyLayer::caller).
 pub fn default_scope<B>(request: &Request<B>) -> String {
-    let principal = principal(request).unwrap_or_else(|| ANONYMOUS.to_owned());
+    scope_of(principal(request), request)
+}
+
+/// The scope of `request` for the caller `principal` (`None`: anonymous):
+/// the caller, the entry point and the route, length-prefixed so that no
+/// principal or entry point can be chosen to look like another followed by
+/// more.
+pub(crate) fn scope_of<B>(principal: Option<String>, request: &Request<B>) -> String {
+    let principal = principal.unwrap_or_else(|| ANONYMOUS.to_owned());
     let entry = entry_point(request).unwrap_or_default();
-    let route =
-        route(request).unwrap_or_else(|| format!("{} {}", request.method(), request_path(request)));
-    // Length-prefixed, so no principal or entry point can be chosen to look
-    // like another followed by more.
+    let route = route(request);
     format!(
         "{}:{principal} {}:{entry} {route}",
         principal.len(),
         entry.len()
     )
+}
+
+/// The operation `request` asks for, as the application defines its
+/// routes: API Gateway's route key (HTTP API, unless it is `$default`), or
+/// the method and resource (REST API); with the `axum` feature, the method
+/// and axum's route template (`MatchedPath`, the whole template of a nested
+/// router: `POST /accounts/{id}/charges`); otherwise the method and the
+/// path, before axum's `Router::nest` stripped it.
+///
+/// Two requests to one route template share a scope, and their concrete
+/// paths are part of the [fingerprint](super::request_fingerprint): the
+/// same key sent to `/accounts/a/charges` and then to `/accounts/b/charges`
+/// is answered `422`, never with the other account's response.
+pub fn route<B>(request: &Request<B>) -> String {
+    if let Some(route) = lambda_route(request) {
+        return route;
+    }
+    #[cfg(feature = "axum")]
+    if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
+        return format!("{} {}", request.method(), matched.as_str());
+    }
+    format!("{} {}", request.method(), request_path(request))
 }
 
 /// The authenticated caller of `request`, or `None` when its context holds
@@ -94,7 +123,7 @@ fn entry_point<B>(request: &Request<B>) -> Option<String> {
     ))
 }
 
-fn route<B>(request: &Request<B>) -> Option<String> {
+fn lambda_route<B>(request: &Request<B>) -> Option<String> {
     match request.request_context_ref()? {
         RequestContext::ApiGatewayV2(context) => context
             .route_key

@@ -1,20 +1,21 @@
 //! [`Idempotency`]: the service the layer wraps around a handler.
 
 use super::{
-    body::{buffer_request, buffer_response, into_response, rebuild_request, BodyError},
+    body::{buffer_request, into_response, rebuild_request, BodyError},
     commit::CommitWith,
-    config::Config,
+    config::{Config, ScopeRule},
     fingerprint::request_fingerprint,
     future::ResponseFuture,
     key::{parse_key, KeyError, Source},
     metrics::HttpOutcome,
     problem::{KeyPlace, Problem},
-    scope::default_scope,
-    stored::{StoredResponse, BODY_HEADERS},
+    scope::{default_scope, scope_of},
+    stored::{StoredResponse, BODY_HEADERS, MAX_BODY},
+    streaming::{read_bounded, streams, Read},
 };
 use crate::{
-    clock::epoch_ms, error::BoxError, store::Store, Attempt, ClaimHandle, Error, Outcome,
-    OutcomeKind, StoreErrorKind,
+    clock::epoch_ms, error::BoxError, store::Store, Attempt, ClaimHandle, Error, Fingerprint,
+    Outcome, OutcomeKind, StoreErrorKind,
 };
 use bytes::Bytes;
 use http_body::Body as HttpBody;
@@ -23,7 +24,7 @@ use lambda_http::{
     Body, RequestExt, Response,
 };
 use std::{
-    sync::{atomic::Ordering, Arc},
+    sync::Arc,
     task::{Context, Poll},
     time::{Duration, SystemTime},
 };
@@ -150,6 +151,11 @@ enum Failure<E, R> {
     AlreadyRun,
 }
 
+/// A response that goes to the client as the handler made it, its body
+/// unread or read only in part (a stream, or a body longer than can be
+/// stored): the record holds its head only.
+type Live<R> = Option<Response<R>>;
+
 type Attempted<E, R> = Result<Outcome<StoredResponse>, Error<Failure<E, R>>>;
 
 /// A problem in the handler's body type.
@@ -161,12 +167,14 @@ fn problem_response<St, R: From<Vec<u8>> + 'static>(
 }
 
 async fn handle<S, St, B, ResBody>(
-    config: &Config<St>,
+    config: &Arc<Config<St>>,
     mut inner: S,
     request: Request<B>,
 ) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
     St: Store,
     B: HttpBody + From<Vec<u8>> + Send + 'static,
     B::Data: Send,
@@ -226,19 +234,97 @@ where
             }
         },
     };
-    let scope = scope(config, &request);
+    let Some(scope) = scope(config, &request) else {
+        return (
+            HttpOutcome::ScopeUnset,
+            Ok(problem_response(config, &Problem::ScopeUnset)),
+        );
+    };
     #[cfg(feature = "powertools")]
     if let Some(answer) = powertools_answer(config, &request, &scope, &key).await {
         return answer;
     }
     let deadline_ms = request.lambda_context_ref().map(|context| context.deadline);
-    let mut attempt = Attempt::new(&scope, &key, request_fingerprint(&request));
-    if let Some(deadline_ms) = deadline_ms {
-        attempt = attempt.deadline_ms(deadline_ms);
-    }
+    let fingerprint = request_fingerprint(&request);
     let request = rebuild_request(request, kind);
-    let result = run_waiting(config, &attempt, deadline_ms, inner, request).await;
-    respond(config, result)
+    let claimed = Claimed {
+        scope,
+        key,
+        fingerprint,
+        deadline_ms,
+    };
+    let (result, live) = run_detached(Arc::clone(config), claimed, inner, request).await;
+    respond(config, result, live)
+}
+
+/// What a request claims its key with, owned by the task that runs it.
+struct Claimed {
+    scope: String,
+    key: String,
+    fingerprint: Fingerprint,
+    deadline_ms: Option<u64>,
+}
+
+/// Runs the attempt on a task of its own, from the claim on, so that the
+/// work goes on when the request's future is dropped (hyper drops it when
+/// the client disconnects, tower's `TimeoutLayer` at its deadline): the
+/// handler is not cut short between its effect and the completion, and
+/// the record is completed or released rather than left in progress until
+/// its lease lapses, after which a retry would run it again. A panic in the
+/// handler is raised again here, in the request's own future, so an outer
+/// `CatchPanicLayer` still answers it.
+///
+/// Without a tokio runtime (a caller on another executor) it runs in place.
+async fn run_detached<S, St, B, ResBody>(
+    config: Arc<Config<St>>,
+    claimed: Claimed,
+    inner: S,
+    request: Request<B>,
+) -> (Attempted<S::Error, ResBody>, Live<ResBody>)
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    St: Store,
+    B: Send + 'static,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let tracker = config.in_flight.clone();
+    let work = async move {
+        let mut attempt = Attempt::new(&claimed.scope, &claimed.key, claimed.fingerprint);
+        if let Some(deadline_ms) = claimed.deadline_ms {
+            attempt = attempt.deadline_ms(deadline_ms);
+        }
+        let mut live = None;
+        let result = run_waiting(
+            &config,
+            &attempt,
+            claimed.deadline_ms,
+            inner,
+            request,
+            &mut live,
+        )
+        .await;
+        (result, live)
+    }
+    .in_current_span();
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return work.await;
+    };
+    match tracker.spawn_on(work, &runtime).await {
+        Ok(done) => done,
+        Err(error) => match error.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // Only a runtime that shuts down cancels the task, and then
+            // this future goes with it: answered, should it be polled.
+            Err(_) => {
+                tracing::error!("the request's task was cancelled (the runtime is shutting down); its record stays in progress until its lease lapses");
+                (Err(Error::Operation(Failure::AlreadyRun)), None)
+            }
+        },
+    }
 }
 
 /// The compatibility mode's answer, when Powertools' record decides the
@@ -266,7 +352,7 @@ async fn powertools_answer<St: Store, E, R: From<Vec<u8>> + 'static>(
             Error::WritesNotCommitted(e) => Error::WritesNotCommitted(e),
             Error::Operation(never) => match never {},
         };
-        respond(config, Err(error))
+        respond(config, Err(error), None)
     };
     match compat.check_in(&http::request_view(request), true).await {
         Ok(None) => None,
@@ -294,22 +380,38 @@ async fn powertools_answer<St: Store, E, R: From<Vec<u8>> + 'static>(
     }
 }
 
-/// The scope of the request's key: the configured function's, or the
-/// default scope, said out loud when it cannot name the caller.
-fn scope<St>(config: &Config<St>, request: &Request<Bytes>) -> String {
-    if let Some(scope) = &config.scope {
-        return scope(request);
+/// The scope of the request's key, as the layer is configured; `None`
+/// (logged as an error) for a request that nothing can name the caller of:
+/// outside Lambda, with neither a caller, a scope nor a shared scope.
+fn scope<St>(config: &Config<St>, request: &Request<Bytes>) -> Option<String> {
+    match &config.scope {
+        ScopeRule::Custom(scope) => Some(scope(request)),
+        ScopeRule::Caller(caller) => Some(match caller(request) {
+            // Tagged, so that no name a function returns spells a Lambda
+            // authorizer's principal.
+            Some(name) => scope_of(
+                Some(serde_json::json!(["caller", name]).to_string()),
+                request,
+            ),
+            None => scope_of(None, request),
+        }),
+        ScopeRule::Shared => Some(default_scope(request)),
+        ScopeRule::LambdaContext if request.request_context_ref().is_some() => {
+            Some(default_scope(request))
+        }
+        ScopeRule::LambdaContext => {
+            tracing::error!(
+                method = %request.method(),
+                path = request.uri().path(),
+                "idempotent request refused (500): it has no Lambda request context to name its \
+                 caller, and the layer was given no other way, so two callers that send the same \
+                 key would share its record. Name the caller with IdempotencyLayer::caller (from \
+                 what your authentication middleware put in the request's extensions), or declare \
+                 a single-tenant service with IdempotencyLayer::shared_scope"
+            );
+            None
+        }
     }
-    if request.request_context_ref().is_none()
-        && !config.anonymous_warned.swap(true, Ordering::Relaxed)
-    {
-        tracing::warn!(
-            "idempotency keys are scoped to one anonymous caller: the request has no Lambda \
-             request context to name its caller, so two callers that send the same key share \
-             its record. Outside Lambda, name the caller with IdempotencyLayer::scope (logged once)"
-        );
-    }
-    default_scope(request)
 }
 
 /// The key in the configured header: `Ok(None)` when there is none (or the
@@ -346,6 +448,7 @@ async fn run_waiting<S, St, B, ResBody>(
     deadline_ms: Option<u64>,
     inner: S,
     request: Request<B>,
+    live: &mut Live<ResBody>,
 ) -> Attempted<S::Error, ResBody>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
@@ -365,6 +468,7 @@ where
     let mut backoff = FIRST_BACKOFF;
     loop {
         let not_run_yet = &mut pending;
+        let live = &mut *live;
         let operation = move |claim: ClaimHandle| async move {
             let Some((mut inner, mut request)) = not_run_yet.take() else {
                 return Err(Failure::AlreadyRun);
@@ -385,14 +489,30 @@ where
             if !(config.store_when)(parts.status) {
                 return Err(Failure::Released(Response::from_parts(parts, body)));
             }
-            // Stored, so read whole (a lambda_http body already is).
-            match buffer_response(body).await {
-                Ok(body) => Ok((
-                    StoredResponse::Full(Response::from_parts(parts, body)),
-                    writes,
-                )),
-                Err(error) => Err(Failure::ResponseUnreadable(error)),
-            }
+            let body = if streams(&parts, config.stream_when.as_ref()) {
+                body
+            } else {
+                // Read to be stored, but never more than can be (a
+                // lambda_http body is whole already).
+                let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
+                match read_bounded(body, limit).await {
+                    Ok(Read::Whole(body)) => {
+                        let response = Response::from_parts(parts, body);
+                        return Ok((StoredResponse::Full(response), writes));
+                    }
+                    Ok(Read::Streams(body)) => {
+                        tracing::warn!(limit, "response longer than can be stored: streamed on; retries get its status and headers with an explanation, not its body");
+                        body
+                    }
+                    Err(error) => return Err(Failure::ResponseUnreadable(error)),
+                }
+            };
+            let head = StoredResponse::NotStored {
+                status: parts.status,
+                headers: parts.headers.clone(),
+            };
+            *live = Some(Response::from_parts(parts, body));
+            Ok((head, writes))
         };
         let result = if config.single_write {
             config
@@ -421,29 +541,27 @@ where
 fn respond<St, E, R: From<Vec<u8>> + 'static>(
     config: &Config<St>,
     result: Attempted<E, R>,
+    live: Live<R>,
 ) -> (HttpOutcome, Result<Response<R>, E>) {
     let error = match result {
-        Ok(outcome) => {
-            let kind = outcome.kind();
-            let replayed = outcome.replayed().copied();
-            let mut response = render_stored(config, outcome.into_value());
-            let outcome = match kind {
-                OutcomeKind::Replay | OutcomeKind::CachedReplay => {
-                    response.headers_mut().insert(
-                        config.replayed_header.clone(),
-                        HeaderValue::from_static("true"),
-                    );
-                    if let (Some(hook), Some(replayed)) = (&config.on_replay, &replayed) {
-                        hook(&mut response, replayed);
-                    }
-                    HttpOutcome::Replay
+        Ok(done) => {
+            let outcome = http_outcome(done.kind());
+            if outcome != HttpOutcome::Replay {
+                if let Some(response) = live {
+                    return (outcome, Ok(response));
                 }
-                OutcomeKind::Disabled => HttpOutcome::Disabled,
-                OutcomeKind::LeaseLost => HttpOutcome::LeaseLost,
-                OutcomeKind::NotRecorded => HttpOutcome::NotRecorded,
-                OutcomeKind::Unprotected => HttpOutcome::Unprotected,
-                OutcomeKind::Fresh => HttpOutcome::Fresh,
-            };
+            }
+            let replayed = done.replayed().copied();
+            let mut response = render_stored(config, done.into_value());
+            if outcome == HttpOutcome::Replay {
+                response.headers_mut().insert(
+                    config.replayed_header.clone(),
+                    HeaderValue::from_static("true"),
+                );
+                if let (Some(hook), Some(replayed)) = (&config.on_replay, &replayed) {
+                    hook(&mut response, replayed);
+                }
+            }
             return (outcome, Ok(into_response(response)));
         }
         Err(Error::Operation(Failure::Handler(error))) => {
@@ -477,6 +595,18 @@ fn respond<St, E, R: From<Vec<u8>> + 'static>(
     };
     let problem = Problem::from(&error);
     (outcome, Ok(problem_response(config, &problem)))
+}
+
+/// What the layer did, for an attempt the engine answered.
+fn http_outcome(kind: OutcomeKind) -> HttpOutcome {
+    match kind {
+        OutcomeKind::Replay | OutcomeKind::CachedReplay => HttpOutcome::Replay,
+        OutcomeKind::Disabled => HttpOutcome::Disabled,
+        OutcomeKind::LeaseLost => HttpOutcome::LeaseLost,
+        OutcomeKind::NotRecorded => HttpOutcome::NotRecorded,
+        OutcomeKind::Unprotected => HttpOutcome::Unprotected,
+        OutcomeKind::Fresh => HttpOutcome::Fresh,
+    }
 }
 
 /// A stored response as the client gets it: whole, or, for one too large to

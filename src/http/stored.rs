@@ -61,7 +61,7 @@ pub const MAX_STORED_RESPONSE: usize = 400 * 1024 - 4 * 1024;
 /// A decompressed body larger than this is corrupt (Lambda's own response
 /// limit is 6 MB), so a hostile stored item cannot exhaust memory; a body
 /// larger than this is never stored, so every stored body replays.
-const MAX_BODY: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_BODY: u64 = 16 * 1024 * 1024;
 
 /// A response as the record holds it.
 #[derive(Debug)]
@@ -133,8 +133,14 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 
 impl Codec<StoredResponse> for ResponseCodec {
     fn encode(&self, stored: &StoredResponse) -> Result<Vec<u8>, BoxError> {
-        let StoredResponse::Full(response) = stored else {
-            return Err("only a whole response is encoded".into());
+        let response = match stored {
+            StoredResponse::Full(response) => response,
+            StoredResponse::NotStored { status, headers } => {
+                let mut head = Response::new(Body::Empty);
+                *head.status_mut() = *status;
+                *head.headers_mut() = headers.clone();
+                return Ok(self.frame(&head, None, FLAG_NOT_STORED));
+            }
         };
         let (body, kind): (&[u8], u8) = match response.body() {
             Body::Empty => (&[], 0),
