@@ -61,7 +61,9 @@ fn layer_benches(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(body.len() as u64));
         let store = MemoryStore::new();
         let engine = Engine::builder(store.clone()).build();
-        let service = IdempotencyLayer::new(engine.clone()).shared_scope().layer(handler);
+        let service = IdempotencyLayer::new(engine.clone())
+            .shared_scope()
+            .layer(handler);
         let label = format!("{}KB", size / 1024);
 
         let next = AtomicU64::new(0);

@@ -1,18 +1,20 @@
 //! An axum server outside Lambda (ECS, Fargate, EC2): the idempotency layer
-//! behind an authentication middleware, with the caller's JWT principal as
-//! the scope of its keys.
+//! behind an authentication middleware, with the caller's JWT principal
+//! naming the caller of each key; at shutdown (SIGTERM, as ECS sends it, or
+//! Ctrl-C) it stops accepting requests and waits for the claimed ones to
+//! finish, so none is left in progress.
 //!
 //! In `Cargo.toml`:
 //!
 //! ```toml
 //! [dependencies]
-//! lambda-idempotency = "0.1"
+//! lambda-idempotency = { version = "0.1", features = ["axum"] }
 //! axum = { version = "0.8", default-features = false, features = ["json", "tokio", "http1"] }
 //! aws-config = { version = "1", features = ["behavior-version-latest"] }
 //! aws-sdk-dynamodb = "1"
 //! bytes = "1"
 //! serde_json = "1"
-//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "signal"] }
 //! ```
 //!
 //! `IDEMPOTENCY_TABLE=idempotency cargo run --example axum_server`, then
@@ -37,6 +39,7 @@ use lambda_idempotency::{
     http::IdempotencyLayer, store::Store, DynamoDbStore, Engine, MemoryStore,
 };
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// The verified caller, as the authentication middleware leaves it in the
 /// request's extensions.
@@ -77,41 +80,75 @@ async fn create_charge(Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
     )
 }
 
-fn app<St: Store>(engine: Engine<St>) -> Router {
-    let idempotency =
-        IdempotencyLayer::new(engine).scope(|request: &axum::http::Request<Bytes>| {
-            let route = format!("{} {}", request.method(), request.uri().path());
-            match request.extensions().get::<Principal>() {
-                Some(caller) => format!("jwt {} {} {route}", caller.issuer, caller.subject),
-                // Not reached behind `authenticate`, which refuses callers
-                // without a token; said here so no change of middleware makes
-                // callers share keys silently.
-                None => format!("anonymous {route}"),
-            }
-        });
+fn idempotency<St: Store>(engine: Engine<St>) -> IdempotencyLayer<St> {
+    // The caller only: the layer adds the route (axum's route template) and
+    // the path stays in the fingerprint.
+    IdempotencyLayer::new(engine).caller(|request: &axum::http::Request<Bytes>| {
+        // `None` would be an anonymous caller: not reached behind
+        // `authenticate`, which refuses callers without a token.
+        let caller = request.extensions().get::<Principal>()?;
+        Some(format!("{} {}", caller.issuer, caller.subject))
+    })
+}
+
+fn app<St: Store>(idempotency: IdempotencyLayer<St>) -> Router {
     Router::new()
         .route("/v1/charges", post(create_charge))
         .layer(idempotency)
-        // Added last, so it runs first: the scope sees the principal.
+        // Added last, so it runs first: the caller is known to the layer.
         .layer(middleware::from_fn(authenticate))
+}
+
+/// SIGTERM (what ECS and Kubernetes send) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let router = match std::env::var("IDEMPOTENCY_TABLE") {
+    let (router, in_flight) = match std::env::var("IDEMPOTENCY_TABLE") {
         Ok(table) => {
             // Once, at start-up: one client for every request.
             let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
             let client = aws_sdk_dynamodb::Client::new(&config);
-            app(Engine::builder(DynamoDbStore::new(client, table)).build())
+            let layer = idempotency(Engine::builder(DynamoDbStore::new(client, table)).build());
+            (app(layer.clone()), layer.in_flight())
         }
         Err(_) => {
             eprintln!("IDEMPOTENCY_TABLE is not set: records are kept in this process's memory");
-            app(Engine::builder(MemoryStore::new()).build())
+            let layer = idempotency(Engine::builder(MemoryStore::new()).build());
+            (app(layer.clone()), layer.in_flight())
         }
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     eprintln!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router).await?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    // Requests whose clients left are still charging: let them complete
+    // their records, within ECS's 30 s stop timeout.
+    if !in_flight.wait(Duration::from_secs(25)).await {
+        eprintln!(
+            "{} idempotent requests still running at exit; their keys wait out their lease",
+            in_flight.len()
+        );
+    }
     Ok(())
 }

@@ -147,8 +147,9 @@
 //!   picks, [`DynamoDbStore`] and [`MemoryStore`] (the PostgreSQL and
 //!   Redis stores are in `store::postgres` and `store::redis`, behind their
 //!   features).
-//! - [`http`]: the tower layer for `lambda_http` services (API Gateway REST
-//!   and HTTP APIs, ALB, Function URLs).
+//! - [`http`]: the tower layer for HTTP services: `lambda_http` (API
+//!   Gateway REST and HTTP APIs, ALB, Function URLs), axum and hyper, in
+//!   Lambda or on a server.
 //! - [`consumers`]: event consumers: batches of every at-least-once
 //!   source (SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS,
 //!   EventBridge) with each source's order and retry semantics, and
@@ -169,7 +170,8 @@
 //! | feature | default | what it adds |
 //! | --- | --- | --- |
 //! | `dynamodb` | yes | [`DynamoDbStore`] and `store::dynamodb`, on `aws-sdk-dynamodb` and `serde_dynamo`. The library turns off the SDK's default features; your own `aws-sdk-dynamodb` dependency brings the HTTPS client. |
-//! | `http` | yes | [`http`]: the tower layer for `lambda_http`. |
+//! | `http` | yes | [`http`]: the tower layer for HTTP services on any `http_body::Body`: `lambda_http`, axum, hyper. |
+//! | `axum` | no | In the HTTP layer, axum's route template (`MatchedPath`) in the scope and the path before `Router::nest` stripped it (`OriginalUri`) in the fingerprint, and axum bodies streamed on. Turn it on in an axum application. |
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer`, and `Batch` for SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS and EventBridge, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
 //! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |

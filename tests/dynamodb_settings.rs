@@ -265,7 +265,8 @@ async fn a_missing_table_answers_500_over_http() {
 
     let layer = IdempotencyLayer::new(
         Engine::builder(DynamoDbStore::new(support::client(), "no-such-table-http")).build(),
-    ).shared_scope();
+    )
+    .shared_scope();
     let runs = std::sync::Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
     let service = layer.layer(tower::service_fn(move |_: Request| {

@@ -96,8 +96,9 @@ async fn a_claim_that_keeps_failing_is_store_unavailable_and_nothing_runs() {
     s.proxy.always("PutItem", Fault::Throttle);
     let handled = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&handled);
-    let service =
-        IdempotencyLayer::new(s.engine.clone()).shared_scope().layer(tower::service_fn(move |_: Request| {
+    let service = IdempotencyLayer::new(s.engine.clone())
+        .shared_scope()
+        .layer(tower::service_fn(move |_: Request| {
             counter.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, lambda_http::Error>(Response::new(Body::from("ran"))) }
         }));

@@ -119,7 +119,9 @@ fn problem_type(response: &Response<Body>) -> String {
 #[tokio::test]
 async fn replays_and_rejects_a_reused_key() {
     let handler = Handler::new(charge);
-    let service = IdempotencyLayer::new(engine().await).shared_scope().layer(handler.clone());
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
+        .layer(handler.clone());
     let first = service
         .clone()
         .oneshot(post("k", json(r#"{"amount":1250}"#)))
@@ -149,7 +151,9 @@ async fn replays_and_rejects_a_reused_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_get_409_with_retry_after_and_run_once() {
     let handler = Handler::new(charge).slow(Duration::from_millis(400));
-    let service = IdempotencyLayer::new(engine().await).shared_scope().layer(handler.clone());
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
+        .layer(handler.clone());
     let calls = (0..24).map(|_| {
         let service = service.clone();
         tokio::spawn(async move { service.oneshot(post("burst", json("{}"))).await.unwrap() })
@@ -177,7 +181,8 @@ async fn concurrent_duplicates_get_409_with_retry_after_and_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_for_the_result_returns_the_replay() {
     let handler = Handler::new(charge).slow(Duration::from_millis(400));
-    let service = IdempotencyLayer::new(engine().await).shared_scope()
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
         .wait_for_result(Duration::from_secs(5))
         .layer(handler.clone());
     let calls = (0..8).map(|_| {
@@ -204,7 +209,8 @@ async fn unreachable_store_is_a_503_and_nothing_runs() {
     ))
     .build();
     let handler = Handler::new(charge);
-    let response = IdempotencyLayer::new(engine).shared_scope()
+    let response = IdempotencyLayer::new(engine)
+        .shared_scope()
         .layer(handler.clone())
         .oneshot(post("k", json("{}")))
         .await
@@ -218,7 +224,9 @@ async fn unreachable_store_is_a_503_and_nothing_runs() {
 #[tokio::test]
 async fn binary_bodies_round_trip_exactly() {
     let handler = Handler::new(|_, request| Body::Binary(request.body().to_vec()));
-    let service = IdempotencyLayer::new(engine().await).shared_scope().layer(handler.clone());
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
+        .layer(handler.clone());
     let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 256) as u8).collect();
     let request = || {
         http::Request::post("/v1/files")
@@ -247,7 +255,9 @@ async fn large_bodies_are_compressed_or_explained_never_run_twice() {
     assert!(big_json.len() > 1_000_000);
     let expected = big_json.clone();
     let handler = Handler::new(move |_, _| Body::Text(big_json.clone()));
-    let service = IdempotencyLayer::new(engine().await).shared_scope().layer(handler.clone());
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
+        .layer(handler.clone());
     service
         .clone()
         .oneshot(post("big", json("{}")))
@@ -268,7 +278,9 @@ async fn large_bodies_are_compressed_or_explained_never_run_twice() {
     // original status and location, with an explanation, and nothing reruns.
     let noise = support::incompressible(600 * 1024);
     let handler = Handler::new(move |_, _| Body::Binary(noise.clone()));
-    let service = IdempotencyLayer::new(engine().await).shared_scope().layer(handler.clone());
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
+        .layer(handler.clone());
     let first = service
         .clone()
         .oneshot(post("huge", json("{}")))
@@ -299,7 +311,9 @@ async fn bodies_at_the_item_limit_are_stored_and_over_it_are_explained() {
     let at_limit = noise(MAX_STORED_RESPONSE - 256);
     let expected = at_limit.clone();
     let handler = Handler::new(move |_, _| Body::Binary(at_limit.clone()));
-    let service = IdempotencyLayer::new(engine().await).shared_scope().layer(handler.clone());
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
+        .layer(handler.clone());
     service
         .clone()
         .oneshot(post("at-limit", json("{}")))
@@ -318,7 +332,9 @@ async fn bodies_at_the_item_limit_are_stored_and_over_it_are_explained() {
 
     let over = noise(MAX_STORED_RESPONSE + 1);
     let handler = Handler::new(move |_, _| Body::Binary(over.clone()));
-    let service = IdempotencyLayer::new(engine().await).shared_scope().layer(handler.clone());
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
+        .layer(handler.clone());
     service
         .clone()
         .oneshot(post("over", json("{}")))
@@ -338,7 +354,8 @@ async fn neither_raw_keys_nor_principals_are_stored() {
     let client = support::client();
     let table = support::create_idempotency_table(&client).await;
     let engine = Engine::builder(DynamoDbStore::new(client.clone(), table.clone())).build();
-    let service = IdempotencyLayer::new(engine).shared_scope()
+    let service = IdempotencyLayer::new(engine)
+        .shared_scope()
         .scope(|_: &http::Request<_>| "principal-alice@example.com POST /v1/charges".to_owned())
         .layer(Handler::new(charge));
     let key = "raw-secret-key-0f3c9a77";
@@ -370,7 +387,8 @@ async fn one_tenant_in_flight_never_blocks_another_with_the_same_key() {
     let engine = engine().await;
     let handler = Handler::new(charge).slow(Duration::from_millis(500));
     let tenant = |name: &'static str| {
-        IdempotencyLayer::new(engine.clone()).shared_scope()
+        IdempotencyLayer::new(engine.clone())
+            .shared_scope()
             .scope(move |_: &http::Request<_>| format!("tenant-{name} POST /v1/charges"))
             .layer(handler.clone())
     };
@@ -422,7 +440,8 @@ async fn an_invalid_transactional_write_is_a_500_without_retry_after() {
             Ok::<_, BoxError>(response)
         }
     });
-    let service = IdempotencyLayer::new(engine().await).shared_scope()
+    let service = IdempotencyLayer::new(engine().await)
+        .shared_scope()
         .mode(Mode::Transactional)
         .layer(handler);
     for attempt in 1..=2 {
@@ -495,10 +514,12 @@ async fn single_write_costs_one_call_per_request() {
     let charges = support::create_table_with(&client, "charges", "charge_id", None).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let store = DynamoDbStore::new(client.clone(), table);
-    let uncached = IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope()
+    let uncached = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
         .single_write()
         .layer(committing_handler(charges.clone(), Arc::clone(&runs)));
-    let cached = IdempotencyLayer::new(Engine::builder(store).cache(16).build()).shared_scope()
+    let cached = IdempotencyLayer::new(Engine::builder(store).cache(16).build())
+        .shared_scope()
         .single_write()
         .layer(committing_handler(charges.clone(), Arc::clone(&runs)));
 
@@ -562,7 +583,8 @@ async fn single_write_concurrent_duplicates_commit_one_charge_and_replay_it() {
     let charges = support::create_table_with(&client, "charges", "charge_id", None).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let service =
-        IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client.clone(), table)).build()).shared_scope()
+        IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client.clone(), table)).build())
+            .shared_scope()
             .single_write()
             .layer(committing_handler(charges.clone(), Arc::clone(&runs)));
     let calls: Vec<_> = (0..40)

@@ -46,14 +46,14 @@ async fn logs_name_outcomes_but_never_the_raw_key() {
 
     let secret_key = "customer-7731-secret-key";
     let store = MemoryStore::new();
-    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope().layer(
-        service_fn(|request: Request| async move {
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
+        .layer(service_fn(|request: Request| async move {
             Response::builder()
                 .status(201)
                 .body(Body::from(request.body().as_ref().to_vec()))
                 .map_err(BoxError::from)
-        }),
-    );
+        }));
     send(&mut service, post(secret_key, r#"{"a":1}"#)).await;
     send(&mut service, post(secret_key, r#"{"a":1}"#)).await;
     send(&mut service, post(secret_key, r#"{"a":2}"#)).await;

@@ -36,7 +36,14 @@ fn resident() -> u64 {
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .map_or(0, |kib| kib * 1024)
 }
 
@@ -49,7 +56,9 @@ async fn send_export(
     addr: std::net::SocketAddr,
     key: &str,
 ) -> hyper::Response<hyper::body::Incoming> {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connects");
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .expect("handshake");
@@ -66,8 +75,8 @@ async fn send_export(
 async fn a_200_mb_export_streams_through_and_is_never_run_twice() {
     let client = support::client();
     let table = support::create_idempotency_table(&client).await;
-    let layer =
-        IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client, table)).build()).shared_scope();
+    let layer = IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client, table)).build())
+        .shared_scope();
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&runs);
     let app = Router::new()
@@ -76,13 +85,19 @@ async fn a_200_mb_export_streams_through_and_is_never_run_twice() {
             post(move || {
                 counter.fetch_add(1, Ordering::SeqCst);
                 async move {
-                    let chunks = futures::stream::iter(0..CHUNKS).map(|i| Ok::<_, std::io::Error>(chunk(i)));
-                    ([(header::CONTENT_TYPE, "application/octet-stream")], Body::from_stream(chunks))
+                    let chunks =
+                        futures::stream::iter(0..CHUNKS).map(|i| Ok::<_, std::io::Error>(chunk(i)));
+                    (
+                        [(header::CONTENT_TYPE, "application/octet-stream")],
+                        Body::from_stream(chunks),
+                    )
                 }
             }),
         )
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
     let addr = listener.local_addr().expect("its address");
     tokio::spawn(async move { axum::serve(listener, app).await });
 
@@ -104,7 +119,9 @@ async fn a_200_mb_export_streams_through_and_is_never_run_twice() {
         pending.extend_from_slice(&data);
         while pending.len() >= CHUNK {
             assert!(
-                pending[..CHUNK].iter().all(|&b| b == (expected % 251) as u8),
+                pending[..CHUNK]
+                    .iter()
+                    .all(|&b| b == (expected % 251) as u8),
                 "chunk {expected} out of order"
             );
             pending.drain(..CHUNK);

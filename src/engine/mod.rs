@@ -9,6 +9,7 @@ mod builder;
 mod cache;
 mod claim;
 mod codec;
+mod detach;
 mod mode;
 mod outcome;
 
@@ -21,6 +22,7 @@ pub use builder::{
 pub use claim::{ClaimHandle, Takeover};
 
 pub use codec::{Codec, Json};
+pub(crate) use detach::detached;
 pub use mode::Mode;
 pub use outcome::{Outcome, OutcomeKind, Replayed};
 
@@ -217,6 +219,18 @@ impl<St: Store> Engine<St> {
     ///   back as [`Error::Operation`]; the next attempt runs it again.
     /// - If the store cannot be reached, the operation does not run:
     ///   [`Error::Store`] (unless the engine fails open).
+    ///
+    /// # When this future is dropped
+    ///
+    /// The operation runs inside this future: dropped (a client that
+    /// disconnects from a server, a `tokio::time::timeout`, a `select!`
+    /// that another branch won), it stops where it was, and its claim stays
+    /// in progress until its lease lapses; then a retry runs it again, after
+    /// whatever the first run did. The claim is not released on drop, since
+    /// an operation that had acted would then run again at once. Where the
+    /// caller may give up, call [`execute_detached`](Engine::execute_detached):
+    /// the operation runs to its end on a task of its own whatever happens
+    /// to the caller. (In Lambda nothing drops an invocation's future.)
     pub async fn execute<T, E, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
@@ -228,6 +242,60 @@ impl<St: Store> Engine<St> {
         Fut: Future<Output = Result<T, E>>,
     {
         self.execute_with(attempt, &Json, operation).await
+    }
+
+    /// Like [`execute`](Engine::execute), on a task of its own from the
+    /// claim to the completion: dropping this future (a client that left, a
+    /// timeout) neither stops the operation nor leaves its claim in
+    /// progress, so a retry gets its outcome rather than running it again
+    /// once the lease lapses. A panic in the operation releases its claim
+    /// and is raised again here. Needs a tokio runtime (without one it runs
+    /// in place, as `execute` does).
+    ///
+    /// ```
+    /// use lambda_idempotency::{Attempt, Engine, Fingerprint, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::builder(MemoryStore::new()).build();
+    /// let attempt = Attempt::new("tenant-1", "order-42", Fingerprint::of_json(&1250)?);
+    /// let charge = engine
+    ///     .execute_detached(&attempt, || async { Ok::<_, std::io::Error>("ch_1".to_owned()) })
+    ///     .await?;
+    /// assert_eq!(charge.into_value(), "ch_1");
+    /// # Ok(()) }
+    /// ```
+    pub async fn execute_detached<T, E, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let engine = self.clone();
+        let (scope, key) = (attempt.scope.to_owned(), attempt.key.to_owned());
+        let (fingerprint, deadline_ms) = (attempt.fingerprint.clone(), attempt.deadline_ms);
+        let work = async move {
+            let attempt = Attempt {
+                scope: &scope,
+                key: &key,
+                fingerprint,
+                deadline_ms,
+            };
+            engine.execute(&attempt, operation).await
+        };
+        detached(work, |work, runtime| runtime.spawn(work))
+            .await
+            .unwrap_or_else(|| {
+                Err(Error::Store(StoreError::new(
+                    StoreErrorKind::Other,
+                    "the runtime shut down while the operation ran; its claim stays in progress until its lease lapses",
+                )))
+            })
     }
 
     /// Like [`execute`](Engine::execute), with values stored by `codec`

@@ -557,3 +557,74 @@ async fn a_conflicted_completion_is_tried_again() {
         .expect("replayed");
     assert_eq!((replay.kind(), *replay.value()), (OutcomeKind::Replay, 3));
 }
+
+/// A caller that gives up (a client that disconnects, a timeout) drops the
+/// future: `execute` stops with its claim in progress, `execute_detached`
+/// runs on and completes, so the retry replays instead of waiting out the
+/// lease and running again.
+#[tokio::test]
+async fn a_dropped_detached_execution_completes_and_its_retry_replays() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let slow = |runs: &Arc<AtomicUsize>| {
+        let runs = Arc::clone(runs);
+        move || async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>(7u32)
+        }
+    };
+    let attempt = Attempt::new("s", "detached", fingerprint(1));
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        engine.execute_detached(&attempt, slow(&runs)),
+    )
+    .await;
+    assert!(given_up.is_err(), "the caller gave up first");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the operation ran to its end"
+    );
+    let retry = engine
+        .execute(&attempt, || async { Err::<u32, _>(Failed) })
+        .await
+        .expect("replayed");
+    assert_eq!((retry.kind(), *retry.value()), (OutcomeKind::Replay, 7));
+
+    // The same with `execute`: cut short, its claim left in progress.
+    let attempt = Attempt::new("s", "in-place", fingerprint(1));
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        engine.execute(&attempt, slow(&runs)),
+    )
+    .await;
+    assert!(given_up.is_err());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "cut short");
+    let retry = engine
+        .execute(&attempt, || async { Err::<u32, _>(Failed) })
+        .await;
+    assert!(matches!(retry, Err(Error::InProgress { .. })));
+}
+
+#[tokio::test]
+async fn a_detached_panic_releases_the_claim_and_reaches_the_caller() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let attempt = Attempt::new("s", "panics", fingerprint(1));
+    let caught = AssertUnwindSafe(engine.execute_detached(&attempt, || async {
+        if true {
+            panic!("the provider's client panicked");
+        }
+        Ok::<u32, Failed>(1)
+    }))
+    .catch_unwind()
+    .await;
+    assert!(caught.is_err(), "the panic is raised in the caller");
+    let retry = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(2u32) })
+        .await
+        .expect("runs again");
+    assert_eq!((retry.kind(), *retry.value()), (OutcomeKind::Fresh, 2));
+}

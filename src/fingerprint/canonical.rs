@@ -355,8 +355,14 @@ mod tests {
     fn pointers_find_exact_numbers_and_unescaped_strings() {
         let json = br#"{"data":{"object":{"id":98765432109876543211,"ref":"a\u002Fb"}},"a/b":{"~":[1.50,"x"]},"n":null,"t":true}"#;
         let text = |value: &str| Pointed::Text(value.to_owned());
-        assert_eq!(pointed(json, "/data/object/id"), text("98765432109876543211"));
-        assert_ne!(pointed(json, "/data/object/id"), text("98765432109876543210"));
+        assert_eq!(
+            pointed(json, "/data/object/id"),
+            text("98765432109876543211")
+        );
+        assert_ne!(
+            pointed(json, "/data/object/id"),
+            text("98765432109876543210")
+        );
         assert_eq!(pointed(json, "/data/object/ref"), text("a/b"));
         assert_eq!(pointed(json, "/a~1b/~0/0"), text("1.50"));
         assert_eq!(pointed(json, "/a~1b/~0/1"), text("x"));

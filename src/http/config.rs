@@ -7,11 +7,11 @@ use super::{
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
+use lambda_http::http::HeaderMap;
 use lambda_http::{
     http::{HeaderName, Method, Request, StatusCode},
     Body, Response,
 };
-use lambda_http::http::HeaderMap;
 use std::{sync::Arc, time::Duration};
 use tokio_util::task::TaskTracker;
 

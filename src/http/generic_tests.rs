@@ -126,7 +126,10 @@ async fn router_layer_gives_the_lambda_semantics() {
         .expect("request");
     let (status, _, problem) = send(&app, other).await;
     assert_eq!(status, 422);
-    assert_eq!(problem["type"], "urn:lambda-idempotency:problem:idempotency-key-reused");
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-key-reused"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -488,9 +491,19 @@ async fn outside_lambda_without_a_caller_nothing_runs_and_the_fix_is_named() {
     let (status, headers, problem) = send(&app, hook(Some(("idempotency-key", "a")), "{}")).await;
     assert_eq!(status, 500);
     assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
-    assert_eq!(problem["type"], "urn:lambda-idempotency:problem:idempotency-scope-unset");
-    assert!(problem["detail"].as_str().unwrap_or_default().contains("IdempotencyLayer::caller"));
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing runs without a scope");
+    assert_eq!(
+        problem["type"],
+        "urn:lambda-idempotency:problem:idempotency-scope-unset"
+    );
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("IdempotencyLayer::caller"));
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "nothing runs without a scope"
+    );
     let logs = String::from_utf8_lossy(&captured.0.lock().expect("log")).into_owned();
     assert!(logs.contains("ERROR"), "{logs}");
     assert!(logs.contains("IdempotencyLayer::shared_scope"), "{logs}");
@@ -498,9 +511,19 @@ async fn outside_lambda_without_a_caller_nothing_runs_and_the_fix_is_named() {
     // Each explicit choice serves.
     let named = layer().caller(|_: &Request<Bytes>| Some("alice".to_owned()));
     let app = webhook(&runs).layer(named);
-    assert_eq!(send(&app, hook(Some(("idempotency-key", "b")), "{}")).await.0, 200);
+    assert_eq!(
+        send(&app, hook(Some(("idempotency-key", "b")), "{}"))
+            .await
+            .0,
+        200
+    );
     let app = webhook(&runs).layer(layer().shared_scope());
-    assert_eq!(send(&app, hook(Some(("idempotency-key", "c")), "{}")).await.0, 200);
+    assert_eq!(
+        send(&app, hook(Some(("idempotency-key", "c")), "{}"))
+            .await
+            .0,
+        200
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
@@ -529,10 +552,16 @@ async fn callers_named_by_the_layer_have_records_of_their_own() {
     for caller in [Some("alice"), Some("bob"), None, Some(r#"["jwt","",""]"#)] {
         let (status, headers, _) = send(&app, as_caller(caller)).await;
         assert_eq!(status, 200);
-        assert!(!headers.contains_key(REPLAYED_HEADER), "{caller:?} got another's record");
+        assert!(
+            !headers.contains_key(REPLAYED_HEADER),
+            "{caller:?} got another's record"
+        );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 4);
-    assert_eq!(send(&app, as_caller(Some("bob"))).await.1[REPLAYED_HEADER], "true");
+    assert_eq!(
+        send(&app, as_caller(Some("bob"))).await.1[REPLAYED_HEADER],
+        "true"
+    );
 }
 
 /// Issue 22, item 6, through the layer.

@@ -17,6 +17,7 @@
 //! | body longer than the [limit](IdempotencyLayer::body_limit) (default 6 MiB) | `413`; the handler does not run |
 //! | body that fails while it is read | `400`; the handler does not run |
 //! | store unreachable | `503` with `Retry-After`; the handler does not run |
+//! | outside Lambda, nothing names the caller ([`caller`](IdempotencyLayer::caller), [`shared_scope`](IdempotencyLayer::shared_scope)) | `500`; the handler does not run |
 //!
 //! Every error is `application/problem+json` (RFC 9457) with a stable
 //! `type`: `idempotency-key-missing`, `idempotency-key-invalid`,
@@ -26,17 +27,21 @@
 //! `idempotency-store-unavailable`, `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
-//! `idempotency-internal-error`, after a configurable prefix. None of the
-//! layer's own answers is stored.
+//! `idempotency-internal-error`, `idempotency-scope-unset`, after a
+//! configurable prefix. None of the layer's own answers is stored.
 //!
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
 //! they commit in one transaction with the stored response.
 //!
 //! Keys are scoped by the caller's identity from the trusted request
-//! context, the API and stage, and the route ([`default_scope`]): tenant A's key never
-//! reaches tenant B's record. Requests are fingerprinted by method, path,
-//! query and body ([`request_fingerprint`]). The lease of a claim runs until
-//! the Lambda invocation's deadline. Record ids carry the function's name
+//! context, the API and stage, and the [route] ([`default_scope`]): tenant
+//! A's key never reaches tenant B's record. Requests are fingerprinted by
+//! method, path, query and body ([`request_fingerprint`]). The lease of a
+//! claim runs until the Lambda invocation's deadline (outside Lambda, the
+//! engine's [default lease](crate::EngineBuilder::default_lease)). Once a
+//! request has claimed its key, its handler runs to the end on a task of
+//! its own, even if the request's future is dropped (see [When the client
+//! leaves](#when-the-client-leaves)). Record ids carry the function's name
 //! ([`default_key_prefix`](crate::default_key_prefix)), so two functions on
 //! one table never share records.
 //!
@@ -118,9 +123,19 @@
 //!
 //! The [outcome policy](default_store_policy) decides which responses are
 //! stored: by default 2xx, 3xx and the deterministic 4xx, never 401, 403 or
-//! 407 (credentials are not part of the fingerprint). With a response, its
-//! status, the [allowlisted headers](default_stored_headers) and always the
-//! headers that describe its body ([`BODY_HEADERS`]).
+//! 407 (credentials are not part of the fingerprint), nor 405. With a
+//! response, its status, the [allowlisted headers](default_stored_headers)
+//! and always the headers that describe its body ([`BODY_HEADERS`]).
+//!
+//! Not stored, and so never replayed, but completing the record all the
+//! same: a stream (`text/event-stream`, a response marked
+//! [`StreamResponse`], or one [`stream_when`](IdempotencyLayer::stream_when)
+//! selects), which goes to the client from its first byte; and a response
+//! longer than can be stored (16 MiB before compression, or past
+//! [`max_stored_response`](IdempotencyLayer::max_stored_response) after
+//! it). A retry gets the original status and stored headers with an
+//! `idempotency-response-not-stored` problem that says the request was
+//! processed: it never runs again.
 //!
 //! # Keys from anywhere
 //!
@@ -145,10 +160,16 @@
 //! through (other methods, or no key where the key is optional and read
 //! from a header) are not read.
 //!
-//! A response to store is read whole too (a `lambda_http` body already
-//! is); one the [outcome policy](default_store_policy) does not store, and
-//! every response of a request passed through, goes back to the client
-//! untouched, streamed if it streams. A response body that fails while it
+//! A response to store is read, at most 16 MiB of it (a `lambda_http` body
+//! is whole already); a longer one goes on to the client, the part read
+//! first and the rest as it comes, and is not stored. That needs a body
+//! type the layer can rebuild around a stream: axum's `Body` (with the
+//! `axum` feature) or `UnsyncBoxBody<Bytes, BoxError>`; a body of another
+//! type is read whole unless it declares a longer `Content-Length`. A
+//! stream passes through unread. A response the [outcome
+//! policy](default_store_policy) does not store, and every response of a
+//! request passed through, goes back to the client untouched, streamed if
+//! it streams. A response body that fails while it
 //! is read is a `500` problem and releases the claim, as a handler error
 //! does. Behind axum, the layer's limit is the one that bounds its buffer;
 //! axum's `DefaultBodyLimit` (2 MB) still applies to the extractors that
@@ -179,14 +200,23 @@
 //! it runs. `store_when(|status| status.is_success())` releases them all
 //! instead.
 //!
-//! Inside a router given to `Router::nest`, axum strips the prefix from
-//! the URI, and outside Lambda the default scope and the fingerprint read
-//! the URI's path: behind `nest("/accounts/{id}", …)`, a key sent to
-//! `/accounts/a/charges` and again to `/accounts/b/charges` would replay
-//! account `a`'s response. Layer the outer router, or put the original
-//! path in the scope: `scope(|request| …)` can read axum's `OriginalUri`
-//! from `request.extensions()`. (In Lambda the path comes from the event,
-//! which `nest` does not change.)
+//! With the `axum` feature, the scope holds the route as the application
+//! defines it, axum's route template (`MatchedPath`: the whole template of
+//! a nested router, `/accounts/{id}/charges`), and the fingerprint holds
+//! the path the client sent (`OriginalUri`, which `Router::nest` does not
+//! strip): nested routers never share a record, and the same key sent to
+//! `/accounts/a/charges` and then to `/accounts/b/charges` is a `422`, as
+//! in Lambda. Without the feature the layer sees the path axum hands it,
+//! which `nest` strips: turn the feature on in an axum application.
+//!
+//! Which requests reach the layer: `Router::layer` and
+//! `Router::route_layer` wrap every route's handlers and axum's own `405`
+//! answer to a method the route does not serve, so a keyless `POST` to a
+//! `GET` route is answered `400` (key missing) before axum can say `405`;
+//! with a key it gets axum's `405`, which is never stored.
+//! `MethodRouter::route_layer` (`post(handler).route_layer(layer)`) wraps
+//! the handlers only: axum answers `405` first, key or not. A `404` never
+//! reaches the layer.
 //!
 //! ```
 //! use axum::{extract::Path, http::StatusCode, routing::{get, post}, Json, Router};
@@ -213,13 +243,17 @@
 //! # Outside Lambda
 //!
 //! Without a Lambda request context there is no authorizer to name the
-//! caller: [`default_scope`] then scopes every request to one
-//! [`ANONYMOUS`] caller (and the route), so two clients that send the same
-//! key share its record, and the second gets the first's response. The
-//! layer says so: a `tracing` warning, once, the first time it scopes a
-//! request that way. Name the caller with [`IdempotencyLayer::scope`], from
-//! what your authentication middleware (layered outside this one, so it
-//! runs first) put in the request's extensions:
+//! caller, and the layer will not guess: a request it cannot scope is
+//! answered `500` (`idempotency-scope-unset`, logged as an error that names
+//! the fix) and nothing runs, rather than one caller getting another's
+//! response. Choose once, when you build the layer:
+//!
+//! - [`caller`](IdempotencyLayer::caller): name the caller from what your
+//!   authentication middleware (layered outside this one, so it runs
+//!   first) put in the request's extensions. The layer adds the route.
+//! - [`shared_scope`](IdempotencyLayer::shared_scope): a single-tenant
+//!   service, whose callers may share records.
+//! - [`scope`](IdempotencyLayer::scope): the whole scope, yours to build.
 //!
 //! ```
 //! use axum::{http::Request, routing::post, Router};
@@ -232,13 +266,11 @@
 //! struct Principal { issuer: String, subject: String }
 //!
 //! let engine = Engine::builder(MemoryStore::new()).build();
-//! let idempotency = IdempotencyLayer::new(engine).scope(|request: &Request<Bytes>| {
-//!     let route = format!("{} {}", request.method(), request.uri().path());
-//!     match request.extensions().get::<Principal>() {
-//!         Some(caller) => format!("jwt {} {} {route}", caller.issuer, caller.subject),
-//!         // Only where unauthenticated calls are allowed at all.
-//!         None => format!("anonymous {route}"),
-//!     }
+//! let idempotency = IdempotencyLayer::new(engine).caller(|request: &Request<Bytes>| {
+//!     // `None`, an anonymous caller: only where unauthenticated calls are
+//!     // allowed at all.
+//!     let caller = request.extensions().get::<Principal>()?;
+//!     Some(format!("{} {}", caller.issuer, caller.subject))
 //! });
 //! let app: Router = Router::new()
 //!     .route("/v1/charges", post(|| async { "charged" }))
@@ -247,13 +279,34 @@
 //! # let _ = app;
 //! ```
 //!
+//! # When the client leaves
+//!
+//! hyper drops a request's future when its client disconnects, and tower's
+//! and tower-http's `TimeoutLayer` at their deadline. Once a request has
+//! claimed its key, the layer runs the claim, the handler and the
+//! completion on a task of its own (`tokio::spawn`), so dropping the
+//! request's future does not cut the handler short between its effect and
+//! the record: the work finishes, the record is completed (or released, if
+//! the handler fails), and the retry gets `409` while it runs and the
+//! replay after. A claim is never released because its request was
+//! dropped: a handler that charged first would be charged again at once.
+//! A panic in the handler releases the claim and is raised again in the
+//! request's own future, so an outer `CatchPanicLayer` answers it.
+//!
+//! At graceful shutdown, wait for that work after the server stops
+//! accepting requests ([`IdempotencyLayer::in_flight`], [`InFlight::wait`]):
+//! a process that exits first leaves those records in progress, and their
+//! retries wait out the lease and then run again. In Lambda nothing
+//! changes: the runtime never drops an invocation's future, and the lease
+//! ends at the invocation's deadline.
+//!
 //! `examples/axum_server.rs` is a whole server on a TCP listener, and
 //! `examples/axum_lambda.rs` the same router in Lambda.
 //!
 //! # Example: `lambda_http`
 //!
 //! ```
-//! use lambda_http::{service_fn, Body, Error, Request, Response};
+//! use lambda_http::{request::RequestContext, service_fn, Body, Error, Request, RequestExt, Response};
 //! use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
@@ -270,11 +323,14 @@
 //!     .service(service_fn(create_charge));
 //! // lambda_http::run(service).await
 //!
-//! let request = || {
-//!     lambda_http::http::Request::post("/v1/charges")
+//! // As lambda_http makes it from an HTTP API event (here without an
+//! // authorizer: an anonymous caller).
+//! let request = || -> Result<Request, Error> {
+//!     Ok(lambda_http::http::Request::post("/v1/charges")
 //!         .header("idempotency-key", "8e03978e-40d5-43e8")
 //!         .header("content-type", "application/json")
-//!         .body(Body::from(r#"{"amount":1250}"#))
+//!         .body(Body::from(r#"{"amount":1250}"#))?
+//!         .with_request_context(RequestContext::ApiGatewayV2(Default::default())))
 //! };
 //! let first = service.ready().await?.call(request()?).await?;
 //! assert_eq!(first.status(), 201);

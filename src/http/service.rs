@@ -14,8 +14,8 @@ use super::{
     streaming::{read_bounded, streams, Read},
 };
 use crate::{
-    clock::epoch_ms, error::BoxError, store::Store, Attempt, ClaimHandle, Error, Fingerprint,
-    Outcome, OutcomeKind, StoreErrorKind,
+    clock::epoch_ms, engine::detached, error::BoxError, store::Store, Attempt, ClaimHandle, Error,
+    Fingerprint, Outcome, OutcomeKind, StoreErrorKind,
 };
 use bytes::Bytes;
 use http_body::Body as HttpBody;
@@ -310,21 +310,14 @@ where
         (result, live)
     }
     .in_current_span();
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return work.await;
-    };
-    match tracker.spawn_on(work, &runtime).await {
-        Ok(done) => done,
-        Err(error) => match error.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            // Only a runtime that shuts down cancels the task, and then
-            // this future goes with it: answered, should it be polled.
-            Err(_) => {
-                tracing::error!("the request's task was cancelled (the runtime is shutting down); its record stays in progress until its lease lapses");
-                (Err(Error::Operation(Failure::AlreadyRun)), None)
-            }
-        },
-    }
+    detached(work, |work, runtime| tracker.spawn_on(work, runtime))
+        .await
+        .unwrap_or_else(|| {
+            // Only a runtime that shuts down cancels the task, and this
+            // future goes with it: answered, should it be polled.
+            tracing::error!("the request's task was cancelled (the runtime is shutting down); its record stays in progress until its lease lapses");
+            (Err(Error::Operation(Failure::AlreadyRun)), None)
+        })
 }
 
 /// The compatibility mode's answer, when Powertools' record decides the

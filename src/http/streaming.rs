@@ -202,7 +202,10 @@ mod tests {
 
     fn chunked(chunks: usize, size: usize) -> axum::body::Body {
         let frames = (0..chunks).map(move |i| {
-            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![b'a' + (i % 26) as u8; size])))
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![
+                b'a' + (i % 26) as u8;
+                size
+            ])))
         });
         axum::body::Body::new(StreamBody::new(futures::stream::iter(frames)))
     }
@@ -246,11 +249,15 @@ mod tests {
             }
             response.into_parts().0
         };
-        assert!(streams(&parts("text/event-stream; charset=utf-8", false), None));
+        assert!(streams(
+            &parts("text/event-stream; charset=utf-8", false),
+            None
+        ));
         assert!(streams(&parts("Text/Event-Stream", false), None));
         assert!(streams(&parts("application/json", true), None));
         assert!(!streams(&parts("application/json", false), None));
-        let csv: StreamFn = std::sync::Arc::new(|_, headers| headers[header::CONTENT_TYPE] == "text/csv");
+        let csv: StreamFn =
+            std::sync::Arc::new(|_, headers| headers[header::CONTENT_TYPE] == "text/csv");
         assert!(streams(&parts("text/csv", false), Some(&csv)));
     }
 }

@@ -129,7 +129,9 @@ fn problem(response: &Response<Body>) -> serde_json::Value {
 #[tokio::test]
 async fn replays_the_stored_response_without_running() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     let first = send(&mut service, post(Some("k1"), r#"{"amount":100}"#)).await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert!(first.headers().get(REPLAYED_HEADER).is_none());
@@ -154,7 +156,9 @@ async fn replays_the_stored_response_without_running() {
 #[tokio::test]
 async fn sf_string_and_token_forms_are_the_same_key() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     send(&mut service, post(Some("abc-123"), "{}")).await;
     let replay = send(&mut service, post(Some("\"abc-123\""), "{}")).await;
     assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
@@ -164,7 +168,9 @@ async fn sf_string_and_token_forms_are_the_same_key() {
 #[tokio::test]
 async fn missing_key_is_a_400_unless_optional() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     let response = send(&mut service, post(None, "{}")).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
@@ -173,7 +179,8 @@ async fn missing_key_is_a_400_unless_optional() {
     );
     assert_eq!(echo.runs(), 0);
 
-    let mut optional = IdempotencyLayer::new(engine()).shared_scope()
+    let mut optional = IdempotencyLayer::new(engine())
+        .shared_scope()
         .require_key(false)
         .layer(echo.clone());
     send(&mut optional, post(None, "{}")).await;
@@ -185,7 +192,9 @@ async fn missing_key_is_a_400_unless_optional() {
 #[tokio::test]
 async fn invalid_keys_are_400s_and_nothing_runs() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     let long = "k".repeat(256);
     for key in [
         "",
@@ -229,7 +238,9 @@ async fn invalid_keys_are_400s_and_nothing_runs() {
 #[tokio::test]
 async fn other_methods_pass_through_untouched() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     for _ in 0..2 {
         let get = http::Request::get("/v1/charges/ch_1")
             .header("idempotency-key", "k")
@@ -240,7 +251,8 @@ async fn other_methods_pass_through_untouched() {
     }
     assert_eq!(echo.runs(), 2);
 
-    let mut put_too = IdempotencyLayer::new(engine()).shared_scope()
+    let mut put_too = IdempotencyLayer::new(engine())
+        .shared_scope()
         .methods([Method::POST, Method::PUT])
         .layer(echo.clone());
     let put = || {
@@ -260,7 +272,9 @@ async fn other_methods_pass_through_untouched() {
 #[tokio::test]
 async fn a_different_payload_is_a_422() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     send(&mut service, post(Some("k"), r#"{"amount":100}"#)).await;
     let response = send(&mut service, post(Some("k"), r#"{"amount":999}"#)).await;
     assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
@@ -287,7 +301,9 @@ async fn a_duplicate_in_flight_gets_409_with_retry_after() {
         delay: Duration::from_millis(300),
         ..Echo::new()
     };
-    let service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     let first = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let duplicate = service
@@ -317,7 +333,8 @@ async fn a_waiting_duplicate_gets_the_replay(engine: Engine<MemoryStore>, budget
         delay: Duration::from_millis(300),
         ..Echo::new()
     };
-    let service = IdempotencyLayer::new(engine).shared_scope()
+    let service = IdempotencyLayer::new(engine)
+        .shared_scope()
         .wait_for_result(budget)
         .layer(echo.clone());
     let first = tokio::spawn(service.clone().oneshot(post(Some("k"), "{}")));
@@ -339,7 +356,8 @@ async fn waiting_for_the_result_replays_it() {
     a_waiting_duplicate_gets_the_replay(engine(), Duration::from_secs(5)).await;
 
     // A budget shorter than the handler: 409 after waiting.
-    let short = IdempotencyLayer::new(engine()).shared_scope()
+    let short = IdempotencyLayer::new(engine())
+        .shared_scope()
         .wait_for_result(Duration::from_millis(100))
         .layer(Echo {
             delay: Duration::from_millis(500),
@@ -358,15 +376,18 @@ async fn waiting_for_the_result_replays_it() {
 async fn waiting_never_passes_the_invocation_deadline() {
     let store = MemoryStore::new();
     let engine = Engine::builder(store.clone()).build();
-    let service = IdempotencyLayer::new(engine.clone()).shared_scope()
+    let service = IdempotencyLayer::new(engine.clone())
+        .shared_scope()
         .wait_for_result(Duration::from_secs(30))
         .layer(Echo::new());
     // Someone else holds the key.
     let mut held = post(Some("k"), "{}");
-    let claim_holder = IdempotencyLayer::new(engine).shared_scope().layer(service_fn(|_: Request| async {
-        std::future::pending::<()>().await;
-        Ok::<_, BoxError>(Response::new(Body::Empty))
-    }));
+    let claim_holder = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .layer(service_fn(|_: Request| async {
+            std::future::pending::<()>().await;
+            Ok::<_, BoxError>(Response::new(Body::Empty))
+        }));
     let holder =
         tokio::spawn(claim_holder.oneshot(std::mem::replace(&mut held, post(Some("k"), "{}"))));
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -390,7 +411,9 @@ async fn waiting_never_passes_the_invocation_deadline() {
 #[tokio::test]
 async fn server_errors_and_retryable_4xx_are_released_deterministic_4xx_stored() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     let with_status = |key: &str, status: u16| {
         let mut request = post(Some(key), "{}");
         request
@@ -428,7 +451,8 @@ async fn server_errors_and_retryable_4xx_are_released_deterministic_4xx_stored()
     assert_eq!(echo.runs(), 18);
 
     // A custom policy: store everything, as Stripe does for 500s.
-    let mut store_all = IdempotencyLayer::new(engine()).shared_scope()
+    let mut store_all = IdempotencyLayer::new(engine())
+        .shared_scope()
         .store_when(|_| true)
         .layer(echo.clone());
     send(&mut store_all, with_status("k", 500)).await;
@@ -441,7 +465,9 @@ async fn server_errors_and_retryable_4xx_are_released_deterministic_4xx_stored()
 #[tokio::test]
 async fn handler_errors_release_the_claim_and_propagate() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     let mut failing = post(Some("k"), "{}");
     failing
         .headers_mut()
@@ -463,8 +489,9 @@ async fn handler_errors_release_the_claim_and_propagate() {
 async fn store_unavailable_is_a_503_and_the_handler_does_not_run() {
     let store = MemoryStore::new();
     let echo = Echo::new();
-    let mut service =
-        IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
+        .layer(echo.clone());
     store.fail_next(1);
     let response = send(&mut service, post(Some("k"), "{}")).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -481,7 +508,9 @@ async fn a_corrupt_record_is_a_500_never_a_replay() {
     let store = MemoryStore::new();
     let engine = Engine::builder(store.clone()).build();
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .layer(echo.clone());
     send(&mut service, post(Some("k"), "{}")).await;
     for mut record in store.records() {
         record.response = Some(b"\x07garbage".to_vec());
@@ -499,7 +528,9 @@ async fn a_corrupt_record_is_a_500_never_a_replay() {
 #[tokio::test]
 async fn binary_bodies_round_trip_exactly() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     let bytes: Vec<u8> = (0..=255).chain((0..=255).rev()).collect();
     let request = || {
         http::Request::post("/v1/files")
@@ -521,7 +552,8 @@ async fn binary_bodies_round_trip_exactly() {
 #[tokio::test]
 async fn a_response_too_large_to_store_is_never_run_again() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope()
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
         .max_stored_response(2048)
         .layer(echo.clone());
     let mut rng = fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
@@ -579,7 +611,8 @@ async fn a_not_stored_replay_does_not_describe_the_body_it_lacks() {
             )
         }
     });
-    let mut service = IdempotencyLayer::new(engine()).shared_scope()
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
         .max_stored_response(2048)
         .layer(handler);
     let request = || {
@@ -639,7 +672,9 @@ async fn answers_about_headers_outside_the_fingerprint_are_not_stored() {
             }
         })
     };
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(handler);
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(handler);
     let request = |content_type: Option<&str>, accept: Option<&str>| {
         let mut builder = http::Request::post("/v1/charges").header("idempotency-key", "k");
         if let Some(value) = content_type {
@@ -690,7 +725,8 @@ async fn the_lease_runs_until_the_invocation_deadline() {
     };
     let mut context = lambda_http::Context::default();
     context.deadline = deadline;
-    let response = IdempotencyLayer::new(engine).shared_scope()
+    let response = IdempotencyLayer::new(engine)
+        .shared_scope()
         .layer(holder)
         .oneshot(post(Some("k"), "{}").with_lambda_context(context))
         .await
@@ -704,7 +740,8 @@ async fn metrics_count_outcomes_in_embedded_metric_format() {
     let sink = Arc::clone(&lines);
     let metrics = EmfMetrics::new("Payments")
         .with_writer(move |line| sink.lock().unwrap().push(line.to_owned()));
-    let mut service = IdempotencyLayer::new(engine()).shared_scope()
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
         .metrics(metrics)
         .layer(Echo::new());
     send(&mut service, post(Some("k"), r#"{"a":1}"#)).await;
@@ -734,7 +771,8 @@ async fn metrics_count_outcomes_in_embedded_metric_format() {
 #[tokio::test]
 async fn a_custom_scope_and_header_are_used() {
     let echo = Echo::new();
-    let layer = IdempotencyLayer::new(engine()).shared_scope()
+    let layer = IdempotencyLayer::new(engine())
+        .shared_scope()
         .header(HeaderName::from_static("x-request-key"))
         .scope(|request: &http::Request<bytes::Bytes>| {
             request
@@ -784,7 +822,8 @@ fn committing(
 async fn commit_with_writes_only_with_a_stored_response() {
     let store = MemoryStore::new();
     let runs = Arc::new(AtomicUsize::new(0));
-    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope()
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
         .layer(committing(Arc::clone(&runs), 201));
     send(&mut service, post(Some("k"), "{}")).await;
     assert_eq!(store.item("charge#1").as_deref(), Some(&b"1"[..]));
@@ -793,7 +832,8 @@ async fn commit_with_writes_only_with_a_stored_response() {
     assert_eq!(store.item("charge#2"), None);
 
     let runs = Arc::new(AtomicUsize::new(0));
-    let mut failing = IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope()
+    let mut failing = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
         .layer(committing(Arc::clone(&runs), 503));
     let response = send(&mut failing, post(Some("other"), "{}")).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -824,14 +864,16 @@ async fn a_request_fenced_out_of_its_transaction_commits_nothing_and_says_so() {
         }
     });
     let zombie = tokio::spawn(
-        IdempotencyLayer::new(engine.clone()).shared_scope()
+        IdempotencyLayer::new(engine.clone())
+            .shared_scope()
             .layer(slow)
             .oneshot(post(Some("k"), "{}")),
     );
     started_rx.await.unwrap();
     clock.advance(Duration::from_secs(61));
     let runs = Arc::new(AtomicUsize::new(0));
-    let successor = IdempotencyLayer::new(engine.clone()).shared_scope()
+    let successor = IdempotencyLayer::new(engine.clone())
+        .shared_scope()
         .layer(committing(runs, 201))
         .oneshot(post(Some("k"), "{}"))
         .await
@@ -870,7 +912,8 @@ async fn headers_that_describe_the_body_are_always_replayed() {
             .body(Body::Binary(vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0]))
             .map_err(BoxError::from)
     });
-    let mut service = IdempotencyLayer::new(engine()).shared_scope()
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
         .stored_headers([])
         .layer(handler);
     let first = send(&mut service, post(Some("k"), "{}")).await;
@@ -895,7 +938,9 @@ async fn headers_that_describe_the_body_are_always_replayed() {
 #[tokio::test]
 async fn a_comma_separated_key_is_a_repeated_header() {
     let echo = Echo::new();
-    let mut service = IdempotencyLayer::new(engine()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .layer(echo.clone());
     for key in ["key-one,key-two", "\"key-one\", \"key-two\""] {
         let response = send(&mut service, post(Some(key), "{}")).await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{key}");
@@ -935,7 +980,8 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
     let store = MemoryStore::new();
     let engine = Engine::builder(store.clone()).fail_open(true).build();
     let runs = Arc::new(AtomicUsize::new(0));
-    let mut declared = IdempotencyLayer::new(engine.clone()).shared_scope()
+    let mut declared = IdempotencyLayer::new(engine.clone())
+        .shared_scope()
         .mode(crate::Mode::Transactional)
         .layer(committing(Arc::clone(&runs), 201));
     // The claim, and the read that confirms the outage.
@@ -952,7 +998,9 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
         "never ran without the store"
     );
 
-    let mut undeclared = IdempotencyLayer::new(engine).shared_scope().layer(committing(Arc::clone(&runs), 201));
+    let mut undeclared = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .layer(committing(Arc::clone(&runs), 201));
     // The claim, and the read that confirms the outage.
     store.fail_next(2);
     let response = send(&mut undeclared, post(Some("k2"), "{}")).await;
@@ -974,7 +1022,8 @@ async fn fail_open_never_runs_a_declared_transactional_handler() {
 
     // A plain handler still runs unprotected during the outage.
     let echo = Echo::new();
-    let mut plain = IdempotencyLayer::new(Engine::builder(store.clone()).fail_open(true).build()).shared_scope()
+    let mut plain = IdempotencyLayer::new(Engine::builder(store.clone()).fail_open(true).build())
+        .shared_scope()
         .layer(echo.clone());
     // The claim, and the read that confirms the outage.
     store.fail_next(2);
@@ -1029,7 +1078,8 @@ async fn the_replay_hook_adjusts_replays_only() {
     let engine = Engine::builder(MemoryStore::new())
         .clock(clock.clone())
         .build();
-    let mut service = IdempotencyLayer::new(engine).shared_scope()
+    let mut service = IdempotencyLayer::new(engine)
+        .shared_scope()
         .on_replay(|response, replayed| {
             let at = replayed.completed_at_ms.unwrap_or_default();
             response.headers_mut().insert(
@@ -1059,8 +1109,9 @@ async fn a_panicking_handler_releases_its_claim() {
     use futures_util::FutureExt;
     let echo = Echo::new();
     let store = MemoryStore::new();
-    let mut service =
-        IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope().layer(echo.clone());
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
+        .layer(echo.clone());
     let mut panicking = post(Some("k"), "{}");
     panicking
         .headers_mut()
