@@ -51,7 +51,7 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,axum,consumers,postgres,redis,testing,powertools
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,consumers,postgres,redis,testing,powertools
 
 ## What crates.io would get: cargo publish --dry-run of the library and the
 ## operator tool (the reference functions are not published), and the

@@ -8,7 +8,8 @@
 //!
 //! ```toml
 //! [dependencies]
-//! lambda-idempotency = { version = "0.1", features = ["axum"] }
+//! # No Lambda crates: a server outside Lambda needs `http` and `axum` only.
+//! lambda-idempotency = { version = "0.1", default-features = false, features = ["dynamodb", "http", "axum"] }
 //! axum = { version = "0.8", default-features = false, features = ["json", "tokio", "http1"] }
 //! aws-config = { version = "1", features = ["behavior-version-latest"] }
 //! aws-sdk-dynamodb = "1"

@@ -170,12 +170,14 @@
 //! | feature | default | what it adds |
 //! | --- | --- | --- |
 //! | `dynamodb` | yes | [`DynamoDbStore`] and `store::dynamodb`, on `aws-sdk-dynamodb` and `serde_dynamo`. The library turns off the SDK's default features; your own `aws-sdk-dynamodb` dependency brings the HTTPS client. |
-//! | `http` | yes | [`http`]: the tower layer for HTTP services on any `http_body::Body`: `lambda_http`, axum, hyper. |
+//! | `http` | yes | [`http`]: the tower layer for HTTP services on any `http_body::Body`: axum, hyper, `lambda_http`. Needs none of Lambda's crates. |
+//! | `lambda` | yes | The HTTP layer in Lambda, on `lambda_http`: the caller, the API and the route from the request context, the lease until the invocation's deadline, the event's path and query, `lambda_http` bodies kept text or binary. An axum server outside Lambda turns the default features off and leaves it out. |
 //! | `axum` | no | In the HTTP layer, axum's route template (`MatchedPath`) in the scope and the path before `Router::nest` stripped it (`OriginalUri`) in the fingerprint, and axum bodies streamed on. Turn it on in an axum application. |
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer`, and `Batch` for SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS and EventBridge, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
 //! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
+//! | `powertools` | no | [`powertools`]: during a migration from Powertools for AWS Lambda, honour the idempotency records it wrote (DynamoDB, Redis). |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -240,14 +242,14 @@ pub mod fuzzing {
     /// to store: its status and headers, no body).
     pub fn decode_stored_response(
         bytes: &[u8],
-    ) -> Result<lambda_http::Response<lambda_http::Body>, Box<dyn std::error::Error + Send + Sync>>
+    ) -> Result<::http::Response<crate::http::StoredBody>, Box<dyn std::error::Error + Send + Sync>>
     {
         crate::http::decode_stored_response(bytes)
     }
 
     /// Encodes a response as the HTTP layer stores it.
     pub fn encode_stored_response(
-        response: lambda_http::Response<lambda_http::Body>,
+        response: ::http::Response<crate::http::StoredBody>,
     ) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
         crate::http::encode_stored_for_fuzzing(response)
     }

@@ -29,10 +29,9 @@
 mod store_url;
 
 use clap::{Args, Parser, Subcommand};
-use lambda_http::Body;
 use lambda_idempotency::{
     default_key_prefix,
-    http::{decode_stored_response, default_scope},
+    http::{decode_stored_response, default_scope, StoredBody as Body},
     store::{Record, Store},
     DynamoDbStore, Engine, Forgotten, StoreError,
 };

@@ -60,7 +60,7 @@ pub(crate) fn write_canonical<W: Write>(json: &[u8], out: &mut W) -> Result<(), 
 }
 
 /// The canonical form of `json`, as bytes.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[cfg_attr(not(feature = "lambda"), allow(dead_code))]
 pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
     let mut out = Vec::with_capacity(json.len());
     write_canonical(json, &mut out)?;

@@ -2,7 +2,9 @@
 
 mod canonical;
 
-pub(crate) use canonical::{canonical, pointed, write_canonical, Pointed};
+pub(crate) use canonical::{canonical, write_canonical};
+#[cfg(feature = "http")]
+pub(crate) use canonical::{pointed, Pointed};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -98,7 +100,7 @@ pub(crate) fn hash_part(hasher: &mut Sha256, part: &[u8]) {
 }
 
 /// `value` as canonical JSON (see the [`canonical`] module).
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[cfg_attr(not(feature = "lambda"), allow(dead_code))]
 pub(crate) fn canonical_json(value: &Value) -> Vec<u8> {
     // A `Value` always serialises, and cannot hold a duplicate key; only
     // nesting beyond the depth limit falls back to its plain serialisation.

@@ -3,19 +3,19 @@
 //! stored responses and problems, built in the handler's own body type.
 //! (The handler's response is read to be stored in `streaming`.)
 //!
-//! Internally a buffered body is a `lambda_http::Body` (empty, text or
-//! binary): the stored form of a response. A `lambda_http` body is taken
-//! as it is, without polling or copying, so its text or binary kind is
-//! kept exactly; any other body is collected.
+//! Stored responses are [`StoredBody`]s (empty, text or binary). With the
+//! `lambda` feature a `lambda_http` request body is taken as it is, without
+//! polling or copying, and a `lambda_http` handler gets its body back of
+//! the same kind; any other body is collected.
 
+use super::stored_body::StoredBody;
 use crate::error::BoxError;
 use bytes::Bytes;
+use http::{Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use lambda_http::{
-    http::{Request, Response},
-    Body as LambdaBody,
-};
+#[cfg(feature = "lambda")]
+use lambda_http::Body as LambdaBody;
 use std::any::Any;
 
 /// The default limit on a buffered request body: 6 MiB, Lambda's own limit
@@ -36,11 +36,13 @@ pub(crate) enum BodyError {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Kind {
     /// A `lambda_http` body of this kind.
+    #[cfg(feature = "lambda")]
     Lambda(LambdaKind),
     /// Any other body type, built from the bytes.
     Other,
 }
 
+#[cfg(feature = "lambda")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LambdaKind {
     Empty,
@@ -76,31 +78,32 @@ where
     B::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
-    let (bytes, kind) = match try_downcast::<LambdaBody, B>(body) {
+    #[cfg(feature = "lambda")]
+    let body = match try_downcast::<LambdaBody, B>(body) {
         Ok(body) => {
             let (bytes, kind) = lambda_bytes(body);
             if bytes.len() > limit {
                 return Err(BodyError::TooLarge);
             }
-            (bytes, Kind::Lambda(kind))
+            return Ok((Request::from_parts(parts, bytes), Kind::Lambda(kind)));
         }
-        Err(body) => {
-            // A declared length past the limit is refused before a byte is
-            // read.
-            if body.size_hint().lower() > limit as u64 {
-                return Err(BodyError::TooLarge);
-            }
-            let collected = Limited::new(body, limit).collect().await.map_err(|error| {
-                if error.is::<LengthLimitError>() {
-                    BodyError::TooLarge
-                } else {
-                    BodyError::Unreadable(error)
-                }
-            })?;
-            (collected.to_bytes(), Kind::Other)
-        }
+        Err(body) => body,
     };
-    Ok((Request::from_parts(parts, bytes), kind))
+    // A declared length past the limit is refused before a byte is read.
+    if body.size_hint().lower() > limit as u64 {
+        return Err(BodyError::TooLarge);
+    }
+    let collected = Limited::new(body, limit).collect().await.map_err(|error| {
+        if error.is::<LengthLimitError>() {
+            BodyError::TooLarge
+        } else {
+            BodyError::Unreadable(error)
+        }
+    })?;
+    Ok((
+        Request::from_parts(parts, collected.to_bytes()),
+        Kind::Other,
+    ))
 }
 
 /// The handler's request again, with the body it would have had.
@@ -111,6 +114,7 @@ where
     let (parts, bytes) = request.into_parts();
     let vec = Vec::from(bytes);
     let body = match kind {
+        #[cfg(feature = "lambda")]
         Kind::Lambda(kind) => {
             let body = match kind {
                 LambdaKind::Empty => LambdaBody::Empty,
@@ -120,13 +124,14 @@ where
                 },
                 LambdaKind::Binary => LambdaBody::Binary(vec),
             };
-            into_body(body)
+            try_downcast::<B, LambdaBody>(body).unwrap_or_else(|body| B::from(body.to_vec()))
         }
         Kind::Other => B::from(vec),
     };
     Request::from_parts(parts, body)
 }
 
+#[cfg(feature = "lambda")]
 fn lambda_bytes(body: LambdaBody) -> (Bytes, LambdaKind) {
     match body {
         LambdaBody::Empty => (Bytes::new(), LambdaKind::Empty),
@@ -137,19 +142,20 @@ fn lambda_bytes(body: LambdaBody) -> (Bytes, LambdaKind) {
     }
 }
 
-/// A stored or problem body in the handler's body type.
-pub(crate) fn into_body<B: From<Vec<u8>> + 'static>(body: LambdaBody) -> B {
-    match try_downcast::<B, LambdaBody>(body) {
-        Ok(body) => body,
-        Err(LambdaBody::Text(text)) => B::from(text.into_bytes()),
-        Err(LambdaBody::Binary(bytes)) => B::from(bytes),
-        Err(other) => B::from(other.to_vec()),
-    }
+/// A stored or problem body in the handler's body type: a `lambda_http`
+/// body of the same kind, or the bytes.
+pub(crate) fn into_body<B: From<Vec<u8>> + 'static>(body: StoredBody) -> B {
+    #[cfg(feature = "lambda")]
+    let body = match try_downcast::<B, LambdaBody>(LambdaBody::from(body)) {
+        Ok(body) => return body,
+        Err(other) => StoredBody::from(other),
+    };
+    B::from(body.into_bytes())
 }
 
 /// A stored or problem response in the handler's body type.
 pub(crate) fn into_response<B: From<Vec<u8>> + 'static>(
-    response: Response<LambdaBody>,
+    response: Response<StoredBody>,
 ) -> Response<B> {
     response.map(into_body)
 }

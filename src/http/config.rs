@@ -1,17 +1,14 @@
 //! The layer's configuration, shared by the layer and every service it
 //! makes, and its defaults.
 
+use super::stored_body::StoredBody;
 use super::{
     body::DEFAULT_BODY_LIMIT, key::KeySource, metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE,
     service::REPLAYED_HEADER, stored::ResponseCodec,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
-use lambda_http::http::HeaderMap;
-use lambda_http::{
-    http::{HeaderName, Method, Request, StatusCode},
-    Body, Response,
-};
+use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use std::{sync::Arc, time::Duration};
 use tokio_util::task::TaskTracker;
 
@@ -66,7 +63,7 @@ pub(crate) enum ScopeRule {
     Custom(ScopeFn),
 }
 pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
-pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<Body>, &Replayed) + Send + Sync>;
+pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<StoredBody>, &Replayed) + Send + Sync>;
 
 /// Everything an [`IdempotencyLayer`](super::IdempotencyLayer) is
 /// configured with.

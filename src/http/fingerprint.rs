@@ -2,11 +2,9 @@
 //! in a normal form so that one request always gives one fingerprint and two
 //! requests a handler can tell apart never share one.
 
+use super::lambda_context::{event_query_pairs, raw_path};
 use crate::Fingerprint;
-use lambda_http::{
-    aws_lambda_events::query_map::QueryMap, http::Request, request::RequestContext, RequestExt,
-};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use http::Request;
 
 /// The fingerprint of `request`.
 ///
@@ -53,7 +51,7 @@ pub fn request_fingerprint<B: AsRef<[u8]>>(request: &Request<B>) -> Fingerprint 
 /// The request's path as the event carries it, or the URI's path for a
 /// request built by hand.
 pub(crate) fn request_path<B>(request: &Request<B>) -> &str {
-    match request.raw_http_path() {
+    match raw_path(request) {
         "" => original_path(request),
         raw => raw,
     }
@@ -71,44 +69,17 @@ fn original_path<B>(request: &Request<B>) -> &str {
 }
 
 /// The query's decoded pairs, sorted by name (stable: a repeated name keeps
-/// the order of its values).
+/// the order of its values): those `lambda_http` read from the event, or
+/// the URI's query, form-decoded.
 fn query_pairs<B>(request: &Request<B>) -> Vec<(String, String)> {
-    let parsed;
-    let map = match request.request_context_ref() {
-        // From an event: the parameters lambda_http read from it.
-        Some(_) => match request.query_string_parameters_ref() {
-            Some(map) => map,
-            None => return Vec::new(),
-        },
-        None => {
-            parsed = request
-                .uri()
-                .query()
-                .unwrap_or_default()
-                .parse::<QueryMap>()
-                .unwrap_or_default();
-            &parsed
-        }
-    };
-    // `QueryMap::iter` panics on a name without values, which no event
-    // yields (lambda_http has iterated such a map already) but a map built
-    // by hand could: such a query counts as none rather than a panic.
-    let pairs = catch_unwind(AssertUnwindSafe(|| {
-        map.iter()
-            .map(|(name, value)| (name.to_owned(), value.to_owned()))
-            .collect::<Vec<_>>()
-    }));
-    let mut pairs = pairs.unwrap_or_default();
-    if matches!(request.request_context_ref(), Some(RequestContext::Alb(_))) {
-        // lambda_http decodes an ALB query by joining its parameters in a
-        // hash map's order and splitting the result again, so a name or
-        // value holding a literal `&` or `=` (which ALB itself would have
-        // percent-encoded) comes out in an order of the moment: sort the
-        // values too.
-        pairs.sort();
-    } else {
-        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(pairs) = event_query_pairs(request) {
+        return pairs;
     }
+    let query = request.uri().query().unwrap_or_default();
+    let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+        .map(|(name, value)| (name.into_owned(), value.into_owned()))
+        .collect();
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
     pairs
 }
 

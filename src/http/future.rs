@@ -1,7 +1,7 @@
 //! [`ResponseFuture`]: the future of an [`Idempotency`](super::Idempotency)
 //! service.
 
-use lambda_http::Response;
+use http::Response;
 use std::{
     fmt,
     future::Future,

@@ -5,7 +5,7 @@
 
 use crate::fingerprint::{pointed, Pointed};
 use bytes::Bytes;
-use lambda_http::http::{HeaderName, Request};
+use http::{HeaderName, Request};
 use std::{fmt, sync::Arc};
 
 /// The longest key accepted, in characters (Stripe's limit).

@@ -1,5 +1,6 @@
 //! [`IdempotencyLayer`]: the layer, configured with builder methods.
 
+use super::stored_body::StoredBody;
 use super::{
     config::{Config, ScopeRule},
     in_flight::InFlight,
@@ -10,10 +11,7 @@ use super::{
 };
 use crate::{store::Store, Engine, Mode, Replayed};
 use bytes::Bytes;
-use lambda_http::{
-    http::{HeaderMap, HeaderName, Method, Request, StatusCode},
-    Body, Response,
-};
+use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use std::{fmt, sync::Arc, time::Duration};
 use tower::Layer;
 
@@ -184,7 +182,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// ```
     pub fn on_replay(
         mut self,
-        hook: impl Fn(&mut Response<Body>, &Replayed) + Send + Sync + 'static,
+        hook: impl Fn(&mut Response<StoredBody>, &Replayed) + Send + Sync + 'static,
     ) -> Self {
         self.config.on_replay = Some(Arc::new(hook));
         self

@@ -348,12 +348,18 @@ mod fingerprint;
 mod future;
 mod in_flight;
 mod key;
+#[cfg(feature = "lambda")]
+mod lambda_context;
+#[cfg(not(feature = "lambda"))]
+#[path = "no_lambda_context.rs"]
+mod lambda_context;
 mod layer;
 mod metrics;
 mod problem;
 mod scope;
 mod service;
 mod stored;
+mod stored_body;
 mod streaming;
 
 pub use body::DEFAULT_BODY_LIMIT;
@@ -366,11 +372,15 @@ pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;
-pub use scope::{default_scope, principal, route, ANONYMOUS};
+#[cfg(feature = "lambda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
+pub use scope::principal;
+pub use scope::{default_scope, route, ANONYMOUS};
 pub use service::{Idempotency, REPLAYED_HEADER};
 pub use stored::{
     default_stored_headers, BODY_HEADERS, DEFAULT_COMPRESS_ABOVE, MAX_STORED_RESPONSE,
 };
+pub use stored_body::StoredBody;
 pub use streaming::StreamResponse;
 
 /// Decodes a response as the layer stored it in a record's `response`: for
@@ -378,11 +388,11 @@ pub use streaming::StreamResponse;
 /// large to store comes back as its status and headers, with no body.
 pub fn decode_stored_response(
     bytes: &[u8],
-) -> Result<Response<Body>, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<Response<StoredBody>, Box<dyn std::error::Error + Send + Sync>> {
     match stored::ResponseCodec::default().decode(bytes)? {
         stored::StoredResponse::Full(response) => Ok(response),
         stored::StoredResponse::NotStored { status, headers } => {
-            let mut response = Response::new(Body::Empty);
+            let mut response = Response::new(StoredBody::Empty);
             *response.status_mut() = status;
             *response.headers_mut() = headers;
             Ok(response)
@@ -392,14 +402,16 @@ pub fn decode_stored_response(
 
 /// Encodes a response as the layer stores it (for the fuzz targets).
 #[cfg(feature = "fuzzing")]
-pub(crate) fn encode_stored_for_fuzzing(response: Response<Body>) -> Result<Vec<u8>, BoxError> {
+pub(crate) fn encode_stored_for_fuzzing(
+    response: Response<StoredBody>,
+) -> Result<Vec<u8>, BoxError> {
     stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response))
 }
 
 #[cfg(feature = "fuzzing")]
 use crate::error::BoxError;
 use crate::Codec;
-use lambda_http::{Body, Response};
+use http::Response;
 
 #[cfg(test)]
 mod generic_tests;

@@ -2,11 +2,9 @@
 //! with a stable `type` per error.
 
 use super::key::KeyError;
+use super::stored_body::StoredBody;
 use crate::{Error, StoreErrorKind};
-use lambda_http::{
-    http::{header, HeaderValue, StatusCode},
-    Body, Response,
-};
+use http::{header, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -253,7 +251,7 @@ impl Problem {
     }
 
     /// The response, with `base` as the prefix of the problem `type`.
-    pub(crate) fn to_response(&self, base: &str) -> Response<Body> {
+    pub(crate) fn to_response(&self, base: &str) -> Response<StoredBody> {
         let status = self.status();
         let body = Body9457 {
             kind: format!("{base}{}", self.slug()),
@@ -263,7 +261,7 @@ impl Problem {
         };
         // Serialising a struct of strings and a number cannot fail.
         let json = serde_json::to_string(&body).unwrap_or_default();
-        let mut response = Response::new(Body::Text(json));
+        let mut response = Response::new(StoredBody::Text(json));
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(
@@ -296,7 +294,7 @@ mod tests {
             "application/problem+json"
         );
         assert_eq!(response.headers()[header::RETRY_AFTER], "7");
-        let Body::Text(text) = response.body() else {
+        let StoredBody::Text(text) = response.body() else {
             panic!("text body")
         };
         let json: serde_json::Value = serde_json::from_str(text).unwrap();
@@ -357,7 +355,7 @@ mod tests {
         for (error, slug, status, retry_after) in cases {
             let response = Problem::from(&error).to_response(DEFAULT_PROBLEM_BASE);
             assert_eq!(response.status().as_u16(), status, "{slug}");
-            let Body::Text(text) = response.body() else {
+            let StoredBody::Text(text) = response.body() else {
                 panic!("text body")
             };
             assert!(text.contains(slug), "{text}");

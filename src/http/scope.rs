@@ -1,35 +1,16 @@
 //! The scope of a request's key: who is calling, and which operation, from
-//! the trusted request context that API Gateway or Lambda fills in. Never
-//! from a header: the client controls those.
-//!
-//! The caller is the most specific identity the context holds (see the
-//! table in the [module docs](super#who-the-caller-is)): a Cognito identity
-//! id rather than the role every identity-pool user shares, and an
-//! authenticated request is never anonymous.
+//! the trusted request context that API Gateway or Lambda fills in (see
+//! `lambda_context`), or from the layer's configuration outside Lambda.
+//! Never from a header: the client controls those.
 
 use super::fingerprint::request_path;
-use lambda_http::{
-    aws_lambda_events::apigw::{
-        ApiGatewayProxyRequestContext, ApiGatewayRequestAuthorizer,
-        ApiGatewayRequestAuthorizerIamDescription, ApiGatewayV2httpRequestContext,
-    },
-    http::Request,
-    request::RequestContext,
-    RequestExt,
-};
-use serde_json::{Map, Value};
-use std::collections::HashMap;
+#[cfg(feature = "lambda")]
+pub use super::lambda_context::principal;
+use super::lambda_context::{entry_point, lambda_route};
+use http::Request;
 
 /// The principal of requests without an authenticated caller.
 pub const ANONYMOUS: &str = "anonymous";
-
-/// Claims that change with every token of the same caller: left out when a
-/// token without `sub`, `client_id` or `azp` is identified by its claims, so
-/// a retry with a refreshed token is the same caller.
-const PER_TOKEN_CLAIMS: [&str; 5] = ["exp", "iat", "nbf", "jti", "auth_time"];
-
-/// What API Gateway adds to a Lambda authorizer's context on every request.
-const PER_REQUEST_FIELDS: [&str; 1] = ["integrationLatency"];
 
 /// The principal, the entry point and the route of `request`, as one scope
 /// string.
@@ -49,7 +30,7 @@ const PER_REQUEST_FIELDS: [&str; 1] = ["integrationLatency"];
 /// otherwise it answers it with a `500` that names the fix. Name the caller
 /// with [`IdempotencyLayer::caller`](super::IdempotencyLayer::caller).
 pub fn default_scope<B>(request: &Request<B>) -> String {
-    scope_of(principal(request), request)
+    scope_of(super::lambda_context::principal(request), request)
 }
 
 /// The scope of `request` for the caller `principal` (`None`: anonymous):
@@ -87,181 +68,4 @@ pub fn route<B>(request: &Request<B>) -> String {
         return format!("{} {}", request.method(), matched.as_str());
     }
     format!("{} {}", request.method(), request_path(request))
-}
-
-/// The authenticated caller of `request`, or `None` when its context holds
-/// no caller identity (no authorizer, an ALB, a Function URL with auth type
-/// `NONE`).
-///
-/// The value is a JSON array naming the kind of identity and its
-/// identifying fields, for example `["jwt","https://issuer","user-1"]` or
-/// `["cognito_identity","eu-west-1:pool","eu-west-1:id"]`: unambiguous, so
-/// no identity of one kind can be made to read as another. Which fields
-/// make it, for every integration and authorizer, is the table in the
-/// [module docs](super#who-the-caller-is).
-pub fn principal<B>(request: &Request<B>) -> Option<String> {
-    match request.request_context_ref()? {
-        RequestContext::ApiGatewayV1(context) => rest_api_principal(context),
-        RequestContext::ApiGatewayV2(context) => http_api_principal(context),
-        _ => None,
-    }
-}
-
-fn entry_point<B>(request: &Request<B>) -> Option<String> {
-    let (api, stage) = match request.request_context_ref()? {
-        RequestContext::ApiGatewayV1(context) => (&context.apiid, &context.stage),
-        RequestContext::ApiGatewayV2(context) => (&context.apiid, &context.stage),
-        RequestContext::Alb(context) => return context.elb.target_group_arn.clone(),
-        _ => return None,
-    };
-    Some(tagged(
-        "api",
-        &[
-            non_empty(api).unwrap_or_default(),
-            non_empty(stage).unwrap_or_default(),
-        ],
-    ))
-}
-
-fn lambda_route<B>(request: &Request<B>) -> Option<String> {
-    match request.request_context_ref()? {
-        RequestContext::ApiGatewayV2(context) => context
-            .route_key
-            .clone()
-            .filter(|route| route != "$default"),
-        RequestContext::ApiGatewayV1(context) => context
-            .resource_path
-            .as_ref()
-            .map(|resource| format!("{} {resource}", context.http_method)),
-        _ => None,
-    }
-}
-
-/// REST API (v1): the authorizer's claims or context first, then the
-/// caller's IAM identity (a Cognito identity before the role it assumed),
-/// then the API key.
-fn rest_api_principal(context: &ApiGatewayProxyRequestContext) -> Option<String> {
-    if let Some(principal) = authorizer_fields_principal(&context.authorizer.fields) {
-        return Some(principal);
-    }
-    let identity = &context.identity;
-    if let Some(id) = non_empty(&identity.cognito_identity_id) {
-        let pool = non_empty(&identity.cognito_identity_pool_id).unwrap_or_default();
-        return Some(tagged("cognito_identity", &[pool, id]));
-    }
-    if let Some(arn) = non_empty(&identity.user_arn) {
-        return Some(tagged("iam", &[arn]));
-    }
-    if let Some(user) = non_empty(&identity.user).or(non_empty(&identity.caller)) {
-        return Some(tagged("iam_user", &[user]));
-    }
-    // The key's id, never the key itself (a secret).
-    non_empty(&identity.api_key_id).map(|id| tagged("api_key", &[id]))
-}
-
-/// HTTP API (v2) and Function URLs: the JWT authorizer's claims, the IAM
-/// identity (a Cognito identity before the role it assumed), or the Lambda
-/// authorizer's context.
-fn http_api_principal(context: &ApiGatewayV2httpRequestContext) -> Option<String> {
-    let authorizer: &ApiGatewayRequestAuthorizer = context.authorizer.as_ref()?;
-    if let Some(jwt) = &authorizer.jwt {
-        let claims: Map<String, Value> = jwt
-            .claims
-            .iter()
-            .map(|(name, value)| (name.clone(), Value::String(value.clone())))
-            .collect();
-        return Some(claims_principal(&claims));
-    }
-    if let Some(iam) = &authorizer.iam {
-        return Some(iam_principal(iam));
-    }
-    authorizer_fields_principal(&authorizer.fields)
-}
-
-fn iam_principal(iam: &ApiGatewayRequestAuthorizerIamDescription) -> String {
-    if let Some(cognito) = &iam.cognito_identity {
-        if let Some(id) = non_empty(&cognito.identity_id) {
-            let pool = non_empty(&cognito.identity_pool_id).unwrap_or_default();
-            return tagged("cognito_identity", &[pool, id]);
-        }
-    }
-    if let Some(arn) = non_empty(&iam.user_arn) {
-        return tagged("iam", &[arn]);
-    }
-    if let Some(user) = non_empty(&iam.user_id).or(non_empty(&iam.caller_id)) {
-        return tagged("iam_user", &[user]);
-    }
-    // Authenticated, but with nothing that names the caller: everything
-    // the context says, so such callers are at least not anonymous.
-    let context = serde_json::to_value(iam).unwrap_or_default();
-    tagged("iam_context", &[&canonical_text(&context)])
-}
-
-/// A REST API authorizer's fields (a Cognito user pool's `claims`, or a
-/// Lambda authorizer's `principalId` and context), or an HTTP API Lambda
-/// authorizer's context.
-fn authorizer_fields_principal(fields: &HashMap<String, Value>) -> Option<String> {
-    if let Some(claims) = fields.get("claims").and_then(Value::as_object) {
-        return Some(claims_principal(claims));
-    }
-    let context: Map<String, Value> = fields
-        .iter()
-        .filter(|(name, _)| !PER_REQUEST_FIELDS.contains(&name.as_str()))
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect();
-    if context.is_empty() {
-        return None;
-    }
-    // The whole context, not only `principalId`: authorizers that return a
-    // fixed principalId and put the user in the context are common, and
-    // their callers must not share a scope.
-    Some(tagged(
-        "lambda",
-        &[&canonical_text(&Value::Object(context))],
-    ))
-}
-
-/// A JWT's caller: `iss` and `sub`; without `sub` (client-credentials
-/// tokens of many identity providers), `iss` and `client_id` (or `azp`);
-/// without either, every claim but the per-token ones.
-fn claims_principal(claims: &Map<String, Value>) -> String {
-    let claim = |name: &str| claims.get(name).map(text).filter(|value| !value.is_empty());
-    let issuer = claim("iss").unwrap_or_default();
-    if let Some(subject) = claim("sub") {
-        return tagged("jwt", &[&issuer, &subject]);
-    }
-    if let Some(client) = claim("client_id").or_else(|| claim("azp")) {
-        return tagged("jwt_client", &[&issuer, &client]);
-    }
-    let stable: Map<String, Value> = claims
-        .iter()
-        .filter(|(name, _)| !PER_TOKEN_CLAIMS.contains(&name.as_str()))
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect();
-    tagged("jwt_claims", &[&canonical_text(&Value::Object(stable))])
-}
-
-/// `["kind", part, …]` as JSON: a principal no other kind or split of parts
-/// can spell.
-fn tagged(kind: &str, parts: &[&str]) -> String {
-    let mut array = Vec::with_capacity(parts.len() + 1);
-    array.push(kind);
-    array.extend_from_slice(parts);
-    // An array of strings always serialises.
-    serde_json::to_string(&array).unwrap_or_default()
-}
-
-fn text(value: &Value) -> String {
-    match value {
-        Value::String(text) => text.clone(),
-        other => canonical_text(other),
-    }
-}
-
-fn canonical_text(value: &Value) -> String {
-    String::from_utf8_lossy(&crate::fingerprint::canonical_json(value)).into_owned()
-}
-
-fn non_empty(value: &Option<String>) -> Option<&str> {
-    value.as_deref().filter(|value| !value.is_empty())
 }

@@ -1,5 +1,6 @@
 //! [`Idempotency`]: the service the layer wraps around a handler.
 
+use super::stored_body::StoredBody;
 use super::{
     body::{buffer_request, into_response, rebuild_request, BodyError},
     commit::CommitWith,
@@ -7,6 +8,7 @@ use super::{
     fingerprint::request_fingerprint,
     future::ResponseFuture,
     key::{parse_key, KeyError, Source},
+    lambda_context,
     metrics::HttpOutcome,
     problem::{KeyPlace, Problem},
     scope::{default_scope, scope_of},
@@ -18,11 +20,8 @@ use crate::{
     Fingerprint, Outcome, OutcomeKind, StoreErrorKind,
 };
 use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
 use http_body::Body as HttpBody;
-use lambda_http::{
-    http::{HeaderValue, Request},
-    Body, RequestExt, Response,
-};
 use std::{
     sync::Arc,
     task::{Context, Poll},
@@ -244,7 +243,7 @@ where
     if let Some(answer) = powertools_answer(config, &request, &scope, &key).await {
         return answer;
     }
-    let deadline_ms = request.lambda_context_ref().map(|context| context.deadline);
+    let deadline_ms = lambda_context::deadline_ms(&request);
     let fingerprint = request_fingerprint(&request);
     let request = rebuild_request(request, kind);
     let claimed = Claimed {
@@ -389,7 +388,7 @@ fn scope<St>(config: &Config<St>, request: &Request<Bytes>) -> Option<String> {
             None => scope_of(None, request),
         }),
         ScopeRule::Shared => Some(default_scope(request)),
-        ScopeRule::LambdaContext if request.request_context_ref().is_some() => {
+        ScopeRule::LambdaContext if lambda_context::has_context(request) => {
             Some(default_scope(request))
         }
         ScopeRule::LambdaContext => {
@@ -604,7 +603,7 @@ fn http_outcome(kind: OutcomeKind) -> HttpOutcome {
 
 /// A stored response as the client gets it: whole, or, for one too large to
 /// store, its status and stored headers with a problem body that says so.
-fn render_stored<St>(config: &Config<St>, stored: StoredResponse) -> Response<Body> {
+fn render_stored<St>(config: &Config<St>, stored: StoredResponse) -> Response<StoredBody> {
     match stored {
         StoredResponse::Full(response) => response,
         StoredResponse::NotStored { status, headers } => {

@@ -9,12 +9,10 @@
 //! body (deflate-compressed when FLAG_DEFLATE is set)
 //! ```
 
+use super::stored_body::StoredBody;
 use crate::{error::BoxError, Codec};
 use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
-use lambda_http::{
-    http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode},
-    Body, Response,
-};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use std::io::{Read, Write};
 
 const VERSION: u8 = 1;
@@ -67,7 +65,7 @@ pub(crate) const MAX_BODY: u64 = 16 * 1024 * 1024;
 #[derive(Debug)]
 pub(crate) enum StoredResponse {
     /// The whole response: status, stored headers and body.
-    Full(Response<Body>),
+    Full(Response<StoredBody>),
     /// A response too large to store: its status and stored headers only.
     /// Retries learn that it was processed, not what it said.
     NotStored {
@@ -95,7 +93,7 @@ impl Default for ResponseCodec {
 }
 
 impl ResponseCodec {
-    fn frame(&self, response: &Response<Body>, body: Option<&[u8]>, flags: u8) -> Vec<u8> {
+    fn frame(&self, response: &Response<StoredBody>, body: Option<&[u8]>, flags: u8) -> Vec<u8> {
         let body = body.unwrap_or_default();
         let mut out = Vec::with_capacity(16 + body.len());
         out.push(VERSION);
@@ -136,17 +134,16 @@ impl Codec<StoredResponse> for ResponseCodec {
         let response = match stored {
             StoredResponse::Full(response) => response,
             StoredResponse::NotStored { status, headers } => {
-                let mut head = Response::new(Body::Empty);
+                let mut head = Response::new(StoredBody::Empty);
                 *head.status_mut() = *status;
                 *head.headers_mut() = headers.clone();
                 return Ok(self.frame(&head, None, FLAG_NOT_STORED));
             }
         };
         let (body, kind): (&[u8], u8) = match response.body() {
-            Body::Empty => (&[], 0),
-            Body::Text(text) => (text.as_bytes(), FLAG_TEXT),
-            Body::Binary(bytes) => (bytes, FLAG_BINARY),
-            _ => (response.body().as_ref(), FLAG_BINARY),
+            StoredBody::Empty => (&[], 0),
+            StoredBody::Text(text) => (text.as_bytes(), FLAG_TEXT),
+            StoredBody::Binary(bytes) => (bytes, FLAG_BINARY),
         };
         if body.len() as u64 > MAX_BODY {
             // Compressible enough to fit an item, but past what a replay
@@ -194,7 +191,7 @@ impl Codec<StoredResponse> for ResponseCodec {
         let flags = reader.u8()?;
         let status = StatusCode::from_u16(reader.u16()?)?;
         let count = reader.u32()?;
-        let mut response = Response::new(Body::Empty);
+        let mut response = Response::new(StoredBody::Empty);
         *response.status_mut() = status;
         for _ in 0..count {
             let name = HeaderName::from_bytes(reader.bytes()?)?;
@@ -220,11 +217,11 @@ impl Codec<StoredResponse> for ResponseCodec {
             reader.0.to_vec()
         };
         *response.body_mut() = if flags & FLAG_TEXT != 0 {
-            Body::Text(String::from_utf8(body)?)
+            StoredBody::Text(String::from_utf8(body)?)
         } else if flags & FLAG_BINARY != 0 {
-            Body::Binary(body)
+            StoredBody::Binary(body)
         } else {
-            Body::Empty
+            StoredBody::Empty
         };
         Ok(StoredResponse::Full(response))
     }
@@ -272,13 +269,13 @@ mod tests {
         }
     }
 
-    fn store(codec: &ResponseCodec, response: Response<Body>) -> Vec<u8> {
+    fn store(codec: &ResponseCodec, response: Response<StoredBody>) -> Vec<u8> {
         codec
             .encode(&StoredResponse::Full(response))
             .expect("encodes")
     }
 
-    fn replay(codec: &ResponseCodec, bytes: &[u8]) -> Response<Body> {
+    fn replay(codec: &ResponseCodec, bytes: &[u8]) -> Response<StoredBody> {
         match codec.decode(bytes).expect("decodes") {
             StoredResponse::Full(response) => response,
             other => panic!("expected a whole response, got {other:?}"),
@@ -292,7 +289,7 @@ mod tests {
         }
     }
 
-    fn response(body: Body) -> Response<Body> {
+    fn response(body: StoredBody) -> Response<StoredBody> {
         Response::builder()
             .status(201)
             .header(header::CONTENT_TYPE, "application/json")
@@ -308,11 +305,11 @@ mod tests {
         let codec = codec();
         let bodies = || {
             [
-                Body::Empty,
-                Body::Text("{\"id\":\"ch_1\"}".into()),
-                Body::Binary(vec![0, 159, 146, 150, 255]),
-                Body::Text("é".repeat(10_000)),
-                Body::Binary((0..200_000u32).map(|i| (i % 251) as u8).collect()),
+                StoredBody::Empty,
+                StoredBody::Text("{\"id\":\"ch_1\"}".into()),
+                StoredBody::Binary(vec![0, 159, 146, 150, 255]),
+                StoredBody::Text("é".repeat(10_000)),
+                StoredBody::Binary((0..200_000u32).map(|i| (i % 251) as u8).collect()),
             ]
         };
         for (body, expected) in bodies().into_iter().zip(bodies()) {
@@ -335,7 +332,7 @@ mod tests {
     #[test]
     fn large_bodies_are_compressed() {
         let body = "{\"item\":\"repeated\"},".repeat(5_000);
-        let bytes = store(&codec(), response(Body::Text(body.clone())));
+        let bytes = store(&codec(), response(StoredBody::Text(body.clone())));
         assert!(bytes.len() < body.len() / 10, "{} bytes", bytes.len());
         assert_eq!(bytes[1] & FLAG_DEFLATE, FLAG_DEFLATE);
     }
@@ -349,7 +346,7 @@ mod tests {
         let noise: Vec<u8> = std::iter::repeat_with(|| rng.u8(..))
             .take(64 * 1024)
             .collect();
-        let bytes = store(&codec, response(Body::Binary(noise)));
+        let bytes = store(&codec, response(StoredBody::Binary(noise)));
         assert!(bytes.len() <= codec.max_stored);
         let (status, headers) = not_stored(&codec, &bytes);
         assert_eq!(status, StatusCode::CREATED, "the original status");
@@ -364,7 +361,7 @@ mod tests {
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         let codec = codec();
-        let good = store(&codec, response(Body::Text("hello".repeat(1000))));
+        let good = store(&codec, response(StoredBody::Text("hello".repeat(1000))));
         for len in 0..good.len().min(64) {
             let _ = codec.decode(&good[..len]);
         }
@@ -390,13 +387,13 @@ mod tests {
     fn a_body_past_the_replay_limit_is_refused_at_store_time() {
         let codec = codec();
         let huge = "a".repeat(MAX_BODY as usize + 1);
-        let bytes = store(&codec, response(Body::Text(huge)));
+        let bytes = store(&codec, response(StoredBody::Text(huge)));
         assert_eq!(bytes[1] & FLAG_NOT_STORED, FLAG_NOT_STORED);
         let (status, headers) = not_stored(&codec, &bytes);
         assert_eq!(status, StatusCode::CREATED);
         assert_eq!(headers[header::LOCATION], "/v1/charges/ch_1");
         let limit = "a".repeat(MAX_BODY as usize);
-        let bytes = store(&codec, response(Body::Text(limit.clone())));
-        assert_eq!(replay(&codec, &bytes).body(), &Body::Text(limit));
+        let bytes = store(&codec, response(StoredBody::Text(limit.clone())));
+        assert_eq!(replay(&codec, &bytes).body(), &StoredBody::Text(limit));
     }
 }

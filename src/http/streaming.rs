@@ -4,15 +4,15 @@
 //! layer read. Either way the record completes without the body, so
 //! retries get the not-stored answer and nothing runs twice.
 
+use super::stored_body::StoredBody;
 use super::{body::try_downcast, config::StreamFn};
 use crate::error::BoxError;
 use bytes::{Buf, Bytes};
+use http::{header, response::Parts};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
-use lambda_http::{
-    http::{header, response::Parts},
-    Body as LambdaBody,
-};
+#[cfg(feature = "lambda")]
+use lambda_http::Body as LambdaBody;
 use std::{
     any::TypeId,
     collections::VecDeque,
@@ -59,7 +59,7 @@ pub(crate) fn streams(parts: &Parts, predicate: Option<&StreamFn>) -> bool {
 /// A response body, read as far as the layer may hold it.
 pub(crate) enum Read<B> {
     /// The whole body, to store.
-    Whole(LambdaBody),
+    Whole(StoredBody),
     /// Longer than `limit`: the body as the client gets it, the part read
     /// first and then the rest as it comes.
     Streams(B),
@@ -77,15 +77,17 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    #[cfg(feature = "lambda")]
     let body = match try_downcast::<LambdaBody, B>(body) {
-        Ok(whole) => return Ok(Read::Whole(whole)),
+        Ok(whole) => return Ok(Read::Whole(StoredBody::from(whole))),
         Err(body) => body,
     };
     if body.size_hint().lower() > limit as u64 {
         return Ok(Read::Streams(body));
     }
     if !can_restream::<B>() {
-        return whole(body.collect().await.map_err(Into::into)?.to_bytes()).map(Read::Whole);
+        let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+        return Ok(Read::Whole(StoredBody::from_bytes(Vec::from(bytes))));
     }
     let mut rest = Box::pin(body);
     let mut prefix: VecDeque<Bytes> = VecDeque::new();
@@ -96,7 +98,7 @@ where
             for chunk in prefix {
                 bytes.extend_from_slice(&chunk);
             }
-            return whole(Bytes::from(bytes)).map(Read::Whole);
+            return Ok(Read::Whole(StoredBody::from_bytes(bytes)));
         };
         // Trailers end a body: they are not stored, as `collect` drops them.
         let Ok(mut data) = frame.map_err(Into::into)?.into_data() else {
@@ -111,17 +113,6 @@ where
                 .ok_or_else(|| "the response body's type cannot be streamed on".into());
         }
     }
-}
-
-/// A whole body as it is stored: text when it is UTF-8.
-fn whole(bytes: Bytes) -> Result<LambdaBody, BoxError> {
-    if bytes.is_empty() {
-        return Ok(LambdaBody::Empty);
-    }
-    Ok(match String::from_utf8(Vec::from(bytes)) {
-        Ok(text) => LambdaBody::Text(text),
-        Err(error) => LambdaBody::Binary(error.into_bytes()),
-    })
 }
 
 type UnsyncBox = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -240,7 +231,7 @@ mod tests {
     #[test]
     fn event_streams_and_marked_responses_pass_through() {
         let parts = |content_type: &str, marked: bool| {
-            let mut response = lambda_http::http::Response::builder()
+            let mut response = http::Response::builder()
                 .header(header::CONTENT_TYPE, content_type)
                 .body(())
                 .expect("response");

@@ -2,11 +2,9 @@
 //! key expressions read, and Powertools' stored proxy response as a
 //! response.
 
+use crate::http::StoredBody;
 use bytes::Bytes;
-use lambda_http::{
-    http::{header::SET_COOKIE, HeaderName, HeaderValue, Request, StatusCode},
-    Body, Response,
-};
+use http::{header::SET_COOKIE, HeaderName, HeaderValue, Request, Response, StatusCode};
 use serde_json::{Map, Value};
 
 /// What an `event_key_jmespath` can read of an HTTP request: `headers`
@@ -40,7 +38,7 @@ pub(crate) fn request_view(request: &Request<Bytes>) -> Value {
 /// `multiValueHeaders`, `cookies` (HTTP API), and `body`, decoded from
 /// base64 when `isBase64Encoded`. Anything else is an error that names what
 /// is wrong (the record cannot be replayed as HTTP).
-pub(crate) fn proxy_response(data: Option<&str>) -> Result<Response<Body>, String> {
+pub(crate) fn proxy_response(data: Option<&str>) -> Result<Response<StoredBody>, String> {
     let data = data.ok_or("the COMPLETED record holds no response")?;
     let value: Value =
         serde_json::from_str(data).map_err(|e| format!("the response is not JSON: {e}"))?;
@@ -53,7 +51,7 @@ pub(crate) fn proxy_response(data: Option<&str>) -> Result<Response<Body>, Strin
         .and_then(|code| u16::try_from(code).ok())
         .and_then(|code| StatusCode::from_u16(code).ok())
         .ok_or("the response has no valid statusCode")?;
-    let mut response = Response::new(Body::Empty);
+    let mut response = Response::new(StoredBody::Empty);
     *response.status_mut() = status;
     let headers = response.headers_mut();
     let mut add = |name: &str, value: &Value| -> Result<(), String> {
@@ -98,11 +96,11 @@ pub(crate) fn proxy_response(data: Option<&str>) -> Result<Response<Body>, Strin
         .and_then(Value::as_bool)
         .unwrap_or(false);
     *response.body_mut() = match dict.get("body") {
-        None | Some(Value::Null) => Body::Empty,
-        Some(Value::String(text)) if base64 => Body::Binary(
+        None | Some(Value::Null) => StoredBody::Empty,
+        Some(Value::String(text)) if base64 => StoredBody::Binary(
             decode_base64(text).ok_or("the body is marked base64 but does not decode")?,
         ),
-        Some(Value::String(text)) => Body::Text(text.clone()),
+        Some(Value::String(text)) => StoredBody::Text(text.clone()),
         Some(_) => return Err("the body is not a string".to_owned()),
     };
     Ok(response)
@@ -141,7 +139,7 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
 
-    fn body_bytes(response: &Response<Body>) -> Vec<u8> {
+    fn body_bytes(response: &Response<StoredBody>) -> Vec<u8> {
         response.body().as_ref().to_vec()
     }
 
