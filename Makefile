@@ -45,11 +45,12 @@ demo: $(VENV)/.installed
 test: lint package validate integration e2e sam-local
 
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
-## every package of the workspace, the declared rust-version against every
+## every package of the workspace and on the Lambda-free HTTP layer, the declared rust-version against every
 ## dependency (scripts/check-msrv), and the docs as docs.rs builds them.
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,consumers,postgres,redis,testing,powertools
 

@@ -55,11 +55,9 @@ impl InFlight {
         // Closing only lets `wait` finish once the tracker is empty; work
         // can still be added, and is still tracked.
         self.tracker.close();
-        let drained = tokio::time::timeout(timeout, self.tracker.wait())
+        tokio::time::timeout(timeout, self.tracker.wait())
             .await
-            .is_ok();
-        self.tracker.reopen();
-        drained
+            .is_ok()
     }
 }
 

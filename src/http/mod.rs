@@ -209,14 +209,14 @@
 //! in Lambda. Without the feature the layer sees the path axum hands it,
 //! which `nest` strips: turn the feature on in an axum application.
 //!
-//! Which requests reach the layer: `Router::layer` and
-//! `Router::route_layer` wrap every route's handlers and axum's own `405`
-//! answer to a method the route does not serve, so a keyless `POST` to a
-//! `GET` route is answered `400` (key missing) before axum can say `405`;
-//! with a key it gets axum's `405`, which is never stored.
-//! `MethodRouter::route_layer` (`post(handler).route_layer(layer)`) wraps
-//! the handlers only: axum answers `405` first, key or not. A `404` never
-//! reaches the layer.
+//! Which requests reach the layer: `Router::layer`, `Router::route_layer`
+//! and `MethodRouter::layer` wrap every method's handler and axum's own
+//! `405` answer to a method the route does not serve, so a keyless `POST`
+//! to a `GET` route is answered `400` (key missing) before axum can say
+//! `405`; with a key it gets axum's `405`, which is never stored.
+//! `MethodRouter::route_layer` (`get(report).post(create).route_layer(layer)`)
+//! wraps the handlers only: axum answers `405` first, key or not. A `404`
+//! never reaches the layer.
 //!
 //! ```
 //! use axum::{extract::Path, http::StatusCode, routing::{get, post}, Json, Router};

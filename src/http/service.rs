@@ -148,6 +148,8 @@ enum Failure<E, R> {
     /// It never does (it asks at most once per call, and a call that finds
     /// the key in progress runs nothing); answered as an internal error.
     AlreadyRun,
+    /// The runtime cancelled the request's task: it is shutting down.
+    Cancelled,
 }
 
 /// A response that goes to the client as the handler made it, its body
@@ -314,8 +316,7 @@ where
         .unwrap_or_else(|| {
             // Only a runtime that shuts down cancels the task, and this
             // future goes with it: answered, should it be polled.
-            tracing::error!("the request's task was cancelled (the runtime is shutting down); its record stays in progress until its lease lapses");
-            (Err(Error::Operation(Failure::AlreadyRun)), None)
+            (Err(Error::Operation(Failure::Cancelled)), None)
         })
 }
 
@@ -567,6 +568,13 @@ fn respond<St, E, R: From<Vec<u8>> + 'static>(
             return (
                 HttpOutcome::HandlerError,
                 Ok(problem_response(config, &Problem::ResponseUnreadable)),
+            );
+        }
+        Err(Error::Operation(Failure::Cancelled)) => {
+            tracing::error!("the request's task was cancelled (the runtime is shutting down); its record stays in progress until its lease lapses");
+            return (
+                HttpOutcome::StoreError,
+                Ok(problem_response(config, &Problem::Internal)),
             );
         }
         Err(Error::Operation(Failure::AlreadyRun)) => {
