@@ -1,252 +1,187 @@
-//! [`ClaimHandle`]: what an operation knows about its claim, and how it
-//! keeps it.
+//! The claim loop: claim the key, take over a lapsed claim, and decide what
+//! a refusal means.
 
+use super::{
+    conflicts::{conflict_backoff, CONFLICT_TRIES},
+    Engine, MIN_LEASE_MS,
+};
 use crate::{
-    store::{Conditional, Extension, OwnerToken, RecordId},
-    Error, StoreError, StoreErrorKind,
+    clock::duration_ms,
+    store::{Claim, Conditional, OwnerToken, Record, RecordId, Store},
+    Attempt, StoreError, StoreErrorKind,
 };
-use std::{
-    fmt,
-    future::Future,
-    pin::Pin,
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
-use tokio::sync::watch;
+use tracing::{debug, warn};
 
-tokio::task_local! {
-    /// The claim of the operation being polled, for adapters whose handler
-    /// signature has no room for it.
-    static CURRENT: ClaimHandle;
-}
+/// How many times a claim is tried when the record that refused it turns
+/// out not to be live (it expired or was released between the condition
+/// and the read).
+pub(crate) const CLAIM_TRIES: usize = 3;
 
-/// This attempt took over a claim whose lease passed: an earlier attempt
-/// began the operation and did not finish it (its invocation crashed or
-/// timed out), **and may have acted** before it died.
-///
-/// An operation with an effect outside the store (a payment provider call)
-/// should reconcile before acting: look the effect up at the provider by a
-/// key derived from the idempotency key
-/// ([`derive_key`](crate::derive_key)), and act only if it is not there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Takeover {
-    /// This attempt's number: 2 for the first takeover, and so on.
-    pub attempt: u32,
-    /// When the first attempt began, epoch milliseconds.
-    pub first_started_at_ms: u64,
-}
+impl<St: Store> Engine<St> {
+    /// Claims the key, and decides what a refusal means: a record under
+    /// this claim's own token is its own write that landed (an SDK retry of
+    /// a claim whose first answer was lost); a live record holds the key; a
+    /// lapsed claim is taken over, as the next attempt (`claim` becomes the
+    /// takeover); a record gone or no longer live by the time it was read is
+    /// claimed again.
+    pub(super) async fn claim(&self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
+        let store = &self.inner.store;
+        let mut conflicts = 0;
+        let mut refusals = 0;
+        while refusals < CLAIM_TRIES && conflicts < CONFLICT_TRIES {
+            let found = match self.claim_once(claim).await {
+                Ok(found) => found,
+                // A concurrent write won (a serialization failure, a
+                // transaction conflict): the winner's record decides, once
+                // it is there to read.
+                Err(error) if error.kind() == StoreErrorKind::Conflict => {
+                    debug!(record = %claim.id, conflicts, %error, "the claim conflicted; trying again");
+                    tokio::time::sleep(conflict_backoff(conflicts)).await;
+                    conflicts += 1;
+                    continue;
+                }
+                Err(error) if error.kind().is_outage() => {
+                    return self.confirm_outage(claim, error).await
+                }
+                Err(error) => return Err(ClaimError::Failed(error)),
+            };
+            match found {
+                Conditional::Applied => {}
+                Conditional::Refused(Some(record)) if record.owner == claim.owner => {
+                    debug!(record = %claim.id, "the claim had landed before its retry");
+                }
+                Conditional::Refused(Some(record)) if record.is_live(claim.now_ms) => {
+                    return Ok(Claimed::Held(record))
+                }
+                Conditional::Refused(_) => {
+                    refusals += 1;
+                    continue;
+                }
+            }
+            if claim.attempt > 1 {
+                warn!(record = %claim.id, outcome = "takeover", attempt = claim.attempt,
+                    "took over a claim whose lease passed: the previous attempt may have acted");
+            }
+            return Ok(Claimed::Ours);
+        }
+        // Still contended: whatever is there now says what happened.
+        match store.get(&claim.id, claim.now_ms).await {
+            Ok(found) => Claimed::by_read(claim, found).ok_or_else(|| {
+                ClaimError::Failed(StoreError::new(
+                    StoreErrorKind::Conflict,
+                    format!(
+                        "record {} kept changing during {} claim attempts",
+                        claim.id,
+                        refusals + conflicts as usize
+                    ),
+                ))
+            }),
+            Err(error) => Err(ClaimError::Failed(error)),
+        }
+    }
 
-/// An operation's handle to its claim: whether it took over a lapsed
-/// claim, its lease, extending it, and learning that it was lost.
-///
-/// [`Engine::run`](crate::Engine::run) hands one to the operation; the HTTP
-/// layer puts it in the request's extensions. Cheap to clone.
-#[derive(Clone)]
-pub struct ClaimHandle {
-    takeover: Option<Takeover>,
-    held: Option<Arc<Held>>,
-}
+    /// A claim failed as an outage; a read tells whether the store is down.
+    /// A statement can time out waiting on a duplicate's lock, and a writer
+    /// demoted by a failover still answers reads: then the record found
+    /// decides (this claim's own, landed before its answer was lost; a
+    /// live record to replay or wait for), and the failure is not an
+    /// outage that fail-open may run through. Only a store that cannot be
+    /// read either is down.
+    pub(super) async fn confirm_outage(
+        &self,
+        claim: &Claim,
+        error: StoreError,
+    ) -> Result<Claimed, ClaimError> {
+        match self.inner.store.get(&claim.id, claim.now_ms).await {
+            Ok(found) => {
+                debug!(record = %claim.id, %error, "the claim failed, but the store answers reads");
+                Claimed::by_read(claim, found).ok_or(ClaimError::Failed(error))
+            }
+            Err(_) => Err(ClaimError::Outage(error)),
+        }
+    }
 
-pub(super) struct Held {
-    extender: Box<dyn Extender>,
-    id: RecordId,
-    owner: OwnerToken,
-    lease: Mutex<Lease>,
-    lost: watch::Sender<bool>,
-}
+    /// One claim: a fresh claim, and the takeover of the lapsed claim it
+    /// found, if that is what it found (`claim` then becomes the takeover).
+    pub(super) async fn claim_once(&self, claim: &mut Claim) -> Result<Conditional, StoreError> {
+        let store = &self.inner.store;
+        let found = store.claim(claim).await?;
+        let Conditional::Refused(Some(lapsed)) = &found else {
+            return Ok(found);
+        };
+        if lapsed.owner == claim.owner || !lapsed.is_lapsed(claim.now_ms) {
+            return Ok(found);
+        }
+        let takeover = Claim {
+            attempt: lapsed.attempt.saturating_add(1),
+            first_started_ms: lapsed
+                .first_started_ms
+                .or(lapsed.created_at_ms)
+                .unwrap_or(claim.now_ms),
+            ..claim.clone()
+        };
+        let found = store.take_over(&takeover, &lapsed.owner).await?;
+        *claim = takeover;
+        Ok(found)
+    }
 
-#[derive(Debug, Clone, Copy)]
-struct Lease {
-    until_ms: u64,
-    expiration_s: u64,
-}
-
-type ExtendFuture<'a> = Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>>;
-
-/// The engine's side of an extension, without its store type.
-pub(super) trait Extender: Send + Sync + 'static {
-    fn now_ms(&self) -> u64;
-    fn max_lease_ms(&self) -> u64;
-    fn extend<'a>(&'a self, extension: &'a Extension) -> ExtendFuture<'a>;
-}
-
-impl ClaimHandle {
-    pub(super) fn held(
-        extender: Box<dyn Extender>,
+    pub(super) fn claim_for(
+        &self,
         id: RecordId,
-        owner: OwnerToken,
-        lease_until_ms: u64,
-        expiration_s: u64,
-        takeover: Option<Takeover>,
-    ) -> Self {
-        Self {
-            takeover,
-            held: Some(Arc::new(Held {
-                extender,
-                id,
-                owner,
-                lease: Mutex::new(Lease {
-                    until_ms: lease_until_ms,
-                    expiration_s,
-                }),
-                lost: watch::Sender::new(false),
-            })),
-        }
-    }
-
-    /// The handle of an operation run without a claim: a single write, a
-    /// disabled engine, or fail-open during a store outage.
-    pub(super) fn unprotected() -> Self {
-        Self {
-            takeover: None,
-            held: None,
-        }
-    }
-
-    /// The handle of the operation running on this task: set by the engine
-    /// while it polls an operation, whatever the adapter (an SQS record's
-    /// handler, an event handler, your own). `None` outside an operation,
-    /// and in tasks the operation spawns (pass the handle to them).
-    ///
-    /// ```
-    /// use lambda_idempotency::ClaimHandle;
-    ///
-    /// async fn send_receipt() {
-    ///     if let Some(takeover) = ClaimHandle::current().and_then(|claim| claim.takeover()) {
-    ///         // attempt `takeover.attempt`: look the receipt up before sending it again
-    ///         let _ = takeover;
-    ///     }
-    /// }
-    /// ```
-    pub fn current() -> Option<ClaimHandle> {
-        CURRENT.try_with(Clone::clone).ok()
-    }
-
-    /// Runs `operation` with this handle as [`current`](ClaimHandle::current).
-    pub(super) fn scope<F: Future>(self, operation: F) -> impl Future<Output = F::Output> {
-        CURRENT.scope(self, operation)
-    }
-
-    /// `Some` when this attempt took over a lapsed claim: an earlier attempt
-    /// may have acted. See [`Takeover`].
-    pub fn takeover(&self) -> Option<Takeover> {
-        self.takeover
-    }
-
-    /// Whether the operation runs under a claim; `false` for a single
-    /// write, a disabled engine, and an unprotected run (fail-open during a
-    /// store outage).
-    pub fn is_claimed(&self) -> bool {
-        self.held.is_some()
-    }
-
-    /// The end of the claim's lease, epoch milliseconds, as last written by
-    /// this attempt.
-    pub fn lease_until_ms(&self) -> Option<u64> {
-        self.held.as_ref().map(|held| held.lease().until_ms)
-    }
-
-    /// Extends the lease to `by` from now (capped by the engine's
-    /// [`max_lease`](crate::EngineBuilder::max_lease)), if the claim is
-    /// still this attempt's: a fenced write, one store call.
-    ///
-    /// [`Error::LeaseLost`] when the claim was taken over (the operation
-    /// should stop: its completion will be refused too, and
-    /// [`lost`](ClaimHandle::lost) resolves); [`Error::Store`] when the
-    /// store failed, or when there is no claim (an unprotected run).
-    pub async fn extend(&self, by: Duration) -> Result<(), Error> {
-        let Some(held) = &self.held else {
-            return Err(Error::Store(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "this operation runs without a claim (a single write, idempotency disabled, or fail-open during a store outage): there is no lease to extend",
-            )));
-        };
-        held.extend(by).await
-    }
-
-    /// Resolves when an extension (by hand or by the heartbeat) finds the
-    /// claim lost to another attempt; never, while it is not. Select on it
-    /// to stop work whose outcome can no longer be stored.
-    pub async fn lost(&self) {
-        match &self.held {
-            Some(held) => {
-                let mut lost = held.lost.subscribe();
-                // The sender lives as long as `held`, so this only ends
-                // when the claim is lost.
-                let _ = lost.wait_for(|lost| *lost).await;
-            }
-            None => std::future::pending().await,
-        }
-    }
-
-    /// Whether an extension found the claim lost.
-    pub fn is_lost(&self) -> bool {
-        self.held.as_ref().is_some_and(|held| *held.lost.borrow())
-    }
-
-    pub(super) fn held_claim(&self) -> Option<&Held> {
-        self.held.as_deref()
-    }
-}
-
-impl Held {
-    fn lease(&self) -> Lease {
-        *self.lease.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(super) async fn extend(&self, by: Duration) -> Result<(), Error> {
-        let now_ms = self.extender.now_ms();
-        let by_ms = u64::try_from(by.as_millis())
-            .unwrap_or(u64::MAX)
-            .min(self.extender.max_lease_ms());
-        let current = self.lease();
-        let until_ms = now_ms.saturating_add(by_ms).max(current.until_ms);
-        // The record must outlive its lease, or it would count as absent.
-        let expiration_s = current.expiration_s.max(until_ms / 1000 + 1);
-        let extension = Extension {
-            id: self.id.clone(),
-            owner: self.owner.clone(),
-            lease_until_ms: until_ms,
-            expiration_s,
+        attempt: &Attempt<'_>,
+        now_ms: u64,
+    ) -> Result<Claim, StoreError> {
+        let inner = &*self.inner;
+        let capped = now_ms.saturating_add(duration_ms(inner.max_lease));
+        let lease_until_ms = attempt
+            .deadline_ms
+            .map_or_else(
+                || now_ms.saturating_add(duration_ms(inner.default_lease)),
+                |deadline| deadline.min(capped),
+            )
+            .max(now_ms.saturating_add(MIN_LEASE_MS));
+        // The record must outlive its lease, or it would count as absent (and
+        // be taken over) while its owner still runs.
+        let expiration_s = self.expiration_s(now_ms).max(lease_until_ms / 1000 + 1);
+        Ok(Claim {
+            id,
+            owner: OwnerToken::generate()?,
+            fingerprint: attempt.fingerprint.clone(),
             now_ms,
-        };
-        match self
-            .extender
-            .extend(&extension)
-            .await
-            .map_err(Error::Store)?
-        {
-            Conditional::Applied => {}
-            Conditional::Refused(_) => {
-                tracing::warn!(record = %self.id, outcome = "lease_lost",
-                    "the claim was taken over before its lease could be extended");
-                self.lost.send_replace(true);
-                return Err(Error::LeaseLost);
-            }
-        }
-        *self.lease.lock().unwrap_or_else(PoisonError::into_inner) = Lease {
-            until_ms,
+            lease_until_ms,
             expiration_s,
-        };
-        Ok(())
-    }
-
-    pub(super) fn is_lost(&self) -> bool {
-        *self.lost.borrow()
-    }
-
-    pub(super) fn lease_until_ms(&self) -> u64 {
-        self.lease().until_ms
+            attempt: 1,
+            first_started_ms: now_ms,
+        })
     }
 }
 
-impl fmt::Debug for ClaimHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClaimHandle")
-            .field("takeover", &self.takeover)
-            .field("lease_until_ms", &self.lease_until_ms())
-            .field("lost", &self.is_lost())
-            .finish()
+/// Why a claim failed.
+pub(super) enum ClaimError {
+    /// The store could neither claim nor be read: an outage, which
+    /// fail-open may run through.
+    Outage(StoreError),
+    /// Anything else, an outage the store's reads contradict included.
+    Failed(StoreError),
+}
+
+/// What a claim decided.
+pub(super) enum Claimed {
+    /// The key is this attempt's.
+    Ours,
+    /// A live record holds the key.
+    Held(Record),
+}
+
+impl Claimed {
+    /// What the record a read found under the claim's id decides: this
+    /// claim's own write (landed, its answer lost), or a live record that
+    /// holds the key; nothing when there is neither.
+    pub(super) fn by_read(claim: &Claim, found: Option<Record>) -> Option<Self> {
+        match found {
+            Some(record) if record.owner == claim.owner => Some(Claimed::Ours),
+            Some(record) if record.is_live(claim.now_ms) => Some(Claimed::Held(record)),
+            _ => None,
+        }
     }
 }

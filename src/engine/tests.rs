@@ -3,9 +3,9 @@
 
 use super::*;
 use crate::{
-    store::memory::MemoryWrite,
+    store::{memory::MemoryWrite, Status},
     testing::{CountingStore, ManualClock},
-    ErrorKind, MemoryStore, StoreErrorKind,
+    ErrorKind, Fingerprint, MemoryStore, StoreErrorKind,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 

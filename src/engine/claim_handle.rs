@@ -1,0 +1,252 @@
+//! [`ClaimHandle`]: what an operation knows about its claim, and how it
+//! keeps it.
+
+use crate::{
+    store::{Conditional, Extension, OwnerToken, RecordId},
+    Error, StoreError, StoreErrorKind,
+};
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+use tokio::sync::watch;
+
+tokio::task_local! {
+    /// The claim of the operation being polled, for adapters whose handler
+    /// signature has no room for it.
+    static CURRENT: ClaimHandle;
+}
+
+/// This attempt took over a claim whose lease passed: an earlier attempt
+/// began the operation and did not finish it (its invocation crashed or
+/// timed out), **and may have acted** before it died.
+///
+/// An operation with an effect outside the store (a payment provider call)
+/// should reconcile before acting: look the effect up at the provider by a
+/// key derived from the idempotency key
+/// ([`derive_key`](crate::derive_key)), and act only if it is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Takeover {
+    /// This attempt's number: 2 for the first takeover, and so on.
+    pub attempt: u32,
+    /// When the first attempt began, epoch milliseconds.
+    pub first_started_at_ms: u64,
+}
+
+/// An operation's handle to its claim: whether it took over a lapsed
+/// claim, its lease, extending it, and learning that it was lost.
+///
+/// [`Engine::run`](crate::Engine::run) hands one to the operation; the HTTP
+/// layer puts it in the request's extensions. Cheap to clone.
+#[derive(Clone)]
+pub struct ClaimHandle {
+    takeover: Option<Takeover>,
+    held: Option<Arc<Held>>,
+}
+
+pub(super) struct Held {
+    extender: Box<dyn Extender>,
+    id: RecordId,
+    owner: OwnerToken,
+    lease: Mutex<Lease>,
+    lost: watch::Sender<bool>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    until_ms: u64,
+    expiration_s: u64,
+}
+
+type ExtendFuture<'a> = Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>>;
+
+/// The engine's side of an extension, without its store type.
+pub(super) trait Extender: Send + Sync + 'static {
+    fn now_ms(&self) -> u64;
+    fn max_lease_ms(&self) -> u64;
+    fn extend<'a>(&'a self, extension: &'a Extension) -> ExtendFuture<'a>;
+}
+
+impl ClaimHandle {
+    pub(super) fn held(
+        extender: Box<dyn Extender>,
+        id: RecordId,
+        owner: OwnerToken,
+        lease_until_ms: u64,
+        expiration_s: u64,
+        takeover: Option<Takeover>,
+    ) -> Self {
+        Self {
+            takeover,
+            held: Some(Arc::new(Held {
+                extender,
+                id,
+                owner,
+                lease: Mutex::new(Lease {
+                    until_ms: lease_until_ms,
+                    expiration_s,
+                }),
+                lost: watch::Sender::new(false),
+            })),
+        }
+    }
+
+    /// The handle of an operation run without a claim: a single write, a
+    /// disabled engine, or fail-open during a store outage.
+    pub(super) fn unprotected() -> Self {
+        Self {
+            takeover: None,
+            held: None,
+        }
+    }
+
+    /// The handle of the operation running on this task: set by the engine
+    /// while it polls an operation, whatever the adapter (an SQS record's
+    /// handler, an event handler, your own). `None` outside an operation,
+    /// and in tasks the operation spawns (pass the handle to them).
+    ///
+    /// ```
+    /// use lambda_idempotency::ClaimHandle;
+    ///
+    /// async fn send_receipt() {
+    ///     if let Some(takeover) = ClaimHandle::current().and_then(|claim| claim.takeover()) {
+    ///         // attempt `takeover.attempt`: look the receipt up before sending it again
+    ///         let _ = takeover;
+    ///     }
+    /// }
+    /// ```
+    pub fn current() -> Option<ClaimHandle> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// Runs `operation` with this handle as [`current`](ClaimHandle::current).
+    pub(super) fn scope<F: Future>(self, operation: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, operation)
+    }
+
+    /// `Some` when this attempt took over a lapsed claim: an earlier attempt
+    /// may have acted. See [`Takeover`].
+    pub fn takeover(&self) -> Option<Takeover> {
+        self.takeover
+    }
+
+    /// Whether the operation runs under a claim; `false` for a single
+    /// write, a disabled engine, and an unprotected run (fail-open during a
+    /// store outage).
+    pub fn is_claimed(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The end of the claim's lease, epoch milliseconds, as last written by
+    /// this attempt.
+    pub fn lease_until_ms(&self) -> Option<u64> {
+        self.held.as_ref().map(|held| held.lease().until_ms)
+    }
+
+    /// Extends the lease to `by` from now (capped by the engine's
+    /// [`max_lease`](crate::EngineBuilder::max_lease)), if the claim is
+    /// still this attempt's: a fenced write, one store call.
+    ///
+    /// [`Error::LeaseLost`] when the claim was taken over (the operation
+    /// should stop: its completion will be refused too, and
+    /// [`lost`](ClaimHandle::lost) resolves); [`Error::Store`] when the
+    /// store failed, or when there is no claim (an unprotected run).
+    pub async fn extend(&self, by: Duration) -> Result<(), Error> {
+        let Some(held) = &self.held else {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "this operation runs without a claim (a single write, idempotency disabled, or fail-open during a store outage): there is no lease to extend",
+            )));
+        };
+        held.extend(by).await
+    }
+
+    /// Resolves when an extension (by hand or by the heartbeat) finds the
+    /// claim lost to another attempt; never, while it is not. Select on it
+    /// to stop work whose outcome can no longer be stored.
+    pub async fn lost(&self) {
+        match &self.held {
+            Some(held) => {
+                let mut lost = held.lost.subscribe();
+                // The sender lives as long as `held`, so this only ends
+                // when the claim is lost.
+                let _ = lost.wait_for(|lost| *lost).await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Whether an extension found the claim lost.
+    pub fn is_lost(&self) -> bool {
+        self.held.as_ref().is_some_and(|held| *held.lost.borrow())
+    }
+
+    pub(super) fn held_claim(&self) -> Option<&Held> {
+        self.held.as_deref()
+    }
+}
+
+impl Held {
+    fn lease(&self) -> Lease {
+        *self.lease.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) async fn extend(&self, by: Duration) -> Result<(), Error> {
+        let now_ms = self.extender.now_ms();
+        let by_ms = u64::try_from(by.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(self.extender.max_lease_ms());
+        let current = self.lease();
+        let until_ms = now_ms.saturating_add(by_ms).max(current.until_ms);
+        // The record must outlive its lease, or it would count as absent.
+        let expiration_s = current.expiration_s.max(until_ms / 1000 + 1);
+        let extension = Extension {
+            id: self.id.clone(),
+            owner: self.owner.clone(),
+            lease_until_ms: until_ms,
+            expiration_s,
+            now_ms,
+        };
+        match self
+            .extender
+            .extend(&extension)
+            .await
+            .map_err(Error::Store)?
+        {
+            Conditional::Applied => {}
+            Conditional::Refused(_) => {
+                tracing::warn!(record = %self.id, outcome = "lease_lost",
+                    "the claim was taken over before its lease could be extended");
+                self.lost.send_replace(true);
+                return Err(Error::LeaseLost);
+            }
+        }
+        *self.lease.lock().unwrap_or_else(PoisonError::into_inner) = Lease {
+            until_ms,
+            expiration_s,
+        };
+        Ok(())
+    }
+
+    pub(super) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    pub(super) fn lease_until_ms(&self) -> u64 {
+        self.lease().until_ms
+    }
+}
+
+impl fmt::Debug for ClaimHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimHandle")
+            .field("takeover", &self.takeover)
+            .field("lease_until_ms", &self.lease_until_ms())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

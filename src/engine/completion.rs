@@ -1,0 +1,94 @@
+//! The end of a claimed run: complete the record with the outcome, or
+//! release the claim so that a retry can run.
+
+use super::{conflicts::retry_conflicts, Engine, OutcomeKind};
+use crate::{
+    store::{Claim, Completion, Conditional, Status, Store},
+    Error,
+};
+use tracing::{debug, warn};
+
+impl<St: Store> Engine<St> {
+    pub(super) async fn complete<E>(
+        &self,
+        claim: Claim,
+        response: Vec<u8>,
+        writes: Vec<St::Write>,
+        transactional: bool,
+    ) -> Result<OutcomeKind, Error<E>> {
+        let inner = &*self.inner;
+        let now_ms = inner.clock.now_ms();
+        let expiration_s = self.expiration_s(now_ms);
+        let completion = Completion {
+            id: claim.id.clone(),
+            owner: claim.owner.clone(),
+            response,
+            now_ms,
+            expiration_s,
+            writes,
+        };
+        // A completion is fenced, so one that lost a race (at SERIALIZABLE,
+        // a duplicate's claim reading the row) is safely tried again.
+        let completed = retry_conflicts(|| inner.store.complete(completion.clone())).await;
+        let applied = match completed {
+            Ok(Conditional::Applied) => Ok(true),
+            // This very completion, landed before its retry.
+            Ok(Conditional::Refused(Some(record))) => {
+                Ok(record.status == Status::Completed && record.owner == claim.owner)
+            }
+            Ok(Conditional::Refused(None)) => Ok(false),
+            Err(error) => Err(error),
+        };
+        match applied {
+            Ok(true) => {
+                self.remember(
+                    &claim.id,
+                    &claim.fingerprint,
+                    &completion.response,
+                    expiration_s,
+                    Some(now_ms),
+                    claim.attempt,
+                );
+                debug!(record = %claim.id, outcome = "fresh", "idempotency");
+                Ok(OutcomeKind::Fresh)
+            }
+            Ok(false) => {
+                warn!(record = %claim.id, outcome = "lease_lost", transactional,
+                    "the lease passed and the key was taken over before completion; \
+                     this outcome is not stored (raise the lease or the function timeout)");
+                if transactional {
+                    Err(Error::LeaseLost)
+                } else {
+                    Ok(OutcomeKind::LeaseLost)
+                }
+            }
+            Err(error) if transactional => {
+                warn!(record = %claim.id, outcome = "store_error", %error,
+                    "transactional completion failed; releasing the claim");
+                self.release(&claim).await;
+                Err(Error::Store(error))
+            }
+            Err(error) => {
+                warn!(record = %claim.id, outcome = "not_recorded", %error,
+                    "the outcome could not be stored; the claim stays until its lease passes");
+                Ok(OutcomeKind::NotRecorded)
+            }
+        }
+    }
+
+    /// Releases a claim so a retry can run; best effort, since a claim that
+    /// cannot be released still expires with its lease.
+    pub(super) async fn release(&self, claim: &Claim) {
+        match retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner)).await {
+            // No record: released already (a retry of a release that had
+            // landed), or never there. Nothing of ours is left.
+            Ok(Conditional::Applied | Conditional::Refused(None)) => {}
+            Ok(Conditional::Refused(Some(_))) => {
+                warn!(record = %claim.id, outcome = "lease_lost", "the claim was taken over before it could be released")
+            }
+            Err(error) => {
+                warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The single write: the operation runs first, then its value and writes
+//! commit in one store write conditioned as a claim is.
+
+use super::{
+    alert,
+    conflicts::{conflict_backoff, COMMIT_TRIES},
+    ClaimHandle, Codec, Engine, Outcome, OutcomeKind,
+};
+use crate::{
+    store::{Commit, Conditional, OwnerToken, Store},
+    Attempt, Error, StoreError, StoreErrorKind,
+};
+use std::{future::Future, time::Duration};
+use tracing::{debug, warn};
+
+impl<St: Store> Engine<St> {
+    /// Runs `operation` and commits its value and writes in **one** store
+    /// write (for DynamoDB, one `TransactWriteItems`, or one `PutItem`
+    /// without writes), conditioned as a claim is: no claim before it, so a
+    /// first call costs one round trip instead of two.
+    ///
+    /// **Only for operations whose sole effect is the writes they return.**
+    /// Concurrent duplicates may each run the operation; one commits, and
+    /// the others get its stored value as a replay (or a 422 for another
+    /// payload). Even a retry of a completed request runs the operation
+    /// before learning that it is a replay. So an operation that calls a
+    /// payment provider, sends a message or writes outside its returned
+    /// writes must use [`run`](Engine::run) instead.
+    ///
+    /// A record in progress under a claim (made by another entry point)
+    /// answers [`Error::InProgress`]; a lapsed claim is replaced. A
+    /// transaction conflict with a concurrent duplicate is tried again, a
+    /// few times with jitter, then settled by a consistent read. A commit
+    /// that fails is an error ([`Error::Store`]): nothing was written. The
+    /// operation gets a [`ClaimHandle`] without a claim (never a
+    /// takeover, no lease to extend).
+    ///
+    /// Only stores whose [`Store::SINGLE_WRITE`] is `true` have it: using it
+    /// with another store does not compile.
+    pub async fn run_single_write<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        const {
+            assert!(
+                St::SINGLE_WRITE,
+                "this store cannot commit in a single write: use Engine::run"
+            )
+        };
+        let result = self.single_write(attempt, codec, operation).await;
+        alert::operator_must_act(&result);
+        result
+    }
+
+    /// The single-write protocol; callers have checked
+    /// [`Store::SINGLE_WRITE`] at compile time.
+    pub(crate) async fn single_write<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let inner = &*self.inner;
+        if inner.disabled {
+            return self.run_disabled(operation).await;
+        }
+        let id = self.record_id(attempt.scope, attempt.key);
+        if let Some(replay) = self.cached_replay(&id, attempt, codec, inner.clock.now_ms()) {
+            return replay;
+        }
+        let handle = ClaimHandle::unprotected();
+        let (value, writes) = handle
+            .clone()
+            .scope(operation(handle))
+            .await
+            .map_err(Error::Operation)?;
+        let response = codec.encode(&value).map_err(|error| {
+            Error::Store(
+                StoreError::new(
+                    StoreErrorKind::Other,
+                    "the operation's value could not be serialised for storage",
+                )
+                .with_source(error),
+            )
+        })?;
+        for try_number in 0..COMMIT_TRIES {
+            let now_ms = inner.clock.now_ms();
+            // A fresh token per try: a retried transaction with other
+            // parameters must not reuse one.
+            let owner = OwnerToken::generate().map_err(Error::Store)?;
+            let commit = Commit {
+                id: id.clone(),
+                owner: owner.clone(),
+                fingerprint: attempt.fingerprint.clone(),
+                response: response.clone(),
+                now_ms,
+                expiration_s: self.expiration_s(now_ms),
+                writes: writes.clone(),
+            };
+            let expiration_s = commit.expiration_s;
+            let record = match inner.store.commit(commit).await {
+                Ok(Conditional::Applied) => None,
+                // This very commit, landed before its retry.
+                Ok(Conditional::Refused(Some(record))) if record.owner == owner => None,
+                Ok(Conditional::Refused(Some(record))) if record.is_live(now_ms) => Some(record),
+                // Gone or lapsed by the time it was read: commit again.
+                Ok(Conditional::Refused(_)) => continue,
+                Err(error) if error.kind() == StoreErrorKind::Conflict => {
+                    debug!(record = %id, try_number, "single-write conflict; trying again");
+                    tokio::time::sleep(conflict_backoff(try_number)).await;
+                    continue;
+                }
+                Err(error) => {
+                    warn!(record = %id, outcome = "store_error", %error, "single-write commit failed; nothing was written");
+                    return Err(Error::Store(error));
+                }
+            };
+            let Some(record) = record else {
+                self.remember(
+                    &id,
+                    &attempt.fingerprint,
+                    &response,
+                    expiration_s,
+                    Some(now_ms),
+                    1,
+                );
+                debug!(record = %id, outcome = "fresh", single_write = true, "idempotency");
+                return Ok(Outcome::new(value, OutcomeKind::Fresh));
+            };
+            return self.existing(record, codec, &attempt.fingerprint, now_ms);
+        }
+        // Still contended: whoever won, its record says what happened.
+        let now_ms = inner.clock.now_ms();
+        match inner.store.get(&id, now_ms).await.map_err(Error::Store)? {
+            Some(record) if record.is_live(now_ms) => {
+                self.existing(record, codec, &attempt.fingerprint, now_ms)
+            }
+            // Duplicates kept colliding and none committed yet: the caller
+            // retries, as for a request in progress (never a 5xx).
+            _ => {
+                debug!(record = %id, outcome = "in_progress", "single-write commits stayed contended");
+                Err(Error::InProgress {
+                    retry_after: Duration::from_secs(1),
+                })
+            }
+        }
+    }
+}
