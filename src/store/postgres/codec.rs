@@ -1,0 +1,88 @@
+//! The record as PostgreSQL's columns: numbers that must fit `bigint`, and
+//! rows decoded without trusting what the table holds.
+
+use crate::{
+    store::{Claim, OwnerToken, Record, RecordId, Status},
+    Fingerprint, StoreError, StoreErrorKind,
+};
+use tokio_postgres::Row;
+
+/// A time or count as PostgreSQL's `bigint`, refused before any statement
+/// when it does not fit.
+pub(super) fn int8(value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| {
+        StoreError::new(
+            StoreErrorKind::Rejected,
+            format!("{value} does not fit PostgreSQL's bigint; nothing was written"),
+        )
+    })
+}
+
+/// A claim's numbers as PostgreSQL's integers.
+pub(super) struct ClaimValues {
+    pub(super) expiration: i64,
+    pub(super) lease: i64,
+    pub(super) now: i64,
+    pub(super) attempt: i32,
+    pub(super) first_started: i64,
+}
+
+impl ClaimValues {
+    pub(super) fn of(claim: &Claim) -> Result<Self, StoreError> {
+        Ok(Self {
+            expiration: int8(claim.expiration_s)?,
+            lease: int8(claim.lease_until_ms)?,
+            now: int8(claim.now_ms)?,
+            attempt: i32::try_from(claim.attempt).unwrap_or(i32::MAX),
+            first_started: int8(claim.first_started_ms)?,
+        })
+    }
+}
+
+/// The record of a row whose columns may all be NULL (no record).
+pub(super) fn decode_optional(row: &Row) -> Result<Option<Record>, StoreError> {
+    let id: Option<String> = column(row, "id")?;
+    id.map(|_| decode(row)).transpose()
+}
+
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    name: &str,
+) -> Result<T, StoreError> {
+    row.try_get(name).map_err(|error| {
+        StoreError::corrupt(format!("column `{name}` is missing or has the wrong type"))
+            .with_source(error)
+    })
+}
+
+fn unsigned(value: i64, name: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::corrupt(format!("column `{name}` is negative")))
+}
+
+fn optional_unsigned(value: Option<i64>, name: &str) -> Result<Option<u64>, StoreError> {
+    value.map(|value| unsigned(value, name)).transpose()
+}
+
+/// Decodes a row; never panics on what the table holds.
+pub(super) fn decode(row: &Row) -> Result<Record, StoreError> {
+    let id: String = column(row, "id")?;
+    let status: String = column(row, "status")?;
+    let status = status
+        .parse::<Status>()
+        .map_err(|_| StoreError::corrupt(format!("record {id}: unknown status {status:?}")))?;
+    let record = Record {
+        status,
+        owner: OwnerToken::from_stored(column::<String>(row, "owner")?),
+        fingerprint: Fingerprint::from_stored(column::<String>(row, "fingerprint")?),
+        expiration_s: unsigned(column(row, "expiration_s")?, "expiration_s")?,
+        lease_until_ms: optional_unsigned(column(row, "lease_until_ms")?, "lease_until_ms")?,
+        response: column(row, "response")?,
+        created_at_ms: optional_unsigned(column(row, "created_at_ms")?, "created_at_ms")?,
+        completed_at_ms: optional_unsigned(column(row, "completed_at_ms")?, "completed_at_ms")?,
+        attempt: u32::try_from(column::<i32>(row, "attempt")?)
+            .map_err(|_| StoreError::corrupt(format!("record {id}: negative attempt")))?,
+        first_started_ms: optional_unsigned(column(row, "first_started_ms")?, "first_started_ms")?,
+        id: RecordId::from_stored(id),
+    };
+    record.checked()
+}
