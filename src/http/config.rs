@@ -4,7 +4,7 @@
 use super::stored_body::StoredBody;
 use super::{
     body::DEFAULT_BODY_LIMIT, key::KeySource, metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE,
-    service::REPLAYED_HEADER, stored::ResponseCodec,
+    stored::ResponseCodec,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
@@ -14,6 +14,10 @@ use tokio_util::task::TaskTracker;
 
 /// The default key header, as the IETF draft names it.
 pub const DEFAULT_HEADER: &str = "idempotency-key";
+
+/// The header that marks a replayed response, by default
+/// ([`replayed_header`](super::IdempotencyLayer::replayed_header)).
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// The default outcome policy: which handler responses are stored and
 /// replayed.
@@ -66,9 +70,35 @@ pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<StoredBody>, &Replayed) + Send + Sync>;
 
 /// Everything an [`IdempotencyLayer`](super::IdempotencyLayer) is
-/// configured with.
+/// configured with: the engine, and the settings, which do not depend on
+/// the store.
 pub(crate) struct Config<St> {
     pub(crate) engine: Engine<St>,
+    pub(crate) settings: Settings,
+}
+
+impl<St> Config<St> {
+    pub(crate) fn new(engine: Engine<St>) -> Self {
+        Self {
+            engine,
+            settings: Settings::default(),
+        }
+    }
+}
+
+// Not derived: the store need not be `Clone` (the engine shares it).
+impl<St> Clone for Config<St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+/// The layer's settings, every one but the engine.
+#[derive(Clone)]
+pub(crate) struct Settings {
     pub(crate) require_key: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) key: KeySource,
@@ -93,13 +123,12 @@ pub(crate) struct Config<St> {
     pub(crate) powertools: Option<Arc<crate::powertools::PowertoolsCompat>>,
 }
 
-impl<St> Config<St> {
-    /// The defaults: key required on POST and PATCH in the `Idempotency-Key`
-    /// header, the default outcome policy, stored headers and scope, no
-    /// waiting, plain mode.
-    pub(crate) fn new(engine: Engine<St>) -> Self {
+impl Default for Settings {
+    /// Key required on POST and PATCH in the `Idempotency-Key` header, the
+    /// default outcome policy, stored headers and scope, no waiting, plain
+    /// mode.
+    fn default() -> Self {
         Self {
-            engine,
             require_key: true,
             methods: vec![Method::POST, Method::PATCH],
             key: KeySource::header(HeaderName::from_static(DEFAULT_HEADER)),
@@ -118,32 +147,6 @@ impl<St> Config<St> {
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             #[cfg(feature = "powertools")]
             powertools: None,
-        }
-    }
-}
-
-impl<St> Clone for Config<St> {
-    fn clone(&self) -> Self {
-        Self {
-            engine: self.engine.clone(),
-            require_key: self.require_key,
-            methods: self.methods.clone(),
-            key: self.key.clone(),
-            replayed_header: self.replayed_header.clone(),
-            body_limit: self.body_limit,
-            store_when: Arc::clone(&self.store_when),
-            on_replay: self.on_replay.clone(),
-            codec: self.codec.clone(),
-            wait: self.wait,
-            mode: self.mode,
-            single_write: self.single_write,
-            scope: self.scope.clone(),
-            stream_when: self.stream_when.clone(),
-            in_flight: self.in_flight.clone(),
-            metrics: self.metrics.clone(),
-            problem_base: self.problem_base.clone(),
-            #[cfg(feature = "powertools")]
-            powertools: self.powertools.clone(),
         }
     }
 }

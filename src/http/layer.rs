@@ -48,21 +48,21 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Whether a request of an idempotent method without a key is rejected
     /// with 400 (`true`, the default) or passed through without idempotency.
     pub fn require_key(mut self, required: bool) -> Self {
-        self.config.require_key = required;
+        self.config.settings.require_key = required;
         self
     }
 
     /// The methods made idempotent (default POST and PATCH). Requests with
     /// other methods pass through untouched.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.config.methods = methods.into_iter().collect();
+        self.config.settings.methods = methods.into_iter().collect();
         self
     }
 
     /// The header carrying the key (default `Idempotency-Key`): short for
     /// [`key_source`](Self::key_source)`(KeySource::header(name))`.
     pub fn header(mut self, name: HeaderName) -> Self {
-        self.config.key = KeySource::header(name);
+        self.config.settings.key = KeySource::header(name);
         self
     }
 
@@ -70,14 +70,14 @@ impl<St: Store> IdempotencyLayer<St> {
     /// header, a field of a JSON body, or any function of the request. See
     /// [`KeySource`].
     pub fn key_source(mut self, source: KeySource) -> Self {
-        self.config.key = source;
+        self.config.settings.key = source;
         self
     }
 
     /// The header that marks a replayed response (default
     /// [`Idempotent-Replayed`](super::REPLAYED_HEADER)`: true`).
     pub fn replayed_header(mut self, name: HeaderName) -> Self {
-        self.config.replayed_header = name;
+        self.config.settings.replayed_header = name;
         self
     }
 
@@ -88,7 +88,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// is answered `413` and nothing runs. Requests it passes through are
     /// not read.
     pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.config.body_limit = bytes;
+        self.config.settings.body_limit = bytes;
         self
     }
 
@@ -99,7 +99,7 @@ impl<St: Store> IdempotencyLayer<St> {
         mut self,
         policy: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.config.store_when = Arc::new(policy);
+        self.config.settings.store_when = Arc::new(policy);
         self
     }
 
@@ -107,7 +107,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// [`default_stored_headers`](super::default_stored_headers)); others are dropped from replays. The
     /// [`BODY_HEADERS`](super::BODY_HEADERS) are stored in any case.
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.config.codec.stored_headers = names.into_iter().collect();
+        self.config.settings.codec.stored_headers = names.into_iter().collect();
         self
     }
 
@@ -116,7 +116,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// invocation's deadline) and replay it, instead of answering 409 at
     /// once.
     pub fn wait_for_result(mut self, budget: Duration) -> Self {
-        self.config.wait = Some(budget);
+        self.config.settings.wait = Some(budget);
         self
     }
 
@@ -133,7 +133,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// with fail-open has run, but nothing it wrote is committed: the
     /// client gets a 503 `idempotency-writes-not-committed` that says so.
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.config.mode = mode;
+        self.config.settings.mode = mode;
         self
     }
 
@@ -159,7 +159,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 "this store cannot commit in a single write: use IdempotencyLayer::mode"
             )
         };
-        self.config.single_write = true;
+        self.config.settings.single_write = true;
         self
     }
 
@@ -184,7 +184,7 @@ impl<St: Store> IdempotencyLayer<St> {
         mut self,
         hook: impl Fn(&mut Response<StoredBody>, &Replayed) + Send + Sync + 'static,
     ) -> Self {
-        self.config.on_replay = Some(Arc::new(hook));
+        self.config.settings.on_replay = Some(Arc::new(hook));
         self
     }
 
@@ -206,7 +206,7 @@ impl<St: Store> IdempotencyLayer<St> {
         mut self,
         caller: impl Fn(&Request<Bytes>) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        self.config.scope = ScopeRule::Caller(Arc::new(caller));
+        self.config.settings.scope = ScopeRule::Caller(Arc::new(caller));
         self
     }
 
@@ -219,7 +219,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Requests with a Lambda request context are scoped by their caller as
     /// always.
     pub fn shared_scope(mut self) -> Self {
-        self.config.scope = ScopeRule::Shared;
+        self.config.settings.scope = ScopeRule::Shared;
         self
     }
 
@@ -237,7 +237,7 @@ impl<St: Store> IdempotencyLayer<St> {
         mut self,
         scope: impl Fn(&Request<Bytes>) -> String + Send + Sync + 'static,
     ) -> Self {
-        self.config.scope = ScopeRule::Custom(Arc::new(scope));
+        self.config.settings.scope = ScopeRule::Custom(Arc::new(scope));
         self
     }
 
@@ -252,7 +252,7 @@ impl<St: Store> IdempotencyLayer<St> {
         mut self,
         streams: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.config.stream_when = Some(Arc::new(streams));
+        self.config.settings.stream_when = Some(Arc::new(streams));
         self
     }
 
@@ -261,20 +261,20 @@ impl<St: Store> IdempotencyLayer<St> {
     /// disconnects, a `TimeoutLayer`): wait for it at graceful shutdown.
     /// Every service this layer (or a clone of it) makes shares it.
     pub fn in_flight(&self) -> InFlight {
-        InFlight::new(self.config.in_flight.clone())
+        InFlight::new(self.config.settings.in_flight.clone())
     }
 
     /// The prefix of every problem `type` (default
     /// `urn:lambda-idempotency:problem:`), for example
     /// `https://api.example.com/problems/`.
     pub fn problem_type_base(mut self, base: impl Into<String>) -> Self {
-        self.config.problem_base = base.into();
+        self.config.settings.problem_base = base.into();
         self
     }
 
     /// Compress stored bodies longer than `bytes` (default 4 KiB).
     pub fn compress_above(mut self, bytes: usize) -> Self {
-        self.config.codec.compress_above = bytes;
+        self.config.settings.codec.compress_above = bytes;
         self
     }
 
@@ -284,7 +284,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// stored headers with a problem body explaining that it was processed;
     /// it never runs again.
     pub fn max_stored_response(mut self, bytes: usize) -> Self {
-        self.config.codec.max_stored = bytes.min(MAX_STORED_RESPONSE);
+        self.config.settings.codec.max_stored = bytes.min(MAX_STORED_RESPONSE);
         self
     }
 
@@ -297,13 +297,13 @@ impl<St: Store> IdempotencyLayer<St> {
     #[cfg(feature = "powertools")]
     #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
     pub fn powertools(mut self, compat: crate::powertools::PowertoolsCompat) -> Self {
-        self.config.powertools = Some(Arc::new(compat));
+        self.config.settings.powertools = Some(Arc::new(compat));
         self
     }
 
     /// Emit a CloudWatch Embedded Metric Format count per request.
     pub fn metrics(mut self, metrics: EmfMetrics) -> Self {
-        self.config.metrics = Some(metrics);
+        self.config.settings.metrics = Some(metrics);
         self
     }
 }
@@ -320,16 +320,16 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("engine", &self.config.engine)
-            .field("require_key", &self.config.require_key)
-            .field("methods", &self.config.methods)
-            .field("key", &self.config.key)
-            .field("replayed_header", &self.config.replayed_header)
-            .field("body_limit", &self.config.body_limit)
-            .field("wait", &self.config.wait)
-            .field("mode", &self.config.mode)
-            .field("single_write", &self.config.single_write)
-            .field("codec", &self.config.codec)
-            .field("metrics", &self.config.metrics)
+            .field("require_key", &self.config.settings.require_key)
+            .field("methods", &self.config.settings.methods)
+            .field("key", &self.config.settings.key)
+            .field("replayed_header", &self.config.settings.replayed_header)
+            .field("body_limit", &self.config.settings.body_limit)
+            .field("wait", &self.config.settings.wait)
+            .field("mode", &self.config.settings.mode)
+            .field("single_write", &self.config.settings.single_write)
+            .field("codec", &self.config.settings.codec)
+            .field("metrics", &self.config.settings.metrics)
             .finish_non_exhaustive()
     }
 }

@@ -355,7 +355,9 @@ mod lambda_context;
 mod lambda_context;
 mod layer;
 mod metrics;
+mod pipeline;
 mod problem;
+mod respond;
 mod scope;
 mod service;
 mod stored;
@@ -364,7 +366,7 @@ mod streaming;
 
 pub use body::DEFAULT_BODY_LIMIT;
 pub use commit::CommitWith;
-pub use config::{default_store_policy, DEFAULT_HEADER};
+pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
 pub use fingerprint::request_fingerprint;
 pub use future::ResponseFuture;
 pub use in_flight::InFlight;
@@ -376,7 +378,7 @@ pub use problem::DEFAULT_PROBLEM_BASE;
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
 pub use scope::principal;
 pub use scope::{default_scope, route, ANONYMOUS};
-pub use service::{Idempotency, REPLAYED_HEADER};
+pub use service::Idempotency;
 pub use stored::{
     default_stored_headers, BODY_HEADERS, DEFAULT_COMPRESS_ABOVE, MAX_STORED_RESPONSE,
 };

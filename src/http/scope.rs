@@ -3,10 +3,12 @@
 //! `lambda_context`), or from the layer's configuration outside Lambda.
 //! Never from a header: the client controls those.
 
+use super::config::ScopeRule;
 use super::fingerprint::request_path;
 #[cfg(feature = "lambda")]
 pub use super::lambda_context::principal;
-use super::lambda_context::{entry_point, lambda_route};
+use super::lambda_context::{self, entry_point, lambda_route};
+use bytes::Bytes;
 use http::Request;
 
 /// The principal of requests without an authenticated caller.
@@ -68,4 +70,38 @@ pub fn route<B>(request: &Request<B>) -> String {
         return format!("{} {}", request.method(), matched.as_str());
     }
     format!("{} {}", request.method(), request_path(request))
+}
+
+/// The scope of the request's key, as the layer is configured; `None`
+/// (logged as an error) for a request that nothing can name the caller of:
+/// outside Lambda, with neither a caller, a scope nor a shared scope.
+pub(crate) fn scope_for(rule: &ScopeRule, request: &Request<Bytes>) -> Option<String> {
+    match rule {
+        ScopeRule::Custom(scope) => Some(scope(request)),
+        ScopeRule::Caller(caller) => Some(match caller(request) {
+            // Tagged, so that no name a function returns spells a Lambda
+            // authorizer's principal.
+            Some(name) => scope_of(
+                Some(serde_json::json!(["caller", name]).to_string()),
+                request,
+            ),
+            None => scope_of(None, request),
+        }),
+        ScopeRule::Shared => Some(default_scope(request)),
+        ScopeRule::LambdaContext if lambda_context::has_context(request) => {
+            Some(default_scope(request))
+        }
+        ScopeRule::LambdaContext => {
+            tracing::error!(
+                method = %request.method(),
+                path = request.uri().path(),
+                "idempotent request refused (500): it has no Lambda request context to name its \
+                 caller, and the layer was given no other way, so two callers that send the same \
+                 key would share its record. Name the caller with IdempotencyLayer::caller (from \
+                 what your authentication middleware put in the request's extensions), or declare \
+                 a single-tenant service with IdempotencyLayer::shared_scope"
+            );
+            None
+        }
+    }
 }

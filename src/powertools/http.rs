@@ -2,10 +2,36 @@
 //! key expressions read, and Powertools' stored proxy response as a
 //! response.
 
-use crate::http::StoredBody;
+use super::{PowertoolsCompat, PowertoolsFound};
+use crate::{http::StoredBody, Error, StoreError, StoreErrorKind};
 use bytes::Bytes;
 use http::{header::SET_COOKIE, HeaderName, HeaderValue, Request, Response, StatusCode};
 use serde_json::{Map, Value};
+
+/// What Powertools' record says of `request`, when it decides it: the
+/// response it stored, to replay, or why the request is refused (its
+/// record is in progress, cannot be replayed as HTTP, or could not be
+/// read). `None` lets this crate's protocol run.
+pub(crate) async fn answer(
+    compat: &PowertoolsCompat,
+    request: &Request<Bytes>,
+) -> Option<Result<Response<StoredBody>, Error>> {
+    match compat.check_in(&request_view(request), true).await {
+        Ok(None) => None,
+        Ok(Some(PowertoolsFound::InProgress { retry_after })) => {
+            Some(Err(Error::InProgress { retry_after }))
+        }
+        Ok(Some(PowertoolsFound::Completed { data })) => {
+            Some(proxy_response(data.as_deref()).map_err(|why| {
+                Error::Store(StoreError::new(
+                    StoreErrorKind::CorruptRecord,
+                    format!("the Powertools record cannot be replayed as an HTTP response: {why}"),
+                ))
+            }))
+        }
+        Err(error) => Some(Err(error)),
+    }
+}
 
 /// What an `event_key_jmespath` can read of an HTTP request: `headers`
 /// (lowercased names; repeated values joined with commas, as API Gateway's

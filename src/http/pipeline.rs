@@ -1,0 +1,380 @@
+//! The request pipeline: the key and the body read, the scope, then the
+//! attempt, claimed on a task of its own, waiting for a duplicate's result
+//! where configured.
+
+#[cfg(feature = "powertools")]
+use super::respond;
+use super::{
+    body::{buffer_request, rebuild_request, BodyError},
+    commit::CommitWith,
+    config::{Config, Settings},
+    fingerprint::request_fingerprint,
+    key::{parse_key, KeyError, Source},
+    lambda_context,
+    metrics::HttpOutcome,
+    problem::{KeyPlace, Problem},
+    respond::{problem_response, respond, Attempted, Failure, Live},
+    scope::scope_for,
+    stored::{StoredResponse, MAX_BODY},
+    streaming::{read_bounded, streams, Read},
+};
+use crate::{
+    clock::epoch_ms, engine::detached, error::BoxError, store::Store, Attempt, ClaimHandle, Error,
+    Fingerprint,
+};
+use http::{Request, Response};
+use http_body::Body as HttpBody;
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+use tower::Service;
+use tracing::{field, Instrument};
+
+/// Waiting for another request's result stops this long before the
+/// invocation's deadline, to leave time to answer.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait, whatever the budget: a `Duration::MAX` budget must not
+/// overflow the clock.
+const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// One request through the layer, in a span that records what the layer
+/// did and the status, counted in the metrics.
+pub(super) async fn serve<S, St, B, ResBody>(
+    config: Arc<Config<St>>,
+    inner: S,
+    request: Request<B>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    St: Store,
+    B: HttpBody + From<Vec<u8>> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: HttpBody + From<Vec<u8>> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let span = tracing::info_span!("idempotency", outcome = field::Empty, status = field::Empty);
+    let (outcome, result) = handle(&config, inner, request)
+        .instrument(span.clone())
+        .await;
+    span.record("outcome", outcome.as_str());
+    let status = result
+        .as_ref()
+        .ok()
+        .map(|response| response.status().as_u16());
+    if let Some(status) = status {
+        span.record("status", status);
+    }
+    tracing::debug!(parent: &span, outcome = outcome.as_str(), status, "idempotent request handled");
+    if let Some(metrics) = &config.settings.metrics {
+        metrics.record(outcome);
+    }
+    result
+}
+
+async fn handle<S, St, B, ResBody>(
+    config: &Arc<Config<St>>,
+    mut inner: S,
+    request: Request<B>,
+) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    St: Store,
+    B: HttpBody + From<Vec<u8>> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: HttpBody + From<Vec<u8>> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    if !config.settings.methods.contains(request.method()) {
+        return (HttpOutcome::PassThrough, inner.call(request).await);
+    }
+    // A key in a header is read before the body: a request without one is
+    // answered, or passed through, unread.
+    let header_key = match read_header_key(&config.settings, &request) {
+        Ok(Some(key)) => Some(key),
+        Ok(None) if matches!(config.settings.key.0, Source::Header(_)) => {
+            return (HttpOutcome::PassThrough, inner.call(request).await)
+        }
+        Ok(None) => None,
+        Err(problem) => {
+            return (
+                HttpOutcome::BadKey,
+                Ok(problem_response(&config.settings, &problem)),
+            )
+        }
+    };
+    let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
+        Ok(buffered) => buffered,
+        Err(error) => {
+            let problem = match error {
+                BodyError::TooLarge => Problem::BodyTooLarge {
+                    limit: config.settings.body_limit,
+                },
+                BodyError::Unreadable(error) => {
+                    tracing::warn!(%error, "request body unreadable; the handler did not run");
+                    Problem::BodyUnreadable
+                }
+            };
+            return (
+                HttpOutcome::BadBody,
+                Ok(problem_response(&config.settings, &problem)),
+            );
+        }
+    };
+    let key = match header_key {
+        Some(key) => key,
+        None => match config.settings.key.read(&request) {
+            Ok(Some(key)) => key,
+            Ok(None) if config.settings.require_key => {
+                let problem = Problem::KeyMissing {
+                    place: config.settings.key.place(),
+                };
+                return (
+                    HttpOutcome::BadKey,
+                    Ok(problem_response(&config.settings, &problem)),
+                );
+            }
+            Ok(None) => {
+                let request = rebuild_request(request, kind);
+                return (HttpOutcome::PassThrough, inner.call(request).await);
+            }
+            Err(error) => {
+                let problem = Problem::KeyInvalid {
+                    place: KeyPlace::Other(config.settings.key.place()),
+                    error,
+                };
+                return (
+                    HttpOutcome::BadKey,
+                    Ok(problem_response(&config.settings, &problem)),
+                );
+            }
+        },
+    };
+    let Some(scope) = scope_for(&config.settings.scope, &request) else {
+        return (
+            HttpOutcome::ScopeUnset,
+            Ok(problem_response(&config.settings, &Problem::ScopeUnset)),
+        );
+    };
+    #[cfg(feature = "powertools")]
+    if let Some(compat) = &config.settings.powertools {
+        // Nothing to read with idempotency off; nor for a key this
+        // instance answers from its cache (it holds this crate's outcome).
+        if !config.engine.skips_powertools(&scope, Some(&key)) {
+            if let Some(found) = crate::powertools::http::answer(compat, &request).await {
+                return respond::powertools(&config.settings, found);
+            }
+        }
+    }
+    let deadline_ms = lambda_context::deadline_ms(&request);
+    let fingerprint = request_fingerprint(&request);
+    let request = rebuild_request(request, kind);
+    let claimed = Claimed {
+        scope,
+        key,
+        fingerprint,
+        deadline_ms,
+    };
+    let (result, live) = run_detached(Arc::clone(config), claimed, inner, request).await;
+    respond(&config.settings, result, live)
+}
+
+/// What a request claims its key with, owned by the task that runs it.
+struct Claimed {
+    scope: String,
+    key: String,
+    fingerprint: Fingerprint,
+    deadline_ms: Option<u64>,
+}
+
+/// Runs the attempt on a task of its own, from the claim on, so that the
+/// work goes on when the request's future is dropped (hyper drops it when
+/// the client disconnects, tower's `TimeoutLayer` at its deadline): the
+/// handler is not cut short between its effect and the completion, and
+/// the record is completed or released rather than left in progress until
+/// its lease lapses, after which a retry would run it again. A panic in the
+/// handler is raised again here, in the request's own future, so an outer
+/// `CatchPanicLayer` still answers it.
+///
+/// Without a tokio runtime (a caller on another executor) it runs in place.
+async fn run_detached<S, St, B, ResBody>(
+    config: Arc<Config<St>>,
+    claimed: Claimed,
+    inner: S,
+    request: Request<B>,
+) -> (Attempted<S::Error, ResBody>, Live<ResBody>)
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    St: Store,
+    B: Send + 'static,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let tracker = config.settings.in_flight.clone();
+    let work = async move {
+        let mut attempt = Attempt::new(&claimed.scope, &claimed.key, claimed.fingerprint);
+        if let Some(deadline_ms) = claimed.deadline_ms {
+            attempt = attempt.deadline_ms(deadline_ms);
+        }
+        let mut live = None;
+        let result = run_waiting(
+            &config,
+            &attempt,
+            claimed.deadline_ms,
+            inner,
+            request,
+            &mut live,
+        )
+        .await;
+        (result, live)
+    }
+    .in_current_span();
+    detached(work, |work, runtime| tracker.spawn_on(work, runtime))
+        .await
+        .unwrap_or_else(|| {
+            // Only a runtime that shuts down cancels the task, and this
+            // future goes with it: answered, should it be polled.
+            (Err(Error::Operation(Failure::Cancelled)), None)
+        })
+}
+
+/// The key in the configured header: `Ok(None)` when there is none (or the
+/// key comes from elsewhere) and it is optional; a problem when it is
+/// missing, repeated or malformed.
+fn read_header_key<B>(
+    settings: &Settings,
+    request: &Request<B>,
+) -> Result<Option<String>, Problem> {
+    let Source::Header(name) = &settings.key.0 else {
+        return Ok(None);
+    };
+    let invalid = |error| Problem::KeyInvalid {
+        place: KeyPlace::Header(name.to_string()),
+        error,
+    };
+    let mut values = request.headers().get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) if settings.require_key => Err(Problem::KeyMissing {
+            place: settings.key.place(),
+        }),
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(invalid(KeyError::Repeated)),
+        (Some(value), None) => parse_key(value.as_bytes()).map(Some).map_err(invalid),
+    }
+}
+
+/// Runs the attempt; while another request holds the key, waits for its
+/// result (with backoff, within the configured budget and the invocation's
+/// deadline) and asks again.
+async fn run_waiting<S, St, B, ResBody>(
+    config: &Config<St>,
+    attempt: &Attempt<'_>,
+    deadline_ms: Option<u64>,
+    inner: S,
+    request: Request<B>,
+    live: &mut Live<ResBody>,
+) -> Attempted<S::Error, ResBody>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    St: Store,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let wait_until = config.settings.wait.map(|budget| {
+        let left = deadline_ms.map_or(budget, |deadline| {
+            let left = Duration::from_millis(deadline.saturating_sub(epoch_ms(SystemTime::now())));
+            left.saturating_sub(DEADLINE_MARGIN).min(budget)
+        });
+        tokio::time::Instant::now() + left.min(LONGEST_WAIT)
+    });
+    let mut pending = Some((inner, request));
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let not_run_yet = &mut pending;
+        let live = &mut *live;
+        let operation = move |claim: ClaimHandle| async move {
+            let Some((mut inner, mut request)) = not_run_yet.take() else {
+                return Err(Failure::AlreadyRun);
+            };
+            // The handler can learn that it took over a lapsed claim
+            // (and reconcile first), and extend or watch its lease.
+            if let Some(takeover) = claim.takeover() {
+                request.extensions_mut().insert(takeover);
+            }
+            request.extensions_mut().insert(claim);
+            let response = inner.call(request).await.map_err(Failure::Handler)?;
+            let (mut parts, body) = response.into_parts();
+            let writes = parts
+                .extensions
+                .remove::<CommitWith<St::Write>>()
+                .map(|commit| commit.0)
+                .unwrap_or_default();
+            if !(config.settings.store_when)(parts.status) {
+                return Err(Failure::Released(Response::from_parts(parts, body)));
+            }
+            let body = if streams(&parts, config.settings.stream_when.as_ref()) {
+                body
+            } else {
+                // Read to be stored, but never more than can be (a
+                // lambda_http body is whole already).
+                let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
+                match read_bounded(body, limit).await {
+                    Ok(Read::Whole(body)) => {
+                        let response = Response::from_parts(parts, body);
+                        return Ok((StoredResponse::Full(response), writes));
+                    }
+                    Ok(Read::Streams(body)) => {
+                        tracing::warn!(limit, "response longer than can be stored: streamed on; retries get its status and headers with an explanation, not its body");
+                        body
+                    }
+                    Err(error) => return Err(Failure::ResponseUnreadable(error)),
+                }
+            };
+            let head = StoredResponse::NotStored {
+                status: parts.status,
+                headers: parts.headers.clone(),
+            };
+            *live = Some(Response::from_parts(parts, body));
+            Ok((head, writes))
+        };
+        let result = if config.settings.single_write {
+            config
+                .engine
+                .single_write(attempt, &config.settings.codec, operation)
+                .await
+        } else {
+            config
+                .engine
+                .run(
+                    attempt,
+                    config.settings.mode,
+                    &config.settings.codec,
+                    operation,
+                )
+                .await
+        };
+        if let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until) {
+            let now = tokio::time::Instant::now();
+            if now < until {
+                tokio::time::sleep(backoff.min(until - now).min(*retry_after)).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        }
+        return result;
+    }
+}
