@@ -115,24 +115,24 @@ $(TOOLS)/cargo/bin/cargo-fuzz:
 ## raw DynamoDB calls (the floor), the handler alone, Powertools Python and
 ## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md);
 ## each store side by side; then the Redis rounds of bench-redis.
-bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed bench/node_modules/.installed
+bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) bench --bench layer
 	$(CARGO) build --release --example bench_driver
-	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python bench/run.py
-	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python bench/run.py
+	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
+	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 
 ## The Redis store against Powertools Python's RedisCachePersistenceLayer on
 ## one redis-server: interleaved rounds, server and drivers pinned to one CPU
 ## (BENCH_ROUNDS, default 5; see BENCHMARKS.md).
 bench-redis: $(VENV)/.installed $(TOOLS)/bench-py/.installed
 	$(CARGO) build --release --example bench_driver
-	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python bench/run.py
+	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 
 ## The single write against a raw TransactWriteItems of the same two items,
 ## interleaved call by call in one process (see BENCHMARKS.md).
 bench-single-write: $(VENV)/.installed
 	$(CARGO) build --release --example bench_driver
-	BENCH_ONLY=pair scripts/with-dynamodb-local $(VENV)/bin/python bench/run.py
+	BENCH_ONLY=pair scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
 
 ## The Powertools compatibility mode's cost on a first request: the same new
 ## requests with the mode off and on, interleaved, against DynamoDB Local, in
@@ -145,7 +145,7 @@ $(TOOLS)/bench-py/.installed:
 	$(TOOLS)/bench-py/bin/pip install --quiet --disable-pip-version-check "aws-lambda-powertools[redis]==3.37.0" boto3==1.44.5
 	touch $@
 
-bench/node_modules/.installed: bench/package.json
+comparison/node_modules/.installed: comparison/package.json
 	npm install --prefix bench --no-audit --no-fund --loglevel=error
 	touch $@
 

@@ -155,7 +155,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InProgress => "in_progress",
             ErrorKind::KeyReused => "key_reused",
-            ErrorKind::StoreUnavailable => "store_error",
+            ErrorKind::StoreUnavailable => "store_unavailable",
             ErrorKind::StoreFailed => "store_failed",
             ErrorKind::CorruptRecord => "corrupt_record",
             ErrorKind::LeaseLost => "lease_lost",

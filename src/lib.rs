@@ -180,6 +180,7 @@
 //! | `powertools` | no | [`powertools`]: during a migration from Powertools for AWS Lambda, honour the idempotency records it wrote (DynamoDB, Redis). |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

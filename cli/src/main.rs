@@ -25,6 +25,7 @@
 //! crate's default for the function named by `AWS_LAMBDA_FUNCTION_NAME`.
 //! Records hold only a hash of the key: this tool prints the key only when
 //! it was given one.
+#![forbid(unsafe_code)]
 
 mod store_url;
 

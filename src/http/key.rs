@@ -126,6 +126,31 @@ type ReadKey = Arc<dyn Fn(&Request<Bytes>) -> Option<String> + Send + Sync>;
 #[derive(Clone)]
 pub struct KeySource(pub(crate) Source);
 
+/// A key source's JSON pointer that is not one (RFC 6901), from
+/// [`KeySource::try_json_pointer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InvalidJsonPointer {
+    /// The pointer as given.
+    pub pointer: String,
+}
+
+impl fmt::Display for InvalidJsonPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hint = match self.pointer.strip_prefix('/') {
+            None if !self.pointer.is_empty() => format!(" (did you mean \"/{}\"?)", self.pointer),
+            _ => " (a `~` is escaped as `~0`, a `/` inside a name as `~1`)".to_owned(),
+        };
+        write!(
+            f,
+            "{:?} is not a JSON pointer (RFC 6901): it must be empty or start with `/`, as \"/id\" or \"/data/object/id\" do{hint}",
+            self.pointer
+        )
+    }
+}
+
+impl std::error::Error for InvalidJsonPointer {}
+
 #[derive(Clone)]
 pub(crate) enum Source {
     Header(HeaderName),
@@ -148,8 +173,42 @@ impl KeySource {
     /// float: the 20-digit ids `98765432109876543210` and
     /// `98765432109876543211` are two keys). A body that is not JSON, holds
     /// a duplicate key, or has nothing at `pointer`, carries no key.
+    ///
+    /// # Panics
+    ///
+    /// When `pointer` is not a JSON pointer: `"id"` (without the leading
+    /// `/`) would match nothing, and every request would count as keyless.
+    /// It panics where the layer is built, in `main`;
+    /// [`try_json_pointer`](KeySource::try_json_pointer) returns the error
+    /// instead, for a pointer read from configuration.
+    ///
+    /// ```should_panic
+    /// use lambda_idempotency::http::KeySource;
+    ///
+    /// let _ = KeySource::json_pointer("id"); // not "/id"
+    /// ```
+    #[track_caller]
     pub fn json_pointer(pointer: impl Into<String>) -> Self {
-        Self(Source::JsonPointer(pointer.into()))
+        match Self::try_json_pointer(pointer) {
+            Ok(source) => source,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// Like [`json_pointer`](KeySource::json_pointer), with an error for a
+    /// `pointer` that is not one (RFC 6901): not empty and without a
+    /// leading `/`, or with a `~` that is not `~0` or `~1`.
+    pub fn try_json_pointer(pointer: impl Into<String>) -> Result<Self, InvalidJsonPointer> {
+        let pointer = pointer.into();
+        let escapes_valid = pointer
+            .split('~')
+            .skip(1)
+            .all(|after| after.starts_with('0') || after.starts_with('1'));
+        if (pointer.is_empty() || pointer.starts_with('/')) && escapes_valid {
+            Ok(Self(Source::JsonPointer(pointer)))
+        } else {
+            Err(InvalidJsonPointer { pointer })
+        }
     }
 
     /// The key is what `read` returns for the request (its head and whole
@@ -236,6 +295,36 @@ fn parse_sf_string(value: &[u8]) -> Result<String, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_pointers_are_checked_when_the_source_is_built() {
+        for valid in [
+            "",
+            "/",
+            "/id",
+            "/data/object/id",
+            "/a~1b",
+            "/m~0n",
+            "/items/0",
+        ] {
+            assert!(KeySource::try_json_pointer(valid).is_ok(), "{valid:?}");
+        }
+        let error = KeySource::try_json_pointer("id")
+            .err()
+            .expect("no leading /");
+        assert_eq!(error.pointer, "id");
+        assert!(
+            error.to_string().contains(r#"did you mean "/id"?"#),
+            "{error}"
+        );
+        for invalid in ["data/id", "/a~2b", "/a~", "~1"] {
+            assert!(KeySource::try_json_pointer(invalid).is_err(), "{invalid:?}");
+        }
+        let panic = std::panic::catch_unwind(|| KeySource::json_pointer("id"))
+            .err()
+            .expect("json_pointer panics on a pointer that is not one");
+        assert!(crate::engine::panic_message(&*panic).contains("is not a JSON pointer"));
+    }
 
     #[test]
     fn accepts_tokens_and_sf_strings() {

@@ -370,7 +370,7 @@ pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
 pub use fingerprint::request_fingerprint;
 pub use future::ResponseFuture;
 pub use in_flight::InFlight;
-pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
+pub use key::{check_key, parse_key, InvalidJsonPointer, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;

@@ -20,6 +20,7 @@
 //! passes is told it takes over (`Takeover`) and finds the charge already
 //! written (its id is derived from the idempotency record, so the write is
 //! conditional on it not existing).
+#![forbid(unsafe_code)]
 
 #[path = "../../../cli/src/store_url.rs"]
 mod store_url;

@@ -18,6 +18,7 @@
 //!
 //! Environment: `IDEMPOTENCY_TABLE`, `LEDGER_TABLE`, and the standard AWS
 //! variables.
+#![forbid(unsafe_code)]
 
 use aws_lambda_events::{
     dynamodb::{Event, EventRecord},

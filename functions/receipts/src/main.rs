@@ -15,6 +15,7 @@
 //! with `--features postgres,redis`) keeps the idempotency records in
 //! another store; the increment is then made by the handler between the
 //! claim and the completion, not in one transaction with the record.
+#![forbid(unsafe_code)]
 
 #[path = "../../../cli/src/store_url.rs"]
 mod store_url;

@@ -4,7 +4,7 @@ five implementations, one after the other.
 
 Run through scripts/with-dynamodb-local. Each driver gets a fresh table and
 prints its figures as JSON; this script adds peak memory (/usr/bin/time),
-prints the table and the ratios, and writes bench/results.json.
+prints the table and the ratios, and writes comparison/results.json.
 """
 import json
 import os
@@ -33,9 +33,9 @@ DRIVERS = [
     # The same two on tokio's single-threaded runtime (BENCH_RUNTIME).
     ("floor-redis-1t", [RUST, "floor-redis"]),
     ("redis-1t", [RUST, "redis"]),
-    ("python", [PYTHON, os.path.join(ROOT, "bench", "powertools_py.py")]),
-    ("python-redis", [PYTHON, os.path.join(ROOT, "bench", "powertools_py.py")]),
-    ("typescript", ["node", os.path.join(ROOT, "bench", "powertools_ts.mjs")]),
+    ("python", [PYTHON, os.path.join(ROOT, "comparison", "powertools_py.py")]),
+    ("python-redis", [PYTHON, os.path.join(ROOT, "comparison", "powertools_py.py")]),
+    ("typescript", ["node", os.path.join(ROOT, "comparison", "powertools_ts.mjs")]),
 ]
 
 
@@ -165,7 +165,7 @@ def redis_rounds():
         print(f"  new key median, Redis store / its floor (two bare scripts), {runtime} runtime: "
               f"{phase_median(label, 'new') / phase_median(floor, 'new'):.2f}")
     name = "results-redis-split.json" if split else "results-redis.json"
-    with open(os.path.join(ROOT, "bench", name), "w") as f:
+    with open(os.path.join(ROOT, "comparison", name), "w") as f:
         json.dump({"server_cpu": server_cpu, "driver_cpu": cpu, "rounds": runs, "ratios": summary}, f, indent=2)
 
 
@@ -229,7 +229,7 @@ def main():
         floor_tx = results["floor-tx"]["results"]["new"]["median_ms"]
         print(f"  new key median: single write / raw TransactWriteItems = {single / floor_tx:.3f}")
     if "crate" not in results:
-        with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
+        with open(os.path.join(ROOT, "comparison", "results.json"), "w") as f:
             json.dump(results, f, indent=2)
         return
     ours = results["crate"]["results"]
@@ -241,7 +241,7 @@ def main():
     if "floor" in results:
         floor = results["floor"]["results"]["new"]["median_ms"]
         print(f"  new key median: crate / floor = {ours['new']['median_ms'] / floor:.3f}")
-    with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
+    with open(os.path.join(ROOT, "comparison", "results.json"), "w") as f:
         json.dump(results, f, indent=2)
 
 

@@ -8,7 +8,7 @@
 //! charge item), its floor.
 //!
 //! `bench_driver crate|cached|floor|bare|single|floor-tx`, with the
-//! environment of `bench/run.py`. Prints one JSON line of results.
+//! environment of `comparison/run.py`. Prints one JSON line of results.
 
 use aws_sdk_dynamodb::{
     config::{
@@ -340,8 +340,9 @@ fn summary(mut latencies: Vec<f64>, wall_s: f64, calls: u64, requests: usize) ->
 }
 
 fn env(name: &str) -> String {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} is not set: run this through bench/run.py (make bench)"))
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run this through comparison/run.py (make bench)")
+    })
 }
 
 /// The single write and its floor, interleaved call by call in one process
