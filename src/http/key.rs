@@ -320,9 +320,9 @@ mod tests {
         for invalid in ["data/id", "/a~2b", "/a~", "~1"] {
             assert!(KeySource::try_json_pointer(invalid).is_err(), "{invalid:?}");
         }
-        let panic = std::panic::catch_unwind(|| KeySource::json_pointer("id"))
-            .err()
-            .expect("json_pointer panics on a pointer that is not one");
+        let Err(panic) = std::panic::catch_unwind(|| KeySource::json_pointer("id")) else {
+            panic!("json_pointer panics on a pointer that is not one");
+        };
         assert!(crate::engine::panic_message(&*panic).contains("is not a JSON pointer"));
     }
 
