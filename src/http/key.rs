@@ -309,9 +309,9 @@ mod tests {
         ] {
             assert!(KeySource::try_json_pointer(valid).is_ok(), "{valid:?}");
         }
-        let error = KeySource::try_json_pointer("id")
-            .err()
-            .expect("no leading /");
+        let Err(error) = KeySource::try_json_pointer("id") else {
+            panic!("\"id\" has no leading /");
+        };
         assert_eq!(error.pointer, "id");
         assert!(
             error.to_string().contains(r#"did you mean "/id"?"#),
