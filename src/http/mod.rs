@@ -17,6 +17,7 @@
 //! | body longer than the [limit](IdempotencyLayer::body_limit) (default 6 MiB) | `413`; the handler does not run |
 //! | body that fails while it is read | `400`; the handler does not run |
 //! | store unreachable | `503` with `Retry-After`; the handler does not run |
+//! | store misconfigured (no table, no permission: an operator must act) | `500`; the handler does not run |
 //! | outside Lambda, nothing names the caller ([`caller`](IdempotencyLayer::caller), [`shared_scope`](IdempotencyLayer::shared_scope)) | `500`; the handler does not run |
 //!
 //! Every error is `application/problem+json` (RFC 9457) with a stable
@@ -24,7 +25,8 @@
 //! `idempotency-key-in-use`, `idempotency-key-reused`,
 //! `idempotency-body-too-large`, `idempotency-body-unreadable`,
 //! `idempotency-response-unreadable`,
-//! `idempotency-store-unavailable`, `idempotency-record-corrupt`,
+//! `idempotency-store-unavailable`, `idempotency-store-failed`,
+//! `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
 //! `idempotency-internal-error`, `idempotency-scope-unset`, after a

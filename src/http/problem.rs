@@ -282,6 +282,74 @@ impl Problem {
 mod tests {
     use super::*;
 
+    /// One of each problem; the match fails to compile when a problem is
+    /// added without being listed here.
+    fn every_problem() -> Vec<Problem> {
+        let second = Duration::from_secs(1);
+        let all = vec![
+            Problem::KeyMissing { place: "h".into() },
+            Problem::KeyInvalid {
+                place: KeyPlace::Other("h".into()),
+                error: KeyError::Empty,
+            },
+            Problem::BodyTooLarge { limit: 1 },
+            Problem::BodyUnreadable,
+            Problem::ResponseUnreadable,
+            Problem::InProgress {
+                retry_after: second,
+            },
+            Problem::KeyReused,
+            Problem::StoreUnavailable {
+                retry_after: second,
+            },
+            Problem::StoreFailed,
+            Problem::CorruptRecord,
+            Problem::ResponseNotStored {
+                status: StatusCode::OK,
+            },
+            Problem::LeaseLost,
+            Problem::WriteRejected,
+            Problem::WritesNotCommitted {
+                retry_after: second,
+            },
+            Problem::Internal,
+            Problem::ScopeUnset,
+        ];
+        for problem in &all {
+            match problem {
+                Problem::KeyMissing { .. }
+                | Problem::KeyInvalid { .. }
+                | Problem::BodyTooLarge { .. }
+                | Problem::BodyUnreadable
+                | Problem::ResponseUnreadable
+                | Problem::InProgress { .. }
+                | Problem::KeyReused
+                | Problem::StoreUnavailable { .. }
+                | Problem::StoreFailed
+                | Problem::CorruptRecord
+                | Problem::ResponseNotStored { .. }
+                | Problem::LeaseLost
+                | Problem::WriteRejected
+                | Problem::WritesNotCommitted { .. }
+                | Problem::Internal
+                | Problem::ScopeUnset => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn the_module_docs_list_every_problem_type() {
+        let docs = include_str!("mod.rs");
+        for problem in every_problem() {
+            let slug = problem.slug();
+            assert!(
+                docs.contains(&format!("`{slug}`")),
+                "{slug} is missing from the list of problem types in http/mod.rs"
+            );
+        }
+    }
+
     #[test]
     fn problems_are_rfc9457_with_stable_types() {
         let response = Problem::InProgress {

@@ -43,45 +43,7 @@
 //!     --time-to-live-specification Enabled=true,AttributeName=expiration
 //! ```
 //!
-//! # IAM
-//!
-//! The function's role, on the table's ARN:
-//!
-//! | action | used for |
-//! |---|---|
-//! | `dynamodb:PutItem` | the claim |
-//! | `dynamodb:UpdateItem` | the completion, a lease extension, a takeover |
-//! | `dynamodb:DeleteItem` | releasing a claim when the operation fails |
-//! | `dynamodb:GetItem` | the consistent read after a conditional failure that carries no item |
-//! | `dynamodb:Scan` | only for [`Engine::list_in_progress`](crate::Engine::list_in_progress) and the operator tool's `list` |
-//! | `dynamodb:DescribeTimeToLive` | only for [`DynamoDbStore::verify`] |
-//! | `dynamodb:CreateTable`, `DescribeTable`, `UpdateTimeToLive` | only for [`DynamoDbStore::create_table`] |
-//!
-//! A `TransactWriteItems` (a completion with the operation's writes, the
-//! single write) needs no action of its own: it needs those of its parts,
-//! `UpdateItem` or `PutItem` here and what your writes need on their tables.
-//!
-//! A missing table, a missing permission or a wrong key is
-//! [`Misconfigured`](crate::StoreErrorKind::Misconfigured): the HTTP layer
-//! answers 500 `idempotency-store-failed` (never a 503 that invites a retry),
-//! nothing runs, even failing open, and the first one in a process is logged
-//! at error level even without a `tracing` subscriber.
-//!
-//! # Errors
-//!
-//! What each SDK failure means, decided in one place (`errors.rs`; see
-//! [`StoreErrorKind`] for what the engine does with
-//! each kind):
-//!
-//! | SDK failure | kind |
-//! |---|---|
-//! | timeout, connection refused or reset, an answer that does not parse; `InternalServerError`, `ServiceUnavailable`; a 5xx without a DynamoDB error code (a proxy answering) | `Unavailable` (an outage) |
-//! | `ProvisionedThroughputExceeded`, `ThrottlingException`, `RequestLimitExceeded` | `Throttled` (an outage) |
-//! | `TransactionConflict`, `TransactionInProgress`, `ReplicatedWriteConflict` | `Conflict` (claimed again) |
-//! | `ResourceNotFoundException` (no table), `AccessDenied`, `UnrecognizedClient`, `ExpiredToken`, bad signature, `ValidationException`; no region, no endpoint or no credentials (failures before anything is sent), a request the SDK cannot build | `Misconfigured` |
-//! | the operation's own transactional writes refused | `WriteRejected` |
-//! | an item that does not decode as a record | `CorruptRecord` |
-//! | any other service error | `Other` (fails closed) |
+#![doc = include_str!("docs.md")]
 
 mod codec;
 mod errors;

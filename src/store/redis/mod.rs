@@ -30,75 +30,9 @@
 //! [`StoreErrorKind::Misconfigured`], which says so, and fail-open does not
 //! run the operation.
 //!
-//! # Eviction
-//!
-//! Every record has a TTL, so a server with a `maxmemory` and any
-//! `maxmemory-policy` but `noeviction` (`volatile-lru` is ElastiCache's
-//! default) may evict records it acknowledged, and their keys run again.
-//! On each new connection (and after a dropped one), and again every
-//! minute while it is used (the policy is a dynamic setting: a parameter
-//! group change reaches a live cluster), the store reads `INFO` from the
-//! server, or every primary of a cluster, and refuses such a
-//! server: every call fails as `Misconfigured`, naming the policy and the
-//! fix, unless [`RedisStore::allow_eviction`] accepts it (with a warning).
-//! [`RedisStore::server_report`] returns each node's policy and
-//! `evicted_keys`, and a server it finds evicting is refused from the next
-//! call on. `INFO` refused by an ACL, or without the policy: a
-//! warning, once, and the store goes on.
-//!
-//! # Errors
-//!
-//! | Redis error or condition | kind | why |
-//! |---|---|---|
-//! | I/O error, connection refused or dropped, timeout | `Unavailable` | an outage |
-//! | `LOADING`, `READONLY` (a demoted primary), `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN` | `Unavailable` | a node restarting or failing over, a cluster resharding or losing a slot's primary |
-//! | `MOVED`, `ASK` still there after the cluster client's retries | `Unavailable` | slots moving (a storm of redirections) |
-//! | `BUSY` | `Unavailable` | a script of someone else's runs past `lua-time-limit` |
-//! | `OOM` | `Throttled` | full under `noeviction`: refused before any write |
-//! | a server that evicts keys (policy read at connection) | `Misconfigured` | evicted records run again; see above |
-//! | `NOAUTH`, `WRONGPASS`, authentication failed, `NOPERM` | `Misconfigured` | credentials or ACL |
-//! | `NOSCRIPT` still there after the client loaded the script, `CROSSSLOT` | `Misconfigured` | a setup where scripts cannot be loaded; one key per script |
-//! | `WRONGTYPE`, `NOTRECORD` (a script), a hash that is not a record (a read) | `Misconfigured` | someone else's data in the namespace |
-//! | any other runtime error of the store's own scripts (`ERR … user_script …`) | `Misconfigured` | what they were handed or found; never retried, never unprotected |
-//! | a number above 2^53 − 1, an expiry beyond it (`REJECTED` from a script) | `Rejected` | refused before any write |
-//! | a record with a missing or undecodable field the scripts do not read (`response`, `fingerprint`, `id`, …) | `CorruptRecord` | never replayed |
-//! | a reply of an unexpected shape, anything else | `Other` | fails closed |
-//!
-//! # Redis Cluster
-//!
-//! `redis+cluster://host:port` (or [`RedisStore::open_cluster`]) reaches a
-//! Redis Cluster through any of its nodes: ElastiCache cluster mode,
-//! ElastiCache Serverless, MemoryDB. A record is one key, so every script
-//! touches one slot, and the cluster client follows `MOVED` and `ASK`
-//! redirections through reshardings and failovers. The tests race
-//! concurrent duplicates through a whole resharding of a local three-primary
-//! cluster and a failover: one run per key.
-//!
-//! # Failover
-//!
-//! Redis replicates asynchronously: a primary that fails right after
-//! acknowledging a claim or a completion can lose it, and a duplicate may
-//! then run. MemoryDB, which acknowledges a write only once it is in its
-//! multi-AZ log, does not lose it. The README's "Choosing a store" says
-//! what each store can lose, and what closes the gap.
-//!
-//! Redis has no transaction that could hold the handler's own writes with
-//! the completion: the store's [`Write`](crate::store::Store::Write) type
-//! has no values, and single write
-//! ([`Engine::run_single_write`](crate::Engine::run_single_write)) does not
-//! compile with it.
-//!
-//! # Deploying
-//!
-//! **ElastiCache / MemoryDB**: put the function in the cache's VPC
-//!   (`VpcConfig` with private subnets and a security group the cache's group
-//!   admits on 6379), and set `IDEMPOTENCY_STORE_URL` to
-//!   `rediss+cluster://<configuration endpoint>:6379` (cluster mode,
-//!   Serverless, MemoryDB) or `rediss://<primary endpoint>:6379`. With Redis
-//!   AUTH or an ACL user, put the credentials in the URL from Secrets Manager
-//!   (`{{resolve:secretsmanager:…}}`). No IAM policy is needed for the data
-//!   path; the function's role needs `AWSLambdaVPCAccessExecutionRole`.
+#![doc = include_str!("docs.md")]
 
+mod codec;
 mod connection;
 mod errors;
 mod eviction;
@@ -110,10 +44,11 @@ pub use eviction::{NodeReport, ServerReport};
 use super::{
     Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
 };
-use crate::{Fingerprint, StoreError, StoreErrorKind};
+use crate::{StoreError, StoreErrorKind};
+use codec::{decode, exact, expiration, glob_escape, unexpected};
 use connection::{Connection, Endpoint, SharedConnection};
 use redis::{IntoConnectionInfo, Script, Value};
-use std::{collections::HashMap, fmt, sync::Arc};
+use std::{fmt, sync::Arc};
 
 /// Redis cannot commit writes of the handler's with a completion: this type
 /// has no values.
@@ -399,53 +334,6 @@ impl RedisStore {
     }
 }
 
-fn unexpected(operation: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Other,
-        format!("Redis {operation}: the script answered in an unexpected shape"),
-    )
-}
-
-/// The largest integer a Lua number (a double) holds exactly: 2^53 − 1.
-/// The scripts compare and add numbers as doubles; above this, two
-/// different times could compare equal, or an expiry be off.
-const MAX_EXACT: u64 = (1 << 53) - 1;
-
-/// `n` as a script argument, or [`StoreErrorKind::Rejected`] (nothing is
-/// written) when the scripts cannot hold it exactly.
-fn exact(name: &str, n: u64) -> Result<Vec<u8>, StoreError> {
-    if n > MAX_EXACT {
-        return Err(StoreError::new(
-            StoreErrorKind::Rejected,
-            format!(
-                "Redis: {name} = {n} is beyond 2^53 - 1, the largest integer the store's \
-                 scripts hold exactly; nothing was written (is the retention or the lease \
-                 out of range?)"
-            ),
-        ));
-    }
-    Ok(n.to_string().into_bytes())
-}
-
-/// `expiration_s` as a script argument: the scripts expire the record at
-/// `(expiration_s + 1) * 1000` milliseconds, which must be exact too.
-fn expiration(expiration_s: u64) -> Result<Vec<u8>, StoreError> {
-    match expiration_s
-        .checked_add(1)
-        .and_then(|s| s.checked_mul(1000))
-    {
-        Some(expire_at_ms) if expire_at_ms <= MAX_EXACT => exact("expiration_s", expiration_s),
-        _ => Err(StoreError::new(
-            StoreErrorKind::Rejected,
-            format!(
-                "Redis: expiration_s = {expiration_s} is beyond what the store can expire \
-                 exactly (its expiry in milliseconds must stay below 2^53); nothing was \
-                 written (is the retention out of range?)"
-            ),
-        )),
-    }
-}
-
 impl Store for RedisStore {
     type Write = NoWrites;
 
@@ -575,109 +463,4 @@ impl Store for RedisStore {
         let fields = self.hgetall(&self.key(id)).await?;
         Ok(decode(&fields)?.filter(|record| !record.is_expired(now_ms)))
     }
-}
-
-/// `prefix` with the glob characters of `SCAN MATCH` escaped.
-fn glob_escape(prefix: &str) -> String {
-    let mut escaped = String::with_capacity(prefix.len());
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
-
-/// A hash that is not a record, found by a read: what the scripts answer
-/// `NOTRECORD` for.
-fn not_a_record(why: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Misconfigured,
-        format!(
-            "Redis: the record's key holds a hash that is not an idempotency record ({why}); \
-             does another application write under this namespace? see RedisStore::namespace"
-        ),
-    )
-}
-
-/// Decodes `HGETALL` fields; no fields is no record. Never panics on what
-/// the server holds.
-fn decode(fields: &[Value]) -> Result<Option<Record>, StoreError> {
-    if fields.is_empty() {
-        return Ok(None);
-    }
-    let mut map: HashMap<String, Vec<u8>> = HashMap::with_capacity(fields.len() / 2);
-    for pair in fields.chunks(2) {
-        match pair {
-            [Value::BulkString(name), Value::BulkString(value)] => {
-                map.insert(String::from_utf8_lossy(name).into_owned(), value.clone());
-            }
-            _ => {
-                return Err(StoreError::corrupt(
-                    "a record hash holds a field that is not a string",
-                ))
-            }
-        }
-    }
-    let string = |name: &str| -> Result<String, StoreError> {
-        let bytes = map
-            .get(name)
-            .ok_or_else(|| StoreError::corrupt(format!("field `{name}` is missing")))?;
-        String::from_utf8(bytes.clone())
-            .map_err(|_| StoreError::corrupt(format!("field `{name}` is not UTF-8")))
-    };
-    let number = |name: &str| -> Result<Option<u64>, StoreError> {
-        map.get(name)
-            .map(|bytes| {
-                std::str::from_utf8(bytes)
-                    .ok()
-                    .and_then(|text| text.parse::<u64>().ok())
-                    .ok_or_else(|| StoreError::corrupt(format!("field `{name}` is not a number")))
-            })
-            .transpose()
-    };
-    // The fields the scripts decide on: a hash where they are not what a
-    // record holds is someone else's data (as the scripts say, NOTRECORD),
-    // not a record of ours gone bad.
-    let status = map
-        .get("status")
-        .and_then(|bytes| std::str::from_utf8(bytes).ok())
-        .and_then(|text| text.parse::<Status>().ok())
-        .ok_or_else(|| not_a_record("its status is missing or unknown"))?;
-    if !map.contains_key("owner") {
-        return Err(not_a_record("it has no owner"));
-    }
-    let script_number = |name: &str| -> Result<Option<u64>, StoreError> {
-        map.get(name)
-            .map(|bytes| {
-                std::str::from_utf8(bytes)
-                    .ok()
-                    .filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|text| text.parse::<u64>().ok())
-                    .filter(|n| *n <= MAX_EXACT)
-                    .ok_or_else(|| not_a_record(&format!("its {name} is not a number")))
-            })
-            .transpose()
-    };
-    let expiration_s =
-        script_number("expiration_s")?.ok_or_else(|| not_a_record("it has no expiration_s"))?;
-    let lease_until_ms = script_number("lease_until_ms")?;
-    let id = string("id")?;
-    let record = Record {
-        status,
-        owner: OwnerToken::from_stored(string("owner")?),
-        fingerprint: Fingerprint::from_stored(string("fingerprint")?),
-        expiration_s,
-        lease_until_ms,
-        response: map.get("response").cloned(),
-        created_at_ms: number("created_at_ms")?,
-        completed_at_ms: number("completed_at_ms")?,
-        attempt: number("attempt")?
-            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-            .unwrap_or(1),
-        first_started_ms: number("first_started_ms")?,
-        id: RecordId::from_stored(id),
-    };
-    record.checked().map(Some)
 }
