@@ -1,6 +1,6 @@
 //! How outcomes are turned into stored bytes and back.
 
-use crate::error::BoxError;
+use crate::{error::BoxError, StoreError, StoreErrorKind};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Encodes an operation's value for storage, and decodes it for a replay.
@@ -26,4 +26,14 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
     fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
         Ok(serde_json::from_slice(bytes)?)
     }
+}
+
+/// The error for a value its codec could not encode, where it had to be
+/// stored (its writes commit with it, or nothing does).
+pub(super) fn unserialisable(error: BoxError) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Other,
+        "the operation's value could not be serialised for storage",
+    )
+    .with_source(error)
 }

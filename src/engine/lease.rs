@@ -5,7 +5,7 @@ use super::{claim_handle, ClaimHandle, Engine, Takeover, MIN_LEASE_MS};
 use crate::{
     clock::duration_ms,
     store::{Claim, Conditional, Extension, Store},
-    StoreError,
+    Error, StoreError,
 };
 use std::{convert::Infallible, future::Future, time::Duration};
 use tracing::warn;
@@ -81,4 +81,20 @@ impl<St: Store> claim_handle::Extender for Engine<St> {
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>> {
         Box::pin(self.inner.store.extend(extension))
     }
+}
+
+/// Runs an operation without a claim (a single write before its commit, a
+/// disabled engine, fail-open through an outage), with a handle that says
+/// so.
+pub(super) async fn run_unclaimed<T, W, E, F, Fut>(operation: F) -> Result<(T, Vec<W>), Error<E>>
+where
+    F: FnOnce(ClaimHandle) -> Fut,
+    Fut: Future<Output = Result<(T, Vec<W>), E>>,
+{
+    let handle = ClaimHandle::unprotected();
+    handle
+        .clone()
+        .scope(operation(handle))
+        .await
+        .map_err(Error::Operation)
 }

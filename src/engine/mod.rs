@@ -58,6 +58,7 @@ use crate::{store::RecordId, store::Store, Clock, Error, StoreError, StoreErrorK
 use cache::RecordCache;
 use claim::{ClaimError, Claimed};
 use futures_util::FutureExt;
+use lease::run_unclaimed;
 use serde::{de::DeserializeOwned, Serialize};
 use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 use tracing::{debug, warn};
@@ -316,12 +317,7 @@ impl<St: Store> Engine<St> {
             Err(ClaimError::Outage(error)) if inner.fail_open && !transactional => {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
-                let handle = ClaimHandle::unprotected();
-                let (value, writes) = handle
-                    .clone()
-                    .scope(operation(handle))
-                    .await
-                    .map_err(Error::Operation)?;
+                let (value, writes) = run_unclaimed(operation).await?;
                 if !writes.is_empty() {
                     // Its writes need the store that just failed: they are
                     // not committed, so the value must not be reported.
@@ -383,13 +379,7 @@ impl<St: Store> Engine<St> {
             Ok(response) => response,
             Err(error) if transactional => {
                 self.release(&claim).await;
-                return Err(Error::Store(
-                    StoreError::new(
-                        StoreErrorKind::Other,
-                        "the operation's value could not be serialised for storage",
-                    )
-                    .with_source(error),
-                ));
+                return Err(Error::Store(codec::unserialisable(error)));
             }
             Err(error) => {
                 warn!(record = %claim.id, outcome = "not_recorded", %error,
@@ -409,12 +399,7 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        let handle = ClaimHandle::unprotected();
-        let (value, writes) = handle
-            .clone()
-            .scope(operation(handle))
-            .await
-            .map_err(Error::Operation)?;
+        let (value, writes) = run_unclaimed(operation).await?;
         if !writes.is_empty() {
             return Err(Error::WritesNotCommitted(StoreError::new(
                 StoreErrorKind::Misconfigured,

@@ -4,11 +4,12 @@
 use super::{
     alert,
     conflicts::{conflict_backoff, COMMIT_TRIES},
+    lease::run_unclaimed,
     ClaimHandle, Codec, Engine, Outcome, OutcomeKind,
 };
 use crate::{
     store::{Commit, Conditional, OwnerToken, Store},
-    Attempt, Error, StoreError, StoreErrorKind,
+    Attempt, Error, StoreErrorKind,
 };
 use std::{future::Future, time::Duration};
 use tracing::{debug, warn};
@@ -80,21 +81,10 @@ impl<St: Store> Engine<St> {
         if let Some(replay) = self.cached_replay(&id, attempt, codec, inner.clock.now_ms()) {
             return replay;
         }
-        let handle = ClaimHandle::unprotected();
-        let (value, writes) = handle
-            .clone()
-            .scope(operation(handle))
-            .await
-            .map_err(Error::Operation)?;
-        let response = codec.encode(&value).map_err(|error| {
-            Error::Store(
-                StoreError::new(
-                    StoreErrorKind::Other,
-                    "the operation's value could not be serialised for storage",
-                )
-                .with_source(error),
-            )
-        })?;
+        let (value, writes) = run_unclaimed(operation).await?;
+        let response = codec
+            .encode(&value)
+            .map_err(|error| Error::Store(super::codec::unserialisable(error)))?;
         for try_number in 0..COMMIT_TRIES {
             let now_ms = inner.clock.now_ms();
             // A fresh token per try: a retried transaction with other
