@@ -210,7 +210,7 @@ pub use engine::{
     MAX_DURATION,
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
-pub use fingerprint::Fingerprint;
+pub use fingerprint::{Fingerprint, InvalidJsonPointer, JsonPointer};
 pub use key::derive_key;
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]

@@ -84,35 +84,57 @@ pub(crate) enum Pointed {
 /// The value at `pointer` in the JSON document `json`.
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) fn pointed(json: &[u8], pointer: &str) -> Pointed {
-    let Ok(mut node) = parse(json) else {
+    let Ok(document) = parse(json) else {
         return Pointed::Absent;
     };
-    if !pointer.is_empty() {
-        let Some(tokens) = pointer.strip_prefix('/') else {
-            return Pointed::Absent;
+    match find(&document, pointer) {
+        None | Some(Node::Null) => Pointed::Absent,
+        Some(Node::String(text)) => Pointed::Text(text.clone().into_owned()),
+        Some(Node::Number(text)) => Pointed::Text(String::from_utf8_lossy(text).into_owned()),
+        Some(Node::Bool(_) | Node::Array(_) | Node::Object(_)) => Pointed::NotText,
+    }
+}
+
+/// The canonical form of the value at each of `pointers` in the JSON
+/// document `json` (`None` where there is none; a `null` is `Some`), from
+/// one parse; or why `json` has no canonical form.
+pub(crate) fn select<'p>(
+    json: &[u8],
+    pointers: impl IntoIterator<Item = &'p str>,
+) -> Result<Vec<Option<Vec<u8>>>, NotCanonical> {
+    let document = parse(json)?;
+    pointers
+        .into_iter()
+        .map(|pointer| {
+            find(&document, pointer)
+                .map(|node| {
+                    let mut out = Vec::new();
+                    write_node(node, &mut out).map(|()| out)
+                })
+                .transpose()
+                .map_err(|_| NotCanonical::Invalid)
+        })
+        .collect()
+}
+
+/// The node `pointer` (RFC 6901) points at in `document`, if any.
+fn find<'n, 'a>(document: &'n Node<'a>, pointer: &str) -> Option<&'n Node<'a>> {
+    if pointer.is_empty() {
+        return Some(document);
+    }
+    let mut node = document;
+    for token in pointer.strip_prefix('/')?.split('/') {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        node = match node {
+            Node::Object(entries) => entries
+                .iter()
+                .find(|(name, _)| *name == token)
+                .map(|(_, value)| value)?,
+            Node::Array(items) => items.get(array_index(&token)?)?,
+            _ => return None,
         };
-        for token in tokens.split('/') {
-            let token = token.replace("~1", "/").replace("~0", "~");
-            let next = match node {
-                Node::Object(entries) => entries
-                    .into_iter()
-                    .find(|(name, _)| *name == token)
-                    .map(|(_, value)| value),
-                Node::Array(items) => array_index(&token).and_then(|i| items.into_iter().nth(i)),
-                _ => None,
-            };
-            match next {
-                Some(next) => node = next,
-                None => return Pointed::Absent,
-            }
-        }
     }
-    match node {
-        Node::Null => Pointed::Absent,
-        Node::String(text) => Pointed::Text(text.into_owned()),
-        Node::Number(text) => Pointed::Text(String::from_utf8_lossy(text).into_owned()),
-        Node::Bool(_) | Node::Array(_) | Node::Object(_) => Pointed::NotText,
-    }
+    Some(node)
 }
 
 /// An array index as RFC 6901 spells it: digits, no leading zero.

@@ -1,8 +1,11 @@
 //! Payload fingerprints: what makes "the same request".
 
 mod canonical;
+mod pointer;
 
-pub(crate) use canonical::{canonical, write_canonical};
+pub use pointer::{InvalidJsonPointer, JsonPointer};
+
+pub(crate) use canonical::{canonical, select, write_canonical};
 #[cfg(feature = "http")]
 pub(crate) use canonical::{pointed, Pointed};
 
@@ -67,6 +70,30 @@ impl Fingerprint {
         Some(Self(hex::encode(hasher.finalize())))
     }
 
+    /// The fingerprint of the values at `pointers` in the JSON document
+    /// `json`, each in canonical form (see [`of_json`](Fingerprint::of_json)),
+    /// in the order given: what counts when the rest of a payload may change
+    /// between honest retries (a timestamp, a nonce, a trace id the client
+    /// generates again). A pointer with nothing at it counts as absent,
+    /// which differs from a `null` there. A document that is not JSON (or
+    /// holds a duplicate key, or is nested deeper than 128) has no parts to
+    /// select: it is fingerprinted whole, by its bytes.
+    ///
+    /// ```
+    /// use lambda_idempotency::{Fingerprint, JsonPointer};
+    ///
+    /// let pointers = [JsonPointer::new("/amount")?, JsonPointer::new("/currency")?];
+    /// let first = br#"{"amount":1250,"currency":"eur","sent_at":"2026-11-24T10:00:00Z"}"#;
+    /// let retry = br#"{"sent_at":"2026-11-24T10:00:05Z","currency":"eur","amount":1250}"#;
+    /// let other = br#"{"amount":1251,"currency":"eur","sent_at":"2026-11-24T10:00:05Z"}"#;
+    /// assert_eq!(Fingerprint::of_json_pointers(first, &pointers), Fingerprint::of_json_pointers(retry, &pointers));
+    /// assert_ne!(Fingerprint::of_json_pointers(first, &pointers), Fingerprint::of_json_pointers(other, &pointers));
+    /// # Ok::<(), lambda_idempotency::InvalidJsonPointer>(())
+    /// ```
+    pub fn of_json_pointers(json: &[u8], pointers: &[JsonPointer]) -> Self {
+        Self(hex::encode(selection(json, pointers).finalize()))
+    }
+
     /// Wraps a fingerprint read back from a store.
     pub fn from_stored(hex: impl Into<String>) -> Self {
         Self(hex.into())
@@ -89,6 +116,26 @@ fn hash_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Sha256 {
     let mut hasher = Sha256::new();
     for part in parts {
         hash_part(&mut hasher, part);
+    }
+    hasher
+}
+
+/// The hash of the values at `pointers` in `json` (each length-prefixed,
+/// absent ones marked), or of `json` whole when it has no canonical form.
+pub(crate) fn selection(json: &[u8], pointers: &[JsonPointer]) -> Sha256 {
+    let Ok(values) = select(json, pointers.iter().map(JsonPointer::as_str)) else {
+        return hash_parts([&b"whole"[..], json]);
+    };
+    let mut hasher = hash_parts([&b"selected"[..]]);
+    for (pointer, value) in pointers.iter().zip(&values) {
+        hash_part(&mut hasher, pointer.as_str().as_bytes());
+        match value {
+            Some(value) => {
+                hash_part(&mut hasher, b"value");
+                hash_part(&mut hasher, value);
+            }
+            None => hash_part(&mut hasher, b"absent"),
+        }
     }
     hasher
 }
@@ -125,6 +172,59 @@ impl std::io::Write for HashWriter<'_> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    fn pointers(pointers: &[&str]) -> Vec<JsonPointer> {
+        pointers
+            .iter()
+            .map(|pointer| JsonPointer::new(*pointer).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn selected_values_count_and_the_rest_does_not() {
+        let selected = pointers(&["/order/id", "/amount"]);
+        let of = |json: &str| Fingerprint::of_json_pointers(json.as_bytes(), &selected);
+        let first = of(r#"{"order":{"id":7,"note":"a"},"amount":12.50,"nonce":"x1"}"#);
+        assert_eq!(
+            first,
+            of(r#"{"nonce":"x2","amount":12.50,"order":{"note":"b","id":7}}"#)
+        );
+        // Exact numbers: 12.5 is not 12.50, and 20-digit ids never round.
+        assert_ne!(first, of(r#"{"order":{"id":7},"amount":12.5}"#));
+        let big = pointers(&["/id"]);
+        assert_ne!(
+            Fingerprint::of_json_pointers(br#"{"id":98765432109876543210}"#, &big),
+            Fingerprint::of_json_pointers(br#"{"id":98765432109876543211}"#, &big)
+        );
+        // Absent, null and present differ.
+        let absent = of(r#"{"order":{"id":7}}"#);
+        assert_ne!(absent, of(r#"{"order":{"id":7},"amount":null}"#));
+        assert_ne!(absent, first);
+        // A selected object is canonical inside.
+        let whole_order = pointers(&["/order"]);
+        assert_eq!(
+            Fingerprint::of_json_pointers(br#"{"order":{"a":1,"b":[1,2]}}"#, &whole_order),
+            Fingerprint::of_json_pointers(br#"{"order":{ "b":[1, 2],"a":1 }}"#, &whole_order)
+        );
+        // The order of the pointers is part of the selection.
+        let swapped = pointers(&["/amount", "/order/id"]);
+        let json = br#"{"order":{"id":7},"amount":7}"#;
+        assert_ne!(
+            Fingerprint::of_json_pointers(json, &selected),
+            Fingerprint::of_json_pointers(json, &swapped)
+        );
+    }
+
+    #[test]
+    fn a_document_without_a_canonical_form_counts_whole() {
+        let selected = pointers(&["/a"]);
+        let of = |json: &[u8]| Fingerprint::of_json_pointers(json, &selected);
+        assert_eq!(of(b"not json"), of(b"not json"));
+        assert_ne!(of(b"not json"), of(b"not json!"));
+        // A duplicate key: parsers disagree on its value, so nothing is selected.
+        assert_ne!(of(br#"{"a":1,"a":2,"b":1}"#), of(br#"{"a":1,"a":2,"b":2}"#));
+        assert_ne!(of(b"not json"), of(br#"{"a":"not json"}"#));
+    }
 
     #[test]
     fn json_key_order_does_not_matter() {

@@ -3,8 +3,8 @@
 
 use super::stored_body::StoredBody;
 use super::{
-    body::DEFAULT_BODY_LIMIT, key::KeySource, metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE,
-    stored::ResponseCodec,
+    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, key::KeySource, metrics::EmfMetrics,
+    problem::DEFAULT_PROBLEM_BASE, stored::ResponseCodec,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
@@ -102,6 +102,7 @@ pub(crate) struct Settings {
     pub(crate) require_key: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) key: KeySource,
+    pub(crate) fingerprint: FingerprintSource,
     pub(crate) replayed_header: HeaderName,
     pub(crate) body_limit: usize,
     pub(crate) store_when: PolicyFn,
@@ -132,6 +133,7 @@ impl Default for Settings {
             require_key: true,
             methods: vec![Method::POST, Method::PATCH],
             key: KeySource::header(HeaderName::from_static(DEFAULT_HEADER)),
+            fingerprint: FingerprintSource::default(),
             replayed_header: HeaderName::from_static(REPLAYED_HEADER),
             body_limit: DEFAULT_BODY_LIMIT,
             store_when: Arc::new(default_store_policy),

@@ -3,8 +3,11 @@
 //! requests a handler can tell apart never share one.
 
 use super::lambda_context::{event_query_pairs, raw_path};
-use crate::Fingerprint;
+use crate::{fingerprint::selection, Fingerprint, InvalidJsonPointer, JsonPointer};
+use bytes::Bytes;
 use http::Request;
+use sha2::Digest;
+use std::{fmt, sync::Arc};
 
 /// The fingerprint of `request`.
 ///
@@ -30,22 +33,149 @@ use http::Request;
 ///
 /// No header is part of it.
 pub fn request_fingerprint<B: AsRef<[u8]>>(request: &Request<B>) -> Fingerprint {
-    let method = request.method().as_str().as_bytes();
-    let path = request_path(request).as_bytes();
-    let pairs = query_pairs(request);
-    let count = (pairs.len() as u64).to_be_bytes();
-    let head = || {
-        [method, path, &count[..]].into_iter().chain(
-            pairs
-                .iter()
-                .flat_map(|(name, value)| [name.as_bytes(), value.as_bytes()]),
-        )
-    };
+    let head = Head::of(request);
     let body: &[u8] = request.body().as_ref();
-    if let Some(fingerprint) = Fingerprint::of_parts_and_json(head().chain([&b"json"[..]]), body) {
+    if let Some(fingerprint) = Fingerprint::of_parts_and_json(head.parts([&b"json"[..]]), body) {
         return fingerprint;
     }
-    Fingerprint::of_parts(head().chain([&b"raw"[..], body]))
+    Fingerprint::of_parts(head.parts([&b"raw"[..], body]))
+}
+
+/// What must match for a retry to count as the same request
+/// ([`IdempotencyLayer::fingerprint_source`](super::IdempotencyLayer::fingerprint_source)):
+/// the whole request by default.
+///
+/// The whole request is the safe default: a key reused for another request
+/// is answered `422`, never with the other request's response. Narrow it
+/// only for clients that change a part of the body between honest retries
+/// (a `sent_at` timestamp, a nonce, a trace id generated on each send),
+/// which would otherwise get `422` for a retry; and keep every field that
+/// decides what the handler does, or a retry that changed one of them
+/// gets the first request's response replayed.
+///
+/// ```
+/// use lambda_idempotency::{http::{FingerprintSource, IdempotencyLayer}, Engine, MemoryStore};
+///
+/// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+///     .shared_scope()
+///     // The charge is its amount, currency and customer; `sent_at` is not.
+///     .fingerprint_source(FingerprintSource::json_pointers(["/amount", "/currency", "/customer"]));
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Default)]
+pub struct FingerprintSource(Selection);
+
+type FingerprintFn = Arc<dyn Fn(&Request<Bytes>) -> Fingerprint + Send + Sync>;
+
+#[derive(Clone, Default)]
+enum Selection {
+    #[default]
+    WholeRequest,
+    JsonPointers(Arc<[JsonPointer]>),
+    Custom(FingerprintFn),
+}
+
+impl FingerprintSource {
+    /// The whole request: [`request_fingerprint`] (the default).
+    pub fn whole_request() -> Self {
+        Self(Selection::WholeRequest)
+    }
+
+    /// The method, the path and the query as in [`request_fingerprint`],
+    /// and of a JSON body only the values at `pointers`
+    /// ([`Fingerprint::of_json_pointers`]: each in canonical form, an absent
+    /// one unlike a `null`; a body that is not JSON counts whole).
+    ///
+    /// # Panics
+    ///
+    /// When a pointer is not one (`"amount"` without its `/`), where the
+    /// layer is built; [`try_json_pointers`](FingerprintSource::try_json_pointers)
+    /// returns the error instead.
+    #[track_caller]
+    pub fn json_pointers<P: Into<String>>(pointers: impl IntoIterator<Item = P>) -> Self {
+        match Self::try_json_pointers(pointers) {
+            Ok(source) => source,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// Like [`json_pointers`](FingerprintSource::json_pointers), with an
+    /// error for a pointer that is not one.
+    pub fn try_json_pointers<P: Into<String>>(
+        pointers: impl IntoIterator<Item = P>,
+    ) -> Result<Self, InvalidJsonPointer> {
+        let pointers = pointers
+            .into_iter()
+            .map(JsonPointer::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self(Selection::JsonPointers(pointers.into())))
+    }
+
+    /// What `fingerprint` makes of the request (its head and whole body).
+    /// It decides alone: include the method and path if they count.
+    pub fn from_fn(
+        fingerprint: impl Fn(&Request<Bytes>) -> Fingerprint + Send + Sync + 'static,
+    ) -> Self {
+        Self(Selection::Custom(Arc::new(fingerprint)))
+    }
+
+    /// The fingerprint of `request` as this source selects it.
+    pub(crate) fn of(&self, request: &Request<Bytes>) -> Fingerprint {
+        match &self.0 {
+            Selection::WholeRequest => request_fingerprint(request),
+            Selection::JsonPointers(pointers) => {
+                let selected = selection(request.body(), pointers).finalize();
+                Fingerprint::of_parts(Head::of(request).parts([&b"selected"[..], &selected[..]]))
+            }
+            Selection::Custom(fingerprint) => fingerprint(request),
+        }
+    }
+}
+
+impl fmt::Debug for FingerprintSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Selection::WholeRequest => f.write_str("FingerprintSource::WholeRequest"),
+            Selection::JsonPointers(pointers) => f
+                .debug_tuple("FingerprintSource::JsonPointers")
+                .field(pointers)
+                .finish(),
+            Selection::Custom(_) => f.write_str("FingerprintSource::Custom(..)"),
+        }
+    }
+}
+
+/// The parts of a request's fingerprint besides its body: the method, the
+/// path and the query's pairs.
+struct Head<'r> {
+    method: &'r [u8],
+    path: &'r [u8],
+    count: [u8; 8],
+    pairs: Vec<(String, String)>,
+}
+
+impl<'r> Head<'r> {
+    fn of<B>(request: &'r Request<B>) -> Self {
+        let pairs = query_pairs(request);
+        Self {
+            method: request.method().as_str().as_bytes(),
+            path: request_path(request).as_bytes(),
+            count: (pairs.len() as u64).to_be_bytes(),
+            pairs,
+        }
+    }
+
+    /// The head's parts, then `rest`.
+    fn parts<'a, const N: usize>(&'a self, rest: [&'a [u8]; N]) -> impl Iterator<Item = &'a [u8]> {
+        [self.method, self.path, &self.count[..]]
+            .into_iter()
+            .chain(
+                self.pairs
+                    .iter()
+                    .flat_map(|(name, value)| [name.as_bytes(), value.as_bytes()]),
+            )
+            .chain(rest)
+    }
 }
 
 /// The request's path as the event carries it, or the URI's path for a

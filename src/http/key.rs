@@ -3,7 +3,10 @@
 //! visible ASCII; from anywhere else, visible ASCII and spaces. 1 to 255
 //! characters either way.
 
-use crate::fingerprint::{pointed, Pointed};
+use crate::{
+    fingerprint::{pointed, Pointed},
+    InvalidJsonPointer, JsonPointer,
+};
 use bytes::Bytes;
 use http::{HeaderName, Request};
 use std::{fmt, sync::Arc};
@@ -126,31 +129,6 @@ type ReadKey = Arc<dyn Fn(&Request<Bytes>) -> Option<String> + Send + Sync>;
 #[derive(Clone)]
 pub struct KeySource(pub(crate) Source);
 
-/// A key source's JSON pointer that is not one (RFC 6901), from
-/// [`KeySource::try_json_pointer`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct InvalidJsonPointer {
-    /// The pointer as given.
-    pub pointer: String,
-}
-
-impl fmt::Display for InvalidJsonPointer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hint = match self.pointer.strip_prefix('/') {
-            None if !self.pointer.is_empty() => format!(" (did you mean \"/{}\"?)", self.pointer),
-            _ => " (a `~` is escaped as `~0`, a `/` inside a name as `~1`)".to_owned(),
-        };
-        write!(
-            f,
-            "{:?} is not a JSON pointer (RFC 6901): it must be empty or start with `/`, as \"/id\" or \"/data/object/id\" do{hint}",
-            self.pointer
-        )
-    }
-}
-
-impl std::error::Error for InvalidJsonPointer {}
-
 #[derive(Clone)]
 pub(crate) enum Source {
     Header(HeaderName),
@@ -199,16 +177,8 @@ impl KeySource {
     /// `pointer` that is not one (RFC 6901): not empty and without a
     /// leading `/`, or with a `~` that is not `~0` or `~1`.
     pub fn try_json_pointer(pointer: impl Into<String>) -> Result<Self, InvalidJsonPointer> {
-        let pointer = pointer.into();
-        let escapes_valid = pointer
-            .split('~')
-            .skip(1)
-            .all(|after| after.starts_with('0') || after.starts_with('1'));
-        if (pointer.is_empty() || pointer.starts_with('/')) && escapes_valid {
-            Ok(Self(Source::JsonPointer(pointer)))
-        } else {
-            Err(InvalidJsonPointer { pointer })
-        }
+        JsonPointer::new(pointer)
+            .map(|pointer| Self(Source::JsonPointer(pointer.as_str().to_owned())))
     }
 
     /// The key is what `read` returns for the request (its head and whole

@@ -3,6 +3,7 @@
 use super::stored_body::StoredBody;
 use super::{
     config::{Config, ScopeRule},
+    fingerprint::FingerprintSource,
     in_flight::InFlight,
     key::KeySource,
     metrics::EmfMetrics,
@@ -71,6 +72,15 @@ impl<St: Store> IdempotencyLayer<St> {
     /// [`KeySource`].
     pub fn key_source(mut self, source: KeySource) -> Self {
         self.config.settings.key = source;
+        self
+    }
+
+    /// What must match for a retry to count as the same request (default:
+    /// the whole request, [`request_fingerprint`](super::request_fingerprint)):
+    /// a selection of the JSON body, or any function of the request. See
+    /// [`FingerprintSource`] for when to narrow it.
+    pub fn fingerprint_source(mut self, source: FingerprintSource) -> Self {
+        self.config.settings.fingerprint = source;
         self
     }
 
@@ -323,6 +333,7 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("require_key", &self.config.settings.require_key)
             .field("methods", &self.config.settings.methods)
             .field("key", &self.config.settings.key)
+            .field("fingerprint", &self.config.settings.fingerprint)
             .field("replayed_header", &self.config.settings.replayed_header)
             .field("body_limit", &self.config.settings.body_limit)
             .field("wait", &self.config.settings.wait)

@@ -8,7 +8,6 @@ use super::{
     body::{buffer_request, rebuild_request, BodyError},
     commit::CommitWith,
     config::{Config, Settings},
-    fingerprint::request_fingerprint,
     key::{parse_key, KeyError, Source},
     lambda_context,
     metrics::HttpOutcome,
@@ -177,7 +176,7 @@ where
         }
     }
     let deadline_ms = lambda_context::deadline_ms(&request);
-    let fingerprint = request_fingerprint(&request);
+    let fingerprint = config.settings.fingerprint.of(&request);
     let request = rebuild_request(request, kind);
     let claimed = Claimed {
         scope,

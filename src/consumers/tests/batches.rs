@@ -512,3 +512,53 @@ async fn fail_on_entire_batch_failure_fails_the_invocation_only_when_nothing_com
         .expect_err("nothing completed");
     assert_eq!(held.report().count(RecordStatus::HeldBack), 1);
 }
+
+#[tokio::test]
+async fn a_fingerprint_of_selected_fields_lets_a_resent_message_replay() {
+    let order = |body: &str| {
+        serde_json::from_str::<serde_json::Value>(body).ok()?["order"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let resent = || {
+        batch(vec![
+            message(
+                "m1",
+                r#"{"order":"o-1","amount":5,"sent_at":"10:00"}"#,
+                None,
+            ),
+            message(
+                "m2",
+                r#"{"order":"o-1","amount":5,"sent_at":"10:05"}"#,
+                None,
+            ),
+        ])
+    };
+    // The whole body counts by default: the producer's second send, with
+    // its new timestamp, reuses the key with another payload and fails.
+    let whole = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "orders")
+        .key(move |m: &SqsMessage| order(m.body.as_deref()?))
+        .concurrency(1);
+    let (seen, handler) = recorder();
+    let response = whole.process(resent(), &handler).await.expect("a response");
+    assert_eq!(failed_ids(&response), ["m2"]);
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    let selected = [
+        crate::JsonPointer::new("/order").unwrap(),
+        crate::JsonPointer::new("/amount").unwrap(),
+    ];
+    let narrowed = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "orders")
+        .key(move |m: &SqsMessage| order(m.body.as_deref()?))
+        .fingerprint(move |m: &SqsMessage| {
+            Fingerprint::of_json_pointers(m.body.as_deref().unwrap_or("").as_bytes(), &selected)
+        })
+        .concurrency(1);
+    let (seen, handler) = recorder();
+    let response = narrowed
+        .process(resent(), &handler)
+        .await
+        .expect("a response");
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1, "the second send replayed");
+}

@@ -127,6 +127,7 @@ fn problem(response: &Response<Body>) -> serde_json::Value {
 }
 
 mod concurrency;
+mod fingerprints;
 mod keys;
 mod outcomes;
 mod replays;
