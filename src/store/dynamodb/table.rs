@@ -37,7 +37,7 @@ impl DynamoDbStore {
     /// set-up or a script more than once.
     ///
     /// For production, declare the table in your infrastructure code (the
-    /// README has SAM, CDK, Terraform and AWS CLI forms). Needs
+    /// [module docs](super) have SAM, CDK, Terraform and AWS CLI forms). Needs
     /// `dynamodb:CreateTable`, `dynamodb:DescribeTable`,
     /// `dynamodb:UpdateTimeToLive` and what [`verify`](Self::verify) needs.
     ///
