@@ -85,8 +85,8 @@ fn idempotency<St: Store>(engine: Engine<St>) -> IdempotencyLayer<St> {
     // The caller only: the layer adds the route (axum's route template) and
     // the path stays in the fingerprint.
     IdempotencyLayer::new(engine).caller(|request: &axum::http::Request<Bytes>| {
-        // `None` would be an anonymous caller: not reached behind
-        // `authenticate`, which refuses callers without a token.
+        // `None` (no principal: `authenticate` has not run) is refused with
+        // a 500 rather than shared as one anonymous caller.
         let caller = request.extensions().get::<Principal>()?;
         Some(format!("{} {}", caller.issuer, caller.subject))
     })
@@ -129,12 +129,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Once, at start-up: one client for every request.
             let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
             let client = aws_sdk_dynamodb::Client::new(&config);
-            let layer = idempotency(Engine::builder(DynamoDbStore::new(client, table)).build());
+            // The heartbeat keeps a long handler's claim: nothing else ends
+            // its run on a server, and a lapsed lease would let a retry
+            // run it a second time alongside.
+            let engine = Engine::builder(DynamoDbStore::new(client, table))
+                .heartbeat(true)
+                .build();
+            let layer = idempotency(engine);
             (app(layer.clone()), layer.in_flight())
         }
         Err(_) => {
             eprintln!("IDEMPOTENCY_TABLE is not set: records are kept in this process's memory");
-            let layer = idempotency(Engine::builder(MemoryStore::new()).build());
+            let layer = idempotency(Engine::builder(MemoryStore::new()).heartbeat(true).build());
             (app(layer.clone()), layer.in_flight())
         }
     };

@@ -333,22 +333,34 @@ async fn authenticate(mut request: AxumRequest, next: Next) -> Response {
     }
 }
 
-fn owner_app(runs: &Arc<AtomicUsize>, layer: IdempotencyLayer<DynamoDbStore>) -> Router {
+fn owner_routes(runs: &Arc<AtomicUsize>) -> Router {
     let runs = Arc::clone(runs);
-    Router::new()
-        .route(
-            "/v1/charges",
-            post(move |request: AxumRequest| {
-                runs.fetch_add(1, Ordering::SeqCst);
-                let owner = request
-                    .extensions()
-                    .get::<Caller>()
-                    .map(|caller| caller.0.clone());
-                async move { (StatusCode::CREATED, Json(json!({ "owner": owner }))) }
-            }),
-        )
+    Router::new().route(
+        "/v1/charges",
+        post(move |request: AxumRequest| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let owner = request
+                .extensions()
+                .get::<Caller>()
+                .map(|caller| caller.0.clone());
+            async move { (StatusCode::CREATED, Json(json!({ "owner": owner }))) }
+        }),
+    )
+}
+
+fn owner_app(runs: &Arc<AtomicUsize>, layer: IdempotencyLayer<DynamoDbStore>) -> Router {
+    owner_routes(runs)
         .layer(layer)
         .layer(middleware::from_fn(authenticate))
+}
+
+fn caller_layer(engine: Engine<DynamoDbStore>) -> IdempotencyLayer<DynamoDbStore> {
+    IdempotencyLayer::new(engine).caller(|request| {
+        request
+            .extensions()
+            .get::<Caller>()
+            .map(|caller| caller.0.clone())
+    })
 }
 
 #[tokio::test]
@@ -371,13 +383,7 @@ async fn two_callers_never_share_a_record_outside_lambda() {
 
     // Named from the middleware's extension: each gets its own charge.
     let runs = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::new(engine().await).caller(|request| {
-        request
-            .extensions()
-            .get::<Caller>()
-            .map(|caller| caller.0.clone())
-    });
-    let addr = serve(owner_app(&runs, layer)).await;
+    let addr = serve(owner_app(&runs, caller_layer(engine().await))).await;
     let alice = send(
         addr,
         "POST",
@@ -399,6 +405,25 @@ async fn two_callers_never_share_a_record_outside_lambda() {
         (true, Some("bob"))
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // The layers in the wrong order: the idempotency layer outside the
+    // authentication, so the caller function runs first and finds no
+    // caller. Refused, and nothing runs: never one anonymous caller whose
+    // record Bob would share with Alice.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let misordered = owner_routes(&runs)
+        .layer(middleware::from_fn(authenticate))
+        .layer(caller_layer(engine().await));
+    let addr = serve(misordered).await;
+    for who in ["Bearer alice", "Bearer bob"] {
+        let answer = send(addr, "POST", "/v1/charges", &as_caller(who), body).await;
+        assert_eq!(answer.status, 500, "{who}: {:?}", answer.json);
+        assert_eq!(
+            answer.json["type"],
+            "urn:lambda-idempotency:problem:idempotency-scope-unset"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]

@@ -549,7 +549,7 @@ async fn callers_named_by_the_layer_have_records_of_their_own() {
         }
         request.body(AxumBody::from("{}")).expect("request")
     };
-    for caller in [Some("alice"), Some("bob"), None, Some(r#"["jwt","",""]"#)] {
+    for caller in [Some("alice"), Some("bob"), Some(r#"["jwt","",""]"#)] {
         let (status, headers, _) = send(&app, as_caller(caller)).await;
         assert_eq!(status, 200);
         assert!(
@@ -557,7 +557,19 @@ async fn callers_named_by_the_layer_have_records_of_their_own() {
             "{caller:?} got another's record"
         );
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // A request the function names no caller for is refused, never
+    // answered as an anonymous caller that every such request would share.
+    for _ in 0..2 {
+        let (status, headers, body) = send(&app, as_caller(None)).await;
+        assert_eq!(status, 500);
+        assert!(!headers.contains_key(REPLAYED_HEADER));
+        assert_eq!(
+            body["type"], "urn:lambda-idempotency:problem:idempotency-scope-unset",
+            "{body}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "nothing ran for them");
     assert_eq!(
         send(&app, as_caller(Some("bob"))).await.1[REPLAYED_HEADER],
         "true"

@@ -201,15 +201,23 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Names the caller of a request, outside Lambda: from what your
     /// authentication middleware (layered outside this one, so it runs
     /// first) put in the request's extensions, never from a header the
-    /// client controls. `None` is an anonymous caller. The scope is then the
+    /// client controls. The scope is then the
     /// caller, the entry point and the [route](super::route), as
     /// [`default_scope`] makes it from a Lambda authorizer, so routes never
     /// share records whatever the function returns.
     ///
+    /// A request for which `caller` returns `None` is refused with a `500`
+    /// problem (`idempotency-scope-unset`) and an error in the log, and
+    /// nothing runs: most often the authentication middleware was layered
+    /// inside this one, so it had not run yet, and treating every such
+    /// request as one anonymous caller would share one caller's results
+    /// with the next. A service that also serves anonymous callers returns a
+    /// name for them (`Some("anonymous".into())`): they share records.
+    ///
     /// Without this, [`scope`](Self::scope) or
     /// [`shared_scope`](Self::shared_scope), a request without a Lambda
-    /// request context is refused with a `500` problem: nothing could tell
-    /// its caller from another's. See [Outside Lambda](super#outside-lambda).
+    /// request context is refused the same way: nothing could tell its
+    /// caller from another's. See [Outside Lambda](super#outside-lambda).
     ///
     /// [`default_scope`]: super::default_scope
     pub fn caller(

@@ -74,19 +74,31 @@ pub fn route<B>(request: &Request<B>) -> String {
 
 /// The scope of the request's key, as the layer is configured; `None`
 /// (logged as an error) for a request that nothing can name the caller of:
-/// outside Lambda, with neither a caller, a scope nor a shared scope.
+/// outside Lambda, with neither a caller, a scope nor a shared scope, or
+/// with a caller function that names no caller for it.
 pub(crate) fn scope_for(rule: &ScopeRule, request: &Request<Bytes>) -> Option<String> {
     match rule {
         ScopeRule::Custom(scope) => Some(scope(request)),
-        ScopeRule::Caller(caller) => Some(match caller(request) {
+        ScopeRule::Caller(caller) => match caller(request) {
             // Tagged, so that no name a function returns spells a Lambda
             // authorizer's principal.
-            Some(name) => scope_of(
+            Some(name) => Some(scope_of(
                 Some(serde_json::json!(["caller", name]).to_string()),
                 request,
-            ),
-            None => scope_of(None, request),
-        }),
+            )),
+            // Never the anonymous scope: a caller function that finds no
+            // caller most often runs before the middleware that would have
+            // named one (the layers in the wrong order), and every caller
+            // would then share records.
+            None => {
+                tracing::error!(
+                    method = %request.method(),
+                    path = request.uri().path(),
+                    "idempotent request refused (500): the caller function given to                      IdempotencyLayer::caller named no caller. Is the authentication middleware                      layered outside the idempotency layer, so that it runs first? A service that                      also serves anonymous callers returns a name for them (Some(\"anonymous\")),                      and they share records"
+                );
+                None
+            }
+        },
         ScopeRule::Shared => Some(default_scope(request)),
         ScopeRule::LambdaContext if lambda_context::has_context(request) => {
             Some(default_scope(request))
