@@ -268,28 +268,10 @@ mod tests {
 
     #[test]
     fn json_pointers_are_checked_when_the_source_is_built() {
-        for valid in [
-            "",
-            "/",
-            "/id",
-            "/data/object/id",
-            "/a~1b",
-            "/m~0n",
-            "/items/0",
-        ] {
-            assert!(KeySource::try_json_pointer(valid).is_ok(), "{valid:?}");
-        }
-        let Err(error) = KeySource::try_json_pointer("id") else {
-            panic!("\"id\" has no leading /");
-        };
-        assert_eq!(error.pointer, "id");
-        assert!(
-            error.to_string().contains(r#"did you mean "/id"?"#),
-            "{error}"
-        );
-        for invalid in ["data/id", "/a~2b", "/a~", "~1"] {
-            assert!(KeySource::try_json_pointer(invalid).is_err(), "{invalid:?}");
-        }
+        // Which pointers are valid is JsonPointer's test; here, that the
+        // key source checks them.
+        assert!(KeySource::try_json_pointer("/data/object/id").is_ok());
+        assert!(KeySource::try_json_pointer("id").is_err());
         let Err(panic) = std::panic::catch_unwind(|| KeySource::json_pointer("id")) else {
             panic!("json_pointer panics on a pointer that is not one");
         };
