@@ -50,3 +50,51 @@ impl<'a> Attempt<'a> {
         &self.fingerprint
     }
 }
+
+/// An [`Attempt`] that owns its scope and key, to move onto a task of its
+/// own (detached work outlives the borrow).
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedAttempt {
+    scope: String,
+    key: String,
+    fingerprint: Fingerprint,
+    deadline_ms: Option<u64>,
+}
+
+impl OwnedAttempt {
+    /// An attempt with `key` inside `scope`, until `deadline_ms` (epoch
+    /// milliseconds) if there is one.
+    pub(crate) fn new(
+        scope: String,
+        key: String,
+        fingerprint: Fingerprint,
+        deadline_ms: Option<u64>,
+    ) -> Self {
+        Self {
+            scope,
+            key,
+            fingerprint,
+            deadline_ms,
+        }
+    }
+
+    /// The attempt, borrowing from this one.
+    pub(crate) fn attempt(&self) -> Attempt<'_> {
+        let attempt = Attempt::new(&self.scope, &self.key, self.fingerprint.clone());
+        match self.deadline_ms {
+            Some(deadline_ms) => attempt.deadline_ms(deadline_ms),
+            None => attempt,
+        }
+    }
+}
+
+impl From<&Attempt<'_>> for OwnedAttempt {
+    fn from(attempt: &Attempt<'_>) -> Self {
+        Self::new(
+            attempt.scope.to_owned(),
+            attempt.key.to_owned(),
+            attempt.fingerprint.clone(),
+            attempt.deadline_ms,
+        )
+    }
+}

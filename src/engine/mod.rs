@@ -38,6 +38,7 @@ mod replay;
 mod single_write;
 
 pub use attempt::Attempt;
+pub(crate) use attempt::OwnedAttempt;
 pub use builder::{
     default_key_prefix, BuildError, EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE,
     DEFAULT_MAX_LEASE, DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE,
@@ -187,17 +188,8 @@ impl<St: Store> Engine<St> {
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
         let engine = self.clone();
-        let (scope, key) = (attempt.scope.to_owned(), attempt.key.to_owned());
-        let (fingerprint, deadline_ms) = (attempt.fingerprint.clone(), attempt.deadline_ms);
-        let work = async move {
-            let attempt = Attempt {
-                scope: &scope,
-                key: &key,
-                fingerprint,
-                deadline_ms,
-            };
-            engine.execute(&attempt, operation).await
-        };
+        let owned = OwnedAttempt::from(attempt);
+        let work = async move { engine.execute(&owned.attempt(), operation).await };
         detached(work, |work, runtime| runtime.spawn(work))
             .await
             .unwrap_or_else(|| {

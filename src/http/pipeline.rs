@@ -18,8 +18,11 @@ use super::{
     streaming::{read_bounded, streams, Read},
 };
 use crate::{
-    clock::epoch_ms, engine::detached, error::BoxError, store::Store, Attempt, ClaimHandle, Error,
-    Fingerprint,
+    clock::epoch_ms,
+    engine::{detached, OwnedAttempt},
+    error::BoxError,
+    store::Store,
+    Attempt, ClaimHandle, Error,
 };
 use http::{Request, Response};
 use http_body::Body as HttpBody;
@@ -39,6 +42,36 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// overflow the clock.
 const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The service the layer wraps, as the pipeline runs it: on a task of its
+/// own, its future and error sent across.
+pub(super) trait Inner<B, R>:
+    Service<Request<B>, Response = Response<R>, Future: Send, Error: Send + 'static> + Send + 'static
+{
+}
+
+impl<S, B, R> Inner<B, R> for S
+where
+    S: Service<Request<B>, Response = Response<R>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+{
+}
+
+/// A request or response body as the layer handles it: read, rebuilt from
+/// its bytes, and moved between tasks.
+pub(super) trait LayerBody:
+    HttpBody<Data: Send, Error: Into<BoxError>> + From<Vec<u8>> + Send + 'static
+{
+}
+
+impl<T> LayerBody for T
+where
+    T: HttpBody + From<Vec<u8>> + Send + 'static,
+    T::Data: Send,
+    T::Error: Into<BoxError>,
+{
+}
+
 /// One request through the layer, in a span that records what the layer
 /// did and the status, counted in the metrics.
 pub(super) async fn serve<S, St, B, ResBody>(
@@ -47,16 +80,10 @@ pub(super) async fn serve<S, St, B, ResBody>(
     request: Request<B>,
 ) -> Result<Response<ResBody>, S::Error>
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
+    S: Inner<B, ResBody>,
     St: Store,
-    B: HttpBody + From<Vec<u8>> + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-    ResBody: HttpBody + From<Vec<u8>> + Send + 'static,
-    ResBody::Data: Send,
-    ResBody::Error: Into<BoxError>,
+    B: LayerBody,
+    ResBody: LayerBody,
 {
     let span = tracing::info_span!("idempotency", outcome = field::Empty, status = field::Empty);
     let (outcome, result) = handle(&config, inner, request)
@@ -83,16 +110,10 @@ async fn handle<S, St, B, ResBody>(
     request: Request<B>,
 ) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
+    S: Inner<B, ResBody>,
     St: Store,
-    B: HttpBody + From<Vec<u8>> + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-    ResBody: HttpBody + From<Vec<u8>> + Send + 'static,
-    ResBody::Data: Send,
-    ResBody::Error: Into<BoxError>,
+    B: LayerBody,
+    ResBody: LayerBody,
 {
     if !config.settings.methods.contains(request.method()) {
         return (HttpOutcome::PassThrough, inner.call(request).await);
@@ -178,22 +199,9 @@ where
     let deadline_ms = lambda_context::deadline_ms(&request);
     let fingerprint = config.settings.fingerprint.of(&request);
     let request = rebuild_request(request, kind);
-    let claimed = Claimed {
-        scope,
-        key,
-        fingerprint,
-        deadline_ms,
-    };
-    let (result, live) = run_detached(Arc::clone(config), claimed, inner, request).await;
+    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms);
+    let (result, live) = run_detached(Arc::clone(config), attempt, inner, request).await;
     respond(&config.settings, result, live)
-}
-
-/// What a request claims its key with, owned by the task that runs it.
-struct Claimed {
-    scope: String,
-    key: String,
-    fingerprint: Fingerprint,
-    deadline_ms: Option<u64>,
 }
 
 /// Runs the attempt on a task of its own, from the claim on, so that the
@@ -208,36 +216,20 @@ struct Claimed {
 /// Without a tokio runtime (a caller on another executor) it runs in place.
 async fn run_detached<S, St, B, ResBody>(
     config: Arc<Config<St>>,
-    claimed: Claimed,
+    attempt: OwnedAttempt,
     inner: S,
     request: Request<B>,
 ) -> (Attempted<S::Error, ResBody>, Live<ResBody>)
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
+    S: Inner<B, ResBody>,
     St: Store,
-    B: Send + 'static,
-    ResBody: HttpBody + Send + 'static,
-    ResBody::Data: Send,
-    ResBody::Error: Into<BoxError>,
+    B: LayerBody,
+    ResBody: LayerBody,
 {
     let tracker = config.settings.in_flight.clone();
     let work = async move {
-        let mut attempt = Attempt::new(&claimed.scope, &claimed.key, claimed.fingerprint);
-        if let Some(deadline_ms) = claimed.deadline_ms {
-            attempt = attempt.deadline_ms(deadline_ms);
-        }
         let mut live = None;
-        let result = run_waiting(
-            &config,
-            &attempt,
-            claimed.deadline_ms,
-            inner,
-            request,
-            &mut live,
-        )
-        .await;
+        let result = run_waiting(&config, &attempt.attempt(), inner, request, &mut live).await;
         (result, live)
     }
     .in_current_span();
@@ -281,20 +273,18 @@ fn read_header_key<B>(
 async fn run_waiting<S, St, B, ResBody>(
     config: &Config<St>,
     attempt: &Attempt<'_>,
-    deadline_ms: Option<u64>,
     inner: S,
     request: Request<B>,
     live: &mut Live<ResBody>,
 ) -> Attempted<S::Error, ResBody>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Inner<B, ResBody>,
     St: Store,
-    ResBody: HttpBody + Send + 'static,
-    ResBody::Data: Send,
-    ResBody::Error: Into<BoxError>,
+    B: LayerBody,
+    ResBody: LayerBody,
 {
     let wait_until = config.settings.wait.map(|budget| {
-        let left = deadline_ms.map_or(budget, |deadline| {
+        let left = attempt.deadline_ms.map_or(budget, |deadline| {
             let left = Duration::from_millis(deadline.saturating_sub(epoch_ms(SystemTime::now())));
             left.saturating_sub(DEADLINE_MARGIN).min(budget)
         });
