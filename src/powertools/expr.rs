@@ -5,6 +5,7 @@
 //! to `powertools_json(<path>)` (a field holding a JSON document, such as an
 //! API Gateway body), and the empty expression (the whole event).
 
+use super::python::{self, PyValue};
 use serde_json::Value;
 use std::fmt;
 
@@ -100,44 +101,54 @@ impl Expression {
         Ok(Self { decode, selection })
     }
 
-    /// What JMESPath selects from `event`. `headers_any_case`: the first
+    /// What JMESPath selects from `event`, as Python holds it. `headers_any_case`: the first
     /// segment `headers` matches its field whatever the case (the HTTP
     /// layer sees header names lowercased).
     pub(crate) fn evaluate(
         &self,
         event: &Value,
         headers_any_case: bool,
-    ) -> Result<Value, EvalError> {
-        let decoded;
-        let base = match &self.decode {
-            Some(path) => {
-                let Value::String(text) = select(event, path, headers_any_case) else {
-                    return Err(EvalError::NotJson);
-                };
-                decoded = serde_json::from_str::<Value>(&text).map_err(|_| EvalError::NotJson)?;
-                &decoded
-            }
-            None => event,
+    ) -> Result<PyValue, EvalError> {
+        let Some(path) = &self.decode else {
+            // Only what is selected is converted: an event's body can be
+            // megabytes that a key in a header never reads.
+            return Ok(match &self.selection {
+                Selection::Path(path) => PyValue::from(select(event, path, headers_any_case)),
+                Selection::List(_) if event.is_null() => PyValue::None,
+                Selection::List(paths) => PyValue::List(
+                    paths
+                        .iter()
+                        .map(|path| PyValue::from(select(event, path, headers_any_case)))
+                        .collect(),
+                ),
+            });
         };
+        let Value::String(text) = select(event, path, headers_any_case) else {
+            return Err(EvalError::NotJson);
+        };
+        let decoded = python::loads(text).map_err(|_| EvalError::NotJson)?;
         Ok(match &self.selection {
-            Selection::Path(path) => select(base, path, headers_any_case && self.decode.is_none()),
+            Selection::Path(path) => select_decoded(&decoded, path).clone(),
             // JMESPath: a multiselect on null is null.
-            Selection::List(_) if base.is_null() => Value::Null,
-            Selection::List(paths) => Value::Array(
+            Selection::List(_) if decoded == PyValue::None => PyValue::None,
+            Selection::List(paths) => PyValue::List(
                 paths
                     .iter()
-                    .map(|path| select(base, path, headers_any_case && self.decode.is_none()))
+                    .map(|path| select_decoded(&decoded, path).clone())
                     .collect(),
             ),
         })
     }
 }
 
-fn select(value: &Value, path: &[String], headers_any_case: bool) -> Value {
+static NULL: Value = Value::Null;
+
+/// A field path in the event; null where it leads nowhere, as in JMESPath.
+fn select<'a>(value: &'a Value, path: &[String], headers_any_case: bool) -> &'a Value {
     let mut current = value;
     for (i, field) in path.iter().enumerate() {
         let Value::Object(map) = current else {
-            return Value::Null;
+            return &NULL;
         };
         let found = map.get(field).or_else(|| {
             let in_headers = headers_any_case && i == 1 && path[0] == "headers";
@@ -151,10 +162,17 @@ fn select(value: &Value, path: &[String], headers_any_case: bool) -> Value {
         });
         match found {
             Some(next) => current = next,
-            None => return Value::Null,
+            None => return &NULL,
         }
     }
-    current.clone()
+    current
+}
+
+/// A field path in a document `powertools_json` decoded.
+fn select_decoded<'a>(value: &'a PyValue, path: &[String]) -> &'a PyValue {
+    path.iter()
+        .try_fold(value, |current, field| current.get(field))
+        .unwrap_or(&PyValue::None)
 }
 
 /// `a.b."c-d"` into its fields; `None` when it is not a plain path.
@@ -228,7 +246,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn eval(expression: &str, event: &Value) -> Result<Value, EvalError> {
+    fn py(value: Value) -> PyValue {
+        PyValue::from(&value)
+    }
+
+    fn eval(expression: &str, event: &Value) -> Result<PyValue, EvalError> {
         Expression::parse(expression)
             .unwrap()
             .evaluate(event, false)
@@ -241,20 +263,29 @@ mod tests {
             "body": "{\"order\": {\"id\": 7}, \"user\": \"u\"}",
             "messageId": "m-1",
         });
-        assert_eq!(eval("headers.\"Idempotency-Key\"", &event), Ok(json!("k1")));
-        assert_eq!(eval("messageId", &event), Ok(json!("m-1")));
-        assert_eq!(eval("", &event), Ok(event.clone()));
-        assert_eq!(eval("powertools_json(body).order.id", &event), Ok(json!(7)));
+        assert_eq!(
+            eval("headers.\"Idempotency-Key\"", &event),
+            Ok(py(json!("k1")))
+        );
+        assert_eq!(eval("messageId", &event), Ok(py(json!("m-1"))));
+        assert_eq!(eval("", &event), Ok(py(event.clone())));
+        assert_eq!(
+            eval("powertools_json(body).order.id", &event),
+            Ok(py(json!(7)))
+        );
         assert_eq!(
             eval("powertools_json(body)", &event),
-            Ok(json!({"order": {"id": 7}, "user": "u"}))
+            Ok(py(json!({"order": {"id": 7}, "user": "u"})))
         );
         assert_eq!(
             eval("powertools_json(body).[user, order.id, nope]", &event),
-            Ok(json!(["u", 7, null]))
+            Ok(py(json!(["u", 7, null])))
         );
-        assert_eq!(eval("[messageId, nope]", &event), Ok(json!(["m-1", null])));
-        assert_eq!(eval("nope.deeper", &event), Ok(Value::Null));
+        assert_eq!(
+            eval("[messageId, nope]", &event),
+            Ok(py(json!(["m-1", null])))
+        );
+        assert_eq!(eval("nope.deeper", &event), Ok(PyValue::None));
         assert_eq!(
             eval("powertools_json(messageId).x", &event),
             Err(EvalError::NotJson)
@@ -269,8 +300,8 @@ mod tests {
     fn headers_match_any_case_only_when_asked() {
         let event = json!({"headers": {"idempotency-key": "k1"}});
         let expression = Expression::parse("headers.\"Idempotency-Key\"").unwrap();
-        assert_eq!(expression.evaluate(&event, true), Ok(json!("k1")));
-        assert_eq!(expression.evaluate(&event, false), Ok(Value::Null));
+        assert_eq!(expression.evaluate(&event, true), Ok(py(json!("k1"))));
+        assert_eq!(expression.evaluate(&event, false), Ok(PyValue::None));
     }
 
     #[test]

@@ -106,13 +106,14 @@
 mod expr;
 #[cfg(feature = "http")]
 pub(crate) mod http;
-mod json;
+mod python;
 
 pub use expr::UnsupportedExpression;
 
 use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock};
 use expr::{EvalError, Expression};
 use futures_util::future::BoxFuture;
+use python::PyValue;
 use serde_json::Value;
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -257,27 +258,22 @@ enum Selection {
 
 impl Selection {
     /// The selected value, `None` when Powertools would have had no key.
-    fn select(&self, event: &Value, headers_any_case: bool) -> Option<Value> {
-        let value = match self {
+    fn select(&self, event: &Value, headers_any_case: bool) -> Option<PyValue> {
+        let value = self.evaluate(event, headers_any_case)?;
+        (!value.is_missing()).then_some(value)
+    }
+
+    /// What the expression or closure selects, `None` when Powertools
+    /// raised (`powertools_json` of what is not JSON to Python).
+    fn evaluate(&self, event: &Value, headers_any_case: bool) -> Option<PyValue> {
+        match self {
             Selection::Expression(expression) => match expression.evaluate(event, headers_any_case)
             {
-                Ok(value) => value,
-                Err(EvalError::NotJson) => return None,
+                Ok(value) => Some(value),
+                Err(EvalError::NotJson) => None,
             },
-            Selection::Closure(closure) => closure(event)?,
-        };
-        (!is_missing(&value)).then_some(value)
-    }
-}
-
-/// Powertools' `is_missing_idempotency_key`.
-fn is_missing(value: &Value) -> bool {
-    match value {
-        Value::Null => true,
-        Value::Bool(_) | Value::Number(_) => false,
-        Value::String(text) => text.is_empty(),
-        Value::Array(items) => items.iter().all(Value::is_null),
-        Value::Object(map) => map.values().all(Value::is_null),
+            Selection::Closure(closure) => closure(event).map(|value| PyValue::from(&value)),
+        }
     }
 }
 
@@ -402,8 +398,8 @@ impl PowertoolsCompat {
         Some(format!("{}#{}", self.prefix, self.hash_of(&selected)))
     }
 
-    fn hash_of(&self, value: &Value) -> String {
-        self.hash.hex(json::dumps(value).as_bytes())
+    fn hash_of(&self, value: &PyValue) -> String {
+        self.hash.hex(python::dumps(value).as_bytes())
     }
 
     /// Reads the record Powertools wrote for `event` and says what it
@@ -442,12 +438,9 @@ impl PowertoolsCompat {
             // and then refuses every retry of it).
             if let Some(validation) = &self.validation {
                 // Powertools hashes the selection even when it is null.
-                let selected = match validation {
-                    Selection::Expression(expression) => expression
-                        .evaluate(event, headers_any_case)
-                        .unwrap_or(Value::Null),
-                    Selection::Closure(closure) => closure(event).unwrap_or(Value::Null),
-                };
+                let selected = validation
+                    .evaluate(event, headers_any_case)
+                    .unwrap_or(PyValue::None);
                 if record.validation.as_deref() != Some(self.hash_of(&selected).as_str()) {
                     tracing::debug!(record = %id, outcome = "key_reused", "Powertools record");
                     return Err(Error::KeyReused);

@@ -2,26 +2,27 @@
 //! Powertools hashes into a record id. One character of difference is a
 //! different id, and a miss.
 
-use serde_json::{Number, Value};
+use super::{PyStr, PyValue};
 
-/// `value` as Python's `json.dumps(value, sort_keys=True)` writes it after
-/// `json.loads` read it: `", "` and `": "` separators, keys sorted by code
-/// point, every character outside printable ASCII escaped (`ensure_ascii`),
-/// floats as Python's `repr`.
-pub(crate) fn dumps(value: &Value) -> String {
+/// `value` as Python's `json.dumps(value, sort_keys=True)` writes it: `", "`
+/// and `": "` separators, keys sorted by code point, every character
+/// outside printable ASCII escaped (`ensure_ascii`), floats as Python's
+/// `repr`.
+pub(crate) fn dumps(value: &PyValue) -> String {
     let mut out = String::new();
     write_value(&mut out, value);
     out
 }
 
-fn write_value(out: &mut String, value: &Value) {
+fn write_value(out: &mut String, value: &PyValue) {
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(true) => out.push_str("true"),
-        Value::Bool(false) => out.push_str("false"),
-        Value::Number(number) => write_number(out, number),
-        Value::String(text) => write_string(out, text),
-        Value::Array(items) => {
+        PyValue::None => out.push_str("null"),
+        PyValue::Bool(true) => out.push_str("true"),
+        PyValue::Bool(false) => out.push_str("false"),
+        PyValue::Int(digits) => out.push_str(digits),
+        PyValue::Float(float) => out.push_str(&python_float_repr(*float)),
+        PyValue::Str(text) => write_string(out, text),
+        PyValue::List(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
@@ -31,15 +32,10 @@ fn write_value(out: &mut String, value: &Value) {
             }
             out.push(']');
         }
-        Value::Object(map) => {
-            // Sorted here whatever order the map keeps (serde_json's
-            // preserve_order may be on through another crate). Rust compares
-            // strings by UTF-8 bytes, which orders them as code points, as
-            // Python's sort does.
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
+        // Kept sorted by code point, as `sort_keys` sorts them.
+        PyValue::Dict(entries) => {
             out.push('{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
+            for (i, (key, item)) in entries.iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
@@ -49,16 +45,6 @@ fn write_value(out: &mut String, value: &Value) {
             }
             out.push('}');
         }
-    }
-}
-
-fn write_number(out: &mut String, number: &Number) {
-    if number.is_u64() || number.is_i64() {
-        out.push_str(&number.to_string());
-    } else if let Some(float) = number.as_f64() {
-        out.push_str(&python_float_repr(float));
-    } else {
-        out.push_str(&number.to_string());
     }
 }
 
@@ -116,25 +102,21 @@ pub(crate) fn python_float_repr(value: f64) -> String {
 }
 
 /// A JSON string as Python's `ensure_ascii` encoder writes it: lowercase
-/// `\uXXXX` escapes, surrogate pairs above the BMP, and DEL escaped too.
-fn write_string(out: &mut String, text: &str) {
+/// `\uXXXX` escapes, surrogate pairs above the BMP (and lone surrogates as
+/// they are), and DEL escaped too.
+fn write_string(out: &mut String, text: &PyStr) {
     out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0c}' => out.push_str("\\f"),
-            ' '..='~' => out.push(c),
-            _ => {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    out.push_str(&format!("\\u{unit:04x}"));
-                }
-            }
+    for &unit in &text.0 {
+        match unit {
+            0x22 => out.push_str("\\\""),
+            0x5c => out.push_str("\\\\"),
+            0x0a => out.push_str("\\n"),
+            0x0d => out.push_str("\\r"),
+            0x09 => out.push_str("\\t"),
+            0x08 => out.push_str("\\b"),
+            0x0c => out.push_str("\\f"),
+            0x20..=0x7e => out.push(char::from(unit as u8)),
+            _ => out.push_str(&format!("\\u{unit:04x}")),
         }
     }
     out.push('"');
@@ -146,7 +128,8 @@ mod tests {
     use serde_json::json;
 
     // Each expected string is what CPython 3.11 prints for
-    // json.dumps(json.loads(text), sort_keys=True).
+    // json.dumps(json.loads(text), sort_keys=True), here from serde's values
+    // (the events' own fields).
     #[test]
     fn matches_python_dumps() {
         let cases = [
@@ -169,11 +152,11 @@ mod tests {
             (r#"-0.0"#, r#"-0.0"#),
         ];
         for (input, expected) in cases {
-            let value: Value = serde_json::from_str(input).unwrap();
-            assert_eq!(dumps(&value), expected, "{input}");
+            let value: serde_json::Value = serde_json::from_str(input).unwrap();
+            assert_eq!(dumps(&PyValue::from(&value)), expected, "{input}");
         }
         assert_eq!(
-            dumps(&json!(18446744073709551615u64)),
+            dumps(&PyValue::from(&json!(18446744073709551615u64))),
             "18446744073709551615"
         );
     }
