@@ -42,6 +42,19 @@ pub(crate) enum Kind {
     Other,
 }
 
+impl Kind {
+    /// Whether the event carried the body base64-encoded (`lambda_http`
+    /// decodes those into binary bodies, and only those).
+    #[cfg_attr(not(feature = "powertools"), allow(dead_code))]
+    pub(crate) fn delivered_base64(self) -> bool {
+        #[cfg(feature = "lambda")]
+        if let Kind::Lambda(LambdaKind::Binary) = self {
+            return true;
+        }
+        false
+    }
+}
+
 #[cfg(feature = "lambda")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LambdaKind {

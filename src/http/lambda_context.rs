@@ -40,6 +40,17 @@ pub(crate) fn has_context<B>(request: &Request<B>) -> bool {
     request.request_context_ref().is_some()
 }
 
+/// Whether the entry point serves a Lambda response without `statusCode`
+/// as 200 JSON (API Gateway's payload format 2.0: HTTP APIs, Function
+/// URLs) rather than refusing it (format 1.0, REST APIs, ALB).
+#[cfg_attr(not(feature = "powertools"), allow(dead_code))]
+pub(crate) fn infers_plain_responses<B>(request: &Request<B>) -> bool {
+    matches!(
+        request.request_context_ref(),
+        Some(RequestContext::ApiGatewayV2(_)) | None
+    )
+}
+
 /// The invocation's deadline, in epoch milliseconds.
 pub(crate) fn deadline_ms<B>(request: &Request<B>) -> Option<u64> {
     request.lambda_context_ref().map(|context| context.deadline)

@@ -30,3 +30,8 @@ pub(crate) fn entry_point<B>(_: &Request<B>) -> Option<String> {
 pub(crate) fn lambda_route<B>(_: &Request<B>) -> Option<String> {
     None
 }
+
+#[cfg_attr(not(feature = "powertools"), allow(dead_code))]
+pub(crate) fn infers_plain_responses<B>(_: &Request<B>) -> bool {
+    true
+}

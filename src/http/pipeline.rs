@@ -119,13 +119,10 @@ where
         return (HttpOutcome::PassThrough, inner.call(request).await);
     }
     // A key in a header is read before the body: a request without one is
-    // answered, or passed through, unread.
+    // answered, or passed through, unread (unless Powertools' key may be
+    // in the body).
     let header_key = match read_header_key(&config.settings, &request) {
-        Ok(Some(key)) => Some(key),
-        Ok(None) if matches!(config.settings.key.0, Source::Header(_)) => {
-            return (HttpOutcome::PassThrough, inner.call(request).await)
-        }
-        Ok(None) => None,
+        Ok(key) => key,
         Err(problem) => {
             return (
                 HttpOutcome::BadKey,
@@ -133,6 +130,12 @@ where
             )
         }
     };
+    if header_key.is_none()
+        && matches!(config.settings.key.0, Source::Header(_))
+        && !reads_powertools(&config.settings)
+    {
+        return keyless(&config.settings, inner, request).await;
+    }
     let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
         Ok(buffered) => buffered,
         Err(error) => {
@@ -151,23 +154,9 @@ where
             );
         }
     };
-    let key = match header_key {
-        Some(key) => key,
-        None => match config.settings.key.read(&request) {
-            Ok(Some(key)) => key,
-            Ok(None) if config.settings.require_key => {
-                let problem = Problem::KeyMissing {
-                    place: config.settings.key.place(),
-                };
-                return (
-                    HttpOutcome::BadKey,
-                    Ok(problem_response(&config.settings, &problem)),
-                );
-            }
-            Ok(None) => {
-                let request = rebuild_request(request, kind);
-                return (HttpOutcome::PassThrough, inner.call(request).await);
-            }
+    let key =
+        match header_key.map_or_else(|| config.settings.key.read(&request), |key| Ok(Some(key))) {
+            Ok(key) => key,
             Err(error) => {
                 let problem = Problem::KeyInvalid {
                     place: KeyPlace::Other(config.settings.key.place()),
@@ -178,7 +167,16 @@ where
                     Ok(problem_response(&config.settings, &problem)),
                 );
             }
-        },
+        };
+    let Some(key) = key else {
+        // Powertools keyed its records on the request itself (a field of
+        // the body, say), with or without this crate's key: a retry of a
+        // request the old function ran must find its record first.
+        #[cfg(feature = "powertools")]
+        if let Some(answered) = powertools_first(config, &request, kind, None).await {
+            return answered;
+        }
+        return keyless(&config.settings, inner, rebuild_request(request, kind)).await;
     };
     let Some(scope) = scope_for(&config.settings.scope, &request) else {
         return (
@@ -187,14 +185,8 @@ where
         );
     };
     #[cfg(feature = "powertools")]
-    if let Some(compat) = &config.settings.powertools {
-        // Nothing to read with idempotency off; nor for a key this
-        // instance answers from its cache (it holds this crate's outcome).
-        if !config.engine.skips_powertools(&scope, Some(&key)) {
-            if let Some(found) = crate::powertools::http::answer(compat, &request).await {
-                return respond::powertools(&config.settings, found);
-            }
-        }
+    if let Some(answered) = powertools_first(config, &request, kind, Some((&scope, &key))).await {
+        return answered;
     }
     let deadline_ms = lambda_context::deadline_ms(&request);
     let fingerprint = config.settings.fingerprint.of(&request);
@@ -202,6 +194,71 @@ where
     let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms);
     let (result, live) = run_detached(Arc::clone(config), attempt, inner, request).await;
     respond(&config.settings, result, live)
+}
+
+/// A request without a key: refused when one is required, otherwise
+/// passed to the handler as it is.
+async fn keyless<S, B, ResBody>(
+    settings: &Settings,
+    mut inner: S,
+    request: Request<B>,
+) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
+where
+    S: Inner<B, ResBody>,
+    B: LayerBody,
+    ResBody: LayerBody,
+{
+    if settings.require_key {
+        let problem = Problem::KeyMissing {
+            place: settings.key.place(),
+        };
+        return (
+            HttpOutcome::BadKey,
+            Ok(problem_response(settings, &problem)),
+        );
+    }
+    (HttpOutcome::PassThrough, inner.call(request).await)
+}
+
+/// Whether requests are checked against Powertools' records first.
+fn reads_powertools(settings: &Settings) -> bool {
+    #[cfg(feature = "powertools")]
+    return settings.powertools.is_some();
+    #[cfg(not(feature = "powertools"))]
+    {
+        let _ = settings;
+        false
+    }
+}
+
+/// The answer Powertools' record gives `request`, in compatibility mode:
+/// not with idempotency off, nor for a key (`scope`, `key`) this instance
+/// answers from its cache (that holds this crate's own outcome).
+#[cfg(feature = "powertools")]
+async fn powertools_first<St, E, ResBody>(
+    config: &Config<St>,
+    request: &Request<bytes::Bytes>,
+    kind: super::body::Kind,
+    scoped_key: Option<(&str, &str)>,
+) -> Option<(HttpOutcome, Result<Response<ResBody>, E>)>
+where
+    St: Store,
+    ResBody: LayerBody,
+{
+    let compat = config.settings.powertools.as_ref()?;
+    let skips = match scoped_key {
+        Some((scope, key)) => config.engine.skips_powertools(scope, Some(key)),
+        None => config.engine.skips_powertools("", None),
+    };
+    if skips {
+        return None;
+    }
+    let delivery = crate::powertools::http::Delivery {
+        base64_body: kind.delivered_base64(),
+        infers_plain_responses: lambda_context::infers_plain_responses(request),
+    };
+    let found = crate::powertools::http::answer(compat, request, delivery).await?;
+    Some(respond::powertools(&config.settings, found))
 }
 
 /// Runs the attempt on a task of its own, from the claim on, so that the
@@ -243,8 +300,7 @@ where
 }
 
 /// The key in the configured header: `Ok(None)` when there is none (or the
-/// key comes from elsewhere) and it is optional; a problem when it is
-/// missing, repeated or malformed.
+/// key comes from elsewhere); a problem when it is repeated or malformed.
 fn read_header_key<B>(
     settings: &Settings,
     request: &Request<B>,
@@ -258,9 +314,6 @@ fn read_header_key<B>(
     };
     let mut values = request.headers().get_all(name).iter();
     match (values.next(), values.next()) {
-        (None, _) if settings.require_key => Err(Problem::KeyMissing {
-            place: settings.key.place(),
-        }),
         (None, _) => Ok(None),
         (Some(_), Some(_)) => Err(invalid(KeyError::Repeated)),
         (Some(value), None) => parse_key(value.as_bytes()).map(Some).map_err(invalid),

@@ -4,9 +4,36 @@
 
 use super::{PowertoolsCompat, PowertoolsFound};
 use crate::{http::StoredBody, Error, StoreError, StoreErrorKind};
+use base64::{
+    alphabet,
+    engine::{general_purpose::STANDARD, DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
+    Engine as _,
+};
 use bytes::Bytes;
-use http::{header::SET_COOKIE, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{
+    header::{CONTENT_TYPE, SET_COOKIE},
+    HeaderName, HeaderValue, Request, Response, StatusCode,
+};
 use serde_json::{Map, Value};
+
+/// How API Gateway read a proxy response's base64 body: padding optional.
+const LENIENT_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true),
+);
+
+/// How the request reached the function, as far as Powertools' record
+/// depends on it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Delivery {
+    /// The event carried the body base64-encoded (`isBase64Encoded`).
+    pub(crate) base64_body: bool,
+    /// The entry point serves a response without `statusCode` as 200 JSON
+    /// (payload format 2.0), rather than refusing it.
+    pub(crate) infers_plain_responses: bool,
+}
 
 /// What Powertools' record says of `request`, when it decides it: the
 /// response it stored, to replay, or why the request is refused (its
@@ -15,29 +42,35 @@ use serde_json::{Map, Value};
 pub(crate) async fn answer(
     compat: &PowertoolsCompat,
     request: &Request<Bytes>,
+    delivery: Delivery,
 ) -> Option<Result<Response<StoredBody>, Error>> {
-    match compat.check_in(&request_view(request), true).await {
+    match compat
+        .check_in(&request_view(request, delivery.base64_body), true)
+        .await
+    {
         Ok(None) => None,
         Ok(Some(PowertoolsFound::InProgress { retry_after })) => {
             Some(Err(Error::InProgress { retry_after }))
         }
-        Ok(Some(PowertoolsFound::Completed { data })) => {
-            Some(proxy_response(data.as_deref()).map_err(|why| {
+        Ok(Some(PowertoolsFound::Completed { data })) => Some(
+            proxy_response(data.as_deref(), delivery.infers_plain_responses).map_err(|why| {
                 Error::Store(StoreError::new(
                     StoreErrorKind::CorruptRecord,
                     format!("the Powertools record cannot be replayed as an HTTP response: {why}"),
                 ))
-            }))
-        }
+            }),
+        ),
         Err(error) => Some(Err(error)),
     }
 }
 
 /// What an `event_key_jmespath` can read of an HTTP request: `headers`
 /// (lowercased names; repeated values joined with commas, as API Gateway's
-/// HTTP API does) and `body` as text (`null` for a binary body: API Gateway
-/// sent it base64-encoded, which `powertools_json` cannot read either).
-pub(crate) fn request_view(request: &Request<Bytes>) -> Value {
+/// HTTP API does) and `body` as the event carried it: base64 text when it
+/// was delivered so (Powertools hashed that text, and `powertools_json`
+/// cannot read it), otherwise the text (`null` for bytes that are not
+/// UTF-8, which no event carries as text).
+pub(crate) fn request_view(request: &Request<Bytes>, base64_body: bool) -> Value {
     let mut headers = Map::new();
     for name in request.headers().keys() {
         let values: Vec<&str> = request
@@ -49,6 +82,7 @@ pub(crate) fn request_view(request: &Request<Bytes>) -> Value {
         headers.insert(name.as_str().to_owned(), Value::String(values.join(",")));
     }
     let body = match std::str::from_utf8(request.body()) {
+        _ if base64_body => Value::String(STANDARD.encode(request.body())),
         Ok("") => Value::Null,
         Ok(text) => Value::String(text.to_owned()),
         Err(_) => Value::Null,
@@ -59,17 +93,31 @@ pub(crate) fn request_view(request: &Request<Bytes>) -> Value {
     Value::Object(view)
 }
 
-/// Powertools' stored response (`json.dumps` of the handler's proxy
-/// response dict) as a response: `statusCode`, `headers`,
-/// `multiValueHeaders`, `cookies` (HTTP API), and `body`, decoded from
-/// base64 when `isBase64Encoded`. Anything else is an error that names what
-/// is wrong (the record cannot be replayed as HTTP).
-pub(crate) fn proxy_response(data: Option<&str>) -> Result<Response<StoredBody>, String> {
+/// Powertools' stored response (`json.dumps` of what the handler
+/// returned) as API Gateway served it: a proxy response dict's
+/// `statusCode`, `headers`, `multiValueHeaders`, `cookies` (HTTP API), and
+/// `body`, decoded from base64 when `isBase64Encoded`; with
+/// `infers_plain_responses` (payload format 2.0), any other JSON as a 200
+/// `application/json` response with that JSON as its body. Anything else
+/// is an error that names what is wrong (the record cannot be replayed as
+/// HTTP).
+pub(crate) fn proxy_response(
+    data: Option<&str>,
+    infers_plain_responses: bool,
+) -> Result<Response<StoredBody>, String> {
     let data = data.ok_or("the COMPLETED record holds no response")?;
     let value: Value =
         serde_json::from_str(data).map_err(|e| format!("the response is not JSON: {e}"))?;
-    let Value::Object(dict) = value else {
-        return Err("the response is not a proxy response dict".to_owned());
+    let dict = match value {
+        Value::Object(dict) if dict.contains_key("statusCode") => dict,
+        _ if infers_plain_responses => return Ok(plain_response(data)),
+        _ => {
+            return Err(
+                "the response has no statusCode, which API Gateway's payload format 1.0 \
+                 (REST APIs) and ALB refuse: the client got an error from them, not this"
+                    .to_owned(),
+            )
+        }
     };
     let status = dict
         .get("statusCode")
@@ -132,33 +180,19 @@ pub(crate) fn proxy_response(data: Option<&str>) -> Result<Response<StoredBody>,
     Ok(response)
 }
 
+/// A Lambda response without `statusCode`, as payload format 2.0 serves it.
+fn plain_response(json: &str) -> Response<StoredBody> {
+    let mut response = Response::new(StoredBody::Text(json.to_owned()));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
 /// Standard base64 (with or without padding), as API Gateway reads a
 /// proxy response's body.
 fn decode_base64(text: &str) -> Option<Vec<u8>> {
-    fn sextet(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
-    let bytes = text.trim_end_matches('=').as_bytes();
-    if bytes.len() % 4 == 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
-    for chunk in bytes.chunks(4) {
-        let mut acc = 0u32;
-        for (i, c) in chunk.iter().enumerate() {
-            acc |= sextet(*c)? << (18 - 6 * i);
-        }
-        let produced = chunk.len() * 6 / 8;
-        out.extend_from_slice(&acc.to_be_bytes()[1..1 + produced]);
-    }
-    Some(out)
+    LENIENT_BASE64.decode(text).ok()
 }
 
 #[cfg(test)]
@@ -172,7 +206,7 @@ mod tests {
     #[test]
     fn a_proxy_response_becomes_the_response() {
         let data = r#"{"body": "{\"id\": \"ch_1\"}", "cookies": ["a=1"], "headers": {"Content-Type": "application/json", "X-N": 5}, "multiValueHeaders": {"Vary": ["a", "b"]}, "statusCode": 201}"#;
-        let response = proxy_response(Some(data)).unwrap();
+        let response = proxy_response(Some(data), false).unwrap();
         assert_eq!(response.status(), 201);
         assert_eq!(body_bytes(&response), br#"{"id": "ch_1"}"#);
         assert_eq!(response.headers()["content-type"], "application/json");
@@ -191,7 +225,7 @@ mod tests {
         ] {
             let data =
                 format!(r#"{{"statusCode": 200, "body": "{encoded}", "isBase64Encoded": true}}"#);
-            let response = proxy_response(Some(&data)).unwrap();
+            let response = proxy_response(Some(&data), false).unwrap();
             assert_eq!(body_bytes(&response), decoded, "{encoded}");
         }
     }
@@ -209,7 +243,30 @@ mod tests {
             Some("{\"statusCode\": 200, \"headers\": {\"a b\": \"x\"}}"),
             Some("{not json"),
         ] {
-            assert!(proxy_response(data).is_err(), "{data:?}");
+            assert!(proxy_response(data, false).is_err(), "{data:?}");
         }
+    }
+
+    #[test]
+    fn without_status_code_payload_format_2_serves_200_json() {
+        for data in [
+            r#"{"charge": "ch_1", "body": "x"}"#,
+            r#"[1, 2]"#,
+            r#""text""#,
+            "null",
+        ] {
+            let response = proxy_response(Some(data), true).unwrap();
+            assert_eq!(response.status(), 200, "{data}");
+            assert_eq!(response.headers()["content-type"], "application/json");
+            assert_eq!(body_bytes(&response), data.as_bytes());
+            let why = proxy_response(Some(data), false).unwrap_err();
+            assert!(why.contains("no statusCode"), "{why}");
+        }
+        // A proxy response is read as one, whatever the entry point.
+        let response = proxy_response(Some(r#"{"statusCode": 202}"#), true).unwrap();
+        assert_eq!(response.status(), 202);
+        // Not JSON, or no response at all, is never served.
+        assert!(proxy_response(Some("{not json"), true).is_err());
+        assert!(proxy_response(None, true).is_err());
     }
 }

@@ -88,5 +88,44 @@ def sqs_handler(event, context):
     return [process_record(record=record) for record in event["Records"]]
 
 
-HANDLERS = {"header": header_handler, "body": body_handler, "sqs": sqs_handler}
-STORES = {"header": header_store, "body": body_store, "sqs": sqs_store}
+raw_store = persistence()
+raw_config = IdempotencyConfig(event_key_jmespath="body", expires_after_seconds=EXPIRES)
+
+
+@idempotent(config=raw_config, persistence_store=raw_store)
+def raw_handler(event, context):
+    """Keyed on the body as the event carries it (base64 text, if so)."""
+    die_if_asked()
+    return {"statusCode": 201, "headers": {"X-Served-By": "powertools"}, "body": "raw " + event["body"][:12]}
+
+
+plain_store = persistence()
+plain_config = IdempotencyConfig(
+    event_key_jmespath="powertools_json(body).order_id",
+    expires_after_seconds=EXPIRES,
+)
+
+
+@idempotent(config=plain_config, persistence_store=plain_store)
+def plain_handler(event, context):
+    """An HTTP API (payload format 2.0) handler returning a plain dict:
+    API Gateway serves it as 200 application/json."""
+    die_if_asked()
+    body = json.loads(event["body"])
+    return {"charge": "ch_pt_" + str(body["order_id"]), "amount": body["amount"], "note": "réglé"}
+
+
+HANDLERS = {
+    "header": header_handler,
+    "body": body_handler,
+    "sqs": sqs_handler,
+    "raw": raw_handler,
+    "plain": plain_handler,
+}
+STORES = {
+    "header": header_store,
+    "body": body_store,
+    "sqs": sqs_store,
+    "raw": raw_store,
+    "plain": plain_store,
+}

@@ -6,11 +6,16 @@ handlers, for the compatibility test (tests/powertools_compat.rs).
 For each handler (header key, body-field key, SQS messageId), one request
 of each state: completed (the handler ran), in progress (the process was
 killed inside the handler), expired (completed with a one-second expiry,
-then waited out) and absent (never sent). The manifest holds the events,
+then waited out) and absent (never sent). Then the edge cases, completed:
+payloads only Python reads as it does (`-0`, integers past 64 bits, lone
+surrogates, deep nesting, NaN), a body delivered base64-encoded and keyed
+as delivered, an HTTP API handler returning a plain dict, and a request
+without the Rust function's key header. The manifest holds the events,
 the responses Powertools returned, what it answered to a retry of a
 completed request, and the record ids it computed.
 """
 
+import base64
 import copy
 import json
 import os
@@ -40,6 +45,45 @@ def http_event(key, order_id, amount):
     event["multiValueHeaders"]["Idempotency-Key"] = [key]
     event["body"] = json.dumps({"order_id": order_id, "amount": amount, "currency": "eur"})
     return event
+
+
+def http_api_event(body):
+    with open(os.path.join(ROOT, "events", "http-api-create-charge.json")) as f:
+        event = json.load(f)
+    event["body"] = body
+    return event
+
+
+def edge_cases():
+    """(name, handler, event): requests Powertools completes, whose retries
+    the Rust function must replay without running its handler."""
+    nested = "[" * 150 + "]" * 150
+    cases = [
+        ("minus_zero_key", "body", '{"order_id": -0, "amount": 1}'),
+        ("big_int_key", "body", '{"order_id": 123456789012345678901234567890, "amount": 1}'),
+        ("lone_surrogate_key", "body", '{"order_id": "a\\ud800b", "amount": 1}'),
+        ("nested_150_key", "body", '{"order_id": ' + nested + ', "amount": 1}'),
+        ("nan_key", "body", '{"order_id": NaN, "amount": 1}'),
+        ("minus_zero_validation", "header", '{"order_id": "o-mz", "amount": -0}'),
+        ("lone_surrogate_validation", "header", '{"order_id": "o-ls", "amount": 1, "memo": "\\udc00"}'),
+    ]
+    events = []
+    for name, handler, body in cases:
+        event = http_event(f"pt-edge-{name}", "unused", 0)
+        event["body"] = body
+        events.append((name, handler, event))
+    encoded = http_event("pt-edge-base64", "o-b64", 7)
+    encoded["body"] = base64.b64encode(b'{"order_id": "o-b64", "amount": 7, "note": "\xc3\xa9"}').decode()
+    encoded["isBase64Encoded"] = True
+    events.append(("base64_body_raw_key", "raw", encoded))
+    plain = http_api_event('{"order_id": "o-plain", "amount": 5}')
+    plain["headers"]["idempotency-key"] = "pt-edge-plain"
+    events.append(("plain_dict_http_api", "plain", plain))
+    keyless = http_event("unused", "o-keyless", 9)
+    del keyless["headers"]["Idempotency-Key"]
+    del keyless["multiValueHeaders"]["Idempotency-Key"]
+    events.append(("no_key_header", "body", keyless))
+    return events
 
 
 def sqs_event(message_ids):
@@ -109,6 +153,27 @@ def main():
                 last_expiring = time.time()
             case["powertools_id"] = app.STORES[handler]._get_hashed_idempotency_key(data=event)
             manifest["http"].append(case)
+
+    manifest["edge"] = []
+    for name, handler, event in edge_cases():
+        response = app.HANDLERS[handler](event, Context())
+        try:
+            again = app.HANDLERS[handler](event, Context())
+            assert again == response, f"{name}: Powertools replayed another response"
+            retry = "replayed"
+        except IdempotencyValidationError:
+            # Its Redis layer drops the validation hash on completion.
+            retry = "validation_error"
+        manifest["edge"].append(
+            {
+                "name": name,
+                "handler": handler,
+                "event": event,
+                "response": response,
+                "powertools_retry": retry,
+                "powertools_id": app.STORES[handler]._get_hashed_idempotency_key(data=event),
+            }
+        )
 
     message_ids = {state: f"msg-{state}" for state in ids}
     event = sqs_event(list(message_ids.values()))
