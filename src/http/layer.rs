@@ -310,8 +310,11 @@ impl<St: Store> IdempotencyLayer<St> {
     /// request, read the record Powertools wrote for it; a completed one
     /// is replayed (its proxy response, with the `idempotent-replayed`
     /// header), one in progress answers 409. Runs on every request of an
-    /// idempotent method, with or without a key header, unless the local
-    /// cache answers it. See [`crate::powertools`].
+    /// idempotent method, with or without a key header (Powertools may
+    /// have keyed on the body: a request without this crate's key is
+    /// answered from Powertools' record before `require_key` refuses it or
+    /// it passes through), unless the local cache answers it. See
+    /// [`crate::powertools`].
     #[cfg(feature = "powertools")]
     #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
     pub fn powertools(mut self, compat: crate::powertools::PowertoolsCompat) -> Self {

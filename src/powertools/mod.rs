@@ -48,22 +48,45 @@
 //! code point order, `ensure_ascii`, floats as Python's `repr`), as
 //! Powertools' `BasePersistenceLayer._generate_hash` computes it; a selection
 //! that Powertools counts as missing (null, `""`, an empty list or object, a
-//! list or object of nulls) had no record and is not looked up.
+//! list or object of nulls) had no record and is not looked up. A payload
+//! `powertools_json` decodes is read as Python's `json.loads` reads it, not
+//! as serde_json would: `-0` is the integer `0`, an integer keeps all its
+//! digits (a 30-digit id too), `NaN` and `Infinity` are floats, a lone
+//! surrogate escape (`"\ud800"`) stays in the string, and arrays and
+//! objects nest as deep as Python reads them (serde_json stops at 128).
 //!
 //! # What it sees of a request
 //!
 //! - HTTP: the request's `headers` (matched in any case: `lambda_http`
 //!   lowercases names, API Gateway REST keeps the client's) and its `body`
-//!   as text (a body API Gateway sent base64-encoded is not JSON to
-//!   `powertools_json` either, so Powertools wrote no record for it). The
-//!   whole API Gateway event, as Lambda delivered it, is not available
-//!   after `lambda_http` parsed it; it also holds the request id and time,
-//!   so Powertools keyed on the whole event never matched a client's retry
-//!   anyway. A closure sees the same view: `{"headers": {...}, "body": ...}`.
+//!   as the event carried it: the text, or for a body API Gateway delivered
+//!   base64-encoded (`isBase64Encoded`), that base64 text, which Powertools
+//!   hashed with `event_key_jmespath="body"` (and which `powertools_json`
+//!   cannot read, in Powertools either). The whole API Gateway event, as
+//!   Lambda delivered it, is not available after `lambda_http` parsed it; it
+//!   also holds the request id and time, so Powertools keyed on the whole
+//!   event never matched a client's retry anyway. A closure sees the same
+//!   view: `{"headers": {...}, "body": ...}`.
+//! - HTTP, a request without this crate's key: read too. Powertools may
+//!   have keyed on the body (`powertools_json(body).order_id`), so a retry
+//!   of a request the old function ran carries no `Idempotency-Key`; its
+//!   record is answered before [`require_key`] refuses the request or lets
+//!   it pass through.
 //! - Batches: the record serialised by `aws_lambda_events` (`messageId`,
 //!   `body`, `attributes`...). A field path is exact; the whole record is
 //!   not (the crate's types write fields Lambda left out), so key batches on
 //!   a field, as Powertools' own examples do (`messageId`).
+//!
+//! # What a replay looks like
+//!
+//! A completed record's response is what API Gateway served for it: a
+//! proxy response dict (`statusCode`, `headers`, `multiValueHeaders`,
+//! `cookies`, `body`, base64 when `isBase64Encoded`) becomes that response.
+//! A handler behind an HTTP API (payload format 2.0) or a Function URL may
+//! return any other JSON, such as a plain dict: API Gateway served it as a
+//! 200 `application/json` response with that JSON as its body, and so does
+//! the replay. Behind a REST API or ALB, which answered such a response with
+//! an error, the record is reported as unreadable (500).
 //!
 //! # Which Powertools
 //!
@@ -97,9 +120,22 @@
 //! - A Powertools response replayed by the HTTP layer is not stored again
 //!   in this crate's table: each retry reads the Powertools record again,
 //!   until it expires.
-//! - Integers beyond 64 bits and Python-only values (`NaN`, `Infinity`) in a
-//!   selection hash differently here, and miss.
+//! - Where it still differs from Powertools (checked against Powertools
+//!   3.37 on CPython 3.11, which writes the records of the tests):
+//!   - Nesting: CPython refuses a payload nested about 1,000 levels deep
+//!     (its recursion limit; in the tests' CPython 3.11 `json.loads` reads
+//!     990 levels and refuses 1,000, and other versions differ); this mode
+//!     reads up to 999. A payload Python refused is looked up here and has
+//!     no record (Powertools raised): the crate's protocol runs, as it
+//!     should.
+//!   - A replayed plain HTTP API response has the JSON Powertools stored
+//!     (`json.dumps` with sorted keys and `ensure_ascii`), as Powertools'
+//!     own replay has; the first response had the Lambda runtime's
+//!     serialisation of the same value. Same JSON, not the same bytes.
+//!   - The HTTP view has no whole event and a batch record's serialisation
+//!     is `aws_lambda_events`' (above): key on fields.
 //!
+//! [`require_key`]: crate::http::IdempotencyLayer::require_key
 //! [`IdempotencyLayer::powertools`]: crate::http::IdempotencyLayer::powertools
 //! [`Batch::powertools`]: crate::consumers::Batch::powertools
 
