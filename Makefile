@@ -148,7 +148,7 @@ $(TOOLS)/bench-py/.installed:
 	touch $@
 
 comparison/node_modules/.installed: comparison/package.json
-	npm install --prefix bench --no-audit --no-fund --loglevel=error
+	npm install --prefix comparison --no-audit --no-fund --loglevel=error
 	touch $@
 
 ## cfn-lint and sam validate --lint (both offline).

@@ -5,7 +5,7 @@
 //! to `powertools_json(<path>)` (a field holding a JSON document, such as an
 //! API Gateway body), and the empty expression (the whole event).
 
-use super::python::{self, PyValue};
+use super::json::{self, Dialect, Json};
 use serde_json::Value;
 use std::fmt;
 
@@ -108,17 +108,18 @@ impl Expression {
         &self,
         event: &Value,
         headers_any_case: bool,
-    ) -> Result<PyValue, EvalError> {
+        dialect: Dialect,
+    ) -> Result<Json, EvalError> {
         let Some(path) = &self.decode else {
             // Only what is selected is converted: an event's body can be
             // megabytes that a key in a header never reads.
             return Ok(match &self.selection {
-                Selection::Path(path) => PyValue::from(select(event, path, headers_any_case)),
-                Selection::List(_) if event.is_null() => PyValue::None,
-                Selection::List(paths) => PyValue::List(
+                Selection::Path(path) => Json::from(select(event, path, headers_any_case)),
+                Selection::List(_) if event.is_null() => Json::Null,
+                Selection::List(paths) => Json::Array(
                     paths
                         .iter()
-                        .map(|path| PyValue::from(select(event, path, headers_any_case)))
+                        .map(|path| Json::from(select(event, path, headers_any_case)))
                         .collect(),
                 ),
             });
@@ -126,12 +127,12 @@ impl Expression {
         let Value::String(text) = select(event, path, headers_any_case) else {
             return Err(EvalError::NotJson);
         };
-        let decoded = python::loads(text).map_err(|_| EvalError::NotJson)?;
+        let decoded = json::loads(text, dialect).map_err(|_| EvalError::NotJson)?;
         Ok(match &self.selection {
             Selection::Path(path) => select_decoded(&decoded, path).clone(),
             // JMESPath: a multiselect on null is null.
-            Selection::List(_) if decoded == PyValue::None => PyValue::None,
-            Selection::List(paths) => PyValue::List(
+            Selection::List(_) if decoded == Json::Null => Json::Null,
+            Selection::List(paths) => Json::Array(
                 paths
                     .iter()
                     .map(|path| select_decoded(&decoded, path).clone())
@@ -169,10 +170,10 @@ fn select<'a>(value: &'a Value, path: &[String], headers_any_case: bool) -> &'a 
 }
 
 /// A field path in a document `powertools_json` decoded.
-fn select_decoded<'a>(value: &'a PyValue, path: &[String]) -> &'a PyValue {
+fn select_decoded<'a>(value: &'a Json, path: &[String]) -> &'a Json {
     path.iter()
         .try_fold(value, |current, field| current.get(field))
-        .unwrap_or(&PyValue::None)
+        .unwrap_or(&Json::Null)
 }
 
 /// `a.b."c-d"` into its fields; `None` when it is not a plain path.
@@ -246,14 +247,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn py(value: Value) -> PyValue {
-        PyValue::from(&value)
+    fn py(value: Value) -> Json {
+        Json::from(&value)
     }
 
-    fn eval(expression: &str, event: &Value) -> Result<PyValue, EvalError> {
+    fn eval(expression: &str, event: &Value) -> Result<Json, EvalError> {
         Expression::parse(expression)
             .unwrap()
-            .evaluate(event, false)
+            .evaluate(event, false, Dialect::Python)
     }
 
     #[test]
@@ -285,7 +286,7 @@ mod tests {
             eval("[messageId, nope]", &event),
             Ok(py(json!(["m-1", null])))
         );
-        assert_eq!(eval("nope.deeper", &event), Ok(PyValue::None));
+        assert_eq!(eval("nope.deeper", &event), Ok(Json::Null));
         assert_eq!(
             eval("powertools_json(messageId).x", &event),
             Err(EvalError::NotJson)
@@ -300,8 +301,8 @@ mod tests {
     fn headers_match_any_case_only_when_asked() {
         let event = json!({"headers": {"idempotency-key": "k1"}});
         let expression = Expression::parse("headers.\"Idempotency-Key\"").unwrap();
-        assert_eq!(expression.evaluate(&event, true), Ok(py(json!("k1"))));
-        assert_eq!(expression.evaluate(&event, false), Ok(PyValue::None));
+        assert_eq!(expression.evaluate(&event, true, Dialect::Python), Ok(py(json!("k1"))));
+        assert_eq!(expression.evaluate(&event, false, Dialect::Python), Ok(Json::Null));
     }
 
     #[test]

@@ -142,14 +142,14 @@
 mod expr;
 #[cfg(feature = "http")]
 pub(crate) mod http;
-mod python;
+mod json;
 
 pub use expr::UnsupportedExpression;
 
 use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock};
 use expr::{EvalError, Expression};
 use futures_util::future::BoxFuture;
-use python::PyValue;
+use json::{Dialect, Json};
 use serde_json::Value;
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -165,17 +165,72 @@ pub enum HashFunction {
 }
 
 impl HashFunction {
-    fn hex(self, bytes: &[u8]) -> String {
+    fn digest(self, bytes: &[u8]) -> Vec<u8> {
         match self {
             HashFunction::Md5 => {
                 use md5::Digest;
-                hex::encode(md5::Md5::digest(bytes))
+                md5::Md5::digest(bytes).to_vec()
             }
             HashFunction::Sha256 => {
                 use sha2::Digest;
-                hex::encode(sha2::Sha256::digest(bytes))
+                sha2::Sha256::digest(bytes).to_vec()
             }
         }
+    }
+}
+
+/// Which port of Powertools wrote the records: each hashes its own JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Port {
+    /// Python: the hex digest of `json.dumps(selected, sort_keys=True)`.
+    Python,
+    /// TypeScript: the base64 digest of `JSON.stringify(deepSort(selected))`.
+    TypeScript,
+}
+
+impl Port {
+    fn dialect(self) -> Dialect {
+        match self {
+            Port::Python => Dialect::Python,
+            Port::TypeScript => Dialect::JavaScript,
+        }
+    }
+
+    /// Whether Powertools wrote a record for this selection. Python skips
+    /// idempotency for what `is_missing_idempotency_key` calls missing (null,
+    /// `""`, empty or all-null lists and objects); TypeScript only for null
+    /// (with `throwOnNoIdempotencyKey` off, its default: otherwise it raised
+    /// for more, and a lookup here finds nothing).
+    fn has_record(self, selected: &Json) -> bool {
+        match self {
+            Port::Python => !python_missing(selected),
+            Port::TypeScript => *selected != Json::Null,
+        }
+    }
+
+    /// The hash Powertools computed for a selection.
+    fn hash(self, function: HashFunction, selected: &Json) -> String {
+        match self {
+            Port::Python => hex::encode(function.digest(json::python::dumps(selected).as_bytes())),
+            Port::TypeScript => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .encode(function.digest(json::javascript::stringify(selected).as_bytes()))
+            }
+        }
+    }
+}
+
+/// Powertools (Python)'s `is_missing_idempotency_key`.
+fn python_missing(value: &Json) -> bool {
+    match value {
+        Json::Null => true,
+        Json::Bool(_) | Json::Number(_) => false,
+        Json::String(text) => text.is_empty(),
+        Json::Array(items) => items.iter().all(|item| *item == Json::Null),
+        Json::Object(members) => Json::unique_members(members)
+            .iter()
+            .all(|(_, value)| **value == Json::Null),
     }
 }
 
@@ -294,21 +349,22 @@ enum Selection {
 
 impl Selection {
     /// The selected value, `None` when Powertools would have had no key.
-    fn select(&self, event: &Value, headers_any_case: bool) -> Option<PyValue> {
-        let value = self.evaluate(event, headers_any_case)?;
-        (!value.is_missing()).then_some(value)
+    fn select(&self, event: &Value, headers_any_case: bool, port: Port) -> Option<Json> {
+        let value = self.evaluate(event, headers_any_case, port)?;
+        port.has_record(&value).then_some(value)
     }
 
     /// What the expression or closure selects, `None` when Powertools
-    /// raised (`powertools_json` of what is not JSON to Python).
-    fn evaluate(&self, event: &Value, headers_any_case: bool) -> Option<PyValue> {
+    /// raised (`powertools_json` of what is not JSON to its language).
+    fn evaluate(&self, event: &Value, headers_any_case: bool, port: Port) -> Option<Json> {
         match self {
-            Selection::Expression(expression) => match expression.evaluate(event, headers_any_case)
-            {
-                Ok(value) => Some(value),
-                Err(EvalError::NotJson) => None,
-            },
-            Selection::Closure(closure) => closure(event).map(|value| PyValue::from(&value)),
+            Selection::Expression(expression) => {
+                match expression.evaluate(event, headers_any_case, port.dialect()) {
+                    Ok(value) => Some(value),
+                    Err(EvalError::NotJson) => None,
+                }
+            }
+            Selection::Closure(closure) => closure(event).map(|value| Json::from(&value)),
         }
     }
 }
@@ -322,6 +378,7 @@ pub struct PowertoolsCompat {
     key: Selection,
     validation: Option<Selection>,
     hash: HashFunction,
+    port: Port,
     layout: PowertoolsLayout,
     clock: Arc<dyn Clock>,
 }
@@ -332,6 +389,7 @@ impl fmt::Debug for PowertoolsCompat {
             .field("reader", &self.reader)
             .field("prefix", &self.prefix)
             .field("hash", &self.hash)
+            .field("port", &self.port)
             .field("layout", &self.layout)
             .finish_non_exhaustive()
     }
@@ -362,9 +420,26 @@ impl PowertoolsCompat {
             key: Selection::Expression(Expression::whole()),
             validation: None,
             hash: HashFunction::default(),
+            port: Port::Python,
             layout: PowertoolsLayout::default(),
             clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Records of Powertools for AWS Lambda (TypeScript)
+    /// (`@aws-lambda-powertools/idempotency`: `makeIdempotent`, the
+    /// `@idempotent` decorator, the Middy middleware) under `key_prefix`:
+    /// the Lambda function's name (`AWS_LAMBDA_FUNCTION_NAME`), or its
+    /// `keyPrefix` option when set. Its record ids are
+    /// `{key_prefix}#{hash}`, the base64 digest of
+    /// `JSON.stringify(deepSort(selected))`; its DynamoDB records hold the
+    /// response as a map, read here as its JSON. Configure the rest as for
+    /// Python (`eventKeyJmesPath`, `payloadValidationJmesPath`,
+    /// `hashFunction`, the table's names). See the [module docs](self).
+    pub fn typescript(reader: impl PowertoolsRecords + 'static, key_prefix: impl Into<String>) -> Self {
+        let mut compat = Self::with_key_prefix(reader, key_prefix);
+        compat.port = Port::TypeScript;
+        compat
     }
 
     /// Powertools' `event_key_jmespath`, for the supported forms (see the
@@ -430,12 +505,12 @@ impl PowertoolsCompat {
     }
 
     fn record_id_in(&self, event: &Value, headers_any_case: bool) -> Option<String> {
-        let selected = self.key.select(event, headers_any_case)?;
+        let selected = self.key.select(event, headers_any_case, self.port)?;
         Some(format!("{}#{}", self.prefix, self.hash_of(&selected)))
     }
 
-    fn hash_of(&self, value: &PyValue) -> String {
-        self.hash.hex(python::dumps(value).as_bytes())
+    fn hash_of(&self, value: &Json) -> String {
+        self.port.hash(self.hash, value)
     }
 
     /// Reads the record Powertools wrote for `event` and says what it
@@ -475,8 +550,8 @@ impl PowertoolsCompat {
             if let Some(validation) = &self.validation {
                 // Powertools hashes the selection even when it is null.
                 let selected = validation
-                    .evaluate(event, headers_any_case)
-                    .unwrap_or(PyValue::None);
+                    .evaluate(event, headers_any_case, self.port)
+                    .unwrap_or(Json::Null);
                 if record.validation.as_deref() != Some(self.hash_of(&selected).as_str()) {
                     tracing::debug!(record = %id, outcome = "key_reused", "Powertools record");
                     return Err(Error::KeyReused);

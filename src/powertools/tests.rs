@@ -81,7 +81,7 @@ fn record_ids_are_powertools_own() {
         .unwrap();
     let selected = json!(10.5);
     assert_eq!(
-        validation.hash_of(&PyValue::from(&selected)),
+        validation.hash_of(&Json::from(&selected)),
         "10b3adf4529649ecb009c579e7713c8e"
     );
 }

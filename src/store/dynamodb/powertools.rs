@@ -82,11 +82,22 @@ fn decode(
             Some(_) => Err(corrupt(&format!("{name} is not a number"))),
         }
     };
+    // Python stores the response as JSON text; TypeScript as the value
+    // itself (a map, for a proxy response), read as its JSON.
+    let data = match item.get(&layout.data_attr) {
+        None | Some(AttributeValue::Null(_)) => None,
+        Some(AttributeValue::S(text)) => Some(text.clone()),
+        Some(value) => {
+            let value: serde_json::Value = serde_dynamo::from_attribute_value(value.clone())
+                .map_err(|e| corrupt(&format!("{} is not a response: {e}", layout.data_attr)))?;
+            Some(value.to_string())
+        }
+    };
     let status = string(&layout.status_attr)?.ok_or_else(|| corrupt("no status"))?;
     Ok(PowertoolsRecord {
         expiration_s: integer(&layout.expiry_attr)?,
         in_progress_expiration_ms: integer(&layout.in_progress_expiry_attr)?,
-        data: string(&layout.data_attr)?,
+        data,
         validation: string(&layout.validation_key_attr)?,
         ..PowertoolsRecord::new(status)
     })

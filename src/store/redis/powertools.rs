@@ -57,11 +57,17 @@ fn decode(
                 .ok_or_else(|| corrupt(&format!("{name} is not an integer"))),
         }
     };
+    // Python stores the response as JSON text; TypeScript as the value.
+    let data = match map.get(&layout.data_attr) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text.clone()),
+        Some(value) => Some(value.to_string()),
+    };
     let status = string(&layout.status_attr)?.ok_or_else(|| corrupt("no status"))?;
     Ok(PowertoolsRecord {
         expiration_s: integer(&layout.expiry_attr)?,
         in_progress_expiration_ms: integer(&layout.in_progress_expiry_attr)?,
-        data: string(&layout.data_attr)?,
+        data,
         // Empty: validation was off (Powertools writes "" then).
         validation: string(&layout.validation_key_attr)?.filter(|hash| !hash.is_empty()),
         ..PowertoolsRecord::new(status)

@@ -1,9 +1,20 @@
-//! Python's `json.loads`, for what Powertools' `powertools_json` reads: the
-//! grammar of RFC 8259 plus `NaN`, `Infinity` and `-Infinity`, with
-//! Python's values (see [`PyValue`]) and Python's limits.
+//! `json.loads` (Python) and `JSON.parse` (JavaScript), for what
+//! Powertools' `powertools_json` reads: the grammar of RFC 8259 (plus
+//! Python's `NaN`, `Infinity` and `-Infinity`) and each language's limits,
+//! into a [`Json`] document.
 
-use super::{PyStr, PyValue};
+use super::{Json, Utf16};
 use std::fmt;
+
+/// Whose reader the text is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// Python's `json.loads`: `NaN` and `Infinity`, integers up to 4,300
+    /// digits.
+    Python,
+    /// JavaScript's `JSON.parse`: RFC 8259 only.
+    JavaScript,
+}
 
 /// Nesting Python's decoder refuses (`RecursionError` at its recursion
 /// limit, 1,000 frames by default, of which the caller's stack uses a few):
@@ -14,23 +25,26 @@ const MAX_DEPTH: usize = 1_000;
 /// (`sys.get_int_max_str_digits()`); longer raises `ValueError`.
 const MAX_INT_DIGITS: usize = 4_300;
 
-/// Text that Python's `json.loads` refuses (or would not finish reading).
+/// Text the language's reader refuses (or would not finish reading).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct NotPythonJson {
+pub(crate) struct NotJson {
     at: usize,
 }
 
-impl fmt::Display for NotPythonJson {
+impl fmt::Display for NotJson {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "not JSON to Python at byte {}", self.at)
+        write!(f, "not JSON at byte {}", self.at)
     }
 }
 
-/// `json.loads(text)`.
-pub(crate) fn loads(text: &str) -> Result<PyValue, NotPythonJson> {
+/// `json.loads(text)` or `JSON.parse(text)`. Nesting is bounded by
+/// Python's limit for both: deeper is refused rather than read on a stack
+/// that might not hold it.
+pub(crate) fn loads(text: &str, dialect: Dialect) -> Result<Json, NotJson> {
     let mut parser = Parser {
         text: text.as_bytes(),
         at: 0,
+        dialect,
     };
     parser.skip_whitespace();
     let value = parser.value(0)?;
@@ -44,11 +58,12 @@ pub(crate) fn loads(text: &str) -> Result<PyValue, NotPythonJson> {
 struct Parser<'a> {
     text: &'a [u8],
     at: usize,
+    dialect: Dialect,
 }
 
 impl Parser<'_> {
-    fn error(&self) -> NotPythonJson {
-        NotPythonJson { at: self.at }
+    fn error(&self) -> NotJson {
+        NotJson { at: self.at }
     }
 
     fn peek(&self) -> Option<u8> {
@@ -73,27 +88,24 @@ impl Parser<'_> {
         matched
     }
 
-    fn value(&mut self, depth: usize) -> Result<PyValue, NotPythonJson> {
+    fn value(&mut self, depth: usize) -> Result<Json, NotJson> {
+        let python = self.dialect == Dialect::Python;
         match self.peek() {
-            Some(b'"') => Ok(PyValue::Str(self.string()?)),
+            Some(b'"') => Ok(Json::String(self.string()?)),
             Some(b'{') => self.object(depth + 1),
             Some(b'[') => self.array(depth + 1),
-            Some(b'-' | b'0'..=b'9') => {
-                if self.eat("-Infinity") {
-                    return Ok(PyValue::Float(f64::NEG_INFINITY));
-                }
-                self.number()
-            }
-            _ if self.eat("null") => Ok(PyValue::None),
-            _ if self.eat("true") => Ok(PyValue::Bool(true)),
-            _ if self.eat("false") => Ok(PyValue::Bool(false)),
-            _ if self.eat("NaN") => Ok(PyValue::Float(f64::NAN)),
-            _ if self.eat("Infinity") => Ok(PyValue::Float(f64::INFINITY)),
+            Some(b'-') if python && self.eat("-Infinity") => Ok(Json::Number("-Infinity".into())),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ if self.eat("null") => Ok(Json::Null),
+            _ if self.eat("true") => Ok(Json::Bool(true)),
+            _ if self.eat("false") => Ok(Json::Bool(false)),
+            _ if python && self.eat("NaN") => Ok(Json::Number("NaN".into())),
+            _ if python && self.eat("Infinity") => Ok(Json::Number("Infinity".into())),
             _ => Err(self.error()),
         }
     }
 
-    fn array(&mut self, depth: usize) -> Result<PyValue, NotPythonJson> {
+    fn array(&mut self, depth: usize) -> Result<Json, NotJson> {
         if depth >= MAX_DEPTH {
             return Err(self.error());
         }
@@ -101,14 +113,14 @@ impl Parser<'_> {
         let mut items = Vec::new();
         self.skip_whitespace();
         if self.eat("]") {
-            return Ok(PyValue::List(items));
+            return Ok(Json::Array(items));
         }
         loop {
             self.skip_whitespace();
             items.push(self.value(depth)?);
             self.skip_whitespace();
             if self.eat("]") {
-                return Ok(PyValue::List(items));
+                return Ok(Json::Array(items));
             }
             if !self.eat(",") {
                 return Err(self.error());
@@ -116,7 +128,7 @@ impl Parser<'_> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<PyValue, NotPythonJson> {
+    fn object(&mut self, depth: usize) -> Result<Json, NotJson> {
         if depth >= MAX_DEPTH {
             return Err(self.error());
         }
@@ -124,7 +136,7 @@ impl Parser<'_> {
         let mut entries = Vec::new();
         self.skip_whitespace();
         if self.eat("}") {
-            return Ok(PyValue::dict(entries));
+            return Ok(Json::Object(entries));
         }
         loop {
             self.skip_whitespace();
@@ -141,7 +153,7 @@ impl Parser<'_> {
             entries.push((key, value));
             self.skip_whitespace();
             if self.eat("}") {
-                return Ok(PyValue::dict(entries));
+                return Ok(Json::Object(entries));
             }
             if !self.eat(",") {
                 return Err(self.error());
@@ -149,11 +161,12 @@ impl Parser<'_> {
         }
     }
 
-    /// Python's `NUMBER_RE`: `-?(0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?`, an
-    /// `int` without fraction or exponent, a `float` with either.
-    fn number(&mut self) -> Result<PyValue, NotPythonJson> {
+    /// A number: `-?(0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?`, kept as written
+    /// (Python's `NUMBER_RE`, which makes an `int` of it without fraction
+    /// or exponent: at most 4,300 digits, `sys.get_int_max_str_digits()`).
+    fn number(&mut self) -> Result<Json, NotJson> {
         let start = self.at;
-        let negative = self.eat("-");
+        self.eat("-");
         let digits = |parser: &mut Self| {
             let from = parser.at;
             while matches!(parser.peek(), Some(b'0'..=b'9')) {
@@ -161,22 +174,21 @@ impl Parser<'_> {
             }
             parser.at - from
         };
-        let integer_start = self.at;
-        match self.peek() {
-            Some(b'0') => self.at += 1,
-            Some(b'1'..=b'9') => {
-                digits(self);
+        let integer_digits = match self.peek() {
+            Some(b'0') => {
+                self.at += 1;
+                1
             }
+            Some(b'1'..=b'9') => digits(self),
             _ => return Err(self.error()),
-        }
-        let integer_digits = self.at - integer_start;
-        let mut float = false;
+        };
+        let mut integer = true;
         // A fraction or exponent without digits is not part of the number
-        // (Python's regex stops before it), and what follows is an error.
+        // (both readers stop before it), and what follows is an error.
         if self.peek() == Some(b'.') && matches!(self.text.get(self.at + 1), Some(b'0'..=b'9')) {
             self.at += 1;
             digits(self);
-            float = true;
+            integer = false;
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
             let mark = self.at;
@@ -187,34 +199,20 @@ impl Parser<'_> {
             if digits(self) == 0 {
                 self.at = mark;
             } else {
-                float = true;
+                integer = false;
             }
         }
-        let literal = std::str::from_utf8(&self.text[start..self.at]).map_err(|_| self.error())?;
-        if float {
-            // Rust's parse is correctly rounded, as Python's float() is;
-            // beyond f64's range both give an infinity.
-            return literal
-                .parse::<f64>()
-                .map(PyValue::Float)
-                .map_err(|_| self.error());
-        }
-        if integer_digits > MAX_INT_DIGITS {
+        if integer && self.dialect == Dialect::Python && integer_digits > MAX_INT_DIGITS {
             return Err(self.error());
         }
-        // JSON forbids leading zeros, so the literal is Python's repr but
-        // for `-0`, which is the int 0.
-        Ok(PyValue::Int(if negative && literal == "-0" {
-            "0".to_owned()
-        } else {
-            literal.to_owned()
-        }))
+        let literal = std::str::from_utf8(&self.text[start..self.at]).map_err(|_| self.error())?;
+        Ok(Json::Number(literal.to_owned()))
     }
 
-    /// A string, as Python's `scanstring` reads it (strict: no raw control
-    /// characters): `\uXXXX` escapes kept as code units, so that a lone
-    /// surrogate stays one and an escaped pair is the character it encodes.
-    fn string(&mut self) -> Result<PyStr, NotPythonJson> {
+    /// A string, as both readers take it (no raw control characters):
+    /// `\uXXXX` escapes kept as code units, so that a lone surrogate stays
+    /// one and an escaped pair is the character it encodes.
+    fn string(&mut self) -> Result<Utf16, NotJson> {
         self.at += 1;
         let mut units = Vec::new();
         loop {
@@ -231,7 +229,7 @@ impl Parser<'_> {
             match self.peek() {
                 Some(b'"') => {
                     self.at += 1;
-                    return Ok(PyStr(units));
+                    return Ok(Utf16(units));
                 }
                 Some(b'\\') => {
                     self.at += 1;
@@ -256,7 +254,7 @@ impl Parser<'_> {
         }
     }
 
-    fn hex4(&mut self) -> Result<u16, NotPythonJson> {
+    fn hex4(&mut self) -> Result<u16, NotJson> {
         let hex = self
             .text
             .get(self.at..self.at + 4)
@@ -271,7 +269,7 @@ impl Parser<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::dumps;
+    use super::super::python::dumps;
     use super::*;
 
     /// Each expected string is what CPython 3.11 prints for
@@ -294,7 +292,7 @@ mod tests {
             ("1e5", "100000.0"),
         ];
         for (input, expected) in cases {
-            let value = loads(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+            let value = loads(input, Dialect::Python).unwrap_or_else(|e| panic!("{input}: {e}"));
             assert_eq!(dumps(&value), expected, "{input}");
         }
     }
@@ -303,19 +301,19 @@ mod tests {
     fn keys_sort_by_code_point_not_by_utf16_unit() {
         // U+FF01 sorts before U+1F600 as a code point, after it as UTF-16
         // (0xFF01 > 0xD83D).
-        let value = loads(r#"{"😀": 1, "！": 2}"#).unwrap();
+        let value = loads(r#"{"😀": 1, "！": 2}"#, Dialect::Python).unwrap();
         assert_eq!(dumps(&value), r#"{"\uff01": 2, "\ud83d\ude00": 1}"#);
     }
 
     #[test]
     fn nests_as_deep_as_python_and_no_deeper() {
         let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        let value = loads(&nested(150)).unwrap();
+        let value = loads(&nested(150), Dialect::Python).unwrap();
         assert_eq!(dumps(&value), nested(150));
-        assert!(loads(&nested(MAX_DEPTH - 1)).is_ok());
-        assert!(loads(&nested(MAX_DEPTH)).is_err());
+        assert!(loads(&nested(MAX_DEPTH - 1), Dialect::Python).is_ok());
+        assert!(loads(&nested(MAX_DEPTH), Dialect::Python).is_err());
         // Deep enough to overflow a recursive reader's stack: refused, no crash.
-        assert!(loads(&nested(1_000_000)).is_err());
+        assert!(loads(&nested(1_000_000), Dialect::Python).is_err());
     }
 
     #[test]
@@ -341,8 +339,18 @@ mod tests {
             "\u{feff}1",
             long_int.as_str(),
         ] {
-            assert!(loads(input).is_err(), "{input:?}");
+            assert!(loads(input, Dialect::Python).is_err(), "{input:?}");
         }
-        assert!(loads(&"1".repeat(MAX_INT_DIGITS)).is_ok());
+        assert!(loads(&"1".repeat(MAX_INT_DIGITS), Dialect::Python).is_ok());
+    }
+
+    #[test]
+    fn javascript_reads_json_only() {
+        for input in ["NaN", "[Infinity]", "-Infinity"] {
+            assert!(loads(input, Dialect::JavaScript).is_err(), "{input}");
+            assert!(loads(input, Dialect::Python).is_ok(), "{input}");
+        }
+        // No digit limit: JSON.parse makes a double of any integer.
+        assert!(loads(&"1".repeat(MAX_INT_DIGITS + 1), Dialect::JavaScript).is_ok());
     }
 }

@@ -1,28 +1,27 @@
 //! Python's `json.dumps(value, sort_keys=True)`, byte for byte: what
-//! Powertools hashes into a record id. One character of difference is a
-//! different id, and a miss.
+//! Powertools (Python) hashes into a record id.
 
-use super::{PyStr, PyValue};
+use super::{Json, Utf16};
 
-/// `value` as Python's `json.dumps(value, sort_keys=True)` writes it: `", "`
-/// and `": "` separators, keys sorted by code point, every character
-/// outside printable ASCII escaped (`ensure_ascii`), floats as Python's
-/// `repr`.
-pub(crate) fn dumps(value: &PyValue) -> String {
+/// `value` as Python's `json.dumps(value, sort_keys=True)` writes it after
+/// `json.loads` read it: `", "` and `": "` separators, keys sorted by code
+/// point (the last of repeated keys kept), every character outside
+/// printable ASCII escaped (`ensure_ascii`), an integer's digits (`-0` is
+/// the int 0), a float as Python's `repr`.
+pub(crate) fn dumps(value: &Json) -> String {
     let mut out = String::new();
     write_value(&mut out, value);
     out
 }
 
-fn write_value(out: &mut String, value: &PyValue) {
+fn write_value(out: &mut String, value: &Json) {
     match value {
-        PyValue::None => out.push_str("null"),
-        PyValue::Bool(true) => out.push_str("true"),
-        PyValue::Bool(false) => out.push_str("false"),
-        PyValue::Int(digits) => out.push_str(digits),
-        PyValue::Float(float) => out.push_str(&python_float_repr(*float)),
-        PyValue::Str(text) => write_string(out, text),
-        PyValue::List(items) => {
+        Json::Null => out.push_str("null"),
+        Json::Bool(true) => out.push_str("true"),
+        Json::Bool(false) => out.push_str("false"),
+        Json::Number(text) => write_number(out, text),
+        Json::String(text) => write_string(out, text),
+        Json::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
@@ -32,10 +31,11 @@ fn write_value(out: &mut String, value: &PyValue) {
             }
             out.push(']');
         }
-        // Kept sorted by code point, as `sort_keys` sorts them.
-        PyValue::Dict(entries) => {
+        Json::Object(members) => {
+            let mut members = Json::unique_members(members);
+            members.sort_by(|a, b| a.0.cmp_code_points(b.0));
             out.push('{');
-            for (i, (key, item)) in entries.iter().enumerate() {
+            for (i, (key, item)) in members.into_iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
@@ -45,6 +45,23 @@ fn write_value(out: &mut String, value: &PyValue) {
             }
             out.push('}');
         }
+    }
+}
+
+/// Python's reading of a number's text: an `int` without fraction or
+/// exponent (JSON allows no leading zeros, so its digits are its repr, but
+/// for `-0`), a `float` otherwise; `NaN` and the infinities as they are.
+fn write_number(out: &mut String, text: &str) {
+    if matches!(text, "NaN" | "Infinity" | "-Infinity") {
+        out.push_str(text);
+    } else if text.contains(['.', 'e', 'E']) {
+        // Rust's parse is correctly rounded, as Python's float() is; beyond
+        // f64's range both give an infinity.
+        out.push_str(&python_float_repr(text.parse().unwrap_or(f64::NAN)));
+    } else if text == "-0" {
+        out.push('0');
+    } else {
+        out.push_str(text);
     }
 }
 
@@ -104,7 +121,7 @@ pub(crate) fn python_float_repr(value: f64) -> String {
 /// A JSON string as Python's `ensure_ascii` encoder writes it: lowercase
 /// `\uXXXX` escapes, surrogate pairs above the BMP (and lone surrogates as
 /// they are), and DEL escaped too.
-fn write_string(out: &mut String, text: &PyStr) {
+fn write_string(out: &mut String, text: &Utf16) {
     out.push('"');
     for &unit in &text.0 {
         match unit {
@@ -153,10 +170,10 @@ mod tests {
         ];
         for (input, expected) in cases {
             let value: serde_json::Value = serde_json::from_str(input).unwrap();
-            assert_eq!(dumps(&PyValue::from(&value)), expected, "{input}");
+            assert_eq!(dumps(&Json::from(&value)), expected, "{input}");
         }
         assert_eq!(
-            dumps(&PyValue::from(&json!(18446744073709551615u64))),
+            dumps(&Json::from(&json!(18446744073709551615u64))),
             "18446744073709551615"
         );
     }
