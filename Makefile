@@ -68,9 +68,10 @@ unit:
 	$(CARGO) test --lib --bins
 
 ## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local,
-## PostgreSQL and redis-server, and the examples. Powertools (Python) writes
-## the records the compatibility test reads (tests/powertools/).
-integration: $(TOOLS)/bench-py/.installed
+## PostgreSQL and redis-server, and the examples. Powertools (Python, and
+## TypeScript on Node) writes the records the compatibility test reads
+## (tests/powertools/).
+integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
@@ -148,6 +149,7 @@ $(TOOLS)/bench-py/.installed:
 	touch $@
 
 comparison/node_modules/.installed: comparison/package.json
+	command -v npm >/dev/null || { apt-get install -y -qq nodejs npm || { apt-get update -qq && apt-get install -y -qq nodejs npm; }; }
 	npm install --prefix comparison --no-audit --no-fund --loglevel=error
 	touch $@
 

@@ -391,6 +391,122 @@ async fn powertools_records_on_redis_are_honoured() {
     check_sqs(Engine::builder(store.clone()).build(), store, &manifest).await;
 }
 
+/// Runs tests/powertools/write_records_ts.mjs (Powertools TypeScript, on
+/// Node) against `table` and reads its manifest.
+fn powertools_typescript_writes(table: &str) -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert!(
+        root.join("comparison/node_modules/@aws-lambda-powertools/idempotency").exists(),
+        "Powertools TypeScript is missing: `make comparison/node_modules/.installed` installs it (make test does)"
+    );
+    let manifest = std::env::temp_dir().join(format!(
+        "powertools-ts-manifest-{}.json",
+        std::process::id()
+    ));
+    let status = Command::new("node")
+        .arg(root.join("tests/powertools/write_records_ts.mjs"))
+        .arg(&manifest)
+        .env("PT_TABLE", table)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint())
+        .env("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
+        .env("NODE_NO_WARNINGS", "1")
+        .status()
+        .expect("run Node");
+    assert!(status.success(), "write_records_ts.mjs failed: {status}");
+    let text = std::fs::read_to_string(&manifest).expect("read the manifest");
+    let _ = std::fs::remove_file(&manifest);
+    serde_json::from_str(&text).expect("the manifest is JSON")
+}
+
+/// Records Powertools TypeScript wrote itself (its DynamoDB layer stores
+/// the response as a map, its ids are base64 digests of
+/// `JSON.stringify(deepSort(...))`) for payloads whose serialisation
+/// JavaScript rewrites: the mode computes the same ids and replays each
+/// response without running the handler; a reused key with another body is
+/// refused, as Powertools' payload validation refuses it.
+#[tokio::test(flavor = "multi_thread")]
+async fn powertools_typescript_records_on_dynamodb_are_honoured() {
+    let client = support::client();
+    let table = support::create_table_with(&client, "powertools-ts", "id", None).await;
+    let manifest = powertools_typescript_writes(&table);
+    let store = DynamoDbStore::new(client, &table);
+    let engine = Engine::builder(store.clone()).build();
+    let cases = manifest["cases"].as_array().expect("cases");
+    assert_eq!(cases.len(), 16, "every case was written");
+    let mut missed = Vec::new();
+    for case in cases {
+        let handler = case["handler"].as_str().unwrap();
+        let event = &case["event"];
+        let body = event["body"].as_str().unwrap();
+        let compat = PowertoolsCompat::typescript(store.clone(), FUNCTION);
+        let compat = match handler {
+            "body" => compat.event_key_jmespath("powertools_json(body)").unwrap(),
+            _ => compat
+                .event_key_jmespath("powertools_json(body).order_id")
+                .unwrap()
+                .payload_validation_jmespath("powertools_json(body)")
+                .unwrap(),
+        };
+        let id = compat.record_id(&serde_json::json!({ "body": body }));
+        if id.as_deref() != case["powertools_id"].as_str() {
+            missed.push(format!(
+                "{handler} {body}: id {id:?}, Powertools {}",
+                case["powertools_id"]
+            ));
+            continue;
+        }
+        let runs = Runs::default();
+        let mut service = layered(engine.clone(), compat, &runs);
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(event))
+            .await
+            .unwrap();
+        let stored = &case["response"];
+        let replayed = runs.count() == 0
+            && response.status().as_u16() as u64 == stored["statusCode"]
+            && response.body().as_ref() == stored["body"].as_str().unwrap().as_bytes()
+            && response.headers()["x-served-by"] == "powertools-ts"
+            && response.headers()[REPLAYED_HEADER] == "true";
+        if !replayed {
+            missed.push(format!(
+                "{handler} {body}: ran {} time(s), answered {} {:?}",
+                runs.count(),
+                response.status(),
+                String::from_utf8_lossy(response.body().as_ref())
+            ));
+        }
+        if handler == "field" {
+            let order: Value =
+                serde_json::from_str(&body.replace("\\ud800", "")).unwrap_or_default();
+            let mut other = event.clone();
+            other["body"] = Value::String(format!(
+                "{{\"order_id\": {}, \"amount\": 1}}",
+                order["order_id"]
+            ));
+            let response = service
+                .ready()
+                .await
+                .unwrap()
+                .call(request(&other))
+                .await
+                .unwrap();
+            if response.status() != 422 || runs.count() != 0 {
+                missed.push(format!(
+                    "{handler} {body}, another body: {}",
+                    response.status()
+                ));
+            }
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "answered otherwise than Powertools TypeScript: {missed:#?}"
+    );
+}
+
 /// What the mode costs in calls: one `GetItem` more on a first request,
 /// and nothing on a replay from the local cache.
 #[tokio::test(flavor = "multi_thread")]

@@ -301,8 +301,14 @@ mod tests {
     fn headers_match_any_case_only_when_asked() {
         let event = json!({"headers": {"idempotency-key": "k1"}});
         let expression = Expression::parse("headers.\"Idempotency-Key\"").unwrap();
-        assert_eq!(expression.evaluate(&event, true, Dialect::Python), Ok(py(json!("k1"))));
-        assert_eq!(expression.evaluate(&event, false, Dialect::Python), Ok(Json::Null));
+        assert_eq!(
+            expression.evaluate(&event, true, Dialect::Python),
+            Ok(py(json!("k1")))
+        );
+        assert_eq!(
+            expression.evaluate(&event, false, Dialect::Python),
+            Ok(Json::Null)
+        );
     }
 
     #[test]

@@ -436,7 +436,10 @@ impl PowertoolsCompat {
     /// response as a map, read here as its JSON. Configure the rest as for
     /// Python (`eventKeyJmesPath`, `payloadValidationJmesPath`,
     /// `hashFunction`, the table's names). See the [module docs](self).
-    pub fn typescript(reader: impl PowertoolsRecords + 'static, key_prefix: impl Into<String>) -> Self {
+    pub fn typescript(
+        reader: impl PowertoolsRecords + 'static,
+        key_prefix: impl Into<String>,
+    ) -> Self {
         let mut compat = Self::with_key_prefix(reader, key_prefix);
         compat.port = Port::TypeScript;
         compat

@@ -192,7 +192,8 @@ mod tests {
             (r#"{"4294967295": 1, "4294967294": 2}"#, r#"{"4294967294":2,"4294967295":1}"#),
         ];
         for (input, expected) in cases {
-            let value = loads(input, Dialect::JavaScript).unwrap_or_else(|e| panic!("{input}: {e}"));
+            let value =
+                loads(input, Dialect::JavaScript).unwrap_or_else(|e| panic!("{input}: {e}"));
             assert_eq!(stringify(&value), expected, "{input}");
         }
     }

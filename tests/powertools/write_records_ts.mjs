@@ -1,0 +1,90 @@
+// Has Powertools for AWS Lambda (TypeScript) write idempotency records
+// through its own makeIdempotent handlers, for the compatibility test
+// (tests/powertools_compat.rs):
+//
+//     node write_records_ts.mjs MANIFEST.json
+//
+// Environment: PT_TABLE and AWS_ENDPOINT_URL_DYNAMODB (DynamoDB Local),
+// AWS_LAMBDA_FUNCTION_NAME (the records' key prefix). Each case is a REST
+// API event whose body is the payload; both handlers complete it, and the
+// manifest holds the events, the responses, what a retry answered and the
+// record ids Powertools computed. Powertools comes from comparison/'s
+// node_modules (make test installs it).
+import { createRequire } from 'node:module';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { isDeepStrictEqual } from 'node:util';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const require = createRequire(join(ROOT, 'comparison', 'package.json'));
+const load = (name) => import(pathToFileURL(require.resolve(name)).href);
+const { DynamoDBClient } = await load('@aws-sdk/client-dynamodb');
+const { makeIdempotent, IdempotencyConfig } = await load('@aws-lambda-powertools/idempotency');
+const { DynamoDBPersistenceLayer } = await load('@aws-lambda-powertools/idempotency/dynamodb');
+
+const client = new DynamoDBClient({
+  endpoint: process.env.AWS_ENDPOINT_URL_DYNAMODB,
+  region: 'us-east-1',
+  credentials: { accessKeyId: 'local', secretAccessKey: 'local' },
+});
+const context = {
+  functionName: process.env.AWS_LAMBDA_FUNCTION_NAME,
+  awsRequestId: '00000000-0000-0000-0000-000000000000',
+  getRemainingTimeInMillis: () => 600000,
+};
+
+const respond = async (event) => ({
+  statusCode: 201,
+  headers: { 'Content-Type': 'application/json', 'X-Served-By': 'powertools-ts' },
+  body: JSON.stringify({ charge: `ch_ts_${event.body.length}`, note: 'réglé' }),
+});
+const stores = {};
+const handler = (name, options) => {
+  stores[name] = new DynamoDBPersistenceLayer({ tableName: process.env.PT_TABLE, awsSdkV3Client: client });
+  return makeIdempotent(respond, { persistenceStore: stores[name], config: new IdempotencyConfig(options) });
+};
+const handlers = {
+  // Keyed on the whole decoded body: every value's serialisation counts.
+  body: handler('body', { eventKeyJmesPath: 'powertools_json(body)' }),
+  // Keyed on a field, with payload validation over the body.
+  field: handler('field', {
+    eventKeyJmesPath: 'powertools_json(body).order_id',
+    payloadValidationJmesPath: 'powertools_json(body)',
+  }),
+};
+
+// Payloads as a client sends them (JSON text): non-ASCII, escapes,
+// integer-like keys and keys equal but for case, numbers JavaScript
+// rewrites, nesting, a lone surrogate, a repeated key.
+const payloads = [
+  '{"order_id": "o-1", "amount": 1250, "note": "réglé €😀"}',
+  '{"order_id": "o-2", "memo": "a\\"b\\\\c\\n\\t\\u0001\\u007f/\\/"}',
+  '{"order_id": "o-3", "10": "ten", "9": "nine", "b": 1, "B": 2, "a": 3, "01": "x", "4294967295": 0}',
+  '{"order_id": "o-4", "amount": 12.50, "rate": 1e21, "tiny": 1e-7, "neg": -0, "big": 123456789012345678901234567890, "f": 0.1, "e": 2E3}',
+  '{"order_id": "o-5", "deep": {"z": [1, {"y": {"x": [[[]]]}}], "A": {}, "list": [{"b": 1, "a": 2}]}}',
+  '{"order_id": "o-6", "lone": "x\\ud800y"}',
+  '{"order_id": "o-7", "dup": 1, "other": true, "dup": 2}',
+  '{"order_id": "o-8", "Émile": 1, "émile": 2, "zeta": null, "Zeta": false}',
+];
+
+const template = JSON.parse(readFileSync(join(ROOT, 'events', 'rest-api-create-charge.json'), 'utf8'));
+const manifest = { cases: [] };
+for (const [name, run] of Object.entries(handlers)) {
+  for (const body of payloads) {
+    const event = structuredClone(template);
+    delete event.headers['Idempotency-Key'];
+    delete event.multiValueHeaders['Idempotency-Key'];
+    event.body = body;
+    const response = await run(event, context);
+    const again = await run(event, context);
+    if (!isDeepStrictEqual(again, response)) throw new Error(`${name}: replayed another response`);
+    manifest.cases.push({
+      handler: name,
+      event,
+      response,
+      powertools_id: stores[name].getHashedIdempotencyKey(event),
+    });
+  }
+}
+writeFileSync(process.argv[2], JSON.stringify(manifest, null, 1));
