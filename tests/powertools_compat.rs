@@ -392,22 +392,23 @@ async fn powertools_records_on_redis_are_honoured() {
 }
 
 /// Runs tests/powertools/write_records_ts.mjs (Powertools TypeScript, on
-/// Node) against `table` and reads its manifest.
-fn powertools_typescript_writes(table: &str) -> Value {
+/// Node) against `env` (a DynamoDB table or a Redis URL) and reads its
+/// manifest.
+fn powertools_typescript_writes(env: &[(&str, String)]) -> Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     assert!(
         root.join("comparison/node_modules/@aws-lambda-powertools/idempotency").exists(),
         "Powertools TypeScript is missing: `make comparison/node_modules/.installed` installs it (make test does)"
     );
     let manifest = std::env::temp_dir().join(format!(
-        "powertools-ts-manifest-{}.json",
-        std::process::id()
+        "powertools-ts-manifest-{}-{}.json",
+        std::process::id(),
+        env.len()
     ));
     let status = Command::new("node")
         .arg(root.join("tests/powertools/write_records_ts.mjs"))
         .arg(&manifest)
-        .env("PT_TABLE", table)
-        .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
         .env("NODE_NO_WARNINGS", "1")
         .status()
@@ -424,13 +425,11 @@ fn powertools_typescript_writes(table: &str) -> Value {
 /// JavaScript rewrites: the mode computes the same ids and replays each
 /// response without running the handler; a reused key with another body is
 /// refused, as Powertools' payload validation refuses it.
-#[tokio::test(flavor = "multi_thread")]
-async fn powertools_typescript_records_on_dynamodb_are_honoured() {
-    let client = support::client();
-    let table = support::create_table_with(&client, "powertools-ts", "id", None).await;
-    let manifest = powertools_typescript_writes(&table);
-    let store = DynamoDbStore::new(client, &table);
-    let engine = Engine::builder(store.clone()).build();
+async fn check_typescript<St: Store + Clone>(
+    engine: Engine<St>,
+    store: impl PowertoolsRecords + Clone + 'static,
+    manifest: &Value,
+) {
     let cases = manifest["cases"].as_array().expect("cases");
     assert_eq!(cases.len(), 16, "every case was written");
     let mut missed = Vec::new();
@@ -464,6 +463,18 @@ async fn powertools_typescript_records_on_dynamodb_are_honoured() {
             .call(request(event))
             .await
             .unwrap();
+        if case["powertools_retry"] == "validation_error" {
+            // Powertools' cache layer drops the validation hash when it
+            // completes a record, and then refuses every retry: so does the
+            // mode.
+            if runs.count() != 0 || response.status() != 422 {
+                missed.push(format!(
+                    "{handler} {body}: {} where Powertools refused",
+                    response.status()
+                ));
+            }
+            continue;
+        }
         let stored = &case["response"];
         let replayed = runs.count() == 0
             && response.status().as_u16() as u64 == stored["statusCode"]
@@ -505,6 +516,26 @@ async fn powertools_typescript_records_on_dynamodb_are_honoured() {
         missed.is_empty(),
         "answered otherwise than Powertools TypeScript: {missed:#?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn powertools_typescript_records_on_dynamodb_are_honoured() {
+    let client = support::client();
+    let table = support::create_table_with(&client, "powertools-ts", "id", None).await;
+    let manifest = powertools_typescript_writes(&[
+        ("PT_TABLE", table.clone()),
+        ("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint()),
+    ]);
+    let store = DynamoDbStore::new(client, &table);
+    check_typescript(Engine::builder(store.clone()).build(), store, &manifest).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn powertools_typescript_records_on_redis_are_honoured() {
+    let url = support::variable("IDEMPOTENCY_TEST_REDIS_URL");
+    let manifest = powertools_typescript_writes(&[("PT_REDIS_URL", url)]);
+    let store = RedisStore::open(&support::variable("IDEMPOTENCY_TEST_REDIS_URL")).unwrap();
+    check_typescript(Engine::builder(store.clone()).build(), store, &manifest).await;
 }
 
 /// What the mode costs in calls: one `GetItem` more on a first request,

@@ -4,7 +4,8 @@
 //
 //     node write_records_ts.mjs MANIFEST.json
 //
-// Environment: PT_TABLE and AWS_ENDPOINT_URL_DYNAMODB (DynamoDB Local),
+// Environment: PT_TABLE and AWS_ENDPOINT_URL_DYNAMODB (DynamoDB Local), or
+// PT_REDIS_URL (redis-server, through its CachePersistenceLayer);
 // AWS_LAMBDA_FUNCTION_NAME (the records' key prefix). Each case is a REST
 // API event whose body is the payload; both handlers complete it, and the
 // manifest holds the events, the responses, what a retry answered and the
@@ -19,15 +20,25 @@ import { isDeepStrictEqual } from 'node:util';
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const require = createRequire(join(ROOT, 'comparison', 'package.json'));
 const load = (name) => import(pathToFileURL(require.resolve(name)).href);
-const { DynamoDBClient } = await load('@aws-sdk/client-dynamodb');
 const { makeIdempotent, IdempotencyConfig } = await load('@aws-lambda-powertools/idempotency');
-const { DynamoDBPersistenceLayer } = await load('@aws-lambda-powertools/idempotency/dynamodb');
 
-const client = new DynamoDBClient({
-  endpoint: process.env.AWS_ENDPOINT_URL_DYNAMODB,
-  region: 'us-east-1',
-  credentials: { accessKeyId: 'local', secretAccessKey: 'local' },
-});
+let persistence;
+let redis;
+if (process.env.PT_REDIS_URL) {
+  const { createClient } = await load('@redis/client');
+  const { CachePersistenceLayer } = await load('@aws-lambda-powertools/idempotency/cache');
+  redis = await createClient({ url: process.env.PT_REDIS_URL }).connect();
+  persistence = () => new CachePersistenceLayer({ client: redis });
+} else {
+  const { DynamoDBClient } = await load('@aws-sdk/client-dynamodb');
+  const { DynamoDBPersistenceLayer } = await load('@aws-lambda-powertools/idempotency/dynamodb');
+  const client = new DynamoDBClient({
+    endpoint: process.env.AWS_ENDPOINT_URL_DYNAMODB,
+    region: 'us-east-1',
+    credentials: { accessKeyId: 'local', secretAccessKey: 'local' },
+  });
+  persistence = () => new DynamoDBPersistenceLayer({ tableName: process.env.PT_TABLE, awsSdkV3Client: client });
+}
 const context = {
   functionName: process.env.AWS_LAMBDA_FUNCTION_NAME,
   awsRequestId: '00000000-0000-0000-0000-000000000000',
@@ -41,7 +52,7 @@ const respond = async (event) => ({
 });
 const stores = {};
 const handler = (name, options) => {
-  stores[name] = new DynamoDBPersistenceLayer({ tableName: process.env.PT_TABLE, awsSdkV3Client: client });
+  stores[name] = persistence();
   return makeIdempotent(respond, { persistenceStore: stores[name], config: new IdempotencyConfig(options) });
 };
 const handlers = {
@@ -77,14 +88,24 @@ for (const [name, run] of Object.entries(handlers)) {
     delete event.multiValueHeaders['Idempotency-Key'];
     event.body = body;
     const response = await run(event, context);
-    const again = await run(event, context);
-    if (!isDeepStrictEqual(again, response)) throw new Error(`${name}: replayed another response`);
+    let retry = 'replayed';
+    try {
+      const again = await run(event, context);
+      if (!isDeepStrictEqual(again, response)) throw new Error(`${name}: replayed another response`);
+    } catch (error) {
+      // Its cache layer drops the validation hash on completion, then
+      // refuses every retry, as Powertools Python's Redis layer does.
+      if (error.name !== 'IdempotencyValidationError') throw error;
+      retry = 'validation_error';
+    }
     manifest.cases.push({
       handler: name,
       event,
       response,
+      powertools_retry: retry,
       powertools_id: stores[name].getHashedIdempotencyKey(event),
     });
   }
 }
 writeFileSync(process.argv[2], JSON.stringify(manifest, null, 1));
+if (redis) await redis.quit();
