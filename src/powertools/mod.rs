@@ -90,19 +90,27 @@
 //!
 //! # Which Powertools
 //!
-//! Checked against Powertools for AWS Lambda (Python) 3.37, by tests in
-//! which Powertools itself writes the records (DynamoDB and Redis). The
-//! other ports share the DynamoDB layout (`id`, `expiration` in seconds,
-//! `in_progress_expiration` in milliseconds, `status`, `data`,
-//! `validation`) and the id's shape (`{prefix}#{hash}`), but not the hash:
-//! TypeScript's `BasePersistenceLayer` hashes `JSON.stringify` of the
-//! selection (compact, keys in the event's order) and writes the digest in
-//! base64, not hex, and stores the response as a DynamoDB map rather than
-//! JSON text. Java and .NET hash their own JSON serialisations; their
-//! sources were not checked here. So only Python's records are found by
-//! the expressions above; another port's are not supported (a closure
-//! cannot reproduce a base64 digest). Redis records are Python's layout
-//! only (a JSON string under the id, no namespace).
+//! - **Python** ([`PowertoolsCompat::new`], [`with_key_prefix`](PowertoolsCompat::with_key_prefix)):
+//!   checked against Powertools for AWS Lambda (Python) 3.37, by tests in
+//!   which Powertools itself writes the records (DynamoDB and Redis),
+//!   unusual payloads included.
+//! - **TypeScript** ([`PowertoolsCompat::typescript`]):
+//!   `@aws-lambda-powertools/idempotency` 2.35 (`makeIdempotent`, the
+//!   decorator, the Middy middleware), checked the same way (DynamoDB, and
+//!   Redis through its `CachePersistenceLayer`). Its ids are
+//!   `{prefix}#{hash}` with the prefix the function's name (or `keyPrefix`)
+//!   and the hash the base64 digest of `JSON.stringify(deepSort(selected))`:
+//!   compact, keys sorted case-insensitively but integer-like keys first
+//!   (JavaScript's object order), numbers as JavaScript writes doubles (a
+//!   30-digit integer is rounded, `-0` is `0`), non-ASCII characters as
+//!   they are. It stores the response as a DynamoDB map (or a JSON object
+//!   in Redis) rather than JSON text; the mode reads either. It writes a
+//!   record for every selection but `null` (`throwOnNoIdempotencyKey` off,
+//!   its default), where Python skips empty ones. Its layout is Python's
+//!   (`id`, `expiration` in seconds, `in_progress_expiration` in
+//!   milliseconds, `status`, `data`, `validation`).
+//! - Java and .NET hash their own JSON serialisations; their sources were
+//!   not checked here, and their records are not found.
 //!
 //! # Costs and limits
 //!
