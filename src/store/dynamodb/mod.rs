@@ -119,6 +119,8 @@ struct Inner {
     table: String,
     names: AttributeNames,
     expression_names: ExpressionNames,
+    /// Only one Region writes records at a time (see `single_writer_region`).
+    single_writer_region: bool,
 }
 
 impl DynamoDbStore {
@@ -131,7 +133,34 @@ impl DynamoDbStore {
     /// another tool.
     #[must_use]
     pub fn attribute_names(self, names: AttributeNames) -> Self {
-        Self::with_names(self.inner.client.clone(), self.inner.table.clone(), names)
+        let mut store =
+            Self::with_names(self.inner.client.clone(), self.inner.table.clone(), names);
+        store.set_single_writer_region(self.inner.single_writer_region);
+        store
+    }
+
+    /// Declares that only one Region writes records at a time (an
+    /// active-passive deployment that fails over), so that
+    /// [`verify`](Self::verify) accepts a global table in multi-Region
+    /// eventual consistency, which it otherwise refuses: there a claim made
+    /// in one Region does not stop the same key claimed in another before
+    /// replication (last writer wins), and a request can run twice. See
+    /// the module docs, "Global tables".
+    #[must_use]
+    pub fn single_writer_region(mut self) -> Self {
+        self.set_single_writer_region(true);
+        self
+    }
+
+    fn set_single_writer_region(&mut self, on: bool) {
+        let inner = &*self.inner;
+        self.inner = Arc::new(Inner {
+            client: inner.client.clone(),
+            table: inner.table.clone(),
+            names: inner.names.clone(),
+            expression_names: ExpressionNames::new(&inner.names),
+            single_writer_region: on,
+        });
     }
 
     fn with_names(client: Client, table: String, names: AttributeNames) -> Self {
@@ -141,6 +170,7 @@ impl DynamoDbStore {
                 table,
                 expression_names: ExpressionNames::new(&names),
                 names,
+                single_writer_region: false,
             }),
         }
     }

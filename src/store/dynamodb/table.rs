@@ -12,8 +12,8 @@ use aws_sdk_dynamodb::{
     config::http::HttpResponse,
     error::SdkError,
     types::{
-        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-        TimeToLiveSpecification, TimeToLiveStatus,
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, MultiRegionConsistency,
+        ScalarAttributeType, TimeToLiveSpecification, TimeToLiveStatus,
     },
 };
 use std::{collections::HashMap, time::Duration};
@@ -137,12 +137,16 @@ impl DynamoDbStore {
     /// condition no item can meet, so DynamoDB checks the table, the key and
     /// the permission and then refuses to write (each probe is billed as a
     /// one-unit write); `GetItem` reads an item that never exists. TTL is
-    /// read with `DescribeTimeToLive`, the one action beyond the store's own
-    /// that the function's role needs for this check.
+    /// read with `DescribeTimeToLive`, and replication with `DescribeTable`
+    /// (a global table with multi-Region eventual consistency is refused
+    /// unless [`single_writer_region`](Self::single_writer_region): see the
+    /// module docs, "Global tables"): the two actions beyond the store's
+    /// own that the function's role needs for this check.
     ///
     /// Every failure is [`StoreErrorKind::Misconfigured`] with a message
     /// that names the table and the cause (a missing table, a wrong key, a
-    /// missing permission with the action, TTL off or on another attribute),
+    /// missing permission with the action, TTL off or on another attribute,
+    /// replicas that can each accept a duplicate),
     /// except an outage, which keeps its kind.
     pub async fn verify(&self) -> Result<(), StoreError> {
         let inner = &*self.inner;
@@ -196,6 +200,7 @@ impl DynamoDbStore {
             .await
             .map_err(|e| self.explain("GetItem", from_sdk("GetItem", e)))?;
 
+        self.check_replication().await?;
         match self.time_to_live().await? {
             Some(attribute) if attribute == inner.names.expiration => Ok(()),
             Some(attribute) => Err(self.misconfigured(format!(
@@ -211,6 +216,53 @@ impl DynamoDbStore {
                  --table-name {} --time-to-live-specification \
                  Enabled=true,AttributeName={})",
                 inner.table, inner.names.expiration, inner.table, inner.names.expiration
+            ))),
+        }
+    }
+
+    /// A global table keeps the guarantees only with multi-Region strong
+    /// consistency, or when one Region writes at a time.
+    async fn check_replication(&self) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let described = inner
+            .client
+            .describe_table()
+            .table_name(&inner.table)
+            .send()
+            .await
+            .map_err(|e| self.explain("DescribeTable", from_sdk("DescribeTable", e)))?;
+        let Some(table) = described.table() else {
+            return Ok(());
+        };
+        let regions: Vec<&str> = table
+            .replicas()
+            .iter()
+            .filter_map(|replica| replica.region_name())
+            .collect();
+        match replication_risk(
+            &regions,
+            table.multi_region_consistency(),
+            inner.single_writer_region,
+        ) {
+            ReplicationRisk::None => Ok(()),
+            ReplicationRisk::Accepted => {
+                tracing::warn!(
+                    table = %inner.table,
+                    regions = ?regions,
+                    "global table with multi-Region eventual consistency: idempotency holds only while \
+                     one Region writes records at a time (single_writer_region)"
+                );
+                Ok(())
+            }
+            ReplicationRisk::DuplicatesAcrossRegions => Err(self.misconfigured(format!(
+                "table {} is a global table replicated to {} with multi-Region eventual \
+                 consistency: a claim written in one Region does not stop the same key claimed \
+                 in another before replication (last writer wins), so a request retried into \
+                 another Region can run twice. Use a table with multi-Region strong consistency \
+                 (MRSC), or route every request to one Region at a time and declare it with \
+                 DynamoDbStore::single_writer_region()",
+                inner.table,
+                regions.join(", ")
             ))),
         }
     }
@@ -291,4 +343,55 @@ impl DynamoDbStore {
 
 fn invalid(error: aws_sdk_dynamodb::error::BuildError) -> StoreError {
     StoreError::new(StoreErrorKind::Misconfigured, error.to_string()).with_source(error)
+}
+
+/// What replication means for the guarantees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReplicationRisk {
+    /// One Region's table, or a global table whose conditional writes are
+    /// strongly consistent across Regions (MRSC).
+    None,
+    /// Eventual consistency across Regions, with one Region writing at a time.
+    Accepted,
+    /// Eventual consistency across Regions, any of which may write.
+    DuplicatesAcrossRegions,
+}
+
+fn replication_risk(
+    replica_regions: &[&str],
+    consistency: Option<&MultiRegionConsistency>,
+    single_writer_region: bool,
+) -> ReplicationRisk {
+    if replica_regions.is_empty() || consistency == Some(&MultiRegionConsistency::Strong) {
+        ReplicationRisk::None
+    } else if single_writer_region {
+        ReplicationRisk::Accepted
+    } else {
+        ReplicationRisk::DuplicatesAcrossRegions
+    }
+}
+
+#[cfg(test)]
+mod replication_tests {
+    use super::*;
+
+    #[test]
+    fn only_eventual_consistency_across_regions_is_refused() {
+        let eventual = Some(&MultiRegionConsistency::Eventual);
+        let strong = Some(&MultiRegionConsistency::Strong);
+        let two = ["us-east-1", "eu-west-1"];
+        assert_eq!(replication_risk(&[], None, false), ReplicationRisk::None);
+        assert_eq!(replication_risk(&two, strong, false), ReplicationRisk::None);
+        // Absent: a global table made before MRSC existed is eventual.
+        for consistency in [eventual, None] {
+            assert_eq!(
+                replication_risk(&two, consistency, false),
+                ReplicationRisk::DuplicatesAcrossRegions
+            );
+            assert_eq!(
+                replication_risk(&two, consistency, true),
+                ReplicationRisk::Accepted
+            );
+        }
+    }
 }

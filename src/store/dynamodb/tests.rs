@@ -375,3 +375,90 @@ async fn verify_names_the_permission_a_role_lacks() {
         "{error}"
     );
 }
+
+/// DynamoDB Local has no global tables: DescribeTable is mocked. A table
+/// replicated with multi-Region eventual consistency is refused (a key
+/// claimed in two Regions runs twice), unless one Region writes at a time;
+/// one with strong consistency passes.
+#[tokio::test]
+async fn verify_refuses_a_global_table_with_eventual_consistency() {
+    use aws_sdk_dynamodb::{
+        operation::{
+            delete_item::DeleteItemError, describe_table::DescribeTableOutput,
+            describe_time_to_live::DescribeTimeToLiveOutput, update_item::UpdateItemError,
+        },
+        types::{
+            MultiRegionConsistency, ReplicaDescription, TableDescription, TimeToLiveDescription,
+            TimeToLiveStatus,
+        },
+    };
+    fn probes_and_table(consistency: Option<MultiRegionConsistency>) -> Vec<Rule> {
+        let condition_failed = || ConditionalCheckFailedException::builder().build();
+        vec![
+            mock!(Client::put_item).then_error(move || {
+                PutItemError::ConditionalCheckFailedException(condition_failed())
+            }),
+            mock!(Client::update_item).then_error(move || {
+                UpdateItemError::ConditionalCheckFailedException(condition_failed())
+            }),
+            mock!(Client::delete_item).then_error(move || {
+                DeleteItemError::ConditionalCheckFailedException(condition_failed())
+            }),
+            mock!(Client::get_item).then_output(|| GetItemOutput::builder().build()),
+            mock!(Client::describe_table).then_output(move || {
+                DescribeTableOutput::builder()
+                    .table(
+                        TableDescription::builder()
+                            .table_name("idempotency")
+                            .replicas(
+                                ReplicaDescription::builder()
+                                    .region_name("us-east-1")
+                                    .build(),
+                            )
+                            .replicas(
+                                ReplicaDescription::builder()
+                                    .region_name("eu-west-1")
+                                    .build(),
+                            )
+                            .set_multi_region_consistency(consistency.clone())
+                            .build(),
+                    )
+                    .build()
+            }),
+            mock!(Client::describe_time_to_live).then_output(|| {
+                DescribeTimeToLiveOutput::builder()
+                    .time_to_live_description(
+                        TimeToLiveDescription::builder()
+                            .time_to_live_status(TimeToLiveStatus::Enabled)
+                            .attribute_name("expiration")
+                            .build(),
+                    )
+                    .build()
+            }),
+        ]
+    }
+    let rules = probes_and_table(Some(MultiRegionConsistency::Eventual));
+    let error = store(&rules.iter().collect::<Vec<_>>())
+        .verify()
+        .await
+        .expect_err("an eventually consistent global table");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+    assert!(
+        error.to_string().contains("us-east-1, eu-west-1")
+            && error.to_string().contains("can run twice"),
+        "{error}"
+    );
+
+    let rules = probes_and_table(Some(MultiRegionConsistency::Eventual));
+    store(&rules.iter().collect::<Vec<_>>())
+        .single_writer_region()
+        .verify()
+        .await
+        .expect("one Region writes at a time");
+
+    let rules = probes_and_table(Some(MultiRegionConsistency::Strong));
+    store(&rules.iter().collect::<Vec<_>>())
+        .verify()
+        .await
+        .expect("multi-Region strong consistency");
+}
