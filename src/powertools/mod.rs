@@ -155,7 +155,7 @@ mod json;
 pub use expr::UnsupportedExpression;
 
 use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock};
-use expr::{EvalError, Expression};
+use expr::Expression;
 use futures_util::future::BoxFuture;
 use json::{Dialect, Json};
 use serde_json::Value;
@@ -366,12 +366,10 @@ impl Selection {
     /// raised (`powertools_json` of what is not JSON to its language).
     fn evaluate(&self, event: &Value, headers_any_case: bool, port: Port) -> Option<Json> {
         match self {
-            Selection::Expression(expression) => {
-                match expression.evaluate(event, headers_any_case, port.dialect()) {
-                    Ok(value) => Some(value),
-                    Err(EvalError::NotJson) => None,
-                }
-            }
+            // EvalError::NotJson: Powertools raised, and wrote no record.
+            Selection::Expression(expression) => expression
+                .evaluate(event, headers_any_case, port.dialect())
+                .ok(),
             Selection::Closure(closure) => closure(event).map(|value| Json::from(&value)),
         }
     }
