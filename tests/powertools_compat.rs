@@ -44,21 +44,30 @@ fn powertools_writes(env: &[(&str, String)]) -> Value {
         python.exists(),
         "{PYTHON} is missing: `make .tools/bench-py/.installed` installs Powertools (make test does)"
     );
+    let mut command = Command::new(python);
+    command
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("PYTHONWARNINGS", "ignore");
+    run_writer(command, "write_records.py", env)
+}
+
+/// Runs `command` on tests/powertools/`script` (which writes its manifest to
+/// the path it is given) with `env`, and reads the manifest.
+fn run_writer(mut command: Command, script: &str, env: &[(&str, String)]) -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let manifest = std::env::temp_dir().join(format!(
-        "powertools-manifest-{}-{}.json",
+        "powertools-manifest-{script}-{}-{}.json",
         std::process::id(),
         env.len()
     ));
-    let status = Command::new(python)
-        .arg(root.join("tests/powertools/write_records.py"))
+    let status = command
+        .arg(root.join("tests/powertools").join(script))
         .arg(&manifest)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
-        .env("AWS_DEFAULT_REGION", "us-east-1")
-        .env("PYTHONWARNINGS", "ignore")
         .status()
-        .expect("run Powertools");
-    assert!(status.success(), "write_records.py failed: {status}");
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(status.success(), "{script} failed: {status}");
     let text = std::fs::read_to_string(&manifest).expect("read the manifest");
     let _ = std::fs::remove_file(&manifest);
     serde_json::from_str(&text).expect("the manifest is JSON")
@@ -400,23 +409,9 @@ fn powertools_typescript_writes(env: &[(&str, String)]) -> Value {
         root.join("comparison/node_modules/@aws-lambda-powertools/idempotency").exists(),
         "Powertools TypeScript is missing: `make comparison/node_modules/.installed` installs it (make test does)"
     );
-    let manifest = std::env::temp_dir().join(format!(
-        "powertools-ts-manifest-{}-{}.json",
-        std::process::id(),
-        env.len()
-    ));
-    let status = Command::new("node")
-        .arg(root.join("tests/powertools/write_records_ts.mjs"))
-        .arg(&manifest)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
-        .env("NODE_NO_WARNINGS", "1")
-        .status()
-        .expect("run Node");
-    assert!(status.success(), "write_records_ts.mjs failed: {status}");
-    let text = std::fs::read_to_string(&manifest).expect("read the manifest");
-    let _ = std::fs::remove_file(&manifest);
-    serde_json::from_str(&text).expect("the manifest is JSON")
+    let mut command = Command::new("node");
+    command.env("NODE_NO_WARNINGS", "1");
+    run_writer(command, "write_records_ts.mjs", env)
 }
 
 /// Records Powertools TypeScript wrote itself (its DynamoDB layer stores
