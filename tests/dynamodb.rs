@@ -4,6 +4,8 @@
 //!
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB`; `make test` provides it.
 
+#[path = "dynamodb/single_table.rs"]
+mod single_table;
 mod support;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};

@@ -7,6 +7,8 @@
 //! lambda-idempotency --store dynamodb://idempotency forget --scope … --key … [--force]
 //! lambda-idempotency --store dynamodb://idempotency list --in-progress [--limit 100] [--json]
 //! lambda-idempotency --store postgres://… purge-expired [--batch 1000]
+//! lambda-idempotency --table app --key-attr pk --sort-key-attr sk \
+//!     --static-pk-value 'idempotency#charges' list --in-progress   # single-table
 //! lambda-idempotency scope --event request.json   # the scope the HTTP layer derives
 //! ```
 //!
@@ -33,7 +35,10 @@ use clap::{Args, Parser, Subcommand};
 use lambda_idempotency::{
     default_key_prefix,
     http::{decode_stored_response, default_scope, StoredBody as Body},
-    store::{Record, Store},
+    store::{
+        dynamodb::{AttributeNames, SingleTable},
+        Record, Store,
+    },
     DynamoDbStore, Engine, Forgotten, StoreError,
 };
 use serde_json::{json, Value};
@@ -49,6 +54,18 @@ struct Cli {
     /// The DynamoDB table (same as --store dynamodb://<table>).
     #[arg(long, env = "IDEMPOTENCY_TABLE")]
     table: Option<String>,
+    /// The DynamoDB partition key attribute (AttributeNames::id; Powertools'
+    /// `key_attr`).
+    #[arg(long, env = "IDEMPOTENCY_KEY_ATTR", default_value = "id")]
+    key_attr: String,
+    /// A DynamoDB single-table layout: the sort key attribute that holds the
+    /// record id (Powertools' `sort_key_attr`; DynamoDbStore::single_table).
+    #[arg(long, env = "IDEMPOTENCY_SORT_KEY_ATTR")]
+    sort_key_attr: Option<String>,
+    /// The partition key value of a single-table layout (Powertools'
+    /// `static_pk_value`; default `idempotency#<AWS_LAMBDA_FUNCTION_NAME>`).
+    #[arg(long, env = "IDEMPOTENCY_STATIC_PK_VALUE", requires = "sort_key_attr")]
+    static_pk_value: Option<String>,
     /// The PostgreSQL table of the records.
     #[arg(long, default_value = store_url::POSTGRES_TABLE)]
     postgres_table: String,
@@ -209,7 +226,18 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
             );
         }
         let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), table);
+        let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), table)
+            .attribute_names(AttributeNames::default().id(&cli.key_attr));
+        let store = match &cli.sort_key_attr {
+            None => store,
+            Some(sort_key) => store.single_table(match &cli.static_pk_value {
+                Some(value) => SingleTable::new(value, sort_key),
+                None => SingleTable::for_function(
+                    &std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default(),
+                    sort_key,
+                ),
+            }),
+        };
         return operate(cli, store).await;
     }
     open_other(cli, &url).await

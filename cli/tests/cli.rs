@@ -81,6 +81,52 @@ async fn an_operator_inspects_lists_and_forgets_records() {
     );
 }
 
+/// Powertools' names: `key_attr`, `sort_key_attr`, `static_pk_value`.
+#[tokio::test]
+async fn an_operator_inspects_lists_and_forgets_records_of_a_single_table_layout() {
+    use lambda_idempotency::store::dynamodb::{AttributeNames, SingleTable};
+    let client = support::client();
+    let table = support::unique_name("cli-single-table");
+    let store = DynamoDbStore::new(client, table.clone())
+        .attribute_names(AttributeNames::default().id("pk"))
+        .single_table(SingleTable::new("idempotency#cli", "sk"));
+    store.create_table().await.expect("create_table");
+    let tool = Tool(
+        [
+            "--table",
+            &table,
+            "--key-attr",
+            "pk",
+            "--sort-key-attr",
+            "sk",
+            "--static-pk-value",
+            "idempotency#cli",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    inspect_list_forget(store, &tool).await;
+
+    // Another partition value is another function's: nothing of ours.
+    let output = Tool(
+        [
+            "--table",
+            &table,
+            "--key-attr",
+            "pk",
+            "--sort-key-attr",
+            "sk",
+            "--static-pk-value",
+            "idempotency#other",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .run(&["list", "--in-progress", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(json(&output), serde_json::json!([]), "{output:?}");
+}
+
 #[tokio::test]
 async fn an_operator_inspects_lists_forgets_and_purges_postgresql_records() {
     let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");

@@ -21,10 +21,10 @@ pub(super) fn string(s: &str) -> AttributeValue {
     AttributeValue::S(s.to_owned())
 }
 
-/// The fresh `IN_PROGRESS` item a claim writes.
-pub(super) fn claim_item(names: &AttributeNames, claim: &Claim) -> Item {
-    HashMap::from([
-        (names.id.clone(), string(claim.id.as_str())),
+/// The fresh `IN_PROGRESS` item a claim writes, under `key`.
+pub(super) fn claim_item(names: &AttributeNames, key: Item, claim: &Claim) -> Item {
+    let mut item = key;
+    item.extend([
         (names.status.clone(), string(Status::InProgress.as_str())),
         (names.expiration.clone(), number(claim.expiration_s)),
         (names.lease_until.clone(), number(claim.lease_until_ms)),
@@ -39,14 +39,19 @@ pub(super) fn claim_item(names: &AttributeNames, claim: &Claim) -> Item {
             names.first_started_at.clone(),
             number(claim.first_started_ms),
         ),
-    ])
+    ]);
+    item
 }
 
-/// The `COMPLETED` item a single-write commit puts; the response moves
-/// into it, so a large body is not copied.
-pub(super) fn commit_item(names: &AttributeNames, commit: &mut Commit<impl Sized>) -> Item {
-    HashMap::from([
-        (names.id.clone(), string(commit.id.as_str())),
+/// The `COMPLETED` item a single-write commit puts under `key`; the
+/// response moves into it, so a large body is not copied.
+pub(super) fn commit_item(
+    names: &AttributeNames,
+    key: Item,
+    commit: &mut Commit<impl Sized>,
+) -> Item {
+    let mut item = key;
+    item.extend([
         (names.status.clone(), string(Status::Completed.as_str())),
         (names.expiration.clone(), number(commit.expiration_s)),
         (names.owner.clone(), string(commit.owner.as_str())),
@@ -62,12 +67,17 @@ pub(super) fn commit_item(names: &AttributeNames, commit: &mut Commit<impl Sized
         (names.completed_at.clone(), number(commit.now_ms)),
         (names.attempt.clone(), number(1)),
         (names.first_started_at.clone(), number(commit.now_ms)),
-    ])
+    ]);
+    item
 }
 
-/// Decodes a stored item.
-pub(super) fn decode(names: &AttributeNames, mut item: Item) -> Result<Record, StoreError> {
-    let id: String = required(&mut item, &names.id)?;
+/// Decodes a stored item whose id is in the attribute `id_attribute`.
+pub(super) fn decode(
+    names: &AttributeNames,
+    id_attribute: &str,
+    mut item: Item,
+) -> Result<Record, StoreError> {
+    let id: String = required(&mut item, id_attribute)?;
     let status: String = required(&mut item, &names.status)?;
     let status = status.parse::<Status>().map_err(|_| {
         StoreError::corrupt(format!(
@@ -141,7 +151,7 @@ mod tests {
 
     #[test]
     fn decodes_a_completed_item() {
-        let record = decode(&AttributeNames::default(), completed_item()).unwrap();
+        let record = decode(&AttributeNames::default(), "id", completed_item()).unwrap();
         assert_eq!(record.status, Status::Completed);
         assert_eq!(record.expiration_s, 2_000_000_000);
         assert_eq!(record.response.as_deref(), Some(&b"{\"ok\":1}"[..]));
@@ -212,7 +222,7 @@ mod tests {
         for (case, mutate) in cases {
             let mut item = completed_item();
             mutate(&mut item);
-            let error = decode(&names, item).expect_err(case);
+            let error = decode(&names, &names.id, item).expect_err(case);
             assert_eq!(
                 error.kind(),
                 StoreErrorKind::CorruptRecord,
@@ -229,7 +239,7 @@ mod tests {
         let response = item.remove("response").unwrap();
         item.insert("st".into(), status);
         item.insert("resp".into(), response);
-        assert_eq!(decode(&names, item).unwrap().status, Status::Completed);
-        assert!(decode(&names, completed_item()).is_err());
+        assert_eq!(decode(&names, &names.id, item).unwrap().status, Status::Completed);
+        assert!(decode(&names, &names.id, completed_item()).is_err());
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! One partition key of type S (`id` unless renamed with
 //! [`AttributeNames`]), no sort key, TTL on `expiration`, on-demand
-//! capacity. [`DynamoDbStore::create_table`] makes it (tests, scripts);
+//! capacity; or, beside other items of a single-table design, a partition
+//! key and a sort key ([`SingleTable`], see "Single-table layout" below). [`DynamoDbStore::create_table`] makes it (tests, scripts);
 //! [`DynamoDbStore::verify`] checks it from `main` without writing. In
 //! infrastructure code:
 //!
@@ -47,11 +48,13 @@
 
 mod codec;
 mod errors;
+mod layout;
 mod names;
 #[cfg(feature = "powertools")]
 mod powertools;
 mod table;
 
+pub use layout::SingleTable;
 pub use names::AttributeNames;
 
 use super::{
@@ -70,13 +73,15 @@ use aws_sdk_dynamodb::{
 };
 use codec::{number, string, Item};
 use errors::Answer;
+use layout::KeyLayout;
 use names::ExpressionNames;
 use std::{collections::HashMap, sync::Arc};
 
 /// Decodes an item with the default attribute names (for the fuzz targets).
 #[cfg(feature = "fuzzing")]
 pub(crate) fn decode_item(item: Item) -> Result<Record, StoreError> {
-    codec::decode(&AttributeNames::default(), item)
+    let names = AttributeNames::default();
+    codec::decode(&names, &names.id, item)
 }
 
 const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s";
@@ -97,7 +102,8 @@ const COMPLETE_UPDATE: &str = "SET #status = :completed, #response = :response, 
 /// Records in a DynamoDB table.
 ///
 /// The table needs a partition key of type S (named `id` unless configured
-/// otherwise with [`attribute_names`](DynamoDbStore::attribute_names)) and,
+/// otherwise with [`attribute_names`](DynamoDbStore::attribute_names)), and
+/// a sort key of type S with a [single-table layout](DynamoDbStore::single_table), and,
 /// to have DynamoDB delete old records, TTL enabled on `expiration`. Every
 /// read and condition compares `expiration` itself, so records are never
 /// served after they expire, however late TTL deletes them.
@@ -113,12 +119,13 @@ pub struct DynamoDbStore {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     client: Client,
     table: String,
     names: AttributeNames,
     expression_names: ExpressionNames,
+    layout: KeyLayout,
     /// Only one Region writes records at a time (see `single_writer_region`).
     single_writer_region: bool,
 }
@@ -126,17 +133,48 @@ struct Inner {
 impl DynamoDbStore {
     /// A store over `table`, with the default attribute names.
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self::with_names(client, table.into(), AttributeNames::default())
+        let names = AttributeNames::default();
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                table: table.into(),
+                expression_names: ExpressionNames::new(&names),
+                names,
+                layout: KeyLayout::OwnPartition,
+                single_writer_region: false,
+            }),
+        }
     }
 
     /// Uses other attribute names, for example to share a table laid out by
     /// another tool.
     #[must_use]
     pub fn attribute_names(self, names: AttributeNames) -> Self {
-        let mut store =
-            Self::with_names(self.inner.client.clone(), self.inner.table.clone(), names);
-        store.set_single_writer_region(self.inner.single_writer_region);
-        store
+        self.reconfigured(|inner| {
+            inner.expression_names = ExpressionNames::new(&names);
+            inner.names = names;
+        })
+    }
+
+    /// Keeps the records in one partition of a single-table design: the
+    /// partition key ([`AttributeNames::id`]) holds
+    /// [`SingleTable::partition_value`] and the sort key holds the record's
+    /// id, like Powertools' `static_pk_value` and `sort_key_attr`. The
+    /// table's key must then be that partition key and that sort key, both
+    /// of type S ([`create_table`](Self::create_table) makes it so). See the
+    /// module docs, "Single-table layout", for when it is worth it and what
+    /// it costs.
+    #[must_use]
+    pub fn single_table(self, layout: SingleTable) -> Self {
+        self.reconfigured(|inner| inner.layout = KeyLayout::Single(layout))
+    }
+
+    /// The single-table layout, when the store uses one.
+    pub fn single_table_layout(&self) -> Option<&SingleTable> {
+        match &self.inner.layout {
+            KeyLayout::OwnPartition => None,
+            KeyLayout::Single(single) => Some(single),
+        }
     }
 
     /// Declares that only one Region writes records at a time (an
@@ -147,31 +185,16 @@ impl DynamoDbStore {
     /// replication (last writer wins), and a request can run twice. See
     /// the module docs, "Global tables".
     #[must_use]
-    pub fn single_writer_region(mut self) -> Self {
-        self.set_single_writer_region(true);
-        self
+    pub fn single_writer_region(self) -> Self {
+        self.reconfigured(|inner| inner.single_writer_region = true)
     }
 
-    fn set_single_writer_region(&mut self, on: bool) {
-        let inner = &*self.inner;
-        self.inner = Arc::new(Inner {
-            client: inner.client.clone(),
-            table: inner.table.clone(),
-            names: inner.names.clone(),
-            expression_names: ExpressionNames::new(&inner.names),
-            single_writer_region: on,
-        });
-    }
-
-    fn with_names(client: Client, table: String, names: AttributeNames) -> Self {
+    /// The store with one setting changed; stores cloned before keep theirs.
+    fn reconfigured(self, change: impl FnOnce(&mut Inner)) -> Self {
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        change(&mut inner);
         Self {
-            inner: Arc::new(Inner {
-                client,
-                table,
-                expression_names: ExpressionNames::new(&names),
-                names,
-                single_writer_region: false,
-            }),
+            inner: Arc::new(inner),
         }
     }
 
@@ -186,7 +209,7 @@ impl DynamoDbStore {
     }
 
     fn key(&self, id: &RecordId) -> Item {
-        HashMap::from([(self.inner.names.id.clone(), string(id.as_str()))])
+        self.inner.layout.key(&self.inner.names, id.as_str())
     }
 
     fn fence_values(owner: &OwnerToken) -> Item {
@@ -200,7 +223,8 @@ impl DynamoDbStore {
     }
 
     fn decode(&self, item: Item) -> Result<Record, StoreError> {
-        codec::decode(&self.inner.names, item)
+        let inner = &*self.inner;
+        codec::decode(&inner.names, inner.layout.id_attribute(&inner.names), item)
     }
 
     /// The record a refused write reports: the item DynamoDB returned
@@ -426,7 +450,7 @@ impl Store for DynamoDbStore {
         mut commit: Commit<TransactWriteItem>,
     ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let item = codec::commit_item(&inner.names, &mut commit);
+        let item = codec::commit_item(&inner.names, self.key(&commit.id), &mut commit);
         let values = HashMap::from([
             (":now_s".to_owned(), number(commit.now_ms / 1000)),
             (":now_ms".to_owned(), number(commit.now_ms)),
@@ -468,7 +492,7 @@ impl Store for DynamoDbStore {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let item = codec::claim_item(&inner.names, claim);
+        let item = codec::claim_item(&inner.names, self.key(&claim.id), claim);
         let values = HashMap::from([(":now_s".to_owned(), number(claim.now_ms / 1000))]);
         let names = &inner.expression_names.claim;
         self.conditional_put(
@@ -488,7 +512,7 @@ impl Store for DynamoDbStore {
         lapsed: &OwnerToken,
     ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let item = codec::claim_item(&inner.names, claim);
+        let item = codec::claim_item(&inner.names, self.key(&claim.id), claim);
         let values = HashMap::from([
             (
                 ":in_progress".to_owned(),
@@ -582,28 +606,14 @@ impl Store for DynamoDbStore {
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let inner = &*self.inner;
         let mut records = Vec::new();
         let mut start = None;
         while records.len() < limit {
-            let page = inner
-                .client
-                .scan()
-                .table_name(&inner.table)
-                .consistent_read(true)
-                .filter_expression("#status = :in_progress AND begins_with(#id, :prefix)")
-                .expression_attribute_names("#status", &inner.names.status)
-                .expression_attribute_names("#id", &inner.names.id)
-                .expression_attribute_values(":in_progress", string(Status::InProgress.as_str()))
-                .expression_attribute_values(":prefix", string(prefix))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| errors::from_sdk("Scan (list in progress)", e))?;
-            for item in page.items.unwrap_or_default() {
+            let (items, next) = self.in_progress_page(prefix, start).await?;
+            for item in items {
                 records.push(self.decode(item)?);
             }
-            start = page.last_evaluated_key;
+            start = next;
             if start.is_none() {
                 break;
             }
@@ -622,6 +632,57 @@ impl Store for DynamoDbStore {
 }
 
 impl DynamoDbStore {
+    /// One page of claims in progress whose ids start with `prefix`: a
+    /// scan of a table of records, a query of the one partition of a
+    /// single-table layout (never the table's other items).
+    async fn in_progress_page(
+        &self,
+        prefix: &str,
+        start: Option<Item>,
+    ) -> Result<(Vec<Item>, Option<Item>), StoreError> {
+        let inner = &*self.inner;
+        let in_progress = string(Status::InProgress.as_str());
+        match &inner.layout {
+            KeyLayout::OwnPartition => {
+                let page = inner
+                    .client
+                    .scan()
+                    .table_name(&inner.table)
+                    .consistent_read(true)
+                    .filter_expression("#status = :in_progress AND begins_with(#id, :prefix)")
+                    .expression_attribute_names("#status", &inner.names.status)
+                    .expression_attribute_names("#id", &inner.names.id)
+                    .expression_attribute_values(":in_progress", in_progress)
+                    .expression_attribute_values(":prefix", string(prefix))
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| errors::from_sdk("Scan (list in progress)", e))?;
+                Ok((page.items.unwrap_or_default(), page.last_evaluated_key))
+            }
+            KeyLayout::Single(single) => {
+                let page = inner
+                    .client
+                    .query()
+                    .table_name(&inner.table)
+                    .consistent_read(true)
+                    .key_condition_expression("#pk = :partition AND begins_with(#sk, :prefix)")
+                    .filter_expression("#status = :in_progress")
+                    .expression_attribute_names("#pk", &inner.names.id)
+                    .expression_attribute_names("#sk", single.sort_key())
+                    .expression_attribute_names("#status", &inner.names.status)
+                    .expression_attribute_values(":partition", string(single.partition_value()))
+                    .expression_attribute_values(":prefix", string(prefix))
+                    .expression_attribute_values(":in_progress", in_progress)
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| errors::from_sdk("Query (list in progress)", e))?;
+                Ok((page.items.unwrap_or_default(), page.last_evaluated_key))
+            }
+        }
+    }
+
     async fn get_item(&self, id: &RecordId) -> Result<Option<Item>, StoreError> {
         let inner = &*self.inner;
         inner

@@ -2,8 +2,8 @@
 //! [`DynamoDbStore::verify`] for a function's start-up.
 
 use super::{
-    codec::string,
     errors::{conditional, from_sdk, Answer, ConditionalError},
+    layout::KeyLayout,
     DynamoDbStore,
 };
 use crate::{StoreError, StoreErrorKind};
@@ -29,7 +29,8 @@ const ACTIVE_WITHIN: Duration = Duration::from_secs(300);
 
 impl DynamoDbStore {
     /// Creates the table the store needs: on-demand capacity, the partition
-    /// key (`id`, type S, or the configured name) and TTL on the expiration
+    /// key (`id`, type S, or the configured name), the sort key of a
+    /// [single-table layout](Self::single_table) (type S), and TTL on the expiration
     /// attribute, then waits until it is `ACTIVE` and [verifies](Self::verify)
     /// it. An existing table keeps its key schema and capacity; TTL is
     /// enabled on it when it has none (so a second call racing the first
@@ -52,27 +53,34 @@ impl DynamoDbStore {
     /// ```
     pub async fn create_table(&self) -> Result<(), StoreError> {
         let inner = &*self.inner;
-        let created = inner
+        self.check_layout()?;
+        let mut keys = vec![(inner.names.id.as_str(), KeyType::Hash)];
+        if let KeyLayout::Single(single) = &inner.layout {
+            keys.push((single.sort_key(), KeyType::Range));
+        }
+        let mut create = inner
             .client
             .create_table()
             .table_name(&inner.table)
-            .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(&inner.names.id)
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .map_err(invalid)?,
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name(&inner.names.id)
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .map_err(invalid)?,
-            )
-            .send()
-            .await;
+            .billing_mode(BillingMode::PayPerRequest);
+        for (name, key_type) in keys {
+            create = create
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name(name)
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .map_err(invalid)?,
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name(name)
+                        .key_type(key_type)
+                        .build()
+                        .map_err(invalid)?,
+                );
+        }
+        let created = create.send().await;
         if let Err(error) = created {
             // An existing table (or our own create, retried after its answer
             // was lost) is verified below like any other.
@@ -116,7 +124,8 @@ impl DynamoDbStore {
     }
 
     /// Checks, without writing anything, that the table exists, that its key
-    /// is the store's partition key of type S, that the caller may make every
+    /// is the store's (the partition key of type S, and the sort key of type S
+    /// of a [single-table layout](Self::single_table)), that the caller may make every
     /// call the store makes, and that TTL deletes expired records. Call it
     /// once in `main`, before serving, to fail a deployment at its first cold
     /// start with the cause in the error rather than answer every request
@@ -150,7 +159,8 @@ impl DynamoDbStore {
     /// except an outage, which keeps its kind.
     pub async fn verify(&self) -> Result<(), StoreError> {
         let inner = &*self.inner;
-        let key = HashMap::from([(inner.names.id.clone(), string(PROBE_ID))]);
+        self.check_layout()?;
+        let key = inner.layout.key(&inner.names, PROBE_ID);
         let names = HashMap::from([("#id".to_owned(), inner.names.id.clone())]);
 
         let put = inner
@@ -217,6 +227,16 @@ impl DynamoDbStore {
                  Enabled=true,AttributeName={})",
                 inner.table, inner.names.expiration, inner.table, inner.names.expiration
             ))),
+        }
+    }
+
+    /// A single-table layout DynamoDB would refuse on every call.
+    fn check_layout(&self) -> Result<(), StoreError> {
+        match self.inner.layout.problem(&self.inner.names) {
+            Some(problem) => {
+                Err(self.misconfigured(format!("table {}: {problem}", self.inner.table)))
+            }
+            None => Ok(()),
         }
     }
 
@@ -315,8 +335,8 @@ impl DynamoDbStore {
         let cause = if text.contains("ResourceNotFoundException") {
             format!(
                 "table {table} does not exist (in this account, region and endpoint): create it \
-                 with the partition key `{}` of type S",
-                self.inner.names.id
+                 with {}",
+                self.inner.layout.describe(&self.inner.names)
             )
         } else if text.contains("AccessDenied") {
             format!(
@@ -325,9 +345,8 @@ impl DynamoDbStore {
             )
         } else if text.contains("ValidationException") && text.contains("key") {
             format!(
-                "table {table}'s key is not what the store needs: a partition key `{}` of type S \
-                 and no sort key",
-                self.inner.names.id
+                "table {table}'s key is not what the store needs: {}",
+                self.inner.layout.describe(&self.inner.names)
             )
         } else {
             format!("DynamoDB {operation} on table {table} was refused")
