@@ -178,6 +178,7 @@
 //! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
 //! | `powertools` | no | [`powertools`]: during a migration from Powertools for AWS Lambda, honour the idempotency records it wrote (DynamoDB, Redis). |
+//! | `durable` | no | **Experimental.** [`durable`]: idempotent AWS Lambda durable functions, on the AWS Durable Execution SDK (preview): replays pass their own claim, duplicates replay the first execution's output, steps' effects run once. |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -188,6 +189,9 @@ mod clock;
 #[cfg(feature = "consumers")]
 #[cfg_attr(docsrs, doc(cfg(feature = "consumers")))]
 pub mod consumers;
+#[cfg(feature = "durable")]
+#[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+pub mod durable;
 mod engine;
 mod error;
 mod fingerprint;

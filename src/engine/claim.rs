@@ -7,7 +7,7 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Conditional, OwnerToken, Record, RecordId, Store},
+    store::{Claim, Conditional, OwnerToken, Record, RecordId, Status, Store},
     Attempt, StoreError, StoreErrorKind,
 };
 use tracing::{debug, warn};
@@ -24,7 +24,7 @@ impl<St: Store> Engine<St> {
     /// lapsed claim is taken over, as the next attempt (`claim` becomes the
     /// takeover); a record gone or no longer live by the time it was read is
     /// claimed again.
-    pub(super) async fn claim(&self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
+    pub(crate) async fn claim(&self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
         let store = &self.inner.store;
         let mut conflicts = 0;
         let mut refusals = 0;
@@ -47,7 +47,11 @@ impl<St: Store> Engine<St> {
             };
             match found {
                 Conditional::Applied => {}
-                Conditional::Refused(Some(record)) if record.owner == claim.owner => {
+                // A completed record is replayed even under this token: a
+                // durable execution's token is the same in every invocation.
+                Conditional::Refused(Some(record))
+                    if record.owner == claim.owner && record.status == Status::InProgress =>
+                {
                     debug!(record = %claim.id, "the claim had landed before its retry");
                 }
                 Conditional::Refused(Some(record)) if record.is_live(claim.now_ms) => {
@@ -125,7 +129,7 @@ impl<St: Store> Engine<St> {
         Ok(found)
     }
 
-    pub(super) fn claim_for(
+    pub(crate) fn claim_for(
         &self,
         id: RecordId,
         attempt: &Attempt<'_>,
@@ -157,7 +161,7 @@ impl<St: Store> Engine<St> {
 }
 
 /// Why a claim failed.
-pub(super) enum ClaimError {
+pub(crate) enum ClaimError {
     /// The store could neither claim nor be read: an outage, which
     /// fail-open may run through.
     Outage(StoreError),
@@ -166,7 +170,7 @@ pub(super) enum ClaimError {
 }
 
 /// What a claim decided.
-pub(super) enum Claimed {
+pub(crate) enum Claimed {
     /// The key is this attempt's.
     Ours,
     /// A live record holds the key.
@@ -179,7 +183,9 @@ impl Claimed {
     /// holds the key; nothing when there is neither.
     pub(super) fn by_read(claim: &Claim, found: Option<Record>) -> Option<Self> {
         match found {
-            Some(record) if record.owner == claim.owner => Some(Claimed::Ours),
+            Some(record) if record.owner == claim.owner && record.status == Status::InProgress => {
+                Some(Claimed::Ours)
+            }
             Some(record) if record.is_live(claim.now_ms) => Some(Claimed::Held(record)),
             _ => None,
         }

@@ -9,7 +9,7 @@ use crate::{
 use tracing::{debug, warn};
 
 impl<St: Store> Engine<St> {
-    pub(super) async fn complete<E>(
+    pub(crate) async fn complete<E>(
         &self,
         claim: Claim,
         response: Vec<u8>,
@@ -78,7 +78,7 @@ impl<St: Store> Engine<St> {
 
     /// Releases a claim so a retry can run; best effort, since a claim that
     /// cannot be released still expires with its lease.
-    pub(super) async fn release(&self, claim: &Claim) {
+    pub(crate) async fn release(&self, claim: &Claim) {
         match retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner)).await {
             // No record: released already (a retry of a release that had
             // landed), or never there. Nothing of ours is left.

@@ -29,6 +29,8 @@ mod codec;
 mod completion;
 mod conflicts;
 mod detach;
+#[cfg(feature = "durable")]
+mod durable;
 mod lease;
 mod mode;
 mod operator;
@@ -50,6 +52,8 @@ pub use claim_handle::{ClaimHandle, Takeover};
 
 pub use codec::{Codec, Json};
 pub(crate) use detach::detached;
+#[cfg(feature = "durable")]
+pub(crate) use durable::{DurableAttempt, DurableClaim};
 pub use mode::Mode;
 pub use operator::Forgotten;
 pub use outcome::{Outcome, OutcomeKind, Replayed};

@@ -13,7 +13,7 @@ impl<St: Store> Engine<St> {
     /// Decides what a live record found at claim time means for this
     /// attempt: mismatch first (a different payload never learns anything
     /// about the other request), then replay, then in progress.
-    pub(super) fn existing<T, E>(
+    pub(crate) fn existing<T, E>(
         &self,
         record: Record,
         codec: &impl Codec<T>,

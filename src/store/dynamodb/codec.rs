@@ -239,7 +239,10 @@ mod tests {
         let response = item.remove("response").unwrap();
         item.insert("st".into(), status);
         item.insert("resp".into(), response);
-        assert_eq!(decode(&names, &names.id, item).unwrap().status, Status::Completed);
+        assert_eq!(
+            decode(&names, &names.id, item).unwrap().status,
+            Status::Completed
+        );
         assert!(decode(&names, &names.id, completed_item()).is_err());
     }
 }

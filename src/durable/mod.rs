@@ -1,0 +1,467 @@
+//! Idempotent AWS Lambda durable functions (feature `durable`,
+//! **experimental**: it follows the AWS Durable Execution SDK for Rust,
+//! `aws-durable-execution-sdk` 0.1, which is in preview, and may change
+//! with it in a minor release).
+//!
+//! A durable function suspends (on a `wait`, a callback, a retry delay)
+//! and is invoked again, and its code replays from the start, completed
+//! steps answered from their checkpoints. An idempotent handler that claims
+//! its key in the first invocation finds its own `IN_PROGRESS` record in
+//! every replay: Powertools answered "already in progress" to its own
+//! replays until both of its ports learnt to let a replay pass. Here:
+//!
+//! - **The claim is a durable step.** The first invocation claims the key;
+//!   its decision (run, or replay this output) is checkpointed, so replays
+//!   never read the store again and always decide the same. The claim's
+//!   owner token is derived from the execution ARN, so an invocation that
+//!   crashed between writing the claim and checkpointing it is recognised
+//!   by the next one as the same execution's, not as a duplicate.
+//! - **A duplicate execution** (another execution name, the same key)
+//!   gets the first one's output without running, or fails with the error
+//!   type `IdempotencyAlreadyInProgress` while the first runs; with
+//!   [`wait_while_in_progress`](DurableIdempotency::wait_while_in_progress)
+//!   it waits instead (a durable wait: suspended, not billed) and then
+//!   replays the first one's output. The same key with another payload
+//!   fails with `IdempotencyKeyReused`.
+//! - **The record is completed once**, at the end, with the handler's
+//!   output; a handler that fails releases it, so that a new execution may
+//!   run the key.
+//! - **Effects inside steps, at most once**
+//!   ([`step`](DurableIdempotency::step)): the SDK's default step semantics
+//!   (`AtLeastOncePerRetry`) run a step's body again when its invocation
+//!   ended after the body's side effect and before its checkpoint. The
+//!   helper keys the body by the execution ARN and the step's name, so its
+//!   effect runs once and a re-execution gets the stored result.
+//!
+//! ```no_run
+//! use aws_durable_execution_sdk::{self as sdk, BoxError, DurableContext};
+//! use lambda_idempotency::{durable::DurableIdempotency, DynamoDbStore, Engine};
+//! use serde::{Deserialize, Serialize};
+//! use std::time::Duration;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Order { order_id: String, amount: u64 }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Receipt { charge: String }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), sdk::lambda_runtime::Error> {
+//!     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//!     let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency");
+//!     let idempotency = DurableIdempotency::new(Engine::builder(store).build())
+//!         .execution_timeout(Duration::from_secs(7 * 24 * 3600));
+//!     let steps = idempotency.clone();
+//!     sdk::run(idempotency.handler(
+//!         |order: &Order| Some(order.order_id.clone()),
+//!         move |order: Order, ctx: DurableContext| {
+//!             let steps = steps.clone();
+//!             async move {
+//!                 let charge = steps
+//!                     .step(&ctx, "charge-card", move || async move {
+//!                         Ok::<_, BoxError>(format!("ch_{}", order.amount)) // the payment API
+//!                     })
+//!                     .await?;
+//!                 ctx.wait(Duration::from_secs(3600)).name("cool-off").await?;
+//!                 Ok::<_, BoxError>(Receipt { charge })
+//!             }
+//!         },
+//!     ))
+//!     .await
+//! }
+//! ```
+//!
+//! # What to know
+//!
+//! - The claim adds one step to the execution, first, and a wait per poll
+//!   when waiting for a duplicate: durable operations are numbered by
+//!   position, so turning idempotency on or off for executions already in
+//!   flight makes their replays fail as non-deterministic. Deploy it to a
+//!   new version.
+//! - Nothing runs while an execution is suspended, so no heartbeat can
+//!   renew its claim: the claim's lease is the
+//!   [`execution_timeout`](DurableIdempotency::execution_timeout) (24 hours
+//!   unless set; make it the function's `ExecutionTimeout`). An execution
+//!   that outlives it can be taken over by a duplicate, which then runs
+//!   too; its own completion is then refused (and logged).
+//! - The key comes from the input event, which is the same in every
+//!   invocation (the envelope around it changes). The fingerprint is the
+//!   whole input event, canonical JSON.
+//! - Step names given to [`step`](DurableIdempotency::step) must be unique
+//!   within an execution (the SDK does not require it; the helper keys by
+//!   it).
+//! - Lambda's own `DurableExecutionName` already makes a second `Invoke`
+//!   with the same name return the first execution: this module covers
+//!   callers that cannot name executions, and keys that come from the
+//!   payload (an order id, a message id).
+//! - Stored outputs are checkpointed as the claim step's result when a
+//!   duplicate replays them: keep them within the SDK's checkpoint size.
+
+mod error;
+
+pub use error::DurableError;
+
+use crate::{
+    derive_key,
+    engine::{DurableAttempt, DurableClaim},
+    store::{OwnerToken, Store},
+    Attempt, Codec, Engine, Error, Fingerprint, Json,
+};
+use aws_durable_execution_sdk::{
+    builders::StepBuilder, BoxError, DurableContext, RetryDecision, StepContext, StepError,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use tracing::warn;
+
+/// The name of the claim step in the execution's history.
+pub const CLAIM_STEP: &str = "idempotency-claim";
+/// The name of the waits for a duplicate's execution in progress.
+pub const WAIT_STEP: &str = "idempotency-wait";
+/// The scope of the records [`DurableIdempotency::step`] writes.
+pub const STEP_SCOPE: &str = "durable-step";
+/// The default lease of an execution's claim: 24 hours.
+pub const DEFAULT_EXECUTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The longest wait between two checks of a duplicate in progress.
+const MAX_POLL: Duration = Duration::from_secs(30);
+/// How many times the claim step is tried through a store outage.
+const CLAIM_TRIES: u32 = 5;
+
+/// A boxed future of a step body, as [`DurableIdempotency::step`] builds
+/// them.
+pub type StepFuture<O> = Pin<Box<dyn Future<Output = Result<O, BoxError>> + Send>>;
+
+/// A durable handler, as [`DurableIdempotency::handler`] returns it: what
+/// `aws_durable_execution_sdk::run` takes.
+pub type DurableHandlerFuture<O> = Pin<Box<dyn Future<Output = Result<O, BoxError>> + Send>>;
+
+/// Makes durable executions idempotent: see the [module docs](self).
+///
+/// Cheap to clone; build it once in `main`.
+#[derive(Debug)]
+pub struct DurableIdempotency<St> {
+    engine: Engine<St>,
+    scope: Arc<str>,
+    execution_timeout: Duration,
+    wait_while_in_progress: Option<Duration>,
+}
+
+impl<St> Clone for DurableIdempotency<St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            scope: Arc::clone(&self.scope),
+            execution_timeout: self.execution_timeout,
+            wait_while_in_progress: self.wait_while_in_progress,
+        }
+    }
+}
+
+/// What the claim step decided, checkpointed so that every replay decides
+/// the same without the store.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "decision", content = "output", rename_all = "snake_case")]
+enum ClaimDecision<O> {
+    Run,
+    Replay(O),
+    InProgress { retry_after_ms: u64 },
+    KeyReused,
+    Disabled,
+}
+
+impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
+    /// Executions claimed in `engine`'s store, under its key prefix, in
+    /// the scope `durable`.
+    pub fn new(engine: Engine<St>) -> Self {
+        Self {
+            engine,
+            scope: Arc::from("durable"),
+            execution_timeout: DEFAULT_EXECUTION_TIMEOUT,
+            wait_while_in_progress: None,
+        }
+    }
+
+    /// The records' scope: keys of two scopes never share a record.
+    #[must_use]
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Arc::from(scope.into());
+        self
+    }
+
+    /// How long an execution's claim holds: the function's durable
+    /// `ExecutionTimeout`. A suspended execution cannot renew its claim,
+    /// so a duplicate may take over one that lives longer (24 hours unless
+    /// set). The record is kept at least this long, and the engine's
+    /// retention after it completes.
+    #[must_use]
+    pub fn execution_timeout(mut self, timeout: Duration) -> Self {
+        self.execution_timeout = timeout;
+        self
+    }
+
+    /// A duplicate execution that finds the key in progress waits for the
+    /// first one, for up to `max_wait` in all, with durable waits (polling
+    /// at most every 30 seconds, never billed while suspended), and then
+    /// replays its output; it fails with `IdempotencyAlreadyInProgress`
+    /// only when `max_wait` has passed. Without it, it fails at once.
+    #[must_use]
+    pub fn wait_while_in_progress(mut self, max_wait: Duration) -> Self {
+        self.wait_while_in_progress = Some(max_wait);
+        self
+    }
+
+    /// The engine the records are kept by.
+    pub fn engine(&self) -> &Engine<St> {
+        &self.engine
+    }
+
+    /// Wraps a durable handler: `key` finds the idempotency key in the
+    /// input event (`None` fails the execution with
+    /// `IdempotencyKeyMissing`), `handler` runs at most once per key. The
+    /// result goes to `aws_durable_execution_sdk::run`.
+    pub fn handler<E, O, K, H, Fut>(
+        &self,
+        key: K,
+        handler: H,
+    ) -> impl Fn(E, DurableContext) -> DurableHandlerFuture<O> + Send + Sync + 'static
+    where
+        E: Serialize + Send + 'static,
+        O: Serialize + DeserializeOwned + Send + 'static,
+        K: Fn(&E) -> Option<String> + Send + Sync + 'static,
+        H: Fn(E, DurableContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, BoxError>> + Send + 'static,
+    {
+        let this = self.clone();
+        let key = Arc::new(key);
+        let handler = Arc::new(handler);
+        move |event: E, ctx: DurableContext| {
+            let this = this.clone();
+            let key = Arc::clone(&key);
+            let handler = Arc::clone(&handler);
+            Box::pin(async move {
+                let Some(key) = key(&event) else {
+                    return Err(DurableError::KeyMissing.into_boxed());
+                };
+                this.run(&ctx, &key, event, |event, ctx| handler(event, ctx))
+                    .await
+            })
+        }
+    }
+
+    /// Runs `handler` at most once for `key`, from inside a durable
+    /// handler: what [`handler`](Self::handler) does, for a key found
+    /// otherwise. Call it first in the handler, with the same key in every
+    /// invocation of the execution.
+    pub async fn run<E, O, H, Fut>(
+        &self,
+        ctx: &DurableContext,
+        key: &str,
+        event: E,
+        handler: H,
+    ) -> Result<O, BoxError>
+    where
+        E: Serialize,
+        O: Serialize + DeserializeOwned + Send + 'static,
+        H: FnOnce(E, DurableContext) -> Fut,
+        Fut: Future<Output = Result<O, BoxError>>,
+    {
+        let fingerprint =
+            Fingerprint::of_json(&event).map_err(|e| DurableError::Event(e).into_boxed())?;
+        let attempt = OwnedDurableAttempt {
+            scope: Arc::clone(&self.scope),
+            key: Arc::from(key),
+            owner: execution_owner(ctx.execution_arn(), &self.scope, key),
+            fingerprint,
+            lease: self.execution_timeout,
+        };
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.claim_step::<O>(ctx, &attempt).await? {
+                ClaimDecision::Run => break,
+                ClaimDecision::Disabled => return handler(event, ctx.clone()).await,
+                ClaimDecision::Replay(output) => return Ok(output),
+                ClaimDecision::KeyReused => return Err(DurableError::KeyReused.into_boxed()),
+                ClaimDecision::InProgress { retry_after_ms } => {
+                    let retry_after = Duration::from_millis(retry_after_ms);
+                    let poll = retry_after.clamp(Duration::from_secs(1), MAX_POLL);
+                    match self.wait_while_in_progress {
+                        Some(max_wait) if waited + poll <= max_wait => {
+                            ctx.wait(poll).name(WAIT_STEP).await?;
+                            waited += poll;
+                        }
+                        _ => return Err(DurableError::InProgress { retry_after }.into_boxed()),
+                    }
+                }
+            }
+        }
+        let borrowed = attempt.borrowed();
+        match handler(event, ctx.clone()).await {
+            Ok(output) => {
+                match Codec::<O>::encode(&Json, &output) {
+                    Ok(response) => {
+                        self.engine.complete_durable(&borrowed, response).await;
+                    }
+                    Err(error) => {
+                        warn!(%error, "the durable execution's output does not serialise; its claim is released and nothing is stored");
+                        self.engine.release_durable(&borrowed).await;
+                    }
+                }
+                Ok(output)
+            }
+            Err(error) => {
+                self.engine.release_durable(&borrowed).await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn claim_step<O>(
+        &self,
+        ctx: &DurableContext,
+        attempt: &OwnedDurableAttempt,
+    ) -> Result<ClaimDecision<O>, BoxError>
+    where
+        O: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let engine = self.engine.clone();
+        let attempt = attempt.clone();
+        let decision = ctx
+            .step(move |_| async move {
+                let claimed = engine.claim_durable::<O>(&attempt.borrowed(), &Json).await;
+                match claimed {
+                    Ok(DurableClaim::Ours) => Ok(ClaimDecision::Run),
+                    Ok(DurableClaim::Replay(output)) => Ok(ClaimDecision::Replay(output)),
+                    Ok(DurableClaim::Disabled) => Ok(ClaimDecision::Disabled),
+                    Err(Error::InProgress { retry_after }) => Ok(ClaimDecision::InProgress {
+                        retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                    }),
+                    Err(Error::KeyReused) => Ok(ClaimDecision::KeyReused),
+                    Err(error) => Err(DurableError::from_engine(error).into_boxed()),
+                }
+            })
+            .name(CLAIM_STEP)
+            .retry_strategy(retry_store_outages)
+            .await?;
+        Ok(decision)
+    }
+
+    /// A step whose body's effect runs at most once, even when the SDK runs
+    /// the body again (an invocation that ended after the effect and before
+    /// the step's checkpoint): the body is claimed under a key derived from
+    /// the execution ARN and `name`, and a second run gets the first one's
+    /// stored result. `name` must be unique within the execution. Await the
+    /// builder, or configure it first (`retry_strategy`, `semantics`).
+    ///
+    /// A body interrupted during its effect (its invocation crashed) is
+    /// claimed until its lease passes (the invocation's deadline); the step
+    /// fails with `IdempotencyAlreadyInProgress` meanwhile, which the
+    /// step's retry strategy retries (the SDK's default does, with backoff),
+    /// and then runs again as a takeover
+    /// ([`ClaimHandle::takeover`](crate::ClaimHandle::takeover) says so):
+    /// whether the first run's effect happened is for the body to check.
+    pub fn step<O, F, Fut>(
+        &self,
+        ctx: &DurableContext,
+        name: &str,
+        operation: F,
+    ) -> StepBuilder<O, impl FnOnce(StepContext) -> StepFuture<O> + Send + 'static, StepFuture<O>>
+    where
+        O: Serialize + DeserializeOwned + Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<O, BoxError>> + Send + 'static,
+    {
+        let engine = self.engine.clone();
+        let key = derive_key(ctx.execution_arn(), name);
+        let fingerprint = Fingerprint::of_bytes(name.as_bytes());
+        let deadline_ms = ctx.lambda_context().deadline;
+        ctx.step(move |_: StepContext| -> StepFuture<O> {
+            Box::pin(async move {
+                let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint);
+                // LocalRunner's context has no deadline (0): the engine's
+                // default lease then.
+                let attempt = if deadline_ms > 0 {
+                    attempt.deadline_ms(deadline_ms)
+                } else {
+                    attempt
+                };
+                match engine.execute(&attempt, operation).await {
+                    Ok(outcome) => Ok(outcome.into_value()),
+                    Err(Error::Operation(error)) => Err(error),
+                    Err(error) => Err(DurableError::from_engine(error).into_boxed()),
+                }
+            })
+        })
+        .name(name)
+    }
+}
+
+/// The claim of one execution, owned, for the claim step's `'static`
+/// closure.
+#[derive(Clone)]
+struct OwnedDurableAttempt {
+    scope: Arc<str>,
+    key: Arc<str>,
+    owner: OwnerToken,
+    fingerprint: Fingerprint,
+    lease: Duration,
+}
+
+impl OwnedDurableAttempt {
+    fn borrowed(&self) -> DurableAttempt<'_> {
+        DurableAttempt {
+            scope: &self.scope,
+            key: &self.key,
+            fingerprint: self.fingerprint.clone(),
+            owner: self.owner.clone(),
+            lease: self.lease,
+        }
+    }
+}
+
+/// The owner token of an execution's claim on a key: the same in every
+/// invocation of the execution, and another execution's never.
+fn execution_owner(execution_arn: &str, scope: &str, key: &str) -> OwnerToken {
+    let mut hash = Sha256::new();
+    for part in ["durable", execution_arn, scope, key] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    OwnerToken::from_stored(hex::encode(&hash.finalize()[..16]))
+}
+
+/// The claim step is tried again through a store outage, and only then.
+fn retry_store_outages(error: &StepError, attempt: u32) -> RetryDecision {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(DurableError::Store(store)) = current.downcast_ref::<DurableError>() {
+            if store.kind().is_transient() && attempt < CLAIM_TRIES {
+                return RetryDecision::Retry {
+                    delay: Duration::from_secs(1 << attempt.min(5)),
+                };
+            }
+            break;
+        }
+        source = current.source();
+    }
+    RetryDecision::Stop
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_differ_by_execution_and_key_and_not_by_invocation() {
+        let a = execution_owner("arn:exec/a", "durable", "order-1");
+        assert_eq!(a, execution_owner("arn:exec/a", "durable", "order-1"));
+        assert_ne!(a, execution_owner("arn:exec/b", "durable", "order-1"));
+        assert_ne!(a, execution_owner("arn:exec/a", "durable", "order-2"));
+        // Lengths are hashed: the parts cannot be shifted into each other.
+        assert_ne!(
+            execution_owner("arn:exec/a", "durable", "x"),
+            execution_owner("arn:exec/a", "durablex", "")
+        );
+        assert_eq!(a.as_str().len(), 32);
+    }
+}

@@ -1,0 +1,98 @@
+//! The protocol split across invocations, for durable executions: the claim
+//! is made in one invocation and completed in a later one, by the same
+//! owner, which a replay proves by its execution rather than by a token it
+//! would have had to keep.
+
+use super::{
+    claim::{ClaimError, Claimed},
+    Engine, OutcomeKind,
+};
+use crate::{
+    clock::duration_ms,
+    store::{Claim, OwnerToken, Store},
+    Attempt, Codec, Error, Fingerprint,
+};
+use std::{convert::Infallible, time::Duration};
+
+/// What a durable claim decided.
+pub(crate) enum DurableClaim<T> {
+    /// The key is this execution's: run.
+    Ours,
+    /// An execution completed the key with this value.
+    Replay(T),
+    /// Idempotency is off: run, and store nothing.
+    Disabled,
+}
+
+/// The claim of one durable execution on one key.
+pub(crate) struct DurableAttempt<'a> {
+    pub(crate) scope: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) fingerprint: Fingerprint,
+    /// The execution's own token: the same in every invocation of it.
+    pub(crate) owner: OwnerToken,
+    /// How long the claim holds without a renewal: nothing runs while an
+    /// execution is suspended, so it must cover the whole execution.
+    pub(crate) lease: Duration,
+}
+
+impl<St: Store> Engine<St> {
+    /// Claims the key for the execution. The execution's own record (its
+    /// claim, landed in an invocation that crashed before the claim was
+    /// checkpointed) is its to run; a completed one replays; a live one of
+    /// another execution is [`Error::InProgress`].
+    pub(crate) async fn claim_durable<T>(
+        &self,
+        attempt: &DurableAttempt<'_>,
+        codec: &impl Codec<T>,
+    ) -> Result<DurableClaim<T>, Error<Infallible>> {
+        let inner = &*self.inner;
+        if inner.disabled {
+            return Ok(DurableClaim::Disabled);
+        }
+        let mut claim = self.durable_claim(attempt).map_err(Error::Store)?;
+        match self.claim(&mut claim).await {
+            Ok(Claimed::Ours) => Ok(DurableClaim::Ours),
+            Ok(Claimed::Held(record)) => self
+                .existing(record, codec, &attempt.fingerprint, claim.now_ms)
+                .map(|outcome| DurableClaim::Replay(outcome.into_value())),
+            Err(ClaimError::Outage(error) | ClaimError::Failed(error)) => Err(Error::Store(error)),
+        }
+    }
+
+    /// Completes the execution's claim with its value; never an error, as
+    /// the value is the execution's whatever becomes of the record.
+    pub(crate) async fn complete_durable(
+        &self,
+        attempt: &DurableAttempt<'_>,
+        response: Vec<u8>,
+    ) -> OutcomeKind {
+        let Ok(claim) = self.durable_claim(attempt) else {
+            return OutcomeKind::NotRecorded;
+        };
+        self.complete::<Infallible>(claim, response, Vec::new(), false)
+            .await
+            .unwrap_or(OutcomeKind::NotRecorded)
+    }
+
+    /// Releases the execution's claim: it failed, and a new execution may
+    /// run the key.
+    pub(crate) async fn release_durable(&self, attempt: &DurableAttempt<'_>) {
+        if let Ok(claim) = self.durable_claim(attempt) {
+            self.release(&claim).await;
+        }
+    }
+
+    fn durable_claim(&self, attempt: &DurableAttempt<'_>) -> Result<Claim, crate::StoreError> {
+        let now_ms = self.inner.clock.now_ms();
+        let id = self.record_id(attempt.scope, attempt.key);
+        let generic = Attempt::new(attempt.scope, attempt.key, attempt.fingerprint.clone());
+        let mut claim = self.claim_for(id, &generic, now_ms)?;
+        claim.owner = attempt.owner.clone();
+        // Not capped by max_lease: no heartbeat can run while the
+        // execution is suspended.
+        claim.lease_until_ms = now_ms.saturating_add(duration_ms(attempt.lease));
+        claim.expiration_s = claim.expiration_s.max(claim.lease_until_ms / 1000 + 1);
+        Ok(claim)
+    }
+}

@@ -1,0 +1,435 @@
+//! Durable executions on the SDK's `LocalRunner`: real suspensions,
+//! replays and re-executed step bodies, in memory, against the memory store
+//! and DynamoDB Local.
+//!
+//! Needs `AWS_ENDPOINT_URL_DYNAMODB` for the DynamoDB test; `make test`
+//! provides it.
+
+mod support;
+
+use aws_durable_execution_sdk::{test_util::LocalRunner, BoxError, DurableContext, RetryDecision};
+use lambda_idempotency::{
+    durable::{DurableIdempotency, CLAIM_STEP, WAIT_STEP},
+    store::{Record, Status},
+    DynamoDbStore, Engine, Fingerprint, MemoryStore, StoreErrorKind,
+};
+use serde::{Deserialize, Serialize};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Order {
+    order_id: String,
+    amount: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Receipt {
+    charge: String,
+    invocation_saw: usize,
+}
+
+fn order(amount: u64) -> Order {
+    Order {
+        order_id: "order-77".into(),
+        amount,
+    }
+}
+
+/// Counts of what ran: handler entries (one per invocation of the
+/// execution, replays included) and charges (the effect).
+#[derive(Clone, Default)]
+struct Counts {
+    entries: Arc<AtomicUsize>,
+    charges: Arc<AtomicUsize>,
+}
+
+impl Counts {
+    fn entries(&self) -> usize {
+        self.entries.load(Ordering::SeqCst)
+    }
+    fn charges(&self) -> usize {
+        self.charges.load(Ordering::SeqCst)
+    }
+}
+
+/// An order handler that charges in a step, waits an hour (so the
+/// execution suspends and replays), and answers a receipt.
+fn order_handler<St>(
+    idempotency: &DurableIdempotency<St>,
+    counts: &Counts,
+) -> impl Fn(Order, DurableContext) -> lambda_idempotency::durable::DurableHandlerFuture<Receipt>
+       + Send
+       + Sync
+       + 'static
+where
+    St: lambda_idempotency::store::Store + Send + Sync + 'static,
+{
+    let counts = counts.clone();
+    idempotency.handler(
+        |order: &Order| Some(order.order_id.clone()),
+        move |order: Order, ctx: DurableContext| {
+            let counts = counts.clone();
+            async move {
+                let entries = counts.entries.fetch_add(1, Ordering::SeqCst) + 1;
+                let charges = Arc::clone(&counts.charges);
+                let charge = ctx
+                    .step(move |_| async move {
+                        let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+                        Ok::<_, BoxError>(format!("ch_{n}_{}", order.amount))
+                    })
+                    .name("charge")
+                    .await?;
+                ctx.wait(Duration::from_secs(3600)).name("cool-off").await?;
+                Ok::<_, BoxError>(Receipt {
+                    charge,
+                    invocation_saw: entries,
+                })
+            }
+        },
+    )
+}
+
+fn memory_idempotency() -> (MemoryStore, DurableIdempotency<MemoryStore>) {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).key_prefix("orders").build();
+    (store, DurableIdempotency::new(engine))
+}
+
+#[tokio::test]
+async fn a_handler_that_waits_replays_through_its_own_claim_and_completes_once() {
+    let (store, idempotency) = memory_idempotency();
+    let counts = Counts::default();
+    let result = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+
+    assert!(
+        result.is_success(),
+        "{:?} {:?}",
+        result.error_type(),
+        result.error_message()
+    );
+    assert!(
+        result.invocation_count() >= 2,
+        "the wait suspended the execution: {} invocations",
+        result.invocation_count()
+    );
+    assert_eq!(
+        counts.entries(),
+        result.invocation_count(),
+        "every invocation replayed the handler past its own claim"
+    );
+    assert_eq!(counts.charges(), 1);
+    let receipt = result.output().expect("a receipt").clone();
+    assert_eq!(receipt.charge, "ch_1_100");
+
+    let claims: Vec<_> = result
+        .operations()
+        .iter()
+        .filter(|op| op.name() == Some(CLAIM_STEP))
+        .collect();
+    assert_eq!(claims.len(), 1, "one claim, replayed from its checkpoint");
+    assert!(claims[0].succeeded());
+
+    let records = store.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].status, Status::Completed);
+    assert_eq!(records[0].attempt, 1);
+    let stored: Receipt =
+        serde_json::from_slice(records[0].response.as_deref().expect("a response"))
+            .expect("the receipt");
+    assert_eq!(stored, receipt);
+}
+
+#[tokio::test]
+async fn a_duplicate_execution_replays_the_first_output_without_running() {
+    let (store, idempotency) = memory_idempotency();
+    let counts = Counts::default();
+    let first = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    let entries = counts.entries();
+    let duplicate = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+
+    assert!(duplicate.is_success(), "{:?}", duplicate.error_message());
+    assert_eq!(duplicate.output(), first.output());
+    assert_eq!(counts.entries(), entries, "the handler never ran");
+    assert_eq!(counts.charges(), 1);
+    assert!(
+        duplicate
+            .operations()
+            .iter()
+            .all(|op| op.name() != Some("charge")),
+        "no step of the handler in the duplicate's history"
+    );
+    assert_eq!(store.records().len(), 1);
+
+    // The same key with another payload is refused, and runs nothing.
+    let reused = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(999))
+        .await;
+    assert!(reused.is_failure());
+    assert_eq!(reused.error_type(), Some("IdempotencyKeyReused"));
+    assert_eq!(counts.charges(), 1);
+}
+
+/// Another execution's live claim (LocalRunner gives every execution one
+/// ARN, so the other execution's record is written as it would have
+/// written it).
+fn claimed_by_another_execution(
+    store: &MemoryStore,
+    idempotency: &DurableIdempotency<MemoryStore>,
+) {
+    let now = lambda_idempotency::Clock::now_ms(&lambda_idempotency::SystemClock);
+    store.insert_record(Record {
+        id: idempotency.engine().record_id("durable", "order-77"),
+        status: Status::InProgress,
+        owner: lambda_idempotency::store::OwnerToken::from_stored("another-execution"),
+        fingerprint: Fingerprint::of_json(&order(100)).expect("fingerprint"),
+        expiration_s: now / 1000 + 86_400,
+        lease_until_ms: Some(now + 3_600_000),
+        response: None,
+        created_at_ms: Some(now),
+        attempt: 1,
+        first_started_ms: Some(now),
+        completed_at_ms: None,
+    });
+}
+
+#[tokio::test]
+async fn a_duplicate_of_an_execution_in_progress_fails_or_waits_for_it() {
+    let (store, idempotency) = memory_idempotency();
+    claimed_by_another_execution(&store, &idempotency);
+    let counts = Counts::default();
+    let result = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert!(result.is_failure());
+    assert_eq!(result.error_type(), Some("IdempotencyAlreadyInProgress"));
+    assert_eq!(counts.entries(), 0);
+
+    // Waiting: durable waits between checks, then the same answer once
+    // the wait allowed has passed (LocalRunner's time does not move).
+    let waiting = idempotency
+        .clone()
+        .wait_while_in_progress(Duration::from_secs(90));
+    let result = LocalRunner::new()
+        .run(order_handler(&waiting, &counts), order(100))
+        .await;
+    assert_eq!(result.error_type(), Some("IdempotencyAlreadyInProgress"));
+    let waits = result
+        .operations()
+        .iter()
+        .filter(|op| op.name() == Some(WAIT_STEP))
+        .count();
+    assert_eq!(waits, 3, "30 s polls within 90 s");
+    assert_eq!(counts.entries(), 0);
+}
+
+#[tokio::test]
+async fn an_invocation_lost_after_its_claim_is_recovered_by_the_same_execution() {
+    let (store, idempotency) = memory_idempotency();
+    let counts = Counts::default();
+    // Checkpoint writes: the claim's START, then its SUCCEED, which fails
+    // (retryably): the invocation ends with the claim written and not
+    // checkpointed, and the next one runs the claim step again.
+    let result = LocalRunner::new()
+        .fail_checkpoints_after_retryable(1, 1)
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert!(
+        result.is_success(),
+        "the execution's own claim is its own: {:?} {:?}",
+        result.error_type(),
+        result.error_message()
+    );
+    assert_eq!(counts.charges(), 1);
+    let records = store.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, Status::Completed);
+}
+
+#[tokio::test]
+async fn a_failed_execution_releases_its_claim() {
+    let (store, idempotency) = memory_idempotency();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = Arc::clone(&runs);
+        idempotency.handler(
+            |order: &Order| Some(order.order_id.clone()),
+            move |_order: Order, _ctx: DurableContext| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return Err::<String, BoxError>("card declined".into());
+                    }
+                    Ok("ch_2".to_owned())
+                }
+            },
+        )
+    };
+    let failed = LocalRunner::new().run(handler, order(100)).await;
+    assert!(failed.is_failure());
+    assert!(
+        store.records().is_empty(),
+        "released: {:?}",
+        store.records()
+    );
+
+    let handler = {
+        let runs = Arc::clone(&runs);
+        idempotency.handler(
+            |order: &Order| Some(order.order_id.clone()),
+            move |_order: Order, _ctx: DurableContext| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>("ch_2".to_owned())
+                }
+            },
+        )
+    };
+    let retried = LocalRunner::new().run(handler, order(100)).await;
+    assert_eq!(retried.output().map(String::as_str), Some("ch_2"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_key_missing_fails_and_a_store_outage_is_retried_by_the_claim_step() {
+    let (store, idempotency) = memory_idempotency();
+    let handler = idempotency.handler(
+        |_: &Order| None,
+        |_order: Order, _ctx: DurableContext| async { Ok::<_, BoxError>(1u32) },
+    );
+    let result = LocalRunner::new().run(handler, order(1)).await;
+    assert_eq!(result.error_type(), Some("IdempotencyKeyMissing"));
+
+    store.fail_next_with(2, StoreErrorKind::Unavailable);
+    let counts = Counts::default();
+    let result = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert!(result.is_success(), "{:?}", result.error_message());
+    assert_eq!(counts.charges(), 1);
+}
+
+/// A step body the SDK runs twice (the invocation ends after its effect
+/// and before its checkpoint): through the helper, the effect happens
+/// once and the second run gets the first one's result; as a plain step,
+/// twice.
+#[tokio::test]
+async fn a_step_body_run_again_does_its_effect_once() {
+    for idempotent in [true, false] {
+        let (_store, idempotency) = memory_idempotency();
+        let effects = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let effects = Arc::clone(&effects);
+            move |_event: serde_json::Value, ctx: DurableContext| {
+                let effects = Arc::clone(&effects);
+                let idempotency = idempotency.clone();
+                async move {
+                    let effect = move || async move {
+                        let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
+                        Ok::<_, BoxError>(format!("ch_{n}"))
+                    };
+                    let charge = if idempotent {
+                        idempotency.step(&ctx, "charge-card", effect).await?
+                    } else {
+                        ctx.step(move |_| effect()).name("charge-card").await?
+                    };
+                    Ok::<_, BoxError>(charge)
+                }
+            }
+        };
+        // Checkpoints: the step's START, then its SUCCEED, which fails
+        // (retryably): the next invocation runs the body again.
+        let result = LocalRunner::new()
+            .fail_checkpoints_after_retryable(1, 1)
+            .run(handler, serde_json::Value::Null)
+            .await;
+        assert!(result.is_success(), "{:?}", result.error_message());
+        assert_eq!(result.invocation_count(), 2, "the body's second run");
+        if idempotent {
+            assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect once");
+            assert_eq!(result.output().map(String::as_str), Some("ch_1"));
+        } else {
+            assert_eq!(effects.load(Ordering::SeqCst), 2, "a plain step: twice");
+            assert_eq!(result.output().map(String::as_str), Some("ch_2"));
+        }
+    }
+}
+
+/// The helper's step keeps the SDK's retries: a body that fails is run
+/// again by the retry strategy, as a plain step's would be.
+#[tokio::test]
+async fn a_failing_step_body_is_retried_by_the_step_strategy() {
+    let (_store, idempotency) = memory_idempotency();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let attempts = Arc::clone(&attempts);
+        move |_event: serde_json::Value, ctx: DurableContext| {
+            let attempts = Arc::clone(&attempts);
+            let idempotency = idempotency.clone();
+            async move {
+                let value = idempotency
+                    .step(&ctx, "flaky", move || async move {
+                        if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                            return Err::<u32, BoxError>("timeout".into());
+                        }
+                        Ok(7)
+                    })
+                    .retry_strategy(|_, attempt| {
+                        if attempt < 3 {
+                            RetryDecision::Retry {
+                                delay: Duration::from_secs(1),
+                            }
+                        } else {
+                            RetryDecision::Stop
+                        }
+                    })
+                    .await?;
+                Ok::<_, BoxError>(value)
+            }
+        }
+    };
+    let result = LocalRunner::new()
+        .run(handler, serde_json::Value::Null)
+        .await;
+    assert_eq!(result.output(), Some(&7));
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+}
+
+/// The same, on DynamoDB Local: one record, completed, in the table.
+#[tokio::test]
+async fn on_dynamodb_the_execution_completes_once_and_a_duplicate_replays() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let store = DynamoDbStore::new(client, table);
+    let idempotency =
+        DurableIdempotency::new(Engine::builder(store.clone()).key_prefix("orders").build());
+    let counts = Counts::default();
+    let first = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert!(first.is_success(), "{:?}", first.error_message());
+    let duplicate = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert_eq!(duplicate.output(), first.output());
+    assert_eq!(counts.charges(), 1);
+    let record = idempotency
+        .engine()
+        .inspect("durable", "order-77")
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(record.status, Status::Completed);
+}
