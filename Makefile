@@ -76,6 +76,7 @@ integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover
+	$(CARGO) run --quiet --example durable_orders
 
 ## charges under cargo lambda watch, driven with real HTTP requests and the
 ## events in events/ through cargo lambda invoke; then once more on PostgreSQL,

@@ -158,6 +158,9 @@
 //!   trait and the records it keeps, and the DynamoDB and memory stores'
 //!   own types ([`AttributeNames`](store::dynamodb::AttributeNames),
 //!   [`MemoryWrite`](store::memory::MemoryWrite)).
+//! - `durable` (feature `durable`, experimental): AWS Lambda durable
+//!   functions, whose replays pass their own claim, and steps whose
+//!   effects run once.
 //! - `testing` (feature `testing`): the conformance kit that proves a store
 //!   keeps every guarantee, with one macro call, and the test doubles.
 //!
