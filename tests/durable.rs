@@ -9,7 +9,7 @@ mod support;
 
 use aws_durable_execution_sdk::{test_util::LocalRunner, BoxError, DurableContext, RetryDecision};
 use lambda_idempotency::{
-    durable::{DurableIdempotency, CLAIM_STEP, WAIT_STEP},
+    durable::{DurableIdempotency, CLAIM_STEP, STEP_SCOPE, WAIT_STEP},
     store::{Record, Status},
     DynamoDbStore, Engine, Fingerprint, MemoryStore, StoreErrorKind,
 };
@@ -364,6 +364,95 @@ async fn a_step_body_run_again_does_its_effect_once() {
             assert_eq!(effects.load(Ordering::SeqCst), 2, "a plain step: twice");
             assert_eq!(result.output().map(String::as_str), Some("ch_2"));
         }
+    }
+}
+
+/// A clock that moves a second each time it is read: LocalRunner never
+/// sleeps, so time has to pass between invocations some other way.
+#[derive(Debug, Default)]
+struct Ticking(std::sync::atomic::AtomicU64);
+
+impl lambda_idempotency::Clock for Ticking {
+    fn now_ms(&self) -> u64 {
+        1_700_000_000_000 + self.0.fetch_add(1_000, Ordering::SeqCst)
+    }
+}
+
+/// A step body whose earlier run died during its effect: its claim is
+/// waited out (retried after the time left on it), then taken over.
+#[tokio::test]
+async fn a_step_claimed_by_a_dead_run_is_waited_out_then_taken_over() {
+    let store = MemoryStore::new();
+    let clock = Arc::new(Ticking::default());
+    let engine = Engine::builder(store.clone())
+        .clock(SharedClock(Arc::clone(&clock)))
+        .build();
+    let idempotency = DurableIdempotency::new(engine);
+    let takeovers = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let takeovers = Arc::clone(&takeovers);
+        move |_event: serde_json::Value, ctx: DurableContext| {
+            let (idempotency, store, clock) =
+                (idempotency.clone(), store.clone(), Arc::clone(&clock));
+            let takeovers = Arc::clone(&takeovers);
+            async move {
+                let id = idempotency.engine().record_id(
+                    STEP_SCOPE,
+                    &lambda_idempotency::derive_key(ctx.execution_arn(), "charge-card"),
+                );
+                if store.record(&id).is_none() {
+                    // The run that died: claimed for 3 more seconds.
+                    let now = lambda_idempotency::Clock::now_ms(&*clock);
+                    store.insert_record(Record {
+                        id,
+                        status: Status::InProgress,
+                        owner: lambda_idempotency::store::OwnerToken::from_stored("dead-run"),
+                        fingerprint: Fingerprint::of_bytes(b"charge-card"),
+                        expiration_s: now / 1000 + 86_400,
+                        lease_until_ms: Some(now + 3_000),
+                        response: None,
+                        created_at_ms: Some(now),
+                        attempt: 1,
+                        first_started_ms: Some(now),
+                        completed_at_ms: None,
+                    });
+                }
+                let charge = idempotency
+                    .step(&ctx, "charge-card", move || async move {
+                        if lambda_idempotency::ClaimHandle::current()
+                            .and_then(|claim| claim.takeover())
+                            .is_some()
+                        {
+                            takeovers.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok::<_, BoxError>("ch_1".to_owned())
+                    })
+                    .await?;
+                Ok::<_, BoxError>(charge)
+            }
+        }
+    };
+    let result = LocalRunner::new()
+        .run(handler, serde_json::Value::Null)
+        .await;
+    assert!(result.is_success(), "{:?}", result.error_message());
+    assert!(
+        result.invocation_count() >= 2,
+        "retried in a later invocation"
+    );
+    assert_eq!(
+        takeovers.load(Ordering::SeqCst),
+        1,
+        "run once, as a takeover"
+    );
+}
+
+#[derive(Debug)]
+struct SharedClock(Arc<Ticking>);
+
+impl lambda_idempotency::Clock for SharedClock {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
     }
 }
 

@@ -53,6 +53,19 @@ impl DurableError {
         }
     }
 
+    /// The `DurableError` in an error's chain of sources, if any: in a
+    /// `StepError` given to a retry strategy, say.
+    pub fn find<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a DurableError> {
+        let mut source = Some(error);
+        while let Some(current) = source {
+            if let Some(found) = current.downcast_ref::<DurableError>() {
+                return Some(found);
+            }
+            source = current.source();
+        }
+        None
+    }
+
     pub(super) fn into_boxed(self) -> BoxError {
         Box::new(TypedError::with_type(self.error_type(), self))
     }

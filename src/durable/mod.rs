@@ -127,6 +127,14 @@ pub const DEFAULT_EXECUTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 const MAX_POLL: Duration = Duration::from_secs(30);
 /// How many times the claim step is tried through a store outage.
 const CLAIM_TRIES: u32 = 5;
+/// How many times a step's body is tried while another run holds its key.
+const IN_PROGRESS_TRIES: u32 = 10;
+/// The longest wait for another run's claim on a step: Lambda's longest
+/// invocation.
+const MAX_CLAIM_WAIT: Duration = Duration::from_secs(15 * 60);
+/// How many times a step's body is tried on its own errors (the SDK's
+/// default).
+const OPERATION_TRIES: u32 = 6;
 
 /// A boxed future of a step body, as [`DurableIdempotency::step`] builds
 /// them.
@@ -354,12 +362,19 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// builder, or configure it first (`retry_strategy`, `semantics`).
     ///
     /// A body interrupted during its effect (its invocation crashed) is
-    /// claimed until its lease passes (the invocation's deadline); the step
-    /// fails with `IdempotencyAlreadyInProgress` meanwhile, which the
-    /// step's retry strategy retries (the SDK's default does, with backoff),
-    /// and then runs again as a takeover
-    /// ([`ClaimHandle::takeover`](crate::ClaimHandle::takeover) says so):
-    /// whether the first run's effect happened is for the body to check.
+    /// claimed until its lease passes (the invocation's deadline): the step
+    /// is retried after the time left on it, and its body then runs again
+    /// as a takeover ([`ClaimHandle::takeover`](crate::ClaimHandle::takeover)
+    /// says so): whether the first run's effect happened is for the body to
+    /// check.
+    ///
+    /// The step's default retry strategy: `IdempotencyAlreadyInProgress`
+    /// after the time left on the other claim (up to 10 times), a store
+    /// outage with backoff (5 tries), and the body's own errors as the
+    /// SDK's default does (6 attempts, 5 seconds doubling to 60, without
+    /// its jitter). A `retry_strategy` of your own replaces it: retry
+    /// `IdempotencyAlreadyInProgress` there too
+    /// ([`DurableError::find`] finds it in a `StepError`).
     pub fn step<O, F, Fut>(
         &self,
         ctx: &DurableContext,
@@ -393,6 +408,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             })
         })
         .name(name)
+        .retry_strategy(retry_step)
     }
 }
 
@@ -432,19 +448,41 @@ fn execution_owner(execution_arn: &str, scope: &str, key: &str) -> OwnerToken {
 
 /// The claim step is tried again through a store outage, and only then.
 fn retry_store_outages(error: &StepError, attempt: u32) -> RetryDecision {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = source {
-        if let Some(DurableError::Store(store)) = current.downcast_ref::<DurableError>() {
-            if store.kind().is_transient() && attempt < CLAIM_TRIES {
-                return RetryDecision::Retry {
-                    delay: Duration::from_secs(1 << attempt.min(5)),
-                };
+    match DurableError::find(error) {
+        Some(DurableError::Store(store))
+            if store.kind().is_transient() && attempt < CLAIM_TRIES =>
+        {
+            RetryDecision::Retry {
+                delay: backoff(attempt),
             }
-            break;
         }
-        source = current.source();
+        _ => RetryDecision::Stop,
     }
-    RetryDecision::Stop
+}
+
+/// A step's body: another run's claim is waited out, an outage backed off,
+/// the body's own errors retried as the SDK's default strategy would.
+fn retry_step(error: &StepError, attempt: u32) -> RetryDecision {
+    let retry = match DurableError::find(error) {
+        Some(DurableError::InProgress { retry_after }) => (attempt < IN_PROGRESS_TRIES)
+            .then(|| (*retry_after).clamp(Duration::from_secs(1), MAX_CLAIM_WAIT)),
+        Some(DurableError::Store(store)) if store.kind().is_transient() => {
+            (attempt < CLAIM_TRIES).then(|| backoff(attempt))
+        }
+        Some(_) => None,
+        None => (attempt < OPERATION_TRIES).then(|| {
+            Duration::from_secs(5u64 << attempt.saturating_sub(1).min(4))
+                .min(Duration::from_secs(60))
+        }),
+    };
+    match retry {
+        Some(delay) => RetryDecision::Retry { delay },
+        None => RetryDecision::Stop,
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1 << attempt.min(5))
 }
 
 #[cfg(test)]
