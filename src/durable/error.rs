@@ -15,9 +15,10 @@ pub enum DurableError {
     /// The key function found no key in the input event.
     #[error("the input event holds no idempotency key")]
     KeyMissing,
-    /// Another execution holds the key and has not completed.
+    /// Another execution (or, for a step, another run of it) holds the key
+    /// and has not completed.
     #[error(
-        "another execution holds this idempotency key; it may be retried after {retry_after:?}"
+        "another execution (or another run of this step) holds this idempotency key; it may be retried after {retry_after:?}"
     )]
     InProgress {
         /// The time left on the other execution's claim.
