@@ -139,6 +139,11 @@ fn layer_benches(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("fingerprint", &label), |b| {
             b.iter(|| black_box(request_fingerprint(black_box(&fingerprint_request))))
         });
+        // The floor the fingerprint is measured against: the hash alone,
+        // of the same bytes.
+        group.bench_function(BenchmarkId::new("sha256_of_body", &label), |b| {
+            b.iter(|| black_box(Fingerprint::of_bytes(black_box(body.as_bytes()))))
+        });
     }
     group.finish();
 

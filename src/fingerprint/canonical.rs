@@ -50,20 +50,12 @@ pub(crate) enum NotCanonical {
     TooDeep,
 }
 
-/// Writes the canonical form of the JSON document `json` to `out`.
-///
-/// Nothing is written unless the whole document is canonical, so `out` can
-/// be a hash that falls back to the raw bytes on an error.
-pub(crate) fn write_canonical<W: Write>(json: &[u8], out: &mut W) -> Result<(), NotCanonical> {
-    let document = parse(json)?;
-    write_node(&document, out).map_err(|_| NotCanonical::Invalid)
-}
-
-/// The canonical form of `json`, as bytes.
-#[cfg_attr(not(feature = "lambda"), allow(dead_code))]
-pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
+/// The canonical form of `json` from its tree: the writer pointers into a
+/// document use, held to the same bytes as the one-pass writer.
+#[cfg(test)]
+pub(super) fn tree_canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
     let mut out = Vec::with_capacity(json.len());
-    write_canonical(json, &mut out)?;
+    write_node(&parse(json)?, &mut out).map_err(|_| NotCanonical::Invalid)?;
     Ok(out)
 }
 
@@ -157,7 +149,7 @@ fn parse(json: &[u8]) -> Result<Node<'_>, NotCanonical> {
     Ok(node)
 }
 
-fn invalid<T>(result: JiterResult<T>) -> Result<T, NotCanonical> {
+pub(super) fn invalid<T>(result: JiterResult<T>) -> Result<T, NotCanonical> {
     result.map_err(|_| NotCanonical::Invalid)
 }
 
@@ -170,7 +162,7 @@ fn value<'a>(
     match peek {
         Peek::Null => invalid(jiter.known_null()).map(|()| Node::Null),
         Peek::True | Peek::False => invalid(jiter.known_bool(peek)).map(Node::Bool),
-        Peek::String => string(text, invalid(jiter.known_bytes())?).map(Node::String),
+        Peek::String => string_of(text, invalid(jiter.known_bytes())?).map(Node::String),
         Peek::Array => {
             let depth = deeper(depth)?;
             let mut items = Vec::new();
@@ -186,7 +178,7 @@ fn value<'a>(
             let mut entries = Vec::new();
             let mut key = invalid(jiter.next_object_bytes())?;
             while let Some(raw) = key {
-                let name = string(text, raw)?;
+                let name = string_of(text, raw)?;
                 let peek = invalid(jiter.peek())?;
                 entries.push((name, value(text, jiter, peek, depth)?));
                 key = invalid(jiter.next_key_bytes())?;
@@ -209,7 +201,7 @@ fn value<'a>(
 /// The string whose content jiter returned as `raw`, a slice of `text`:
 /// borrowed from `text` as it stands, or unescaped (by jiter, from the
 /// quoted text) when it holds an escape.
-fn string<'a>(text: &'a str, raw: &[u8]) -> Result<Cow<'a, str>, NotCanonical> {
+pub(super) fn string_of<'a>(text: &'a str, raw: &[u8]) -> Result<Cow<'a, str>, NotCanonical> {
     let start = (raw.as_ptr() as usize)
         .checked_sub(text.as_ptr() as usize)
         .ok_or(NotCanonical::Invalid)?;
@@ -225,7 +217,7 @@ fn string<'a>(text: &'a str, raw: &[u8]) -> Result<Cow<'a, str>, NotCanonical> {
     Ok(Cow::Owned(invalid(unescape.next_str())?.to_owned()))
 }
 
-fn deeper(depth: usize) -> Result<usize, NotCanonical> {
+pub(super) fn deeper(depth: usize) -> Result<usize, NotCanonical> {
     if depth >= MAX_DEPTH {
         Err(NotCanonical::TooDeep)
     } else {
@@ -271,7 +263,7 @@ fn write_string<W: Write>(text: &str, out: &mut W) -> io::Result<()> {
 
 /// A number as written in the document (already checked against the JSON
 /// grammar), with its exponent normalised: `e`, no `+`, no leading zeros.
-fn write_number<W: Write>(text: &[u8], out: &mut W) -> io::Result<()> {
+pub(super) fn write_number<W: Write>(text: &[u8], out: &mut W) -> io::Result<()> {
     let Some(e) = text.iter().position(|&b| b == b'e' || b == b'E') else {
         return out.write_all(text);
     };
@@ -296,6 +288,7 @@ fn write_number<W: Write>(text: &[u8], out: &mut W) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fingerprint::streaming::canonical;
 
     fn canon(json: &str) -> Result<String, NotCanonical> {
         canonical(json.as_bytes()).map(|bytes| String::from_utf8(bytes).unwrap())

@@ -2,12 +2,14 @@
 
 mod canonical;
 mod pointer;
+mod streaming;
 
 pub use pointer::{InvalidJsonPointer, JsonPointer};
 
-pub(crate) use canonical::{canonical, select, write_canonical};
+pub(crate) use canonical::select;
 #[cfg(feature = "http")]
 pub(crate) use canonical::{pointed, Pointed};
+pub(crate) use streaming::{canonical, write_canonical};
 
 use serde::Serialize;
 use serde_json::Value;
