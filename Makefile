@@ -118,11 +118,14 @@ $(TOOLS)/cargo/bin/cargo-fuzz:
 ## Criterion micro benchmarks, then the side-by-side benchmark: this crate,
 ## raw DynamoDB calls (the floor), the handler alone, Powertools Python and
 ## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md);
-## each store side by side; then the Redis rounds of bench-redis.
+## each store side by side; then the DynamoDB drivers in interleaved rounds
+## (per-round ratios to the floor and to Powertools), and the Redis rounds of
+## bench-redis.
 bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) bench --bench layer
 	$(CARGO) build --release --example bench_driver
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
+	BENCH_ONLY=dynamodb-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 
 ## The Redis store against Powertools Python's RedisCachePersistenceLayer on

@@ -17,7 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from charges_local import dynamodb  # noqa: E402
 
-WORKLOAD = {"BENCH_N": "1000", "BENCH_CONCURRENT": "2000", "BENCH_CLIENTS": "16"}
+# A smaller workload for a quick look: BENCH_N=200 BENCH_CONCURRENT=400 make bench.
+WORKLOAD = {name: os.environ.get(name, default)
+            for name, default in (("BENCH_N", "1000"), ("BENCH_CONCURRENT", "2000"), ("BENCH_CLIENTS", "16"))}
 RUST = os.path.join(ROOT, "target", "release", "examples", "bench_driver")
 PYTHON = os.path.join(ROOT, ".tools", "bench-py", "bin", "python")
 DRIVERS = [
@@ -169,6 +171,67 @@ def redis_rounds():
         json.dump({"server_cpu": server_cpu, "driver_cpu": cpu, "rounds": runs, "ratios": summary}, f, indent=2)
 
 
+# The DynamoDB comparison in rounds: the crate, its floor (the raw PutItem
+# and UpdateItem it stands on) and the two Powertools ports.
+DYNAMODB_ROUNDS = ["floor", "crate", "python", "typescript"]
+
+
+def dynamodb_rounds():
+    """The crate against its floor and Powertools on DynamoDB Local, in
+    BENCH_ROUNDS interleaved rounds (the order rotates each round), after a
+    discarded warm-up round (make bench).
+
+    Why rounds: run one after the other, the drivers met DynamoDB Local at
+    different points of its JVM's warm-up and garbage collection, which
+    moved medians more than the differences measured (one run put the crate
+    below its own floor). Each round runs every driver once, back to back,
+    so a ratio within a round compares like with like; the spread of the
+    per-round ratios says how far to trust them."""
+    rounds = int(os.environ.get("BENCH_ROUNDS", "5"))
+    commands = dict(DRIVERS)
+    print("warm-up round (discarded)...", flush=True)
+    for label in DYNAMODB_ROUNDS:
+        run(label, commands[label], "warmup")
+    runs = {label: [] for label in DYNAMODB_ROUNDS}
+    for r in range(rounds):
+        shift = r % len(DYNAMODB_ROUNDS)
+        order = DYNAMODB_ROUNDS[shift:] + DYNAMODB_ROUNDS[:shift]
+        print(f"round {r + 1} of {rounds}: {', '.join(order)}...", flush=True)
+        for label in order:
+            runs[label].append(run(label, commands[label], f"round{r}"))
+
+    def phase_median(label, phase):
+        return statistics.median(result["results"][phase]["median_ms"] for result in runs[label])
+
+    print(f"\nDynamoDB Local, {rounds} interleaved rounds; medians of the rounds' medians (ms), "
+          "and each round's new-key median:")
+    print("| implementation | new key | replay | concurrent | DynamoDB calls new / replay | new key, each round |")
+    print("|---|---|---|---|---|---|")
+    for label in DYNAMODB_ROUNDS:
+        first = runs[label][0]
+        cells = [phase_median(label, phase) if phase in first["results"] else None
+                 for phase in ("new", "replay", "concurrent")]
+        each = ", ".join(f"{result['results']['new']['median_ms']:.2f}" for result in runs[label])
+        print(f"| {first['impl']} | " + " | ".join("n/a" if c is None else f"{c:.2f}" for c in cells)
+              + f" | {cell(first, 'new', 'calls_per_request')} / {cell(first, 'replay', 'calls_per_request')} | {each} |")
+
+    def ratios(label, other, phase):
+        return [ours["results"][phase]["median_ms"] / theirs["results"][phase]["median_ms"]
+                for ours, theirs in zip(runs[label], runs[other])]
+
+    print("\nRatios of each round's medians (lower is better): median, worst, best")
+    summary = {}
+    for other, phases in (("floor", ("new",)), ("python", ("new", "replay", "concurrent")),
+                          ("typescript", ("new", "replay", "concurrent"))):
+        for phase in phases:
+            values = ratios("crate", other, phase)
+            summary[f"crate/{other}/{phase}"] = values
+            print(f"  {phase:10} crate / {other:10}: median {statistics.median(values):.3f}, "
+                  f"worst {max(values):.3f}, best {min(values):.3f}")
+    with open(os.path.join(ROOT, "comparison", "results-dynamodb-rounds.json"), "w") as f:
+        json.dump({"rounds": runs, "ratios": summary}, f, indent=2)
+
+
 def main():
     if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
         sys.exit("run this through scripts/with-dynamodb-local (make bench)")
@@ -179,6 +242,9 @@ def main():
         return
     if os.environ.get("BENCH_ONLY") == "redis-rounds":
         redis_rounds()
+        return
+    if os.environ.get("BENCH_ONLY") == "dynamodb-rounds":
+        dynamodb_rounds()
         return
     # BENCH_ONLY=floor-tx,single runs a subset (the single-write pair).
     only = [name for name in os.environ.get("BENCH_ONLY", "").split(",") if name]

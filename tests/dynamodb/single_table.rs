@@ -277,3 +277,161 @@ async fn verify_tells_the_two_layouts_apart() {
         }
     }
 }
+
+/// Review of issue 28: a single-table store on a table keyed by its
+/// partition key alone puts every claim in one item (DynamoDB takes the
+/// sort key for an ordinary attribute there). The record found at a key
+/// must be that key's: never another key's response, never a run.
+#[tokio::test]
+async fn a_record_of_another_id_at_a_key_is_a_misconfiguration_not_a_replay() {
+    let client = support::client();
+    let table = support::create_table_with(&client, "no-sort-key", "pk", Some("expiration")).await;
+    let engine = Engine::builder(store_in(&client, &table, "charges")).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = engine
+        .execute(
+            &Attempt::new("tenant-a", "a-1", payload(1)),
+            charge(&runs, 1),
+        )
+        .await
+        .expect("the first claim lands in the one item");
+    // Its completion, addressed by both keys, is refused: not recorded.
+    assert_eq!(first.kind(), OutcomeKind::NotRecorded);
+    let other_tenant = engine
+        .execute(
+            &Attempt::new("tenant-b", "b-9", payload(1)),
+            charge(&runs, 1),
+        )
+        .await;
+    match other_tenant {
+        Err(Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+            assert!(error.to_string().contains("holds record"), "{error}");
+        }
+        other => panic!("tenant b got {other:?}"),
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "tenant b's handler never ran"
+    );
+}
+
+#[tokio::test]
+async fn verify_names_swapped_keys_and_an_index_on_a_record_attribute_of_another_type() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+        Projection, ProjectionType, ScalarAttributeType,
+    };
+    let client = support::client();
+    let definition = |name: &str, kind: ScalarAttributeType| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(kind)
+            .build()
+            .expect("definition")
+    };
+    let key = |name: &str, kind: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .expect("key")
+    };
+    // Keys pk + sk; a store told the partition key is `sk` and the sort
+    // key `pk` writes every probe happily, and would file records wrongly.
+    let app = support::unique_name("swapped");
+    store_in(&client, &app, "f")
+        .create_table()
+        .await
+        .expect("table");
+    let swapped = DynamoDbStore::new(client.clone(), app.clone())
+        .attribute_names(AttributeNames::default().id("sk"))
+        .single_table(SingleTable::new("idempotency#f", "pk"));
+    let message = swapped.verify().await.expect_err("swapped").to_string();
+    assert!(
+        message.contains("it has partition key `pk` and sort key `sk`"),
+        "{message}"
+    );
+
+    // An index keyed on `created_at` as a string: every claim would fail.
+    let indexed = support::unique_name("indexed");
+    client
+        .create_table()
+        .table_name(&indexed)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(definition("pk", ScalarAttributeType::S))
+        .attribute_definitions(definition("sk", ScalarAttributeType::S))
+        .attribute_definitions(definition("created_at", ScalarAttributeType::S))
+        .key_schema(key("pk", KeyType::Hash))
+        .key_schema(key("sk", KeyType::Range))
+        .global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name("by-created")
+                .key_schema(key("created_at", KeyType::Hash))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::KeysOnly)
+                        .build(),
+                )
+                .build()
+                .expect("index"),
+        )
+        .send()
+        .await
+        .expect("create the indexed table");
+    let store = store_in(&client, &indexed, "f");
+    let error = store
+        .create_table()
+        .await
+        .expect_err("the index's key type");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
+    let message = error.to_string();
+    assert!(
+        message.contains("`created_at` as type S") && message.contains("as type N"),
+        "{message}"
+    );
+}
+
+/// Review of issue 28: an item of the application's in the records'
+/// partition that looks like a claim in progress must not hide the real
+/// ones from an operator.
+#[tokio::test]
+async fn listing_passes_over_an_item_that_is_not_a_record() {
+    let client = support::client();
+    let table = support::unique_name("odd-item");
+    let store = store_in(&client, &table, "charges");
+    store.create_table().await.expect("create_table");
+    let engine = Engine::builder(store.clone()).build();
+    let now = SystemClock.now_ms();
+    let stuck = engine.record_id("tenant", "stuck");
+    store
+        .claim(&Claim {
+            id: stuck.clone(),
+            owner: OwnerToken::from_stored("dead"),
+            fingerprint: Fingerprint::of_bytes(b"body"),
+            now_ms: now - 60_000,
+            lease_until_ms: now - 30_000,
+            expiration_s: now / 1000 + 3600,
+            attempt: 1,
+            first_started_ms: now - 60_000,
+        })
+        .await
+        .expect("claim");
+    let lookalike = format!(
+        "{}#not-a-record",
+        stuck.as_str().split('#').next().unwrap_or("")
+    );
+    client
+        .put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S("idempotency#charges".into()))
+        .item("sk", AttributeValue::S(lookalike))
+        .item("status", AttributeValue::S("IN_PROGRESS".into()))
+        .send()
+        .await
+        .expect("the application's item");
+    let listed = engine.list_in_progress(10).await.expect("listed");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].id, stuck);
+}

@@ -227,19 +227,40 @@ impl DynamoDbStore {
         codec::decode(&inner.names, inner.layout.id_attribute(&inner.names), item)
     }
 
+    /// The record stored at `id`'s key, decoded. A record of another id
+    /// there means the table's key is not the store's (a single-table
+    /// layout on a table without its sort key stores every record in one
+    /// item): never served as `id`'s.
+    fn decode_at(&self, id: &RecordId, item: Item) -> Result<Record, StoreError> {
+        let record = self.decode(item)?;
+        if record.id != *id {
+            return Err(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                format!(
+                    "table {}: the item at the key of record {id} holds record {}: the table's \
+                     key is not {} (DynamoDbStore::verify says what it is)",
+                    self.inner.table,
+                    record.id,
+                    self.inner.layout.describe(&self.inner.names)
+                ),
+            ));
+        }
+        Ok(record)
+    }
+
     /// The record a refused write reports: the item DynamoDB returned
     /// with the failure, decoded.
-    fn refused(&self, item: Option<Item>) -> Result<Conditional, StoreError> {
+    fn refused(&self, id: &RecordId, item: Option<Item>) -> Result<Conditional, StoreError> {
         Ok(Conditional::Refused(
-            item.map(|item| self.decode(item)).transpose()?,
+            item.map(|item| self.decode_at(id, item)).transpose()?,
         ))
     }
 
     /// A conditional write's answer, with the record found when refused.
-    fn answered(&self, answer: Answer) -> Result<Conditional, StoreError> {
+    fn answered(&self, id: &RecordId, answer: Answer) -> Result<Conditional, StoreError> {
         match answer {
             Answer::Applied => Ok(Conditional::Applied),
-            Answer::ConditionFailed(item) => self.refused(item),
+            Answer::ConditionFailed(item) => self.refused(id, item),
         }
     }
 
@@ -252,8 +273,8 @@ impl DynamoDbStore {
         answer: Answer,
     ) -> Result<Conditional, StoreError> {
         match answer {
-            Answer::ConditionFailed(None) => self.refused(self.get_item(id).await?),
-            answer => self.answered(answer),
+            Answer::ConditionFailed(None) => self.refused(id, self.get_item(id).await?),
+            answer => self.answered(id, answer),
         }
     }
 
@@ -280,7 +301,7 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        self.answered(errors::conditional(result, operation)?)
+        self.answered(id, errors::conditional(result, operation)?)
     }
 
     /// A conditional `PutItem` of a whole record (a claim, a takeover, a
@@ -364,14 +385,20 @@ impl DynamoDbStore {
         let mut items = Vec::with_capacity(completion.writes.len() + 1);
         items.push(TransactWriteItem::builder().update(update).build());
         items.extend(completion.writes);
-        self.transact(items, &completion.owner, "TransactWriteItems (complete)")
-            .await
+        self.transact(
+            &completion.id,
+            items,
+            &completion.owner,
+            "TransactWriteItems (complete)",
+        )
+        .await
     }
 
     /// Sends a transaction whose first action is the record's, and reads
     /// its answer.
     async fn transact(
         &self,
+        id: &RecordId,
         items: Vec<TransactWriteItem>,
         owner: &OwnerToken,
         operation: &'static str,
@@ -393,7 +420,7 @@ impl DynamoDbStore {
                 Some(e) if e.is_transaction_canceled_exception() => {
                     match error.into_service_error() {
                         TransactWriteItemsError::TransactionCanceledException(cancelled) => {
-                            self.cancelled(cancelled.cancellation_reasons.unwrap_or_default())
+                            self.cancelled(id, cancelled.cancellation_reasons.unwrap_or_default())
                         }
                         other => Err(StoreError::new(
                             StoreErrorKind::Other,
@@ -410,11 +437,15 @@ impl DynamoDbStore {
     /// Reads why a transaction was cancelled: the record's own action (the
     /// first) failing its condition is a refusal, with the record found;
     /// anything else is about the operation's own writes.
-    fn cancelled(&self, reasons: Vec<CancellationReason>) -> Result<Conditional, StoreError> {
+    fn cancelled(
+        &self,
+        id: &RecordId,
+        reasons: Vec<CancellationReason>,
+    ) -> Result<Conditional, StoreError> {
         let mut reasons = reasons.into_iter();
         if let Some(fence) = reasons.next() {
             if fence.code() == Some("ConditionalCheckFailed") {
-                return self.refused(fence.item);
+                return self.refused(id, fence.item);
             }
             if let Some(code) = fence.code().filter(|c| *c != "None") {
                 return Err(StoreError::new(
@@ -486,8 +517,13 @@ impl Store for DynamoDbStore {
         let mut items = Vec::with_capacity(commit.writes.len() + 1);
         items.push(TransactWriteItem::builder().put(put).build());
         items.extend(commit.writes);
-        self.transact(items, &commit.owner, "TransactWriteItems (commit)")
-            .await
+        self.transact(
+            &commit.id,
+            items,
+            &commit.owner,
+            "TransactWriteItems (commit)",
+        )
+        .await
     }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
@@ -573,7 +609,7 @@ impl Store for DynamoDbStore {
             .send()
             .await;
         // No item: the fence failed because there is no record.
-        self.answered(errors::conditional(result, "DeleteItem (release)")?)
+        self.answered(id, errors::conditional(result, "DeleteItem (release)")?)
     }
 
     async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
@@ -595,10 +631,10 @@ impl Store for DynamoDbStore {
                 ))
                 .expression_attribute_values(":in_progress", string(Status::InProgress.as_str())),
         };
-        self.answered(errors::conditional(
-            request.send().await,
-            "DeleteItem (remove)",
-        )?)
+        self.answered(
+            id,
+            errors::conditional(request.send().await, "DeleteItem (remove)")?,
+        )
     }
 
     async fn list_in_progress(
@@ -611,7 +647,17 @@ impl Store for DynamoDbStore {
         while records.len() < limit {
             let (items, next) = self.in_progress_page(prefix, start).await?;
             for item in items {
-                records.push(self.decode(item)?);
+                // An item of the application's that looks like a claim (a
+                // single-table partition is shared) is named and passed over,
+                // not allowed to hide every other claim from the operator.
+                let key = self.describe_key(&item);
+                match self.decode(item) {
+                    Ok(record) => records.push(record),
+                    Err(error) => {
+                        tracing::warn!(table = %self.inner.table, item = %key, %error,
+                            "an item that is not a record was passed over while listing claims in progress");
+                    }
+                }
             }
             start = next;
             if start.is_none() {
@@ -626,7 +672,7 @@ impl Store for DynamoDbStore {
         let Some(item) = self.get_item(id).await? else {
             return Ok(None);
         };
-        let record = self.decode(item)?;
+        let record = self.decode_at(id, item)?;
         Ok((!record.is_expired(now_ms)).then_some(record))
     }
 }
@@ -679,6 +725,22 @@ impl DynamoDbStore {
                     .await
                     .map_err(|e| errors::from_sdk("Query (list in progress)", e))?;
                 Ok((page.items.unwrap_or_default(), page.last_evaluated_key))
+            }
+        }
+    }
+
+    /// An item's key attributes, for a log line.
+    fn describe_key(&self, item: &Item) -> String {
+        let inner = &*self.inner;
+        let value = |name: &str| match item.get(name) {
+            Some(AttributeValue::S(text)) => format!("{name}={text:?}"),
+            Some(other) => format!("{name}={other:?}"),
+            None => format!("{name} missing"),
+        };
+        match &inner.layout {
+            KeyLayout::OwnPartition => value(&inner.names.id),
+            KeyLayout::Single(single) => {
+                format!("{} {}", value(&inner.names.id), value(single.sort_key()))
             }
         }
     }

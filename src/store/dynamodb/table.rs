@@ -210,7 +210,7 @@ impl DynamoDbStore {
             .await
             .map_err(|e| self.explain("GetItem", from_sdk("GetItem", e)))?;
 
-        self.check_replication().await?;
+        self.check_description().await?;
         match self.time_to_live().await? {
             Some(attribute) if attribute == inner.names.expiration => Ok(()),
             Some(attribute) => Err(self.misconfigured(format!(
@@ -240,9 +240,11 @@ impl DynamoDbStore {
         }
     }
 
-    /// A global table keeps the guarantees only with multi-Region strong
-    /// consistency, or when one Region writes at a time.
-    async fn check_replication(&self) -> Result<(), StoreError> {
+    /// What `DescribeTable` says: the table's key and its indexes' key
+    /// types are the store's, and, for a global table, that it keeps the
+    /// guarantees (multi-Region strong consistency, or one Region writing
+    /// at a time).
+    async fn check_description(&self) -> Result<(), StoreError> {
         let inner = &*self.inner;
         let described = inner
             .client
@@ -254,6 +256,7 @@ impl DynamoDbStore {
         let Some(table) = described.table() else {
             return Ok(());
         };
+        self.check_keys(table.key_schema(), table.attribute_definitions())?;
         let regions: Vec<&str> = table
             .replicas()
             .iter()
@@ -284,6 +287,92 @@ impl DynamoDbStore {
                 inner.table,
                 regions.join(", ")
             ))),
+        }
+    }
+
+    /// The table's key is the store's, and no index keys on a record
+    /// attribute with another type than the store writes (DynamoDB would
+    /// refuse every write of a record).
+    fn check_keys(
+        &self,
+        key_schema: &[KeySchemaElement],
+        definitions: &[AttributeDefinition],
+    ) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let key = |key_type: KeyType| {
+            key_schema
+                .iter()
+                .find(|element| element.key_type() == &key_type)
+                .map(|element| element.attribute_name())
+        };
+        let expected_range = match &inner.layout {
+            KeyLayout::OwnPartition => None,
+            KeyLayout::Single(single) => Some(single.sort_key()),
+        };
+        let (hash, range) = (key(KeyType::Hash), key(KeyType::Range));
+        if hash != Some(inner.names.id.as_str()) || range != expected_range {
+            let actual = match (hash, range) {
+                (Some(hash), Some(range)) => {
+                    format!("partition key `{hash}` and sort key `{range}`")
+                }
+                (Some(hash), None) => format!("partition key `{hash}` and no sort key"),
+                _ => "unreadable".to_owned(),
+            };
+            return Err(self.misconfigured(format!(
+                "table {}'s key is not what the store needs: it has {actual}, the store needs {}",
+                inner.table,
+                inner.layout.describe(&inner.names)
+            )));
+        }
+        for definition in definitions {
+            let name = definition.attribute_name();
+            let Some(written) = self.written_type(name) else {
+                continue;
+            };
+            if definition.attribute_type() != &written {
+                return Err(self.misconfigured(format!(
+                    "table {} (or one of its indexes) keys on `{name}` as type {}, but the store \
+                     writes `{name}` as type {}: DynamoDB would refuse every record. Rename the \
+                     store's attribute (AttributeNames) or the index's key",
+                    inner.table,
+                    definition.attribute_type().as_str(),
+                    written.as_str()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The type the store writes the attribute `name` as, if it writes it.
+    fn written_type(&self, name: &str) -> Option<ScalarAttributeType> {
+        let inner = &*self.inner;
+        let names = &inner.names;
+        let sort_key = match &inner.layout {
+            KeyLayout::Single(single) => Some(single.sort_key()),
+            KeyLayout::OwnPartition => None,
+        };
+        if name == names.response {
+            Some(ScalarAttributeType::B)
+        } else if [
+            &names.expiration,
+            &names.lease_until,
+            &names.created_at,
+            &names.completed_at,
+            &names.attempt,
+            &names.first_started_at,
+        ]
+        .iter()
+        .any(|number| *number == name)
+        {
+            Some(ScalarAttributeType::N)
+        } else if [&names.id, &names.status, &names.owner, &names.fingerprint]
+            .iter()
+            .any(|text| *text == name)
+            || sort_key == Some(name)
+        {
+            Some(ScalarAttributeType::S)
+        } else {
+            None
         }
     }
 

@@ -274,7 +274,9 @@ fn conflict() -> Rule {
 
 async fn single_write(store: DynamoDbStore) -> Result<crate::Outcome<u32>, Error<()>> {
     // The mocked records are stamped around NOW_MS.
+    // The mocked records are those of `claim()`: its prefix.
     let engine = Engine::builder(store)
+        .key_prefix("p")
         .clock(crate::testing::ManualClock::new(NOW_MS))
         .build();
     let attempt = Attempt::new("s", "k", Fingerprint::of_bytes(b"payload"));
@@ -410,6 +412,13 @@ async fn verify_refuses_a_global_table_with_eventual_consistency() {
                     .table(
                         TableDescription::builder()
                             .table_name("idempotency")
+                            .key_schema(
+                                aws_sdk_dynamodb::types::KeySchemaElement::builder()
+                                    .attribute_name("id")
+                                    .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
+                                    .build()
+                                    .expect("key"),
+                            )
                             .replicas(
                                 ReplicaDescription::builder()
                                     .region_name("us-east-1")
