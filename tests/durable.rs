@@ -230,7 +230,7 @@ async fn a_duplicate_of_an_execution_in_progress_fails_or_waits_for_it() {
         .iter()
         .filter(|op| op.name() == Some(WAIT_STEP))
         .count();
-    assert_eq!(waits, 3, "30 s polls within 90 s");
+    assert_eq!(waits, 6, "polls of 1, 2, 4, 8, 16 and 32 s within 90 s");
     assert_eq!(counts.entries(), 0);
 }
 
@@ -311,6 +311,16 @@ async fn a_key_missing_fails_and_a_store_outage_is_retried_by_the_claim_step() {
     );
     let result = LocalRunner::new().run(handler, order(1)).await;
     assert_eq!(result.error_type(), Some("IdempotencyKeyMissing"));
+    let handler = idempotency.handler(
+        |_: &Order| Some(String::new()),
+        |_order: Order, _ctx: DurableContext| async { Ok::<_, BoxError>(1u32) },
+    );
+    let result = LocalRunner::new().run(handler, order(1)).await;
+    assert_eq!(
+        result.error_type(),
+        Some("IdempotencyKeyMissing"),
+        "an empty key"
+    );
 
     store.fail_next_with(2, StoreErrorKind::Unavailable);
     let counts = Counts::default();
@@ -318,6 +328,79 @@ async fn a_key_missing_fails_and_a_store_outage_is_retried_by_the_claim_step() {
         .run(order_handler(&idempotency, &counts), order(100))
         .await;
     assert!(result.is_success(), "{:?}", result.error_message());
+    assert_eq!(counts.charges(), 1);
+}
+
+/// Review of issue 28: a store outage when the record is completed is
+/// tried again (in a later invocation), not left as a claim that blocks
+/// the key for a day.
+#[tokio::test]
+async fn a_store_outage_at_the_completion_is_retried() {
+    let (store, idempotency) = memory_idempotency();
+    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = {
+        let (store, failed_once) = (store.clone(), Arc::clone(&failed_once));
+        idempotency.handler(
+            |order: &Order| Some(order.order_id.clone()),
+            move |_order: Order, _ctx: DurableContext| {
+                let (store, failed_once) = (store.clone(), Arc::clone(&failed_once));
+                async move {
+                    if !failed_once.swap(true, Ordering::SeqCst) {
+                        store.fail_next_with(1, StoreErrorKind::Unavailable);
+                    }
+                    Ok::<_, BoxError>("ch_1".to_owned())
+                }
+            },
+        )
+    };
+    let result = LocalRunner::new().run(handler, order(100)).await;
+    assert!(result.is_success(), "{:?}", result.error_message());
+    assert!(
+        result.invocation_count() >= 2,
+        "the completion tried again later"
+    );
+    let records = store.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, Status::Completed, "{records:?}");
+}
+
+/// Review of issue 28: an execution the SDK ends without returning to the
+/// handler (here its claim's checkpoint refused for good, after the claim
+/// landed) cannot release its claim: the key stays claimed until
+/// `execution_timeout`, and duplicates are told so; an operator's
+/// `forget_even_in_progress` (the tool's `forget --force`) frees it.
+#[tokio::test]
+async fn an_execution_ended_by_the_sdk_keeps_its_claim_until_an_operator_frees_it() {
+    let (store, idempotency) = memory_idempotency();
+    let counts = Counts::default();
+    let result = LocalRunner::new()
+        .fail_checkpoints_after(1, 1)
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert!(result.is_failure());
+    assert_eq!(counts.charges(), 0);
+    let records = store.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, Status::InProgress);
+
+    // Another execution (another ARN: the claim's owner differs).
+    let mut held = records[0].clone();
+    held.owner = lambda_idempotency::store::OwnerToken::from_stored("the-failed-execution");
+    store.insert_record(held);
+    let duplicate = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert_eq!(duplicate.error_type(), Some("IdempotencyAlreadyInProgress"));
+
+    idempotency
+        .engine()
+        .forget_even_in_progress("durable", "order-77")
+        .await
+        .expect("forgotten");
+    let after = LocalRunner::new()
+        .run(order_handler(&idempotency, &counts), order(100))
+        .await;
+    assert!(after.is_success(), "{:?}", after.error_message());
     assert_eq!(counts.charges(), 1);
 }
 

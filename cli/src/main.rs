@@ -232,12 +232,21 @@ async fn run(cli: &Cli) -> Result<ExitCode, String> {
             None => store,
             Some(sort_key) => store.single_table(match &cli.static_pk_value {
                 Some(value) => SingleTable::new(value, sort_key),
-                None => SingleTable::for_function(
-                    &std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default(),
-                    sort_key,
-                ),
+                None => match std::env::var("AWS_LAMBDA_FUNCTION_NAME") {
+                    Ok(function) if !function.is_empty() => {
+                        SingleTable::for_function(&function, sort_key)
+                    }
+                    _ => {
+                        return Err("--sort-key-attr needs the records' partition value: \
+                                    --static-pk-value 'idempotency#<function>' (or \
+                                    AWS_LAMBDA_FUNCTION_NAME for Powertools' default)"
+                            .into())
+                    }
+                },
             }),
         };
+        // A layout that is not the table's would answer "no record".
+        store.check_key_schema().await.map_err(|e| e.to_string())?;
         return operate(cli, store).await;
     }
     open_other(cli, &url).await

@@ -38,6 +38,7 @@ impl Tool {
             .env_remove("AWS_PROFILE")
             .env_remove("IDEMPOTENCY_STORE_URL")
             .env_remove("IDEMPOTENCY_TABLE")
+            .env_remove("AWS_LAMBDA_FUNCTION_NAME")
             .output()
             .expect("the tool runs")
     }
@@ -125,6 +126,30 @@ async fn an_operator_inspects_lists_and_forgets_records_of_a_single_table_layout
     .run(&["list", "--in-progress", "--json"]);
     assert!(output.status.success(), "{output:?}");
     assert_eq!(json(&output), serde_json::json!([]), "{output:?}");
+
+    // Review of issue 28: a layout that is not the table's, or no
+    // partition value, is an error, not "no record".
+    for args in [
+        &["--table", &table][..],
+        &[
+            "--table",
+            &table,
+            "--key-attr",
+            "pk",
+            "--sort-key-attr",
+            "sk",
+        ][..],
+    ] {
+        let output =
+            Tool(args.iter().map(|a| a.to_string()).collect()).run(&["list", "--in-progress"]);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("key is not what the store needs")
+                || stderr.contains("--static-pk-value"),
+            "{args:?}: {stderr}"
+        );
+    }
 }
 
 #[tokio::test]

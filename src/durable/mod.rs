@@ -24,8 +24,9 @@
 //!   replays the first one's output. The same key with another payload
 //!   fails with `IdempotencyKeyReused`.
 //! - **The record is completed once**, at the end, with the handler's
-//!   output; a handler that fails releases it, so that a new execution may
-//!   run the key.
+//!   output, in a step of its own (a store outage is tried again in a
+//!   later invocation, for about an hour); a handler that returns an
+//!   error releases it, so that a new execution may run the key.
 //! - **Effects inside steps, at most once**
 //!   ([`step`](DurableIdempotency::step)): the SDK's default step semantics
 //!   (`AtLeastOncePerRetry`) run a step's body again when its invocation
@@ -78,6 +79,9 @@
 //!   position, so turning idempotency on or off for executions already in
 //!   flight makes their replays fail as non-deterministic. Deploy it to a
 //!   new version.
+//! - Waiting for a duplicate (`wait_while_in_progress`) polls after 1, 2,
+//!   4… seconds, at most every 15 minutes: each poll is an invocation that
+//!   replays the history.
 //! - Nothing runs while an execution is suspended, so no heartbeat can
 //!   renew its claim: the claim's lease is the
 //!   [`execution_timeout`](DurableIdempotency::execution_timeout) (24 hours
@@ -88,8 +92,27 @@
 //!   invocation (the envelope around it changes). The fingerprint is the
 //!   whole input event, canonical JSON.
 //! - Step names given to [`step`](DurableIdempotency::step) must be unique
-//!   within an execution (the SDK does not require it; the helper keys by
-//!   it).
+//!   within an execution, child contexts and `map` items included (the SDK
+//!   numbers steps by position and does not require it; the helper keys by
+//!   name): a name used twice returns the first step's result without
+//!   running. In a loop, a `map` item or a child context, put the item's
+//!   index or id in the name. Inside `with_retry`, a helper step keeps its
+//!   first result across the block's retries (its effect happened); name
+//!   it per attempt if each attempt must act anew.
+//! - An execution that the SDK ends without returning to the handler (a
+//!   checkpoint refused for good, the execution's own timeout, a panic
+//!   the runtime reports) cannot release its claim: the key stays claimed
+//!   until `execution_timeout`, duplicates are told it is in progress, and
+//!   an operator can free it (`Engine::forget_even_in_progress`, the
+//!   tool's `forget --force`). Only a handler that returns an error
+//!   releases it.
+//! - Claims fail closed: [`fail_open`](crate::EngineBuilder::fail_open)
+//!   does not apply (the claim step tries a store outage again, five
+//!   times, then fails the execution with `IdempotencyStoreError`).
+//! - The output is stored as JSON and replayed from it: it must round-trip
+//!   through JSON (a `NaN` does not) and fit the store's item (DynamoDB:
+//!   400 KB); one that does not is returned but not stored, and its claim
+//!   holds the key until `execution_timeout`.
 //! - Lambda's own `DurableExecutionName` already makes a second `Invoke`
 //!   with the same name return the first execution: this module covers
 //!   callers that cannot name executions, and keys that come from the
@@ -117,6 +140,8 @@ use tracing::warn;
 
 /// The name of the claim step in the execution's history.
 pub const CLAIM_STEP: &str = "idempotency-claim";
+/// The name of the step that completes the record with the output.
+pub const COMPLETE_STEP: &str = "idempotency-complete";
 /// The name of the waits for a duplicate's execution in progress.
 pub const WAIT_STEP: &str = "idempotency-wait";
 /// The scope of the records [`DurableIdempotency::step`] writes.
@@ -124,7 +149,7 @@ pub const STEP_SCOPE: &str = "durable-step";
 /// The default lease of an execution's claim: 24 hours.
 pub const DEFAULT_EXECUTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// The longest wait between two checks of a duplicate in progress.
-const MAX_POLL: Duration = Duration::from_secs(30);
+const MAX_POLL: Duration = Duration::from_secs(15 * 60);
 /// How many times the claim step is tried through a store outage.
 const CLAIM_TRIES: u32 = 5;
 /// How many times a step's body is tried while another run holds its key.
@@ -200,8 +225,9 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// How long an execution's claim holds: the function's durable
     /// `ExecutionTimeout`. A suspended execution cannot renew its claim,
     /// so a duplicate may take over one that lives longer (24 hours unless
-    /// set). The record is kept at least this long, and the engine's
-    /// retention after it completes.
+    /// set; at least a second, at most [`MAX_DURATION`](crate::MAX_DURATION)).
+    /// The record is kept at least this long, and the engine's retention
+    /// after it completes.
     #[must_use]
     pub fn execution_timeout(mut self, timeout: Duration) -> Self {
         self.execution_timeout = timeout;
@@ -210,7 +236,8 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
 
     /// A duplicate execution that finds the key in progress waits for the
     /// first one, for up to `max_wait` in all, with durable waits (polling
-    /// at most every 30 seconds, never billed while suspended), and then
+    /// after 1, 2, 4… seconds, at most every 15 minutes, never billed while
+    /// suspended), and then
     /// replays its output; it fails with `IdempotencyAlreadyInProgress`
     /// only when `max_wait` has passed. Without it, it fails at once.
     #[must_use]
@@ -248,7 +275,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             let key = Arc::clone(&key);
             let handler = Arc::clone(&handler);
             Box::pin(async move {
-                let Some(key) = key(&event) else {
+                let Some(key) = key(&event).filter(|key| !key.is_empty()) else {
                     return Err(DurableError::KeyMissing.into_boxed());
                 };
                 this.run(&ctx, &key, event, |event, ctx| handler(event, ctx))
@@ -274,6 +301,9 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         H: FnOnce(E, DurableContext) -> Fut,
         Fut: Future<Output = Result<O, BoxError>>,
     {
+        if key.is_empty() {
+            return Err(DurableError::KeyMissing.into_boxed());
+        }
         let fingerprint =
             Fingerprint::of_json(&event).map_err(|e| DurableError::Event(e).into_boxed())?;
         let attempt = OwnedDurableAttempt {
@@ -284,15 +314,31 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             lease: self.execution_timeout,
         };
         let mut waited = Duration::ZERO;
+        let mut polls = 0u32;
         loop {
-            match self.claim_step::<O>(ctx, &attempt).await? {
+            let decision = match self.claim_step::<O>(ctx, &attempt).await {
+                Ok(decision) => decision,
+                Err(error) => {
+                    // The claim may have landed before the step failed (its
+                    // checkpoint refused): the execution is ending, so its
+                    // claim must not hold the key until execution_timeout.
+                    self.release(&attempt).await;
+                    return Err(error);
+                }
+            };
+            match decision {
                 ClaimDecision::Run => break,
                 ClaimDecision::Disabled => return handler(event, ctx.clone()).await,
                 ClaimDecision::Replay(output) => return Ok(output),
                 ClaimDecision::KeyReused => return Err(DurableError::KeyReused.into_boxed()),
                 ClaimDecision::InProgress { retry_after_ms } => {
                     let retry_after = Duration::from_millis(retry_after_ms);
-                    let poll = retry_after.clamp(Duration::from_secs(1), MAX_POLL);
+                    // Every poll replays the whole history: doubling keeps a
+                    // long wait to a few dozen invocations.
+                    let poll = retry_after
+                        .min(Duration::from_secs(1 << polls.min(10)))
+                        .clamp(Duration::from_secs(1), MAX_POLL);
+                    polls += 1;
                     match self.wait_while_in_progress {
                         Some(max_wait) if waited + poll <= max_wait => {
                             ctx.wait(poll).name(WAIT_STEP).await?;
@@ -303,23 +349,71 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
                 }
             }
         }
-        let borrowed = attempt.borrowed();
         match handler(event, ctx.clone()).await {
             Ok(output) => {
                 match Codec::<O>::encode(&Json, &output) {
-                    Ok(response) => {
-                        self.engine.complete_durable(&borrowed, response).await;
-                    }
+                    Ok(response) => self.complete_step(ctx, &attempt, response).await,
                     Err(error) => {
                         warn!(%error, "the durable execution's output does not serialise; its claim is released and nothing is stored");
-                        self.engine.release_durable(&borrowed).await;
+                        self.release(&attempt).await;
                     }
                 }
                 Ok(output)
             }
             Err(error) => {
-                self.engine.release_durable(&borrowed).await;
+                self.release(&attempt).await;
                 Err(error)
+            }
+        }
+    }
+
+    /// Completes the record in a step, so that a store outage is retried
+    /// with durable waits (the execution suspended between tries) and a
+    /// replay after it never writes again. The output is the execution's
+    /// whatever becomes of the record: a completion that fails for good
+    /// is logged, and the claim then holds the key until it expires.
+    async fn complete_step(
+        &self,
+        ctx: &DurableContext,
+        attempt: &OwnedDurableAttempt,
+        response: Vec<u8>,
+    ) {
+        let engine = self.engine.clone();
+        let owned = attempt.clone();
+        let completed = ctx
+            .step(move |_| async move {
+                match engine.complete_durable(&owned.borrowed(), response).await {
+                    Ok(kind) => Ok(kind.as_str().to_owned()),
+                    Err(error) => Err(DurableError::Store(error).into_boxed()),
+                }
+            })
+            .name(COMPLETE_STEP)
+            .retry_strategy(retry_completion)
+            .await;
+        if let Err(error) = completed {
+            tracing::error!(key = %attempt.key, %error,
+                "the durable execution completed but its record could not be: duplicates get \
+                 IdempotencyAlreadyInProgress until its claim expires (execution_timeout); an \
+                 output too large for the store (DynamoDB: 400 KB an item) never fits");
+        }
+    }
+
+    /// Releases the execution's claim, trying a store outage again a few
+    /// times; a claim that cannot be released holds the key until it
+    /// expires.
+    async fn release(&self, attempt: &OwnedDurableAttempt) {
+        let borrowed = attempt.borrowed();
+        for tries in 0..CLAIM_TRIES {
+            match self.engine.release_durable(&borrowed).await {
+                Ok(()) => return,
+                Err(error) if error.kind().is_transient() && tries + 1 < CLAIM_TRIES => {
+                    tokio::time::sleep(Duration::from_millis(100 << tries)).await;
+                }
+                Err(error) => {
+                    warn!(key = %attempt.key, %error,
+                        "the failed durable execution's claim could not be released; it holds the key until it expires (execution_timeout)");
+                    return;
+                }
             }
         }
     }
@@ -454,6 +548,19 @@ fn retry_store_outages(error: &StepError, attempt: u32) -> RetryDecision {
         {
             RetryDecision::Retry {
                 delay: backoff(attempt),
+            }
+        }
+        _ => RetryDecision::Stop,
+    }
+}
+
+/// The completion step is tried through a store outage for about an hour
+/// (the execution suspended between tries), and only then.
+fn retry_completion(error: &StepError, attempt: u32) -> RetryDecision {
+    match DurableError::find(error) {
+        Some(DurableError::Store(store)) if store.kind().is_transient() && attempt < 12 => {
+            RetryDecision::Retry {
+                delay: Duration::from_secs(1 << attempt.min(9)).min(MAX_POLL),
             }
         }
         _ => RetryDecision::Stop,

@@ -5,14 +5,16 @@
 
 use super::{
     claim::{ClaimError, Claimed},
-    Engine, OutcomeKind,
+    conflicts::retry_conflicts,
+    Engine, OutcomeKind, MAX_DURATION, MIN_LEASE_MS,
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, OwnerToken, Store},
-    Attempt, Codec, Error, Fingerprint,
+    store::{Claim, Completion, Conditional, OwnerToken, Status, Store},
+    Attempt, Codec, Error, Fingerprint, StoreError,
 };
 use std::{convert::Infallible, time::Duration};
+use tracing::warn;
 
 /// What a durable claim decided.
 pub(crate) enum DurableClaim<T> {
@@ -60,30 +62,55 @@ impl<St: Store> Engine<St> {
         }
     }
 
-    /// Completes the execution's claim with its value; never an error, as
-    /// the value is the execution's whatever becomes of the record.
+    /// Completes the execution's claim with its value. A completion that
+    /// finds the record completed by this execution already (its answer
+    /// was lost) is done; one that finds the claim taken over is
+    /// [`OutcomeKind::LeaseLost`]; a store failure is returned, for the
+    /// durable step to try again.
     pub(crate) async fn complete_durable(
         &self,
         attempt: &DurableAttempt<'_>,
         response: Vec<u8>,
-    ) -> OutcomeKind {
-        let Ok(claim) = self.durable_claim(attempt) else {
-            return OutcomeKind::NotRecorded;
+    ) -> Result<OutcomeKind, StoreError> {
+        let claim = self.durable_claim(attempt)?;
+        let now_ms = self.inner.clock.now_ms();
+        let completion = Completion {
+            id: claim.id.clone(),
+            owner: claim.owner.clone(),
+            response,
+            now_ms,
+            expiration_s: self.expiration_s(now_ms),
+            writes: Vec::new(),
         };
-        self.complete::<Infallible>(claim, response, Vec::new(), false)
-            .await
-            .unwrap_or(OutcomeKind::NotRecorded)
+        let completed = retry_conflicts(|| self.inner.store.complete(completion.clone())).await?;
+        Ok(match completed {
+            Conditional::Applied => OutcomeKind::Fresh,
+            Conditional::Refused(Some(record))
+                if record.status == Status::Completed && record.owner == claim.owner =>
+            {
+                OutcomeKind::Fresh
+            }
+            Conditional::Refused(_) => {
+                warn!(record = %claim.id, outcome = "lease_lost",
+                    "the durable execution outlived its claim (execution_timeout) and the key was taken over; its output is not stored");
+                OutcomeKind::LeaseLost
+            }
+        })
     }
 
     /// Releases the execution's claim: it failed, and a new execution may
-    /// run the key.
-    pub(crate) async fn release_durable(&self, attempt: &DurableAttempt<'_>) {
-        if let Ok(claim) = self.durable_claim(attempt) {
-            self.release(&claim).await;
-        }
+    /// run the key. A claim that is gone, or another's, is left alone.
+    pub(crate) async fn release_durable(
+        &self,
+        attempt: &DurableAttempt<'_>,
+    ) -> Result<(), StoreError> {
+        let claim = self.durable_claim(attempt)?;
+        retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner))
+            .await
+            .map(|_| ())
     }
 
-    fn durable_claim(&self, attempt: &DurableAttempt<'_>) -> Result<Claim, crate::StoreError> {
+    fn durable_claim(&self, attempt: &DurableAttempt<'_>) -> Result<Claim, StoreError> {
         let now_ms = self.inner.clock.now_ms();
         let id = self.record_id(attempt.scope, attempt.key);
         let generic = Attempt::new(attempt.scope, attempt.key, attempt.fingerprint.clone());
@@ -91,7 +118,9 @@ impl<St: Store> Engine<St> {
         claim.owner = attempt.owner.clone();
         // Not capped by max_lease: no heartbeat can run while the
         // execution is suspended.
-        claim.lease_until_ms = now_ms.saturating_add(duration_ms(attempt.lease));
+        claim.lease_until_ms = now_ms
+            .saturating_add(duration_ms(attempt.lease.min(MAX_DURATION)))
+            .max(now_ms.saturating_add(MIN_LEASE_MS));
         claim.expiration_s = claim.expiration_s.max(claim.lease_until_ms / 1000 + 1);
         Ok(claim)
     }

@@ -240,6 +240,29 @@ impl DynamoDbStore {
         }
     }
 
+    /// Checks, with one `DescribeTable` and without writing, that the
+    /// table's key is the store's (its partition key, and the sort key of a
+    /// [single-table layout](Self::single_table)) and that no index keys
+    /// on a record attribute with another type: for tools that read the
+    /// records (the operator tool does, before it lists or looks up), where
+    /// a wrong layout would otherwise answer "no record". [`verify`](Self::verify)
+    /// checks it too.
+    pub async fn check_key_schema(&self) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        self.check_layout()?;
+        let described = inner
+            .client
+            .describe_table()
+            .table_name(&inner.table)
+            .send()
+            .await
+            .map_err(|e| self.explain("DescribeTable", from_sdk("DescribeTable", e)))?;
+        match described.table() {
+            Some(table) => self.check_keys(table.key_schema(), table.attribute_definitions()),
+            None => Ok(()),
+        }
+    }
+
     /// What `DescribeTable` says: the table's key and its indexes' key
     /// types are the store's, and, for a global table, that it keeps the
     /// guarantees (multi-Region strong consistency, or one Region writing
