@@ -1,17 +1,20 @@
 //! The canonical form of a whole document in one pass, without a tree:
 //! what every request fingerprint computes, so it runs near the speed of
-//! the parser and the hash.
+//! the hash.
 //!
-//! Values are written to the output as they are parsed. An object's
-//! entries are written in document order and their places noted; when the
-//! object closes, entries whose keys are already in order (most JSON,
-//! written from a struct) stay where they are, and the others are moved
-//! into order once. The form is exactly the tree writer's
-//! ([`super::canonical`]), which pointers into a document still use: a
-//! test holds the two to the same bytes.
+//! A scanner of its own walks the bytes once, checks them against the JSON
+//! grammar (RFC 8259, as strict as the tree parser) and writes the
+//! canonical form as it goes: strings without escapes and numbers are
+//! copied as they stand, an escaped string is unescaped by jiter (as the
+//! tree writer does). An object's entries are written in document order
+//! and their places noted; when the object closes, entries whose keys are
+//! already in order (most JSON, written from a struct) stay where they
+//! are, and the others are moved into order once. The form is exactly the
+//! tree writer's ([`super::canonical`]), which pointers into a document
+//! still use: property tests hold the two to the same bytes, and to the
+//! same refusals on damaged documents.
 
-use super::canonical::{deeper, invalid, string_of, write_number, NotCanonical};
-use jiter::{Jiter, Peek};
+use super::canonical::{deeper, string_of, write_number, NotCanonical};
 use std::{borrow::Cow, io::Write};
 
 /// One object entry already written: its key (unescaped, for ordering)
@@ -24,7 +27,13 @@ struct Entry<'a> {
 
 struct Writer<'a> {
     text: &'a str,
-    jiter: Jiter<'a>,
+    bytes: &'a [u8],
+    /// The next byte to read.
+    at: usize,
+    /// The source bytes before this one are accounted for in `out`; those
+    /// from it to `at` are canonical as they stand and not copied yet, so
+    /// that compact JSON is copied in long runs rather than token by token.
+    copied: usize,
     out: Vec<u8>,
     /// The entries of the objects being written, innermost last: one
     /// allocation for the whole document.
@@ -32,6 +41,20 @@ struct Writer<'a> {
     /// Where an object's entries are reordered.
     scratch: Vec<u8>,
 }
+
+/// Bytes that end the plain run of a string: the quote, the backslash and
+/// the control characters JSON refuses unescaped.
+const STRING_STOP: [bool; 256] = {
+    let mut stop = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        stop[b] = true;
+        b += 1;
+    }
+    stop[b'"' as usize] = true;
+    stop[b'\\' as usize] = true;
+    stop
+};
 
 /// Writes the canonical form of the JSON document `json` to `out`.
 ///
@@ -49,119 +72,285 @@ pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
     let text = std::str::from_utf8(json).map_err(|_| NotCanonical::Invalid)?;
     let mut writer = Writer {
         text,
-        jiter: Jiter::new(json),
+        bytes: json,
+        at: 0,
+        copied: 0,
         out: Vec::with_capacity(json.len()),
         entries: Vec::new(),
         scratch: Vec::new(),
     };
-    let peek = invalid(writer.jiter.peek())?;
-    writer.value(peek, 0)?;
-    invalid(writer.jiter.finish())?;
+    writer.value(0)?;
+    writer.whitespace();
+    if writer.at != json.len() {
+        return Err(NotCanonical::Invalid);
+    }
+    writer.flush();
     Ok(writer.out)
 }
 
 impl<'a> Writer<'a> {
-    fn value(&mut self, peek: Peek, depth: usize) -> Result<(), NotCanonical> {
-        match peek {
-            Peek::Null => {
-                invalid(self.jiter.known_null())?;
-                self.out.extend_from_slice(b"null");
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    /// Copies the pending run of source bytes, up to `at`.
+    fn flush(&mut self) {
+        self.out
+            .extend_from_slice(&self.bytes[self.copied..self.at]);
+        self.copied = self.at;
+    }
+
+    /// Where the output stands, counting the pending run.
+    fn written(&self) -> usize {
+        self.out.len() + (self.at - self.copied)
+    }
+
+    /// Skips whitespace, which the canonical form drops.
+    fn whitespace(&mut self) {
+        if !matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            return;
+        }
+        self.flush();
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.at += 1;
+        }
+        self.copied = self.at;
+    }
+
+    fn value(&mut self, depth: usize) -> Result<(), NotCanonical> {
+        self.whitespace();
+        match self.peek() {
+            Some(b'{') => self.object(deeper(depth)?),
+            Some(b'[') => self.array(deeper(depth)?),
+            Some(b'"') => self.string().map(|_| ()),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => Err(NotCanonical::Invalid),
+        }
+    }
+
+    fn literal(&mut self, literal: &'static [u8]) -> Result<(), NotCanonical> {
+        if !self.bytes[self.at..].starts_with(literal) {
+            return Err(NotCanonical::Invalid);
+        }
+        self.at += literal.len();
+        Ok(())
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`; an exponent is
+    /// written normalised, the rest as it stands.
+    fn number(&mut self) -> Result<(), NotCanonical> {
+        let start = self.at;
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.at += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(NotCanonical::Invalid),
+        }
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            self.at_least_one_digit()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.at += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.at += 1;
             }
-            Peek::True | Peek::False => {
-                let value = invalid(self.jiter.known_bool(peek))?;
-                self.out
-                    .extend_from_slice(if value { b"true" } else { b"false" });
+            self.at_least_one_digit()?;
+            self.out.extend_from_slice(&self.bytes[self.copied..start]);
+            write_number(&self.bytes[start..self.at], &mut self.out)
+                .map_err(|_| NotCanonical::Invalid)?;
+            self.copied = self.at;
+        }
+        Ok(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.at += 1;
+        }
+    }
+
+    fn at_least_one_digit(&mut self) -> Result<(), NotCanonical> {
+        let start = self.at;
+        self.digits();
+        if self.at == start {
+            Err(NotCanonical::Invalid)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A string at `"`, written canonical, and its text (for an object's
+    /// key): borrowed from the document when it holds no escape (valid JSON
+    /// then holds nothing that needs one, and it stands as written), else
+    /// unescaped (by jiter, as the tree parser does) and written with the
+    /// minimal escapes.
+    fn string(&mut self) -> Result<Cow<'a, str>, NotCanonical> {
+        let open = self.at;
+        self.at += 1;
+        let mut escaped = false;
+        loop {
+            while self
+                .bytes
+                .get(self.at)
+                .is_some_and(|&b| !STRING_STOP[usize::from(b)])
+            {
+                self.at += 1;
             }
-            Peek::String => {
-                let raw = invalid(self.jiter.known_bytes())?;
-                let text = string_of(self.text, raw)?;
-                self.string(&text)?;
-            }
-            Peek::Array => {
-                let depth = deeper(depth)?;
-                self.out.push(b'[');
-                let mut next = invalid(self.jiter.known_array())?;
-                let mut first = true;
-                while let Some(peek) = next {
-                    if !first {
-                        self.out.push(b',');
-                    }
-                    first = false;
-                    self.value(peek, depth)?;
-                    next = invalid(self.jiter.array_step())?;
+            match self.peek() {
+                Some(b'"') => break,
+                Some(b'\\') => {
+                    escaped = true;
+                    self.escape()?;
                 }
-                self.out.push(b']');
+                _ => return Err(NotCanonical::Invalid),
             }
-            Peek::Object => self.object(deeper(depth)?)?,
-            _ if peek.is_num() => {
-                let start = self.jiter.current_index();
-                invalid(self.jiter.known_number_bytes(peek))?;
-                write_number(self.jiter.slice_to_current(start), &mut self.out)
-                    .map_err(|_| NotCanonical::Invalid)?;
+        }
+        let content = &self.bytes[open + 1..self.at];
+        self.at += 1;
+        if !escaped {
+            // Between two ASCII quotes: a valid slice of the text.
+            return self
+                .text
+                .get(open + 1..self.at - 1)
+                .map(Cow::Borrowed)
+                .ok_or(NotCanonical::Invalid);
+        }
+        let text = string_of(self.text, content)?;
+        self.out.extend_from_slice(&self.bytes[self.copied..open]);
+        serde_json::to_writer(&mut self.out, &*text).map_err(|_| NotCanonical::Invalid)?;
+        self.copied = self.at;
+        Ok(text)
+    }
+
+    /// One escape at `\\`: `\\["\\/bfnrt]` or `\\u` and four hex digits.
+    fn escape(&mut self) -> Result<(), NotCanonical> {
+        match self.bytes.get(self.at + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.at += 2,
+            Some(b'u') => {
+                let hex = self.bytes.get(self.at + 2..self.at + 6);
+                if !hex.is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) {
+                    return Err(NotCanonical::Invalid);
+                }
+                self.at += 6;
             }
             _ => return Err(NotCanonical::Invalid),
         }
         Ok(())
     }
 
-    /// A string: copied as it stands when its source held no escape (valid
-    /// JSON then holds nothing that needs one), else written with the
-    /// minimal escapes.
-    // Borrowed or owned says whether the source held an escape.
-    #[allow(clippy::ptr_arg)]
-    fn string(&mut self, text: &Cow<'a, str>) -> Result<(), NotCanonical> {
-        if let Cow::Borrowed(verbatim) = text {
-            self.out.push(b'"');
-            self.out.extend_from_slice(verbatim.as_bytes());
-            self.out.push(b'"');
+    fn array(&mut self, depth: usize) -> Result<(), NotCanonical> {
+        self.at += 1;
+        self.whitespace();
+        if self.peek() == Some(b']') {
+            self.at += 1;
             return Ok(());
         }
-        serde_json::to_writer(&mut self.out, &**text).map_err(|_| NotCanonical::Invalid)
+        loop {
+            self.value(depth)?;
+            self.whitespace();
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b']') => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                _ => return Err(NotCanonical::Invalid),
+            }
+        }
     }
 
     fn object(&mut self, depth: usize) -> Result<(), NotCanonical> {
-        self.out.push(b'{');
-        let body = self.out.len();
+        self.at += 1;
+        let body = self.written();
         let first = self.entries.len();
-        let mut key = invalid(self.jiter.next_object_bytes())?;
-        while let Some(raw) = key {
-            if self.entries.len() > first {
-                self.out.push(b',');
-            }
-            let start = self.out.len();
-            let name = string_of(self.text, raw)?;
-            self.string(&name)?;
-            self.out.push(b':');
-            let peek = invalid(self.jiter.peek())?;
-            self.value(peek, depth)?;
-            self.entries.push(Entry {
-                key: name,
-                start,
-                end: self.out.len(),
-            });
-            key = invalid(self.jiter.next_key_bytes())?;
+        self.whitespace();
+        if self.peek() == Some(b'}') {
+            self.at += 1;
+            return Ok(());
         }
+        loop {
+            self.whitespace();
+            if self.peek() != Some(b'"') {
+                return Err(NotCanonical::Invalid);
+            }
+            let start = self.written();
+            let key = self.string()?;
+            self.whitespace();
+            if self.peek() != Some(b':') {
+                return Err(NotCanonical::Invalid);
+            }
+            self.at += 1;
+            self.value(depth)?;
+            let end = self.written();
+            self.entries.push(Entry { key, start, end });
+            self.whitespace();
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b'}') => break,
+                _ => return Err(NotCanonical::Invalid),
+            }
+        }
+        self.sort_entries(body, first)?;
+        self.at += 1;
+        Ok(())
+    }
+
+    /// Puts the entries of the object whose body starts at `body` in the
+    /// output (its entries from `first`) in key order, refusing a key
+    /// twice. Called at the object's `}`, not yet consumed.
+    fn sort_entries(&mut self, body: usize, first: usize) -> Result<(), NotCanonical> {
         let entries = &mut self.entries[first..];
-        let in_order = entries.windows(2).all(|pair| pair[0].key < pair[1].key);
+        let in_order = entries
+            .windows(2)
+            .all(|pair| key_order(&pair[0].key, &pair[1].key).is_lt());
         if !in_order {
-            entries.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-            if entries.windows(2).any(|pair| pair[0].key == pair[1].key) {
+            // Objects are small: an insertion sort, without the generic
+            // sort's set-up.
+            for i in 1..entries.len() {
+                let mut j = i;
+                while j > 0 && key_order(&entries[j - 1].key, &entries[j].key).is_gt() {
+                    entries.swap(j - 1, j);
+                    j -= 1;
+                }
+            }
+            if entries
+                .windows(2)
+                .any(|pair| key_order(&pair[0].key, &pair[1].key).is_eq())
+            {
                 return Err(NotCanonical::DuplicateKey);
             }
+            self.out
+                .extend_from_slice(&self.bytes[self.copied..self.at]);
+            self.copied = self.at;
+            // The entries in order, then over the body in one copy.
             self.scratch.clear();
-            self.scratch.extend_from_slice(&self.out[body..]);
-            self.out.truncate(body);
             for (i, entry) in entries.iter().enumerate() {
                 if i > 0 {
-                    self.out.push(b',');
+                    self.scratch.push(b',');
                 }
-                self.out
-                    .extend_from_slice(&self.scratch[entry.start - body..entry.end - body]);
+                self.scratch
+                    .extend_from_slice(&self.out[entry.start..entry.end]);
             }
+            self.out[body..].copy_from_slice(&self.scratch);
         }
         self.entries.truncate(first);
-        self.out.push(b'}');
         Ok(())
+    }
+}
+
+/// Keys in byte order (as `str`'s `Ord`), decided by their first bytes
+/// when those differ: most keys of an object do, and a library call per
+/// comparison of short keys cost more than the rest of the sort.
+fn key_order(a: &str, b: &str) -> std::cmp::Ordering {
+    match (a.as_bytes().first(), b.as_bytes().first()) {
+        (Some(x), Some(y)) if x != y => x.cmp(y),
+        _ => a.cmp(b),
     }
 }
 
@@ -283,6 +472,37 @@ mod tests {
             prop_assert_eq!(canonical(text.as_bytes()), tree_canonical(text.as_bytes()), "{}", text);
         }
     }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// Damaged documents (a byte changed, dropped or added, from the
+        /// bytes JSON's grammar turns on): both refuse them, for the same
+        /// reason, or both read the same document.
+        #[test]
+        fn the_one_pass_and_the_tree_writer_refuse_alike(
+            json in json(),
+            noise in prop::collection::vec(any::<u8>(), 0..64),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), 0u8..3, prop::sample::select(DAMAGE)), 1..4),
+        ) {
+            let mut text = String::new();
+            write(&json, &mut noise.into_iter().cycle(), &mut text);
+            let mut bytes = text.into_bytes();
+            for (at, kind, byte) in edits {
+                let at = at.index(bytes.len() + 1);
+                match kind {
+                    0 if at < bytes.len() => bytes[at] = byte,
+                    1 if at < bytes.len() => { bytes.remove(at); }
+                    _ => bytes.insert(at, byte),
+                }
+            }
+            prop_assert_eq!(canonical(&bytes), tree_canonical(&bytes), "{:?}", String::from_utf8_lossy(&bytes));
+        }
+    }
+
+    /// Bytes that matter to the grammar, and some that never may.
+    const DAMAGE: &[u8] =
+        b"{}[]\",:\\/ \t\n\r0123456789-+.eEtrufalsn\x00\x1f\x7fuABCDEF\xc3\xa9\xff";
 
     #[test]
     fn entries_out_of_order_are_moved_once_and_nested_objects_stay_whole() {
