@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress fuzz bench bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress fuzz bench bench-function bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -120,25 +120,34 @@ $(TOOLS)/cargo/bin/cargo-fuzz:
 ## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md);
 ## each store side by side; then the DynamoDB drivers in interleaved rounds
 ## (per-round ratios to the floor and to Powertools), and the Redis rounds of
-## bench-redis.
+## bench-redis; then the reference function's size and cold start.
 bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) bench --bench layer
-	$(CARGO) build --release --example bench_driver
+	$(CARGO) build --profile bench --example bench_driver
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 	BENCH_ONLY=dynamodb-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
+	$(MAKE) bench-function
+
+## The reference function's release binary (the size profile of Cargo.toml):
+## its size, and its cold start to the first event request against a stub of
+## the Lambda Runtime API, page cache warm and dropped (see BENCHMARKS.md).
+bench-function:
+	$(CARGO) build --release -p charges
+	python3 comparison/function_start.py "charges=target/release/charges"
+	BENCH_DROP_CACHES=1 python3 comparison/function_start.py "charges=target/release/charges"
 
 ## The Redis store against Powertools Python's RedisCachePersistenceLayer on
 ## one redis-server: interleaved rounds, server and drivers pinned to one CPU
 ## (BENCH_ROUNDS, default 5; see BENCHMARKS.md).
 bench-redis: $(VENV)/.installed $(TOOLS)/bench-py/.installed
-	$(CARGO) build --release --example bench_driver
+	$(CARGO) build --profile bench --example bench_driver
 	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 
 ## The single write against a raw TransactWriteItems of the same two items,
 ## interleaved call by call in one process (see BENCHMARKS.md).
 bench-single-write: $(VENV)/.installed
-	$(CARGO) build --release --example bench_driver
+	$(CARGO) build --profile bench --example bench_driver
 	BENCH_ONLY=pair scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
 
 ## The Powertools compatibility mode's cost on a first request: the same new
