@@ -387,6 +387,9 @@ pub struct PowertoolsCompat {
     port: Port,
     layout: PowertoolsLayout,
     clock: Arc<dyn Clock>,
+    /// The Lambda function's name, when given: Powertools' default
+    /// `static_pk_value` is `idempotency#{function}`.
+    function_name: Option<String>,
 }
 
 impl fmt::Debug for PowertoolsCompat {
@@ -412,7 +415,9 @@ impl PowertoolsCompat {
         function_name: &str,
         handler: &str,
     ) -> Self {
-        Self::with_key_prefix(reader, format!("{function_name}.{handler}"))
+        let mut compat = Self::with_key_prefix(reader, format!("{function_name}.{handler}"));
+        compat.function_name = Some(function_name.to_owned());
+        compat
     }
 
     /// Records of a Powertools handler configured with `key_prefix`.
@@ -429,6 +434,7 @@ impl PowertoolsCompat {
             port: Port::Python,
             layout: PowertoolsLayout::default(),
             clock: Arc::new(SystemClock),
+            function_name: None,
         }
     }
 
@@ -495,8 +501,16 @@ impl PowertoolsCompat {
     }
 
     /// Where and under which names the records are (default: Powertools'
-    /// names, in the store's own table).
-    pub fn layout(mut self, layout: PowertoolsLayout) -> Self {
+    /// names, in the store's own table). A layout with a `sort_key_attr`
+    /// and no `static_pk_value` gets Powertools' default,
+    /// `idempotency#{function_name}`, when the function's name was given
+    /// ([`new`](Self::new)).
+    pub fn layout(mut self, mut layout: PowertoolsLayout) -> Self {
+        if layout.sort_key_attr.is_some() && layout.static_pk_value.is_none() {
+            if let Some(function) = &self.function_name {
+                layout.static_pk_value = Some(format!("idempotency#{function}"));
+            }
+        }
         self.layout = layout;
         self
     }

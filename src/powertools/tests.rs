@@ -206,3 +206,28 @@ async fn a_different_payload_is_a_reused_key() {
         Err(Error::KeyReused)
     ));
 }
+
+/// Review of issue 28: a single-table layout without `static_pk_value`
+/// gets Powertools' default for the function named, as Powertools does.
+#[test]
+fn a_sort_key_without_a_partition_value_gets_powertools_default() {
+    let records = Arc::new(Records::default());
+    let single = PowertoolsLayout {
+        sort_key_attr: Some("sk".into()),
+        ..PowertoolsLayout::default()
+    };
+    let defaulted = compat(&records).layout(single.clone());
+    assert_eq!(
+        defaulted.layout.static_pk_value.as_deref(),
+        Some("idempotency#orders")
+    );
+    let explicit = compat(&records).layout(PowertoolsLayout {
+        static_pk_value: Some("pk#mine".into()),
+        ..single.clone()
+    });
+    assert_eq!(explicit.layout.static_pk_value.as_deref(), Some("pk#mine"));
+    // A key prefix alone does not name the function: left for the reader
+    // to refuse, with what to set.
+    let prefixed = PowertoolsCompat::with_key_prefix(Arc::clone(&records), "custom").layout(single);
+    assert_eq!(prefixed.layout.static_pk_value, None);
+}
