@@ -95,6 +95,20 @@ where
     )
 }
 
+/// One execution of the order handler, on LocalRunner.
+async fn run_order<St>(
+    idempotency: &DurableIdempotency<St>,
+    counts: &Counts,
+    amount: u64,
+) -> aws_durable_execution_sdk::test_util::TestResult<Receipt>
+where
+    St: lambda_idempotency::store::Store + Send + Sync + 'static,
+{
+    LocalRunner::new()
+        .run(order_handler(idempotency, counts), order(amount))
+        .await
+}
+
 fn memory_idempotency() -> (MemoryStore, DurableIdempotency<MemoryStore>) {
     let store = MemoryStore::new();
     let engine = Engine::builder(store.clone()).key_prefix("orders").build();
@@ -105,9 +119,7 @@ fn memory_idempotency() -> (MemoryStore, DurableIdempotency<MemoryStore>) {
 async fn a_handler_that_waits_replays_through_its_own_claim_and_completes_once() {
     let (store, idempotency) = memory_idempotency();
     let counts = Counts::default();
-    let result = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let result = run_order(&idempotency, &counts, 100).await;
 
     assert!(
         result.is_success(),
@@ -151,13 +163,9 @@ async fn a_handler_that_waits_replays_through_its_own_claim_and_completes_once()
 async fn a_duplicate_execution_replays_the_first_output_without_running() {
     let (store, idempotency) = memory_idempotency();
     let counts = Counts::default();
-    let first = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let first = run_order(&idempotency, &counts, 100).await;
     let entries = counts.entries();
-    let duplicate = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let duplicate = run_order(&idempotency, &counts, 100).await;
 
     assert!(duplicate.is_success(), "{:?}", duplicate.error_message());
     assert_eq!(duplicate.output(), first.output());
@@ -173,9 +181,7 @@ async fn a_duplicate_execution_replays_the_first_output_without_running() {
     assert_eq!(store.records().len(), 1);
 
     // The same key with another payload is refused, and runs nothing.
-    let reused = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(999))
-        .await;
+    let reused = run_order(&idempotency, &counts, 999).await;
     assert!(reused.is_failure());
     assert_eq!(reused.error_type(), Some("IdempotencyKeyReused"));
     assert_eq!(counts.charges(), 1);
@@ -209,9 +215,7 @@ async fn a_duplicate_of_an_execution_in_progress_fails_or_waits_for_it() {
     let (store, idempotency) = memory_idempotency();
     claimed_by_another_execution(&store, &idempotency);
     let counts = Counts::default();
-    let result = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let result = run_order(&idempotency, &counts, 100).await;
     assert!(result.is_failure());
     assert_eq!(result.error_type(), Some("IdempotencyAlreadyInProgress"));
     assert_eq!(counts.entries(), 0);
@@ -221,9 +225,7 @@ async fn a_duplicate_of_an_execution_in_progress_fails_or_waits_for_it() {
     let waiting = idempotency
         .clone()
         .wait_while_in_progress(Duration::from_secs(90));
-    let result = LocalRunner::new()
-        .run(order_handler(&waiting, &counts), order(100))
-        .await;
+    let result = run_order(&waiting, &counts, 100).await;
     assert_eq!(result.error_type(), Some("IdempotencyAlreadyInProgress"));
     let waits = result
         .operations()
@@ -324,9 +326,7 @@ async fn a_key_missing_fails_and_a_store_outage_is_retried_by_the_claim_step() {
 
     store.fail_next_with(2, StoreErrorKind::Unavailable);
     let counts = Counts::default();
-    let result = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let result = run_order(&idempotency, &counts, 100).await;
     assert!(result.is_success(), "{:?}", result.error_message());
     assert_eq!(counts.charges(), 1);
 }
@@ -387,9 +387,7 @@ async fn an_execution_ended_by_the_sdk_keeps_its_claim_until_an_operator_frees_i
     let mut held = records[0].clone();
     held.owner = lambda_idempotency::store::OwnerToken::from_stored("the-failed-execution");
     store.insert_record(held);
-    let duplicate = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let duplicate = run_order(&idempotency, &counts, 100).await;
     assert_eq!(duplicate.error_type(), Some("IdempotencyAlreadyInProgress"));
 
     idempotency
@@ -397,9 +395,7 @@ async fn an_execution_ended_by_the_sdk_keeps_its_claim_until_an_operator_frees_i
         .forget_even_in_progress("durable", "order-77")
         .await
         .expect("forgotten");
-    let after = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let after = run_order(&idempotency, &counts, 100).await;
     assert!(after.is_success(), "{:?}", after.error_message());
     assert_eq!(counts.charges(), 1);
 }
@@ -588,13 +584,9 @@ async fn on_dynamodb_the_execution_completes_once_and_a_duplicate_replays() {
     let idempotency =
         DurableIdempotency::new(Engine::builder(store.clone()).key_prefix("orders").build());
     let counts = Counts::default();
-    let first = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let first = run_order(&idempotency, &counts, 100).await;
     assert!(first.is_success(), "{:?}", first.error_message());
-    let duplicate = LocalRunner::new()
-        .run(order_handler(&idempotency, &counts), order(100))
-        .await;
+    let duplicate = run_order(&idempotency, &counts, 100).await;
     assert_eq!(duplicate.output(), first.output());
     assert_eq!(counts.charges(), 1);
     let record = idempotency

@@ -47,6 +47,20 @@ lambda_idempotency::store_conformance! {
     single_write,
 }
 
+/// The claim of an invocation that died a minute ago: stuck.
+fn stuck_claim(id: lambda_idempotency::store::RecordId, now: u64) -> Claim {
+    Claim {
+        id,
+        owner: OwnerToken::from_stored("dead"),
+        fingerprint: Fingerprint::of_bytes(b"body"),
+        now_ms: now - 60_000,
+        lease_until_ms: now - 30_000,
+        expiration_s: now / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now - 60_000,
+    }
+}
+
 async fn put_application_item(client: &Client, table: &str, pk: &str, sk: &str) {
     client
         .put_item()
@@ -138,17 +152,8 @@ async fn two_functions_keep_their_records_in_their_own_partition_beside_other_it
     let now = SystemClock.now_ms();
     for (store, function) in [(&charges, "charges"), (&refunds, "refunds")] {
         let engine = Engine::builder(store.clone()).build();
-        let claim = Claim {
-            id: engine.record_id("tenant", &format!("stuck-{function}")),
-            owner: OwnerToken::from_stored("dead"),
-            fingerprint: Fingerprint::of_bytes(b"body"),
-            now_ms: now - 60_000,
-            lease_until_ms: now - 30_000,
-            expiration_s: now / 1000 + 3600,
-            attempt: 1,
-            first_started_ms: now - 60_000,
-        };
-        store.claim(&claim).await.expect("claim");
+        let id = engine.record_id("tenant", &format!("stuck-{function}"));
+        store.claim(&stuck_claim(id, now)).await.expect("claim");
     }
     for (store, function) in [(&charges, "charges"), (&refunds, "refunds")] {
         let engine = Engine::builder(store.clone()).build();
@@ -406,16 +411,7 @@ async fn listing_passes_over_an_item_that_is_not_a_record() {
     let now = SystemClock.now_ms();
     let stuck = engine.record_id("tenant", "stuck");
     store
-        .claim(&Claim {
-            id: stuck.clone(),
-            owner: OwnerToken::from_stored("dead"),
-            fingerprint: Fingerprint::of_bytes(b"body"),
-            now_ms: now - 60_000,
-            lease_until_ms: now - 30_000,
-            expiration_s: now / 1000 + 3600,
-            attempt: 1,
-            first_started_ms: now - 60_000,
-        })
+        .claim(&stuck_claim(stuck.clone(), now))
         .await
         .expect("claim");
     let lookalike = format!(

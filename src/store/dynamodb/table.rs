@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::{
     error::SdkError,
     types::{
         AttributeDefinition, BillingMode, KeySchemaElement, KeyType, MultiRegionConsistency,
-        ScalarAttributeType, TimeToLiveSpecification, TimeToLiveStatus,
+        ScalarAttributeType, TableDescription, TimeToLiveSpecification, TimeToLiveStatus,
     },
 };
 use std::{collections::HashMap, time::Duration};
@@ -248,19 +248,23 @@ impl DynamoDbStore {
     /// a wrong layout would otherwise answer "no record". [`verify`](Self::verify)
     /// checks it too.
     pub async fn check_key_schema(&self) -> Result<(), StoreError> {
-        let inner = &*self.inner;
         self.check_layout()?;
-        let described = inner
+        match self.describe().await? {
+            Some(table) => self.check_keys(table.key_schema(), table.attribute_definitions()),
+            None => Ok(()),
+        }
+    }
+
+    async fn describe(&self) -> Result<Option<TableDescription>, StoreError> {
+        let inner = &*self.inner;
+        inner
             .client
             .describe_table()
             .table_name(&inner.table)
             .send()
             .await
-            .map_err(|e| self.explain("DescribeTable", from_sdk("DescribeTable", e)))?;
-        match described.table() {
-            Some(table) => self.check_keys(table.key_schema(), table.attribute_definitions()),
-            None => Ok(()),
-        }
+            .map(|described| described.table)
+            .map_err(|e| self.explain("DescribeTable", from_sdk("DescribeTable", e)))
     }
 
     /// What `DescribeTable` says: the table's key and its indexes' key
@@ -269,14 +273,7 @@ impl DynamoDbStore {
     /// at a time).
     async fn check_description(&self) -> Result<(), StoreError> {
         let inner = &*self.inner;
-        let described = inner
-            .client
-            .describe_table()
-            .table_name(&inner.table)
-            .send()
-            .await
-            .map_err(|e| self.explain("DescribeTable", from_sdk("DescribeTable", e)))?;
-        let Some(table) = described.table() else {
+        let Some(table) = self.describe().await? else {
             return Ok(());
         };
         self.check_keys(table.key_schema(), table.attribute_definitions())?;
