@@ -60,6 +60,12 @@ lint:
 ## operator tool (the reference functions are not published), and the
 ## library's file list.
 package:
+	@# The dry run verifies the tool against the library packaged just now,
+	@# through a local registry that cargo extracts under the registry's
+	@# sources, keyed by the checkout's path, and never extracts again: a
+	@# second run from the same path compiled the tool against the first
+	@# run's library. Those extracted copies of our own packages go first.
+	rm -rf "$${CARGO_HOME:-$$HOME/.cargo}"/registry/src/-*/lambda-idempotency-*
 	$(CARGO) publish --dry-run --workspace --allow-dirty
 	$(CARGO) package --list -p lambda-idempotency --allow-dirty
 
