@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress fuzz bench bench-function bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress fuzz bench bench-server bench-function bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -126,14 +126,25 @@ $(TOOLS)/cargo/bin/cargo-fuzz:
 ## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md);
 ## each store side by side; then the DynamoDB drivers in interleaved rounds
 ## (per-round ratios to the floor and to Powertools), and the Redis rounds of
-## bench-redis; then the reference function's size and cold start.
+## bench-redis; then the server benchmark, and the reference function's size
+## and cold start.
 bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) bench --bench layer
 	$(CARGO) build --profile bench --example bench_driver
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 	BENCH_ONLY=dynamodb-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
+	$(MAKE) bench-server
 	$(MAKE) bench-function
+
+## The server benchmark: one axum app under 64 keep-alive connections of
+## 1 KB JSON POSTs, bare, behind this layer on the memory store, Redis and
+## DynamoDB Local, and behind axum-idempotent 0.6 (see BENCHMARKS.md). Its
+## crate (comparison/server) is outside the workspace: its dependencies are
+## the comparison's only.
+bench-server:
+	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release
+	scripts/with-dynamodb-local scripts/with-redis target/server-bench/release/server-bench run
 
 ## The reference function's release binary (the size profile of Cargo.toml):
 ## its size, and its cold start to the first event request against a stub of
