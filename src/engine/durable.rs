@@ -72,11 +72,11 @@ impl<St: Store> Engine<St> {
         attempt: &DurableAttempt<'_>,
         response: Vec<u8>,
     ) -> Result<OutcomeKind, StoreError> {
-        let claim = self.durable_claim(attempt)?;
+        let id = self.record_id(attempt.scope, attempt.key);
         let now_ms = self.inner.clock.now_ms();
         let completion = Completion {
-            id: claim.id.clone(),
-            owner: claim.owner.clone(),
+            id: id.clone(),
+            owner: attempt.owner.clone(),
             response,
             now_ms,
             expiration_s: self.expiration_s(now_ms),
@@ -86,12 +86,12 @@ impl<St: Store> Engine<St> {
         Ok(match completed {
             Conditional::Applied => OutcomeKind::Fresh,
             Conditional::Refused(Some(record))
-                if record.status == Status::Completed && record.owner == claim.owner =>
+                if record.status == Status::Completed && record.owner == attempt.owner =>
             {
                 OutcomeKind::Fresh
             }
             Conditional::Refused(_) => {
-                warn!(record = %claim.id, outcome = "lease_lost",
+                warn!(record = %id, outcome = "lease_lost",
                     "the durable execution outlived its claim (execution_timeout) and the key was taken over; its output is not stored");
                 OutcomeKind::LeaseLost
             }
@@ -104,8 +104,9 @@ impl<St: Store> Engine<St> {
         &self,
         attempt: &DurableAttempt<'_>,
     ) -> Result<(), StoreError> {
-        let claim = self.durable_claim(attempt)?;
-        retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner))
+        // Only the record and the execution's token: no claim to build.
+        let id = self.record_id(attempt.scope, attempt.key);
+        retry_conflicts(|| self.inner.store.release(&id, &attempt.owner))
             .await
             .map(|_| ())
     }
