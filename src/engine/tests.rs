@@ -627,4 +627,70 @@ async fn a_detached_panic_releases_the_claim_and_reaches_the_caller() {
         .await
         .expect("runs again");
     assert_eq!((retry.kind(), *retry.value()), (OutcomeKind::Fresh, 2));
+
+    // The same once the work has waited, and so moved to a task of its own.
+    let attempt = Attempt::new("s", "panics-on-its-task", fingerprint(1));
+    let caught = AssertUnwindSafe(engine.execute_detached(&attempt, || async {
+        tokio::task::yield_now().await;
+        if true {
+            panic!("the provider's client panicked");
+        }
+        Ok::<u32, Failed>(1)
+    }))
+    .catch_unwind()
+    .await;
+    assert!(caught.is_err(), "the panic is raised in the caller");
+    let retry = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(2u32) })
+        .await
+        .expect("runs again");
+    assert_eq!((retry.kind(), *retry.value()), (OutcomeKind::Fresh, 2));
+}
+
+/// Detached work that needs no waiting is done in place, on the caller's
+/// task (a replay, a request on the memory store: no task to spawn); work
+/// that waits goes on on a task of its own.
+#[tokio::test]
+async fn detached_work_moves_to_a_task_of_its_own_only_when_it_waits() {
+    // As a server runs a request: on a task (a test's body is not one).
+    tokio::spawn(work_moves_only_when_it_waits())
+        .await
+        .expect("the test's task");
+}
+
+async fn work_moves_only_when_it_waits() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let caller = tokio::task::id();
+    let ran_on = |waits: bool| async move {
+        if waits {
+            tokio::task::yield_now().await;
+        }
+        Ok::<_, Failed>(format!("{}", tokio::task::id()))
+    };
+    let attempt = Attempt::new("s", "in-place", fingerprint(1));
+    let task = engine
+        .execute_detached(&attempt, move || ran_on(false))
+        .await
+        .expect("ran");
+    assert_eq!(
+        task.value(),
+        &caller.to_string(),
+        "ran on the caller's task"
+    );
+    let replay = engine
+        .execute_detached(&attempt, move || ran_on(false))
+        .await
+        .expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+
+    let attempt = Attempt::new("s", "waits", fingerprint(1));
+    let task = engine
+        .execute_detached(&attempt, move || ran_on(true))
+        .await
+        .expect("ran");
+    assert_ne!(
+        task.value(),
+        &caller.to_string(),
+        "went on on a task of its own"
+    );
 }

@@ -261,14 +261,16 @@ where
     Some(respond::powertools(&config.settings, found))
 }
 
-/// Runs the attempt on a task of its own, from the claim on, so that the
-/// work goes on when the request's future is dropped (hyper drops it when
-/// the client disconnects, tower's `TimeoutLayer` at its deadline): the
-/// handler is not cut short between its effect and the completion, and
-/// the record is completed or released rather than left in progress until
-/// its lease lapses, after which a retry would run it again. A panic in the
-/// handler is raised again here, in the request's own future, so an outer
-/// `CatchPanicLayer` still answers it.
+/// Runs the attempt, from the claim on, so that the work goes on when the
+/// request's future is dropped (hyper drops it when the client
+/// disconnects, tower's `TimeoutLayer` at its deadline): the handler is not
+/// cut short between its effect and the completion, and the record is
+/// completed or released rather than left in progress until its lease
+/// lapses, after which a retry would run it again. The work is polled once
+/// in place and, if it waits for anything, moved to a task of its own in
+/// that same poll (a replay, or a whole request on the memory store, costs
+/// no task). A panic in the handler is raised again here, in the request's
+/// own future, so an outer `CatchPanicLayer` still answers it.
 ///
 /// Without a tokio runtime (a caller on another executor) it runs in place.
 async fn run_detached<S, St, B, ResBody>(
@@ -290,13 +292,15 @@ where
         (result, live)
     }
     .in_current_span();
-    detached(work, |work, runtime| tracker.spawn_on(work, runtime))
-        .await
-        .unwrap_or_else(|| {
-            // Only a runtime that shuts down cancels the task, and this
-            // future goes with it: answered, should it be polled.
-            (Err(Error::Operation(Failure::Cancelled)), None)
-        })
+    detached(tracker.track_future(work), |work, runtime| {
+        runtime.spawn(work)
+    })
+    .await
+    .unwrap_or_else(|| {
+        // Only a runtime that shuts down cancels the task, and this
+        // future goes with it: answered, should it be polled.
+        (Err(Error::Operation(Failure::Cancelled)), None)
+    })
 }
 
 /// The key in the configured header: `Ok(None)` when there is none (or the
