@@ -1,13 +1,16 @@
 //! An in-memory store with the DynamoDB store's semantics, for unit tests
 //! and examples.
 
+mod packed;
+
 use super::{
     Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
     Status, Store,
 };
 use crate::{StoreError, StoreErrorKind};
+use packed::Packed;
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard,
@@ -66,7 +69,7 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct State {
-    records: HashMap<RecordId, Record>,
+    records: HashSet<Packed>,
     items: HashMap<String, Vec<u8>>,
 }
 
@@ -132,18 +135,18 @@ impl MemoryStore {
 
     /// The record stored under `id`, expired or not.
     pub fn record(&self, id: &RecordId) -> Option<Record> {
-        self.state().records.get(id).cloned()
+        self.state().records.get(id.as_str()).map(Packed::record)
     }
 
     /// Every record, expired or not.
     pub fn records(&self) -> Vec<Record> {
-        self.state().records.values().cloned().collect()
+        self.state().records.iter().map(Packed::record).collect()
     }
 
     /// Replaces or inserts a record as it is, bypassing every condition: for
     /// tests that need a record in a given state.
     pub fn insert_record(&self, record: Record) {
-        self.state().records.insert(record.id.clone(), record);
+        self.state().records.replace(Packed::new(record));
     }
 }
 
@@ -181,10 +184,6 @@ fn check_writes(
     }
 }
 
-fn held_by(record: &Record, owner: &OwnerToken) -> bool {
-    record.status == Status::InProgress && &record.owner == owner
-}
-
 impl Store for MemoryStore {
     type Write = MemoryWrite;
 
@@ -192,12 +191,12 @@ impl Store for MemoryStore {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        if let Some(existing) = state.records.get(&claim.id) {
+        if let Some(existing) = state.records.get(claim.id.as_str()) {
             if !existing.is_expired(claim.now_ms) {
-                return Ok(Conditional::Refused(Some(existing.clone())));
+                return Ok(Conditional::Refused(Some(existing.record())));
             }
         }
-        state.records.insert(claim.id.clone(), claimed(claim));
+        state.records.replace(Packed::new(claimed(claim)));
         Ok(Conditional::Applied)
     }
 
@@ -207,29 +206,34 @@ impl Store for MemoryStore {
         lapsed: &OwnerToken,
     ) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get(&claim.id) {
+        match state.records.get(claim.id.as_str()) {
             Some(existing)
-                if held_by(existing, lapsed)
+                if existing.held_by(lapsed)
                     && existing
                         .lease_until_ms
                         .is_some_and(|lease| lease < claim.now_ms) =>
             {
-                state.records.insert(claim.id.clone(), claimed(claim));
+                state.records.replace(Packed::new(claimed(claim)));
                 Ok(Conditional::Applied)
             }
-            found => Ok(Conditional::Refused(found.cloned())),
+            found => Ok(Conditional::Refused(found.map(Packed::record))),
         }
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get_mut(&extension.id) {
-            Some(record) if held_by(record, &extension.owner) => {
+        match state.records.take(extension.id.as_str()) {
+            Some(mut record) if record.held_by(&extension.owner) => {
                 record.lease_until_ms = Some(extension.lease_until_ms);
                 record.expiration_s = extension.expiration_s;
+                state.records.insert(record);
                 Ok(Conditional::Applied)
             }
-            found => Ok(Conditional::Refused(found.map(|record| record.clone()))),
+            found => Ok(Conditional::Refused(found.map(|record| {
+                let unpacked = record.record();
+                state.records.insert(record);
+                unpacked
+            }))),
         }
     }
 
@@ -239,21 +243,27 @@ impl Store for MemoryStore {
     ) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
         let state = &mut *state;
-        let Some(record) = state
+        let held = state
             .records
-            .get_mut(&completion.id)
-            .filter(|record| held_by(record, &completion.owner))
-        else {
+            .get(completion.id.as_str())
+            .is_some_and(|record| record.held_by(&completion.owner));
+        if !held {
             return Ok(Conditional::Refused(
-                state.records.get(&completion.id).cloned(),
+                state
+                    .records
+                    .get(completion.id.as_str())
+                    .map(Packed::record),
             ));
-        };
+        }
         check_writes(&state.items, &completion.writes)?;
-        record.status = Status::Completed;
-        record.response = Some(completion.response);
-        record.expiration_s = completion.expiration_s;
-        record.lease_until_ms = None;
-        record.completed_at_ms = Some(completion.now_ms);
+        if let Some(mut record) = state.records.take(completion.id.as_str()) {
+            record.status = Status::Completed;
+            record.response = Some(completion.response);
+            record.expiration_s = completion.expiration_s;
+            record.lease_until_ms = None;
+            record.completed_at_ms = Some(completion.now_ms);
+            state.records.insert(record);
+        }
         for write in completion.writes {
             state.items.insert(write.key, write.value);
         }
@@ -262,55 +272,53 @@ impl Store for MemoryStore {
 
     async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get(id) {
-            Some(existing) if held_by(existing, owner) => {
-                state.records.remove(id);
+        match state.records.get(id.as_str()) {
+            Some(existing) if existing.held_by(owner) => {
+                state.records.remove(id.as_str());
                 Ok(Conditional::Applied)
             }
-            found => Ok(Conditional::Refused(found.cloned())),
+            found => Ok(Conditional::Refused(found.map(Packed::record))),
         }
     }
 
     async fn commit(&self, commit: Commit<MemoryWrite>) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        if let Some(existing) = state.records.get(&commit.id) {
+        if let Some(existing) = state.records.get(commit.id.as_str()) {
+            let existing = existing.record();
             if existing.is_live(commit.now_ms) {
-                return Ok(Conditional::Refused(Some(existing.clone())));
+                return Ok(Conditional::Refused(Some(existing)));
             }
         }
         check_writes(&state.items, &commit.writes)?;
         for write in commit.writes {
             state.items.insert(write.key, write.value);
         }
-        state.records.insert(
-            commit.id.clone(),
-            Record {
-                id: commit.id,
-                status: Status::Completed,
-                owner: commit.owner,
-                fingerprint: commit.fingerprint,
-                expiration_s: commit.expiration_s,
-                lease_until_ms: None,
-                response: Some(commit.response),
-                created_at_ms: Some(commit.now_ms),
-                attempt: 1,
-                first_started_ms: Some(commit.now_ms),
-                completed_at_ms: Some(commit.now_ms),
-            },
-        );
+        state.records.replace(Packed::new(Record {
+            id: commit.id,
+            status: Status::Completed,
+            owner: commit.owner,
+            fingerprint: commit.fingerprint,
+            expiration_s: commit.expiration_s,
+            lease_until_ms: None,
+            response: Some(commit.response),
+            created_at_ms: Some(commit.now_ms),
+            attempt: 1,
+            first_started_ms: Some(commit.now_ms),
+            completed_at_ms: Some(commit.now_ms),
+        }));
         Ok(Conditional::Applied)
     }
 
     async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get(id) {
+        match state.records.get(id.as_str()) {
             Some(record)
                 if removal == Removal::UnlessInProgress && record.status == Status::InProgress =>
             {
-                Ok(Conditional::Refused(Some(record.clone())))
+                Ok(Conditional::Refused(Some(record.record())))
             }
             Some(_) => {
-                state.records.remove(id);
+                state.records.remove(id.as_str());
                 Ok(Conditional::Applied)
             }
             None => Ok(Conditional::Refused(None)),
@@ -325,9 +333,9 @@ impl Store for MemoryStore {
         let state = self.enter()?;
         let mut records: Vec<Record> = state
             .records
-            .values()
-            .filter(|r| r.status == Status::InProgress && r.id.as_str().starts_with(prefix))
-            .cloned()
+            .iter()
+            .filter(|r| r.status == Status::InProgress && r.id().starts_with(prefix))
+            .map(Packed::record)
             .collect();
         records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
         records.truncate(limit);
@@ -338,8 +346,8 @@ impl Store for MemoryStore {
         let state = self.enter()?;
         Ok(state
             .records
-            .get(id)
+            .get(id.as_str())
             .filter(|r| !r.is_expired(now_ms))
-            .cloned())
+            .map(Packed::record))
     }
 }
