@@ -139,12 +139,15 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.
 
 ## The server benchmark: one axum app under 64 keep-alive connections of
 ## 1 KB JSON POSTs, bare, behind this layer on the memory store, Redis and
-## DynamoDB Local, and behind axum-idempotent 0.6 (see BENCHMARKS.md). Its
+## DynamoDB Local, and behind axum-idempotent 0.6, in interleaved rounds
+## (BENCH_ROUNDS, default 3; BENCH_SECONDS per run, default 4); then the
+## heap allocations per request, counted (see BENCHMARKS.md). Its
 ## crate (comparison/server) is outside the workspace: its dependencies are
 ## the comparison's only.
 bench-server:
 	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release
 	scripts/with-dynamodb-local scripts/with-redis target/server-bench/release/server-bench run
+	target/server-bench/release/allocs
 
 ## The reference function's release binary (the size profile of Cargo.toml):
 ## its size, and its cold start to the first event request against a stub of

@@ -199,8 +199,18 @@ fn start(variant: &str) -> (Child, u16) {
     (child, line.trim().parse().expect("a port"))
 }
 
-async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: u64) -> String {
-    let body = Bytes::from(json_body(1024));
+/// One run's figures.
+#[derive(Clone, Copy)]
+struct Figures {
+    requests_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_us: f64,
+    replayed: f64,
+}
+
+async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: f64) -> Figures {
+    let body = Bytes::from(server_bench::json_body(1024));
     // Warm-up: a second of the same load, not counted.
     let warm = Instant::now() + Duration::from_secs(1);
     let tasks: Vec<_> = (0..CONNECTIONS)
@@ -220,7 +230,7 @@ async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: u64) 
     }
     let cpu_before = cpu_us(pid);
     let started = Instant::now();
-    let until = started + Duration::from_secs(seconds);
+    let until = started + Duration::from_secs_f64(seconds);
     let tasks: Vec<_> = (0..CONNECTIONS)
         .map(|i| tokio::spawn(connection(port, i, repeated, session, body.clone(), until)))
         .collect();
@@ -237,29 +247,130 @@ async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: u64) 
     latencies.sort_unstable();
     let n = latencies.len();
     let at = |q: f64| latencies[((n as f64 * q) as usize).min(n - 1)] as f64 / 1000.0;
-    format!(
-        "{:.0} | {:.2} / {:.2} | {:.1} | {:.1}%",
-        n as f64 / elapsed,
-        at(0.5),
-        at(0.99),
-        cpu as f64 / n as f64,
-        100.0 * replays as f64 / n as f64
-    )
+    Figures {
+        requests_per_s: n as f64 / elapsed,
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        cpu_us: cpu as f64 / n as f64,
+        replayed: 100.0 * replays as f64 / n as f64,
+    }
 }
 
-/// A JSON object of about `size` bytes.
-fn json_body(size: usize) -> String {
-    let mut body = String::from(r#"{"currency":"EUR","amount":1250,"customer":"cus_42","items":["#);
-    let mut i = 0;
-    while body.len() < size - 40 {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&format!(r#"{{"sku":"item-{i:05}","qty":{}}}"#, i % 7 + 1));
-        i += 1;
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
     }
-    body.push_str("]}");
-    body
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Every variant in every round, the order rotating from round to round
+/// (so that no variant always runs first, on the coolest machine), after
+/// a warm-up round that is not counted; then the medians of each variant
+/// and the ratios of this layer on the memory store to axum-idempotent,
+/// taken within each round.
+async fn run() {
+    let seconds: f64 = env_or("BENCH_SECONDS", 4.0);
+    let rounds: usize = env_or("BENCH_ROUNDS", 3);
+    let variants: Vec<String> = std::env::var("BENCH_VARIANTS")
+        .unwrap_or_else(|_| "bare,memory,axum-idempotent,redis,dynamodb".to_owned())
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let modes = [("distinct", false), ("repeated (replays)", true)];
+    // figures[variant][mode] = one per counted round
+    let mut figures = vec![vec![Vec::<Figures>::new(); modes.len()]; variants.len()];
+    for round in 0..=rounds {
+        let label = if round == 0 {
+            "warm-up round, not counted".to_owned()
+        } else {
+            format!("round {round} of {rounds}")
+        };
+        eprintln!("{label}");
+        for offset in 0..variants.len() {
+            let v = (offset + round) % variants.len();
+            for (m, (_, repeated)) in modes.iter().enumerate() {
+                let (mut child, port) = start(&variants[v]);
+                let seconds = if round == 0 { 1.0 } else { seconds };
+                let run = load(
+                    port,
+                    child.id(),
+                    *repeated,
+                    variants[v] == "axum-idempotent",
+                    seconds,
+                )
+                .await;
+                child.kill().expect("kill");
+                child.wait().expect("wait");
+                if round > 0 {
+                    eprintln!(
+                        "  {} {}: {:.0} requests/s, {:.1} us CPU per request",
+                        variants[v], modes[m].0, run.requests_per_s, run.cpu_us
+                    );
+                    figures[v][m].push(run);
+                }
+            }
+        }
+    }
+    println!(
+        "\n{CONNECTIONS} keep-alive connections, 1 KB JSON POSTs, {seconds} s per run after a 1 s warm-up, \
+         {rounds} rounds (medians); CPU is the server process's user + system time per request"
+    );
+    println!("| server | keys | requests/s | p50 / p99 (ms) | CPU per request (us) | replayed |");
+    println!("|---|---|---|---|---|---|");
+    for (v, variant) in variants.iter().enumerate() {
+        for (m, (keys, _)) in modes.iter().enumerate() {
+            let runs = &figures[v][m];
+            let of = |field: fn(&Figures) -> f64| median(runs.iter().map(field).collect());
+            println!(
+                "| {variant} | {keys} | {:.0} | {:.2} / {:.2} | {:.1} | {:.1}% |",
+                of(|f| f.requests_per_s),
+                of(|f| f.p50_ms),
+                of(|f| f.p99_ms),
+                of(|f| f.cpu_us),
+                of(|f| f.replayed),
+            );
+        }
+    }
+    let (Some(ours), Some(theirs)) = (
+        variants.iter().position(|v| v == "memory"),
+        variants.iter().position(|v| v == "axum-idempotent"),
+    ) else {
+        return;
+    };
+    println!("\nThis layer on the memory store / axum-idempotent, within each round (median, worst, best):");
+    println!("| keys | requests/s ratio | CPU per request ratio | each round (requests/s) |");
+    println!("|---|---|---|---|");
+    for (m, (keys, _)) in modes.iter().enumerate() {
+        let pairs = figures[ours][m].iter().zip(&figures[theirs][m]);
+        let throughput: Vec<f64> = pairs
+            .clone()
+            .map(|(a, b)| a.requests_per_s / b.requests_per_s)
+            .collect();
+        let cpu: Vec<f64> = pairs.map(|(a, b)| a.cpu_us / b.cpu_us).collect();
+        let low = |values: &[f64]| values.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = |values: &[f64]| values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let each: Vec<String> = throughput.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "| {keys} | {:.2} ({:.2}, {:.2}) | {:.2} ({:.2}, {:.2}) | {} |",
+            median(throughput.clone()),
+            low(&throughput),
+            high(&throughput),
+            median(cpu.clone()),
+            high(&cpu),
+            low(&cpu),
+            each.join(", ")
+        );
+    }
 }
 
 #[tokio::main]
@@ -267,43 +378,7 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("serve") => serve(args.get(2).expect("a variant")).await,
-        Some("run") => {
-            let seconds: u64 = std::env::var("BENCH_SECONDS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(10);
-            let variants = std::env::var("BENCH_VARIANTS")
-                .unwrap_or_else(|_| "bare,memory,axum-idempotent,redis,dynamodb".to_owned());
-            println!(
-                "\n{CONNECTIONS} keep-alive connections, 1 KB JSON POSTs, {seconds} s each after a 1 s warm-up; \
-                 CPU is the server process's user + system time per request"
-            );
-            println!(
-                "| server | keys | requests/s | p50 / p99 (ms) | CPU per request (us) | replayed |"
-            );
-            println!("|---|---|---|---|---|---|");
-            for variant in variants.split(',') {
-                for repeated in [false, true] {
-                    let (mut child, port) = start(variant);
-                    let row = load(
-                        port,
-                        child.id(),
-                        repeated,
-                        variant == "axum-idempotent",
-                        seconds,
-                    )
-                    .await;
-                    let keys = if repeated {
-                        "repeated (replays)"
-                    } else {
-                        "distinct"
-                    };
-                    println!("| {variant} | {keys} | {row} |");
-                    child.kill().expect("kill");
-                    child.wait().expect("wait");
-                }
-            }
-        }
+        Some("run") => run().await,
         _ => eprintln!("server-bench run | server-bench serve <variant>"),
     }
 }
