@@ -2,6 +2,7 @@
 //! key is never stored and one scope can never reach another's records.
 
 use crate::fingerprint::hash_part;
+use crate::lower_hex::lower_hex;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -23,7 +24,7 @@ impl RecordId {
         let mut id = String::with_capacity(prefix.len() + 1 + 64);
         id.push_str(prefix);
         id.push('#');
-        id.push_str(&hex::encode(digest));
+        id.push_str(&lower_hex(&digest));
         Self(id)
     }
 
@@ -65,7 +66,7 @@ pub fn derive_key(parent: &str, purpose: &str) -> String {
     hasher.update(b"lambda-idempotency child key\0");
     hash_part(&mut hasher, parent.as_bytes());
     hasher.update(purpose.as_bytes());
-    hex::encode(hasher.finalize())
+    lower_hex(&hasher.finalize())
 }
 
 #[cfg(test)]

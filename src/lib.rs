@@ -201,6 +201,7 @@ mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;
+mod lower_hex;
 #[cfg(feature = "powertools")]
 #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
 pub mod powertools;

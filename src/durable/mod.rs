@@ -124,6 +124,7 @@ mod error;
 
 pub use error::DurableError;
 
+use crate::lower_hex::lower_hex;
 use crate::{
     derive_key,
     engine::{DurableAttempt, DurableClaim},
@@ -537,7 +538,7 @@ fn execution_owner(execution_arn: &str, scope: &str, key: &str) -> OwnerToken {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
-    OwnerToken::from_stored(hex::encode(&hash.finalize()[..16]))
+    OwnerToken::from_stored(lower_hex(&hash.finalize()[..16]))
 }
 
 /// The claim step is tried again through a store outage, and only then.

@@ -20,7 +20,10 @@ use tokio::{runtime::Handle, task::JoinHandle};
 /// `CatchPanicLayer`) sees it. `None` when the runtime cancelled the task
 /// (it is shutting down). Without a tokio runtime (a caller on another
 /// executor) the work runs in place.
-pub(crate) async fn detached<F, S>(work: F, spawn: S) -> Option<F::Output>
+///
+/// The work comes boxed: a future of the request's whole pipeline (some
+/// kilobytes) held by value here would be held twice in the caller's.
+pub(crate) async fn detached<F, S>(mut work: Pin<Box<F>>, spawn: S) -> Option<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
@@ -29,7 +32,6 @@ where
     let Ok(runtime) = Handle::try_current() else {
         return Some(work.await);
     };
-    let mut work = Box::pin(work);
     // A future may be polled under one waker and then another: the task
     // polls it again at once, and registers its own.
     if let Poll::Ready(output) = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {

@@ -11,6 +11,7 @@ pub(crate) use canonical::select;
 pub(crate) use canonical::{pointed, Pointed};
 pub(crate) use streaming::{canonical, write_canonical};
 
+use crate::lower_hex::lower_hex;
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -25,7 +26,7 @@ pub struct Fingerprint(String);
 impl Fingerprint {
     /// The fingerprint of raw bytes.
     pub fn of_bytes(payload: &[u8]) -> Self {
-        Self(hex::encode(Sha256::digest(payload)))
+        Self(lower_hex(&Sha256::digest(payload)))
     }
 
     /// The fingerprint of a serialisable value, as canonical JSON: object
@@ -47,14 +48,14 @@ impl Fingerprint {
             hasher = Sha256::new();
             hasher.update(&serialised);
         }
-        Ok(Self(hex::encode(hasher.finalize())))
+        Ok(Self(lower_hex(&hasher.finalize())))
     }
 
     /// Builds a fingerprint from parts hashed one after another, each
     /// length-prefixed so that part boundaries cannot shift (`"ab" + "c"` and
     /// `"a" + "bc"` differ).
     pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        Self(hex::encode(hash_parts(parts).finalize()))
+        Self(lower_hex(&hash_parts(parts).finalize()))
     }
 
     /// The fingerprint of `parts` (each length-prefixed, as in
@@ -69,7 +70,7 @@ impl Fingerprint {
     ) -> Option<Self> {
         let mut hasher = hash_parts(parts);
         write_canonical(json, &mut HashWriter(&mut hasher)).ok()?;
-        Some(Self(hex::encode(hasher.finalize())))
+        Some(Self(lower_hex(&hasher.finalize())))
     }
 
     /// The fingerprint of the values at `pointers` in the JSON document
@@ -93,7 +94,7 @@ impl Fingerprint {
     /// # Ok::<(), lambda_idempotency::InvalidJsonPointer>(())
     /// ```
     pub fn of_json_pointers(json: &[u8], pointers: &[JsonPointer]) -> Self {
-        Self(hex::encode(selection(json, pointers).finalize()))
+        Self(lower_hex(&selection(json, pointers).finalize()))
     }
 
     /// Wraps a fingerprint read back from a store.

@@ -76,7 +76,9 @@ pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
         at: 0,
         copied: 0,
         out: Vec::with_capacity(json.len()),
-        entries: Vec::new(),
+        // The open objects' entries: room for most documents, so that they
+        // are not reallocated entry by entry.
+        entries: Vec::with_capacity(16),
         scratch: Vec::new(),
     };
     writer.value(0)?;

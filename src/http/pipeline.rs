@@ -292,7 +292,7 @@ where
         (result, live)
     }
     .in_current_span();
-    detached(tracker.track_future(work), |work, runtime| {
+    detached(Box::pin(tracker.track_future(work)), |work, runtime| {
         runtime.spawn(work)
     })
     .await

@@ -10,6 +10,7 @@ pub use super::lambda_context::principal;
 use super::lambda_context::{self, entry_point, lambda_route};
 use bytes::Bytes;
 use http::Request;
+use std::fmt::Write;
 
 /// The principal of requests without an authenticated caller.
 pub const ANONYMOUS: &str = "anonymous";
@@ -40,14 +41,20 @@ pub fn default_scope<B>(request: &Request<B>) -> String {
 /// principal or entry point can be chosen to look like another followed by
 /// more.
 pub(crate) fn scope_of<B>(principal: Option<String>, request: &Request<B>) -> String {
-    let principal = principal.unwrap_or_else(|| ANONYMOUS.to_owned());
-    let entry = entry_point(request).unwrap_or_default();
-    let route = route(request);
-    format!(
-        "{}:{principal} {}:{entry} {route}",
+    let principal = principal.as_deref().unwrap_or(ANONYMOUS);
+    let entry = entry_point(request);
+    let entry = entry.as_deref().unwrap_or_default();
+    // Every request computes its scope: one string, written once.
+    let mut scope = String::with_capacity(principal.len() + entry.len() + 64);
+    // Writing to a String cannot fail.
+    let _ = write!(
+        scope,
+        "{}:{principal} {}:{entry} ",
         principal.len(),
         entry.len()
-    )
+    );
+    write_route(&mut scope, request);
+    scope
 }
 
 /// The operation `request` asks for, as the application defines its
@@ -62,14 +69,26 @@ pub(crate) fn scope_of<B>(principal: Option<String>, request: &Request<B>) -> St
 /// same key sent to `/accounts/a/charges` and then to `/accounts/b/charges`
 /// is answered `422`, never with the other account's response.
 pub fn route<B>(request: &Request<B>) -> String {
+    let mut route = String::new();
+    write_route(&mut route, request);
+    route
+}
+
+fn write_route<B>(out: &mut String, request: &Request<B>) {
     if let Some(route) = lambda_route(request) {
-        return route;
+        out.push_str(&route);
+        return;
     }
     #[cfg(feature = "axum")]
-    if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
-        return format!("{} {}", request.method(), matched.as_str());
-    }
-    format!("{} {}", request.method(), request_path(request))
+    let template = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str);
+    #[cfg(not(feature = "axum"))]
+    let template = None;
+    out.push_str(request.method().as_str());
+    out.push(' ');
+    out.push_str(template.unwrap_or_else(|| request_path(request)));
 }
 
 /// The scope of the request's key, as the layer is configured; `None`

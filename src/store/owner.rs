@@ -1,5 +1,6 @@
 //! The fencing token a claim is minted with.
 
+use crate::lower_hex::lower_hex;
 use crate::{StoreError, StoreErrorKind};
 
 /// The fencing token of one claim: 128 random bits, minted per claim.
@@ -26,7 +27,7 @@ impl OwnerToken {
                 format!("the operating system's random source failed ({error}): no fencing token could be minted, so nothing ran"),
             )
         })?;
-        Ok(Self(hex::encode(bytes)))
+        Ok(Self(lower_hex(&bytes)))
     }
 
     /// Wraps a token read back from a store.
