@@ -2,7 +2,7 @@
 //! key is never stored and one scope can never reach another's records.
 
 use crate::fingerprint::hash_part;
-use crate::lower_hex::lower_hex;
+use crate::lower_hex::{lower_hex, push_lower_hex};
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -24,7 +24,7 @@ impl RecordId {
         let mut id = String::with_capacity(prefix.len() + 1 + 64);
         id.push_str(prefix);
         id.push('#');
-        id.push_str(&lower_hex(&digest));
+        push_lower_hex(&mut id, &digest);
         Self(id)
     }
 

@@ -2,22 +2,31 @@
 
 /// `bytes` in lowercase hex. `hex::encode` builds its string a character
 /// at a time, which showed in every request's profile (a record id, a
-/// fingerprint and an owner token each); this encodes into one buffer.
+/// fingerprint and an owner token each); this encodes a digest at a time.
 pub(crate) fn lower_hex(bytes: &[u8]) -> String {
-    let mut out = vec![0; bytes.len() * 2];
-    // Fails only on a buffer of the wrong length, and the hex digits are
-    // ASCII: neither fallback is ever taken.
-    if hex::encode_to_slice(bytes, &mut out).is_err() {
-        return hex::encode(bytes);
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push_lower_hex(&mut out, bytes);
+    out
+}
+
+/// Appends `bytes` in lowercase hex to `out`.
+pub(crate) fn push_lower_hex(out: &mut String, bytes: &[u8]) {
+    let mut buffer = [0; 64];
+    for chunk in bytes.chunks(buffer.len() / 2) {
+        let digits = &mut buffer[..chunk.len() * 2];
+        // The buffer is twice the chunk, and hex digits are ASCII: neither
+        // check can fail.
+        if hex::encode_to_slice(chunk, digits).is_ok() {
+            out.push_str(std::str::from_utf8(digits).unwrap_or_default());
+        }
     }
-    String::from_utf8(out).unwrap_or_else(|_| hex::encode(bytes))
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn matches_the_hex_crate() {
-        for bytes in [&[][..], &[0], &[0xab, 0x01, 0xff], &[7; 32]] {
+        for bytes in [&[][..], &[0], &[0xab, 0x01, 0xff], &[7; 32], &[0x5a; 77]] {
             assert_eq!(super::lower_hex(bytes), hex::encode(bytes));
         }
     }

@@ -70,7 +70,9 @@ async fn main() {
             )
         } else {
             routes
-        };
+        }
+        // As axum::serve has it: the layers applied once, not per request.
+        .with_state(());
         for (keys, repeated) in [("distinct", false), ("repeated (replays)", true)] {
             let request = |i: u64| {
                 let key = if repeated {
