@@ -186,8 +186,15 @@ fn cpu_us(pid: u32) -> u64 {
     ticks * 10_000 // USER_HZ = 100
 }
 
+/// Starts the server of `variant`; `<variant>@<path>` starts it from
+/// another build of this benchmark (an earlier commit's, for before and
+/// after figures in one run).
 fn start(variant: &str) -> (Child, u16) {
-    let mut child = Command::new(std::env::current_exe().expect("self"))
+    let (variant, program) = match variant.split_once('@') {
+        Some((variant, path)) => (variant, std::path::PathBuf::from(path)),
+        None => (variant, std::env::current_exe().expect("self")),
+    };
+    let mut child = Command::new(program)
         .args(["serve", variant])
         .stdout(Stdio::piped())
         .spawn()
@@ -305,7 +312,7 @@ async fn run() {
                     port,
                     child.id(),
                     *repeated,
-                    variants[v] == "axum-idempotent",
+                    variants[v].starts_with("axum-idempotent"),
                     seconds,
                 )
                 .await;
