@@ -101,6 +101,7 @@ async fn serve(variant: &str) {
 
 /// One connection's requests until `until`: latencies in microseconds.
 async fn connection(
+    run: u32,
     port: u16,
     index: usize,
     repeated: bool,
@@ -145,10 +146,12 @@ async fn connection(
     let mut latencies = Vec::new();
     let mut i = 0u64;
     while Instant::now() < until {
+        // Keys of their own per run: a store outside the server process
+        // (Redis) keeps the records of earlier rounds.
         let key = if repeated {
-            format!("k-{index}")
+            format!("k-{run}-{index}")
         } else {
-            format!("k-{index}-{i}")
+            format!("k-{run}-{index}-{i}")
         };
         let mut request = Request::post("/v1/charges")
             .header(header::HOST, "localhost")
@@ -223,6 +226,7 @@ async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: f64) 
     let tasks: Vec<_> = (0..CONNECTIONS)
         .map(|i| {
             tokio::spawn(connection(
+                pid,
                 port,
                 i + 1000,
                 repeated,
@@ -239,7 +243,17 @@ async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: f64) 
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
     let tasks: Vec<_> = (0..CONNECTIONS)
-        .map(|i| tokio::spawn(connection(port, i, repeated, session, body.clone(), until)))
+        .map(|i| {
+            tokio::spawn(connection(
+                pid,
+                port,
+                i,
+                repeated,
+                session,
+                body.clone(),
+                until,
+            ))
+        })
         .collect();
     let mut latencies = Vec::new();
     let mut replays = 0usize;
