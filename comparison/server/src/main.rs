@@ -6,7 +6,9 @@
 //! the server it starts. Variants: `bare` (the handler alone), `memory`,
 //! `redis` (`IDEMPOTENCY_TEST_REDIS_URL`), `dynamodb`
 //! (`AWS_ENDPOINT_URL_DYNAMODB`): this crate's layer on each store;
-//! `axum-idempotent` (0.6, on its in-memory `MokaStore` session store).
+//! `axum-idempotent` (0.6, on its in-memory `MokaStore` session store);
+//! `memory-key-only`, a diagnostic: the memory store with the payload
+//! check left out.
 
 use axum::{extract::Json, routing::post, Router};
 use bytes::Bytes;
@@ -14,7 +16,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::{header, Request};
 use hyper_util::rt::TokioIo;
 use lambda_idempotency::{
-    http::IdempotencyLayer, store::redis::RedisStore, DynamoDbStore, Engine, MemoryStore,
+    http::{FingerprintSource, IdempotencyLayer},
+    store::redis::RedisStore,
+    DynamoDbStore, Engine, Fingerprint, MemoryStore,
 };
 use serde_json::{json, Value};
 use std::{
@@ -42,6 +46,15 @@ async fn app(variant: &str) -> Router {
         "bare" => routes,
         "memory" => routes.layer(
             IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).shared_scope(),
+        ),
+        // A diagnostic, not a configuration to deploy: the layer with the
+        // payload check left out (every request's fingerprint the same),
+        // to show what that check costs beside axum-idempotent, which
+        // makes none.
+        "memory-key-only" => routes.layer(
+            IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+                .shared_scope()
+                .fingerprint_source(FingerprintSource::from_fn(|_| Fingerprint::of_bytes(b""))),
         ),
         "redis" => {
             let url = std::env::var("IDEMPOTENCY_TEST_REDIS_URL").expect("a Redis URL");
