@@ -40,6 +40,8 @@ struct Writer<'a> {
     entries: Vec<Entry<'a>>,
     /// Where an object's entries are reordered.
     scratch: Vec<u8>,
+    /// The outermost object's key order, when it is not its document order.
+    root: Option<Root>,
 }
 
 /// Bytes that end the plain run of a string: the quote, the backslash and
@@ -61,12 +63,57 @@ const STRING_STOP: [bool; 256] = {
 /// Nothing is written unless the whole document is canonical, so `out` can
 /// be a hash that falls back to the raw bytes on an error.
 pub(crate) fn write_canonical<W: Write>(json: &[u8], out: &mut W) -> Result<(), NotCanonical> {
-    let canonical = canonical(json)?;
-    out.write_all(&canonical).map_err(|_| NotCanonical::Invalid)
+    written(json)?
+        .write_to(out)
+        .map_err(|_| NotCanonical::Invalid)
 }
 
 /// The canonical form of the JSON document `json`.
 pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
+    let written = written(json)?;
+    let mut bytes = Vec::with_capacity(written.bytes.len());
+    written
+        .write_to(&mut bytes)
+        .map_err(|_| NotCanonical::Invalid)?;
+    Ok(bytes)
+}
+
+/// A document's canonical form as the writer leaves it: in order, but for
+/// the outermost object's entries when they were not. Those are written
+/// out in key order by [`Written::write_to`] rather than moved into order
+/// in the buffer: the outermost object holds the whole document, and most
+/// request bodies do not list their keys in order, so moving it would copy
+/// every body twice more.
+struct Written {
+    bytes: Vec<u8>,
+    root: Option<Root>,
+}
+
+/// The outermost object's entries, in key order: their places in the
+/// written bytes (in document order), after `open` and before `close`.
+struct Root {
+    open: usize,
+    entries: Vec<(usize, usize)>,
+    close: usize,
+}
+
+impl Written {
+    fn write_to<W: Write>(&self, out: &mut W) -> std::io::Result<()> {
+        let Some(root) = &self.root else {
+            return out.write_all(&self.bytes);
+        };
+        out.write_all(&self.bytes[..root.open])?;
+        for (i, &(start, end)) in root.entries.iter().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            out.write_all(&self.bytes[start..end])?;
+        }
+        out.write_all(&self.bytes[root.close..])
+    }
+}
+
+fn written(json: &[u8]) -> Result<Written, NotCanonical> {
     // A JSON text is UTF-8 (RFC 8259): checked once here, so every string
     // without escapes can be copied from it as it stands.
     let text = std::str::from_utf8(json).map_err(|_| NotCanonical::Invalid)?;
@@ -80,6 +127,7 @@ pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
         // are not reallocated entry by entry.
         entries: Vec::with_capacity(16),
         scratch: Vec::new(),
+        root: None,
     };
     writer.value(0)?;
     writer.whitespace();
@@ -87,7 +135,10 @@ pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
         return Err(NotCanonical::Invalid);
     }
     writer.flush();
-    Ok(writer.out)
+    Ok(Written {
+        bytes: writer.out,
+        root: writer.root,
+    })
 }
 
 impl<'a> Writer<'a> {
@@ -298,15 +349,17 @@ impl<'a> Writer<'a> {
                 _ => return Err(NotCanonical::Invalid),
             }
         }
-        self.sort_entries(body, first)?;
+        // The document's own value is at depth 0; its object's entries at 1.
+        self.sort_entries(body, first, depth == 1)?;
         self.at += 1;
         Ok(())
     }
 
     /// Puts the entries of the object whose body starts at `body` in the
     /// output (its entries from `first`) in key order, refusing a key
-    /// twice. Called at the object's `}`, not yet consumed.
-    fn sort_entries(&mut self, body: usize, first: usize) -> Result<(), NotCanonical> {
+    /// twice; for the outermost object (`root`), notes the order instead
+    /// (see [`Written`]). Called at the object's `}`, not yet consumed.
+    fn sort_entries(&mut self, body: usize, first: usize, root: bool) -> Result<(), NotCanonical> {
         let entries = &mut self.entries[first..];
         let in_order = entries
             .windows(2)
@@ -326,6 +379,18 @@ impl<'a> Writer<'a> {
                 .any(|pair| key_order(&pair[0].key, &pair[1].key).is_eq())
             {
                 return Err(NotCanonical::DuplicateKey);
+            }
+            if root {
+                self.root = Some(Root {
+                    open: body,
+                    entries: entries
+                        .iter()
+                        .map(|entry| (entry.start, entry.end))
+                        .collect(),
+                    close: self.written(),
+                });
+                self.entries.truncate(first);
+                return Ok(());
             }
             self.out
                 .extend_from_slice(&self.bytes[self.copied..self.at]);
@@ -520,5 +585,24 @@ mod tests {
             Err(NotCanonical::DuplicateKey),
             "in order, but the same key once unescaped"
         );
+    }
+
+    /// The outermost object is written out in key order, not moved into
+    /// it: what a hash is given is the canonical form all the same.
+    #[test]
+    fn the_outermost_object_is_written_in_key_order() {
+        for (text, expected) in [
+            (
+                &br#" { "b" : [ 1 , {"y":1,"x":2} ] , "a" : { } } "#[..],
+                r#"{"a":{},"b":[1,{"x":2,"y":1}]}"#,
+            ),
+            (br#"{"c":1,"a":2,"b":3}"#, r#"{"a":2,"b":3,"c":1}"#),
+            (br#"[{"b":1,"a":2}]"#, r#"[{"a":2,"b":1}]"#),
+        ] {
+            let mut sink = Vec::new();
+            write_canonical(text, &mut sink).unwrap();
+            assert_eq!(String::from_utf8(sink).unwrap(), expected);
+            assert_eq!(canonical(text).unwrap(), expected.as_bytes());
+        }
     }
 }
