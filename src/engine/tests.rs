@@ -609,42 +609,35 @@ async fn a_dropped_detached_execution_completes_and_its_retry_replays() {
     assert!(matches!(retry, Err(Error::InProgress { .. })));
 }
 
+/// In place (before the work first waits) and on the work's own task
+/// (after), alike.
 #[tokio::test]
 async fn a_detached_panic_releases_the_claim_and_reaches_the_caller() {
     let engine = Engine::builder(MemoryStore::new()).build();
-    let attempt = Attempt::new("s", "panics", fingerprint(1));
-    let caught = AssertUnwindSafe(engine.execute_detached(&attempt, || async {
-        if true {
-            panic!("the provider's client panicked");
-        }
-        Ok::<u32, Failed>(1)
-    }))
-    .catch_unwind()
-    .await;
-    assert!(caught.is_err(), "the panic is raised in the caller");
-    let retry = engine
-        .execute(&attempt, || async { Ok::<_, Failed>(2u32) })
-        .await
-        .expect("runs again");
-    assert_eq!((retry.kind(), *retry.value()), (OutcomeKind::Fresh, 2));
-
-    // The same once the work has waited, and so moved to a task of its own.
-    let attempt = Attempt::new("s", "panics-on-its-task", fingerprint(1));
-    let caught = AssertUnwindSafe(engine.execute_detached(&attempt, || async {
-        tokio::task::yield_now().await;
-        if true {
-            panic!("the provider's client panicked");
-        }
-        Ok::<u32, Failed>(1)
-    }))
-    .catch_unwind()
-    .await;
-    assert!(caught.is_err(), "the panic is raised in the caller");
-    let retry = engine
-        .execute(&attempt, || async { Ok::<_, Failed>(2u32) })
-        .await
-        .expect("runs again");
-    assert_eq!((retry.kind(), *retry.value()), (OutcomeKind::Fresh, 2));
+    for (key, waits) in [("panics", false), ("panics-on-its-task", true)] {
+        let attempt = Attempt::new("s", key, fingerprint(1));
+        let caught = AssertUnwindSafe(engine.execute_detached(&attempt, move || async move {
+            if waits {
+                tokio::task::yield_now().await;
+            }
+            if true {
+                panic!("the provider's client panicked");
+            }
+            Ok::<u32, Failed>(1)
+        }))
+        .catch_unwind()
+        .await;
+        assert!(caught.is_err(), "{key}: the panic is raised in the caller");
+        let retry = engine
+            .execute(&attempt, || async { Ok::<_, Failed>(2u32) })
+            .await
+            .expect("runs again");
+        assert_eq!(
+            (retry.kind(), *retry.value()),
+            (OutcomeKind::Fresh, 2),
+            "{key}"
+        );
+    }
 }
 
 /// Detached work that needs no waiting is done in place, on the caller's
