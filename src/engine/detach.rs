@@ -1,9 +1,11 @@
 //! Work that goes on when the future that started it is dropped.
 
+use futures_util::task::AtomicWaker;
 use std::{
     future::{poll_fn, Future},
     pin::Pin,
-    task::Poll,
+    sync::Arc,
+    task::{Poll, Wake, Waker},
 };
 use tokio::{runtime::Handle, task::JoinHandle};
 
@@ -27,21 +29,62 @@ pub(crate) async fn detached<F, S>(mut work: Pin<Box<F>>, spawn: S) -> Option<F:
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
-    S: FnOnce(Pin<Box<F>>, &Handle) -> JoinHandle<F::Output>,
+    S: FnOnce(Owned<F>, &Handle) -> JoinHandle<F::Output>,
 {
     let Ok(runtime) = Handle::try_current() else {
         return Some(work.await);
     };
-    // A future may be polled under one waker and then another: the task
-    // polls it again at once, and registers its own.
-    if let Poll::Ready(output) = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
+    // The work is polled in place with a waker that wakes whoever polls it
+    // now: a future that keeps the first waker it was given (a hand-written
+    // one often does) still wakes the work's task after the move.
+    let owner = Arc::new(Owner(AtomicWaker::new()));
+    let forwarding = Waker::from(Arc::clone(&owner));
+    let first = poll_fn(|cx| {
+        owner.0.register(cx.waker());
+        Poll::Ready(
+            work.as_mut()
+                .poll(&mut std::task::Context::from_waker(&forwarding)),
+        )
+    })
+    .await;
+    if let Poll::Ready(output) = first {
         return Some(output);
     }
-    match spawn(work, &runtime).await {
+    match spawn(Owned { work, owner }, &runtime).await {
         Ok(output) => Some(output),
         Err(error) => match error.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
             Err(_) => None,
         },
+    }
+}
+
+/// Whoever polls the work now: the caller during its first poll, then
+/// its own task.
+struct Owner(AtomicWaker);
+
+impl Wake for Owner {
+    fn wake(self: Arc<Self>) {
+        self.0.wake();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.wake();
+    }
+}
+
+/// Detached work on its own task, which it names as the work's owner at
+/// every poll.
+pub(crate) struct Owned<F: Future> {
+    work: Pin<Box<F>>,
+    owner: Arc<Owner>,
+}
+
+impl<F: Future> Future for Owned<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        self.owner.0.register(cx.waker());
+        self.work.as_mut().poll(cx)
     }
 }

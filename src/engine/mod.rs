@@ -144,8 +144,8 @@ impl<St: Store> Engine<St> {
     /// whatever the first run did. The claim is not released on drop, since
     /// an operation that had acted would then run again at once. Where the
     /// caller may give up, call [`execute_detached`](Engine::execute_detached):
-    /// the operation runs to its end on a task of its own whatever happens
-    /// to the caller. (In Lambda nothing drops an invocation's future.)
+    /// the operation runs to its end whatever happens to the caller. (In
+    /// Lambda nothing drops an invocation's future.)
     pub async fn execute<T, E, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
@@ -159,13 +159,17 @@ impl<St: Store> Engine<St> {
         self.execute_with(attempt, &Json, operation).await
     }
 
-    /// Like [`execute`](Engine::execute), on a task of its own from the
+    /// Like [`execute`](Engine::execute), detached from the caller from the
     /// claim to the completion: dropping this future (a client that left, a
     /// timeout) neither stops the operation nor leaves its claim in
     /// progress, so a retry gets its outcome rather than running it again
-    /// once the lease lapses. A panic in the operation releases its claim
-    /// and is raised again here. Needs a tokio runtime (without one it runs
-    /// in place, as `execute` does).
+    /// once the lease lapses. The work is polled once in place and, if it
+    /// waits for anything, moved to a task of its own in that same poll (a
+    /// replay costs no task). Task-locals of the caller are therefore set
+    /// in the operation until it first waits, and not after: pass values in
+    /// its closure instead. A panic in the operation releases its claim and
+    /// is raised again here. Needs a tokio runtime (without one it runs in
+    /// place, as `execute` does).
     ///
     /// ```
     /// use lambda_idempotency::{Attempt, Engine, Fingerprint, MemoryStore};

@@ -687,3 +687,58 @@ async fn work_moves_only_when_it_waits() {
         "went on on a task of its own"
     );
 }
+
+/// Woken once, from another thread, through the first waker it was polled
+/// with only: against the `Future` contract, but common in hand-written
+/// bridges (a callback, a thread). Detached work polled first in place and
+/// then on its own task must still be woken.
+struct FirstWakerOnly(Arc<std::sync::Mutex<(bool, Option<std::task::Waker>)>>);
+
+impl Future for FirstWakerOnly {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let mut state = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if state.0 {
+            return std::task::Poll::Ready(());
+        }
+        if state.1.is_none() {
+            state.1 = Some(cx.waker().clone());
+            let shared = Arc::clone(&self.0);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                let mut state = shared
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                state.0 = true;
+                if let Some(waker) = state.1.take() {
+                    waker.wake();
+                }
+            });
+        }
+        std::task::Poll::Pending
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detached_work_that_keeps_its_first_waker_is_still_woken_on_its_task() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let attempt = Attempt::new("s", "first-waker", fingerprint(1));
+    let done = tokio::time::timeout(
+        Duration::from_secs(5),
+        engine.execute_detached(&attempt, || async {
+            FirstWakerOnly(Arc::default()).await;
+            Ok::<_, Failed>(1u32)
+        }),
+    )
+    .await
+    .expect("woken, not hung")
+    .expect("ran");
+    assert_eq!(done.kind(), OutcomeKind::Fresh);
+}

@@ -4,8 +4,10 @@
 use std::{fmt, time::Duration};
 use tokio_util::task::TaskTracker;
 
-/// The requests that have claimed their key and are still running, on
-/// tasks of their own (see [`IdempotencyLayer::in_flight`](super::IdempotencyLayer::in_flight)).
+/// The requests that have claimed their key and are still running,
+/// detached from their clients' connections (see
+/// [`IdempotencyLayer::in_flight`](super::IdempotencyLayer::in_flight)):
+/// in place until they first wait, then on tasks of their own.
 ///
 /// A claimed request runs to its end even when its client leaves, so that
 /// its record is completed (or released) rather than left in progress until

@@ -1,6 +1,6 @@
 //! The request pipeline: the key and the body read, the scope, then the
-//! attempt, claimed on a task of its own, waiting for a duplicate's result
-//! where configured.
+//! attempt, claimed detached from the request's future, waiting for a
+//! duplicate's result where configured.
 
 #[cfg(feature = "powertools")]
 use super::respond;
