@@ -71,6 +71,9 @@ pub(crate) fn write_canonical<W: Write>(json: &[u8], out: &mut W) -> Result<(), 
 /// The canonical form of the JSON document `json`.
 pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
     let written = written(json)?;
+    if written.root.is_none() {
+        return Ok(written.bytes);
+    }
     let mut bytes = Vec::with_capacity(written.bytes.len());
     written
         .write_to(&mut bytes)

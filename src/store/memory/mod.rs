@@ -167,6 +167,15 @@ fn claimed(claim: &Claim) -> Record {
     }
 }
 
+/// Changes the record under `id` where it stands (a set lends no `&mut`
+/// to its members, since a change could move them: taken out, put back).
+fn update(records: &mut HashSet<Packed>, id: &str, change: impl FnOnce(&mut Packed)) {
+    if let Some(mut record) = records.take(id) {
+        change(&mut record);
+        records.insert(record);
+    }
+}
+
 /// Rejects the whole transaction if one of its writes' conditions fails.
 fn check_writes(
     items: &HashMap<String, Vec<u8>>,
@@ -222,18 +231,15 @@ impl Store for MemoryStore {
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.take(extension.id.as_str()) {
-            Some(mut record) if record.held_by(&extension.owner) => {
-                record.lease_until_ms = Some(extension.lease_until_ms);
-                record.expiration_s = extension.expiration_s;
-                state.records.insert(record);
+        match state.records.get(extension.id.as_str()) {
+            Some(record) if record.held_by(&extension.owner) => {
+                update(&mut state.records, extension.id.as_str(), |record| {
+                    record.lease_until_ms = Some(extension.lease_until_ms);
+                    record.expiration_s = extension.expiration_s;
+                });
                 Ok(Conditional::Applied)
             }
-            found => Ok(Conditional::Refused(found.map(|record| {
-                let unpacked = record.record();
-                state.records.insert(record);
-                unpacked
-            }))),
+            found => Ok(Conditional::Refused(found.map(Packed::record))),
         }
     }
 
@@ -256,14 +262,13 @@ impl Store for MemoryStore {
             ));
         }
         check_writes(&state.items, &completion.writes)?;
-        if let Some(mut record) = state.records.take(completion.id.as_str()) {
+        update(&mut state.records, completion.id.as_str(), |record| {
             record.status = Status::Completed;
             record.response = Some(completion.response);
             record.expiration_s = completion.expiration_s;
             record.lease_until_ms = None;
             record.completed_at_ms = Some(completion.now_ms);
-            state.records.insert(record);
-        }
+        });
         for write in completion.writes {
             state.items.insert(write.key, write.value);
         }
