@@ -395,6 +395,25 @@ impl<'a> Writer<'a> {
                 self.entries.truncate(first);
                 return Ok(());
             }
+            let pending = self.out.len();
+            if body >= pending {
+                // The whole body is still the source's, not copied yet (no
+                // spacing, escape or reordered object in it): its entries
+                // are copied from the source, in order, once.
+                let source = |position: usize| position - pending + self.copied;
+                self.out
+                    .extend_from_slice(&self.bytes[self.copied..source(body)]);
+                for (i, entry) in self.entries[first..].iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(b',');
+                    }
+                    self.out
+                        .extend_from_slice(&self.bytes[source(entry.start)..source(entry.end)]);
+                }
+                self.copied = self.at;
+                self.entries.truncate(first);
+                return Ok(());
+            }
             self.out
                 .extend_from_slice(&self.bytes[self.copied..self.at]);
             self.copied = self.at;
