@@ -609,6 +609,32 @@ mod tests {
         );
     }
 
+    /// A nested object out of order is written from the source when its
+    /// body is still the source's, and moved through the scratch buffer
+    /// when something in it was rewritten (spacing, an escape, an object
+    /// reordered inside it): the same form either way.
+    #[test]
+    fn a_nested_object_out_of_order_is_the_same_from_the_source_or_rewritten() {
+        for text in [
+            &br#"[{"b":1,"a":[2]}]"#[..],
+            br#"[{"b":1, "a":[2]}]"#,
+            br#"[{"\u0062":1,"a":[2]}]"#,
+            br#"[{"b":1,"a":[2 ]}]"#,
+        ] {
+            assert_eq!(
+                canonical(text).as_deref(),
+                Ok(&br#"[{"a":[2],"b":1}]"#[..]),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+        assert_eq!(
+            canonical(br#"[{"d":{"y":1,"x":2},"c":3},{"f":1,"e":2}]"#).as_deref(),
+            Ok(&br#"[{"c":3,"d":{"x":2,"y":1}},{"e":2,"f":1}]"#[..]),
+            "a reordered object inside another, then one from the source after it"
+        );
+    }
+
     /// The outermost object is written out in key order, not moved into
     /// it: what a hash is given is the canonical form all the same.
     #[test]
