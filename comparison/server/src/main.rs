@@ -6,7 +6,11 @@
 //! the server it starts. Variants: `bare` (the handler alone), `memory`,
 //! `redis` (`IDEMPOTENCY_TEST_REDIS_URL`), `dynamodb`
 //! (`AWS_ENDPOINT_URL_DYNAMODB`): this crate's layer on each store;
-//! `axum-idempotent` (0.6, on its in-memory `MokaStore` session store);
+//! `axum-idempotent` (0.6, on its in-memory `MokaStore` session store,
+//! keyed by the `Idempotency-Key` header alone: it reads no body);
+//! `axum-idempotent-hash` (the same, in its default mode: keyed by a hash
+//! of the method, path, headers and body, so that it reads and hashes every
+//! body, as this layer does to check the payload);
 //! `memory-key-only`, a diagnostic: the memory store with the payload
 //! check left out.
 
@@ -68,7 +72,7 @@ async fn app(variant: &str) -> Router {
             store.create_table().await.expect("table");
             routes.layer(IdempotencyLayer::new(Engine::builder(store).build()).shared_scope())
         }
-        "axum-idempotent" => {
+        "axum-idempotent" | "axum-idempotent-hash" => {
             use axum_idempotent::{IdempotentLayer, IdempotentOptions};
             use ruts::{store::moka::MokaStore, CookieOptions, Session, SessionLayer};
             let store = std::sync::Arc::new(MokaStore::builder().build());
@@ -95,8 +99,12 @@ async fn app(variant: &str) -> Router {
             routes
                 .route("/session", open)
                 .layer(IdempotentLayer::<MokaStore>::new(
-                    IdempotentOptions::new(3600)
-                        .use_idempotency_key_header(Some("idempotency-key"), true),
+                    if variant == "axum-idempotent" {
+                        IdempotentOptions::new(3600)
+                            .use_idempotency_key_header(Some("idempotency-key"), true)
+                    } else {
+                        IdempotentOptions::new(3600)
+                    },
                 ))
                 .layer(session)
                 .layer(tower_cookies::CookieManagerLayer::new())
@@ -310,13 +318,15 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// Every variant in every round, the order rotating from round to round
 /// (so that no variant always runs first, on the coolest machine), after
 /// a warm-up round that is not counted; then the medians of each variant
-/// and the ratios of this layer on the memory store to axum-idempotent,
-/// taken within each round.
+/// and the ratios of this layer on the memory store to each axum-idempotent
+/// variant, taken within each round.
 async fn run() {
     let seconds: f64 = env_or("BENCH_SECONDS", 4.0);
     let rounds: usize = env_or("BENCH_ROUNDS", 3);
     let variants: Vec<String> = std::env::var("BENCH_VARIANTS")
-        .unwrap_or_else(|_| "bare,memory,axum-idempotent,redis,dynamodb".to_owned())
+        .unwrap_or_else(|_| {
+            "bare,memory,axum-idempotent,axum-idempotent-hash,redis,dynamodb".to_owned()
+        })
         .split(',')
         .map(str::to_owned)
         .collect();
@@ -375,17 +385,30 @@ async fn run() {
             );
         }
     }
-    let (Some(ours), Some(theirs)) = (
-        variants.iter().position(|v| v == "memory"),
-        variants.iter().position(|v| v == "axum-idempotent"),
-    ) else {
+    let Some(ours) = variants.iter().position(|v| v == "memory") else {
         return;
     };
-    println!("\nThis layer on the memory store / axum-idempotent, within each round (median, worst, best):");
+    for (theirs, other) in variants.iter().enumerate() {
+        if other.starts_with("axum-idempotent") {
+            print_ratios(&figures[ours], &figures[theirs], other, &modes);
+        }
+    }
+}
+
+/// This layer on the memory store beside `other`, within each round.
+fn print_ratios(
+    ours: &[Vec<Figures>],
+    theirs: &[Vec<Figures>],
+    other: &str,
+    modes: &[(&str, bool)],
+) {
+    println!(
+        "\nThis layer on the memory store / {other}, within each round (median, worst, best):"
+    );
     println!("| keys | requests/s ratio | CPU per request ratio | each round (requests/s) |");
     println!("|---|---|---|---|");
     for (m, (keys, _)) in modes.iter().enumerate() {
-        let pairs = figures[ours][m].iter().zip(&figures[theirs][m]);
+        let pairs = ours[m].iter().zip(&theirs[m]);
         let throughput: Vec<f64> = pairs
             .clone()
             .map(|(a, b)| a.requests_per_s / b.requests_per_s)
