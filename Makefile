@@ -139,7 +139,8 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.
 
 ## The server benchmark: one axum app under 64 keep-alive connections of
 ## 1 KB JSON POSTs, bare, behind this layer on the memory store, Redis and
-## DynamoDB Local, and behind axum-idempotent 0.6, in interleaved rounds
+## DynamoDB Local, and behind axum-idempotent 0.6 (keyed by the key header,
+## and in its default mode by a hash of the whole request), in interleaved rounds
 ## (BENCH_ROUNDS, default 3; BENCH_SECONDS per run, default 4); then the
 ## heap allocations per request, counted (see BENCHMARKS.md). Its
 ## crate (comparison/server) is outside the workspace: its dependencies are
