@@ -354,6 +354,7 @@ impl<'a> Writer<'a> {
         }
         // The document's own value is at depth 0; its object's entries at 1.
         self.sort_entries(body, first, depth == 1)?;
+        self.entries.truncate(first);
         self.at += 1;
         Ok(())
     }
@@ -361,7 +362,8 @@ impl<'a> Writer<'a> {
     /// Puts the entries of the object whose body starts at `body` in the
     /// output (its entries from `first`) in key order, refusing a key
     /// twice; for the outermost object (`root`), notes the order instead
-    /// (see [`Written`]). Called at the object's `}`, not yet consumed.
+    /// (see [`Written`]). Called at the object's `}`, not yet consumed;
+    /// the caller drops the object's entries.
     fn sort_entries(&mut self, body: usize, first: usize, root: bool) -> Result<(), NotCanonical> {
         let entries = &mut self.entries[first..];
         let in_order = entries
@@ -392,7 +394,6 @@ impl<'a> Writer<'a> {
                         .collect(),
                     close: self.written(),
                 });
-                self.entries.truncate(first);
                 return Ok(());
             }
             let pending = self.out.len();
@@ -411,7 +412,6 @@ impl<'a> Writer<'a> {
                         .extend_from_slice(&self.bytes[source(entry.start)..source(entry.end)]);
                 }
                 self.copied = self.at;
-                self.entries.truncate(first);
                 return Ok(());
             }
             self.out
@@ -428,7 +428,6 @@ impl<'a> Writer<'a> {
             }
             self.out[body..].copy_from_slice(&self.scratch);
         }
-        self.entries.truncate(first);
         Ok(())
     }
 }
