@@ -597,3 +597,164 @@ async fn on_dynamodb_the_execution_completes_once_and_a_duplicate_replays() {
         .expect("a record");
     assert_eq!(record.status, Status::Completed);
 }
+
+/// Issue 37: the first execution's record, as another execution would find
+/// it (LocalRunner gives every execution one ARN, so the claim's owner is
+/// changed to another execution's).
+fn as_another_executions(
+    store: &MemoryStore,
+    idempotency: &DurableIdempotency<MemoryStore>,
+) -> Record {
+    let id = idempotency.engine().record_id("durable", "order-77");
+    let mut record = store
+        .records()
+        .into_iter()
+        .find(|record| record.id == id)
+        .expect("the execution's record");
+    record.owner = lambda_idempotency::store::OwnerToken::from_stored("the-first-execution");
+    store.insert_record(record.clone());
+    record
+}
+
+/// Issue 37: a handler that charged and returns an output serde_json
+/// cannot write (a map keyed by tuples) keeps its claim: a duplicate
+/// execution is told it is in progress and charges nothing. Releasing the
+/// key let the duplicate charge again.
+#[tokio::test]
+async fn an_output_that_does_not_serialise_keeps_the_claim() {
+    type Allocation = std::collections::HashMap<(u32, u32), u64>;
+    let (store, idempotency) = memory_idempotency();
+    let charges = Arc::new(AtomicUsize::new(0));
+    let handler = || {
+        let charges = Arc::clone(&charges);
+        let steps = idempotency.clone();
+        idempotency.handler(
+            |order: &Order| Some(order.order_id.clone()),
+            move |order: Order, ctx: DurableContext| {
+                let (charges, steps) = (Arc::clone(&charges), steps.clone());
+                async move {
+                    steps
+                        .step(&ctx, "charge-card", move || async move {
+                            charges.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, BoxError>(order.amount)
+                        })
+                        .await?;
+                    Ok::<_, BoxError>(Allocation::from([((1, 2), order.amount)]))
+                }
+            },
+        )
+    };
+    let _first = LocalRunner::new().run(handler(), order(100)).await;
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    let record = as_another_executions(&store, &idempotency);
+    assert_eq!(record.status, Status::InProgress, "the claim is kept");
+
+    let duplicate = LocalRunner::new().run(handler(), order(100)).await;
+    assert_eq!(
+        duplicate.error_type(),
+        Some("IdempotencyAlreadyInProgress"),
+        "{:?}",
+        duplicate.error_message()
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct Quote {
+    charge: String,
+    rate: f64,
+}
+
+/// Issue 37: an output that serde_json writes and cannot read back (a NaN,
+/// written as `null`) is not stored: its claim is kept, and a duplicate is
+/// told it is in progress. Stored, every duplicate failed with a corrupt
+/// record for the whole retention.
+#[tokio::test]
+async fn an_output_that_does_not_decode_back_is_not_stored() {
+    let (store, idempotency) = memory_idempotency();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = || {
+        let runs = Arc::clone(&runs);
+        idempotency.handler(
+            |order: &Order| Some(order.order_id.clone()),
+            move |_order: Order, _ctx: DurableContext| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(Quote {
+                        charge: "ch_1".into(),
+                        rate: f64::NAN,
+                    })
+                }
+            },
+        )
+    };
+    let _first = LocalRunner::new().run(handler(), order(100)).await;
+    let record = as_another_executions(&store, &idempotency);
+    assert_eq!(record.status, Status::InProgress, "{record:?}");
+    assert_eq!(record.response, None, "nothing stored");
+
+    let duplicate = LocalRunner::new().run(handler(), order(100)).await;
+    assert_eq!(
+        duplicate.error_type(),
+        Some("IdempotencyAlreadyInProgress"),
+        "{:?}",
+        duplicate.error_message()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 37: on an engine that fails open, a store outage at a step's
+/// claim does not run its body unrecorded: the step retries the outage,
+/// then runs the body with its claim, so a body the SDK runs again (its
+/// checkpoint lost) is answered from the record, and charges once.
+#[tokio::test]
+async fn a_step_never_runs_unrecorded_on_a_fail_open_engine() {
+    for lose_checkpoint in [false, true] {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone())
+            .key_prefix("orders")
+            .fail_open(true)
+            .build();
+        let idempotency = DurableIdempotency::new(engine);
+        let effects = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let effects = Arc::clone(&effects);
+            move |_event: serde_json::Value, ctx: DurableContext| {
+                let effects = Arc::clone(&effects);
+                let idempotency = idempotency.clone();
+                async move {
+                    let charge = idempotency
+                        .step(&ctx, "charge-card", move || async move {
+                            let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
+                            Ok::<_, BoxError>(format!("ch_{n}"))
+                        })
+                        .await?;
+                    Ok::<_, BoxError>(charge)
+                }
+            }
+        };
+        // The step's claim, and the read that confirms the outage.
+        store.fail_next_with(2, StoreErrorKind::Unavailable);
+        let runner = LocalRunner::new();
+        // Checkpoints: the step's START, its RETRY (the outage), its
+        // second START, then its SUCCEED, which fails (retryably): the
+        // next invocation runs the body again.
+        let runner = if lose_checkpoint {
+            runner.fail_checkpoints_after_retryable(3, 1)
+        } else {
+            runner
+        };
+        let result = runner.run(handler, serde_json::Value::Null).await;
+        assert!(
+            result.is_success(),
+            "{lose_checkpoint}: {:?}",
+            result.error_message()
+        );
+        assert_eq!(result.output().map(String::as_str), Some("ch_1"));
+        assert_eq!(effects.load(Ordering::SeqCst), 1, "{lose_checkpoint}");
+        let records = store.records();
+        assert_eq!(records.len(), 1, "the step's record: {records:?}");
+        assert_eq!(records[0].status, Status::Completed);
+    }
+}

@@ -106,13 +106,26 @@
 //!   an operator can free it (`Engine::forget_even_in_progress`, the
 //!   tool's `forget --force`). Only a handler that returns an error
 //!   releases it.
-//! - Claims fail closed: [`fail_open`](crate::EngineBuilder::fail_open)
-//!   does not apply (the claim step tries a store outage again, five
-//!   times, then fails the execution with `IdempotencyStoreError`).
-//! - The output is stored as JSON and replayed from it: it must round-trip
-//!   through JSON (a `NaN` does not) and fit the store's item (DynamoDB:
-//!   400 KB); one that does not is returned but not stored, and its claim
-//!   holds the key until `execution_timeout`.
+//! - Claims fail closed, on an engine built with
+//!   [`fail_open`](crate::EngineBuilder::fail_open) too: the claim step
+//!   tries a store outage again, five times in all, then fails the
+//!   execution with `IdempotencyStoreError`; a [`step`](DurableIdempotency::step)'s
+//!   body never runs without its claim (the step tries the outage again
+//!   with backoff, five times in all, then fails with
+//!   `IdempotencyStoreError`). A body run with nothing recorded would run
+//!   again, unrecognised, when the SDK re-runs it after a lost checkpoint.
+//! - The output is stored as JSON and replayed from it, so it must
+//!   serialise and decode back to itself (`f64::NAN` is written as `null`,
+//!   which does not decode as a float; a map keyed by tuples does not
+//!   serialise), and fit the store's item (DynamoDB: 400 KB). One that
+//!   does not is returned but not stored (an error is logged), and its
+//!   claim is kept, not released: the handler's effects happened, so
+//!   duplicates are told it is in progress until `execution_timeout`, or
+//!   until an operator frees the key (`forget --force`). The SDK, which
+//!   serialises the output too, may then fail the execution. A step's
+//!   result is checked the same way: one that cannot be stored is
+//!   returned, its claim holds until its lease passes, and a later run
+//!   of the body is a takeover.
 //! - Lambda's own `DurableExecutionName` already makes a second `Invoke`
 //!   with the same name return the first execution: this module covers
 //!   callers that cannot name executions, and keys that come from the
@@ -121,15 +134,17 @@
 //!   duplicate replays them: keep them within the SDK's checkpoint size.
 
 mod error;
+mod output;
 
 pub use error::DurableError;
+use output::StorableJson;
 
 use crate::lower_hex::lower_hex;
 use crate::{
     derive_key,
     engine::{DurableAttempt, DurableClaim},
     store::{OwnerToken, Store},
-    Attempt, Codec, Engine, Error, Fingerprint, Json,
+    Attempt, Codec, Engine, Error, Fingerprint,
 };
 use aws_durable_execution_sdk::{
     builders::StepBuilder, BoxError, DurableContext, RetryDecision, StepContext, StepError,
@@ -352,12 +367,14 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         }
         match handler(event, ctx.clone()).await {
             Ok(output) => {
-                match Codec::<O>::encode(&Json, &output) {
+                match Codec::<O>::encode(&StorableJson, &output) {
                     Ok(response) => self.complete_step(ctx, &attempt, response).await,
-                    Err(error) => {
-                        warn!(%error, "the durable execution's output does not serialise; its claim is released and nothing is stored");
-                        self.release(&attempt).await;
-                    }
+                    // The handler's effects happened: releasing the key
+                    // would let a duplicate run them again.
+                    Err(error) => tracing::error!(key = %attempt.key, %error,
+                        "the durable execution's output cannot be stored, so it is returned and \
+                         not stored; its claim holds the key until execution_timeout: duplicates \
+                         are told it is in progress (an operator can free it with forget --force)"),
                 }
                 Ok(output)
             }
@@ -431,7 +448,9 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         let attempt = attempt.clone();
         let decision = ctx
             .step(move |_| async move {
-                let claimed = engine.claim_durable::<O>(&attempt.borrowed(), &Json).await;
+                let claimed = engine
+                    .claim_durable::<O>(&attempt.borrowed(), &StorableJson)
+                    .await;
                 match claimed {
                     Ok(DurableClaim::Ours) => Ok(ClaimDecision::Run),
                     Ok(DurableClaim::Replay(output)) => Ok(ClaimDecision::Replay(output)),
@@ -463,6 +482,10 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// says so): whether the first run's effect happened is for the body to
     /// check.
     ///
+    /// The body never runs without its claim, even on an engine built
+    /// with [`fail_open`](crate::EngineBuilder::fail_open): a store outage
+    /// at the claim is retried by the step.
+    ///
     /// The step's default retry strategy: `IdempotencyAlreadyInProgress`
     /// after the time left on the other claim (up to 10 times), a store
     /// outage with backoff (5 tries), and the body's own errors as the
@@ -487,7 +510,10 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         let deadline_ms = ctx.lambda_context().deadline;
         ctx.step(move |_: StepContext| -> StepFuture<O> {
             Box::pin(async move {
-                let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint);
+                // The SDK runs a body again when its checkpoint was lost:
+                // one run with nothing recorded, and that is a second
+                // effect. An outage is retried by the step instead.
+                let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint).fail_closed();
                 // LocalRunner's context has no deadline (0): the engine's
                 // default lease then.
                 let attempt = if deadline_ms > 0 {
@@ -495,7 +521,10 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
                 } else {
                     attempt
                 };
-                match engine.execute(&attempt, operation).await {
+                match engine
+                    .execute_with(&attempt, &StorableJson, operation)
+                    .await
+                {
                     Ok(outcome) => Ok(outcome.into_value()),
                     Err(Error::Operation(error)) => Err(error),
                     Err(error) => Err(DurableError::from_engine(error).into_boxed()),

@@ -15,6 +15,8 @@ pub struct Attempt<'a> {
     pub(crate) key: &'a str,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) deadline_ms: Option<u64>,
+    /// Never run without a claim, even on an engine that fails open.
+    pub(crate) fail_closed: bool,
 }
 
 impl<'a> Attempt<'a> {
@@ -26,6 +28,7 @@ impl<'a> Attempt<'a> {
             key,
             fingerprint,
             deadline_ms: None,
+            fail_closed: false,
         }
     }
 
@@ -45,6 +48,19 @@ impl<'a> Attempt<'a> {
         self
     }
 
+    /// This attempt never runs without a claim, even on an engine built
+    /// with [`fail_open`](crate::EngineBuilder::fail_open): a store outage
+    /// at its claim is [`Error::Store`](crate::Error::Store). For the
+    /// operations of a fail-open engine that something else runs again
+    /// (a payment a client retries, a durable step's body that the SDK
+    /// re-runs when its checkpoint was lost): a run with nothing recorded
+    /// is a second effect waiting for that retry.
+    #[must_use]
+    pub fn fail_closed(mut self) -> Self {
+        self.fail_closed = true;
+        self
+    }
+
     /// The payload's fingerprint.
     pub fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
@@ -59,6 +75,7 @@ pub(crate) struct OwnedAttempt {
     key: String,
     fingerprint: Fingerprint,
     deadline_ms: Option<u64>,
+    fail_closed: bool,
 }
 
 impl OwnedAttempt {
@@ -75,12 +92,14 @@ impl OwnedAttempt {
             key,
             fingerprint,
             deadline_ms,
+            fail_closed: false,
         }
     }
 
     /// The attempt, borrowing from this one.
     pub(crate) fn attempt(&self) -> Attempt<'_> {
-        let attempt = Attempt::new(&self.scope, &self.key, self.fingerprint.clone());
+        let mut attempt = Attempt::new(&self.scope, &self.key, self.fingerprint.clone());
+        attempt.fail_closed = self.fail_closed;
         match self.deadline_ms {
             Some(deadline_ms) => attempt.deadline_ms(deadline_ms),
             None => attempt,
@@ -90,11 +109,14 @@ impl OwnedAttempt {
 
 impl From<&Attempt<'_>> for OwnedAttempt {
     fn from(attempt: &Attempt<'_>) -> Self {
-        Self::new(
-            attempt.scope.to_owned(),
-            attempt.key.to_owned(),
-            attempt.fingerprint.clone(),
-            attempt.deadline_ms,
-        )
+        Self {
+            fail_closed: attempt.fail_closed,
+            ..Self::new(
+                attempt.scope.to_owned(),
+                attempt.key.to_owned(),
+                attempt.fingerprint.clone(),
+                attempt.deadline_ms,
+            )
+        }
     }
 }

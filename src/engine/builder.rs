@@ -153,7 +153,9 @@ impl<St: Store> EngineBuilder<St> {
     /// the record it holds (in progress, a replay), or fails closed. The outcome is marked
     /// [`OutcomeKind::Unprotected`](crate::OutcomeKind::Unprotected) and
     /// logged as a warning. Transactional executions always fail closed:
-    /// their writes need the store.
+    /// their writes need the store; so do attempts marked
+    /// [`Attempt::fail_closed`](crate::Attempt::fail_closed), and every
+    /// claim of the [`durable`](crate::durable) module.
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.fail_open = fail_open;
         self

@@ -314,7 +314,9 @@ impl<St: Store> Engine<St> {
             Ok(Claimed::Held(record)) => {
                 return self.existing(record, codec, &attempt.fingerprint, now_ms)
             }
-            Err(ClaimError::Outage(error)) if inner.fail_open && !transactional => {
+            Err(ClaimError::Outage(error))
+                if inner.fail_open && !transactional && !attempt.fail_closed =>
+            {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
                 let (value, writes) = run_unclaimed(operation).await?;

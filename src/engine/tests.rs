@@ -160,6 +160,39 @@ async fn fail_open_runs_unprotected_but_never_for_transactions() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
+/// Issue 37: an attempt marked fail-closed never runs without a claim on
+/// a fail-open engine, in place or detached.
+#[tokio::test]
+async fn a_fail_closed_attempt_never_runs_unprotected_on_a_fail_open_engine() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).fail_open(true).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let operation = |runs: Arc<AtomicUsize>| {
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>(1u8)
+        }
+    };
+    let attempt = Attempt::new("s", "k", fingerprint(1)).fail_closed();
+    // The claim, and the read that confirms the outage.
+    store.fail_next(2);
+    let result = engine.execute(&attempt, operation(Arc::clone(&runs))).await;
+    assert_eq!(
+        result.map_err(|e| e.kind()),
+        Err(ErrorKind::StoreUnavailable)
+    );
+    store.fail_next(2);
+    let result = engine
+        .execute_detached(&attempt, operation(Arc::clone(&runs)))
+        .await;
+    assert_eq!(
+        result.map_err(|e| e.kind()),
+        Err(ErrorKind::StoreUnavailable)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran unrecorded");
+    assert!(store.records().is_empty());
+}
+
 #[tokio::test]
 async fn cache_serves_replays_without_store_calls_and_never_in_progress() {
     let store = CountingStore::new(MemoryStore::new());
