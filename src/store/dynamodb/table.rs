@@ -147,9 +147,11 @@ impl DynamoDbStore {
     /// the permission and then refuses to write (each probe is billed as a
     /// one-unit write); `GetItem` reads an item that never exists. TTL is
     /// read with `DescribeTimeToLive`, and replication with `DescribeTable`
-    /// (a global table with multi-Region eventual consistency is refused
+    /// and, for a table it shows without replicas, `DescribeGlobalTable`
+    /// (a global table with multi-Region eventual consistency, or a
+    /// replicated version 2017.11.29 (legacy) global table, is refused
     /// unless [`single_writer_region`](Self::single_writer_region): see the
-    /// module docs, "Global tables"): the two actions beyond the store's
+    /// module docs, "Global tables"): the three actions beyond the store's
     /// own that the function's role needs for this check.
     ///
     /// Every failure is [`StoreErrorKind::Misconfigured`] with a message
@@ -277,16 +279,23 @@ impl DynamoDbStore {
             return Ok(());
         };
         self.check_keys(table.key_schema(), table.attribute_definitions())?;
-        let regions: Vec<&str> = table
+        let mut regions: Vec<String> = table
             .replicas()
             .iter()
             .filter_map(|replica| replica.region_name())
+            .map(str::to_owned)
             .collect();
-        match replication_risk(
-            &regions,
-            table.multi_region_consistency(),
-            inner.single_writer_region,
-        ) {
+        let mut consistency = table.multi_region_consistency();
+        // A version 2017.11.29 (legacy) global table shows no replicas in
+        // DescribeTable: only DescribeGlobalTable knows it, and it only
+        // ever replicates asynchronously.
+        let legacy = regions.is_empty();
+        if legacy {
+            regions = self.legacy_replication_group().await?;
+            consistency = None;
+        }
+        let regions: Vec<&str> = regions.iter().map(String::as_str).collect();
+        match replication_risk(&regions, consistency, inner.single_writer_region) {
             ReplicationRisk::None => Ok(()),
             ReplicationRisk::Accepted => {
                 tracing::warn!(
@@ -297,6 +306,17 @@ impl DynamoDbStore {
                 );
                 Ok(())
             }
+            ReplicationRisk::DuplicatesAcrossRegions if legacy => Err(self.misconfigured(format!(
+                "table {} is a version 2017.11.29 (legacy) global table replicated to {}: \
+                 legacy global tables replicate asynchronously (last writer wins), so a claim \
+                 written in one Region does not stop the same key claimed in another before \
+                 replication, and a request retried into another Region can run twice. Upgrade \
+                 it to version 2019.11.21 and use a table with multi-Region strong consistency \
+                 (MRSC), or route every request to one Region at a time and declare it with \
+                 DynamoDbStore::single_writer_region()",
+                inner.table,
+                regions.join(", ")
+            ))),
             ReplicationRisk::DuplicatesAcrossRegions => Err(self.misconfigured(format!(
                 "table {} is a global table replicated to {} with multi-Region eventual \
                  consistency: a claim written in one Region does not stop the same key claimed \
@@ -308,6 +328,49 @@ impl DynamoDbStore {
                 regions.join(", ")
             ))),
         }
+    }
+
+    /// The Regions of the table's version 2017.11.29 (legacy) global table,
+    /// if it belongs to one that replicates (more than its own Region).
+    /// An endpoint without legacy global tables (DynamoDB Local answers
+    /// `UnknownOperationException`) has none to replicate to.
+    async fn legacy_replication_group(&self) -> Result<Vec<String>, StoreError> {
+        let inner = &*self.inner;
+        let described = inner
+            .client
+            .describe_global_table()
+            .global_table_name(&inner.table)
+            .send()
+            .await;
+        let description = match described {
+            Ok(described) => described.global_table_description,
+            Err(error) => {
+                use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+                let none = error.as_service_error().is_some_and(|service| {
+                    service.is_global_table_not_found_exception()
+                        || service.code() == Some("UnknownOperationException")
+                });
+                if none {
+                    return Ok(Vec::new());
+                }
+                return Err(self.explain(
+                    "DescribeGlobalTable",
+                    from_sdk("DescribeGlobalTable", error),
+                ));
+            }
+        };
+        let regions: Vec<String> = description
+            .iter()
+            .flat_map(|description| description.replication_group())
+            .filter_map(|replica| replica.region_name())
+            .map(str::to_owned)
+            .collect();
+        // Its own Region alone replicates nowhere.
+        Ok(if regions.len() > 1 {
+            regions
+        } else {
+            Vec::new()
+        })
     }
 
     /// The table's key is the store's, and no index keys on a record

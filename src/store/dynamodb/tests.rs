@@ -471,3 +471,151 @@ async fn verify_refuses_a_global_table_with_eventual_consistency() {
         .await
         .expect("multi-Region strong consistency");
 }
+
+/// Issue 37: a version 2017.11.29 (legacy) global table shows no replicas
+/// in DescribeTable; DescribeGlobalTable names its Regions. Replicated, it
+/// is refused (it only ever replicates asynchronously) unless one Region
+/// writes at a time; one that is not a legacy global table, or whose group
+/// is its own Region alone, passes; a role that may not describe it is
+/// told which action to grant. DynamoDB Local has no global tables.
+#[tokio::test]
+async fn verify_refuses_a_legacy_global_table() {
+    use aws_sdk_dynamodb::error::ErrorMetadata;
+    use aws_sdk_dynamodb::{
+        operation::{
+            delete_item::DeleteItemError,
+            describe_global_table::{DescribeGlobalTableError, DescribeGlobalTableOutput},
+            describe_table::DescribeTableOutput,
+            describe_time_to_live::DescribeTimeToLiveOutput,
+            update_item::UpdateItemError,
+        },
+        types::{
+            error::GlobalTableNotFoundException, GlobalTableDescription, KeySchemaElement, KeyType,
+            TableDescription, TimeToLiveDescription, TimeToLiveStatus,
+        },
+    };
+
+    enum Legacy {
+        Group(&'static [&'static str]),
+        NotFound,
+        Denied,
+    }
+    fn rules(legacy: Legacy) -> Vec<Rule> {
+        let condition_failed = || ConditionalCheckFailedException::builder().build();
+        let global = match legacy {
+            Legacy::Group(regions) => mock!(Client::describe_global_table).then_output(move || {
+                DescribeGlobalTableOutput::builder()
+                    .global_table_description(
+                        GlobalTableDescription::builder()
+                            .global_table_name("idempotency")
+                            .set_replication_group(Some(
+                                regions
+                                    .iter()
+                                    .map(|region| {
+                                        aws_sdk_dynamodb::types::ReplicaDescription::builder()
+                                            .region_name(*region)
+                                            .build()
+                                    })
+                                    .collect(),
+                            ))
+                            .build(),
+                    )
+                    .build()
+            }),
+            Legacy::NotFound => mock!(Client::describe_global_table).then_error(|| {
+                DescribeGlobalTableError::GlobalTableNotFoundException(
+                    GlobalTableNotFoundException::builder()
+                        .message("Global table not found")
+                        .build(),
+                )
+            }),
+            Legacy::Denied => mock!(Client::describe_global_table).then_error(|| {
+                DescribeGlobalTableError::generic(
+                    ErrorMetadata::builder()
+                        .code("AccessDeniedException")
+                        .message("not authorized to perform: dynamodb:DescribeGlobalTable")
+                        .build(),
+                )
+            }),
+        };
+        vec![
+            mock!(Client::put_item).then_error(move || {
+                PutItemError::ConditionalCheckFailedException(condition_failed())
+            }),
+            mock!(Client::update_item).then_error(move || {
+                UpdateItemError::ConditionalCheckFailedException(condition_failed())
+            }),
+            mock!(Client::delete_item).then_error(move || {
+                DeleteItemError::ConditionalCheckFailedException(condition_failed())
+            }),
+            mock!(Client::get_item).then_output(|| GetItemOutput::builder().build()),
+            mock!(Client::describe_table).then_output(|| {
+                DescribeTableOutput::builder()
+                    .table(
+                        TableDescription::builder()
+                            .table_name("idempotency")
+                            .key_schema(
+                                KeySchemaElement::builder()
+                                    .attribute_name("id")
+                                    .key_type(KeyType::Hash)
+                                    .build()
+                                    .expect("key"),
+                            )
+                            .build(),
+                    )
+                    .build()
+            }),
+            global,
+            mock!(Client::describe_time_to_live).then_output(|| {
+                DescribeTimeToLiveOutput::builder()
+                    .time_to_live_description(
+                        TimeToLiveDescription::builder()
+                            .time_to_live_status(TimeToLiveStatus::Enabled)
+                            .attribute_name("expiration")
+                            .build(),
+                    )
+                    .build()
+            }),
+        ]
+    }
+    async fn verify(legacy: Legacy, single_writer: bool) -> Result<(), StoreError> {
+        let rules = rules(legacy);
+        let store = store(&rules.iter().collect::<Vec<_>>());
+        let store = if single_writer {
+            store.single_writer_region()
+        } else {
+            store
+        };
+        store.verify().await
+    }
+
+    let error = verify(Legacy::Group(&["us-east-1", "eu-west-1"]), false)
+        .await
+        .expect_err("a replicated legacy global table");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("2017.11.29 (legacy) global table replicated to us-east-1, eu-west-1")
+            && message.contains("can run twice"),
+        "{message}"
+    );
+    verify(Legacy::Group(&["us-east-1", "eu-west-1"]), true)
+        .await
+        .expect("one Region writes at a time");
+    verify(Legacy::Group(&["us-east-1"]), false)
+        .await
+        .expect("its own Region alone");
+    verify(Legacy::NotFound, false)
+        .await
+        .expect("not a legacy global table");
+    let error = verify(Legacy::Denied, false)
+        .await
+        .expect_err("DescribeGlobalTable denied");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("may not call dynamodb:DescribeGlobalTable on table idempotency"),
+        "{error}"
+    );
+}
