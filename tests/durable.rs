@@ -758,3 +758,54 @@ async fn a_step_never_runs_unrecorded_on_a_fail_open_engine() {
         assert_eq!(records[0].status, Status::Completed);
     }
 }
+
+/// Issue 37, on DynamoDB Local: outputs that cannot be stored (one serde_json
+/// cannot write, one it cannot read back) leave the execution's claim in
+/// place, with no response, rather than releasing it or storing a record
+/// no duplicate can replay.
+#[tokio::test]
+async fn on_dynamodb_an_output_that_cannot_be_stored_keeps_its_claim() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let store = DynamoDbStore::new(client, table);
+    let idempotency =
+        DurableIdempotency::new(Engine::builder(store.clone()).key_prefix("orders").build());
+    let nan = idempotency.handler(
+        |order: &Order| Some(order.order_id.clone()),
+        |_order: Order, _ctx: DurableContext| async {
+            Ok::<_, BoxError>(Quote {
+                charge: "ch_1".into(),
+                rate: f64::NAN,
+            })
+        },
+    );
+    let tuples = idempotency.handler(
+        |order: &Order| Some(order.order_id.clone()),
+        |order: Order, _ctx: DurableContext| async move {
+            Ok::<_, BoxError>(std::collections::HashMap::from([(
+                (1u8, 2u8),
+                order.amount,
+            )]))
+        },
+    );
+    let _ = LocalRunner::new().run(nan, order(100)).await;
+    let _ = LocalRunner::new()
+        .run(
+            tuples,
+            Order {
+                order_id: "order-78".into(),
+                amount: 100,
+            },
+        )
+        .await;
+    for key in ["order-77", "order-78"] {
+        let record = idempotency
+            .engine()
+            .inspect("durable", key)
+            .await
+            .expect("inspect")
+            .expect("a record");
+        assert_eq!(record.status, Status::InProgress, "{key}: {record:?}");
+        assert_eq!(record.response, None, "{key}");
+    }
+}
