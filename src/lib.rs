@@ -116,7 +116,7 @@
 //! # The table
 //!
 //! A partition key `id` of type `S`, TTL enabled on `expiration`, on-demand
-//! capacity. The names are configurable with [`AttributeNames`](store::dynamodb::AttributeNames). The raw key
+//! capacity. The names are configurable with [`AttributeNames`]. The raw key
 //! is never stored: the record id is a sha256 of the scope and the key.
 //! DynamoDB's TTL deletes lazily (often days later), so every read and every
 //! condition compares `expiration` itself.
@@ -156,7 +156,7 @@
 //!   `lambda_runtime` handlers of any event.
 //! - [`store`]: the store SPI, for those who write a store: the [`Store`](store::Store)
 //!   trait and the records it keeps, and the DynamoDB and memory stores'
-//!   own types ([`AttributeNames`](store::dynamodb::AttributeNames),
+//!   own types ([`AttributeNames`],
 //!   [`MemoryWrite`](store::memory::MemoryWrite)).
 //! - `durable` (feature `durable`, experimental): AWS Lambda durable
 //!   functions, whose replays pass their own claim, and steps whose
@@ -183,6 +183,43 @@
 //! | `powertools` | no | [`powertools`]: during a migration from Powertools for AWS Lambda, honour the idempotency records it wrote (DynamoDB, Redis). |
 //! | `durable` | no | **Experimental.** [`durable`]: idempotent AWS Lambda durable functions, on the AWS Durable Execution SDK (preview): replays pass their own claim, duplicates replay the first execution's output, steps' effects run once. |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
+// Links to what a feature adds, for docs built without it: to docs.rs,
+// which builds every feature.
+#![cfg_attr(
+    not(feature = "dynamodb"),
+    doc = "",
+    doc = "[`DynamoDbStore`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/struct.DynamoDbStore.html"
+)]
+#![cfg_attr(
+    feature = "dynamodb",
+    doc = "",
+    doc = "[`AttributeNames`]: store::dynamodb::AttributeNames"
+)]
+#![cfg_attr(
+    not(feature = "dynamodb"),
+    doc = "",
+    doc = "[`AttributeNames`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/dynamodb/struct.AttributeNames.html"
+)]
+#![cfg_attr(
+    not(feature = "http"),
+    doc = "",
+    doc = "[`http`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/index.html"
+)]
+#![cfg_attr(
+    not(feature = "consumers"),
+    doc = "",
+    doc = "[`consumers`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/consumers/index.html"
+)]
+#![cfg_attr(
+    not(feature = "powertools"),
+    doc = "",
+    doc = "[`powertools`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/powertools/index.html"
+)]
+#![cfg_attr(
+    not(feature = "durable"),
+    doc = "",
+    doc = "[`durable`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/durable/index.html"
+)]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(rust_2018_idioms, unreachable_pub)]

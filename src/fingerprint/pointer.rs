@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// A JSON pointer (RFC 6901), such as `/id` or `/data/object/id`: where in
-/// a JSON document a key ([`KeySource::json_pointer`](crate::http::KeySource::json_pointer))
+/// a JSON document a key ([`KeySource::json_pointer`])
 /// or a part of the fingerprint ([`Fingerprint::of_json_pointers`](crate::Fingerprint::of_json_pointers))
 /// is read.
 ///
@@ -19,6 +19,16 @@ use std::fmt;
 /// assert!(JsonPointer::new("amount").is_err());
 /// # Ok::<(), lambda_idempotency::InvalidJsonPointer>(())
 /// ```
+#[cfg_attr(
+    feature = "http",
+    doc = "",
+    doc = "[`KeySource::json_pointer`]: crate::http::KeySource::json_pointer"
+)]
+#[cfg_attr(
+    not(feature = "http"),
+    doc = "",
+    doc = "[`KeySource::json_pointer`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/struct.KeySource.html#method.json_pointer"
+)]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JsonPointer(String);
 

@@ -5,7 +5,7 @@
 /// record, so the business effect and the stored response appear together
 /// or not at all. A handler puts it in its response's extensions; for the
 /// DynamoDB store the writes are
-/// [`TransactWriteItem`](aws_sdk_dynamodb::types::TransactWriteItem)s.
+/// [`TransactWriteItem`]s.
 ///
 /// ```
 /// # #[cfg(feature = "dynamodb")] {
@@ -33,5 +33,15 @@
 /// one (503 when the store failed, 409 when the lease had passed and
 /// another attempt took the key over), never a response whose effect was
 /// not committed.
+#[cfg_attr(
+    feature = "dynamodb",
+    doc = "",
+    doc = "[`TransactWriteItem`]: aws_sdk_dynamodb::types::TransactWriteItem"
+)]
+#[cfg_attr(
+    not(feature = "dynamodb"),
+    doc = "",
+    doc = "[`TransactWriteItem`]: https://docs.rs/aws-sdk-dynamodb/latest/aws_sdk_dynamodb/types/struct.TransactWriteItem.html"
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommitWith<W>(pub Vec<W>);

@@ -48,6 +48,11 @@
 //! one table never share records.
 //!
 #![doc = include_str!("../docs/caller.md")]
+#![cfg_attr(
+    not(feature = "lambda"),
+    doc = "",
+    doc = "[`principal`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/fn.principal.html"
+)]
 //!
 #![doc = include_str!("../docs/fingerprint.md")]
 //!

@@ -193,16 +193,16 @@ impl Problem {
                 .to_owned(),
             Problem::InProgress { retry_after } => format!(
                 "A request with this idempotency key is still being processed. Retry after {} \
-                 seconds to get its result.",
-                retry_after.as_secs()
+                 to get its result.",
+                seconds(*retry_after)
             ),
             Problem::KeyReused => "This idempotency key was already used with a different \
                  request (method, path or body). Use a new key for a new request."
                 .to_owned(),
             Problem::StoreUnavailable { retry_after } => format!(
                 "The request was not processed because its idempotency could not be guaranteed. \
-                 Retry with the same key after {} seconds.",
-                retry_after.as_secs()
+                 Retry with the same key after {}.",
+                seconds(*retry_after)
             ),
             Problem::StoreFailed => "The request was not processed: the idempotency store \
                  refused it in a way that retrying will not fix (it is not set up as this service \
@@ -226,8 +226,8 @@ impl Problem {
                 .to_owned(),
             Problem::WritesNotCommitted { retry_after } => format!(
                 "The request ran, but the database that records its idempotency was unavailable, \
-                 so none of its changes were saved. Retry with the same key after {} seconds.",
-                retry_after.as_secs()
+                 so none of its changes were saved. Retry with the same key after {}.",
+                seconds(*retry_after)
             ),
             Problem::Internal => "The idempotency layer failed in a way it should not; the \
                  request's outcome is unknown. Contact the API operator."
@@ -271,16 +271,46 @@ impl Problem {
         if let Some(retry_after) = self.retry_after() {
             headers.insert(
                 header::RETRY_AFTER,
-                HeaderValue::from(retry_after.as_secs().max(1)),
+                HeaderValue::from(retry_after_secs(retry_after)),
             );
         }
         response
     }
 }
 
+/// The whole seconds of a `Retry-After`: at least one, since `0` asks for
+/// a retry at once.
+fn retry_after_secs(retry_after: Duration) -> u64 {
+    retry_after.as_secs().max(1)
+}
+
+/// A `Retry-After` as the detail of a problem says it, as the header does.
+fn seconds(retry_after: Duration) -> String {
+    match retry_after_secs(retry_after) {
+        1 => "1 second".to_owned(),
+        n => format!("{n} seconds"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn details_say_the_seconds_the_header_says() {
+        for (retry_after, header, said) in [
+            (Duration::from_millis(300), "1", "after 1 second "),
+            (Duration::from_secs(1), "1", "after 1 second "),
+            (Duration::from_secs(7), "7", "after 7 seconds "),
+        ] {
+            let response = Problem::InProgress { retry_after }.to_response("");
+            assert_eq!(response.headers()[header::RETRY_AFTER], header);
+            let StoredBody::Text(json) = response.body() else {
+                panic!("a text body")
+            };
+            assert!(json.contains(said), "{json}");
+        }
+    }
 
     /// One of each problem; the match fails to compile when a problem is
     /// added without being listed here.

@@ -32,6 +32,11 @@ pub const ANONYMOUS: &str = "anonymous";
 /// ([`IdempotencyLayer::shared_scope`](super::IdempotencyLayer::shared_scope));
 /// otherwise it answers it with a `500` that names the fix. Name the caller
 /// with [`IdempotencyLayer::caller`](super::IdempotencyLayer::caller).
+#[cfg_attr(
+    not(feature = "lambda"),
+    doc = "",
+    doc = "[`principal`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/fn.principal.html"
+)]
 pub fn default_scope<B>(request: &Request<B>) -> String {
     scope_of(super::lambda_context::principal(request), request)
 }
