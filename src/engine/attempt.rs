@@ -1,7 +1,7 @@
 //! One attempt at an idempotent operation: who, which key, what payload,
 //! and until when.
 
-use crate::{clock::epoch_ms, Fingerprint};
+use crate::{clock::epoch_ms, Fingerprint, Takeover};
 use std::time::SystemTime;
 
 /// One attempt at an idempotent operation, as a client may retry it.
@@ -15,6 +15,7 @@ pub struct Attempt<'a> {
     pub(crate) key: &'a str,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) deadline_ms: Option<u64>,
+    pub(crate) taking_over: Option<Takeover>,
 }
 
 impl<'a> Attempt<'a> {
@@ -26,7 +27,22 @@ impl<'a> Attempt<'a> {
             key,
             fingerprint,
             deadline_ms: None,
+            taking_over: None,
         }
+    }
+
+    /// This attempt follows one that began outside this crate's records
+    /// and did not finish, **and may have acted** (a Powertools record
+    /// found abandoned:
+    /// [`PowertoolsFound::Abandoned`](crate::powertools::PowertoolsFound::Abandoned)).
+    /// The operation is told so, as after a takeover of a lapsed claim of
+    /// this crate's own: [`ClaimHandle::takeover`](crate::ClaimHandle::takeover)
+    /// is `takeover` (or, when this crate's own claim was taken over since,
+    /// that later takeover), and the claim's attempt numbers go on from
+    /// `takeover.attempt`.
+    pub fn taking_over(mut self, takeover: Takeover) -> Self {
+        self.taking_over = Some(takeover);
+        self
     }
 
     /// The time by which this attempt's invocation ends (in Lambda, the
@@ -59,6 +75,7 @@ pub(crate) struct OwnedAttempt {
     key: String,
     fingerprint: Fingerprint,
     deadline_ms: Option<u64>,
+    taking_over: Option<Takeover>,
 }
 
 impl OwnedAttempt {
@@ -75,15 +92,24 @@ impl OwnedAttempt {
             key,
             fingerprint,
             deadline_ms,
+            taking_over: None,
         }
+    }
+
+    /// As [`Attempt::taking_over`], when `takeover` is `Some`.
+    pub(crate) fn taking_over(mut self, takeover: Option<Takeover>) -> Self {
+        self.taking_over = takeover;
+        self
     }
 
     /// The attempt, borrowing from this one.
     pub(crate) fn attempt(&self) -> Attempt<'_> {
-        let attempt = Attempt::new(&self.scope, &self.key, self.fingerprint.clone());
-        match self.deadline_ms {
-            Some(deadline_ms) => attempt.deadline_ms(deadline_ms),
-            None => attempt,
+        Attempt {
+            scope: &self.scope,
+            key: &self.key,
+            fingerprint: self.fingerprint.clone(),
+            deadline_ms: self.deadline_ms,
+            taking_over: self.taking_over,
         }
     }
 }
@@ -96,5 +122,6 @@ impl From<&Attempt<'_>> for OwnedAttempt {
             attempt.fingerprint.clone(),
             attempt.deadline_ms,
         )
+        .taking_over(attempt.taking_over)
     }
 }

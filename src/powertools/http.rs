@@ -3,7 +3,7 @@
 //! response.
 
 use super::{PowertoolsCompat, PowertoolsFound};
-use crate::{http::StoredBody, Error, StoreError, StoreErrorKind};
+use crate::{http::StoredBody, Error, StoreError, StoreErrorKind, Takeover};
 use base64::{
     alphabet,
     engine::{general_purpose::STANDARD, DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
@@ -35,33 +35,42 @@ pub(crate) struct Delivery {
     pub(crate) infers_plain_responses: bool,
 }
 
-/// What Powertools' record says of `request`, when it decides it: the
-/// response it stored, to replay, or why the request is refused (its
-/// record is in progress, cannot be replayed as HTTP, or could not be
-/// read). `None` lets this crate's protocol run.
+/// What Powertools' record says of a request.
+pub(crate) enum Answer {
+    /// This crate's protocol runs; after an abandoned record, as its
+    /// takeover.
+    Run(Option<Takeover>),
+    /// The response it stored, to replay, or why the request is refused
+    /// (its record is in progress, cannot be replayed as HTTP, or could not
+    /// be read).
+    Answered(Result<Response<StoredBody>, Error>),
+}
+
+/// What Powertools' record says of `request`.
 pub(crate) async fn answer(
     compat: &PowertoolsCompat,
     request: &Request<Bytes>,
     delivery: Delivery,
-) -> Option<Result<Response<StoredBody>, Error>> {
-    match compat
+) -> Answer {
+    let found = compat
         .check_in(&request_view(request, delivery.base64_body), true)
-        .await
-    {
-        Ok(None) => None,
+        .await;
+    Answer::Answered(match found {
+        Ok(None) => return Answer::Run(None),
+        Ok(Some(PowertoolsFound::Abandoned { takeover })) => return Answer::Run(Some(takeover)),
         Ok(Some(PowertoolsFound::InProgress { retry_after })) => {
-            Some(Err(Error::InProgress { retry_after }))
+            Err(Error::InProgress { retry_after })
         }
-        Ok(Some(PowertoolsFound::Completed { data })) => Some(
+        Ok(Some(PowertoolsFound::Completed { data })) => {
             proxy_response(data.as_deref(), delivery.infers_plain_responses).map_err(|why| {
                 Error::Store(StoreError::new(
                     StoreErrorKind::CorruptRecord,
                     format!("the Powertools record cannot be replayed as an HTTP response: {why}"),
                 ))
-            }),
-        ),
-        Err(error) => Some(Err(error)),
-    }
+            })
+        }
+        Err(error) => Err(error),
+    })
 }
 
 /// What an `event_key_jmespath` can read of an HTTP request: `headers`

@@ -154,7 +154,7 @@ mod json;
 
 pub use expr::UnsupportedExpression;
 
-use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock};
+use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock, Takeover};
 use expr::Expression;
 use futures_util::future::BoxFuture;
 use json::{Dialect, Json};
@@ -342,8 +342,23 @@ pub enum PowertoolsFound {
     },
     /// Still in progress in the old function.
     InProgress {
-        /// How long until its in-progress expiry passes (at least 1 s).
+        /// How long until it is held no longer (at least 1 s): its
+        /// `in_progress_expiration`, or without one, when the old
+        /// function's invocation must have ended
+        /// ([`function_timeout`](PowertoolsCompat::function_timeout)).
         retry_after: Duration,
+    },
+    /// In progress, but its invocation can no longer be running (it
+    /// crashed or timed out): the request runs again under this crate's
+    /// protocol, **and the earlier attempt may have acted**. Run it as
+    /// [`Attempt::taking_over`](crate::Attempt::taking_over)`(takeover)`,
+    /// so that the operation is told (the HTTP layer and the batches do).
+    Abandoned {
+        /// Attempt 2 (Powertools keeps no count), begun when Powertools
+        /// wrote the record (its `expiration` less
+        /// [`expires_after`](PowertoolsCompat::expires_after), to the
+        /// second).
+        takeover: Takeover,
     },
 }
 
@@ -390,6 +405,40 @@ pub struct PowertoolsCompat {
     /// The Lambda function's name, when given: Powertools' default
     /// `static_pk_value` is `idempotency#{function}`.
     function_name: Option<String>,
+    holds: Holds,
+}
+
+/// How long records in progress are held, from Powertools' configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Holds {
+    /// Powertools' `expires_after_seconds`: a record's `expiration` is its
+    /// write time plus this.
+    expires_after_s: i64,
+    /// The longest an invocation of the old function could run.
+    function_timeout_ms: i64,
+}
+
+/// Powertools' default `expires_after_seconds`.
+pub const DEFAULT_EXPIRES_AFTER: Duration = Duration::from_secs(3600);
+/// The longest a Lambda invocation can run: the default
+/// [`function_timeout`](PowertoolsCompat::function_timeout).
+pub const MAX_FUNCTION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+impl Default for Holds {
+    fn default() -> Self {
+        Self {
+            expires_after_s: secs_i64(DEFAULT_EXPIRES_AFTER),
+            function_timeout_ms: millis_i64(MAX_FUNCTION_TIMEOUT),
+        }
+    }
+}
+
+fn secs_i64(duration: Duration) -> i64 {
+    i64::try_from(duration.as_secs()).unwrap_or(i64::MAX)
+}
+
+fn millis_i64(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl fmt::Debug for PowertoolsCompat {
@@ -400,6 +449,7 @@ impl fmt::Debug for PowertoolsCompat {
             .field("hash", &self.hash)
             .field("port", &self.port)
             .field("layout", &self.layout)
+            .field("holds", &self.holds)
             .finish_non_exhaustive()
     }
 }
@@ -435,6 +485,7 @@ impl PowertoolsCompat {
             layout: PowertoolsLayout::default(),
             clock: Arc::new(SystemClock),
             function_name: None,
+            holds: Holds::default(),
         }
     }
 
@@ -515,6 +566,39 @@ impl PowertoolsCompat {
         self
     }
 
+    /// Powertools' `expires_after_seconds` (default one hour,
+    /// [`DEFAULT_EXPIRES_AFTER`]; TypeScript's `expiresAfterSeconds`): a
+    /// record's `expiration` is the time Powertools wrote it plus this, so
+    /// a record in progress without `in_progress_expiration` is dated by
+    /// it (see [`function_timeout`](Self::function_timeout)). Set it to
+    /// what Powertools was configured with: a longer one here than there
+    /// dates records earlier than they were written, and lets a retry run
+    /// beside an invocation that may still be live.
+    pub fn expires_after(mut self, expires_after: Duration) -> Self {
+        self.holds.expires_after_s = secs_i64(expires_after);
+        self
+    }
+
+    /// The longest the old function's invocation could run (its timeout;
+    /// default and most: Lambda's 15 minutes, [`MAX_FUNCTION_TIMEOUT`]).
+    ///
+    /// Powertools writes an `INPROGRESS` record without
+    /// `in_progress_expiration` when it had no Lambda context: Python's
+    /// `idempotent_function` without `config.register_lambda_context(context)`
+    /// (`@idempotent` registers the handler's context itself), TypeScript's
+    /// `makeIdempotent` on a function not called with the context as its
+    /// second argument, without `config.registerLambdaContext(context)`.
+    /// Such a record is held (in progress: 409, a failed batch record) until
+    /// this long after Powertools wrote it (its `expiration` less
+    /// [`expires_after`](Self::expires_after), plus the second Powertools
+    /// truncated), and never past its `expiration`; then it is
+    /// [`Abandoned`](PowertoolsFound::Abandoned): the request runs, told
+    /// it takes over. See the [module docs](self).
+    pub fn function_timeout(mut self, timeout: Duration) -> Self {
+        self.holds.function_timeout_ms = millis_i64(timeout);
+        self
+    }
+
     /// The clock expiries are compared with (default: the system's).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -560,13 +644,18 @@ impl PowertoolsCompat {
         let Some(record) = record else {
             return Ok(None);
         };
-        let found = decide(&record, self.clock.now_ms()).map_err(|error| {
+        let found = decide(&record, self.clock.now_ms(), self.holds).map_err(|error| {
             Error::Store(StoreError::new(
                 StoreErrorKind::CorruptRecord,
                 format!("Powertools record {id}: {error}"),
             ))
         })?;
-        if found.is_some() {
+        // An abandoned record is overwritten by Powertools without a
+        // look at its hash (its put's condition lets it through).
+        if matches!(
+            found,
+            Some(PowertoolsFound::Completed { .. } | PowertoolsFound::InProgress { .. })
+        ) {
             // A record without a hash fails validation too, as in Powertools
             // (its Redis layer drops the hash when it completes a record,
             // and then refuses every retry of it).
@@ -590,12 +679,19 @@ fn kind(found: &PowertoolsFound) -> &'static str {
     match found {
         PowertoolsFound::Completed { .. } => "completed",
         PowertoolsFound::InProgress { .. } => "in_progress",
+        PowertoolsFound::Abandoned { .. } => "abandoned",
     }
 }
 
 /// What a record means at `now_ms`, as Powertools decides it
-/// (`DataRecord.is_expired`, `_handle_for_status`).
-fn decide(record: &PowertoolsRecord, now_ms: u64) -> Result<Option<PowertoolsFound>, String> {
+/// (`DataRecord.is_expired`, `_handle_for_status`), but for a record in
+/// progress without `in_progress_expiration`: held until the old
+/// function's invocation must have ended (`holds`), then abandoned.
+fn decide(
+    record: &PowertoolsRecord,
+    now_ms: u64,
+    holds: Holds,
+) -> Result<Option<PowertoolsFound>, String> {
     let now_ms = i64::try_from(now_ms).unwrap_or(i64::MAX);
     let now_s = now_ms / 1000;
     if record
@@ -609,12 +705,45 @@ fn decide(record: &PowertoolsRecord, now_ms: u64) -> Result<Option<PowertoolsFou
             data: record.data.clone(),
         })),
         "INPROGRESS" => {
-            let until_ms = match (record.in_progress_expiration_ms, record.expiration_s) {
-                (Some(lapses), _) if lapses < now_ms => return Ok(None),
-                (Some(lapses), _) => Some(lapses),
-                (None, expiration) => expiration.map(|s| s.saturating_mul(1000)),
+            // Powertools wrote the record at `expiration - expires_after`
+            // (its expiry is truncated to the second: up to 1 s later).
+            let written_s = record
+                .expiration_s
+                .map(|expiration| expiration.saturating_sub(holds.expires_after_s));
+            let held_until_ms = match (record.in_progress_expiration_ms, record.expiration_s) {
+                (Some(lapses), _) => lapses,
+                (None, Some(expiration)) => {
+                    let written_ms = written_s
+                        .unwrap_or(expiration)
+                        .saturating_add(1)
+                        .saturating_mul(1000);
+                    written_ms
+                        .saturating_add(holds.function_timeout_ms)
+                        // Live no longer than the second of its expiration.
+                        .min(expiration.saturating_add(1).saturating_mul(1000))
+                }
+                (None, None) => {
+                    return Err(
+                        "an INPROGRESS record with neither an in-progress expiry nor an \
+                                expiration: when it was written, or whether its invocation \
+                                can still be running, cannot be told; delete it once the old \
+                                function's invocations are over"
+                            .to_owned(),
+                    )
+                }
             };
-            let left = until_ms.map_or(0, |until| until.saturating_sub(now_ms));
+            if held_until_ms < now_ms {
+                let first_started_at_ms = written_s
+                    .map_or(now_ms, |s| s.saturating_mul(1000))
+                    .clamp(0, now_ms);
+                return Ok(Some(PowertoolsFound::Abandoned {
+                    takeover: Takeover {
+                        attempt: 2,
+                        first_started_at_ms: u64::try_from(first_started_at_ms).unwrap_or(0),
+                    },
+                }));
+            }
+            let left = held_until_ms.saturating_sub(now_ms);
             let retry_after =
                 Duration::from_millis(u64::try_from(left).unwrap_or(0)).max(Duration::from_secs(1));
             Ok(Some(PowertoolsFound::InProgress { retry_after }))
