@@ -271,6 +271,7 @@ where
     }
     let delivery = Delivery {
         base64_body: kind.delivered_base64(),
+        query: lambda_context::event_query_parameters(request),
         infers_plain_responses: lambda_context::infers_plain_responses(request),
     };
     match answer(compat, request, delivery).await {

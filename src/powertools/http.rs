@@ -26,10 +26,13 @@ const LENIENT_BASE64: GeneralPurpose = GeneralPurpose::new(
 
 /// How the request reached the function, as far as Powertools' record
 /// depends on it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Delivery {
     /// The event carried the body base64-encoded (`isBase64Encoded`).
     pub(crate) base64_body: bool,
+    /// The event's `queryStringParameters`, as API Gateway wrote them
+    /// (null without any).
+    pub(crate) query: Value,
     /// The entry point serves a response without `statusCode` as 200 JSON
     /// (payload format 2.0), rather than refusing it.
     pub(crate) infers_plain_responses: bool,
@@ -53,7 +56,10 @@ pub(crate) async fn answer(
     delivery: Delivery,
 ) -> Answer {
     let found = compat
-        .check_in(&request_view(request, delivery.base64_body), true)
+        .check_in(
+            &request_view(request, delivery.base64_body, delivery.query),
+            true,
+        )
         .await;
     Answer::Answered(match found {
         Ok(None) => return Answer::Run(None),
@@ -75,11 +81,12 @@ pub(crate) async fn answer(
 
 /// What an `event_key_jmespath` can read of an HTTP request: `headers`
 /// (lowercased names; repeated values joined with commas, as API Gateway's
-/// HTTP API does) and `body` as the event carried it: base64 text when it
+/// HTTP API does), `queryStringParameters` (`query`, as the event held
+/// them) and `body` as the event carried it: base64 text when it
 /// was delivered so (Powertools hashed that text, and `powertools_json`
 /// cannot read it), otherwise the text (`null` for bytes that are not
 /// UTF-8, which no event carries as text).
-pub(crate) fn request_view(request: &Request<Bytes>, base64_body: bool) -> Value {
+pub(crate) fn request_view(request: &Request<Bytes>, base64_body: bool, query: Value) -> Value {
     let mut headers = Map::new();
     for name in request.headers().keys() {
         let values: Vec<&str> = request
@@ -98,6 +105,7 @@ pub(crate) fn request_view(request: &Request<Bytes>, base64_body: bool) -> Value
     };
     let mut view = Map::new();
     view.insert("headers".to_owned(), Value::Object(headers));
+    view.insert("queryStringParameters".to_owned(), query);
     view.insert("body".to_owned(), body);
     Value::Object(view)
 }

@@ -605,6 +605,20 @@ impl PowertoolsCompat {
         self
     }
 
+    /// `Ok` when the key and validation expressions read only what the HTTP
+    /// layer sees of a request as Powertools read it from the API Gateway
+    /// event (closures are the user's own); otherwise the first that does
+    /// not, and why.
+    #[cfg(feature = "http")]
+    pub(crate) fn check_http(&self) -> Result<(), UnsupportedExpression> {
+        for selection in std::iter::once(&self.key).chain(&self.validation) {
+            if let Selection::Expression(expression) = selection {
+                expression.check_http()?;
+            }
+        }
+        Ok(())
+    }
+
     /// The id of the record Powertools wrote for `event`, or `None` when it
     /// had no key (and wrote no record).
     pub fn record_id(&self, event: &Value) -> Option<String> {

@@ -498,3 +498,103 @@ async fn a_batch_record_after_an_abandoned_record_is_told_it_takes_over() {
         assert_eq!(*told_in.lock().unwrap(), told, "at {now_ms}");
     }
 }
+
+/// Issue 37, item 4: a key on the query string, as API Gateway delivered
+/// it to Powertools (REST: the last value of a repeated name; HTTP API:
+/// the values joined with commas), finds the record Powertools wrote for
+/// the whole event through the HTTP layer; a key on a header too.
+#[cfg(feature = "lambda")]
+#[tokio::test]
+async fn keys_on_the_query_string_and_headers_are_read_as_api_gateway_delivered_them() {
+    use crate::{http::IdempotencyLayer, Engine, MemoryStore};
+    use lambda_http::{request::from_str, service_fn, Body, Request, Response};
+    use tower::{Layer, ServiceExt};
+
+    let mut rest: Value =
+        serde_json::from_str(include_str!("../../events/rest-api-create-charge.json")).unwrap();
+    rest["queryStringParameters"] = json!({"order": "o-2", "tag": "a b"});
+    rest["multiValueQueryStringParameters"] = json!({"order": ["o-1", "o-2"], "tag": ["a b"]});
+    let mut http_api: Value =
+        serde_json::from_str(include_str!("../../events/http-api-create-charge.json")).unwrap();
+    http_api["rawQueryString"] = json!("order=o-1&tag=a%20b&order=o-2");
+    http_api["queryStringParameters"] = json!({"order": "o-1,o-2", "tag": "a b"});
+    let completed = PowertoolsRecord {
+        expiration_s: Some(WRITTEN_S as i64 + 3600),
+        data: Some("{\"statusCode\": 201, \"body\": \"from powertools\"}".to_owned()),
+        ..PowertoolsRecord::new("COMPLETED")
+    };
+    // Each event's header names as API Gateway wrote them (JMESPath is
+    // case-sensitive).
+    for (name, event, header) in [
+        ("REST API", &rest, "Idempotency-Key"),
+        ("HTTP API", &http_api, "idempotency-key"),
+    ] {
+        for expression in [
+            "queryStringParameters.order".to_owned(),
+            "[queryStringParameters.order, queryStringParameters.tag]".to_owned(),
+            "queryStringParameters".to_owned(),
+            format!("headers.\"{header}\""),
+            format!("[headers.\"{header}\", queryStringParameters.tag, body]"),
+            "powertools_json(body).customer".to_owned(),
+        ] {
+            let expression = expression.as_str();
+            // The id Powertools computed from the event as Lambda gave it.
+            let compat = over(expression, event, completed.clone(), WRITTEN_S * 1000);
+            let runs = Arc::new(Mutex::new(0));
+            let counted = Arc::clone(&runs);
+            let service = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+                .shared_scope()
+                .require_key(false)
+                .try_powertools(compat)
+                .unwrap()
+                .layer(service_fn(move |_: Request| {
+                    *counted.lock().unwrap() += 1;
+                    async { Ok::<_, lambda_http::Error>(Response::new(Body::from("ran"))) }
+                }));
+            let request = from_str(&event.to_string()).unwrap();
+            let response = service.oneshot(request).await.unwrap();
+            assert_eq!(
+                (response.status().as_u16(), *runs.lock().unwrap()),
+                (201, 0),
+                "{name}, {expression}: replayed, not run"
+            );
+        }
+    }
+}
+
+/// Issue 37, item 4: the HTTP layer refuses, when it is built, an
+/// expression it cannot evaluate as Powertools did (the whole event by
+/// default, `requestContext`), for the key and for payload validation;
+/// a batch takes it (the whole record is there).
+#[cfg(feature = "lambda")]
+#[test]
+fn the_http_layer_refuses_what_it_cannot_evaluate_when_built() {
+    use crate::{http::IdempotencyLayer, Engine, MemoryStore};
+    let layer = || IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build());
+    let records = Arc::new(Records::default());
+    let whole = compat(&records);
+    let error = layer().try_powertools(whole.clone()).unwrap_err();
+    assert!(error.to_string().contains("whole event"), "{error}");
+    let by_request_id = compat(&records)
+        .event_key_jmespath("requestContext.requestId")
+        .unwrap();
+    assert!(layer().try_powertools(by_request_id).is_err());
+    let validated_on_context = compat(&records)
+        .event_key_jmespath("queryStringParameters.order")
+        .unwrap()
+        .payload_validation_jmespath("requestContext.identity")
+        .unwrap();
+    assert!(layer().try_powertools(validated_on_context).is_err());
+    // A closure is the user's own view of the request: taken.
+    let closure = compat(&records).event_key(|view| view.get("body").cloned());
+    assert!(layer().try_powertools(closure).is_ok());
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        layer().powertools(whole.clone())
+    }));
+    assert!(panicked.is_err());
+    #[cfg(feature = "consumers")]
+    {
+        let _ = crate::consumers::SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "q")
+            .powertools(whole);
+    }
+}
