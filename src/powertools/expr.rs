@@ -3,7 +3,9 @@
 //! `headers."Idempotency-Key"`, `requestContext.identity.user`), a
 //! multiselect list of paths (`[user, order_id]`), each optionally applied
 //! to `powertools_json(<path>)` (a field holding a JSON document, such as an
-//! API Gateway body), and the empty expression (the whole event).
+//! API Gateway body), and the empty expression (the whole event); and
+//! which of them the HTTP layer's view of a request can evaluate as
+//! Powertools did over the API Gateway event (`check_http`).
 
 use super::json::{self, Dialect, Json};
 use serde_json::Value;

@@ -11,9 +11,10 @@
 //! | Powertools record | answer |
 //! |---|---|
 //! | `COMPLETED`, `expiration` not passed | its stored response, replayed (HTTP: the proxy response dict as the response, status, headers and body as stored, with the `idempotent-replayed` header; a batch record: done, not run) |
-//! | `INPROGRESS`, `in_progress_expiration` (or, without one, `expiration`) not passed | in progress: 409 with `Retry-After`; a failed record in a batch |
+//! | `INPROGRESS`, `in_progress_expiration` not passed; or without one, written less than [`function_timeout`](PowertoolsCompat::function_timeout) ago (15 minutes by default; see [below](#a-record-in-progress-without-in_progress_expiration)) | in progress: 409 with `Retry-After`; a failed record in a batch |
 //! | either, with `validation` differing from this request's payload hash, or absent (payload validation on) | the key was reused: 422; a failed record (Powertools raises `IdempotencyValidationError` too) |
-//! | expired, lapsed, absent, or no key in the request | this crate's own protocol runs |
+//! | `INPROGRESS` past that, `expiration` not passed: abandoned ([`PowertoolsFound::Abandoned`]) | this crate's own protocol runs, as a takeover: the handler is told ([`Takeover`](crate::Takeover) in the request's extensions, [`ClaimHandle::takeover`](crate::ClaimHandle::takeover) in a batch); `validation` is not compared (Powertools overwrites such a record unread) |
+//! | expired, absent, or no key in the request | this crate's own protocol runs |
 //!
 //! The mode only reads: it never writes, changes or deletes a Powertools
 //! record.
@@ -38,6 +39,11 @@
 //!   so with validation on Powertools answers every retry of a completed
 //!   Redis record with `IdempotencyValidationError`, and so does this mode);
 //! - `hash_function` ([`HashFunction`], md5 by default);
+//! - `expires_after_seconds` ([`expires_after`](PowertoolsCompat::expires_after),
+//!   one hour by default), which dates a record, and the old function's
+//!   timeout ([`function_timeout`](PowertoolsCompat::function_timeout), 15
+//!   minutes by default), for records in progress without
+//!   `in_progress_expiration`;
 //! - the table, key and attribute names ([`PowertoolsLayout`]), defaulting
 //!   to Powertools' own (`id`, `expiration` in seconds,
 //!   `in_progress_expiration` in milliseconds, `status`, `data`,
@@ -62,11 +68,30 @@
 //!   as the event carried it: the text, or for a body API Gateway delivered
 //!   base64-encoded (`isBase64Encoded`), that base64 text, which Powertools
 //!   hashed with `event_key_jmespath="body"` (and which `powertools_json`
-//!   cannot read, in Powertools either). The whole API Gateway event, as
-//!   Lambda delivered it, is not available after `lambda_http` parsed it; it
-//!   also holds the request id and time, so Powertools keyed on the whole
-//!   event never matched a client's retry anyway. A closure sees the same
-//!   view: `{"headers": {...}, "body": ...}`.
+//!   cannot read, in Powertools either); and its `queryStringParameters`
+//!   as API Gateway wrote them: a REST API keeps the last value of a
+//!   repeated name, an HTTP API (and a Function URL) joins the values
+//!   with commas, in order; `null` without any. The values are
+//!   `lambda_http`'s: a REST API's as API Gateway decoded them, an HTTP
+//!   API's from `rawQueryString` decoded as a form (`+` as a space; that
+//!   API Gateway decodes it the same way was not checked), an ALB's
+//!   percent-decoded (ALB delivers them as the client encoded them, so an
+//!   ALB key with an escape in it is not found). A closure sees the same
+//!   view: `{"headers": {...}, "queryStringParameters": ..., "body": ...}`.
+//! - HTTP, the expressions: the layer refuses, when it is built
+//!   ([`IdempotencyLayer::try_powertools`] returns an
+//!   [`UnsupportedExpression`] that says why; [`IdempotencyLayer::powertools`]
+//!   panics with it), a key or validation expression that reads anything
+//!   else: the whole event (not available after `lambda_http` parsed it,
+//!   and it holds API Gateway's request id and time, so Powertools keyed
+//!   on it never matched a client's retry), `requestContext.*` (the same
+//!   per-delivery data: `requestContext.requestId` is a new id for every
+//!   retry), the whole `headers` map (headers set anew on every request),
+//!   and any other field (`pathParameters`, `multiValueHeaders`, ...).
+//!   Otherwise each retry would find no record and run again, silently.
+//!   `headers.<name>`, `queryStringParameters.<name>` (or the whole map)
+//!   and `body` are read, in paths, lists of paths and after
+//!   `powertools_json(...)`.
 //! - HTTP, a request without this crate's key: read too. Powertools may
 //!   have keyed on the body (`powertools_json(body).order_id`), so a retry
 //!   of a request the old function ran carries no `Idempotency-Key`; its
@@ -76,6 +101,43 @@
 //!   `body`, `attributes`...). A field path is exact; the whole record is
 //!   not (the crate's types write fields Lambda left out), so key batches on
 //!   a field, as Powertools' own examples do (`messageId`).
+//!
+//! # A record in progress without `in_progress_expiration`
+//!
+//! Powertools writes its in-progress expiry (`in_progress_expiration`) from
+//! the Lambda context's remaining time, and leaves it out when no context
+//! was registered: in Python 3.37, `BasePersistenceLayer.save_inprogress`
+//! when `remaining_time_in_millis` is `None`, which is
+//! `idempotent_function` without `config.register_lambda_context(context)`
+//! (`@idempotent` registers the handler's context itself); in TypeScript
+//! 2.35, `BasePersistenceLayer.saveInProgress` when the remaining time is
+//! missing or `0`, which is `makeIdempotent` on a function not called with
+//! a Lambda context as its second argument, without
+//! `config.registerLambdaContext(context)`. Powertools then warns ("Did you
+//! call register_lambda_context on IdempotencyConfig?").
+//!
+//! Its own retries treat such a record differently per store: the DynamoDB
+//! layers (both ports) overwrite an `INPROGRESS` record only with
+//! `attribute_exists(in_progress_expiration)`, so they refuse every retry
+//! until `expiration` (an hour by default); Python's Redis layer does the
+//! same on purpose ("Fail closed until the record TTL expires"); the
+//! TypeScript `CachePersistenceLayer` takes it for an orphan and runs the
+//! retry at once, beside an invocation that may still be live.
+//!
+//! This mode does neither, on every store and for both ports: such a
+//! record is held (409, a failed batch record) for as long as the old
+//! function's invocation could still run, counted from when Powertools
+//! wrote it (its `expiration` less `expires_after_seconds`, plus the second
+//! Powertools truncated), that is until
+//! [`function_timeout`](PowertoolsCompat::function_timeout) (Lambda's 15
+//! minutes unless set) has passed since, and never past its `expiration`.
+//! Then it is abandoned: the request runs under this crate's protocol, and
+//! its handler is told it takes over, since the old attempt may have acted
+//! before it died. Set [`expires_after`](PowertoolsCompat::expires_after)
+//! to Powertools' `expires_after_seconds`: a longer one here dates the
+//! record too early, and a retry could run beside a live invocation. A
+//! record with neither expiry cannot be dated and is reported as
+//! unreadable (500; a failed batch record).
 //!
 //! # What a replay looks like
 //!
@@ -142,9 +204,13 @@
 //!     serialisation of the same value. Same JSON, not the same bytes.
 //!   - The HTTP view has no whole event and a batch record's serialisation
 //!     is `aws_lambda_events`' (above): key on fields.
+//!   - A record in progress without `in_progress_expiration` is held for
+//!     the function's timeout rather than until it expires (Python, and
+//!     TypeScript on DynamoDB) or not at all (TypeScript on Redis), above.
 //!
 //! [`require_key`]: crate::http::IdempotencyLayer::require_key
 //! [`IdempotencyLayer::powertools`]: crate::http::IdempotencyLayer::powertools
+//! [`IdempotencyLayer::try_powertools`]: crate::http::IdempotencyLayer::try_powertools
 //! [`Batch::powertools`]: crate::consumers::Batch::powertools
 
 mod expr;
@@ -510,7 +576,9 @@ impl PowertoolsCompat {
 
     /// Powertools' `event_key_jmespath`, for the supported forms (see the
     /// [module docs](self)); anything else is refused: use
-    /// [`event_key`](Self::event_key).
+    /// [`event_key`](Self::event_key). The HTTP layer refuses, when it is
+    /// built, what it cannot read of a request
+    /// ([`IdempotencyLayer::try_powertools`](crate::http::IdempotencyLayer::try_powertools)).
     pub fn event_key_jmespath(mut self, expression: &str) -> Result<Self, UnsupportedExpression> {
         self.key = Selection::Expression(Expression::parse(expression)?);
         Ok(self)
