@@ -15,9 +15,10 @@ use lambda_http::{request::from_str, Body, Request, Response};
 use lambda_idempotency::{
     consumers::SqsBatch,
     http::{IdempotencyLayer, REPLAYED_HEADER},
-    powertools::{PowertoolsCompat, PowertoolsRecords},
+    powertools::{PowertoolsCompat, PowertoolsLayout, PowertoolsRecords},
     store::{redis::RedisStore, Store},
-    DynamoDbStore, Engine,
+    testing::ManualClock,
+    ClaimHandle, Clock, DynamoDbStore, Engine, Takeover,
 };
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
@@ -110,6 +111,9 @@ fn compat_for(reader: impl PowertoolsRecords + 'static, handler: &str) -> Powert
             .payload_validation_jmespath("powertools_json(body)")
             .unwrap(),
         "raw" => compat.event_key_jmespath("body").unwrap(),
+        "query" => compat
+            .event_key_jmespath("queryStringParameters.order")
+            .unwrap(),
         _ => compat
             .event_key_jmespath("powertools_json(body).order_id")
             .unwrap(),
@@ -288,6 +292,172 @@ async fn check_edge<St: Store + Clone>(
     );
 }
 
+/// Issue 37, item 3: a record Powertools left in progress without
+/// `in_progress_expiration` (no Lambda context registered; the process
+/// killed inside the handler) is held while the old invocation may live,
+/// then taken over, and the handler is told: an HTTP request through the
+/// layer (`Takeover` in its extensions) and an SQS record through the
+/// batch (`ClaimHandle::current`). The compat's clock is moved past 15
+/// minutes instead of waiting for them.
+async fn check_unleased<St: Store + Clone>(
+    engine: Engine<St>,
+    reader: impl PowertoolsRecords,
+    case: &Value,
+    compat: impl Fn(Arc<dyn Clock>) -> PowertoolsCompat,
+) {
+    let what = format!(
+        "{} in progress without in_progress_expiration",
+        case["surface"]
+    );
+    let id = case["powertools_id"].as_str().expect("an id");
+    let written = reader
+        .read_powertools_record(id, &PowertoolsLayout::default())
+        .await
+        .unwrap()
+        .expect("the record Powertools wrote");
+    assert_eq!(
+        (written.status.as_str(), written.in_progress_expiration_ms),
+        ("INPROGRESS", None),
+        "{what}"
+    );
+    // The first of each pair at the time of the write, the second 16
+    // minutes later.
+    let now = ManualClock::starting_now();
+    let later = ManualClock::starting_now();
+    later.advance(Duration::from_secs(16 * 60));
+    if case["surface"] == "sqs" {
+        let event: SqsEvent = serde_json::from_value(case["event"].clone()).expect("an SQS event");
+        let view = serde_json::to_value(&event.records[0]).unwrap();
+        assert_eq!(
+            compat(Arc::new(now.clone())).record_id(&view).as_deref(),
+            case["powertools_id"].as_str(),
+            "{what}: the id Powertools computed"
+        );
+        for (clock, failed, told) in [(&now, 1, None), (&later, 0, Some(true))] {
+            let told_in = Arc::new(Mutex::new(None));
+            let batch = SqsBatch::new(engine.clone(), "receipts-unleased")
+                .powertools(compat(Arc::new(clock.clone())));
+            let response = batch
+                .process(
+                    LambdaEvent::new(event.clone(), Context::default()),
+                    |_: SqsMessage| {
+                        let told_in = Arc::clone(&told_in);
+                        async move {
+                            let takeover =
+                                ClaimHandle::current().and_then(|claim| claim.takeover());
+                            *told_in.lock().unwrap() = Some(takeover.is_some());
+                            Ok::<_, String>(())
+                        }
+                    },
+                )
+                .await
+                .unwrap();
+            assert_eq!(response.batch_item_failures.len(), failed, "{what}");
+            assert_eq!(*told_in.lock().unwrap(), told, "{what}");
+        }
+        return;
+    }
+    let event = &case["event"];
+    assert_eq!(
+        compat(Arc::new(now.clone()))
+            .record_id(&serde_json::json!({ "body": event["body"] }))
+            .as_deref(),
+        case["powertools_id"].as_str(),
+        "{what}: the id Powertools computed"
+    );
+    for (clock, status, told) in [(&now, 409, None), (&later, 200, Some(true))] {
+        let told_in = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&told_in);
+        let service = IdempotencyLayer::new(engine.clone())
+            .powertools(compat(Arc::new(clock.clone())))
+            .layer(service_fn(move |request: Request| {
+                *seen.lock().unwrap() = Some(request.extensions().get::<Takeover>().is_some());
+                async { Ok::<_, lambda_http::Error>(Response::new(Body::Text("rust".into()))) }
+            }));
+        let response = service.oneshot(request(event)).await.unwrap();
+        assert_eq!(response.status(), status, "{what}");
+        assert_eq!(*told_in.lock().unwrap(), told, "{what}: told it takes over");
+    }
+}
+
+/// Issue 37, item 4: records Powertools keyed on
+/// `queryStringParameters.order`, for a REST API event (a repeated name:
+/// API Gateway kept its last value) and an HTTP API one (values joined
+/// with commas), replayed through the layer without running the handler.
+async fn check_query<St: Store + Clone>(
+    engine: Engine<St>,
+    reader: impl PowertoolsRecords + Clone + 'static,
+    manifest: &Value,
+) {
+    let cases = manifest["query"].as_array().expect("query cases");
+    assert_eq!(cases.len(), 2);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let runs = Runs::default();
+        let mut service = layered(engine.clone(), compat_for(reader.clone(), "query"), &runs);
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(&case["event"]))
+            .await
+            .unwrap();
+        let stored = &case["response"];
+        assert_eq!(runs.count(), 0, "{name}: the handler must not run");
+        assert_eq!(
+            response.status().as_u16() as u64,
+            stored["statusCode"],
+            "{name}"
+        );
+        assert_eq!(
+            response.body().as_ref(),
+            stored["body"].as_str().unwrap().as_bytes(),
+            "{name}"
+        );
+        assert_eq!(response.headers()[REPLAYED_HEADER], "true", "{name}");
+    }
+}
+
+/// The compat of the Python function's handlers left in progress without a
+/// Lambda context, on `clock`.
+fn unleased_compat(
+    reader: impl PowertoolsRecords + Clone + 'static,
+    surface: &str,
+) -> impl Fn(Arc<dyn Clock>) -> PowertoolsCompat {
+    let surface = surface.to_owned();
+    move |clock| {
+        let (handler, expression) = match surface.as_str() {
+            "sqs" => ("app.process_record", "messageId"),
+            _ => ("app.charge_unleased", "powertools_json(body).order_id"),
+        };
+        PowertoolsCompat::new(reader.clone(), FUNCTION, handler)
+            .event_key_jmespath(expression)
+            .unwrap()
+            .clock(clock)
+    }
+}
+
+/// Every unleased and query case of the Python manifest.
+async fn check_unleased_and_query<St: Store + Clone>(
+    engine: Engine<St>,
+    reader: impl PowertoolsRecords + Clone + 'static,
+    manifest: &Value,
+) {
+    let cases = manifest["unleased"].as_array().expect("unleased cases");
+    assert_eq!(cases.len(), 2);
+    for case in cases {
+        let surface = case["surface"].as_str().unwrap();
+        check_unleased(
+            engine.clone(),
+            reader.clone(),
+            case,
+            unleased_compat(reader.clone(), surface),
+        )
+        .await;
+    }
+    check_query(engine, reader, manifest).await;
+}
+
 /// The SQS batch of the manifest through `SqsBatch` in compatibility mode.
 async fn check_sqs<St: Store + Clone>(
     engine: Engine<St>,
@@ -377,7 +547,13 @@ async fn powertools_records_on_dynamodb_are_honoured() {
         &manifest,
     )
     .await;
-    check_sqs(Engine::builder(store.clone()).build(), store, &manifest).await;
+    check_sqs(
+        Engine::builder(store.clone()).build(),
+        store.clone(),
+        &manifest,
+    )
+    .await;
+    check_unleased_and_query(Engine::builder(store.clone()).build(), store, &manifest).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -397,7 +573,13 @@ async fn powertools_records_on_redis_are_honoured() {
         &manifest,
     )
     .await;
-    check_sqs(Engine::builder(store.clone()).build(), store, &manifest).await;
+    check_sqs(
+        Engine::builder(store.clone()).build(),
+        store.clone(),
+        &manifest,
+    )
+    .await;
+    check_unleased_and_query(Engine::builder(store.clone()).build(), store, &manifest).await;
 }
 
 /// Runs tests/powertools/write_records_ts.mjs (Powertools TypeScript, on
@@ -511,6 +693,16 @@ async fn check_typescript<St: Store + Clone>(
         missed.is_empty(),
         "answered otherwise than Powertools TypeScript: {missed:#?}"
     );
+    let mut unleased = manifest["unleased"].clone();
+    unleased["surface"] = "http".into();
+    let reader = store.clone();
+    check_unleased(engine, store.clone(), &unleased, move |clock| {
+        PowertoolsCompat::typescript(reader.clone(), FUNCTION)
+            .event_key_jmespath("powertools_json(body).order_id")
+            .unwrap()
+            .clock(clock)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

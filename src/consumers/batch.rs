@@ -225,18 +225,22 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         self
     }
 
-    /// The status Powertools' record decides for a record, if it decides.
+    /// The status Powertools' record decides for a record (`Err`), or that
+    /// the record runs (`Ok`), as the takeover of an abandoned Powertools
+    /// record if it found one.
     #[cfg(feature = "powertools")]
     async fn powertools_status(
         &self,
         record: &Src::Record,
         key: &str,
         record_id: &str,
-    ) -> Option<RecordStatus> {
+    ) -> Result<Option<crate::Takeover>, RecordStatus> {
         use crate::powertools::PowertoolsFound;
-        let (compat, view) = self.powertools.as_ref()?;
+        let Some((compat, view)) = self.powertools.as_ref() else {
+            return Ok(None);
+        };
         if self.engine.skips_powertools(&self.scope, Some(key)) {
-            return None;
+            return Ok(None);
         }
         let source = Src::NAME;
         let Some(view) = view(record) else {
@@ -245,13 +249,22 @@ impl<Src: Source, St: Store> Batch<Src, St> {
                 record_id,
                 "record cannot be read as JSON for the Powertools check; reported for redelivery"
             );
-            return Some(RecordStatus::Failed);
+            return Err(RecordStatus::Failed);
         };
         match compat.check(&view).await {
-            Ok(None) => None,
+            Ok(None) => Ok(None),
+            Ok(Some(PowertoolsFound::Abandoned { takeover })) => {
+                tracing::warn!(
+                    source,
+                    record_id,
+                    outcome = "powertools_abandoned",
+                    "abandoned in progress under Powertools: runs as its takeover"
+                );
+                Ok(Some(takeover))
+            }
             Ok(Some(PowertoolsFound::Completed { .. })) => {
                 tracing::debug!(source, record_id, "completed by Powertools: not run again");
-                Some(RecordStatus::Replayed)
+                Err(RecordStatus::Replayed)
             }
             Ok(Some(PowertoolsFound::InProgress { .. })) => {
                 tracing::warn!(
@@ -260,11 +273,11 @@ impl<Src: Source, St: Store> Batch<Src, St> {
                     outcome = "in_progress",
                     "in progress under Powertools; reported for redelivery"
                 );
-                Some(RecordStatus::Failed)
+                Err(RecordStatus::Failed)
             }
             Err(error) => {
                 tracing::warn!(source, record_id, outcome = error.kind().as_str(), %error, "Powertools record check failed; reported for redelivery");
-                Some(RecordStatus::Failed)
+                Err(RecordStatus::Failed)
             }
         }
     }
@@ -497,13 +510,19 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             }
         };
         #[cfg(feature = "powertools")]
-        if let Some(status) = self
+        let takeover = match self
             .powertools_status(&prepared.record, &key, record_id)
             .await
         {
-            return status;
-        }
+            Ok(takeover) => takeover,
+            Err(status) => return status,
+        };
         let attempt = Attempt::new(&self.scope, &key, fingerprint).deadline_ms(deadline_ms);
+        #[cfg(feature = "powertools")]
+        let attempt = match takeover {
+            Some(takeover) => attempt.taking_over(takeover),
+            None => attempt,
+        };
         let record = prepared.record;
         let operation = |_| handler(record);
         let result = if mode == Mode::Transactional && self.single_write {

@@ -1,7 +1,7 @@
 //! One attempt at an idempotent operation: who, which key, what payload,
 //! and until when.
 
-use crate::{clock::epoch_ms, Fingerprint};
+use crate::{clock::epoch_ms, Fingerprint, Takeover};
 use std::time::SystemTime;
 
 /// One attempt at an idempotent operation, as a client may retry it.
@@ -17,6 +17,7 @@ pub struct Attempt<'a> {
     pub(crate) deadline_ms: Option<u64>,
     /// Never run without a claim, even on an engine that fails open.
     pub(crate) fail_closed: bool,
+    pub(crate) taking_over: Option<Takeover>,
 }
 
 impl<'a> Attempt<'a> {
@@ -29,7 +30,22 @@ impl<'a> Attempt<'a> {
             fingerprint,
             deadline_ms: None,
             fail_closed: false,
+            taking_over: None,
         }
+    }
+
+    /// This attempt follows one that began outside this crate's records
+    /// and did not finish, **and may have acted** (a Powertools record
+    /// found abandoned:
+    /// [`PowertoolsFound::Abandoned`](crate::powertools::PowertoolsFound::Abandoned)).
+    /// The operation is told so, as after a takeover of a lapsed claim of
+    /// this crate's own: [`ClaimHandle::takeover`](crate::ClaimHandle::takeover)
+    /// is `takeover` (or, when this crate's own claim was taken over since,
+    /// that later takeover), and the claim's attempt numbers go on from
+    /// `takeover.attempt`.
+    pub fn taking_over(mut self, takeover: Takeover) -> Self {
+        self.taking_over = Some(takeover);
+        self
     }
 
     /// The time by which this attempt's invocation ends (in Lambda, the
@@ -76,6 +92,7 @@ pub(crate) struct OwnedAttempt {
     fingerprint: Fingerprint,
     deadline_ms: Option<u64>,
     fail_closed: bool,
+    taking_over: Option<Takeover>,
 }
 
 impl OwnedAttempt {
@@ -93,16 +110,25 @@ impl OwnedAttempt {
             fingerprint,
             deadline_ms,
             fail_closed: false,
+            taking_over: None,
         }
+    }
+
+    /// As [`Attempt::taking_over`], when `takeover` is `Some`.
+    pub(crate) fn taking_over(mut self, takeover: Option<Takeover>) -> Self {
+        self.taking_over = takeover;
+        self
     }
 
     /// The attempt, borrowing from this one.
     pub(crate) fn attempt(&self) -> Attempt<'_> {
-        let mut attempt = Attempt::new(&self.scope, &self.key, self.fingerprint.clone());
-        attempt.fail_closed = self.fail_closed;
-        match self.deadline_ms {
-            Some(deadline_ms) => attempt.deadline_ms(deadline_ms),
-            None => attempt,
+        Attempt {
+            scope: &self.scope,
+            key: &self.key,
+            fingerprint: self.fingerprint.clone(),
+            deadline_ms: self.deadline_ms,
+            fail_closed: self.fail_closed,
+            taking_over: self.taking_over,
         }
     }
 }
@@ -118,5 +144,6 @@ impl From<&Attempt<'_>> for OwnedAttempt {
                 attempt.deadline_ms,
             )
         }
+        .taking_over(attempt.taking_over)
     }
 }

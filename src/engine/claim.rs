@@ -154,8 +154,12 @@ impl<St: Store> Engine<St> {
             now_ms,
             lease_until_ms,
             expiration_s,
-            attempt: 1,
-            first_started_ms: now_ms,
+            // After an attempt outside this crate's records (a Powertools
+            // record found abandoned), this claim is its takeover.
+            attempt: attempt.taking_over.map_or(1, |t| t.attempt.max(2)),
+            first_started_ms: attempt
+                .taking_over
+                .map_or(now_ms, |t| t.first_started_at_ms),
         })
     }
 }

@@ -96,10 +96,11 @@ impl ClaimHandle {
     }
 
     /// The handle of an operation run without a claim: a single write, a
-    /// disabled engine, or fail-open during a store outage.
-    pub(super) fn unprotected() -> Self {
+    /// disabled engine, or fail-open during a store outage; a takeover only
+    /// of an attempt outside this crate's records.
+    pub(super) fn unprotected(takeover: Option<Takeover>) -> Self {
         Self {
-            takeover: None,
+            takeover,
             held: None,
         }
     }

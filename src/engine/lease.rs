@@ -85,13 +85,17 @@ impl<St: Store> claim_handle::Extender for Engine<St> {
 
 /// Runs an operation without a claim (a single write before its commit, a
 /// disabled engine, fail-open through an outage), with a handle that says
-/// so.
-pub(super) async fn run_unclaimed<T, W, E, F, Fut>(operation: F) -> Result<(T, Vec<W>), Error<E>>
+/// so, and that it follows an abandoned attempt, if it does
+/// ([`Attempt::taking_over`](crate::Attempt::taking_over)).
+pub(super) async fn run_unclaimed<T, W, E, F, Fut>(
+    operation: F,
+    takeover: Option<Takeover>,
+) -> Result<(T, Vec<W>), Error<E>>
 where
     F: FnOnce(ClaimHandle) -> Fut,
     Fut: Future<Output = Result<(T, Vec<W>), E>>,
 {
-    let handle = ClaimHandle::unprotected();
+    let handle = ClaimHandle::unprotected(takeover);
     handle
         .clone()
         .scope(operation(handle))

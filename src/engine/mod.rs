@@ -329,7 +329,7 @@ impl<St: Store> Engine<St> {
             {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
-                let (value, writes) = run_unclaimed(operation).await?;
+                let (value, writes) = run_unclaimed(operation, attempt.taking_over).await?;
                 if !writes.is_empty() {
                     // Its writes need the store that just failed: they are
                     // not committed, so the value must not be reported.
@@ -411,7 +411,7 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        let (value, writes) = run_unclaimed(operation).await?;
+        let (value, writes) = run_unclaimed(operation, None).await?;
         if !writes.is_empty() {
             return Err(Error::WritesNotCommitted(StoreError::new(
                 StoreErrorKind::Misconfigured,

@@ -33,8 +33,9 @@ impl<St: Store> Engine<St> {
     /// transaction conflict with a concurrent duplicate is tried again, a
     /// few times with jitter, then settled by a consistent read. A commit
     /// that fails is an error ([`Error::Store`]): nothing was written. The
-    /// operation gets a [`ClaimHandle`] without a claim (never a
-    /// takeover, no lease to extend).
+    /// operation gets a [`ClaimHandle`] without a claim (no lease to
+    /// extend; a takeover only of an attempt outside this crate's records,
+    /// [`Attempt::taking_over`]).
     ///
     /// Only stores whose [`Store::SINGLE_WRITE`] is `true` have it: using it
     /// with another store does not compile.
@@ -81,7 +82,7 @@ impl<St: Store> Engine<St> {
         if let Some(replay) = self.cached_replay(&id, attempt, codec, inner.clock.now_ms()) {
             return replay;
         }
-        let (value, writes) = run_unclaimed(operation).await?;
+        let (value, writes) = run_unclaimed(operation, attempt.taking_over).await?;
         let response = codec
             .encode(&value)
             .map_err(|error| Error::Store(super::codec::unserialisable(error)))?;

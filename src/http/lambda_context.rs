@@ -72,6 +72,51 @@ pub(crate) fn event_query_pairs<B>(request: &Request<B>) -> Option<Vec<(String, 
     Some(sorted_pairs(map, matches!(context, RequestContext::Alb(_))))
 }
 
+/// The event's `queryStringParameters` as the integration wrote them, for
+/// the Powertools view: a REST API (and ALB) keeps the last value of a
+/// repeated name, an HTTP API (and a Function URL) joins its values with
+/// commas, in their order; `null` when there are none (a REST API writes
+/// `null`, an HTTP API leaves the field out) or the request came from no
+/// event. The values are `lambda_http`'s: those of
+/// `multiValueQueryStringParameters` (REST), of `rawQueryString` decoded
+/// as a form (HTTP API), percent-decoded (ALB, which delivers them as sent).
+#[cfg_attr(not(feature = "powertools"), allow(dead_code))]
+pub(crate) fn event_query_parameters<B>(request: &Request<B>) -> Value {
+    let (Some(context), Some(map)) = (
+        request.request_context_ref(),
+        request.query_string_parameters_ref(),
+    ) else {
+        return Value::Null;
+    };
+    let joined = matches!(context, RequestContext::ApiGatewayV2(_));
+    // As `sorted_pairs`: a map built by hand may panic on iteration.
+    let names = catch_unwind(AssertUnwindSafe(|| {
+        map.iter()
+            .map(|(name, _)| name.to_owned())
+            .collect::<Vec<_>>()
+    }))
+    .unwrap_or_default();
+    let mut parameters = Map::new();
+    for name in names {
+        if parameters.contains_key(&name) {
+            continue;
+        }
+        let values = map.all(&name).unwrap_or_default();
+        let value = if joined {
+            Some(values.join(","))
+        } else {
+            values.last().map(|last| (*last).to_owned())
+        };
+        if let Some(value) = value {
+            parameters.insert(name, Value::String(value));
+        }
+    }
+    if parameters.is_empty() {
+        return Value::Null;
+    }
+    Value::Object(parameters)
+}
+
 fn sorted_pairs(map: &QueryMap, alb: bool) -> Vec<(String, String)> {
     // `QueryMap::iter` panics on a name without values, which no event
     // yields (lambda_http has iterated such a map already) but a map built

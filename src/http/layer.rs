@@ -309,17 +309,90 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Powertools compatibility, for a migration window: before claiming a
     /// request, read the record Powertools wrote for it; a completed one
     /// is replayed (its proxy response, with the `idempotent-replayed`
-    /// header), one in progress answers 409. Runs on every request of an
-    /// idempotent method, with or without a key header (Powertools may
-    /// have keyed on the body: a request without this crate's key is
-    /// answered from Powertools' record before `require_key` refuses it or
-    /// it passes through), unless the local cache answers it. See
+    /// header), one in progress answers 409, an abandoned one lets the
+    /// request run as its takeover ([`Takeover`](crate::Takeover) in the
+    /// request's extensions). Runs on every request of an idempotent
+    /// method, with or without a key header (Powertools may have keyed on
+    /// the body: a request without this crate's key is answered from
+    /// Powertools' record before `require_key` refuses it or it passes
+    /// through), unless the local cache answers it. See
     /// [`crate::powertools`].
+    ///
+    /// # Panics
+    ///
+    /// When a key or validation expression reads what the layer does not
+    /// see of a request (the whole event, `requestContext`, ...): such a
+    /// record would never be found, and every retry would run again.
+    /// [`try_powertools`](Self::try_powertools) returns the error instead.
+    ///
+    /// ```should_panic
+    /// # use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore, StoreError};
+    /// # use lambda_idempotency::powertools::{PowertoolsCompat, PowertoolsLayout, PowertoolsRecord, PowertoolsRecords};
+    /// # use std::{future::Future, pin::Pin};
+    /// # #[derive(Debug)]
+    /// # struct Reader; // a DynamoDbStore or a RedisStore, in a real function
+    /// # impl PowertoolsRecords for Reader {
+    /// #     fn read_powertools_record<'a>(&'a self, _: &'a str, _: &'a PowertoolsLayout)
+    /// #         -> Pin<Box<dyn Future<Output = Result<Option<PowertoolsRecord>, StoreError>> + Send + 'a>> {
+    /// #         Box::pin(async { Ok(None) })
+    /// #     }
+    /// # }
+    /// let compat = PowertoolsCompat::new(Reader, "orders", "app.lambda_handler")
+    ///     .event_key_jmespath("requestContext.requestId")
+    ///     .unwrap();
+    /// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build());
+    /// let _ = layer.powertools(compat); // panics: requestContext changes with every retry
+    /// ```
     #[cfg(feature = "powertools")]
     #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
-    pub fn powertools(mut self, compat: crate::powertools::PowertoolsCompat) -> Self {
+    #[track_caller]
+    pub fn powertools(self, compat: crate::powertools::PowertoolsCompat) -> Self {
+        match self.try_powertools(compat) {
+            Ok(layer) => layer,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// Like [`powertools`](Self::powertools), with an error for an
+    /// `event_key_jmespath` or `payload_validation_jmespath` the layer
+    /// cannot evaluate as Powertools did over the API Gateway event. It
+    /// reads `headers.<name>`, `queryStringParameters.<name>` (or the whole
+    /// map) and `body`, in paths, lists of paths and after
+    /// `powertools_json(...)`; the whole event, `requestContext.*` (API
+    /// Gateway's request id and time change with every retry), the whole
+    /// `headers` map and any other field are refused. A closure
+    /// ([`event_key`](crate::powertools::PowertoolsCompat::event_key)) is
+    /// not checked.
+    ///
+    /// ```
+    /// # use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore, StoreError};
+    /// # use lambda_idempotency::powertools::{PowertoolsCompat, PowertoolsLayout, PowertoolsRecord, PowertoolsRecords};
+    /// # use std::{future::Future, pin::Pin};
+    /// # #[derive(Debug)]
+    /// # struct Reader; // a DynamoDbStore or a RedisStore, in a real function
+    /// # impl PowertoolsRecords for Reader {
+    /// #     fn read_powertools_record<'a>(&'a self, _: &'a str, _: &'a PowertoolsLayout)
+    /// #         -> Pin<Box<dyn Future<Output = Result<Option<PowertoolsRecord>, StoreError>> + Send + 'a>> {
+    /// #         Box::pin(async { Ok(None) })
+    /// #     }
+    /// # }
+    /// let compat = PowertoolsCompat::new(Reader, "orders", "app.lambda_handler")
+    ///     .event_key_jmespath("requestContext.requestId")
+    ///     .unwrap();
+    /// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build());
+    /// let error = layer.try_powertools(compat).unwrap_err();
+    /// assert_eq!(error.expression(), "requestContext.requestId");
+    /// assert!(error.to_string().contains("change with every retry"));
+    /// ```
+    #[cfg(feature = "powertools")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
+    pub fn try_powertools(
+        mut self,
+        compat: crate::powertools::PowertoolsCompat,
+    ) -> Result<Self, crate::powertools::UnsupportedExpression> {
+        compat.check_http()?;
         self.config.settings.powertools = Some(Arc::new(compat));
-        self
+        Ok(self)
     }
 
     /// Emit a CloudWatch Embedded Metric Format count per request.

@@ -35,3 +35,8 @@ pub(crate) fn lambda_route<B>(_: &Request<B>) -> Option<String> {
 pub(crate) fn infers_plain_responses<B>(_: &Request<B>) -> bool {
     true
 }
+
+#[cfg_attr(not(feature = "powertools"), allow(dead_code))]
+pub(crate) fn event_query_parameters<B>(_: &Request<B>) -> serde_json::Value {
+    serde_json::Value::Null
+}

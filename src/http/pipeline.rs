@@ -173,10 +173,18 @@ where
         // the body, say), with or without this crate's key: a retry of a
         // request the old function ran must find its record first.
         #[cfg(feature = "powertools")]
-        if let Some(answered) = powertools_first(config, &request, kind, None).await {
-            return answered;
+        let takeover = match powertools_first(config, &request, kind, None).await {
+            Ok(takeover) => takeover,
+            Err(answered) => return answered,
+        };
+        #[cfg(not(feature = "powertools"))]
+        let takeover = None;
+        let mut request = rebuild_request(request, kind);
+        // Unclaimed, but the handler is told all the same.
+        if let Some(takeover) = takeover {
+            request.extensions_mut().insert::<crate::Takeover>(takeover);
         }
-        return keyless(&config.settings, inner, rebuild_request(request, kind)).await;
+        return keyless(&config.settings, inner, request).await;
     };
     let Some(scope) = scope_for(&config.settings.scope, &request) else {
         return (
@@ -185,13 +193,16 @@ where
         );
     };
     #[cfg(feature = "powertools")]
-    if let Some(answered) = powertools_first(config, &request, kind, Some((&scope, &key))).await {
-        return answered;
-    }
+    let takeover = match powertools_first(config, &request, kind, Some((&scope, &key))).await {
+        Ok(takeover) => takeover,
+        Err(answered) => return answered,
+    };
+    #[cfg(not(feature = "powertools"))]
+    let takeover = None;
     let deadline_ms = lambda_context::deadline_ms(&request);
     let fingerprint = config.settings.fingerprint.of(&request);
     let request = rebuild_request(request, kind);
-    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms);
+    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms).taking_over(takeover);
     let (result, live) = run_detached(Arc::clone(config), attempt, inner, request).await;
     respond(&config.settings, result, live)
 }
@@ -231,34 +242,42 @@ fn reads_powertools(settings: &Settings) -> bool {
     }
 }
 
-/// The answer Powertools' record gives `request`, in compatibility mode:
-/// not with idempotency off, nor for a key (`scope`, `key`) this instance
-/// answers from its cache (that holds this crate's own outcome).
+/// The answer Powertools' record gives `request`, in compatibility mode
+/// (`Err`), or that this crate's protocol runs (`Ok`), as the takeover of
+/// an abandoned Powertools record if it found one: not read with
+/// idempotency off, nor for a key (`scope`, `key`) this instance answers
+/// from its cache (that holds this crate's own outcome).
 #[cfg(feature = "powertools")]
 async fn powertools_first<St, E, ResBody>(
     config: &Config<St>,
     request: &Request<bytes::Bytes>,
     kind: super::body::Kind,
     scoped_key: Option<(&str, &str)>,
-) -> Option<(HttpOutcome, Result<Response<ResBody>, E>)>
+) -> Result<Option<crate::Takeover>, (HttpOutcome, Result<Response<ResBody>, E>)>
 where
     St: Store,
     ResBody: LayerBody,
 {
-    let compat = config.settings.powertools.as_ref()?;
+    use crate::powertools::http::{answer, Answer, Delivery};
+    let Some(compat) = config.settings.powertools.as_ref() else {
+        return Ok(None);
+    };
     let skips = match scoped_key {
         Some((scope, key)) => config.engine.skips_powertools(scope, Some(key)),
         None => config.engine.skips_powertools("", None),
     };
     if skips {
-        return None;
+        return Ok(None);
     }
-    let delivery = crate::powertools::http::Delivery {
+    let delivery = Delivery {
         base64_body: kind.delivered_base64(),
+        query: lambda_context::event_query_parameters(request),
         infers_plain_responses: lambda_context::infers_plain_responses(request),
     };
-    let found = crate::powertools::http::answer(compat, request, delivery).await?;
-    Some(respond::powertools(&config.settings, found))
+    match answer(compat, request, delivery).await {
+        Answer::Run(takeover) => Ok(takeover),
+        Answer::Answered(found) => Err(respond::powertools(&config.settings, found)),
+    }
 }
 
 /// Runs the attempt, from the claim on, so that the work goes on when the

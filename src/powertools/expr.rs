@@ -3,7 +3,9 @@
 //! `headers."Idempotency-Key"`, `requestContext.identity.user`), a
 //! multiselect list of paths (`[user, order_id]`), each optionally applied
 //! to `powertools_json(<path>)` (a field holding a JSON document, such as an
-//! API Gateway body), and the empty expression (the whole event).
+//! API Gateway body), and the empty expression (the whole event); and
+//! which of them the HTTP layer's view of a request can evaluate as
+//! Powertools did over the API Gateway event (`check_http`).
 
 use super::json::{self, Dialect, Json};
 use serde_json::Value;
@@ -12,6 +14,8 @@ use std::fmt;
 /// A supported `event_key_jmespath` (or `payload_validation_jmespath`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Expression {
+    /// The expression as written.
+    source: String,
     /// `powertools_json(path)` first, when present.
     decode: Option<Vec<String>>,
     selection: Selection,
@@ -25,21 +29,49 @@ enum Selection {
     List(Vec<Vec<String>>),
 }
 
-/// An expression outside the supported forms: give the key as a closure.
+/// A Powertools JMESPath expression the compatibility mode cannot
+/// evaluate as Powertools did: outside the supported forms
+/// ([`PowertoolsCompat::event_key_jmespath`](super::PowertoolsCompat::event_key_jmespath)),
+/// or, for the HTTP layer
+/// ([`IdempotencyLayer::try_powertools`](crate::http::IdempotencyLayer::try_powertools)),
+/// over a part of the API Gateway event it does not see. Its message names
+/// what is supported and the closure to give instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnsupportedExpression {
     expression: String,
+    /// Why the HTTP layer cannot evaluate it; `None`: not a supported form.
+    http: Option<String>,
+}
+
+impl UnsupportedExpression {
+    /// The expression refused.
+    pub fn expression(&self) -> &str {
+        &self.expression
+    }
 }
 
 impl fmt::Display for UnsupportedExpression {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unsupported Powertools JMESPath expression {:?}: supported are a field path \
-             (a.b.\"C-d\"), a list of paths ([a, b.c]), either after powertools_json(path), \
-             and the empty expression (the whole event); give a closure for anything else",
-            self.expression
-        )
+        match &self.http {
+            None => write!(
+                f,
+                "unsupported Powertools JMESPath expression {:?}: supported are a field path \
+                 (a.b.\"C-d\"), a list of paths ([a, b.c]), either after powertools_json(path), \
+                 and the empty expression (the whole event); give a closure \
+                 (PowertoolsCompat::event_key, payload_validation) for anything else",
+                self.expression
+            ),
+            Some(why) => write!(
+                f,
+                "the HTTP layer cannot evaluate the Powertools JMESPath expression {:?} as \
+                 Powertools did: {why}. Over an HTTP request it reads headers.<name>, \
+                 queryStringParameters.<name> (or the whole map) and body, as API Gateway \
+                 delivered them, in paths, lists of paths and after powertools_json(...), such \
+                 as powertools_json(body).order_id; for anything else give a closure \
+                 (PowertoolsCompat::event_key, payload_validation) over that view",
+                self.expression
+            ),
+        }
     }
 }
 
@@ -57,14 +89,35 @@ impl Expression {
     /// The empty expression: the whole event.
     pub(crate) fn whole() -> Self {
         Self {
+            source: String::new(),
             decode: None,
             selection: Selection::Path(Vec::new()),
         }
     }
 
+    /// `Ok` when the HTTP layer's view of a request (its headers, query
+    /// string parameters and body: `super::http::request_view`) gives what
+    /// Powertools selected from the API Gateway event; otherwise why not.
+    pub(crate) fn check_http(&self) -> Result<(), UnsupportedExpression> {
+        let paths: Vec<&[String]> = match (&self.decode, &self.selection) {
+            // What follows powertools_json reads the decoded document.
+            (Some(decoded), _) => vec![decoded],
+            (None, Selection::Path(path)) => vec![path],
+            (None, Selection::List(paths)) => paths.iter().map(Vec::as_slice).collect(),
+        };
+        paths
+            .into_iter()
+            .try_for_each(http_path)
+            .map_err(|why| UnsupportedExpression {
+                expression: self.source.clone(),
+                http: Some(why),
+            })
+    }
+
     pub(crate) fn parse(text: &str) -> Result<Self, UnsupportedExpression> {
         let unsupported = || UnsupportedExpression {
             expression: text.to_owned(),
+            http: None,
         };
         let mut rest = text.trim();
         let mut decode = None;
@@ -74,6 +127,7 @@ impl Expression {
             rest = tail.trim_start();
             if rest.is_empty() {
                 return Ok(Self {
+                    source: text.to_owned(),
                     decode,
                     selection: Selection::Path(Vec::new()),
                 });
@@ -98,7 +152,11 @@ impl Expression {
             }
             Selection::Path(path)
         };
-        Ok(Self { decode, selection })
+        Ok(Self {
+            source: text.to_owned(),
+            decode,
+            selection,
+        })
     }
 
     /// What JMESPath selects from `event`, as Python holds it. `headers_any_case`: the first
@@ -139,6 +197,38 @@ impl Expression {
                     .collect(),
             ),
         })
+    }
+}
+
+/// Whether a path into the API Gateway event reads what the HTTP view
+/// holds as Powertools read it; otherwise why not.
+fn http_path(path: &[String]) -> Result<(), String> {
+    let Some(root) = path.first() else {
+        return Err(
+            "the whole event holds API Gateway's request id and time, which \
+                    change with every retry (Powertools keyed on it never matched a \
+                    retry), and it is not available once lambda_http has parsed it"
+                .to_owned(),
+        );
+    };
+    match (root.as_str(), path.len()) {
+        ("headers", 1) => Err("the whole `headers` map holds headers set anew on every \
+                               request (X-Amzn-Trace-Id, X-Forwarded-For): no retry matched \
+                               it; key on one header"
+            .to_owned()),
+        ("headers" | "queryStringParameters" | "body", _) => Ok(()),
+        ("requestContext", _) => Err("`requestContext` is API Gateway's account of one \
+                                      delivery (its `requestId` and `requestTime` change with \
+                                      every retry), not the request the client repeats, and \
+                                      the layer does not read it"
+            .to_owned()),
+        ("multiValueHeaders" | "multiValueQueryStringParameters", _) => Err(format!(
+            "`{root}` (REST APIs' lists of values) is not part of the layer's view: key on \
+             headers.<name> or queryStringParameters.<name>"
+        )),
+        _ => Err(format!(
+            "`{root}` is not part of what the layer reads of a request"
+        )),
     }
 }
 
@@ -309,6 +399,55 @@ mod tests {
             expression.evaluate(&event, false, Dialect::Python),
             Ok(Json::Null)
         );
+    }
+
+    /// Issue 37, item 4: over an HTTP request, an expression is refused
+    /// at build time unless the layer's view holds what it reads as
+    /// Powertools read it from the event.
+    #[test]
+    fn over_http_only_what_the_view_holds_is_accepted() {
+        for accepted in [
+            "headers.\"Idempotency-Key\"",
+            "queryStringParameters.order",
+            "queryStringParameters",
+            "body",
+            "powertools_json(body).order_id",
+            "powertools_json(body)",
+            "powertools_json(body).[a, b.c]",
+            "[headers.\"Idempotency-Key\", queryStringParameters.x, body]",
+            "powertools_json(headers.payload).id",
+            "powertools_json(queryStringParameters.q).id",
+        ] {
+            let expression = Expression::parse(accepted).unwrap();
+            assert_eq!(expression.check_http(), Ok(()), "{accepted}");
+        }
+        for (refused, why) in [
+            ("", "whole event"),
+            ("requestContext.requestId", "change with every retry"),
+            ("requestContext.authorizer.claims.sub", "requestContext"),
+            ("[requestContext.requestId, body]", "requestContext"),
+            ("[headers.\"Idempotency-Key\", path]", "`path`"),
+            ("headers", "whole `headers` map"),
+            (
+                "multiValueQueryStringParameters.x",
+                "queryStringParameters.<name>",
+            ),
+            ("pathParameters.id", "`pathParameters`"),
+            ("powertools_json(requestContext.x).y", "requestContext"),
+        ] {
+            let error = Expression::parse(refused)
+                .unwrap()
+                .check_http()
+                .unwrap_err();
+            let message = error.to_string();
+            assert_eq!(error.expression(), refused);
+            assert!(message.contains(why), "{refused}: {message}");
+            assert!(message.contains("closure"), "{refused}: {message}");
+            assert!(
+                message.contains("queryStringParameters.<name>"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! response.
 
 use super::{PowertoolsCompat, PowertoolsFound};
-use crate::{http::StoredBody, Error, StoreError, StoreErrorKind};
+use crate::{http::StoredBody, Error, StoreError, StoreErrorKind, Takeover};
 use base64::{
     alphabet,
     engine::{general_purpose::STANDARD, DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
@@ -26,51 +26,67 @@ const LENIENT_BASE64: GeneralPurpose = GeneralPurpose::new(
 
 /// How the request reached the function, as far as Powertools' record
 /// depends on it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Delivery {
     /// The event carried the body base64-encoded (`isBase64Encoded`).
     pub(crate) base64_body: bool,
+    /// The event's `queryStringParameters`, as API Gateway wrote them
+    /// (null without any).
+    pub(crate) query: Value,
     /// The entry point serves a response without `statusCode` as 200 JSON
     /// (payload format 2.0), rather than refusing it.
     pub(crate) infers_plain_responses: bool,
 }
 
-/// What Powertools' record says of `request`, when it decides it: the
-/// response it stored, to replay, or why the request is refused (its
-/// record is in progress, cannot be replayed as HTTP, or could not be
-/// read). `None` lets this crate's protocol run.
+/// What Powertools' record says of a request.
+pub(crate) enum Answer {
+    /// This crate's protocol runs; after an abandoned record, as its
+    /// takeover.
+    Run(Option<Takeover>),
+    /// The response it stored, to replay, or why the request is refused
+    /// (its record is in progress, cannot be replayed as HTTP, or could not
+    /// be read).
+    Answered(Result<Response<StoredBody>, Error>),
+}
+
+/// What Powertools' record says of `request`.
 pub(crate) async fn answer(
     compat: &PowertoolsCompat,
     request: &Request<Bytes>,
     delivery: Delivery,
-) -> Option<Result<Response<StoredBody>, Error>> {
-    match compat
-        .check_in(&request_view(request, delivery.base64_body), true)
-        .await
-    {
-        Ok(None) => None,
+) -> Answer {
+    let found = compat
+        .check_in(
+            &request_view(request, delivery.base64_body, delivery.query),
+            true,
+        )
+        .await;
+    Answer::Answered(match found {
+        Ok(None) => return Answer::Run(None),
+        Ok(Some(PowertoolsFound::Abandoned { takeover })) => return Answer::Run(Some(takeover)),
         Ok(Some(PowertoolsFound::InProgress { retry_after })) => {
-            Some(Err(Error::InProgress { retry_after }))
+            Err(Error::InProgress { retry_after })
         }
-        Ok(Some(PowertoolsFound::Completed { data })) => Some(
+        Ok(Some(PowertoolsFound::Completed { data })) => {
             proxy_response(data.as_deref(), delivery.infers_plain_responses).map_err(|why| {
                 Error::Store(StoreError::new(
                     StoreErrorKind::CorruptRecord,
                     format!("the Powertools record cannot be replayed as an HTTP response: {why}"),
                 ))
-            }),
-        ),
-        Err(error) => Some(Err(error)),
-    }
+            })
+        }
+        Err(error) => Err(error),
+    })
 }
 
 /// What an `event_key_jmespath` can read of an HTTP request: `headers`
 /// (lowercased names; repeated values joined with commas, as API Gateway's
-/// HTTP API does) and `body` as the event carried it: base64 text when it
+/// HTTP API does), `queryStringParameters` (`query`, as the event held
+/// them) and `body` as the event carried it: base64 text when it
 /// was delivered so (Powertools hashed that text, and `powertools_json`
 /// cannot read it), otherwise the text (`null` for bytes that are not
 /// UTF-8, which no event carries as text).
-pub(crate) fn request_view(request: &Request<Bytes>, base64_body: bool) -> Value {
+pub(crate) fn request_view(request: &Request<Bytes>, base64_body: bool, query: Value) -> Value {
     let mut headers = Map::new();
     for name in request.headers().keys() {
         let values: Vec<&str> = request
@@ -89,6 +105,7 @@ pub(crate) fn request_view(request: &Request<Bytes>, base64_body: bool) -> Value
     };
     let mut view = Map::new();
     view.insert("headers".to_owned(), Value::Object(headers));
+    view.insert("queryStringParameters".to_owned(), query);
     view.insert("body".to_owned(), body);
     Value::Object(view)
 }

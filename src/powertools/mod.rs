@@ -11,9 +11,10 @@
 //! | Powertools record | answer |
 //! |---|---|
 //! | `COMPLETED`, `expiration` not passed | its stored response, replayed (HTTP: the proxy response dict as the response, status, headers and body as stored, with the `idempotent-replayed` header; a batch record: done, not run) |
-//! | `INPROGRESS`, `in_progress_expiration` (or, without one, `expiration`) not passed | in progress: 409 with `Retry-After`; a failed record in a batch |
+//! | `INPROGRESS`, `in_progress_expiration` not passed; or without one, written less than [`function_timeout`](PowertoolsCompat::function_timeout) ago (15 minutes by default; see [below](#a-record-in-progress-without-in_progress_expiration)) | in progress: 409 with `Retry-After`; a failed record in a batch |
 //! | either, with `validation` differing from this request's payload hash, or absent (payload validation on) | the key was reused: 422; a failed record (Powertools raises `IdempotencyValidationError` too) |
-//! | expired, lapsed, absent, or no key in the request | this crate's own protocol runs |
+//! | `INPROGRESS` past that, `expiration` not passed: abandoned ([`PowertoolsFound::Abandoned`]) | this crate's own protocol runs, as a takeover: the handler is told ([`Takeover`](crate::Takeover) in the request's extensions, [`ClaimHandle::takeover`](crate::ClaimHandle::takeover) in a batch); `validation` is not compared (Powertools overwrites such a record unread) |
+//! | expired, absent, or no key in the request | this crate's own protocol runs |
 //!
 //! The mode only reads: it never writes, changes or deletes a Powertools
 //! record.
@@ -38,6 +39,11 @@
 //!   so with validation on Powertools answers every retry of a completed
 //!   Redis record with `IdempotencyValidationError`, and so does this mode);
 //! - `hash_function` ([`HashFunction`], md5 by default);
+//! - `expires_after_seconds` ([`expires_after`](PowertoolsCompat::expires_after),
+//!   one hour by default), which dates a record, and the old function's
+//!   timeout ([`function_timeout`](PowertoolsCompat::function_timeout), 15
+//!   minutes by default), for records in progress without
+//!   `in_progress_expiration`;
 //! - the table, key and attribute names ([`PowertoolsLayout`]), defaulting
 //!   to Powertools' own (`id`, `expiration` in seconds,
 //!   `in_progress_expiration` in milliseconds, `status`, `data`,
@@ -62,11 +68,30 @@
 //!   as the event carried it: the text, or for a body API Gateway delivered
 //!   base64-encoded (`isBase64Encoded`), that base64 text, which Powertools
 //!   hashed with `event_key_jmespath="body"` (and which `powertools_json`
-//!   cannot read, in Powertools either). The whole API Gateway event, as
-//!   Lambda delivered it, is not available after `lambda_http` parsed it; it
-//!   also holds the request id and time, so Powertools keyed on the whole
-//!   event never matched a client's retry anyway. A closure sees the same
-//!   view: `{"headers": {...}, "body": ...}`.
+//!   cannot read, in Powertools either); and its `queryStringParameters`
+//!   as API Gateway wrote them: a REST API keeps the last value of a
+//!   repeated name, an HTTP API (and a Function URL) joins the values
+//!   with commas, in order; `null` without any. The values are
+//!   `lambda_http`'s: a REST API's as API Gateway decoded them, an HTTP
+//!   API's from `rawQueryString` decoded as a form (`+` as a space; that
+//!   API Gateway decodes it the same way was not checked), an ALB's
+//!   percent-decoded (ALB delivers them as the client encoded them, so an
+//!   ALB key with an escape in it is not found). A closure sees the same
+//!   view: `{"headers": {...}, "queryStringParameters": ..., "body": ...}`.
+//! - HTTP, the expressions: the layer refuses, when it is built
+//!   ([`IdempotencyLayer::try_powertools`] returns an
+//!   [`UnsupportedExpression`] that says why; [`IdempotencyLayer::powertools`]
+//!   panics with it), a key or validation expression that reads anything
+//!   else: the whole event (not available after `lambda_http` parsed it,
+//!   and it holds API Gateway's request id and time, so Powertools keyed
+//!   on it never matched a client's retry), `requestContext.*` (the same
+//!   per-delivery data: `requestContext.requestId` is a new id for every
+//!   retry), the whole `headers` map (headers set anew on every request),
+//!   and any other field (`pathParameters`, `multiValueHeaders`, ...).
+//!   Otherwise each retry would find no record and run again, silently.
+//!   `headers.<name>`, `queryStringParameters.<name>` (or the whole map)
+//!   and `body` are read, in paths, lists of paths and after
+//!   `powertools_json(...)`.
 //! - HTTP, a request without this crate's key: read too. Powertools may
 //!   have keyed on the body (`powertools_json(body).order_id`), so a retry
 //!   of a request the old function ran carries no `Idempotency-Key`; its
@@ -76,6 +101,43 @@
 //!   `body`, `attributes`...). A field path is exact; the whole record is
 //!   not (the crate's types write fields Lambda left out), so key batches on
 //!   a field, as Powertools' own examples do (`messageId`).
+//!
+//! # A record in progress without `in_progress_expiration`
+//!
+//! Powertools writes its in-progress expiry (`in_progress_expiration`) from
+//! the Lambda context's remaining time, and leaves it out when no context
+//! was registered: in Python 3.37, `BasePersistenceLayer.save_inprogress`
+//! when `remaining_time_in_millis` is `None`, which is
+//! `idempotent_function` without `config.register_lambda_context(context)`
+//! (`@idempotent` registers the handler's context itself); in TypeScript
+//! 2.35, `BasePersistenceLayer.saveInProgress` when the remaining time is
+//! missing or `0`, which is `makeIdempotent` on a function not called with
+//! a Lambda context as its second argument, without
+//! `config.registerLambdaContext(context)`. Powertools then warns ("Did you
+//! call register_lambda_context on IdempotencyConfig?").
+//!
+//! Its own retries treat such a record differently per store: the DynamoDB
+//! layers (both ports) overwrite an `INPROGRESS` record only with
+//! `attribute_exists(in_progress_expiration)`, so they refuse every retry
+//! until `expiration` (an hour by default); Python's Redis layer does the
+//! same on purpose ("Fail closed until the record TTL expires"); the
+//! TypeScript `CachePersistenceLayer` takes it for an orphan and runs the
+//! retry at once, beside an invocation that may still be live.
+//!
+//! This mode does neither, on every store and for both ports: such a
+//! record is held (409, a failed batch record) for as long as the old
+//! function's invocation could still run, counted from when Powertools
+//! wrote it (its `expiration` less `expires_after_seconds`, plus the second
+//! Powertools truncated), that is until
+//! [`function_timeout`](PowertoolsCompat::function_timeout) (Lambda's 15
+//! minutes unless set) has passed since, and never past its `expiration`.
+//! Then it is abandoned: the request runs under this crate's protocol, and
+//! its handler is told it takes over, since the old attempt may have acted
+//! before it died. Set [`expires_after`](PowertoolsCompat::expires_after)
+//! to Powertools' `expires_after_seconds`: a longer one here dates the
+//! record too early, and a retry could run beside a live invocation. A
+//! record with neither expiry cannot be dated and is reported as
+//! unreadable (500; a failed batch record).
 //!
 //! # What a replay looks like
 //!
@@ -142,9 +204,13 @@
 //!     serialisation of the same value. Same JSON, not the same bytes.
 //!   - The HTTP view has no whole event and a batch record's serialisation
 //!     is `aws_lambda_events`' (above): key on fields.
+//!   - A record in progress without `in_progress_expiration` is held for
+//!     the function's timeout rather than until it expires (Python, and
+//!     TypeScript on DynamoDB) or not at all (TypeScript on Redis), above.
 //!
 //! [`require_key`]: crate::http::IdempotencyLayer::require_key
 //! [`IdempotencyLayer::powertools`]: crate::http::IdempotencyLayer::powertools
+//! [`IdempotencyLayer::try_powertools`]: crate::http::IdempotencyLayer::try_powertools
 //! [`Batch::powertools`]: crate::consumers::Batch::powertools
 
 mod expr;
@@ -154,7 +220,7 @@ mod json;
 
 pub use expr::UnsupportedExpression;
 
-use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock};
+use crate::{Clock, Error, StoreError, StoreErrorKind, SystemClock, Takeover};
 use expr::Expression;
 use futures_util::future::BoxFuture;
 use json::{Dialect, Json};
@@ -342,8 +408,23 @@ pub enum PowertoolsFound {
     },
     /// Still in progress in the old function.
     InProgress {
-        /// How long until its in-progress expiry passes (at least 1 s).
+        /// How long until it is held no longer (at least 1 s): its
+        /// `in_progress_expiration`, or without one, when the old
+        /// function's invocation must have ended
+        /// ([`function_timeout`](PowertoolsCompat::function_timeout)).
         retry_after: Duration,
+    },
+    /// In progress, but its invocation can no longer be running (it
+    /// crashed or timed out): the request runs again under this crate's
+    /// protocol, **and the earlier attempt may have acted**. Run it as
+    /// [`Attempt::taking_over`](crate::Attempt::taking_over)`(takeover)`,
+    /// so that the operation is told (the HTTP layer and the batches do).
+    Abandoned {
+        /// Attempt 2 (Powertools keeps no count), begun when Powertools
+        /// wrote the record (its `expiration` less
+        /// [`expires_after`](PowertoolsCompat::expires_after), to the
+        /// second).
+        takeover: Takeover,
     },
 }
 
@@ -390,6 +471,40 @@ pub struct PowertoolsCompat {
     /// The Lambda function's name, when given: Powertools' default
     /// `static_pk_value` is `idempotency#{function}`.
     function_name: Option<String>,
+    holds: Holds,
+}
+
+/// How long records in progress are held, from Powertools' configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Holds {
+    /// Powertools' `expires_after_seconds`: a record's `expiration` is its
+    /// write time plus this.
+    expires_after_s: i64,
+    /// The longest an invocation of the old function could run.
+    function_timeout_ms: i64,
+}
+
+/// Powertools' default `expires_after_seconds`.
+pub const DEFAULT_EXPIRES_AFTER: Duration = Duration::from_secs(3600);
+/// The longest a Lambda invocation can run: the default
+/// [`function_timeout`](PowertoolsCompat::function_timeout).
+pub const MAX_FUNCTION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+impl Default for Holds {
+    fn default() -> Self {
+        Self {
+            expires_after_s: secs_i64(DEFAULT_EXPIRES_AFTER),
+            function_timeout_ms: millis_i64(MAX_FUNCTION_TIMEOUT),
+        }
+    }
+}
+
+fn secs_i64(duration: Duration) -> i64 {
+    i64::try_from(duration.as_secs()).unwrap_or(i64::MAX)
+}
+
+fn millis_i64(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl fmt::Debug for PowertoolsCompat {
@@ -400,6 +515,7 @@ impl fmt::Debug for PowertoolsCompat {
             .field("hash", &self.hash)
             .field("port", &self.port)
             .field("layout", &self.layout)
+            .field("holds", &self.holds)
             .finish_non_exhaustive()
     }
 }
@@ -435,6 +551,7 @@ impl PowertoolsCompat {
             layout: PowertoolsLayout::default(),
             clock: Arc::new(SystemClock),
             function_name: None,
+            holds: Holds::default(),
         }
     }
 
@@ -459,7 +576,9 @@ impl PowertoolsCompat {
 
     /// Powertools' `event_key_jmespath`, for the supported forms (see the
     /// [module docs](self)); anything else is refused: use
-    /// [`event_key`](Self::event_key).
+    /// [`event_key`](Self::event_key). The HTTP layer refuses, when it is
+    /// built, what it cannot read of a request
+    /// ([`IdempotencyLayer::try_powertools`](crate::http::IdempotencyLayer::try_powertools)).
     pub fn event_key_jmespath(mut self, expression: &str) -> Result<Self, UnsupportedExpression> {
         self.key = Selection::Expression(Expression::parse(expression)?);
         Ok(self)
@@ -515,10 +634,57 @@ impl PowertoolsCompat {
         self
     }
 
+    /// Powertools' `expires_after_seconds` (default one hour,
+    /// [`DEFAULT_EXPIRES_AFTER`]; TypeScript's `expiresAfterSeconds`): a
+    /// record's `expiration` is the time Powertools wrote it plus this, so
+    /// a record in progress without `in_progress_expiration` is dated by
+    /// it (see [`function_timeout`](Self::function_timeout)). Set it to
+    /// what Powertools was configured with: a longer one here than there
+    /// dates records earlier than they were written, and lets a retry run
+    /// beside an invocation that may still be live.
+    pub fn expires_after(mut self, expires_after: Duration) -> Self {
+        self.holds.expires_after_s = secs_i64(expires_after);
+        self
+    }
+
+    /// The longest the old function's invocation could run (its timeout;
+    /// default and most: Lambda's 15 minutes, [`MAX_FUNCTION_TIMEOUT`]).
+    ///
+    /// Powertools writes an `INPROGRESS` record without
+    /// `in_progress_expiration` when it had no Lambda context: Python's
+    /// `idempotent_function` without `config.register_lambda_context(context)`
+    /// (`@idempotent` registers the handler's context itself), TypeScript's
+    /// `makeIdempotent` on a function not called with the context as its
+    /// second argument, without `config.registerLambdaContext(context)`.
+    /// Such a record is held (in progress: 409, a failed batch record) until
+    /// this long after Powertools wrote it (its `expiration` less
+    /// [`expires_after`](Self::expires_after), plus the second Powertools
+    /// truncated), and never past its `expiration`; then it is
+    /// [`Abandoned`](PowertoolsFound::Abandoned): the request runs, told
+    /// it takes over. See the [module docs](self).
+    pub fn function_timeout(mut self, timeout: Duration) -> Self {
+        self.holds.function_timeout_ms = millis_i64(timeout);
+        self
+    }
+
     /// The clock expiries are compared with (default: the system's).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// `Ok` when the key and validation expressions read only what the HTTP
+    /// layer sees of a request as Powertools read it from the API Gateway
+    /// event (closures are the user's own); otherwise the first that does
+    /// not, and why.
+    #[cfg(feature = "http")]
+    pub(crate) fn check_http(&self) -> Result<(), UnsupportedExpression> {
+        for selection in std::iter::once(&self.key).chain(&self.validation) {
+            if let Selection::Expression(expression) = selection {
+                expression.check_http()?;
+            }
+        }
+        Ok(())
     }
 
     /// The id of the record Powertools wrote for `event`, or `None` when it
@@ -560,13 +726,18 @@ impl PowertoolsCompat {
         let Some(record) = record else {
             return Ok(None);
         };
-        let found = decide(&record, self.clock.now_ms()).map_err(|error| {
+        let found = decide(&record, self.clock.now_ms(), self.holds).map_err(|error| {
             Error::Store(StoreError::new(
                 StoreErrorKind::CorruptRecord,
                 format!("Powertools record {id}: {error}"),
             ))
         })?;
-        if found.is_some() {
+        // An abandoned record is overwritten by Powertools without a
+        // look at its hash (its put's condition lets it through).
+        if matches!(
+            found,
+            Some(PowertoolsFound::Completed { .. } | PowertoolsFound::InProgress { .. })
+        ) {
             // A record without a hash fails validation too, as in Powertools
             // (its Redis layer drops the hash when it completes a record,
             // and then refuses every retry of it).
@@ -590,12 +761,19 @@ fn kind(found: &PowertoolsFound) -> &'static str {
     match found {
         PowertoolsFound::Completed { .. } => "completed",
         PowertoolsFound::InProgress { .. } => "in_progress",
+        PowertoolsFound::Abandoned { .. } => "abandoned",
     }
 }
 
 /// What a record means at `now_ms`, as Powertools decides it
-/// (`DataRecord.is_expired`, `_handle_for_status`).
-fn decide(record: &PowertoolsRecord, now_ms: u64) -> Result<Option<PowertoolsFound>, String> {
+/// (`DataRecord.is_expired`, `_handle_for_status`), but for a record in
+/// progress without `in_progress_expiration`: held until the old
+/// function's invocation must have ended (`holds`), then abandoned.
+fn decide(
+    record: &PowertoolsRecord,
+    now_ms: u64,
+    holds: Holds,
+) -> Result<Option<PowertoolsFound>, String> {
     let now_ms = i64::try_from(now_ms).unwrap_or(i64::MAX);
     let now_s = now_ms / 1000;
     if record
@@ -609,12 +787,45 @@ fn decide(record: &PowertoolsRecord, now_ms: u64) -> Result<Option<PowertoolsFou
             data: record.data.clone(),
         })),
         "INPROGRESS" => {
-            let until_ms = match (record.in_progress_expiration_ms, record.expiration_s) {
-                (Some(lapses), _) if lapses < now_ms => return Ok(None),
-                (Some(lapses), _) => Some(lapses),
-                (None, expiration) => expiration.map(|s| s.saturating_mul(1000)),
+            // Powertools wrote the record at `expiration - expires_after`
+            // (its expiry is truncated to the second: up to 1 s later).
+            let written_s = record
+                .expiration_s
+                .map(|expiration| expiration.saturating_sub(holds.expires_after_s));
+            let held_until_ms = match (record.in_progress_expiration_ms, record.expiration_s) {
+                (Some(lapses), _) => lapses,
+                (None, Some(expiration)) => {
+                    let written_ms = written_s
+                        .unwrap_or(expiration)
+                        .saturating_add(1)
+                        .saturating_mul(1000);
+                    written_ms
+                        .saturating_add(holds.function_timeout_ms)
+                        // Live no longer than the second of its expiration.
+                        .min(expiration.saturating_add(1).saturating_mul(1000))
+                }
+                (None, None) => {
+                    return Err(
+                        "an INPROGRESS record with neither an in-progress expiry nor an \
+                                expiration: when it was written, or whether its invocation \
+                                can still be running, cannot be told; delete it once the old \
+                                function's invocations are over"
+                            .to_owned(),
+                    )
+                }
             };
-            let left = until_ms.map_or(0, |until| until.saturating_sub(now_ms));
+            if held_until_ms < now_ms {
+                let first_started_at_ms = written_s
+                    .map_or(now_ms, |s| s.saturating_mul(1000))
+                    .clamp(0, now_ms);
+                return Ok(Some(PowertoolsFound::Abandoned {
+                    takeover: Takeover {
+                        attempt: 2,
+                        first_started_at_ms: u64::try_from(first_started_at_ms).unwrap_or(0),
+                    },
+                }));
+            }
+            let left = held_until_ms.saturating_sub(now_ms);
             let retry_after =
                 Duration::from_millis(u64::try_from(left).unwrap_or(0)).max(Duration::from_secs(1));
             Ok(Some(PowertoolsFound::InProgress { retry_after }))

@@ -168,12 +168,28 @@ async fn each_state_means_what_it_means_to_powertools() {
         })
     );
     let (_, lapsed) = with_record(record("INPROGRESS", now_s + 3600, Some(NOW_MS as i64 - 1)));
-    assert_eq!(check(&lapsed).await.unwrap(), None);
+    assert_eq!(
+        check(&lapsed).await.unwrap(),
+        Some(PowertoolsFound::Abandoned {
+            takeover: Takeover {
+                attempt: 2,
+                first_started_at_ms: now_s as u64 * 1000,
+            }
+        }),
+        "its invocation ended: runs, as a takeover"
+    );
+    // Without an in-progress expiry: written 59 min 50 s ago (an hour's
+    // retention), longer than any invocation lives.
     let (_, no_lease) = with_record(record("INPROGRESS", now_s + 10, None));
     assert!(matches!(
         check(&no_lease).await.unwrap(),
-        Some(PowertoolsFound::InProgress { retry_after }) if retry_after > Duration::from_secs(9)
+        Some(PowertoolsFound::Abandoned { .. })
     ));
+    let (_, undated) = with_record(PowertoolsRecord::new("INPROGRESS"));
+    assert!(
+        matches!(check(&undated).await, Err(Error::Store(e)) if e.kind() == StoreErrorKind::CorruptRecord),
+        "neither expiry: whether it still runs cannot be told"
+    );
     let (_, odd) = with_record(record("DONE", now_s + 10, None));
     assert!(
         matches!(check(&odd).await, Err(Error::Store(e)) if e.kind() == StoreErrorKind::CorruptRecord)
@@ -230,4 +246,355 @@ fn a_sort_key_without_a_partition_value_gets_powertools_default() {
     // to refuse, with what to set.
     let prefixed = PowertoolsCompat::with_key_prefix(Arc::clone(&records), "custom").layout(single);
     assert_eq!(prefixed.layout.static_pk_value, None);
+}
+
+/// Issue 37, item 3: an `INPROGRESS` record without
+/// `in_progress_expiration` (Powertools had no Lambda context) is held for
+/// as long as an invocation can live, counted from when Powertools wrote
+/// it (its expiration less `expires_after_seconds`), then taken over.
+#[tokio::test]
+async fn a_record_without_an_in_progress_expiry_is_held_as_long_as_an_invocation_lives() {
+    let now_s = (NOW_MS / 1000) as i64;
+    let at = |compat: PowertoolsCompat, ms: u64| compat.clock(Arc::new(ManualClock::new(ms)));
+    let written_s = now_s;
+    let (_, compat) = with_record(record("INPROGRESS", written_s + 3600, None));
+    // Written at `now_s` (to the second): held until 15 min after the end
+    // of that second.
+    let held_until_ms = (written_s as u64 + 1) * 1000 + 15 * 60 * 1000;
+    for (ms, left_ms) in [
+        (NOW_MS, held_until_ms - NOW_MS),
+        (held_until_ms - 1_500, 1_500),
+        (held_until_ms, 1_000),
+    ] {
+        assert_eq!(
+            check(&at(compat.clone(), ms)).await.unwrap(),
+            Some(PowertoolsFound::InProgress {
+                retry_after: Duration::from_millis(left_ms).max(Duration::from_secs(1))
+            }),
+            "at {ms}"
+        );
+    }
+    let abandoned = Some(PowertoolsFound::Abandoned {
+        takeover: Takeover {
+            attempt: 2,
+            first_started_at_ms: written_s as u64 * 1000,
+        },
+    });
+    assert_eq!(
+        check(&at(compat.clone(), held_until_ms + 1)).await.unwrap(),
+        abandoned,
+        "then taken over, not held for the hour"
+    );
+
+    // Powertools' expires_after_seconds dates the record: a day's retention
+    // configured there and here.
+    let (_, day) = with_record(record("INPROGRESS", written_s + 86_400, None));
+    let day = day.expires_after(Duration::from_secs(86_400));
+    assert!(matches!(
+        check(&at(day.clone(), held_until_ms)).await.unwrap(),
+        Some(PowertoolsFound::InProgress { .. })
+    ));
+    assert_eq!(
+        check(&at(day.clone(), held_until_ms + 1)).await.unwrap(),
+        abandoned
+    );
+    // With the default hour, that record would look written 23 hours
+    // later: still held.
+    let (_, misdated) = with_record(record("INPROGRESS", written_s + 86_400, None));
+    assert!(matches!(
+        check(&at(misdated, held_until_ms + 1)).await.unwrap(),
+        Some(PowertoolsFound::InProgress { .. })
+    ));
+
+    // A shorter function timeout, from the old function's configuration.
+    let short = at(compat.clone(), (written_s as u64 + 1) * 1000 + 30_001)
+        .function_timeout(Duration::from_secs(30));
+    assert_eq!(check(&short).await.unwrap(), abandoned);
+
+    // Never held past its expiration (a retention shorter than the
+    // timeout), after which it is absent.
+    let (_, brief) = with_record(record("INPROGRESS", written_s + 60, None));
+    let brief = brief.expires_after(Duration::from_secs(60));
+    assert!(matches!(
+        check(&at(brief.clone(), (written_s as u64 + 61) * 1000 - 1)).await.unwrap(),
+        Some(PowertoolsFound::InProgress { retry_after }) if retry_after == Duration::from_secs(1)
+    ));
+    assert_eq!(
+        check(&at(brief, (written_s as u64 + 61) * 1000))
+            .await
+            .unwrap(),
+        None
+    );
+
+    // An abandoned record is not validated: Powertools overwrites it
+    // without a look at its hash.
+    let (_, validated) = with_record(record("INPROGRESS", written_s + 3600, None));
+    let validated = at(validated, held_until_ms + 1)
+        .payload_validation_jmespath("v")
+        .unwrap();
+    assert_eq!(
+        validated.check(&json!({"k": "x", "v": 2})).await.unwrap(),
+        abandoned
+    );
+}
+
+/// A compat over one record, stored under the id `event` gives with
+/// `expression`, its clock at `now_ms`.
+fn over(
+    expression: &str,
+    event: &Value,
+    record: PowertoolsRecord,
+    now_ms: u64,
+) -> PowertoolsCompat {
+    let id = compat(&Arc::new(Records::default()))
+        .event_key_jmespath(expression)
+        .unwrap()
+        .record_id(event)
+        .expect("a key");
+    let records = Arc::new(Records {
+        records: HashMap::from([(id, record)]),
+        asked: Mutex::default(),
+    });
+    compat(&records)
+        .event_key_jmespath(expression)
+        .unwrap()
+        .clock(Arc::new(ManualClock::new(now_ms)))
+}
+
+const WRITTEN_S: u64 = 1_800_000_000;
+/// When a record written at `WRITTEN_S` without an in-progress expiry is
+/// held no longer.
+const ABANDONED_MS: u64 = (WRITTEN_S + 1) * 1000 + 15 * 60 * 1000 + 1;
+const TAKEOVER: Takeover = Takeover {
+    attempt: 2,
+    first_started_at_ms: WRITTEN_S * 1000,
+};
+
+fn unleased() -> PowertoolsRecord {
+    record("INPROGRESS", WRITTEN_S as i64 + 3600, None)
+}
+
+/// Issue 37, item 3: the HTTP handler that runs after an abandoned
+/// Powertools record is told it takes over, with or without this crate's
+/// key; before, the request is refused as in progress.
+#[cfg(feature = "lambda")]
+#[tokio::test]
+async fn the_http_handler_after_an_abandoned_record_is_told_it_takes_over() {
+    use crate::{http::IdempotencyLayer, Engine, MemoryStore};
+    use lambda_http::{http, service_fn, Body, Request, Response};
+    use tower::{Layer, ServiceExt};
+
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        service_fn(move |request: Request| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let takeover = request.extensions().get::<Takeover>().copied();
+                let claimed = request
+                    .extensions()
+                    .get::<crate::ClaimHandle>()
+                    .and_then(crate::ClaimHandle::takeover);
+                seen.lock().unwrap().push((takeover, claimed));
+                Ok::<_, lambda_http::Error>(Response::new(Body::from("ran")))
+            }
+        })
+    };
+    let post = |key: Option<&str>| {
+        let mut builder = http::Request::post("/v1/charges");
+        if let Some(key) = key {
+            builder = builder.header("idempotency-key", key);
+        }
+        builder.body(Body::from("{\"order_id\": \"o-1\"}")).unwrap()
+    };
+    let by_header = |now_ms| {
+        let view = json!({"headers": {"Idempotency-Key": "pt-1"}});
+        over("headers.\"Idempotency-Key\"", &view, unleased(), now_ms)
+    };
+    let engine = Engine::builder(MemoryStore::new()).build();
+
+    let held = IdempotencyLayer::new(engine.clone())
+        .shared_scope()
+        .powertools(by_header((WRITTEN_S + 14 * 60) * 1000))
+        .layer(handler.clone());
+    let response = held.oneshot(post(Some("pt-1"))).await.unwrap();
+    assert_eq!(response.status(), 409, "held while an invocation may live");
+    assert!(seen.lock().unwrap().is_empty());
+
+    let taken = IdempotencyLayer::new(engine.clone())
+        .shared_scope()
+        .powertools(by_header(ABANDONED_MS))
+        .layer(handler.clone());
+    let response = taken.oneshot(post(Some("pt-1"))).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        seen.lock().unwrap().pop(),
+        Some((Some(TAKEOVER), Some(TAKEOVER))),
+        "the takeover in the extensions and on the claim"
+    );
+
+    // Keyed on the body, the request without this crate's key passes
+    // through unclaimed, and is told all the same.
+    let view = json!({"body": "{\"order_id\": \"o-1\"}"});
+    let by_body = over(
+        "powertools_json(body).order_id",
+        &view,
+        unleased(),
+        ABANDONED_MS,
+    );
+    let keyless = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .require_key(false)
+        .powertools(by_body)
+        .layer(handler);
+    let response = keyless.oneshot(post(None)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(seen.lock().unwrap().pop(), Some((Some(TAKEOVER), None)));
+}
+
+/// Issue 37, item 3: a batch record that runs after an abandoned
+/// Powertools record is told it takes over (`ClaimHandle::current`);
+/// before, it fails, to be delivered again.
+#[cfg(feature = "consumers")]
+#[tokio::test]
+async fn a_batch_record_after_an_abandoned_record_is_told_it_takes_over() {
+    use crate::{consumers::SqsBatch, ClaimHandle, Engine, MemoryStore};
+    use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+    use lambda_runtime::{Context, LambdaEvent};
+
+    let mut message = SqsMessage::default();
+    message.message_id = Some("m-1".into());
+    message.body = Some("{}".into());
+    let view = serde_json::to_value(&message).unwrap();
+    let mut event = SqsEvent::default();
+    event.records = vec![message];
+    let engine = Engine::builder(MemoryStore::new()).build();
+    for (now_ms, failed, told) in [
+        ((WRITTEN_S + 14 * 60) * 1000, 1, None),
+        (ABANDONED_MS, 0, Some(Some(TAKEOVER))),
+    ] {
+        let told_in = Arc::new(Mutex::new(None));
+        let batch = SqsBatch::new(engine.clone(), "queue").powertools(over(
+            "messageId",
+            &view,
+            unleased(),
+            now_ms,
+        ));
+        let response = batch
+            .process(
+                LambdaEvent::new(event.clone(), Context::default()),
+                |_message: SqsMessage| {
+                    let told_in = Arc::clone(&told_in);
+                    async move {
+                        *told_in.lock().unwrap() =
+                            Some(ClaimHandle::current().and_then(|claim| claim.takeover()));
+                        Ok::<_, String>(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.batch_item_failures.len(), failed, "at {now_ms}");
+        assert_eq!(*told_in.lock().unwrap(), told, "at {now_ms}");
+    }
+}
+
+/// Issue 37, item 4: a key on the query string, as API Gateway delivered
+/// it to Powertools (REST: the last value of a repeated name; HTTP API:
+/// the values joined with commas), finds the record Powertools wrote for
+/// the whole event through the HTTP layer; a key on a header too.
+#[cfg(feature = "lambda")]
+#[tokio::test]
+async fn keys_on_the_query_string_and_headers_are_read_as_api_gateway_delivered_them() {
+    use crate::{http::IdempotencyLayer, Engine, MemoryStore};
+    use lambda_http::{request::from_str, service_fn, Body, Request, Response};
+    use tower::{Layer, ServiceExt};
+
+    let mut rest: Value =
+        serde_json::from_str(include_str!("../../events/rest-api-create-charge.json")).unwrap();
+    rest["queryStringParameters"] = json!({"order": "o-2", "tag": "a b"});
+    rest["multiValueQueryStringParameters"] = json!({"order": ["o-1", "o-2"], "tag": ["a b"]});
+    let mut http_api: Value =
+        serde_json::from_str(include_str!("../../events/http-api-create-charge.json")).unwrap();
+    http_api["rawQueryString"] = json!("order=o-1&tag=a%20b&order=o-2");
+    http_api["queryStringParameters"] = json!({"order": "o-1,o-2", "tag": "a b"});
+    let completed = PowertoolsRecord {
+        expiration_s: Some(WRITTEN_S as i64 + 3600),
+        data: Some("{\"statusCode\": 201, \"body\": \"from powertools\"}".to_owned()),
+        ..PowertoolsRecord::new("COMPLETED")
+    };
+    // Each event's header names as API Gateway wrote them (JMESPath is
+    // case-sensitive).
+    for (name, event, header) in [
+        ("REST API", &rest, "Idempotency-Key"),
+        ("HTTP API", &http_api, "idempotency-key"),
+    ] {
+        for expression in [
+            "queryStringParameters.order".to_owned(),
+            "[queryStringParameters.order, queryStringParameters.tag]".to_owned(),
+            "queryStringParameters".to_owned(),
+            format!("headers.\"{header}\""),
+            format!("[headers.\"{header}\", queryStringParameters.tag, body]"),
+            "powertools_json(body).customer".to_owned(),
+        ] {
+            let expression = expression.as_str();
+            // The id Powertools computed from the event as Lambda gave it.
+            let compat = over(expression, event, completed.clone(), WRITTEN_S * 1000);
+            let runs = Arc::new(Mutex::new(0));
+            let counted = Arc::clone(&runs);
+            let service = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+                .shared_scope()
+                .require_key(false)
+                .try_powertools(compat)
+                .unwrap()
+                .layer(service_fn(move |_: Request| {
+                    *counted.lock().unwrap() += 1;
+                    async { Ok::<_, lambda_http::Error>(Response::new(Body::from("ran"))) }
+                }));
+            let request = from_str(&event.to_string()).unwrap();
+            let response = service.oneshot(request).await.unwrap();
+            assert_eq!(
+                (response.status().as_u16(), *runs.lock().unwrap()),
+                (201, 0),
+                "{name}, {expression}: replayed, not run"
+            );
+        }
+    }
+}
+
+/// Issue 37, item 4: the HTTP layer refuses, when it is built, an
+/// expression it cannot evaluate as Powertools did (the whole event by
+/// default, `requestContext`), for the key and for payload validation;
+/// a batch takes it (the whole record is there).
+#[cfg(feature = "lambda")]
+#[test]
+fn the_http_layer_refuses_what_it_cannot_evaluate_when_built() {
+    use crate::{http::IdempotencyLayer, Engine, MemoryStore};
+    let layer = || IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build());
+    let records = Arc::new(Records::default());
+    let whole = compat(&records);
+    let error = layer().try_powertools(whole.clone()).unwrap_err();
+    assert!(error.to_string().contains("whole event"), "{error}");
+    let by_request_id = compat(&records)
+        .event_key_jmespath("requestContext.requestId")
+        .unwrap();
+    assert!(layer().try_powertools(by_request_id).is_err());
+    let validated_on_context = compat(&records)
+        .event_key_jmespath("queryStringParameters.order")
+        .unwrap()
+        .payload_validation_jmespath("requestContext.identity")
+        .unwrap();
+    assert!(layer().try_powertools(validated_on_context).is_err());
+    // A closure is the user's own view of the request: taken.
+    let closure = compat(&records).event_key(|view| view.get("body").cloned());
+    assert!(layer().try_powertools(closure).is_ok());
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        layer().powertools(whole.clone())
+    }));
+    assert!(panicked.is_err());
+    #[cfg(feature = "consumers")]
+    {
+        let _ = crate::consumers::SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "q")
+            .powertools(whole);
+    }
 }

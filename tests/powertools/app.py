@@ -115,12 +115,51 @@ def plain_handler(event, context):
     return {"charge": "ch_pt_" + str(body["order_id"]), "amount": body["amount"], "note": "réglé"}
 
 
+unleased_store = persistence()
+unleased_config = IdempotencyConfig(
+    event_key_jmespath="powertools_json(body).order_id",
+    expires_after_seconds=EXPIRES,
+)
+
+
+@idempotent_function(data_keyword_argument="event", config=unleased_config, persistence_store=unleased_store)
+def charge_unleased(event):
+    die_if_asked()
+    return respond(event)
+
+
+def unleased_handler(event, context):
+    """Nothing registers the Lambda context (idempotent_function does not):
+    Powertools writes its INPROGRESS record without in_progress_expiration."""
+    return charge_unleased(event=event)
+
+
+def sqs_unleased_handler(event, context):
+    """process_record without sqs_config.register_lambda_context."""
+    return [process_record(record=record) for record in event["Records"]]
+
+
+query_store = persistence()
+query_config = IdempotencyConfig(event_key_jmespath="queryStringParameters.order", expires_after_seconds=EXPIRES)
+
+
+@idempotent(config=query_config, persistence_store=query_store)
+def query_handler(event, context):
+    """Keyed on a query string parameter, as API Gateway delivered it."""
+    die_if_asked()
+    order = event["queryStringParameters"]["order"]
+    return {"statusCode": 201, "headers": {"X-Served-By": "powertools"}, "body": "query " + order}
+
+
 HANDLERS = {
     "header": header_handler,
     "body": body_handler,
     "sqs": sqs_handler,
     "raw": raw_handler,
     "plain": plain_handler,
+    "unleased": unleased_handler,
+    "sqs_unleased": sqs_unleased_handler,
+    "query": query_handler,
 }
 STORES = {
     "header": header_store,
@@ -128,4 +167,7 @@ STORES = {
     "sqs": sqs_store,
     "raw": raw_store,
     "plain": plain_store,
+    "unleased": unleased_store,
+    "sqs_unleased": sqs_store,
+    "query": query_store,
 }

@@ -190,6 +190,56 @@ def main():
         },
     }
 
+    # In progress without in_progress_expiration (no Lambda context was
+    # registered), the process killed inside the handler: an HTTP request
+    # and an SQS record.
+    manifest["unleased"] = []
+    unleased = http_event("pt-unleased-http", "o-unleased", 3)
+    assert run_elsewhere("unleased", unleased, PT_DIE_IN_HANDLER="1") == 17
+    # Configured here as IdempotencyHandler configures it in the killed
+    # process, to compute the same id.
+    app.unleased_store.configure(app.unleased_config, "app.charge_unleased")
+    manifest["unleased"].append(
+        {
+            "surface": "http",
+            "event": unleased,
+            "powertools_id": app.STORES["unleased"]._get_hashed_idempotency_key(data=unleased),
+        }
+    )
+    unleased_sqs = sqs_event(["msg-unleased"])
+    assert run_elsewhere("sqs_unleased", unleased_sqs, PT_DIE_IN_HANDLER="1") == 17
+    record = unleased_sqs["Records"][0]
+    manifest["unleased"].append(
+        {
+            "surface": "sqs",
+            "event": unleased_sqs,
+            "powertools_id": app.sqs_store._get_hashed_idempotency_key(data=record),
+        }
+    )
+
+    # Keyed on queryStringParameters.order, completed: a REST API event
+    # (repeated name: API Gateway keeps the last value in
+    # queryStringParameters) and an HTTP API one (values joined by commas).
+    manifest["query"] = []
+    rest = http_event("pt-query-rest", "o-q", 1)
+    rest["queryStringParameters"] = {"order": "q-2", "note": "a b"}
+    rest["multiValueQueryStringParameters"] = {"order": ["q-1", "q-2"], "note": ["a b"]}
+    v2 = http_api_event('{"order_id": "o-q2", "amount": 1}')
+    v2["headers"]["idempotency-key"] = "pt-query-v2"
+    v2["rawQueryString"] = "order=q-3&note=a%20b&order=q-4"
+    v2["queryStringParameters"] = {"order": "q-3,q-4", "note": "a b"}
+    for name, event in (("rest", rest), ("http_api", v2)):
+        response = app.HANDLERS["query"](event, Context())
+        assert app.HANDLERS["query"](event, Context()) == response, "Powertools replayed another response"
+        manifest["query"].append(
+            {
+                "name": name,
+                "event": event,
+                "response": response,
+                "powertools_id": app.STORES["query"]._get_hashed_idempotency_key(data=event),
+            }
+        )
+
     # A record written with expires_after_seconds=1 expires once the clock's
     # second passes expiration (DataRecord.is_expired): at most 2 s.
     time.sleep(max(0.0, last_expiring + 2.1 - time.time()))

@@ -9,9 +9,12 @@
 // AWS_LAMBDA_FUNCTION_NAME (the records' key prefix). Each case is a REST
 // API event whose body is the payload; both handlers complete it, and the
 // manifest holds the events, the responses, what a retry answered and the
-// record ids Powertools computed. Powertools comes from comparison/'s
+// record ids Powertools computed; then one request left in progress without
+// in_progress_expiration (no Lambda context; the process killed inside the
+// function). Powertools comes from comparison/'s
 // node_modules (make test installs it).
 import { createRequire } from 'node:module';
+import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -79,6 +82,30 @@ const payloads = [
   '{"order_id": "o-8", "Émile": 1, "émile": 2, "zeta": null, "Zeta": false}',
 ];
 
+// Not called with a Lambda context, and none registered: Powertools writes
+// its INPROGRESS record without in_progress_expiration. With
+// PT_DIE_UNLEASED=1 the process exits inside it, as a Lambda killed
+// mid-invocation, after reading the event from stdin.
+stores.unleased = persistence();
+const chargeUnleased = makeIdempotent(
+  async (event) => {
+    if (process.env.PT_DIE_UNLEASED === '1') {
+      // The id Powertools (configured by now) saved the record under.
+      writeFileSync(1, stores.unleased.getHashedIdempotencyKey(event));
+      process.exit(17);
+    }
+    return respond(event);
+  },
+  {
+    persistenceStore: stores.unleased,
+    config: new IdempotencyConfig({ eventKeyJmesPath: 'powertools_json(body).order_id' }),
+  }
+);
+if (process.env.PT_DIE_UNLEASED === '1') {
+  await chargeUnleased(JSON.parse(readFileSync(0, 'utf8')));
+  throw new Error('the unleased handler returned');
+}
+
 const template = JSON.parse(readFileSync(join(ROOT, 'events', 'rest-api-create-charge.json'), 'utf8'));
 const manifest = { cases: [] };
 for (const [name, run] of Object.entries(handlers)) {
@@ -106,6 +133,19 @@ for (const [name, run] of Object.entries(handlers)) {
       powertools_id: stores[name].getHashedIdempotencyKey(event),
     });
   }
+}
+{
+  const event = structuredClone(template);
+  event.headers['Idempotency-Key'] = 'pt-ts-unleased';
+  event.multiValueHeaders['Idempotency-Key'] = ['pt-ts-unleased'];
+  event.body = '{"order_id": "o-ts-unleased", "amount": 3}';
+  const child = spawnSync(process.execPath, [fileURLToPath(import.meta.url), process.argv[2]], {
+    input: JSON.stringify(event),
+    env: { ...process.env, PT_DIE_UNLEASED: '1' },
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
+  if (child.status !== 17) throw new Error(`the killed handler exited ${child.status}`);
+  manifest.unleased = { event, powertools_id: child.stdout.toString() };
 }
 writeFileSync(process.argv[2], JSON.stringify(manifest, null, 1));
 if (redis) await redis.quit();
