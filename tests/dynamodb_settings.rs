@@ -338,3 +338,55 @@ fn without_a_subscriber_a_misconfiguration_is_logged_once() {
     let error = alerts[0]["error"].as_str().unwrap_or_default();
     assert!(error.contains("ResourceNotFoundException"), "{error}");
 }
+
+/// Run in a child process (no tracing subscriber there): two requests on a
+/// store that cannot be reached (a closed port).
+#[tokio::test]
+async fn child_two_requests_on_an_unreachable_store() {
+    if std::env::var_os("LAMBDA_IDEMPOTENCY_OUTAGE_CHILD").is_none() {
+        return;
+    }
+    let engine = Engine::builder(DynamoDbStore::new(
+        support::unreachable_client(),
+        "idempotency",
+    ))
+    .build();
+    for key in ["a", "b"] {
+        let result = engine
+            .execute(&Attempt::new("t", key, payload(1)), || async {
+                Ok::<_, std::io::Error>(1u8)
+            })
+            .await;
+        assert!(
+            matches!(&result, Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unavailable),
+            "{result:?}"
+        );
+    }
+}
+
+/// Issue 38, item 6: without a tracing subscriber, a store that cannot be
+/// reached (a wrong port) answered 503s with empty logs: the first outage
+/// of the process is written to stderr, once.
+#[test]
+fn without_a_subscriber_the_first_outage_is_logged_once() {
+    let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "child_two_requests_on_an_unreachable_store",
+            "--nocapture",
+        ])
+        .env("LAMBDA_IDEMPOTENCY_OUTAGE_CHILD", "1")
+        .output()
+        .expect("child runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let alerts: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .filter(|v: &serde_json::Value| v["target"] == "lambda_idempotency")
+        .collect();
+    assert_eq!(alerts.len(), 1, "once per process: {stderr}");
+    assert_eq!(alerts[0]["level"], "ERROR");
+    let message = alerts[0]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("store unavailable"), "{message}");
+}
