@@ -330,6 +330,33 @@ mod tests {
         ]);
     }
 
+    /// The deepest payload the JavaScript dialect reads, as arrays, objects
+    /// and both, read, copied, written and dropped on a thread with a
+    /// 128 KiB stack: nothing recurses per level.
+    #[test]
+    fn the_deepest_payload_needs_no_stack() {
+        let depth = Dialect::JavaScript.max_depth() - 1;
+        let shapes = [
+            ("[".repeat(depth), "]".repeat(depth)),
+            ("{\"a\":".repeat(depth), "}".repeat(depth)),
+            ("{\"B\":[".repeat(depth / 2), "]}".repeat(depth / 2)),
+        ];
+        for (open, close) in shapes {
+            let text = format!("{open}1{close}");
+            let worker = std::thread::Builder::new()
+                .stack_size(128 * 1024)
+                .spawn(move || {
+                    let value = loads(&text, Dialect::JavaScript).map_err(|e| e.to_string())?;
+                    let copy = value.clone();
+                    drop(value);
+                    let written = stringify(&copy);
+                    Ok::<_, String>(written == text)
+                })
+                .unwrap();
+            assert_eq!(worker.join().unwrap(), Ok(true));
+        }
+    }
+
     #[test]
     fn writes_what_javascript_writes() {
         let cases = [
