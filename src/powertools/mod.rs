@@ -229,6 +229,14 @@ impl Port {
     }
 }
 
+/// `String.prototype.trim`: ECMAScript's WhiteSpace (tab, vertical tab,
+/// form feed, U+FEFF and every space separator) and LineTerminator (line
+/// feed, carriage return, U+2028, U+2029) at either end. Unicode's
+/// White_Space, which Rust trims, differs in U+0085 and U+FEFF.
+fn javascript_trim(text: &str) -> &str {
+    text.trim_matches(|c: char| (c.is_whitespace() && c != '\u{85}') || c == '\u{feff}')
+}
+
 /// Powertools (Python)'s `is_missing_idempotency_key`.
 fn python_missing(value: &Json) -> bool {
     match value {
@@ -448,11 +456,17 @@ impl PowertoolsCompat {
     /// response as a map, read here as its JSON. Configure the rest as for
     /// Python (`eventKeyJmesPath`, `payloadValidationJmesPath`,
     /// `hashFunction`, the table's names). See the [module docs](self).
+    ///
+    /// Powertools trims `keyPrefix` with JavaScript's `trim()`, and so does
+    /// this: whitespace and line terminators as ECMAScript counts them (the
+    /// byte order mark U+FEFF included, U+0085 not). A `keyPrefix` that is
+    /// all whitespace was ignored: give the function's name then.
     pub fn typescript(
         reader: impl PowertoolsRecords + 'static,
         key_prefix: impl Into<String>,
     ) -> Self {
-        let mut compat = Self::with_key_prefix(reader, key_prefix);
+        let key_prefix = key_prefix.into();
+        let mut compat = Self::with_key_prefix(reader, javascript_trim(&key_prefix));
         compat.port = Port::TypeScript;
         compat
     }

@@ -231,3 +231,47 @@ fn a_sort_key_without_a_partition_value_gets_powertools_default() {
     let prefixed = PowertoolsCompat::with_key_prefix(Arc::clone(&records), "custom").layout(single);
     assert_eq!(prefixed.layout.static_pk_value, None);
 }
+
+/// Powertools TypeScript trims `keyPrefix` (`keyPrefix.trim()`). The ids
+/// are what Powertools 2.35 computes under Node 20 for the same body with
+/// `eventKeyJmesPath: 'powertools_json(body).order'`.
+#[test]
+fn a_typescript_key_prefix_is_trimmed_as_javascript_trims() {
+    let records = Arc::new(Records::default());
+    for (prefix, id) in [
+        (
+            " \t\u{feff} orders \u{2028}\u{3000}",
+            "orders#WW4WGvIvAM/ND7TrGDVykw==",
+        ),
+        (" orders\u{85} ", "orders\u{85}#WW4WGvIvAM/ND7TrGDVykw=="),
+    ] {
+        let compat = PowertoolsCompat::typescript(Arc::clone(&records), prefix)
+            .event_key_jmespath("powertools_json(body).order")
+            .unwrap();
+        assert_eq!(
+            compat.record_id(&event()).as_deref(),
+            Some(id),
+            "{prefix:?}"
+        );
+    }
+}
+
+/// Every character JavaScript's `trim()` removes, as Node 20 lists them
+/// (`(c + "x").trim() === "x"` over every code point), and no other.
+#[test]
+fn javascript_trim_removes_what_node_removes() {
+    let node: [u32; 25] = [
+        0x9, 0xa, 0xb, 0xc, 0xd, 0x20, 0xa0, 0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004,
+        0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200a, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000,
+        0xfeff,
+    ];
+    for c in (0..=0x10FFFF).filter_map(char::from_u32) {
+        let text = format!("{c}x");
+        assert_eq!(
+            javascript_trim(&text) == "x",
+            node.contains(&u32::from(c)),
+            "U+{:04X}",
+            u32::from(c)
+        );
+    }
+}
