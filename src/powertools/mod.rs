@@ -216,6 +216,19 @@ impl Port {
         }
     }
 
+    /// A stored response as JSON text: Python's string is that text;
+    /// TypeScript's is the string its handler returned.
+    fn response_json(self, data: &PowertoolsData) -> String {
+        match (self, data) {
+            (Port::Python, PowertoolsData::String(json)) | (_, PowertoolsData::Value(json)) => {
+                json.clone()
+            }
+            (Port::TypeScript, PowertoolsData::String(text)) => {
+                Value::String(text.clone()).to_string()
+            }
+        }
+    }
+
     /// The hash Powertools computed for a selection.
     fn hash(self, function: HashFunction, selected: &Json) -> String {
         match self {
@@ -305,8 +318,8 @@ pub struct PowertoolsRecord {
     /// When an `INPROGRESS` record lapses, epoch milliseconds (absent when
     /// Powertools did not know the invocation's remaining time).
     pub in_progress_expiration_ms: Option<i64>,
-    /// The response, as JSON text (`COMPLETED` only).
-    pub data: Option<String>,
+    /// The response attribute as stored (`COMPLETED` only).
+    pub data: Option<PowertoolsData>,
     /// The payload's hash, when payload validation was on.
     pub validation: Option<String>,
 }
@@ -323,6 +336,20 @@ impl PowertoolsRecord {
             validation: None,
         }
     }
+}
+
+/// A record's response attribute, as the store holds it. Python stores
+/// `json.dumps` of what the handler returned, a string; TypeScript stores
+/// the value itself (a DynamoDB map, list, number, boolean, `NULL` or
+/// string; a JSON value in Redis), so its string is the string the handler
+/// returned, not JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PowertoolsData {
+    /// A string attribute.
+    String(String),
+    /// Any other value (null included), as its JSON text.
+    Value(String),
 }
 
 /// Reads a Powertools record by its id: what a store implements for
@@ -342,8 +369,9 @@ pub trait PowertoolsRecords: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PowertoolsFound {
-    /// Completed within its expiry: replay this response (JSON text, as
-    /// Powertools stored it; `None` if it stored none).
+    /// Completed within its expiry: replay this response (JSON text: what
+    /// Python stored, the JSON of what TypeScript stored; `None` if it
+    /// stored none).
     Completed {
         /// The stored response.
         data: Option<String>,
@@ -574,7 +602,7 @@ impl PowertoolsCompat {
         let Some(record) = record else {
             return Ok(None);
         };
-        let found = decide(&record, self.clock.now_ms()).map_err(|error| {
+        let found = decide(&record, self.port, self.clock.now_ms()).map_err(|error| {
             Error::Store(StoreError::new(
                 StoreErrorKind::CorruptRecord,
                 format!("Powertools record {id}: {error}"),
@@ -609,7 +637,11 @@ fn kind(found: &PowertoolsFound) -> &'static str {
 
 /// What a record means at `now_ms`, as Powertools decides it
 /// (`DataRecord.is_expired`, `_handle_for_status`).
-fn decide(record: &PowertoolsRecord, now_ms: u64) -> Result<Option<PowertoolsFound>, String> {
+fn decide(
+    record: &PowertoolsRecord,
+    port: Port,
+    now_ms: u64,
+) -> Result<Option<PowertoolsFound>, String> {
     let now_ms = i64::try_from(now_ms).unwrap_or(i64::MAX);
     let now_s = now_ms / 1000;
     if record
@@ -620,7 +652,7 @@ fn decide(record: &PowertoolsRecord, now_ms: u64) -> Result<Option<PowertoolsFou
     }
     match record.status.as_str() {
         "COMPLETED" => Ok(Some(PowertoolsFound::Completed {
-            data: record.data.clone(),
+            data: record.data.as_ref().map(|data| port.response_json(data)),
         })),
         "INPROGRESS" => {
             let until_ms = match (record.in_progress_expiration_ms, record.expiration_s) {

@@ -136,7 +136,8 @@ fn record(status: &str, expiration_s: i64, in_progress_ms: Option<i64>) -> Power
     PowertoolsRecord {
         expiration_s: Some(expiration_s),
         in_progress_expiration_ms: in_progress_ms,
-        data: (status == "COMPLETED").then(|| "{\"statusCode\": 201}".to_owned()),
+        data: (status == "COMPLETED")
+            .then(|| PowertoolsData::String("{\"statusCode\": 201}".to_owned())),
         ..PowertoolsRecord::new(status)
     }
 }
@@ -272,6 +273,55 @@ fn javascript_trim_removes_what_node_removes() {
             node.contains(&u32::from(c)),
             "U+{:04X}",
             u32::from(c)
+        );
+    }
+}
+
+/// A response attribute means what each port stored: Python's string is
+/// JSON text; TypeScript's string is what the handler returned, its other
+/// values (null included) are themselves.
+#[tokio::test]
+async fn each_port_reads_its_stored_response() {
+    let cases = [
+        (
+            Port::Python,
+            PowertoolsData::String("\"hi\"".into()),
+            "\"hi\"",
+        ),
+        (Port::Python, PowertoolsData::String("null".into()), "null"),
+        (
+            Port::TypeScript,
+            PowertoolsData::String("hi \"x\"".into()),
+            r#""hi \"x\"""#,
+        ),
+        (
+            Port::TypeScript,
+            PowertoolsData::String("{}".into()),
+            r#""{}""#,
+        ),
+        (
+            Port::TypeScript,
+            PowertoolsData::Value("null".into()),
+            "null",
+        ),
+        (
+            Port::TypeScript,
+            PowertoolsData::Value("{\"a\":1}".into()),
+            "{\"a\":1}",
+        ),
+    ];
+    for (port, data, json) in cases {
+        let record = PowertoolsRecord {
+            expiration_s: Some(i64::MAX / 1000),
+            data: Some(data.clone()),
+            ..PowertoolsRecord::new("COMPLETED")
+        };
+        assert_eq!(
+            decide(&record, port, 0),
+            Ok(Some(PowertoolsFound::Completed {
+                data: Some(json.to_owned())
+            })),
+            "{port:?} {data:?}"
         );
     }
 }
