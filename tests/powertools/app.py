@@ -115,12 +115,29 @@ def plain_handler(event, context):
     return {"charge": "ch_pt_" + str(body["order_id"]), "amount": body["amount"], "note": "réglé"}
 
 
+text_store = persistence()
+text_config = IdempotencyConfig(
+    event_key_jmespath="powertools_json(body).order_id",
+    expires_after_seconds=EXPIRES,
+)
+
+
+@idempotent(config=text_config, persistence_store=text_store)
+def text_handler(event, context):
+    """An HTTP API handler returning a plain string: API Gateway serves the
+    string's text as a 200 application/json body; Powertools stores its
+    json.dumps."""
+    die_if_asked()
+    return "charge ch_pt_" + str(json.loads(event["body"])["order_id"]) + ' "réglé"'
+
+
 HANDLERS = {
     "header": header_handler,
     "body": body_handler,
     "sqs": sqs_handler,
     "raw": raw_handler,
     "plain": plain_handler,
+    "text": text_handler,
 }
 STORES = {
     "header": header_store,
@@ -128,4 +145,5 @@ STORES = {
     "sqs": sqs_store,
     "raw": raw_store,
     "plain": plain_store,
+    "text": text_store,
 }
