@@ -53,7 +53,8 @@
 //! as serde_json would: `-0` is the integer `0`, an integer keeps all its
 //! digits (a 30-digit id too), `NaN` and `Infinity` are floats, a lone
 //! surrogate escape (`"\ud800"`) stays in the string, and arrays and
-//! objects nest as deep as Python reads them (serde_json stops at 128).
+//! objects nest as deep as Python reads them (below 1,000 levels;
+//! serde_json stops at 128).
 //!
 //! # What it sees of a request
 //!
@@ -83,10 +84,14 @@
 //! proxy response dict (`statusCode`, `headers`, `multiValueHeaders`,
 //! `cookies`, `body`, base64 when `isBase64Encoded`) becomes that response.
 //! A handler behind an HTTP API (payload format 2.0) or a Function URL may
-//! return any other JSON, such as a plain dict: API Gateway served it as a
-//! 200 `application/json` response with that JSON as its body, and so does
-//! the replay. Behind a REST API or ALB, which answered such a response with
-//! an error, the record is reported as unreadable (500).
+//! return any other JSON, such as a plain dict, a string or null: API
+//! Gateway served it as a 200 `application/json` response whose body is
+//! "the function's response", a string as its text (AWS's documented
+//! example: `"Hello from Lambda!"` is served as the body
+//! `Hello from Lambda!`), anything else as its JSON (null as `null`, which
+//! the documentation shows no example of), and so does the replay. Behind a
+//! REST API or ALB, which answered such a response with an error, the
+//! record is reported as unreadable (500).
 //!
 //! # Which Powertools
 //!
@@ -98,13 +103,24 @@
 //!   `@aws-lambda-powertools/idempotency` 2.35 (`makeIdempotent`, the
 //!   decorator, the Middy middleware), checked the same way (DynamoDB, and
 //!   Redis through its `CachePersistenceLayer`). Its ids are
-//!   `{prefix}#{hash}` with the prefix the function's name (or `keyPrefix`)
-//!   and the hash the base64 digest of `JSON.stringify(deepSort(selected))`:
-//!   compact, keys sorted case-insensitively but integer-like keys first
-//!   (JavaScript's object order), numbers as JavaScript writes doubles (a
-//!   30-digit integer is rounded, `-0` is `0`), non-ASCII characters as
-//!   they are. It stores the response as a DynamoDB map (or a JSON object
-//!   in Redis) rather than JSON text; the mode reads either. It writes a
+//!   `{prefix}#{hash}` with the prefix the function's name (or `keyPrefix`,
+//!   trimmed as JavaScript's `trim()` trims) and the hash the base64 digest
+//!   of `JSON.stringify(deepSort(selected))`: compact, keys sorted by
+//!   `toLowerCase()` (full Unicode, final sigma included; keys equal once
+//!   lowercased keep their order) but integer-like keys first (JavaScript's
+//!   object order), `__proto__` members left out (`deepSort` copies members
+//!   by assignment, which sets the copy's prototype instead), numbers as
+//!   JavaScript writes doubles (a 30-digit integer is rounded, `-0` is
+//!   `0`), non-ASCII characters as they are. A payload `powertools_json`
+//!   decodes is read as `JSON.parse` reads it, nested up to 9,999 levels
+//!   (`JSON.parse` has no limit; Powertools' `deepSort` and
+//!   `JSON.stringify` recurse, and under Node 20's default stack it hashed
+//!   objects 1,200 levels deep in the tests and raised `RangeError` from
+//!   somewhere between about 1,500 and 3,400 levels, by shape and by what
+//!   V8 had compiled: deeper than 9,999 had no record). It stores the
+//!   response as the value itself (a DynamoDB map, or a JSON object in
+//!   Redis, for a proxy response; a string as that string), rather than
+//!   JSON text; the mode reads either. It writes a
 //!   record for every selection but `null` (`throwOnNoIdempotencyKey` off,
 //!   its default), where Python skips empty ones. Its layout is Python's
 //!   (`id`, `expiration` in seconds, `in_progress_expiration` in
@@ -133,9 +149,15 @@
 //!   - Nesting: CPython refuses a payload nested about 1,000 levels deep
 //!     (its recursion limit; in the tests' CPython 3.11 `json.loads` reads
 //!     990 levels and refuses 1,000, and other versions differ); this mode
-//!     reads up to 999. A payload Python refused is looked up here and has
-//!     no record (Powertools raised): the crate's protocol runs, as it
-//!     should.
+//!     reads up to 999 for Python, 9,999 for TypeScript (above). A payload
+//!     Powertools refused is looked up here and has no record (Powertools
+//!     raised): the crate's protocol runs, as it should.
+//!   - TypeScript: a key path through a name that an object inherits in
+//!     JavaScript (`powertools_json(body).__proto__`, `.constructor`)
+//!     selects what JavaScript reads there (`{}`, or a function Powertools
+//!     cannot hash); here it selects null. A handler that returned
+//!     `undefined` has no stored response, and its record is reported as
+//!     unreadable (500).
 //!   - A replayed plain HTTP API response has the JSON Powertools stored
 //!     (`json.dumps` with sorted keys and `ensure_ascii`), as Powertools'
 //!     own replay has; the first response had the Lambda runtime's
@@ -285,7 +307,8 @@ pub struct PowertoolsLayout {
     pub in_progress_expiry_attr: String,
     /// `status_attr` (default `status`).
     pub status_attr: String,
-    /// `data_attr` (default `data`): the response, as JSON text.
+    /// `data_attr` (default `data`): the response (Python: its JSON text;
+    /// TypeScript: the value itself).
     pub data_attr: String,
     /// `validation_key_attr` (default `validation`).
     pub validation_key_attr: String,
