@@ -35,11 +35,12 @@ const PYTHON_MAX_DEPTH: usize = 1_000;
 
 /// Nesting refused for JavaScript. `JSON.parse` has no limit, but
 /// Powertools' `deepSort` and `JSON.stringify` recurse: under Node 20's
-/// default stack, Powertools 2.35 hashed payloads nested up to about 2,000
-/// to 3,400 levels (it depends on the shape and on what V8 compiled) and
-/// raised `RangeError` past that. Reading up to 9,999 misses none it
-/// hashed (nor what a `--stack-size` up to about three times the default
-/// lets it hash); a deeper payload has no record, and is not looked up.
+/// default stack, Powertools 2.35 raised `RangeError` from somewhere
+/// between about 1,500 and 3,400 levels (measured; it depends on the shape,
+/// on the stack already in use and on what V8 compiled). Reading up to
+/// 9,999 misses none it hashed (nor what a `--stack-size` about three
+/// times the default lets it hash); a deeper payload has no record, and is
+/// not looked up.
 const JAVASCRIPT_MAX_DEPTH: usize = 10_000;
 
 /// The digits CPython 3.11+ converts to an `int` at most
