@@ -67,14 +67,14 @@ pub(super) fn operator_must_act<T, E>(result: &Result<T, Error<E>>) {
     if tracing::dispatcher::has_been_set() {
         return;
     }
-    if let Some(line) = first_line(alert, &error.to_string()) {
+    if let Some(line) = first_line(alert, alert.written(), &error.to_string()) {
         eprintln!("{line}");
     }
 }
 
-/// The line to write, the first time only.
-fn first_line(alert: Alert, error: &str) -> Option<String> {
-    if alert.written().swap(true, Ordering::Relaxed) {
+/// The line to write, the first time only (`written` says whether it was).
+fn first_line(alert: Alert, written: &AtomicBool, error: &str) -> Option<String> {
+    if written.swap(true, Ordering::Relaxed) {
         return None;
     }
     Some(
@@ -97,19 +97,29 @@ mod tests {
         assert_eq!(Alert::of(StoreErrorKind::Throttled), Some(Alert::Outage));
         assert_eq!(Alert::of(StoreErrorKind::Unavailable), Some(Alert::Outage));
         assert_eq!(Alert::of(StoreErrorKind::Rejected), None);
-        let line = first_line(Alert::Misconfigured, "table t does not exist").expect("the first");
+        // Flags of their own: other tests in this process raise alerts.
+        let (misconfigured, outage) = (AtomicBool::new(false), AtomicBool::new(false));
+        let line = first_line(
+            Alert::Misconfigured,
+            &misconfigured,
+            "table t does not exist",
+        )
+        .expect("the first");
         let value: serde_json::Value = serde_json::from_str(&line).expect("JSON");
         assert_eq!(value["level"], "ERROR");
         assert_eq!(value["error"], "table t does not exist");
-        assert_eq!(first_line(Alert::Misconfigured, "again"), None);
+        assert_eq!(
+            first_line(Alert::Misconfigured, &misconfigured, "again"),
+            None
+        );
 
         // An outage has a line of its own, once too.
-        let line = first_line(Alert::Outage, "connection refused").expect("the first outage");
+        let line = first_line(Alert::Outage, &outage, "refused").expect("the first outage");
         let value: serde_json::Value = serde_json::from_str(&line).expect("JSON");
         assert!(
             value["message"].as_str().unwrap().contains("unavailable"),
             "{line}"
         );
-        assert_eq!(first_line(Alert::Outage, "again"), None);
+        assert_eq!(first_line(Alert::Outage, &outage, "again"), None);
     }
 }

@@ -259,11 +259,13 @@ fn select<'a>(value: &'a Value, path: &[String], headers_any_case: bool) -> &'a 
     current
 }
 
+static JSON_NULL: Json = Json::Null;
+
 /// A field path in a document `powertools_json` decoded.
 fn select_decoded<'a>(value: &'a Json, path: &[String]) -> &'a Json {
     path.iter()
         .try_fold(value, |current, field| current.get(field))
-        .unwrap_or(&Json::Null)
+        .unwrap_or(&JSON_NULL)
 }
 
 /// `a.b."c-d"` into its fields; `None` when it is not a plain path.

@@ -127,6 +127,9 @@ pub(crate) fn proxy_response(
         serde_json::from_str(data).map_err(|e| format!("the response is not JSON: {e}"))?;
     let dict = match value {
         Value::Object(dict) if dict.contains_key("statusCode") => dict,
+        // A string is served as its text, any other JSON as it is (null
+        // as `null`): "body is the function's response".
+        Value::String(text) if infers_plain_responses => return Ok(plain_response(&text)),
         _ if infers_plain_responses => return Ok(plain_response(data)),
         _ => {
             return Err(
@@ -266,16 +269,25 @@ mod tests {
 
     #[test]
     fn without_status_code_payload_format_2_serves_200_json() {
-        for data in [
-            r#"{"charge": "ch_1", "body": "x"}"#,
-            r#"[1, 2]"#,
-            r#""text""#,
-            "null",
+        // A string is served as its text, not as JSON (API Gateway's
+        // documented example: "Hello from Lambda!" has the body
+        // Hello from Lambda!); anything else as the JSON it is.
+        for (data, body) in [
+            (
+                r#"{"charge": "ch_1", "body": "x"}"#,
+                r#"{"charge": "ch_1", "body": "x"}"#,
+            ),
+            (r#"[1, 2]"#, "[1, 2]"),
+            (r#""text \"é\"""#, "text \"é\""),
+            (r#""""#, ""),
+            (r#""{\"a\": 1}""#, r#"{"a": 1}"#),
+            ("null", "null"),
+            ("7", "7"),
         ] {
             let response = proxy_response(Some(data), true).unwrap();
             assert_eq!(response.status(), 200, "{data}");
             assert_eq!(response.headers()["content-type"], "application/json");
-            assert_eq!(body_bytes(&response), data.as_bytes());
+            assert_eq!(body_bytes(&response), body.as_bytes(), "{data}");
             let why = proxy_response(Some(data), false).unwrap_err();
             assert!(why.contains("no statusCode"), "{why}");
         }

@@ -59,7 +59,8 @@
 //! as serde_json would: `-0` is the integer `0`, an integer keeps all its
 //! digits (a 30-digit id too), `NaN` and `Infinity` are floats, a lone
 //! surrogate escape (`"\ud800"`) stays in the string, and arrays and
-//! objects nest as deep as Python reads them (serde_json stops at 128).
+//! objects nest as deep as Python reads them (below 1,000 levels;
+//! serde_json stops at 128).
 //!
 //! # What it sees of a request
 //!
@@ -145,10 +146,14 @@
 //! proxy response dict (`statusCode`, `headers`, `multiValueHeaders`,
 //! `cookies`, `body`, base64 when `isBase64Encoded`) becomes that response.
 //! A handler behind an HTTP API (payload format 2.0) or a Function URL may
-//! return any other JSON, such as a plain dict: API Gateway served it as a
-//! 200 `application/json` response with that JSON as its body, and so does
-//! the replay. Behind a REST API or ALB, which answered such a response with
-//! an error, the record is reported as unreadable (500).
+//! return any other JSON, such as a plain dict, a string or null: API
+//! Gateway served it as a 200 `application/json` response whose body is
+//! "the function's response", a string as its text (AWS's documented
+//! example: `"Hello from Lambda!"` is served as the body
+//! `Hello from Lambda!`), anything else as its JSON (null as `null`, which
+//! the documentation shows no example of), and so does the replay. Behind a
+//! REST API or ALB, which answered such a response with an error, the
+//! record is reported as unreadable (500).
 //!
 //! # Which Powertools
 //!
@@ -160,13 +165,24 @@
 //!   `@aws-lambda-powertools/idempotency` 2.35 (`makeIdempotent`, the
 //!   decorator, the Middy middleware), checked the same way (DynamoDB, and
 //!   Redis through its `CachePersistenceLayer`). Its ids are
-//!   `{prefix}#{hash}` with the prefix the function's name (or `keyPrefix`)
-//!   and the hash the base64 digest of `JSON.stringify(deepSort(selected))`:
-//!   compact, keys sorted case-insensitively but integer-like keys first
-//!   (JavaScript's object order), numbers as JavaScript writes doubles (a
-//!   30-digit integer is rounded, `-0` is `0`), non-ASCII characters as
-//!   they are. It stores the response as a DynamoDB map (or a JSON object
-//!   in Redis) rather than JSON text; the mode reads either. It writes a
+//!   `{prefix}#{hash}` with the prefix the function's name (or `keyPrefix`,
+//!   trimmed as JavaScript's `trim()` trims) and the hash the base64 digest
+//!   of `JSON.stringify(deepSort(selected))`: compact, keys sorted by
+//!   `toLowerCase()` (full Unicode, final sigma included; keys equal once
+//!   lowercased keep their order) but integer-like keys first (JavaScript's
+//!   object order), `__proto__` members left out (`deepSort` copies members
+//!   by assignment, which sets the copy's prototype instead), numbers as
+//!   JavaScript writes doubles (a 30-digit integer is rounded, `-0` is
+//!   `0`), non-ASCII characters as they are. A payload `powertools_json`
+//!   decodes is read as `JSON.parse` reads it, nested up to 9,999 levels
+//!   (`JSON.parse` has no limit; Powertools' `deepSort` and
+//!   `JSON.stringify` recurse, and under Node 20's default stack it hashed
+//!   objects 1,200 levels deep in the tests and raised `RangeError` from
+//!   somewhere between about 1,500 and 3,400 levels, by shape and by what
+//!   V8 had compiled: deeper than 9,999 had no record). It stores the
+//!   response as the value itself (a DynamoDB map, or a JSON object in
+//!   Redis, for a proxy response; a string as that string), rather than
+//!   JSON text; the mode reads either. It writes a
 //!   record for every selection but `null` (`throwOnNoIdempotencyKey` off,
 //!   its default), where Python skips empty ones. Its layout is Python's
 //!   (`id`, `expiration` in seconds, `in_progress_expiration` in
@@ -195,9 +211,15 @@
 //!   - Nesting: CPython refuses a payload nested about 1,000 levels deep
 //!     (its recursion limit; in the tests' CPython 3.11 `json.loads` reads
 //!     990 levels and refuses 1,000, and other versions differ); this mode
-//!     reads up to 999. A payload Python refused is looked up here and has
-//!     no record (Powertools raised): the crate's protocol runs, as it
-//!     should.
+//!     reads up to 999 for Python, 9,999 for TypeScript (above). A payload
+//!     Powertools refused is looked up here and has no record (Powertools
+//!     raised): the crate's protocol runs, as it should.
+//!   - TypeScript: a key path through a name that an object inherits in
+//!     JavaScript (`powertools_json(body).__proto__`, `.constructor`)
+//!     selects what JavaScript reads there (`{}`, or a function Powertools
+//!     cannot hash); here it selects null. A handler that returned
+//!     `undefined` has no stored response, and its record is reported as
+//!     unreadable (500).
 //!   - A replayed plain HTTP API response has the JSON Powertools stored
 //!     (`json.dumps` with sorted keys and `ensure_ascii`), as Powertools'
 //!     own replay has; the first response had the Lambda runtime's
@@ -282,6 +304,19 @@ impl Port {
         }
     }
 
+    /// A stored response as JSON text: Python's string is that text;
+    /// TypeScript's is the string its handler returned.
+    fn response_json(self, data: &PowertoolsData) -> String {
+        match (self, data) {
+            (Port::Python, PowertoolsData::String(json)) | (_, PowertoolsData::Value(json)) => {
+                json.clone()
+            }
+            (Port::TypeScript, PowertoolsData::String(text)) => {
+                Value::String(text.clone()).to_string()
+            }
+        }
+    }
+
     /// The hash Powertools computed for a selection.
     fn hash(self, function: HashFunction, selected: &Json) -> String {
         match self {
@@ -293,6 +328,14 @@ impl Port {
             }
         }
     }
+}
+
+/// `String.prototype.trim`: ECMAScript's WhiteSpace (tab, vertical tab,
+/// form feed, U+FEFF and every space separator) and LineTerminator (line
+/// feed, carriage return, U+2028, U+2029) at either end. Unicode's
+/// White_Space, which Rust trims, differs in U+0085 and U+FEFF.
+fn javascript_trim(text: &str) -> &str {
+    text.trim_matches(|c: char| (c.is_whitespace() && c != '\u{85}') || c == '\u{feff}')
 }
 
 /// Powertools (Python)'s `is_missing_idempotency_key`.
@@ -330,7 +373,8 @@ pub struct PowertoolsLayout {
     pub in_progress_expiry_attr: String,
     /// `status_attr` (default `status`).
     pub status_attr: String,
-    /// `data_attr` (default `data`): the response, as JSON text.
+    /// `data_attr` (default `data`): the response (Python: its JSON text;
+    /// TypeScript: the value itself).
     pub data_attr: String,
     /// `validation_key_attr` (default `validation`).
     pub validation_key_attr: String,
@@ -363,8 +407,8 @@ pub struct PowertoolsRecord {
     /// When an `INPROGRESS` record lapses, epoch milliseconds (absent when
     /// Powertools did not know the invocation's remaining time).
     pub in_progress_expiration_ms: Option<i64>,
-    /// The response, as JSON text (`COMPLETED` only).
-    pub data: Option<String>,
+    /// The response attribute as stored (`COMPLETED` only).
+    pub data: Option<PowertoolsData>,
     /// The payload's hash, when payload validation was on.
     pub validation: Option<String>,
 }
@@ -381,6 +425,20 @@ impl PowertoolsRecord {
             validation: None,
         }
     }
+}
+
+/// A record's response attribute, as the store holds it. Python stores
+/// `json.dumps` of what the handler returned, a string; TypeScript stores
+/// the value itself (a DynamoDB map, list, number, boolean, `NULL` or
+/// string; a JSON value in Redis), so its string is the string the handler
+/// returned, not JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PowertoolsData {
+    /// A string attribute.
+    String(String),
+    /// Any other value (null included), as its JSON text.
+    Value(String),
 }
 
 /// Reads a Powertools record by its id: what a store implements for
@@ -400,8 +458,9 @@ pub trait PowertoolsRecords: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PowertoolsFound {
-    /// Completed within its expiry: replay this response (JSON text, as
-    /// Powertools stored it; `None` if it stored none).
+    /// Completed within its expiry: replay this response (JSON text: what
+    /// Python stored, the JSON of what TypeScript stored; `None` if it
+    /// stored none).
     Completed {
         /// The stored response.
         data: Option<String>,
@@ -565,11 +624,17 @@ impl PowertoolsCompat {
     /// response as a map, read here as its JSON. Configure the rest as for
     /// Python (`eventKeyJmesPath`, `payloadValidationJmesPath`,
     /// `hashFunction`, the table's names). See the [module docs](self).
+    ///
+    /// Powertools trims `keyPrefix` with JavaScript's `trim()`, and so does
+    /// this: whitespace and line terminators as ECMAScript counts them (the
+    /// byte order mark U+FEFF included, U+0085 not). A `keyPrefix` that is
+    /// all whitespace was ignored: give the function's name then.
     pub fn typescript(
         reader: impl PowertoolsRecords + 'static,
         key_prefix: impl Into<String>,
     ) -> Self {
-        let mut compat = Self::with_key_prefix(reader, key_prefix);
+        let key_prefix = key_prefix.into();
+        let mut compat = Self::with_key_prefix(reader, javascript_trim(&key_prefix));
         compat.port = Port::TypeScript;
         compat
     }
@@ -726,12 +791,13 @@ impl PowertoolsCompat {
         let Some(record) = record else {
             return Ok(None);
         };
-        let found = decide(&record, self.clock.now_ms(), self.holds).map_err(|error| {
-            Error::Store(StoreError::new(
-                StoreErrorKind::CorruptRecord,
-                format!("Powertools record {id}: {error}"),
-            ))
-        })?;
+        let found =
+            decide(&record, self.port, self.clock.now_ms(), self.holds).map_err(|error| {
+                Error::Store(StoreError::new(
+                    StoreErrorKind::CorruptRecord,
+                    format!("Powertools record {id}: {error}"),
+                ))
+            })?;
         // An abandoned record is overwritten by Powertools without a
         // look at its hash (its put's condition lets it through).
         if matches!(
@@ -771,6 +837,7 @@ fn kind(found: &PowertoolsFound) -> &'static str {
 /// function's invocation must have ended (`holds`), then abandoned.
 fn decide(
     record: &PowertoolsRecord,
+    port: Port,
     now_ms: u64,
     holds: Holds,
 ) -> Result<Option<PowertoolsFound>, String> {
@@ -784,7 +851,7 @@ fn decide(
     }
     match record.status.as_str() {
         "COMPLETED" => Ok(Some(PowertoolsFound::Completed {
-            data: record.data.clone(),
+            data: record.data.as_ref().map(|data| port.response_json(data)),
         })),
         "INPROGRESS" => {
             // Powertools wrote the record at `expiration - expires_after`

@@ -136,7 +136,8 @@ fn record(status: &str, expiration_s: i64, in_progress_ms: Option<i64>) -> Power
     PowertoolsRecord {
         expiration_s: Some(expiration_s),
         in_progress_expiration_ms: in_progress_ms,
-        data: (status == "COMPLETED").then(|| "{\"statusCode\": 201}".to_owned()),
+        data: (status == "COMPLETED")
+            .then(|| PowertoolsData::String("{\"statusCode\": 201}".to_owned())),
         ..PowertoolsRecord::new(status)
     }
 }
@@ -520,7 +521,9 @@ async fn keys_on_the_query_string_and_headers_are_read_as_api_gateway_delivered_
     http_api["queryStringParameters"] = json!({"order": "o-1,o-2", "tag": "a b"});
     let completed = PowertoolsRecord {
         expiration_s: Some(WRITTEN_S as i64 + 3600),
-        data: Some("{\"statusCode\": 201, \"body\": \"from powertools\"}".to_owned()),
+        data: Some(PowertoolsData::String(
+            "{\"statusCode\": 201, \"body\": \"from powertools\"}".to_owned(),
+        )),
         ..PowertoolsRecord::new("COMPLETED")
     };
     // Each event's header names as API Gateway wrote them (JMESPath is
@@ -596,5 +599,98 @@ fn the_http_layer_refuses_what_it_cannot_evaluate_when_built() {
     {
         let _ = crate::consumers::SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "q")
             .powertools(whole);
+    }
+}
+
+/// Powertools TypeScript trims `keyPrefix` (`keyPrefix.trim()`). The ids
+/// are what Powertools 2.35 computes under Node 20 for the same body with
+/// `eventKeyJmesPath: 'powertools_json(body).order'`.
+#[test]
+fn a_typescript_key_prefix_is_trimmed_as_javascript_trims() {
+    let records = Arc::new(Records::default());
+    for (prefix, id) in [
+        (
+            " \t\u{feff} orders \u{2028}\u{3000}",
+            "orders#WW4WGvIvAM/ND7TrGDVykw==",
+        ),
+        (" orders\u{85} ", "orders\u{85}#WW4WGvIvAM/ND7TrGDVykw=="),
+    ] {
+        let compat = PowertoolsCompat::typescript(Arc::clone(&records), prefix)
+            .event_key_jmespath("powertools_json(body).order")
+            .unwrap();
+        assert_eq!(
+            compat.record_id(&event()).as_deref(),
+            Some(id),
+            "{prefix:?}"
+        );
+    }
+}
+
+/// Every character JavaScript's `trim()` removes, as Node 20 lists them
+/// (`(c + "x").trim() === "x"` over every code point), and no other.
+#[test]
+fn javascript_trim_removes_what_node_removes() {
+    let node: [u32; 25] = [
+        0x9, 0xa, 0xb, 0xc, 0xd, 0x20, 0xa0, 0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004,
+        0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200a, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000,
+        0xfeff,
+    ];
+    for c in (0..=0x10FFFF).filter_map(char::from_u32) {
+        let text = format!("{c}x");
+        assert_eq!(
+            javascript_trim(&text) == "x",
+            node.contains(&u32::from(c)),
+            "U+{:04X}",
+            u32::from(c)
+        );
+    }
+}
+
+/// A response attribute means what each port stored: Python's string is
+/// JSON text; TypeScript's string is what the handler returned, its other
+/// values (null included) are themselves.
+#[tokio::test]
+async fn each_port_reads_its_stored_response() {
+    let cases = [
+        (
+            Port::Python,
+            PowertoolsData::String("\"hi\"".into()),
+            "\"hi\"",
+        ),
+        (Port::Python, PowertoolsData::String("null".into()), "null"),
+        (
+            Port::TypeScript,
+            PowertoolsData::String("hi \"x\"".into()),
+            r#""hi \"x\"""#,
+        ),
+        (
+            Port::TypeScript,
+            PowertoolsData::String("{}".into()),
+            r#""{}""#,
+        ),
+        (
+            Port::TypeScript,
+            PowertoolsData::Value("null".into()),
+            "null",
+        ),
+        (
+            Port::TypeScript,
+            PowertoolsData::Value("{\"a\":1}".into()),
+            "{\"a\":1}",
+        ),
+    ];
+    for (port, data, json) in cases {
+        let record = PowertoolsRecord {
+            expiration_s: Some(i64::MAX / 1000),
+            data: Some(data.clone()),
+            ..PowertoolsRecord::new("COMPLETED")
+        };
+        assert_eq!(
+            decide(&record, port, 0, Holds::default()),
+            Ok(Some(PowertoolsFound::Completed {
+                data: Some(json.to_owned())
+            })),
+            "{port:?} {data:?}"
+        );
     }
 }

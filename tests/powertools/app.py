@@ -151,6 +151,22 @@ def query_handler(event, context):
     return {"statusCode": 201, "headers": {"X-Served-By": "powertools"}, "body": "query " + order}
 
 
+text_store = persistence()
+text_config = IdempotencyConfig(
+    event_key_jmespath="powertools_json(body).order_id",
+    expires_after_seconds=EXPIRES,
+)
+
+
+@idempotent(config=text_config, persistence_store=text_store)
+def text_handler(event, context):
+    """An HTTP API handler returning a plain string: API Gateway serves the
+    string's text as a 200 application/json body; Powertools stores its
+    json.dumps."""
+    die_if_asked()
+    return "charge ch_pt_" + str(json.loads(event["body"])["order_id"]) + ' "réglé"'
+
+
 HANDLERS = {
     "header": header_handler,
     "body": body_handler,
@@ -160,6 +176,7 @@ HANDLERS = {
     "unleased": unleased_handler,
     "sqs_unleased": sqs_unleased_handler,
     "query": query_handler,
+    "text": text_handler,
 }
 STORES = {
     "header": header_store,
@@ -170,4 +187,5 @@ STORES = {
     "unleased": unleased_store,
     "sqs_unleased": sqs_store,
     "query": query_store,
+    "text": text_store,
 }

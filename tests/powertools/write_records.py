@@ -9,7 +9,8 @@ killed inside the handler), expired (completed with a one-second expiry,
 then waited out) and absent (never sent). Then the edge cases, completed:
 payloads only Python reads as it does (`-0`, integers past 64 bits, lone
 surrogates, deep nesting, NaN), a body delivered base64-encoded and keyed
-as delivered, an HTTP API handler returning a plain dict, and a request
+as delivered, an HTTP API handler returning a plain dict and one returning a plain
+string, and a request
 without the Rust function's key header. The manifest holds the events,
 the responses Powertools returned, what it answered to a retry of a
 completed request, and the record ids it computed.
@@ -79,6 +80,9 @@ def edge_cases():
     plain = http_api_event('{"order_id": "o-plain", "amount": 5}')
     plain["headers"]["idempotency-key"] = "pt-edge-plain"
     events.append(("plain_dict_http_api", "plain", plain))
+    text = http_api_event('{"order_id": "o-text", "amount": 6}')
+    text["headers"]["idempotency-key"] = "pt-edge-text"
+    events.append(("plain_string_http_api", "text", text))
     keyless = http_event("unused", "o-keyless", 9)
     del keyless["headers"]["Idempotency-Key"]
     del keyless["multiValueHeaders"]["Idempotency-Key"]

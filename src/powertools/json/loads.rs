@@ -10,16 +10,38 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
     /// Python's `json.loads`: `NaN` and `Infinity`, integers up to 4,300
-    /// digits.
+    /// digits, nesting below 1,000 levels.
     Python,
-    /// JavaScript's `JSON.parse`: RFC 8259 only.
+    /// JavaScript's `JSON.parse`: RFC 8259 only; nesting below 10,000
+    /// levels (what Powertools could hash, with a margin).
     JavaScript,
+}
+
+impl Dialect {
+    /// The nesting this dialect refuses: arrays and objects nested this
+    /// deep or deeper are not read.
+    pub(crate) fn max_depth(self) -> usize {
+        match self {
+            Dialect::Python => PYTHON_MAX_DEPTH,
+            Dialect::JavaScript => JAVASCRIPT_MAX_DEPTH,
+        }
+    }
 }
 
 /// Nesting Python's decoder refuses (`RecursionError` at its recursion
 /// limit, 1,000 frames by default, of which the caller's stack uses a few):
 /// Powertools then raised, and wrote no record.
-const MAX_DEPTH: usize = 1_000;
+const PYTHON_MAX_DEPTH: usize = 1_000;
+
+/// Nesting refused for JavaScript. `JSON.parse` has no limit, but
+/// Powertools' `deepSort` and `JSON.stringify` recurse: under Node 20's
+/// default stack, Powertools 2.35 raised `RangeError` from somewhere
+/// between about 1,500 and 3,400 levels (measured; it depends on the shape,
+/// on the stack already in use and on what V8 compiled). Reading up to
+/// 9,999 misses none it hashed (nor what a `--stack-size` about three
+/// times the default lets it hash); a deeper payload has no record, and is
+/// not looked up.
+const JAVASCRIPT_MAX_DEPTH: usize = 10_000;
 
 /// The digits CPython 3.11+ converts to an `int` at most
 /// (`sys.get_int_max_str_digits()`); longer raises `ValueError`.
@@ -37,9 +59,9 @@ impl fmt::Display for NotJson {
     }
 }
 
-/// `json.loads(text)` or `JSON.parse(text)`. Nesting is bounded by
-/// Python's limit for both: deeper is refused rather than read on a stack
-/// that might not hold it.
+/// `json.loads(text)` or `JSON.parse(text)`, nesting bounded by the
+/// dialect's limit ([`Dialect::max_depth`]). Iterative: no input, however
+/// deep, grows the thread's stack.
 pub(crate) fn loads(text: &str, dialect: Dialect) -> Result<Json, NotJson> {
     let mut parser = Parser {
         text: text.as_bytes(),
@@ -47,7 +69,7 @@ pub(crate) fn loads(text: &str, dialect: Dialect) -> Result<Json, NotJson> {
         dialect,
     };
     parser.skip_whitespace();
-    let value = parser.value(0)?;
+    let value = parser.document()?;
     parser.skip_whitespace();
     if parser.at != parser.text.len() {
         return Err(parser.error());
@@ -88,12 +110,98 @@ impl Parser<'_> {
         matched
     }
 
-    fn value(&mut self, depth: usize) -> Result<Json, NotJson> {
+    /// One value and everything nested in it, with the open arrays and
+    /// objects on a stack of their own rather than on the thread's.
+    fn document(&mut self) -> Result<Json, NotJson> {
+        /// An array or object read up to a member.
+        enum Open {
+            Array(Vec<Json>),
+            /// The members so far, and the name of the one being read.
+            Object(Vec<(Utf16, Json)>, Utf16),
+        }
+        let max_depth = self.dialect.max_depth();
+        let mut stack: Vec<Open> = Vec::new();
+        loop {
+            self.skip_whitespace();
+            let mut value = match self.peek() {
+                Some(open @ (b'[' | b'{')) => {
+                    if stack.len() + 1 >= max_depth {
+                        return Err(self.error());
+                    }
+                    self.at += 1;
+                    self.skip_whitespace();
+                    if open == b'[' {
+                        if self.eat("]") {
+                            Json::Array(Vec::new())
+                        } else {
+                            stack.push(Open::Array(Vec::new()));
+                            continue;
+                        }
+                    } else if self.eat("}") {
+                        Json::Object(Vec::new())
+                    } else {
+                        let name = self.member_name()?;
+                        stack.push(Open::Object(Vec::new(), name));
+                        continue;
+                    }
+                }
+                _ => self.scalar()?,
+            };
+            // A whole value: into the container it is in, closing each
+            // container it completes.
+            loop {
+                let Some(open) = stack.last_mut() else {
+                    return Ok(value);
+                };
+                self.skip_whitespace();
+                let closed = match open {
+                    Open::Array(items) => {
+                        items.push(value);
+                        if self.eat(",") {
+                            break;
+                        }
+                        if !self.eat("]") {
+                            return Err(self.error());
+                        }
+                        Json::Array(std::mem::take(items))
+                    }
+                    Open::Object(members, name) => {
+                        members.push((std::mem::take(name), value));
+                        if self.eat(",") {
+                            self.skip_whitespace();
+                            *name = self.member_name()?;
+                            break;
+                        }
+                        if !self.eat("}") {
+                            return Err(self.error());
+                        }
+                        Json::Object(std::mem::take(members))
+                    }
+                };
+                stack.pop();
+                value = closed;
+            }
+        }
+    }
+
+    /// A member's name and its colon, up to its value.
+    fn member_name(&mut self) -> Result<Utf16, NotJson> {
+        if self.peek() != Some(b'"') {
+            return Err(self.error());
+        }
+        let name = self.string()?;
+        self.skip_whitespace();
+        if !self.eat(":") {
+            return Err(self.error());
+        }
+        Ok(name)
+    }
+
+    /// A value that is neither an array nor an object.
+    fn scalar(&mut self) -> Result<Json, NotJson> {
         let python = self.dialect == Dialect::Python;
         match self.peek() {
             Some(b'"') => Ok(Json::String(self.string()?)),
-            Some(b'{') => self.object(depth + 1),
-            Some(b'[') => self.array(depth + 1),
             Some(b'-') if python && self.eat("-Infinity") => Ok(Json::Number("-Infinity".into())),
             Some(b'-' | b'0'..=b'9') => self.number(),
             _ if self.eat("null") => Ok(Json::Null),
@@ -102,62 +210,6 @@ impl Parser<'_> {
             _ if python && self.eat("NaN") => Ok(Json::Number("NaN".into())),
             _ if python && self.eat("Infinity") => Ok(Json::Number("Infinity".into())),
             _ => Err(self.error()),
-        }
-    }
-
-    fn array(&mut self, depth: usize) -> Result<Json, NotJson> {
-        if depth >= MAX_DEPTH {
-            return Err(self.error());
-        }
-        self.at += 1;
-        let mut items = Vec::new();
-        self.skip_whitespace();
-        if self.eat("]") {
-            return Ok(Json::Array(items));
-        }
-        loop {
-            self.skip_whitespace();
-            items.push(self.value(depth)?);
-            self.skip_whitespace();
-            if self.eat("]") {
-                return Ok(Json::Array(items));
-            }
-            if !self.eat(",") {
-                return Err(self.error());
-            }
-        }
-    }
-
-    fn object(&mut self, depth: usize) -> Result<Json, NotJson> {
-        if depth >= MAX_DEPTH {
-            return Err(self.error());
-        }
-        self.at += 1;
-        let mut entries = Vec::new();
-        self.skip_whitespace();
-        if self.eat("}") {
-            return Ok(Json::Object(entries));
-        }
-        loop {
-            self.skip_whitespace();
-            if self.peek() != Some(b'"') {
-                return Err(self.error());
-            }
-            let key = self.string()?;
-            self.skip_whitespace();
-            if !self.eat(":") {
-                return Err(self.error());
-            }
-            self.skip_whitespace();
-            let value = self.value(depth)?;
-            entries.push((key, value));
-            self.skip_whitespace();
-            if self.eat("}") {
-                return Ok(Json::Object(entries));
-            }
-            if !self.eat(",") {
-                return Err(self.error());
-            }
         }
     }
 
@@ -310,10 +362,31 @@ mod tests {
         let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
         let value = loads(&nested(150), Dialect::Python).unwrap();
         assert_eq!(dumps(&value), nested(150));
-        assert!(loads(&nested(MAX_DEPTH - 1), Dialect::Python).is_ok());
-        assert!(loads(&nested(MAX_DEPTH), Dialect::Python).is_err());
+        assert!(loads(&nested(PYTHON_MAX_DEPTH - 1), Dialect::Python).is_ok());
+        assert!(loads(&nested(PYTHON_MAX_DEPTH), Dialect::Python).is_err());
         // Deep enough to overflow a recursive reader's stack: refused, no crash.
         assert!(loads(&nested(1_000_000), Dialect::Python).is_err());
+    }
+
+    #[test]
+    fn javascript_nests_to_its_own_limit() {
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let objects = |depth: usize| format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+        for depth in [PYTHON_MAX_DEPTH, JAVASCRIPT_MAX_DEPTH - 1] {
+            assert!(
+                loads(&nested(depth), Dialect::JavaScript).is_ok(),
+                "{depth}"
+            );
+            assert!(
+                loads(&objects(depth), Dialect::JavaScript).is_ok(),
+                "{depth}"
+            );
+        }
+        assert!(loads(&nested(JAVASCRIPT_MAX_DEPTH), Dialect::JavaScript).is_err());
+        assert!(loads(&objects(JAVASCRIPT_MAX_DEPTH), Dialect::JavaScript).is_err());
+        assert!(loads(&nested(1_000_000), Dialect::JavaScript).is_err());
+        // Python's limit is its own.
+        assert!(loads(&nested(PYTHON_MAX_DEPTH), Dialect::Python).is_err());
     }
 
     #[test]

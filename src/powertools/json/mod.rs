@@ -19,7 +19,10 @@ use serde_json::Value;
 use std::{cmp::Ordering, collections::HashMap};
 
 /// A JSON document as read, before a language's reader made values of it.
-#[derive(Debug, Clone, PartialEq)]
+/// Cloned and dropped without recursion (a JavaScript payload nests up to
+/// 9,999 levels); compared and debugged recursively, which only the tests
+/// do beyond the top level.
+#[derive(Debug, PartialEq)]
 pub(crate) enum Json {
     Null,
     Bool(bool),
@@ -35,7 +38,7 @@ pub(crate) enum Json {
 /// A string as its UTF-16 code units: a lone surrogate (which Rust's
 /// `String` cannot hold) survives; a valid pair is the character above the
 /// BMP it encodes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Utf16(pub(crate) Vec<u16>);
 
 impl Utf16 {
@@ -60,6 +63,94 @@ impl Utf16 {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+impl Clone for Json {
+    fn clone(&self) -> Self {
+        /// A container being copied: what is left of the original, and the
+        /// copy so far.
+        enum Open<'a> {
+            Array(std::slice::Iter<'a, Json>, Vec<Json>),
+            Object(
+                std::slice::Iter<'a, (Utf16, Json)>,
+                Vec<(Utf16, Json)>,
+                Utf16,
+            ),
+        }
+        fn open(value: &Json) -> Result<Open<'_>, Json> {
+            match value {
+                Json::Array(items) => {
+                    Ok(Open::Array(items.iter(), Vec::with_capacity(items.len())))
+                }
+                Json::Object(members) => Ok(Open::Object(
+                    members.iter(),
+                    Vec::with_capacity(members.len()),
+                    Utf16::default(),
+                )),
+                Json::Null => Err(Json::Null),
+                Json::Bool(flag) => Err(Json::Bool(*flag)),
+                Json::Number(text) => Err(Json::Number(text.clone())),
+                Json::String(text) => Err(Json::String(text.clone())),
+            }
+        }
+        let mut stack = match open(self) {
+            Ok(container) => vec![container],
+            Err(scalar) => return scalar,
+        };
+        loop {
+            let Some(top) = stack.last_mut() else {
+                return Json::Null;
+            };
+            let next = match top {
+                Open::Array(items, _) => items.next(),
+                Open::Object(members, _, name) => members.next().map(|(key, item)| {
+                    *name = key.clone();
+                    item
+                }),
+            };
+            let copied = match next.map(open) {
+                Some(Ok(container)) => {
+                    stack.push(container);
+                    continue;
+                }
+                Some(Err(scalar)) => scalar,
+                None => match stack.pop() {
+                    Some(Open::Array(_, copy)) => Json::Array(copy),
+                    Some(Open::Object(_, copy, _)) => Json::Object(copy),
+                    None => Json::Null,
+                },
+            };
+            match stack.last_mut() {
+                None => return copied,
+                Some(Open::Array(_, copy)) => copy.push(copied),
+                Some(Open::Object(_, copy, name)) => copy.push((std::mem::take(name), copied)),
+            }
+        }
+    }
+}
+
+impl Drop for Json {
+    /// Containers nested in this one are emptied into a list first, so that
+    /// none is dropped inside another's drop.
+    fn drop(&mut self) {
+        fn take_nested(value: &mut Json, into: &mut Vec<Json>) {
+            let nested = |item: &Json| matches!(item, Json::Array(_) | Json::Object(_));
+            match value {
+                Json::Array(items) if items.iter().any(nested) => {
+                    into.extend(items.drain(..).filter(nested));
+                }
+                Json::Object(members) if members.iter().any(|(_, item)| nested(item)) => {
+                    into.extend(members.drain(..).map(|(_, item)| item).filter(nested));
+                }
+                _ => {}
+            }
+        }
+        let mut pending = Vec::new();
+        take_nested(self, &mut pending);
+        while let Some(mut value) = pending.pop() {
+            take_nested(&mut value, &mut pending);
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::{codec::Item, errors, DynamoDbStore};
 use crate::{
-    powertools::{PowertoolsLayout, PowertoolsRecord, PowertoolsRecords},
+    powertools::{PowertoolsData, PowertoolsLayout, PowertoolsRecord, PowertoolsRecords},
     StoreError, StoreErrorKind,
 };
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -83,14 +83,14 @@ fn decode(
         }
     };
     // Python stores the response as JSON text; TypeScript as the value
-    // itself (a map, for a proxy response), read as its JSON.
+    // itself (a map, for a proxy response; NULL for null).
     let data = match item.get(&layout.data_attr) {
-        None | Some(AttributeValue::Null(_)) => None,
-        Some(AttributeValue::S(text)) => Some(text.clone()),
+        None => None,
+        Some(AttributeValue::S(text)) => Some(PowertoolsData::String(text.clone())),
         Some(value) => {
             let value: serde_json::Value = serde_dynamo::from_attribute_value(value.clone())
                 .map_err(|e| corrupt(&format!("{} is not a response: {e}", layout.data_attr)))?;
-            Some(value.to_string())
+            Some(PowertoolsData::Value(value.to_string()))
         }
     };
     let status = string(&layout.status_attr)?.ok_or_else(|| corrupt("no status"))?;

@@ -5,7 +5,7 @@
 
 use super::RedisStore;
 use crate::{
-    powertools::{PowertoolsLayout, PowertoolsRecord, PowertoolsRecords},
+    powertools::{PowertoolsData, PowertoolsLayout, PowertoolsRecord, PowertoolsRecords},
     StoreError, StoreErrorKind,
 };
 use futures_util::future::BoxFuture;
@@ -57,11 +57,12 @@ fn decode(
                 .ok_or_else(|| corrupt(&format!("{name} is not an integer"))),
         }
     };
-    // Python stores the response as JSON text; TypeScript as the value.
+    // Python stores the response as JSON text; TypeScript as the value
+    // (null for null; left out for undefined).
     let data = match map.get(&layout.data_attr) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(text)) => Some(text.clone()),
-        Some(value) => Some(value.to_string()),
+        None => None,
+        Some(Value::String(text)) => Some(PowertoolsData::String(text.clone())),
+        Some(value) => Some(PowertoolsData::Value(value.to_string())),
     };
     let status = string(&layout.status_attr)?.ok_or_else(|| corrupt("no status"))?;
     Ok(PowertoolsRecord {
