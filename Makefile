@@ -48,13 +48,21 @@ test: lint package validate integration e2e sam-local
 
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
 ## every package of the workspace and on the Lambda-free HTTP layer, the declared rust-version against every
-## dependency (scripts/check-msrv), and the docs as docs.rs builds them.
+## dependency (scripts/check-msrv), and the docs as docs.rs builds them and
+## with no feature, powertools alone and http alone.
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,consumers,postgres,redis,testing,powertools,durable
+	@# Without a feature, its items are not there to link to: the docs of
+	@# the others link to docs.rs instead. These builds (no feature, and the
+	@# two features whose docs name the most of the others) catch a link
+	@# that does not, and a crate that does not compile on its own.
+	for features in "" powertools http; do \
+	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
+	done
 
 ## What crates.io would get: cargo publish --dry-run of the library and the
 ## operator tool (the reference functions are not published), and the

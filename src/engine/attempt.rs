@@ -37,12 +37,22 @@ impl<'a> Attempt<'a> {
     /// This attempt follows one that began outside this crate's records
     /// and did not finish, **and may have acted** (a Powertools record
     /// found abandoned:
-    /// [`PowertoolsFound::Abandoned`](crate::powertools::PowertoolsFound::Abandoned)).
+    /// [`PowertoolsFound::Abandoned`]).
     /// The operation is told so, as after a takeover of a lapsed claim of
     /// this crate's own: [`ClaimHandle::takeover`](crate::ClaimHandle::takeover)
     /// is `takeover` (or, when this crate's own claim was taken over since,
     /// that later takeover), and the claim's attempt numbers go on from
     /// `takeover.attempt`.
+    #[cfg_attr(
+        feature = "powertools",
+        doc = "",
+        doc = "[`PowertoolsFound::Abandoned`]: crate::powertools::PowertoolsFound::Abandoned"
+    )]
+    #[cfg_attr(
+        not(feature = "powertools"),
+        doc = "",
+        doc = "[`PowertoolsFound::Abandoned`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/powertools/enum.PowertoolsFound.html#variant.Abandoned"
+    )]
     pub fn taking_over(mut self, takeover: Takeover) -> Self {
         self.taking_over = Some(takeover);
         self

@@ -33,9 +33,19 @@ enum Selection {
 /// evaluate as Powertools did: outside the supported forms
 /// ([`PowertoolsCompat::event_key_jmespath`](super::PowertoolsCompat::event_key_jmespath)),
 /// or, for the HTTP layer
-/// ([`IdempotencyLayer::try_powertools`](crate::http::IdempotencyLayer::try_powertools)),
+/// ([`IdempotencyLayer::try_powertools`]),
 /// over a part of the API Gateway event it does not see. Its message names
 /// what is supported and the closure to give instead.
+#[cfg_attr(
+    feature = "http",
+    doc = "",
+    doc = "[`IdempotencyLayer::try_powertools`]: crate::http::IdempotencyLayer::try_powertools"
+)]
+#[cfg_attr(
+    not(feature = "http"),
+    doc = "",
+    doc = "[`IdempotencyLayer::try_powertools`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/struct.IdempotencyLayer.html#method.try_powertools"
+)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnsupportedExpression {
     expression: String,

@@ -13,7 +13,7 @@
 //! | `COMPLETED`, `expiration` not passed | its stored response, replayed (HTTP: the proxy response dict as the response, status, headers and body as stored, with the `idempotent-replayed` header; a batch record: done, not run) |
 //! | `INPROGRESS`, `in_progress_expiration` not passed; or without one, written less than [`function_timeout`](PowertoolsCompat::function_timeout) ago (15 minutes by default; see [below](#a-record-in-progress-without-in_progress_expiration)) | in progress: 409 with `Retry-After`; a failed record in a batch |
 //! | either, with `validation` differing from this request's payload hash, or absent (payload validation on) | the key was reused: 422; a failed record (Powertools raises `IdempotencyValidationError` too) |
-//! | `INPROGRESS` past that, `expiration` not passed: abandoned ([`PowertoolsFound::Abandoned`]) | this crate's own protocol runs, as a takeover: the handler is told ([`Takeover`](crate::Takeover) in the request's extensions, [`ClaimHandle::takeover`](crate::ClaimHandle::takeover) in a batch); `validation` is not compared (Powertools overwrites such a record unread) |
+//! | `INPROGRESS` past that, `expiration` not passed: abandoned ([`PowertoolsFound::Abandoned`]) | this crate's own protocol runs, as a takeover: the handler is told ([`Takeover`] in the request's extensions, [`ClaimHandle::takeover`](crate::ClaimHandle::takeover) in a batch); `validation` is not compared (Powertools overwrites such a record unread) |
 //! | expired, absent, or no key in the request | this crate's own protocol runs |
 //!
 //! The mode only reads: it never writes, changes or deletes a Powertools
@@ -230,10 +230,48 @@
 //!     the function's timeout rather than until it expires (Python, and
 //!     TypeScript on DynamoDB) or not at all (TypeScript on Redis), above.
 //!
-//! [`require_key`]: crate::http::IdempotencyLayer::require_key
-//! [`IdempotencyLayer::powertools`]: crate::http::IdempotencyLayer::powertools
-//! [`IdempotencyLayer::try_powertools`]: crate::http::IdempotencyLayer::try_powertools
-//! [`Batch::powertools`]: crate::consumers::Batch::powertools
+//!
+//! [`Takeover`]: crate::Takeover
+#![cfg_attr(
+    feature = "http",
+    doc = "",
+    doc = "[`require_key`]: crate::http::IdempotencyLayer::require_key"
+)]
+#![cfg_attr(
+    not(feature = "http"),
+    doc = "",
+    doc = "[`require_key`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/struct.IdempotencyLayer.html#method.require_key"
+)]
+#![cfg_attr(
+    feature = "http",
+    doc = "",
+    doc = "[`IdempotencyLayer::powertools`]: crate::http::IdempotencyLayer::powertools"
+)]
+#![cfg_attr(
+    not(feature = "http"),
+    doc = "",
+    doc = "[`IdempotencyLayer::powertools`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/struct.IdempotencyLayer.html#method.powertools"
+)]
+#![cfg_attr(
+    feature = "http",
+    doc = "",
+    doc = "[`IdempotencyLayer::try_powertools`]: crate::http::IdempotencyLayer::try_powertools"
+)]
+#![cfg_attr(
+    not(feature = "http"),
+    doc = "",
+    doc = "[`IdempotencyLayer::try_powertools`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/struct.IdempotencyLayer.html#method.try_powertools"
+)]
+#![cfg_attr(
+    feature = "consumers",
+    doc = "",
+    doc = "[`Batch::powertools`]: crate::consumers::Batch::powertools"
+)]
+#![cfg_attr(
+    not(feature = "consumers"),
+    doc = "",
+    doc = "[`Batch::powertools`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/consumers/struct.Batch.html#method.powertools"
+)]
 
 mod expr;
 #[cfg(feature = "http")]
@@ -583,8 +621,18 @@ impl PowertoolsCompat {
     /// Records of Powertools' `@idempotent` (or `@idempotent_function`) on
     /// `handler` (its `module.qualname`, such as `app.lambda_handler`) in the
     /// Lambda function `function_name` (its `AWS_LAMBDA_FUNCTION_NAME`),
-    /// read through `reader` (a [`DynamoDbStore`](crate::DynamoDbStore) or
+    /// read through `reader` (a [`DynamoDbStore`] or
     /// a `RedisStore`). The key is the whole event until set.
+    #[cfg_attr(
+        feature = "dynamodb",
+        doc = "",
+        doc = "[`DynamoDbStore`]: crate::DynamoDbStore"
+    )]
+    #[cfg_attr(
+        not(feature = "dynamodb"),
+        doc = "",
+        doc = "[`DynamoDbStore`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/struct.DynamoDbStore.html"
+    )]
     pub fn new(
         reader: impl PowertoolsRecords + 'static,
         function_name: &str,
@@ -643,7 +691,17 @@ impl PowertoolsCompat {
     /// [module docs](self)); anything else is refused: use
     /// [`event_key`](Self::event_key). The HTTP layer refuses, when it is
     /// built, what it cannot read of a request
-    /// ([`IdempotencyLayer::try_powertools`](crate::http::IdempotencyLayer::try_powertools)).
+    /// ([`IdempotencyLayer::try_powertools`]).
+    #[cfg_attr(
+        feature = "http",
+        doc = "",
+        doc = "[`IdempotencyLayer::try_powertools`]: crate::http::IdempotencyLayer::try_powertools"
+    )]
+    #[cfg_attr(
+        not(feature = "http"),
+        doc = "",
+        doc = "[`IdempotencyLayer::try_powertools`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/struct.IdempotencyLayer.html#method.try_powertools"
+    )]
     pub fn event_key_jmespath(mut self, expression: &str) -> Result<Self, UnsupportedExpression> {
         self.key = Selection::Expression(Expression::parse(expression)?);
         Ok(self)
