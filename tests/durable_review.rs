@@ -616,3 +616,68 @@ async fn values_that_decode_to_another_value_replay_differently() {
     failures.extend(first_and_duplicate_see_the_same(Amount::Exact(3)).await.err());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A clock that moves 20 seconds each time it is read: LocalRunner never
+/// sleeps, so a lease has to pass some other way.
+#[derive(Debug, Default)]
+struct Ticking(AtomicUsize);
+
+impl lambda_idempotency::Clock for Ticking {
+    fn now_ms(&self) -> u64 {
+        1_700_000_000_000 + 20_000 * self.0.fetch_add(1, Ordering::SeqCst) as u64
+    }
+}
+
+/// FAILS TODAY (liveness, and a spurious takeover). A helper step's claim
+/// lands, its answer is lost and the read that would confirm it fails too
+/// (one store blip): the step retries the outage with a new random owner
+/// token, finds its own claim, takes it for another run's, waits out the
+/// whole lease (in Lambda the invocation's deadline, up to 15 minutes),
+/// and then runs the body as a takeover, telling it that an earlier run
+/// "may have acted" when none ran. On LocalRunner with the system clock
+/// the ten in-progress retries pass at once and the execution fails with
+/// `IdempotencyAlreadyInProgress` (the sweep above shows it, `call#1
+/// (claim) AfterAndRead`), an error type that says a duplicate is running.
+#[tokio::test]
+#[ignore = "finding: a step's own landed claim is waited out as another run's and then taken over"]
+async fn a_steps_own_landed_claim_is_not_taken_for_another_run() {
+    let memory = MemoryStore::new();
+    // Calls: the execution's claim (0), the step's claim (1).
+    let store = Faulty::new(memory.clone(), Some((1, Fault::AfterAndRead)));
+    let engine = Engine::builder(store)
+        .clock(Ticking::default())
+        .build();
+    let idempotency = DurableIdempotency::new(engine);
+    let takeovers = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let takeovers = Arc::clone(&takeovers);
+        let steps = idempotency.clone();
+        idempotency.handler(
+            |order: &Order| Some(order.order_id.clone()),
+            move |_order: Order, ctx: DurableContext| {
+                let (steps, takeovers) = (steps.clone(), Arc::clone(&takeovers));
+                async move {
+                    let charge = steps
+                        .step(&ctx, "charge-card", move || async move {
+                            if lambda_idempotency::ClaimHandle::current()
+                                .and_then(|claim| claim.takeover())
+                                .is_some()
+                            {
+                                takeovers.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok::<_, BoxError>("ch_1".to_owned())
+                        })
+                        .await?;
+                    Ok::<_, BoxError>(charge)
+                }
+            },
+        )
+    };
+    let result = LocalRunner::new().run(handler, order(100)).await;
+    assert!(result.is_success(), "{:?} {:?}", result.error_type(), result.error_message());
+    assert_eq!(
+        takeovers.load(Ordering::SeqCst),
+        0,
+        "the body's only run was told it takes over an earlier one"
+    );
+}
