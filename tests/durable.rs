@@ -5,6 +5,10 @@
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB` for the DynamoDB test; `make test`
 //! provides it.
 
+/// The outside review of the durable module (issue 37): store faults and
+/// checkpoint failures at every position, map items, edge outputs.
+#[path = "durable/review.rs"]
+mod review;
 mod support;
 
 use aws_durable_execution_sdk::{test_util::LocalRunner, BoxError, DurableContext, RetryDecision};

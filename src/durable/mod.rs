@@ -115,9 +115,11 @@
 //!   `IdempotencyStoreError`). A body run with nothing recorded would run
 //!   again, unrecognised, when the SDK re-runs it after a lost checkpoint.
 //! - The output is stored as JSON and replayed from it, so it must
-//!   serialise and decode back to itself (`f64::NAN` is written as `null`,
-//!   which does not decode as a float; a map keyed by tuples does not
-//!   serialise), and fit the store's item (DynamoDB: 400 KB). One that
+//!   serialise and decode back to the same JSON (`f64::NAN` is written as
+//!   `null`, which does not decode as a float; a map keyed by tuples does
+//!   not serialise), and fit the store's item (DynamoDB: 400 KB). The
+//!   execution that ran gets the output read back from that JSON, as its
+//!   duplicates do (`Some(None)` is `None` to both). One that
 //!   does not is returned but not stored (an error is logged), and its
 //!   claim is kept, not released: the handler's effects happened, so
 //!   duplicates are told it is in progress until `execution_timeout`, or
@@ -366,18 +368,24 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             }
         }
         match handler(event, ctx.clone()).await {
-            Ok(output) => {
-                match Codec::<O>::encode(&StorableJson, &output) {
-                    Ok(response) => self.complete_step(ctx, &attempt, response).await,
-                    // The handler's effects happened: releasing the key
-                    // would let a duplicate run them again.
-                    Err(error) => tracing::error!(key = %attempt.key, %error,
+            Ok(output) => match Codec::<O>::encode(&StorableJson, &output) {
+                Ok(response) => {
+                    // A duplicate gets the output read back from its JSON
+                    // (`Some(None)` is `None` there): so does this execution.
+                    let replayed = Codec::<O>::decode(&StorableJson, &response);
+                    self.complete_step(ctx, &attempt, response).await;
+                    Ok(replayed.unwrap_or(output))
+                }
+                // The handler's effects happened: releasing the key would
+                // let a duplicate run them again.
+                Err(error) => {
+                    tracing::error!(key = %attempt.key, %error,
                         "the durable execution's output cannot be stored, so it is returned and \
                          not stored; its claim holds the key until execution_timeout: duplicates \
-                         are told it is in progress (an operator can free it with forget --force)"),
+                         are told it is in progress (an operator can free it with forget --force)");
+                    Ok(output)
                 }
-                Ok(output)
-            }
+            },
             Err(error) => {
                 self.release(&attempt).await;
                 Err(error)
@@ -484,7 +492,15 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     ///
     /// The body never runs without its claim, even on an engine built
     /// with [`fail_open`](crate::EngineBuilder::fail_open): a store outage
-    /// at the claim is retried by the step.
+    /// at the claim is retried by the step. A body that panics keeps its
+    /// claim (it may have acted): the SDK's next run of it waits out the
+    /// claim's lease and is a takeover.
+    ///
+    /// One case costs liveness: a claim whose write landed while its answer
+    /// was lost, and the read that would confirm it failed too, is not
+    /// recognised by the step's retry as its own (each run claims under a
+    /// token of its own). The retry waits out its lease (the invocation's
+    /// deadline) and runs the body as a takeover, though no run acted.
     ///
     /// The step's default retry strategy: `IdempotencyAlreadyInProgress`
     /// after the time left on the other claim (up to 10 times), a store
@@ -510,10 +526,14 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         let deadline_ms = ctx.lambda_context().deadline;
         ctx.step(move |_: StepContext| -> StepFuture<O> {
             Box::pin(async move {
-                // The SDK runs a body again when its checkpoint was lost:
-                // one run with nothing recorded, and that is a second
-                // effect. An outage is retried by the step instead.
-                let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint).fail_closed();
+                // The SDK runs a body again when its checkpoint was lost, or
+                // its invocation died: one run with nothing recorded, or a
+                // claim released by a panic after the effect, and that is a
+                // second effect that cannot tell. An outage is retried by
+                // the step instead, and a panic's claim is taken over.
+                let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint)
+                    .fail_closed()
+                    .keep_claim_on_panic();
                 // LocalRunner's context has no deadline (0): the engine's
                 // default lease then.
                 let attempt = if deadline_ms > 0 {

@@ -4,8 +4,9 @@ use crate::{error::BoxError, Codec};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
-/// Stores values as JSON, and only those that decode back to themselves:
-/// a replay must give a duplicate what the first run returned. serde_json
+/// Stores values as JSON, and only those whose JSON decodes back to the
+/// same JSON: a replay must give a duplicate what the first run returned
+/// (the first run is given the value read back, too). serde_json
 /// writes some values it cannot read back (`f64::NAN` and the infinities
 /// as `null`), and refuses others (a map keyed by tuples); either is an
 /// encoding error here, so the engine stores nothing and its claim holds.

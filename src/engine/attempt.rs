@@ -15,8 +15,8 @@ pub struct Attempt<'a> {
     pub(crate) key: &'a str,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) deadline_ms: Option<u64>,
-    /// Never run without a claim, even on an engine that fails open.
-    pub(crate) fail_closed: bool,
+    /// What this attempt never does, whatever the engine allows.
+    pub(crate) caution: Caution,
     pub(crate) taking_over: Option<Takeover>,
 }
 
@@ -29,7 +29,7 @@ impl<'a> Attempt<'a> {
             key,
             fingerprint,
             deadline_ms: None,
-            fail_closed: false,
+            caution: Caution::default(),
             taking_over: None,
         }
     }
@@ -83,7 +83,21 @@ impl<'a> Attempt<'a> {
     /// is a second effect waiting for that retry.
     #[must_use]
     pub fn fail_closed(mut self) -> Self {
-        self.fail_closed = true;
+        self.caution.fail_closed = true;
+        self
+    }
+
+    /// An operation that panics keeps its claim until the lease passes
+    /// (by default the claim is released, so that a retry runs at once, as
+    /// Powertools deletes its record on any exception). For operations
+    /// that may have acted before they panicked and that something runs
+    /// again (a durable step's body, which the SDK re-runs): the next run
+    /// waits out the lease and is then a [takeover](crate::ClaimHandle::takeover),
+    /// told that an earlier attempt may have acted, rather than a fresh
+    /// claim that cannot tell.
+    #[must_use]
+    pub fn keep_claim_on_panic(mut self) -> Self {
+        self.caution.keep_claim_on_panic = true;
         self
     }
 
@@ -101,8 +115,17 @@ pub(crate) struct OwnedAttempt {
     key: String,
     fingerprint: Fingerprint,
     deadline_ms: Option<u64>,
-    fail_closed: bool,
+    caution: Caution,
     taking_over: Option<Takeover>,
+}
+
+/// What an attempt never does, whatever its engine allows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Caution {
+    /// Never run without a claim, even on an engine that fails open.
+    pub(crate) fail_closed: bool,
+    /// Keep the claim when the operation panics.
+    pub(crate) keep_claim_on_panic: bool,
 }
 
 impl OwnedAttempt {
@@ -119,7 +142,7 @@ impl OwnedAttempt {
             key,
             fingerprint,
             deadline_ms,
-            fail_closed: false,
+            caution: Caution::default(),
             taking_over: None,
         }
     }
@@ -137,7 +160,7 @@ impl OwnedAttempt {
             key: &self.key,
             fingerprint: self.fingerprint.clone(),
             deadline_ms: self.deadline_ms,
-            fail_closed: self.fail_closed,
+            caution: self.caution,
             taking_over: self.taking_over,
         }
     }
@@ -146,7 +169,7 @@ impl OwnedAttempt {
 impl From<&Attempt<'_>> for OwnedAttempt {
     fn from(attempt: &Attempt<'_>) -> Self {
         Self {
-            fail_closed: attempt.fail_closed,
+            caution: attempt.caution,
             ..Self::new(
                 attempt.scope.to_owned(),
                 attempt.key.to_owned(),

@@ -325,7 +325,7 @@ impl<St: Store> Engine<St> {
                 return self.existing(record, codec, &attempt.fingerprint, now_ms)
             }
             Err(ClaimError::Outage(error))
-                if inner.fail_open && !transactional && !attempt.fail_closed =>
+                if inner.fail_open && !transactional && !attempt.caution.fail_closed =>
             {
                 warn!(record = %claim.id, outcome = "unprotected", %error,
                     "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
@@ -369,6 +369,11 @@ impl<St: Store> Engine<St> {
         .await;
         let ran = match ran {
             Ok(ran) => ran,
+            Err(panic) if attempt.caution.keep_claim_on_panic => {
+                warn!(record = %claim.id, outcome = "panicked", panic = panic_message(&*panic),
+                    "the operation panicked and may have acted; its claim is kept until its lease passes, and the next attempt is a takeover");
+                std::panic::resume_unwind(panic);
+            }
             Err(panic) => {
                 // The invocation is dying, but a retry need not wait for
                 // its lease: Powertools deletes the claim on any exception.

@@ -401,6 +401,38 @@ async fn a_conflicted_claim_is_claimed_again_never_run_unprotected() {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "never ran unprotected");
 }
 
+/// Issue 37 (outside review): an attempt marked keep-claim-on-panic keeps
+/// its claim when its operation panics (it may have acted): the retry is
+/// told the key is in progress.
+#[tokio::test]
+async fn a_panicking_operation_marked_so_keeps_its_claim() {
+    let (engine, store, _) = setup();
+    let panicked = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            let attempt = Attempt::new("s", "k", fingerprint(1)).keep_claim_on_panic();
+            engine
+                .execute(&attempt, || async {
+                    panic!("after the effect");
+                    #[allow(unreachable_code)]
+                    Ok::<u8, Failed>(0)
+                })
+                .await
+        }
+    })
+    .await;
+    assert!(panicked.expect_err("the panic goes on").is_panic());
+    let records = store.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, crate::store::Status::InProgress);
+    let retry = engine
+        .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
+            Ok::<_, Failed>(7u8)
+        })
+        .await;
+    assert!(matches!(retry, Err(Error::InProgress { .. })), "{retry:?}");
+}
+
 /// Issue 21, item 9: an operation that panics leaves no claim behind: the
 /// panic goes on to the caller, and the next attempt runs at once.
 #[tokio::test]

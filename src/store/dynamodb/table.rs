@@ -332,8 +332,11 @@ impl DynamoDbStore {
 
     /// The Regions of the table's version 2017.11.29 (legacy) global table,
     /// if it belongs to one that replicates (more than its own Region).
-    /// An endpoint without legacy global tables (DynamoDB Local answers
-    /// `UnknownOperationException`) has none to replicate to.
+    /// An endpoint without legacy global tables has none to replicate to:
+    /// DynamoDB Local answers `UnknownOperationException`, and Regions that
+    /// never had them (eu-west-3 and later ones) refuse the version with a
+    /// `ValidationException` (DescribeTable has found the table by this
+    /// name, so the name is not what it refuses).
     async fn legacy_replication_group(&self) -> Result<Vec<String>, StoreError> {
         let inner = &*self.inner;
         let described = inner
@@ -348,7 +351,10 @@ impl DynamoDbStore {
                 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
                 let none = error.as_service_error().is_some_and(|service| {
                     service.is_global_table_not_found_exception()
-                        || service.code() == Some("UnknownOperationException")
+                        || matches!(
+                            service.code(),
+                            Some("UnknownOperationException" | "ValidationException")
+                        )
                 });
                 if none {
                     return Ok(Vec::new());
