@@ -221,7 +221,7 @@ async fn store_faults_at_every_call_never_charge_twice() {
     let mut anomalies = Vec::new();
     let mut summary = Vec::new();
     for fail_open in [false, true] {
-        for at in 0..clean.len() {
+        for (at, call) in clean.iter().enumerate() {
             for fault in [Fault::Before, Fault::After, Fault::AfterAndRead] {
                 let memory = MemoryStore::new();
                 let store = Faulty::new(memory.clone(), Some((at, fault)));
@@ -231,7 +231,7 @@ async fn store_faults_at_every_call_never_charge_twice() {
                 let first = LocalRunner::new()
                     .run(orders(&idempotency, &charges), order(100))
                     .await;
-                let label = format!("fail_open={fail_open} call#{at} ({}) {fault:?}", clean[at]);
+                let label = format!("fail_open={fail_open} call#{at} ({call}) {fault:?}");
                 let id = idempotency.engine().record_id("durable", "order-77");
                 let record = memory.record(&id);
                 summary.push(format!(
