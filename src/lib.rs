@@ -179,6 +179,7 @@
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer`, and `Batch` for SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS and EventBridge, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
 //! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |
+//! | `redis-tls` | no | `redis`, and TLS to Redis (`rediss://`: ElastiCache and MemoryDB with in-transit encryption) with rustls on aws-lc-rs. Without it, `redis` compiles no C code and refuses `rediss://` URLs with a [`Misconfigured`](StoreErrorKind::Misconfigured) error that names this feature. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
 //! | `powertools` | no | [`powertools`]: during a migration from Powertools for AWS Lambda, honour the idempotency records it wrote (DynamoDB, Redis). |
 //! | `durable` | no | **Experimental.** [`durable`]: idempotent AWS Lambda durable functions, on the AWS Durable Execution SDK (preview): replays pass their own claim, duplicates replay the first execution's output, steps' effects run once. |

@@ -114,6 +114,8 @@ impl RedisStore {
     /// CA, a test server). ElastiCache and MemoryDB need only
     /// [`open`](RedisStore::open): their certificates chain to public
     /// roots, which the store trusts.
+    #[cfg(feature = "redis-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
     pub fn open_with_root_certificate(
         url: &str,
         root_certificate: &[u8],
@@ -141,10 +143,12 @@ impl RedisStore {
                 "invalid Redis URL: it has no scheme (redis://, rediss://, redis+cluster://, rediss+cluster://)",
             )
         })?;
+        tls_available(scheme)?;
         match scheme {
             "redis" | "rediss" => {
                 let client = match root_certificate {
                     None => redis::Client::open(url),
+                    #[cfg(feature = "redis-tls")]
                     Some(root) => redis::Client::build_with_tls(
                         url,
                         redis::TlsCertificates {
@@ -152,6 +156,8 @@ impl RedisStore {
                             root_cert: Some(root.to_vec()),
                         },
                     ),
+                    #[cfg(not(feature = "redis-tls"))]
+                    Some(_) => unreachable!("a root certificate is only given with redis-tls"),
                 }
                 .map_err(|error| {
                     StoreError::new(
@@ -294,6 +300,9 @@ impl RedisStore {
 
 /// A node's URL, checked.
 fn node_info(url: &str) -> Result<redis::ConnectionInfo, StoreError> {
+    if let Some((scheme, _)) = url.split_once("://") {
+        tls_available(scheme)?;
+    }
     url.into_connection_info().map_err(|error| {
         StoreError::new(
             StoreErrorKind::Misconfigured,
@@ -303,17 +312,41 @@ fn node_info(url: &str) -> Result<redis::ConnectionInfo, StoreError> {
     })
 }
 
+/// A `rediss` scheme needs the `redis-tls` feature: without it the redis
+/// crate has no TLS, and the URL is refused here, by name, rather than by
+/// the redis crate at the first request.
+fn tls_available(scheme: &str) -> Result<(), StoreError> {
+    tls_check(scheme, cfg!(feature = "redis-tls"))
+}
+
+fn tls_check(scheme: &str, built_with_tls: bool) -> Result<(), StoreError> {
+    if built_with_tls || !scheme.starts_with("rediss") {
+        return Ok(());
+    }
+    Err(StoreError::new(
+        StoreErrorKind::Misconfigured,
+        format!(
+            "a {scheme}:// URL needs TLS, which the lambda-idempotency crate was built without: \
+             enable its `redis-tls` feature (the `redis` feature alone connects over redis:// only)"
+        ),
+    ))
+}
+
 fn cluster(
     nodes: Vec<redis::ConnectionInfo>,
     root_certificate: Option<&[u8]>,
 ) -> Result<RedisStore, StoreError> {
+    #[cfg_attr(not(feature = "redis-tls"), allow(unused_mut))]
     let mut builder = connection::cluster_builder(nodes);
+    #[cfg(feature = "redis-tls")]
     if let Some(root) = root_certificate {
         builder = builder.certs(redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(root.to_vec()),
         });
     }
+    #[cfg(not(feature = "redis-tls"))]
+    let _ = root_certificate;
     let client = builder.build().map_err(|error| {
         StoreError::new(
             StoreErrorKind::Misconfigured,
@@ -462,5 +495,24 @@ impl Store for RedisStore {
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         let fields = self.hgetall(&self.key(id)).await?;
         Ok(decode(&fields)?.filter(|record| !record.is_expired(now_ms)))
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+
+    /// Built without `redis-tls` (the crate's own tests enable it, so the
+    /// check is called as such a build calls it).
+    #[test]
+    fn without_tls_a_rediss_url_is_refused_by_name() {
+        for scheme in ["rediss", "rediss+cluster"] {
+            let error = tls_check(scheme, false).expect_err(scheme);
+            assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
+            assert!(error.to_string().contains("`redis-tls` feature"), "{error}");
+            assert!(tls_check(scheme, true).is_ok());
+        }
+        assert!(tls_check("redis", false).is_ok());
+        assert!(tls_check("redis+cluster", false).is_ok());
     }
 }
