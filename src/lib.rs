@@ -240,6 +240,7 @@ mod fingerprint;
 pub mod http;
 mod key;
 mod lower_hex;
+mod metrics;
 #[cfg(feature = "powertools")]
 #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
 pub mod powertools;
@@ -258,6 +259,7 @@ pub use engine::{
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
 pub use fingerprint::{Fingerprint, InvalidJsonPointer, JsonPointer};
 pub use key::derive_key;
+pub use metrics::EmfMetrics;
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub use store::dynamodb::DynamoDbStore;

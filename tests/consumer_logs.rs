@@ -59,6 +59,27 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
         .expect("a partial batch response");
     assert_eq!(response.batch_item_failures.len(), 1);
 
+    // Keyed by a closure: the line names the closure, not the eventID;
+    // given up as final, it says so.
+    let by_order = KinesisBatch::new(engine.clone(), "orders-by-id")
+        .key(|record: &KinesisEventRecord| {
+            let body: serde_json::Value = serde_json::from_slice(&record.kinesis.data).ok()?;
+            body.get("order").map(|order| order.to_string())
+        })
+        .unprocessable(lambda_idempotency::consumers::Unprocessable::Final);
+    let event: KinesisEvent = serde_json::from_value(json!({ "Records": [
+        record(Some("shardId-1:901"), "901", r#"{"customer":1}"#),
+    ]}))
+    .expect("an event");
+    let response = by_order
+        .process(LambdaEvent::new(event, Context::default()), parse)
+        .await
+        .expect("a partial batch response");
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "given up, not failed"
+    );
+
     // A body the handler cannot parse.
     let event: KinesisEvent = serde_json::from_value(json!({ "Records": [
         record(Some("shardId-1:601"), "601", "not json"),
@@ -115,6 +136,16 @@ async fn bad_records_are_logged_with_their_source_id_and_reason() {
         "the eventID",
     ] {
         assert!(no_key.contains(part), "{part:?} missing from {no_key}");
+    }
+    let closure_key = line("record_id=\"901\"");
+    assert!(
+        closure_key.contains("the key closure (Batch::key) found none")
+            && !closure_key.contains("eventID"),
+        "{closure_key}"
+    );
+    let given_up = line("given up (Unprocessable::Final)");
+    for part in ["ERROR", "record_id=\"901\"", "reason=\"key_missing\""] {
+        assert!(given_up.contains(part), "{part:?} missing from {given_up}");
     }
     let bad_body = line("record failed; reported for redelivery");
     for part in ["record_id=\"601\"", "the body is not JSON"] {

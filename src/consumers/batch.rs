@@ -1,10 +1,13 @@
 //! [`Batch`]: idempotent processing of the records of any at-least-once
 //! event source, with each source's own retry semantics.
 
-use super::{source::Reported, BatchFailed, Delivery, RecordStatus, Report, Source};
+use super::{
+    source::Reported, unprocessable::Reason, BatchFailed, Delivery, RecordStatus, Report, Source,
+    Unprocessable,
+};
 use crate::{
-    engine::panic_message, store::Store, Attempt, Engine, Error, Fingerprint, Json, Mode,
-    OutcomeKind,
+    engine::panic_message, store::Store, Attempt, EmfMetrics, Engine, Error, Fingerprint, Json,
+    Mode, OutcomeKind,
 };
 use futures_util::{stream, FutureExt, StreamExt};
 use lambda_runtime::LambdaEvent;
@@ -52,9 +55,11 @@ pub const DEFAULT_CONCURRENCY: usize = 8;
 /// that records sharing a key run one after another, so that a duplicate
 /// inside the batch replays its twin's result.
 ///
-/// Bad records never panic and are never dropped: a record without the
-/// fields its key needs, or whose fingerprint cannot be computed, fails
-/// with a log line that names it, and a handler that cannot parse the
+/// Bad records never panic and are never dropped silently: a record
+/// without the fields its key needs, whose fingerprint cannot be computed,
+/// or whose key was used with another payload, fails with a log line that
+/// names it (or, with [`Unprocessable::Final`], is given up with an ERROR
+/// line and a metric, and not delivered again), and a handler that cannot parse the
 /// record's body returns an error, which fails that record. A handler (or
 /// key or fingerprint closure) that panics fails only its own record, as an
 /// error would, with the panic's message logged: the records running beside
@@ -68,10 +73,14 @@ pub struct Batch<Src: Source, St> {
     engine: Engine<St>,
     scope: Arc<str>,
     key: KeyFn<Src::Record>,
+    /// Whether [`key`](Batch::key) replaced the source's default key.
+    key_set: bool,
     fingerprint: FingerprintFn<Src::Record>,
     concurrency: usize,
     single_write: bool,
     fail_on_entire_batch_failure: bool,
+    unprocessable: Unprocessable,
+    metrics: Option<EmfMetrics>,
     #[cfg(feature = "powertools")]
     powertools: Option<(
         Arc<crate::powertools::PowertoolsCompat>,
@@ -86,10 +95,13 @@ impl<Src: Source, St> Clone for Batch<Src, St> {
             engine: self.engine.clone(),
             scope: Arc::clone(&self.scope),
             key: Arc::clone(&self.key),
+            key_set: self.key_set,
             fingerprint: Arc::clone(&self.fingerprint),
             concurrency: self.concurrency,
             single_write: self.single_write,
             fail_on_entire_batch_failure: self.fail_on_entire_batch_failure,
+            unprocessable: self.unprocessable,
+            metrics: self.metrics.clone(),
             #[cfg(feature = "powertools")]
             powertools: self.powertools.clone(),
             source: PhantomData,
@@ -109,6 +121,7 @@ impl<Src: Source, St: fmt::Debug> fmt::Debug for Batch<Src, St> {
                 "fail_on_entire_batch_failure",
                 &self.fail_on_entire_batch_failure,
             )
+            .field("unprocessable", &self.unprocessable)
             .finish_non_exhaustive()
     }
 }
@@ -123,10 +136,13 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             engine,
             scope: scope.into(),
             key: Arc::new(Src::default_key),
+            key_set: false,
             fingerprint: Arc::new(Src::default_fingerprint),
             concurrency: DEFAULT_CONCURRENCY,
             single_write: false,
             fail_on_entire_batch_failure: false,
+            unprocessable: Unprocessable::default(),
+            metrics: None,
             #[cfg(feature = "powertools")]
             powertools: None,
             source: PhantomData,
@@ -167,6 +183,7 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         key: impl Fn(&Src::Record) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         self.key = Arc::new(key);
+        self.key_set = true;
         self
     }
 
@@ -204,6 +221,49 @@ impl<Src: Source, St: Store> Batch<Src, St> {
     pub fn fail_on_entire_batch_failure(mut self) -> Self {
         self.fail_on_entire_batch_failure = true;
         self
+    }
+
+    /// What becomes of a record that cannot be processed as it is, however
+    /// often it comes (its key used with another payload, no key, no
+    /// fingerprint): delivered again ([`Unprocessable::Redeliver`], the
+    /// default, as Powertools does) or given up as final
+    /// ([`Unprocessable::Final`]: an ERROR line and a metric, not delivered
+    /// again, its FIFO group or shard goes on). See [`Unprocessable`] for
+    /// which to choose.
+    pub fn unprocessable(mut self, unprocessable: Unprocessable) -> Self {
+        self.unprocessable = unprocessable;
+        self
+    }
+
+    /// Writes a CloudWatch Embedded Metric Format count for every record
+    /// given up as final ([`Unprocessable::Final`]): `UnprocessableRecords`,
+    /// with the dimension `Reason` (`key_reused`, `key_missing`,
+    /// `unreadable`).
+    pub fn metrics(mut self, metrics: EmfMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// A record that cannot be processed as it is: failed, or given up.
+    fn unprocessable_record(&self, record_id: &str, reason: Reason) -> RecordStatus {
+        let source = Src::NAME;
+        match self.unprocessable {
+            Unprocessable::Redeliver => RecordStatus::Failed,
+            Unprocessable::Final => {
+                tracing::error!(
+                    source,
+                    record_id,
+                    reason = reason.as_str(),
+                    outcome = "unprocessable_final",
+                    "record cannot be processed as it is, and never will be: given up \
+                     (Unprocessable::Final), reported as done, not delivered again"
+                );
+                if let Some(metrics) = &self.metrics {
+                    metrics.count("UnprocessableRecords", "Reason", reason.as_str());
+                }
+                RecordStatus::GivenUp
+            }
+        }
     }
 
     /// Powertools compatibility, for a migration window: before claiming a
@@ -274,6 +334,15 @@ impl<Src: Source, St: Store> Batch<Src, St> {
                     "in progress under Powertools; reported for redelivery"
                 );
                 Err(RecordStatus::Failed)
+            }
+            Err(Error::KeyReused) => {
+                tracing::warn!(
+                    source,
+                    record_id,
+                    outcome = "key_reused",
+                    "Powertools' record of this key has another payload; not processed"
+                );
+                Err(self.unprocessable_record(record_id, Reason::KeyReused))
             }
             Err(error) => {
                 tracing::warn!(source, record_id, outcome = error.kind().as_str(), %error, "Powertools record check failed; reported for redelivery");
@@ -443,6 +512,7 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             replayed = report.count(RecordStatus::Replayed),
             failed = report.count(RecordStatus::Failed),
             held_back = report.count(RecordStatus::HeldBack),
+            given_up = report.count(RecordStatus::GivenUp),
             "batch processed"
         );
         report
@@ -487,15 +557,19 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         let source = Src::NAME;
         let record_id = prepared.id.as_deref().unwrap_or("(no id)");
         let Some(key) = prepared.key else {
+            // The key the record lacks: the closure's, when one was given.
+            let key_from = if self.key_set {
+                "the key closure (Batch::key)"
+            } else {
+                Src::DEFAULT_KEY
+            };
             tracing::error!(
                 source,
                 record_id,
-                default_key = Src::DEFAULT_KEY,
-                "record has no idempotency key: the fields the key is made of are missing \
-                 (the source's default key, or what the key closure reads); \
-                 not processed, reported for redelivery"
+                key_from,
+                "record has no idempotency key: {key_from} found none in it; not processed"
             );
-            return RecordStatus::Failed;
+            return self.unprocessable_record(record_id, Reason::KeyMissing);
         };
         let fingerprint = match (self.fingerprint)(&prepared.record) {
             Ok(fingerprint) => fingerprint,
@@ -504,9 +578,9 @@ impl<Src: Source, St: Store> Batch<Src, St> {
                     source,
                     record_id,
                     %error,
-                    "record cannot be fingerprinted; not processed, reported for redelivery"
+                    "record cannot be fingerprinted; not processed"
                 );
-                return RecordStatus::Failed;
+                return self.unprocessable_record(record_id, Reason::Unreadable);
             }
         };
         #[cfg(feature = "powertools")]
@@ -551,6 +625,15 @@ impl<Src: Source, St: Store> Batch<Src, St> {
                     "record failed; reported for redelivery"
                 );
                 RecordStatus::Failed
+            }
+            Err(Error::KeyReused) => {
+                tracing::warn!(
+                    source,
+                    record_id,
+                    outcome = "key_reused",
+                    "record's key was used before with another payload; not processed"
+                );
+                self.unprocessable_record(record_id, Reason::KeyReused)
             }
             Err(error) => {
                 tracing::warn!(

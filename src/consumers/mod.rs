@@ -97,6 +97,14 @@
 //!   no `Errors` metric or alarm, Lambda's handling of function errors never
 //!   starts, and each SQS message burns a receive towards its dead-letter
 //!   queue.
+//! - **Records that can never be processed as they are** (a key used before
+//!   with another payload, no key, no fingerprint) are delivered again by
+//!   default, as Powertools does, until the dead-letter queue takes them;
+//!   on a FIFO queue or a stream they hold up their group until then.
+//!   `.unprocessable(Unprocessable::Final)` gives them up instead: an ERROR
+//!   line with the record's id and the reason, an `UnprocessableRecords`
+//!   metric (`.metrics(EmfMetrics::new(…))`), and the group goes on. See
+//!   [`Unprocessable`] for which to choose.
 //! - **Retention outlasts retries.** A record's idempotency record must still
 //!   exist when its batch is retried: keep `Engine::builder(…).retention` (24 h
 //!   by default) above the mapping's `MaximumRecordAgeInSeconds` (Kinesis
@@ -124,6 +132,7 @@ mod layer;
 mod service;
 mod source;
 mod sources;
+mod unprocessable;
 
 pub use batch::{Batch, DEFAULT_CONCURRENCY};
 pub use failed::BatchFailed;
@@ -137,6 +146,7 @@ pub use sources::{
     KafkaPartial, KafkaPartialBatch, Kinesis, KinesisBatch, RabbitMq, RabbitMqBatch, Sns, SnsBatch,
     Sqs, SqsBatch,
 };
+pub use unprocessable::Unprocessable;
 
 #[cfg(test)]
 mod tests;

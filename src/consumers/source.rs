@@ -105,12 +105,20 @@ pub enum RecordStatus {
     /// Not attempted: an earlier record of its ordered group did not
     /// complete. Deliver it again, after that one.
     HeldBack,
+    /// Not processed, and never will be as it is (its key was used with
+    /// another payload, it has no key, it cannot be fingerprinted), and the
+    /// batch gives it up ([`Unprocessable::Final`](super::Unprocessable::Final)):
+    /// done, not delivered again.
+    GivenUp,
 }
 
 impl RecordStatus {
-    /// Whether the record is done (ran or replayed).
+    /// Whether the record is done: ran, replayed, or given up as final.
     pub fn is_done(self) -> bool {
-        matches!(self, RecordStatus::Ran | RecordStatus::Replayed)
+        matches!(
+            self,
+            RecordStatus::Ran | RecordStatus::Replayed | RecordStatus::GivenUp
+        )
     }
 }
 
@@ -161,12 +169,12 @@ impl Report {
             .map(|record| record.id.clone().unwrap_or_default())
     }
 
-    /// Whether every record ran or replayed.
+    /// Whether every record ran, replayed, or was given up as final.
     pub fn is_complete(&self) -> bool {
         self.records.iter().all(|record| record.status.is_done())
     }
 
-    /// Whether no record ran or replayed: each failed or was held back.
+    /// Whether no record is done: each failed or was held back.
     pub fn is_entire_failure(&self) -> bool {
         self.records.iter().all(|record| !record.status.is_done())
     }

@@ -3,8 +3,8 @@
 
 use super::stored_body::StoredBody;
 use super::{
-    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, key::KeySource, metrics::EmfMetrics,
-    problem::DEFAULT_PROBLEM_BASE, stored::ResponseCodec,
+    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, key::KeySource,
+    problem::DEFAULT_PROBLEM_BASE, stored::ResponseCodec, EmfMetrics,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;

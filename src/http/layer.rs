@@ -6,11 +6,10 @@ use super::{
     fingerprint::FingerprintSource,
     in_flight::InFlight,
     key::KeySource,
-    metrics::EmfMetrics,
     service::Idempotency,
     stored::MAX_STORED_RESPONSE,
 };
-use crate::{store::Store, Engine, Mode, Replayed};
+use crate::{store::Store, EmfMetrics, Engine, Mode, Replayed};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use std::{fmt, sync::Arc, time::Duration};

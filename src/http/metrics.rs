@@ -1,7 +1,9 @@
-//! CloudWatch Embedded Metric Format counters of the layer's outcomes, so
-//! operators see the dedup rate, conflicts and stuck claims.
+//! The layer's outcomes, counted in CloudWatch Embedded Metric Format
+//! ([`EmfMetrics`]), so operators see the dedup rate, conflicts and stuck
+//! claims.
 
-use std::{fmt, sync::Arc, time::SystemTime};
+use crate::metrics::EmfMetrics;
+use std::fmt;
 
 /// What the layer did with one request: the `outcome` field of its
 /// `tracing` span and the `Outcome` dimension of its metric.
@@ -75,55 +77,9 @@ impl fmt::Display for HttpOutcome {
     }
 }
 
-type Writer = Arc<dyn Fn(&str) + Send + Sync>;
-
-/// Writes one CloudWatch Embedded Metric Format line per request to
-/// standard output (which Lambda sends to CloudWatch Logs): a count named
-/// `IdempotentRequests` with the dimension `Outcome`.
-#[derive(Clone)]
-pub struct EmfMetrics {
-    namespace: String,
-    writer: Writer,
-}
-
 impl EmfMetrics {
-    /// Metrics in the CloudWatch namespace `namespace`.
-    pub fn new(namespace: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            writer: Arc::new(|line| println!("{line}")),
-        }
-    }
-
-    /// Sends the lines somewhere else than standard output (for tests, or a
-    /// logger of your own).
-    pub fn with_writer(mut self, writer: impl Fn(&str) + Send + Sync + 'static) -> Self {
-        self.writer = Arc::new(writer);
-        self
-    }
-
+    /// One request's outcome: `IdempotentRequests`, dimension `Outcome`.
     pub(crate) fn record(&self, outcome: HttpOutcome) {
-        let timestamp = crate::clock::epoch_ms(SystemTime::now());
-        let line = serde_json::json!({
-            "_aws": {
-                "Timestamp": timestamp,
-                "CloudWatchMetrics": [{
-                    "Namespace": self.namespace,
-                    "Dimensions": [["Outcome"]],
-                    "Metrics": [{ "Name": "IdempotentRequests", "Unit": "Count" }],
-                }],
-            },
-            "Outcome": outcome.as_str(),
-            "IdempotentRequests": 1,
-        });
-        (self.writer)(&line.to_string());
-    }
-}
-
-impl fmt::Debug for EmfMetrics {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EmfMetrics")
-            .field("namespace", &self.namespace)
-            .finish_non_exhaustive()
+        self.count("IdempotentRequests", "Outcome", outcome.as_str());
     }
 }

@@ -150,6 +150,7 @@ mod stored;
 mod stored_body;
 mod streaming;
 
+pub use crate::metrics::EmfMetrics;
 pub use body::DEFAULT_BODY_LIMIT;
 pub use commit::CommitWith;
 pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
@@ -158,7 +159,7 @@ pub use future::ResponseFuture;
 pub use in_flight::InFlight;
 pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
-pub use metrics::{EmfMetrics, HttpOutcome};
+pub use metrics::HttpOutcome;
 pub use problem::DEFAULT_PROBLEM_BASE;
 #[cfg(feature = "lambda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]

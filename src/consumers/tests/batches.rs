@@ -562,3 +562,64 @@ async fn a_fingerprint_of_selected_fields_lets_a_resent_message_replay() {
     assert!(response.batch_item_failures.is_empty(), "{response:?}");
     assert_eq!(seen.lock().unwrap().len(), 1, "the second send replayed");
 }
+
+/// Issue 41, item 3: a record whose key was used with another payload, or
+/// that has no key, is delivered again by default (its FIFO group held up
+/// behind it); given up as final (`Unprocessable::Final`), it is reported
+/// done with an ERROR line and a metric, and its group goes on.
+#[tokio::test]
+async fn unprocessable_records_are_redelivered_or_given_up_as_final() {
+    // The key is the body's part before ':'; the fingerprint, its whole body.
+    let key = |message: &SqsMessage| {
+        let body = message.body.as_deref()?;
+        body.split_once(':').map(|(key, _)| key.to_owned())
+    };
+    let event = || {
+        batch(vec![
+            message("a1", "k1:charge 10", Some("A")),
+            message("a2", "k1:charge 99", Some("A")),
+            message("a3", "k3:charge 30", Some("A")),
+            message("b1", "no key here", Some("B")),
+            message("b2", "k5:charge 50", Some("B")),
+        ])
+    };
+    for unprocessable in [Unprocessable::Redeliver, Unprocessable::Final] {
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let written = Arc::clone(&lines);
+        let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "fifo")
+            .key(key)
+            .unprocessable(unprocessable)
+            .metrics(
+                EmfMetrics::new("orders")
+                    .with_writer(move |line| written.lock().unwrap().push(line.to_owned())),
+            );
+        let (seen, handler) = recorder();
+        let response = sqs.process(event(), &handler).await.expect("a response");
+        let mut failed = failed_ids(&response);
+        failed.sort();
+        let lines = lines.lock().unwrap();
+        match unprocessable {
+            Unprocessable::Redeliver => {
+                assert_eq!(failed, ["a2", "a3", "b1", "b2"], "held up behind them");
+                assert_eq!(*seen.lock().unwrap(), ["k1:charge 10"]);
+                assert!(lines.is_empty(), "{lines:?}");
+            }
+            _ => {
+                assert!(failed.is_empty(), "{failed:?}");
+                let mut ran = seen.lock().unwrap().clone();
+                ran.sort();
+                assert_eq!(ran, ["k1:charge 10", "k3:charge 30", "k5:charge 50"]);
+                let mut reasons: Vec<String> = lines
+                    .iter()
+                    .map(|line| {
+                        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                        assert_eq!(value["UnprocessableRecords"], 1, "{line}");
+                        value["Reason"].as_str().unwrap().to_owned()
+                    })
+                    .collect();
+                reasons.sort();
+                assert_eq!(reasons, ["key_missing", "key_reused"]);
+            }
+        }
+    }
+}

@@ -3,7 +3,7 @@
 use super::*;
 use crate::{
     store::{memory::MemoryWrite, Claim, OwnerToken, Store},
-    ClaimHandle, Engine, Fingerprint, MemoryStore,
+    ClaimHandle, EmfMetrics, Engine, Fingerprint, MemoryStore,
 };
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::{service_fn, Context, LambdaEvent};
