@@ -3,14 +3,13 @@
 
 use super::stored_body::StoredBody;
 use super::{
-    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, key::KeySource, metrics::EmfMetrics,
-    problem::DEFAULT_PROBLEM_BASE, stored::ResponseCodec,
+    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, in_flight::Slots, key::KeySource,
+    metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE, stored::ResponseCodec,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use std::{sync::Arc, time::Duration};
-use tokio_util::task::TaskTracker;
 
 /// The default key header, as the IETF draft names it.
 pub const DEFAULT_HEADER: &str = "idempotency-key";
@@ -116,8 +115,9 @@ pub(crate) struct Settings {
     /// `text/event-stream` and the [`StreamResponse`](super::StreamResponse)
     /// marker).
     pub(crate) stream_when: Option<StreamFn>,
-    /// The claimed requests' detached work, shared by every clone.
-    pub(crate) in_flight: TaskTracker,
+    /// The claimed requests' detached work and its bound, shared by every
+    /// clone.
+    pub(crate) in_flight: Slots,
     pub(crate) metrics: Option<EmfMetrics>,
     pub(crate) problem_base: String,
     #[cfg(feature = "powertools")]
@@ -144,7 +144,7 @@ impl Default for Settings {
             single_write: false,
             scope: ScopeRule::LambdaContext,
             stream_when: None,
-            in_flight: TaskTracker::new(),
+            in_flight: Slots::default(),
             metrics: None,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             #[cfg(feature = "powertools")]

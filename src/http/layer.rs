@@ -279,7 +279,38 @@ impl<St: Store> IdempotencyLayer<St> {
     /// disconnects, a `TimeoutLayer`): wait for it at graceful shutdown.
     /// Every service this layer (or a clone of it) makes shares it.
     pub fn in_flight(&self) -> InFlight {
-        InFlight::new(self.config.settings.in_flight.clone())
+        InFlight::new(&self.config.settings.in_flight)
+    }
+
+    /// The most requests that run at once from their claim to their answer
+    /// (default [`DEFAULT_MAX_IN_FLIGHT`](super::DEFAULT_MAX_IN_FLIGHT),
+    /// 1,024; at least 1). A request that finds that many running is
+    /// answered `503` with `Retry-After: 1` (`idempotency-overloaded`)
+    /// before it claims its key: nothing is recorded, and a retry with the
+    /// same key runs as if it were the first.
+    ///
+    /// Why a bound: once claimed, a request's work runs to its end on a
+    /// task of its own even when its client leaves (see [When the client
+    /// leaves](super#when-the-client-leaves)), so nothing else bounds it: a
+    /// connection limit counts connections, and a client that sends and
+    /// hangs up frees its own at once while its handler, holding its
+    /// request body (up to the [body limit](Self::body_limit)), keeps
+    /// running. 2,000 clients that did so with 64 KiB bodies left 1,694
+    /// handlers running and took a server to 283 MB. The default is far
+    /// above what a process serves at once against a store (1,024 requests
+    /// of 100 ms each are 10,000 a second) and still bounds what a flood
+    /// can hold. In Lambda an execution environment serves one request at
+    /// a time, and the bound is never reached.
+    ///
+    /// The count is [`InFlight::len`](super::InFlight::len) (see
+    /// [`in_flight`](Self::in_flight)), recorded as `in_flight` on the
+    /// layer's `idempotency` span; refusals are
+    /// [`HttpOutcome::Overloaded`](super::HttpOutcome::Overloaded). Every
+    /// service made by this layer or its clones shares one count, and the
+    /// last bound set on any of them applies to the services it makes.
+    pub fn max_in_flight(mut self, requests: usize) -> Self {
+        self.config.settings.in_flight.max = requests.max(1);
+        self
     }
 
     /// The prefix of every problem `type` (default

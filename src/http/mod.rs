@@ -17,6 +17,7 @@
 //! | body longer than the [limit](IdempotencyLayer::body_limit) (default 6 MiB) | `413`; the handler does not run |
 //! | body that fails while it is read | `400`; the handler does not run |
 //! | store unreachable | `503` with `Retry-After`; the handler does not run |
+//! | [`max_in_flight`](IdempotencyLayer::max_in_flight) requests running (default 1,024) | `503` with `Retry-After: 1`; nothing claimed, the handler does not run, a retry with the key runs as a first request |
 //! | store misconfigured (no table, no permission: an operator must act) | `500`; the handler does not run |
 //! | outside Lambda, nothing names the caller ([`caller`](IdempotencyLayer::caller), [`shared_scope`](IdempotencyLayer::shared_scope)) | `500`; the handler does not run |
 //!
@@ -29,8 +30,8 @@
 //! `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
-//! `idempotency-internal-error`, `idempotency-scope-unset`, after a
-//! configurable prefix. None of the layer's own answers is stored.
+//! `idempotency-internal-error`, `idempotency-scope-unset`,
+//! `idempotency-overloaded`, after a configurable prefix. None of the layer's own answers is stored.
 //!
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
 //! they commit in one transaction with the stored response.
@@ -155,7 +156,7 @@ pub use commit::CommitWith;
 pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
 pub use fingerprint::{request_fingerprint, FingerprintSource};
 pub use future::ResponseFuture;
-pub use in_flight::InFlight;
+pub use in_flight::{InFlight, DEFAULT_MAX_IN_FLIGHT};
 pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};

@@ -30,6 +30,7 @@ use std::{
     sync::Arc,
     time::{Duration, SystemTime},
 };
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tower::Service;
 use tracing::{field, Instrument};
 
@@ -85,7 +86,12 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
-    let span = tracing::info_span!("idempotency", outcome = field::Empty, status = field::Empty);
+    let span = tracing::info_span!(
+        "idempotency",
+        outcome = field::Empty,
+        status = field::Empty,
+        in_flight = field::Empty
+    );
     let (outcome, result) = handle(&config, inner, request)
         .instrument(span.clone())
         .await;
@@ -199,11 +205,21 @@ where
     };
     #[cfg(not(feature = "powertools"))]
     let takeover = None;
+    // The bound on running work, checked last, just before the claim: a
+    // slow client that sends its body byte by byte holds no slot, and a
+    // request refused here has claimed nothing.
+    let Some(slot) = config.settings.in_flight.take() else {
+        return (
+            HttpOutcome::Overloaded,
+            Ok(problem_response(&config.settings, &Problem::Overloaded)),
+        );
+    };
+    tracing::Span::current().record("in_flight", config.settings.in_flight.running());
     let deadline_ms = lambda_context::deadline_ms(&request);
     let fingerprint = config.settings.fingerprint.of(&request);
     let request = rebuild_request(request, kind);
     let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms).taking_over(takeover);
-    let (result, live) = run_detached(Arc::clone(config), attempt, inner, request).await;
+    let (result, live) = run_detached(Arc::clone(config), attempt, inner, request, slot).await;
     respond(&config.settings, result, live)
 }
 
@@ -292,11 +308,16 @@ where
 /// own future, so an outer `CatchPanicLayer` still answers it.
 ///
 /// Without a tokio runtime (a caller on another executor) it runs in place.
+///
+/// `slot` is the request's place in the bound on running work: it moves
+/// with the work and is given back when the work's future is dropped (done,
+/// panicked, or cancelled with its runtime).
 async fn run_detached<S, St, B, ResBody>(
     config: Arc<Config<St>>,
     attempt: OwnedAttempt,
     inner: S,
     request: Request<B>,
+    slot: TaskTrackerToken,
 ) -> (Attempted<S::Error, ResBody>, Live<ResBody>)
 where
     S: Inner<B, ResBody>,
@@ -304,22 +325,20 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
-    let tracker = config.settings.in_flight.clone();
     let work = async move {
+        let _slot = slot;
         let mut live = None;
         let result = run_waiting(&config, &attempt.attempt(), inner, request, &mut live).await;
         (result, live)
     }
     .in_current_span();
-    detached(Box::pin(tracker.track_future(work)), |work, runtime| {
-        runtime.spawn(work)
-    })
-    .await
-    .unwrap_or_else(|| {
-        // Only a runtime that shuts down cancels the task, and this
-        // future goes with it: answered, should it be polled.
-        (Err(Error::Operation(Failure::Cancelled)), None)
-    })
+    detached(Box::pin(work), |work, runtime| runtime.spawn(work))
+        .await
+        .unwrap_or_else(|| {
+            // Only a runtime that shuts down cancels the task, and this
+            // future goes with it: answered, should it be polled.
+            (Err(Error::Operation(Failure::Cancelled)), None)
+        })
 }
 
 /// The key in the configured header: `Ok(None)` when there is none (or the

@@ -126,6 +126,7 @@ fn problem(response: &Response<Body>) -> serde_json::Value {
     serde_json::from_str(text(response)).expect("problem json")
 }
 
+mod bound;
 mod concurrency;
 mod fingerprints;
 mod keys;
