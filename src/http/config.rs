@@ -4,7 +4,8 @@
 use super::stored_body::StoredBody;
 use super::{
     body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, in_flight::Slots, key::KeySource,
-    metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE, stored::ResponseCodec,
+    metrics::EmfMetrics, problem::DEFAULT_PROBLEM_BASE, retry_after::Durations,
+    retry_after::RetryAfter, stored::ResponseCodec,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
@@ -108,6 +109,10 @@ pub(crate) struct Settings {
     pub(crate) on_replay: Option<ReplayHook>,
     pub(crate) codec: ResponseCodec,
     pub(crate) wait: Option<Duration>,
+    /// What a duplicate of a request in progress is told to wait.
+    pub(crate) retry_after: RetryAfter,
+    /// How long each route's requests take, shared by every clone.
+    pub(crate) durations: Durations,
     pub(crate) mode: Mode,
     pub(crate) single_write: bool,
     pub(crate) scope: ScopeRule,
@@ -140,6 +145,8 @@ impl Default for Settings {
             on_replay: None,
             codec: ResponseCodec::default(),
             wait: None,
+            retry_after: RetryAfter::default(),
+            durations: Durations::default(),
             mode: Mode::Plain,
             single_write: false,
             scope: ScopeRule::LambdaContext,

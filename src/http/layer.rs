@@ -7,6 +7,7 @@ use super::{
     in_flight::InFlight,
     key::KeySource,
     metrics::EmfMetrics,
+    retry_after::RetryAfter,
     service::Idempotency,
     stored::MAX_STORED_RESPONSE,
 };
@@ -122,11 +123,29 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// While another request with the key is in progress, wait up to
-    /// `budget` for its result (polling with backoff, never past the
-    /// invocation's deadline) and replay it, instead of answering 409 at
-    /// once.
+    /// `budget` for its result and replay it, instead of answering 409 at
+    /// once: the store is asked again after 50 ms, then after twice as
+    /// long each time up to 1 s (never longer than the `Retry-After` the
+    /// [`in_progress_retry_after`](Self::in_progress_retry_after) setting
+    /// gives), and never past the invocation's deadline less 500 ms. Once
+    /// the budget is spent, the answer is the `409` with its `Retry-After`.
+    /// The waiting request holds its connection and its place in
+    /// [`max_in_flight`](Self::max_in_flight) meanwhile; without this
+    /// setting (the default) the client waits instead, as `Retry-After`
+    /// says.
     pub fn wait_for_result(mut self, budget: Duration) -> Self {
         self.config.settings.wait = Some(budget);
+        self
+    }
+
+    /// What the `Retry-After` of a `409` in progress says (default
+    /// [`RetryAfter::estimated`]`(`[`DEFAULT_FIRST_RETRY_AFTER`](super::DEFAULT_FIRST_RETRY_AFTER)`)`):
+    /// the time left of the route's typical duration, measured from its
+    /// completed requests. Always whole seconds, at least 1, never more
+    /// than the time left on the running request's lease. See
+    /// [`RetryAfter`] and [Retry-After](super#retry-after).
+    pub fn in_progress_retry_after(mut self, retry_after: RetryAfter) -> Self {
+        self.config.settings.retry_after = retry_after;
         self
     }
 
@@ -452,6 +471,7 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("replayed_header", &self.config.settings.replayed_header)
             .field("body_limit", &self.config.settings.body_limit)
             .field("wait", &self.config.settings.wait)
+            .field("retry_after", &self.config.settings.retry_after)
             .field("mode", &self.config.settings.mode)
             .field("single_write", &self.config.settings.single_write)
             .field("codec", &self.config.settings.codec)

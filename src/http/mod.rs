@@ -10,7 +10,7 @@
 //! |---|---|
 //! | first with a key | the handler's; stored if the [outcome policy](default_store_policy) says so |
 //! | retry, same payload | the stored status, headers and body, plus `Idempotent-Replayed: true` |
-//! | retry while the first runs | `409` with `Retry-After` (or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), the replay once it completes) |
+//! | retry while the first runs | `409` with `Retry-After`: what is left of the route's typical duration, 2 s on a route with none yet, never past the lease ([Retry-After](#retry-after)); or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), the replay once it completes |
 //! | same key, different method, path or body | `422` |
 //! | key missing (where required) | `400` |
 //! | key invalid (empty, over 255 characters, not visible ASCII, malformed sf-string, repeated header) | `400` |
@@ -90,6 +90,8 @@
 //!
 #![doc = include_str!("../docs/servers.md")]
 //!
+#![doc = include_str!("../docs/retry_after.md")]
+//!
 //! # Example: `lambda_http`
 //!
 //! ```
@@ -145,6 +147,7 @@ mod metrics;
 mod pipeline;
 mod problem;
 mod respond;
+mod retry_after;
 mod scope;
 mod service;
 mod stored;
@@ -161,6 +164,7 @@ pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;
+pub use retry_after::{RetryAfter, DEFAULT_FIRST_RETRY_AFTER};
 #[cfg(feature = "lambda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
 pub use scope::principal;

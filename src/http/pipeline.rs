@@ -13,7 +13,8 @@ use super::{
     metrics::HttpOutcome,
     problem::{KeyPlace, Problem},
     respond::{problem_response, respond, Attempted, Failure, Live},
-    scope::scope_for,
+    retry_after::Durations,
+    scope::{route, scope_for},
     stored::{StoredResponse, MAX_BODY},
     streaming::{read_bounded, streams, Read},
 };
@@ -22,7 +23,7 @@ use crate::{
     engine::{detached, OwnedAttempt},
     error::BoxError,
     store::Store,
-    Attempt, ClaimHandle, Error,
+    Attempt, ClaimHandle, Error, OutcomeKind,
 };
 use http::{Request, Response};
 use http_body::Body as HttpBody;
@@ -217,9 +218,22 @@ where
     tracing::Span::current().record("in_flight", config.settings.in_flight.running());
     let deadline_ms = lambda_context::deadline_ms(&request);
     let fingerprint = config.settings.fingerprint.of(&request);
+    // The route whose durations this request is measured with, and its
+    // duplicates told to wait from.
+    let settings = &config.settings;
+    let route_key = settings
+        .retry_after
+        .estimates()
+        .then(|| Durations::key(&route(&request)));
+    let hint = settings
+        .retry_after
+        .hint(&settings.durations, route_key.unwrap_or_default());
     let request = rebuild_request(request, kind);
-    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms).taking_over(takeover);
-    let (result, live) = run_detached(Arc::clone(config), attempt, inner, request, slot).await;
+    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms)
+        .taking_over(takeover)
+        .retry_hint(hint);
+    let (result, live) =
+        run_detached(Arc::clone(config), attempt, route_key, inner, request, slot).await;
     respond(&config.settings, result, live)
 }
 
@@ -315,6 +329,7 @@ where
 async fn run_detached<S, St, B, ResBody>(
     config: Arc<Config<St>>,
     attempt: OwnedAttempt,
+    route: Option<u64>,
     inner: S,
     request: Request<B>,
     slot: TaskTrackerToken,
@@ -328,7 +343,15 @@ where
     let work = async move {
         let _slot = slot;
         let mut live = None;
-        let result = run_waiting(&config, &attempt.attempt(), inner, request, &mut live).await;
+        let result = run_waiting(
+            &config,
+            &attempt.attempt(),
+            route,
+            inner,
+            request,
+            &mut live,
+        )
+        .await;
         (result, live)
     }
     .in_current_span();
@@ -364,10 +387,12 @@ fn read_header_key<B>(
 
 /// Runs the attempt; while another request holds the key, waits for its
 /// result (with backoff, within the configured budget and the invocation's
-/// deadline) and asks again.
+/// deadline) and asks again. A run that completes its record counts, on
+/// the engine's clock, for its `route`'s typical duration.
 async fn run_waiting<S, St, B, ResBody>(
     config: &Config<St>,
     attempt: &Attempt<'_>,
+    route: Option<u64>,
     inner: S,
     request: Request<B>,
     live: &mut Live<ResBody>,
@@ -435,6 +460,7 @@ where
             *live = Some(Response::from_parts(parts, body));
             Ok((head, writes))
         };
+        let started_ms = config.engine.now_ms();
         let result = if config.settings.single_write {
             config
                 .engine
@@ -451,6 +477,12 @@ where
                 )
                 .await
         };
+        if let (Some(route), Ok(done)) = (route, &result) {
+            if done.kind() == OutcomeKind::Fresh {
+                let took_ms = config.engine.now_ms().saturating_sub(started_ms);
+                config.settings.durations.record(route, took_ms);
+            }
+        }
         if let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until) {
             let now = tokio::time::Instant::now();
             if now < until {

@@ -132,4 +132,5 @@ mod fingerprints;
 mod keys;
 mod outcomes;
 mod replays;
+mod retry_after;
 mod transactions;
