@@ -13,8 +13,7 @@ use super::{
     metrics::HttpOutcome,
     problem::{KeyPlace, Problem},
     respond::{problem_response, respond, Attempted, Failure, Live},
-    retry_after::Durations,
-    scope::{route, scope_for},
+    scope::{route_key, scope_for},
     stored::{StoredResponse, MAX_BODY},
     streaming::{read_bounded, streams, Read},
 };
@@ -224,7 +223,7 @@ where
     let route_key = settings
         .retry_after
         .estimates()
-        .then(|| Durations::key(&route(&request)));
+        .then(|| route_key(&request));
     let hint = settings
         .retry_after
         .hint(&settings.durations, route_key.unwrap_or_default());

@@ -4,7 +4,6 @@
 use crate::engine::RetryHint;
 use std::{
     fmt,
-    hash::{Hash, Hasher},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -121,13 +120,6 @@ impl Default for Durations {
 }
 
 impl Durations {
-    /// The key of `route` in the table.
-    pub(crate) fn key(route: &str) -> u64 {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        route.hash(&mut hasher);
-        hasher.finish()
-    }
-
     fn slot(&self, key: u64) -> (&AtomicU64, u64) {
         let index = usize::try_from(key % SLOTS as u64).unwrap_or(0);
         (&self.0[index], (key >> 32 | 1) << 32)
@@ -162,12 +154,20 @@ impl Durations {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::{Hash, Hasher};
+
+    /// A key for a route, as `scope::route_key` makes them.
+    fn key(route: &str) -> u64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        route.hash(&mut hasher);
+        hasher.finish()
+    }
 
     #[test]
     fn a_moving_average_per_route_in_a_table_that_never_grows() {
         let durations = Durations::default();
-        let charges = Durations::key("POST /v1/charges");
-        let refunds = Durations::key("POST /v1/refunds");
+        let charges = key("POST /v1/charges");
+        let refunds = key("POST /v1/refunds");
         assert_eq!(durations.typical(charges), None);
         durations.record(charges, 1_000);
         assert_eq!(
@@ -188,7 +188,7 @@ mod tests {
         // Another route in the same entry replaces it: the first loses its
         // estimate rather than sharing a wrong one.
         let rival = (1..)
-            .map(|n| Durations::key(&format!("POST /v1/orders/{n}")))
+            .map(|n| key(&format!("POST /v1/orders/{n}")))
             .find(|key| {
                 key % SLOTS as u64 == charges % SLOTS as u64
                     && (key >> 32 | 1) != (charges >> 32 | 1)
@@ -205,7 +205,7 @@ mod tests {
     #[test]
     fn each_choice_gives_its_hint() {
         let durations = Durations::default();
-        let route = Durations::key("POST /v1/charges");
+        let route = key("POST /v1/charges");
         let secs = Duration::from_secs;
         assert_eq!(
             RetryAfter::default().hint(&durations, route),
