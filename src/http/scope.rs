@@ -120,12 +120,12 @@ fn route_parts<B>(request: &Request<B>) -> Route<'_> {
     let template = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(axum::extract::MatchedPath::as_str);
+        .map_or_else(|| request_path(request), axum::extract::MatchedPath::as_str);
     #[cfg(not(feature = "axum"))]
-    let template = None;
+    let template = request_path(request);
     Route::Method {
         method: request.method().as_str(),
-        template: template.unwrap_or_else(|| request_path(request)),
+        template,
     }
 }
 
