@@ -16,10 +16,13 @@ pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error<E = std::convert::Infallible> {
     /// Another invocation holds a live claim on this key and has not
-    /// completed yet. Retry after `retry_after` (the time left on its lease,
-    /// at least one second).
+    /// completed yet. Retry after `retry_after`: whole seconds, at least
+    /// one, never more than the time left on its lease rounded up (from
+    /// [`Engine::execute`](crate::Engine::execute) and its kin, that time
+    /// left; the HTTP layer asks for less where it knows how long the
+    /// route's requests take: see its `in_progress_retry_after`).
     InProgress {
-        /// How long until the other invocation's lease passes.
+        /// How long to wait before retrying.
         retry_after: Duration,
     },
     /// The key was used before with a different payload. The stored outcome

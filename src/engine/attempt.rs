@@ -1,6 +1,7 @@
 //! One attempt at an idempotent operation: who, which key, what payload,
 //! and until when.
 
+use super::retry_after::RetryHint;
 use crate::{clock::epoch_ms, Fingerprint, Takeover};
 use std::time::SystemTime;
 
@@ -18,6 +19,8 @@ pub struct Attempt<'a> {
     /// What this attempt never does, whatever the engine allows.
     pub(crate) caution: Caution,
     pub(crate) taking_over: Option<Takeover>,
+    /// What a duplicate that finds the key in progress is told to wait.
+    pub(crate) retry_hint: RetryHint,
 }
 
 impl<'a> Attempt<'a> {
@@ -31,6 +34,7 @@ impl<'a> Attempt<'a> {
             deadline_ms: None,
             caution: Caution::default(),
             taking_over: None,
+            retry_hint: RetryHint::Lease,
         }
     }
 
@@ -117,6 +121,7 @@ pub(crate) struct OwnedAttempt {
     deadline_ms: Option<u64>,
     caution: Caution,
     taking_over: Option<Takeover>,
+    retry_hint: RetryHint,
 }
 
 /// What an attempt never does, whatever its engine allows.
@@ -144,7 +149,15 @@ impl OwnedAttempt {
             deadline_ms,
             caution: Caution::default(),
             taking_over: None,
+            retry_hint: RetryHint::Lease,
         }
+    }
+
+    /// What a duplicate that finds the key in progress is told to wait
+    /// (default: the time left on the lease).
+    pub(crate) fn retry_hint(mut self, hint: RetryHint) -> Self {
+        self.retry_hint = hint;
+        self
     }
 
     /// As [`Attempt::taking_over`], when `takeover` is `Some`.
@@ -162,6 +175,7 @@ impl OwnedAttempt {
             deadline_ms: self.deadline_ms,
             caution: self.caution,
             taking_over: self.taking_over,
+            retry_hint: self.retry_hint,
         }
     }
 }
@@ -170,6 +184,7 @@ impl From<&Attempt<'_>> for OwnedAttempt {
     fn from(attempt: &Attempt<'_>) -> Self {
         Self {
             caution: attempt.caution,
+            retry_hint: attempt.retry_hint,
             ..Self::new(
                 attempt.scope.to_owned(),
                 attempt.key.to_owned(),

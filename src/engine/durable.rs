@@ -6,7 +6,7 @@
 use super::{
     claim::{ClaimError, Claimed},
     conflicts::retry_conflicts,
-    Engine, OutcomeKind, MAX_DURATION, MIN_LEASE_MS,
+    Engine, OutcomeKind, RetryHint, MAX_DURATION, MIN_LEASE_MS,
 };
 use crate::{
     clock::duration_ms,
@@ -56,7 +56,13 @@ impl<St: Store> Engine<St> {
         match self.claim(&mut claim).await {
             Ok(Claimed::Ours) => Ok(DurableClaim::Ours),
             Ok(Claimed::Held(record)) => self
-                .existing(record, codec, &attempt.fingerprint, claim.now_ms)
+                .existing_with(
+                    record,
+                    codec,
+                    &attempt.fingerprint,
+                    RetryHint::Lease,
+                    claim.now_ms,
+                )
                 .map(|outcome| DurableClaim::Replay(outcome.into_value())),
             Err(ClaimError::Outage(error) | ClaimError::Failed(error)) => Err(Error::Store(error)),
         }

@@ -37,6 +37,7 @@ mod operator;
 mod outcome;
 mod panic;
 mod replay;
+mod retry_after;
 mod single_write;
 
 pub use attempt::Attempt;
@@ -58,6 +59,7 @@ pub use mode::Mode;
 pub use operator::Forgotten;
 pub use outcome::{Outcome, OutcomeKind, Replayed};
 pub(crate) use panic::panic_message;
+pub(crate) use retry_after::RetryHint;
 
 use crate::{store::RecordId, store::Store, Clock, Error, StoreError, StoreErrorKind};
 use cache::RecordCache;
@@ -321,9 +323,7 @@ impl<St: Store> Engine<St> {
         let mut claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
         match self.claim(&mut claim).await {
             Ok(Claimed::Ours) => {}
-            Ok(Claimed::Held(record)) => {
-                return self.existing(record, codec, &attempt.fingerprint, now_ms)
-            }
+            Ok(Claimed::Held(record)) => return self.existing(record, codec, attempt, now_ms),
             Err(ClaimError::Outage(error))
                 if inner.fail_open && !transactional && !attempt.caution.fail_closed =>
             {

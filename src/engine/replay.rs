@@ -1,12 +1,16 @@
 //! Replay decisions: what a live record, or the local cache, answers an
 //! attempt.
 
-use super::{cache::CachedRecord, Codec, Engine, Outcome, Replayed};
+use super::{
+    cache::CachedRecord,
+    retry_after::{in_progress_retry_after, RetryHint},
+    Codec, Engine, Outcome, Replayed,
+};
 use crate::{
     store::{Record, RecordId, Status, Store},
     Attempt, Error, Fingerprint, StoreError,
 };
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 use tracing::debug;
 
 impl<St: Store> Engine<St> {
@@ -17,7 +21,21 @@ impl<St: Store> Engine<St> {
         &self,
         record: Record,
         codec: &impl Codec<T>,
+        attempt: &Attempt<'_>,
+        now_ms: u64,
+    ) -> Result<Outcome<T>, Error<E>> {
+        let hint = attempt.retry_hint;
+        self.existing_with(record, codec, &attempt.fingerprint, hint, now_ms)
+    }
+
+    /// As [`existing`](Self::existing), for a payload's `fingerprint`,
+    /// telling a duplicate of a request in progress to wait as `hint` says.
+    pub(crate) fn existing_with<T, E>(
+        &self,
+        record: Record,
+        codec: &impl Codec<T>,
         fingerprint: &Fingerprint,
+        hint: RetryHint,
         now_ms: u64,
     ) -> Result<Outcome<T>, Error<E>> {
         if &record.fingerprint != fingerprint {
@@ -61,13 +79,7 @@ impl<St: Store> Engine<St> {
                 ))
             }
             Status::InProgress => {
-                let left_ms = record
-                    .lease_until_ms
-                    .unwrap_or(record.expiration_s.saturating_mul(1000))
-                    .saturating_sub(now_ms);
-                // Whole seconds, rounded up (Retry-After has no fractions),
-                // and at least one: a retry before the lease passes is wasted.
-                let retry_after = Duration::from_secs(left_ms.div_ceil(1000).max(1));
+                let retry_after = in_progress_retry_after(&record, now_ms, hint);
                 debug!(record = %record.id, outcome = "in_progress", retry_after_s = retry_after.as_secs(), "idempotency");
                 Err(Error::InProgress { retry_after })
             }

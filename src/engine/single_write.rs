@@ -130,14 +130,12 @@ impl<St: Store> Engine<St> {
                 debug!(record = %id, outcome = "fresh", single_write = true, "idempotency");
                 return Ok(Outcome::new(value, OutcomeKind::Fresh));
             };
-            return self.existing(record, codec, &attempt.fingerprint, now_ms);
+            return self.existing(record, codec, attempt, now_ms);
         }
         // Still contended: whoever won, its record says what happened.
         let now_ms = inner.clock.now_ms();
         match inner.store.get(&id, now_ms).await.map_err(Error::Store)? {
-            Some(record) if record.is_live(now_ms) => {
-                self.existing(record, codec, &attempt.fingerprint, now_ms)
-            }
+            Some(record) if record.is_live(now_ms) => self.existing(record, codec, attempt, now_ms),
             // Duplicates kept colliding and none committed yet: the caller
             // retries, as for a request in progress (never a 5xx).
             _ => {

@@ -3,14 +3,14 @@
 
 use super::stored_body::StoredBody;
 use super::{
-    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, key::KeySource,
-    problem::DEFAULT_PROBLEM_BASE, stored::ResponseCodec, EmfMetrics,
+    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, in_flight::Slots, key::KeySource,
+    problem::DEFAULT_PROBLEM_BASE, retry_after::Durations, retry_after::RetryAfter,
+    stored::ResponseCodec, EmfMetrics,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use std::{sync::Arc, time::Duration};
-use tokio_util::task::TaskTracker;
 
 /// The default key header, as the IETF draft names it.
 pub const DEFAULT_HEADER: &str = "idempotency-key";
@@ -109,6 +109,10 @@ pub(crate) struct Settings {
     pub(crate) on_replay: Option<ReplayHook>,
     pub(crate) codec: ResponseCodec,
     pub(crate) wait: Option<Duration>,
+    /// What a duplicate of a request in progress is told to wait.
+    pub(crate) retry_after: RetryAfter,
+    /// How long each route's requests take, shared by every clone.
+    pub(crate) durations: Durations,
     pub(crate) mode: Mode,
     pub(crate) single_write: bool,
     pub(crate) scope: ScopeRule,
@@ -116,8 +120,9 @@ pub(crate) struct Settings {
     /// `text/event-stream` and the [`StreamResponse`](super::StreamResponse)
     /// marker).
     pub(crate) stream_when: Option<StreamFn>,
-    /// The claimed requests' detached work, shared by every clone.
-    pub(crate) in_flight: TaskTracker,
+    /// The claimed requests' detached work and its bound, shared by every
+    /// clone.
+    pub(crate) in_flight: Slots,
     pub(crate) metrics: Option<EmfMetrics>,
     pub(crate) problem_base: String,
     #[cfg(feature = "powertools")]
@@ -140,11 +145,13 @@ impl Default for Settings {
             on_replay: None,
             codec: ResponseCodec::default(),
             wait: None,
+            retry_after: RetryAfter::default(),
+            durations: Durations::default(),
             mode: Mode::Plain,
             single_write: false,
             scope: ScopeRule::LambdaContext,
             stream_when: None,
-            in_flight: TaskTracker::new(),
+            in_flight: Slots::default(),
             metrics: None,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             #[cfg(feature = "powertools")]

@@ -1,8 +1,19 @@
 //! [`InFlight`]: the detached work of claimed requests, to wait for at
-//! graceful shutdown.
+//! graceful shutdown, and the bound on how much of it runs at once.
 
-use std::{fmt, time::Duration};
-use tokio_util::task::TaskTracker;
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+use tokio_util::task::{task_tracker::TaskTrackerToken, TaskTracker};
+
+/// How many requests may run from their claim to their answer at once, by
+/// default ([`max_in_flight`](super::IdempotencyLayer::max_in_flight)).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 /// The requests that have claimed their key and are still running,
 /// detached from their clients' connections (see
@@ -33,16 +44,31 @@ use tokio_util::task::TaskTracker;
 #[derive(Clone)]
 pub struct InFlight {
     tracker: TaskTracker,
+    limit: usize,
 }
 
 impl InFlight {
-    pub(crate) fn new(tracker: TaskTracker) -> Self {
-        Self { tracker }
+    pub(crate) fn new(slots: &Slots) -> Self {
+        Self {
+            tracker: slots.tracker.clone(),
+            limit: slots.max,
+        }
     }
 
-    /// How many claimed requests are running now.
+    /// How many requests are running now, from their claim to their answer
+    /// (a replay for the short time it takes too), their clients connected
+    /// or gone: the count the [bound](super::IdempotencyLayer::max_in_flight)
+    /// applies to. One atomic load: cheap enough to export as a gauge on
+    /// every request or on a timer.
     pub fn len(&self) -> usize {
         self.tracker.len()
+    }
+
+    /// The most that may run at once
+    /// ([`max_in_flight`](super::IdempotencyLayer::max_in_flight)): a
+    /// request that finds [`len`](Self::len) there is answered `503`.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Whether none is.
@@ -67,6 +93,63 @@ impl fmt::Debug for InFlight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlight")
             .field("running", &self.tracker.len())
+            .field("limit", &self.limit)
             .finish()
+    }
+}
+
+/// The layer's count of running work and its bound, shared by every clone
+/// of the layer and every service it makes.
+#[derive(Clone)]
+pub(crate) struct Slots {
+    tracker: TaskTracker,
+    pub(crate) max: usize,
+    /// Whether the last request was refused: the first refusal after an
+    /// admission is logged as a warning, the others not (a flood would
+    /// otherwise log a line per request).
+    refusing: Arc<AtomicBool>,
+}
+
+impl Default for Slots {
+    fn default() -> Self {
+        Self {
+            tracker: TaskTracker::new(),
+            max: DEFAULT_MAX_IN_FLIGHT,
+            refusing: Arc::default(),
+        }
+    }
+}
+
+impl Slots {
+    /// How many requests hold a slot now.
+    pub(crate) fn running(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// A slot for one request's work, held until the work ends (its token
+    /// is dropped with the work's future: when it returns, panics, or is
+    /// cancelled with its runtime), or `None` when `max` are taken.
+    ///
+    /// The token is taken first and the count read after it, so two
+    /// requests racing for the last slot can both be refused, never both
+    /// admitted: the count never passes `max`. One atomic add and one load
+    /// on the hot path, as the tracker already cost.
+    pub(crate) fn take(&self) -> Option<TaskTrackerToken> {
+        let token = self.tracker.token();
+        let running = self.tracker.len();
+        if running > self.max {
+            drop(token);
+            if !self.refusing.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    limit = self.max,
+                    "max_in_flight requests are running: further idempotent requests are answered 503 (idempotency-overloaded) until some finish"
+                );
+            }
+            return None;
+        }
+        if self.refusing.load(Ordering::Relaxed) {
+            self.refusing.store(false, Ordering::Relaxed);
+        }
+        Some(token)
     }
 }

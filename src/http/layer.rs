@@ -6,6 +6,7 @@ use super::{
     fingerprint::FingerprintSource,
     in_flight::InFlight,
     key::KeySource,
+    retry_after::RetryAfter,
     service::Idempotency,
     stored::MAX_STORED_RESPONSE,
 };
@@ -121,11 +122,29 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// While another request with the key is in progress, wait up to
-    /// `budget` for its result (polling with backoff, never past the
-    /// invocation's deadline) and replay it, instead of answering 409 at
-    /// once.
+    /// `budget` for its result and replay it, instead of answering 409 at
+    /// once: the store is asked again after 50 ms, then after twice as
+    /// long each time up to 1 s (never longer than the `Retry-After` the
+    /// [`in_progress_retry_after`](Self::in_progress_retry_after) setting
+    /// gives), and never past the invocation's deadline less 500 ms. Once
+    /// the budget is spent, the answer is the `409` with its `Retry-After`.
+    /// The waiting request holds its connection and its place in
+    /// [`max_in_flight`](Self::max_in_flight) meanwhile; without this
+    /// setting (the default) the client waits instead, as `Retry-After`
+    /// says.
     pub fn wait_for_result(mut self, budget: Duration) -> Self {
         self.config.settings.wait = Some(budget);
+        self
+    }
+
+    /// What the `Retry-After` of a `409` in progress says (default
+    /// [`RetryAfter::estimated`]`(`[`DEFAULT_FIRST_RETRY_AFTER`](super::DEFAULT_FIRST_RETRY_AFTER)`)`):
+    /// the time left of the route's typical duration, measured from its
+    /// completed requests. Always whole seconds, at least 1, never more
+    /// than the time left on the running request's lease. See
+    /// [`RetryAfter`] and [Retry-After](super#retry-after).
+    pub fn in_progress_retry_after(mut self, retry_after: RetryAfter) -> Self {
+        self.config.settings.retry_after = retry_after;
         self
     }
 
@@ -278,7 +297,38 @@ impl<St: Store> IdempotencyLayer<St> {
     /// disconnects, a `TimeoutLayer`): wait for it at graceful shutdown.
     /// Every service this layer (or a clone of it) makes shares it.
     pub fn in_flight(&self) -> InFlight {
-        InFlight::new(self.config.settings.in_flight.clone())
+        InFlight::new(&self.config.settings.in_flight)
+    }
+
+    /// The most requests that run at once from their claim to their answer
+    /// (default [`DEFAULT_MAX_IN_FLIGHT`](super::DEFAULT_MAX_IN_FLIGHT),
+    /// 1,024; at least 1). A request that finds that many running is
+    /// answered `503` with `Retry-After: 1` (`idempotency-overloaded`)
+    /// before it claims its key: nothing is recorded, and a retry with the
+    /// same key runs as if it were the first.
+    ///
+    /// Why a bound: once claimed, a request's work runs to its end on a
+    /// task of its own even when its client leaves (see [When the client
+    /// leaves](super#when-the-client-leaves)), so nothing else bounds it: a
+    /// connection limit counts connections, and a client that sends and
+    /// hangs up frees its own at once while its handler, holding its
+    /// request body (up to the [body limit](Self::body_limit)), keeps
+    /// running. 2,000 clients that did so with 64 KiB bodies left 1,694
+    /// handlers running and took a server to 283 MB. The default is far
+    /// above what a process serves at once against a store (1,024 requests
+    /// of 100 ms each are 10,000 a second) and still bounds what a flood
+    /// can hold. In Lambda an execution environment serves one request at
+    /// a time, and the bound is never reached.
+    ///
+    /// The count is [`InFlight::len`](super::InFlight::len) (see
+    /// [`in_flight`](Self::in_flight)), recorded as `in_flight` on the
+    /// layer's `idempotency` span; refusals are
+    /// [`HttpOutcome::Overloaded`](super::HttpOutcome::Overloaded). Every
+    /// service made by this layer or its clones shares one count, and the
+    /// last bound set on any of them applies to the services it makes.
+    pub fn max_in_flight(mut self, requests: usize) -> Self {
+        self.config.settings.in_flight.max = requests.max(1);
+        self
     }
 
     /// The prefix of every problem `type` (default
@@ -420,6 +470,7 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("replayed_header", &self.config.settings.replayed_header)
             .field("body_limit", &self.config.settings.body_limit)
             .field("wait", &self.config.settings.wait)
+            .field("retry_after", &self.config.settings.retry_after)
             .field("mode", &self.config.settings.mode)
             .field("single_write", &self.config.settings.single_write)
             .field("codec", &self.config.settings.codec)

@@ -46,6 +46,9 @@ pub enum HttpOutcome {
     /// Outside Lambda, the layer has no way to name the caller (no
     /// `caller`, `scope` or `shared_scope`): 500, the handler did not run.
     ScopeUnset,
+    /// [`max_in_flight`](super::IdempotencyLayer::max_in_flight) requests
+    /// were running: 503, nothing claimed, the handler did not run.
+    Overloaded,
 }
 
 impl HttpOutcome {
@@ -67,6 +70,7 @@ impl HttpOutcome {
             HttpOutcome::Unprotected => "unprotected",
             HttpOutcome::Disabled => "disabled",
             HttpOutcome::ScopeUnset => "scope_unset",
+            HttpOutcome::Overloaded => "overloaded",
         }
     }
 }

@@ -10,13 +10,14 @@
 //! |---|---|
 //! | first with a key | the handler's; stored if the [outcome policy](default_store_policy) says so |
 //! | retry, same payload | the stored status, headers and body, plus `Idempotent-Replayed: true` |
-//! | retry while the first runs | `409` with `Retry-After` (or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), the replay once it completes) |
+//! | retry while the first runs | `409` with `Retry-After`: what is left of the route's typical duration, 2 s on a route with none yet, never past the lease ([Retry-After](#retry-after)); or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), the replay once it completes |
 //! | same key, different method, path or body | `422` |
 //! | key missing (where required) | `400` |
 //! | key invalid (empty, over 255 characters, not visible ASCII, malformed sf-string, repeated header) | `400` |
 //! | body longer than the [limit](IdempotencyLayer::body_limit) (default 6 MiB) | `413`; the handler does not run |
 //! | body that fails while it is read | `400`; the handler does not run |
 //! | store unreachable | `503` with `Retry-After`; the handler does not run |
+//! | [`max_in_flight`](IdempotencyLayer::max_in_flight) requests running (default 1,024) | `503` with `Retry-After: 1`; nothing claimed, the handler does not run, a retry with the key runs as a first request |
 //! | store misconfigured (no table, no permission: an operator must act) | `500`; the handler does not run |
 //! | outside Lambda, nothing names the caller ([`caller`](IdempotencyLayer::caller), [`shared_scope`](IdempotencyLayer::shared_scope)) | `500`; the handler does not run |
 //!
@@ -29,8 +30,8 @@
 //! `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
-//! `idempotency-internal-error`, `idempotency-scope-unset`, after a
-//! configurable prefix. None of the layer's own answers is stored.
+//! `idempotency-internal-error`, `idempotency-scope-unset`,
+//! `idempotency-overloaded`, after a configurable prefix. None of the layer's own answers is stored.
 //!
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
 //! they commit in one transaction with the stored response.
@@ -89,6 +90,8 @@
 //!
 #![doc = include_str!("../docs/servers.md")]
 //!
+#![doc = include_str!("../docs/retry_after.md")]
+//!
 //! # Example: `lambda_http`
 //!
 //! ```
@@ -144,6 +147,7 @@ mod metrics;
 mod pipeline;
 mod problem;
 mod respond;
+mod retry_after;
 mod scope;
 mod service;
 mod stored;
@@ -156,11 +160,12 @@ pub use commit::CommitWith;
 pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
 pub use fingerprint::{request_fingerprint, FingerprintSource};
 pub use future::ResponseFuture;
-pub use in_flight::InFlight;
+pub use in_flight::{InFlight, DEFAULT_MAX_IN_FLIGHT};
 pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::HttpOutcome;
 pub use problem::DEFAULT_PROBLEM_BASE;
+pub use retry_after::{RetryAfter, DEFAULT_FIRST_RETRY_AFTER};
 #[cfg(feature = "lambda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
 pub use scope::principal;

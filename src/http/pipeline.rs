@@ -13,7 +13,7 @@ use super::{
     metrics::HttpOutcome,
     problem::{KeyPlace, Problem},
     respond::{problem_response, respond, Attempted, Failure, Live},
-    scope::scope_for,
+    scope::{route_key, scope_for},
     stored::{StoredResponse, MAX_BODY},
     streaming::{read_bounded, streams, Read},
 };
@@ -22,7 +22,7 @@ use crate::{
     engine::{detached, OwnedAttempt},
     error::BoxError,
     store::Store,
-    Attempt, ClaimHandle, Error,
+    Attempt, ClaimHandle, Error, OutcomeKind,
 };
 use http::{Request, Response};
 use http_body::Body as HttpBody;
@@ -30,6 +30,7 @@ use std::{
     sync::Arc,
     time::{Duration, SystemTime},
 };
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tower::Service;
 use tracing::{field, Instrument};
 
@@ -85,7 +86,12 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
-    let span = tracing::info_span!("idempotency", outcome = field::Empty, status = field::Empty);
+    let span = tracing::info_span!(
+        "idempotency",
+        outcome = field::Empty,
+        status = field::Empty,
+        in_flight = field::Empty
+    );
     let (outcome, result) = handle(&config, inner, request)
         .instrument(span.clone())
         .await;
@@ -199,11 +205,34 @@ where
     };
     #[cfg(not(feature = "powertools"))]
     let takeover = None;
+    // The bound on running work, checked last, just before the claim: a
+    // slow client that sends its body byte by byte holds no slot, and a
+    // request refused here has claimed nothing.
+    let Some(slot) = config.settings.in_flight.take() else {
+        return (
+            HttpOutcome::Overloaded,
+            Ok(problem_response(&config.settings, &Problem::Overloaded)),
+        );
+    };
+    tracing::Span::current().record("in_flight", config.settings.in_flight.running());
     let deadline_ms = lambda_context::deadline_ms(&request);
     let fingerprint = config.settings.fingerprint.of(&request);
+    // The route whose durations this request is measured with, and its
+    // duplicates told to wait from.
+    let settings = &config.settings;
+    let route_key = settings
+        .retry_after
+        .estimates()
+        .then(|| route_key(&request));
+    let hint = settings
+        .retry_after
+        .hint(&settings.durations, route_key.unwrap_or_default());
     let request = rebuild_request(request, kind);
-    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms).taking_over(takeover);
-    let (result, live) = run_detached(Arc::clone(config), attempt, inner, request).await;
+    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms)
+        .taking_over(takeover)
+        .retry_hint(hint);
+    let (result, live) =
+        run_detached(Arc::clone(config), attempt, route_key, inner, request, slot).await;
     respond(&config.settings, result, live)
 }
 
@@ -292,11 +321,17 @@ where
 /// own future, so an outer `CatchPanicLayer` still answers it.
 ///
 /// Without a tokio runtime (a caller on another executor) it runs in place.
+///
+/// `slot` is the request's place in the bound on running work: it moves
+/// with the work and is given back when the work's future is dropped (done,
+/// panicked, or cancelled with its runtime).
 async fn run_detached<S, St, B, ResBody>(
     config: Arc<Config<St>>,
     attempt: OwnedAttempt,
+    route: Option<u64>,
     inner: S,
     request: Request<B>,
+    slot: TaskTrackerToken,
 ) -> (Attempted<S::Error, ResBody>, Live<ResBody>)
 where
     S: Inner<B, ResBody>,
@@ -304,22 +339,28 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
-    let tracker = config.settings.in_flight.clone();
     let work = async move {
+        let _slot = slot;
         let mut live = None;
-        let result = run_waiting(&config, &attempt.attempt(), inner, request, &mut live).await;
+        let result = run_waiting(
+            &config,
+            &attempt.attempt(),
+            route,
+            inner,
+            request,
+            &mut live,
+        )
+        .await;
         (result, live)
     }
     .in_current_span();
-    detached(Box::pin(tracker.track_future(work)), |work, runtime| {
-        runtime.spawn(work)
-    })
-    .await
-    .unwrap_or_else(|| {
-        // Only a runtime that shuts down cancels the task, and this
-        // future goes with it: answered, should it be polled.
-        (Err(Error::Operation(Failure::Cancelled)), None)
-    })
+    detached(Box::pin(work), |work, runtime| runtime.spawn(work))
+        .await
+        .unwrap_or_else(|| {
+            // Only a runtime that shuts down cancels the task, and this
+            // future goes with it: answered, should it be polled.
+            (Err(Error::Operation(Failure::Cancelled)), None)
+        })
 }
 
 /// The key in the configured header: `Ok(None)` when there is none (or the
@@ -345,10 +386,12 @@ fn read_header_key<B>(
 
 /// Runs the attempt; while another request holds the key, waits for its
 /// result (with backoff, within the configured budget and the invocation's
-/// deadline) and asks again.
+/// deadline) and asks again. A run that completes its record counts, on
+/// the engine's clock, for its `route`'s typical duration.
 async fn run_waiting<S, St, B, ResBody>(
     config: &Config<St>,
     attempt: &Attempt<'_>,
+    route: Option<u64>,
     inner: S,
     request: Request<B>,
     live: &mut Live<ResBody>,
@@ -416,6 +459,7 @@ where
             *live = Some(Response::from_parts(parts, body));
             Ok((head, writes))
         };
+        let started_ms = config.engine.now_ms();
         let result = if config.settings.single_write {
             config
                 .engine
@@ -432,6 +476,12 @@ where
                 )
                 .await
         };
+        if let (Some(route), Ok(done)) = (route, &result) {
+            if done.kind() == OutcomeKind::Fresh {
+                let took_ms = config.engine.now_ms().saturating_sub(started_ms);
+                config.settings.durations.record(route, took_ms);
+            }
+        }
         if let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until) {
             let now = tokio::time::Instant::now();
             if now < until {

@@ -58,6 +58,8 @@ pub(crate) enum Problem {
     Internal,
     /// Outside Lambda, with nothing configured to name the caller.
     ScopeUnset,
+    /// `max_in_flight` requests were running; this one claimed nothing.
+    Overloaded,
 }
 
 impl<E> From<&Error<E>> for Problem {
@@ -117,6 +119,7 @@ impl Problem {
             Problem::WritesNotCommitted { .. } => "idempotency-writes-not-committed",
             Problem::Internal => "idempotency-internal-error",
             Problem::ScopeUnset => "idempotency-scope-unset",
+            Problem::Overloaded => "idempotency-overloaded",
         }
     }
 
@@ -136,6 +139,7 @@ impl Problem {
             Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::WritesNotCommitted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::Internal | Problem::ScopeUnset => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -157,6 +161,7 @@ impl Problem {
             Problem::WritesNotCommitted { .. } => "Request's writes not committed",
             Problem::Internal => "Internal error",
             Problem::ScopeUnset => "Idempotency scope not configured",
+            Problem::Overloaded => "Too many requests in progress",
         }
     }
 
@@ -237,6 +242,10 @@ impl Problem {
                  The operator must name the caller (IdempotencyLayer::caller or ::scope) or \
                  declare a single-tenant service (IdempotencyLayer::shared_scope)."
                 .to_owned(),
+            Problem::Overloaded => "The request was not processed: this service is running as many \
+                 requests as it allows. Its idempotency key was not used; retry with the same key \
+                 after 1 second."
+                .to_owned(),
         }
     }
 
@@ -245,7 +254,7 @@ impl Problem {
             Problem::InProgress { retry_after }
             | Problem::StoreUnavailable { retry_after }
             | Problem::WritesNotCommitted { retry_after } => Some(*retry_after),
-            Problem::LeaseLost => Some(Duration::from_secs(1)),
+            Problem::LeaseLost | Problem::Overloaded => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -344,6 +353,7 @@ mod tests {
             },
             Problem::Internal,
             Problem::ScopeUnset,
+            Problem::Overloaded,
         ];
         for problem in &all {
             match problem {
@@ -362,7 +372,8 @@ mod tests {
                 | Problem::WriteRejected
                 | Problem::WritesNotCommitted { .. }
                 | Problem::Internal
-                | Problem::ScopeUnset => {}
+                | Problem::ScopeUnset
+                | Problem::Overloaded => {}
             }
         }
         all

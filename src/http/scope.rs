@@ -10,7 +10,10 @@ pub use super::lambda_context::principal;
 use super::lambda_context::{self, entry_point, lambda_route};
 use bytes::Bytes;
 use http::Request;
-use std::fmt::Write;
+use std::{
+    fmt::Write,
+    hash::{Hash, Hasher},
+};
 
 /// The principal of requests without an authenticated caller.
 pub const ANONYMOUS: &str = "anonymous";
@@ -80,20 +83,50 @@ pub fn route<B>(request: &Request<B>) -> String {
 }
 
 fn write_route<B>(out: &mut String, request: &Request<B>) {
+    match route_parts(request) {
+        Route::Lambda(route) => out.push_str(&route),
+        Route::Method { method, template } => {
+            out.push_str(method);
+            out.push(' ');
+            out.push_str(template);
+        }
+    }
+}
+
+/// A key for `request`'s [`route`], the same for every request to it,
+/// without building its text outside Lambda (for the layer's table of
+/// durations per route, on every request).
+pub(crate) fn route_key<B>(request: &Request<B>) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    match route_parts(request) {
+        Route::Lambda(route) => route.as_str().hash(&mut hasher),
+        Route::Method { method, template } => (method, template).hash(&mut hasher),
+    }
+    hasher.finish()
+}
+
+/// A route as API Gateway's request context names it, or as the method
+/// and the template (or path).
+enum Route<'a> {
+    Lambda(String),
+    Method { method: &'a str, template: &'a str },
+}
+
+fn route_parts<B>(request: &Request<B>) -> Route<'_> {
     if let Some(route) = lambda_route(request) {
-        out.push_str(&route);
-        return;
+        return Route::Lambda(route);
     }
     #[cfg(feature = "axum")]
     let template = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(axum::extract::MatchedPath::as_str);
+        .map_or_else(|| request_path(request), axum::extract::MatchedPath::as_str);
     #[cfg(not(feature = "axum"))]
-    let template = None;
-    out.push_str(request.method().as_str());
-    out.push(' ');
-    out.push_str(template.unwrap_or_else(|| request_path(request)));
+    let template = request_path(request);
+    Route::Method {
+        method: request.method().as_str(),
+        template,
+    }
 }
 
 /// The scope of the request's key, as the layer is configured; `None`

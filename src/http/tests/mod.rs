@@ -126,9 +126,11 @@ fn problem(response: &Response<Body>) -> serde_json::Value {
     serde_json::from_str(text(response)).expect("problem json")
 }
 
+mod bound;
 mod concurrency;
 mod fingerprints;
 mod keys;
 mod outcomes;
 mod replays;
+mod retry_after;
 mod transactions;
