@@ -54,6 +54,7 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
+	$(CARGO) clippy -p lambda-idempotency --no-default-features --features http -- -D warnings
 	scripts/check-msrv
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,consumers,postgres,redis-tls,testing,powertools,durable
 	@# Without a feature, its items are not there to link to: the docs of
