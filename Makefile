@@ -48,21 +48,23 @@ test: lint package validate integration e2e sam-local
 
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
 ## every package of the workspace and on the Lambda-free HTTP layer, the declared rust-version against every
-## dependency (scripts/check-msrv), and the docs as docs.rs builds them and
+## dependency (scripts/check-msrv), every feature compiled alone, and the docs as docs.rs builds them and
 ## with no feature, powertools alone and http alone.
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
-	$(CARGO) clippy -p lambda-idempotency --no-default-features --features http -- -D warnings
 	scripts/check-msrv
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,consumers,postgres,redis-tls,testing,powertools,durable
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
+	@# Every feature compiled alone, as a user who turns on only it does.
+	for features in "" dynamodb http lambda axum consumers postgres redis redis-tls testing powertools durable; do \
+	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
+	done
 	@# The redis feature alone has no TLS, so no C code.
-	$(CARGO) clippy -p lambda-idempotency --no-default-features --features redis -- -D warnings
 	! $(CARGO) tree -p lambda-idempotency --no-default-features --features redis -e normal | grep aws-lc-sys
 	for features in "" powertools http; do \
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \

@@ -155,6 +155,7 @@ impl OwnedAttempt {
 
     /// What a duplicate that finds the key in progress is told to wait
     /// (default: the time left on the lease).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn retry_hint(mut self, hint: RetryHint) -> Self {
         self.retry_hint = hint;
         self

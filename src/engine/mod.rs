@@ -59,6 +59,8 @@ pub use mode::Mode;
 pub use operator::Forgotten;
 pub use outcome::{Outcome, OutcomeKind, Replayed};
 pub(crate) use panic::panic_message;
+// Hints other than the lease come from the HTTP layer's route estimates.
+#[cfg_attr(not(feature = "http"), allow(unused_imports))]
 pub(crate) use retry_after::RetryHint;
 
 use crate::{store::RecordId, store::Store, Clock, Error, StoreError, StoreErrorKind};

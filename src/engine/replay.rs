@@ -124,7 +124,7 @@ impl<St: Store> Engine<St> {
     /// Whether the compatibility mode's read of Powertools' record is
     /// skipped: idempotency is off, or the local cache holds `key` inside
     /// `scope` (the next call is answered from it, without a store call).
-    #[cfg(feature = "powertools")]
+    #[cfg(all(feature = "powertools", any(feature = "http", feature = "consumers")))]
     pub(crate) fn skips_powertools(&self, scope: &str, key: Option<&str>) -> bool {
         self.inner.disabled
             || key.is_some_and(|key| {

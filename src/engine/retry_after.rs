@@ -10,6 +10,7 @@ use std::time::Duration;
 /// second: after that the key can be taken over, and a later retry would
 /// only wait longer than it must.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) enum RetryHint {
     /// The time left on the other claim's lease: when the key is sure to
     /// be free or completed (the default, and what the engine's own

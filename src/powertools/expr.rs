@@ -108,6 +108,7 @@ impl Expression {
     /// `Ok` when the HTTP layer's view of a request (its headers, query
     /// string parameters and body: `super::http::request_view`) gives what
     /// Powertools selected from the API Gateway event; otherwise why not.
+    #[cfg(feature = "http")]
     pub(crate) fn check_http(&self) -> Result<(), UnsupportedExpression> {
         let paths: Vec<&[String]> = match (&self.decode, &self.selection) {
             // What follows powertools_json reads the decoded document.
@@ -212,6 +213,7 @@ impl Expression {
 
 /// Whether a path into the API Gateway event reads what the HTTP view
 /// holds as Powertools read it; otherwise why not.
+#[cfg(feature = "http")]
 fn http_path(path: &[String]) -> Result<(), String> {
     let Some(root) = path.first() else {
         return Err(
