@@ -27,6 +27,24 @@
 /// # }
 /// ```
 ///
+/// With the PostgreSQL store the writes are [`PgWrite`]s, SQL statements
+/// with typed parameters, run in the transaction that completes the record:
+///
+/// ```
+/// # #[cfg(feature = "postgres")] {
+/// use http::Response;
+/// use lambda_idempotency::{http::CommitWith, store::postgres::PgWrite};
+///
+/// # fn handler() -> Result<Response<String>, http::Error> {
+/// let insert = PgWrite::new("INSERT INTO charges (id, amount) VALUES ($1, $2)")
+///     .bind("ch_1")
+///     .bind(1250i64);
+/// let mut response = Response::builder().status(201).body(r#"{"id":"ch_1"}"#.to_owned())?;
+/// response.extensions_mut().insert(CommitWith(vec![insert]));
+/// # Ok(response) }
+/// # }
+/// ```
+///
 /// The writes are committed only when the response is stored: a response
 /// the outcome policy releases (a 5xx, say) commits nothing. If the
 /// transaction fails, the client gets a problem response instead of this
@@ -42,6 +60,16 @@
     not(feature = "dynamodb"),
     doc = "",
     doc = "[`TransactWriteItem`]: https://docs.rs/aws-sdk-dynamodb/latest/aws_sdk_dynamodb/types/struct.TransactWriteItem.html"
+)]
+#[cfg_attr(
+    feature = "postgres",
+    doc = "",
+    doc = "[`PgWrite`]: crate::store::postgres::PgWrite"
+)]
+#[cfg_attr(
+    not(feature = "postgres"),
+    doc = "",
+    doc = "[`PgWrite`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/postgres/struct.PgWrite.html"
 )]
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommitWith<W>(pub Vec<W>);
