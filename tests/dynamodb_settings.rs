@@ -5,9 +5,6 @@
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB` (`scripts/with-dynamodb-local`).
 
 mod support;
-/// The outside review of verify's replication check (issue 37).
-#[path = "dynamodb_settings/verify_review.rs"]
-mod verify_review;
 
 use aws_sdk_dynamodb::{config::Region, Client};
 use lambda_idempotency::{

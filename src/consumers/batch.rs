@@ -378,21 +378,10 @@ impl<Src: Source, St: Store> Batch<Src, St> {
     }
 
     /// Like [`process`](Batch::process), but each record's handler also
-    /// returns writes (for DynamoDB,
-    /// [`TransactWriteItem`]s)
+    /// returns writes (for DynamoDB, `TransactWriteItem`s)
     /// committed in one transaction with the record's completion: the effect
     /// and the idempotency record appear together or not at all, so a crash
     /// between them cannot make a redelivery repeat the effect.
-    #[cfg_attr(
-        feature = "dynamodb",
-        doc = "",
-        doc = "[`TransactWriteItem`]: aws_sdk_dynamodb::types::TransactWriteItem"
-    )]
-    #[cfg_attr(
-        not(feature = "dynamodb"),
-        doc = "",
-        doc = "[`TransactWriteItem`]: https://docs.rs/aws-sdk-dynamodb/latest/aws_sdk_dynamodb/types/struct.TransactWriteItem.html"
-    )]
     pub async fn process_transactional<T, E, F, Fut>(
         &self,
         event: LambdaEvent<Src::Event>,

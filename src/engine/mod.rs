@@ -232,8 +232,7 @@ impl<St: Store> Engine<St> {
     }
 
     /// Like [`execute`](Engine::execute), but the operation also returns
-    /// writes (for the DynamoDB store,
-    /// [`TransactWriteItem`]s)
+    /// writes (for the DynamoDB store, `TransactWriteItem`s)
     /// that commit in one transaction with the fenced completion: the
     /// business effect and the completed record become visible together or
     /// not at all.
@@ -244,16 +243,6 @@ impl<St: Store> Engine<St> {
     /// took the key over, [`Error::Store`] when the store failed or rejected
     /// one of the writes (then the claim is released, so a retry can run).
     /// This is [`run`](Engine::run) in [`Mode::Transactional`].
-    #[cfg_attr(
-        feature = "dynamodb",
-        doc = "",
-        doc = "[`TransactWriteItem`]: aws_sdk_dynamodb::types::TransactWriteItem"
-    )]
-    #[cfg_attr(
-        not(feature = "dynamodb"),
-        doc = "",
-        doc = "[`TransactWriteItem`]: https://docs.rs/aws-sdk-dynamodb/latest/aws_sdk_dynamodb/types/struct.TransactWriteItem.html"
-    )]
     pub async fn execute_transactional<T, E, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
