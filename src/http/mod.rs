@@ -132,6 +132,7 @@ mod commit;
 mod config;
 mod fingerprint;
 mod future;
+mod grpc;
 mod in_flight;
 mod key;
 #[cfg(feature = "lambda")]
@@ -143,6 +144,7 @@ mod layer;
 mod metrics;
 mod pipeline;
 mod problem;
+mod rebuild_body;
 mod respond;
 mod scope;
 mod service;
@@ -155,11 +157,13 @@ pub use commit::CommitWith;
 pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
 pub use fingerprint::{request_fingerprint, FingerprintSource};
 pub use future::ResponseFuture;
+pub use grpc::default_grpc_store_policy;
 pub use in_flight::InFlight;
 pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::{EmfMetrics, HttpOutcome};
 pub use problem::DEFAULT_PROBLEM_BASE;
+pub use rebuild_body::RebuildBody;
 #[cfg(feature = "lambda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
 pub use scope::principal;
@@ -173,12 +177,19 @@ pub use streaming::StreamResponse;
 
 /// Decodes a response as the layer stored it in a record's `response`: for
 /// operators and tools that show what a retry gets back. A response too
-/// large to store comes back as its status and headers, with no body.
+/// large to store comes back as its status and headers, with no body. Its
+/// trailers (a gRPC response's status), when it had some, are in its
+/// extensions as an `http::HeaderMap`.
 pub fn decode_stored_response(
     bytes: &[u8],
 ) -> Result<Response<StoredBody>, Box<dyn std::error::Error + Send + Sync>> {
     match stored::ResponseCodec::default().decode(bytes)? {
-        stored::StoredResponse::Full(response) => Ok(response),
+        stored::StoredResponse::Full(mut response, trailers) => {
+            if let Some(trailers) = trailers {
+                response.extensions_mut().insert(trailers);
+            }
+            Ok(response)
+        }
         stored::StoredResponse::NotStored { status, headers } => {
             let mut response = Response::new(StoredBody::Empty);
             *response.status_mut() = status;
@@ -193,7 +204,7 @@ pub fn decode_stored_response(
 pub(crate) fn encode_stored_for_fuzzing(
     response: Response<StoredBody>,
 ) -> Result<Vec<u8>, BoxError> {
-    stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response))
+    stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response, None))
 }
 
 #[cfg(feature = "fuzzing")]
