@@ -55,12 +55,12 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,consumers,postgres,redis,testing,powertools,durable
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,tonic,consumers,postgres,redis,testing,powertools,durable
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
-	for features in "" powertools http; do \
+	for features in "" powertools http tonic; do \
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
 	done
 

@@ -1,10 +1,12 @@
 //! A tower layer that makes an HTTP service idempotent, with the HTTP
 //! semantics of the IETF `Idempotency-Key` draft and Stripe: a
 //! `lambda_http` function, an axum `Router` (in Lambda through
-//! `lambda_http::run`, or on ECS, Fargate or EC2), a hyper service. It
-//! serves `http::Request<B>` for any [`http_body::Body`] `B` that can be
-//! rebuilt from bytes, and answers in the inner service's own response body
-//! type (see [On any HTTP stack](#on-any-http-stack)).
+//! `lambda_http::run`, or on ECS, Fargate or EC2), a tonic gRPC server, a
+//! hyper service. It serves `http::Request<B>` for any [`http_body::Body`]
+//! `B` it can build ([`RebuildBody`]), and answers in the inner service's
+//! own response body type (see [On any HTTP stack](#on-any-http-stack)).
+//! gRPC calls get gRPC statuses instead of the HTTP answers below (see
+//! [gRPC (tonic)](#grpc-tonic)).
 //!
 //! | request | response |
 //! |---|---|
@@ -60,9 +62,12 @@
 //!
 //! The [outcome policy](default_store_policy) decides which responses are
 //! stored: by default 2xx, 3xx and the deterministic 4xx, never 401, 403 or
-//! 407 (credentials are not part of the fingerprint), nor 405. With a
+//! 407 (credentials are not part of the fingerprint), nor 405; a gRPC
+//! response by its `grpc-status` ([`default_grpc_store_policy`]). With a
 //! response, its status, the [allowlisted headers](default_stored_headers)
-//! and always the headers that describe its body ([`BODY_HEADERS`]).
+//! and always the headers that describe its body ([`BODY_HEADERS`]) (a
+//! gRPC response: all its metadata but `set-cookie`), and its trailers,
+//! replayed after the body.
 //!
 //! Not stored, and so never replayed, but completing the record all the
 //! same: a stream (`text/event-stream`, a response marked
