@@ -8,14 +8,15 @@
 //! polling or copying, and a `lambda_http` handler gets its body back of
 //! the same kind; any other body is collected.
 
-use super::stored_body::StoredBody;
+use super::{rebuild_body::RebuildBody, stored_body::StoredBody};
 use crate::error::BoxError;
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 #[cfg(feature = "lambda")]
 use lambda_http::Body as LambdaBody;
+#[cfg(feature = "lambda")]
 use std::any::Any;
 
 /// The default limit on a buffered request body: 6 MiB, Lambda's own limit
@@ -64,6 +65,7 @@ pub(crate) enum LambdaKind {
 }
 
 /// `value` as a `T` when it is one (as axum-core's `try_downcast`).
+#[cfg(feature = "lambda")]
 pub(crate) fn try_downcast<T: 'static, K: 'static>(value: K) -> Result<T, K> {
     let mut slot = Some(value);
     if let Some(value) = (&mut slot as &mut dyn Any)
@@ -119,29 +121,24 @@ where
     ))
 }
 
-/// The handler's request again, with the body it would have had.
-pub(crate) fn rebuild_request<B>(request: Request<Bytes>, kind: Kind) -> Request<B>
-where
-    B: From<Vec<u8>> + 'static,
-{
+/// The handler's request again, with the body it would have had (a
+/// `lambda_http` body of the same kind).
+pub(crate) fn rebuild_request<B: RebuildBody>(request: Request<Bytes>, kind: Kind) -> Request<B> {
     let (parts, bytes) = request.into_parts();
     let vec = Vec::from(bytes);
     let body = match kind {
         #[cfg(feature = "lambda")]
-        Kind::Lambda(kind) => {
-            let body = match kind {
-                LambdaKind::Empty => LambdaBody::Empty,
-                LambdaKind::Text => match String::from_utf8(vec) {
-                    Ok(text) => LambdaBody::Text(text),
-                    Err(error) => LambdaBody::Binary(error.into_bytes()),
-                },
-                LambdaKind::Binary => LambdaBody::Binary(vec),
-            };
-            try_downcast::<B, LambdaBody>(body).unwrap_or_else(|body| B::from(body.to_vec()))
-        }
-        Kind::Other => B::from(vec),
+        Kind::Lambda(LambdaKind::Empty) => StoredBody::Empty,
+        #[cfg(feature = "lambda")]
+        Kind::Lambda(LambdaKind::Text) => match String::from_utf8(vec) {
+            Ok(text) => StoredBody::Text(text),
+            Err(error) => StoredBody::Binary(error.into_bytes()),
+        },
+        #[cfg(feature = "lambda")]
+        Kind::Lambda(LambdaKind::Binary) => StoredBody::Binary(vec),
+        Kind::Other => StoredBody::Binary(vec),
     };
-    Request::from_parts(parts, body)
+    Request::from_parts(parts, B::from_stored(body, None))
 }
 
 #[cfg(feature = "lambda")]
@@ -155,22 +152,13 @@ fn lambda_bytes(body: LambdaBody) -> (Bytes, LambdaKind) {
     }
 }
 
-/// A stored or problem body in the handler's body type: a `lambda_http`
-/// body of the same kind, or the bytes.
-pub(crate) fn into_body<B: From<Vec<u8>> + 'static>(body: StoredBody) -> B {
-    #[cfg(feature = "lambda")]
-    let body = match try_downcast::<B, LambdaBody>(LambdaBody::from(body)) {
-        Ok(body) => return body,
-        Err(other) => StoredBody::from(other),
-    };
-    B::from(body.into_bytes())
-}
-
-/// A stored or problem response in the handler's body type.
-pub(crate) fn into_response<B: From<Vec<u8>> + 'static>(
+/// A stored or problem response, and its trailers, in the handler's body
+/// type.
+pub(crate) fn into_response<B: RebuildBody>(
     response: Response<StoredBody>,
+    trailers: Option<HeaderMap>,
 ) -> Response<B> {
-    response.map(into_body)
+    response.map(|body| B::from_stored(body, trailers))
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 
 use super::stored_body::StoredBody;
 use super::{
-    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, in_flight::Slots, key::KeySource,
-    problem::DEFAULT_PROBLEM_BASE, retry_after::Durations, retry_after::RetryAfter,
-    stored::ResponseCodec, EmfMetrics,
+    body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, grpc::default_grpc_store_policy,
+    in_flight::Slots, key::KeySource, problem::DEFAULT_PROBLEM_BASE, retry_after::Durations,
+    retry_after::RetryAfter, stored::ResponseCodec, EmfMetrics,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;
@@ -67,6 +67,7 @@ pub(crate) enum ScopeRule {
     Custom(ScopeFn),
 }
 pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+pub(crate) type GrpcPolicyFn = Arc<dyn Fn(u32) -> bool + Send + Sync>;
 pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<StoredBody>, &Replayed) + Send + Sync>;
 
 /// Everything an [`IdempotencyLayer`](super::IdempotencyLayer) is
@@ -106,6 +107,8 @@ pub(crate) struct Settings {
     pub(crate) replayed_header: HeaderName,
     pub(crate) body_limit: usize,
     pub(crate) store_when: PolicyFn,
+    /// For gRPC responses, by their `grpc-status`, after `store_when`.
+    pub(crate) grpc_store_when: GrpcPolicyFn,
     pub(crate) on_replay: Option<ReplayHook>,
     pub(crate) codec: ResponseCodec,
     pub(crate) wait: Option<Duration>,
@@ -142,6 +145,7 @@ impl Default for Settings {
             replayed_header: HeaderName::from_static(REPLAYED_HEADER),
             body_limit: DEFAULT_BODY_LIMIT,
             store_when: Arc::new(default_store_policy),
+            grpc_store_when: Arc::new(default_grpc_store_policy),
             on_replay: None,
             codec: ResponseCodec::default(),
             wait: None,

@@ -113,6 +113,17 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Which gRPC responses are stored and replayed, by their `grpc-status`
+    /// (default: [`default_grpc_store_policy`](super::default_grpc_store_policy));
+    /// the others release the claim so a retry runs again. A gRPC error
+    /// travels on an HTTP 200, so [`store_when`](Self::store_when) sees
+    /// `200` and passes it here. The layer's own gRPC answers are never
+    /// stored.
+    pub fn grpc_store_when(mut self, policy: impl Fn(u32) -> bool + Send + Sync + 'static) -> Self {
+        self.config.settings.grpc_store_when = Arc::new(policy);
+        self
+    }
+
     /// The response headers stored and replayed (default:
     /// [`default_stored_headers`](super::default_stored_headers)); others are dropped from replays. The
     /// [`BODY_HEADERS`](super::BODY_HEADERS) are stored in any case.

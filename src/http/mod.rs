@@ -1,10 +1,12 @@
 //! A tower layer that makes an HTTP service idempotent, with the HTTP
 //! semantics of the IETF `Idempotency-Key` draft and Stripe: a
 //! `lambda_http` function, an axum `Router` (in Lambda through
-//! `lambda_http::run`, or on ECS, Fargate or EC2), a hyper service. It
-//! serves `http::Request<B>` for any [`http_body::Body`] `B` that can be
-//! rebuilt from bytes, and answers in the inner service's own response body
-//! type (see [On any HTTP stack](#on-any-http-stack)).
+//! `lambda_http::run`, or on ECS, Fargate or EC2), a tonic gRPC server, a
+//! hyper service. It serves `http::Request<B>` for any [`http_body::Body`]
+//! `B` it can build ([`RebuildBody`]), and answers in the inner service's
+//! own response body type (see [On any HTTP stack](#on-any-http-stack)).
+//! gRPC calls get gRPC statuses instead of the HTTP answers below (see
+//! [gRPC (tonic)](#grpc-tonic)).
 //!
 //! | request | response |
 //! |---|---|
@@ -61,9 +63,12 @@
 //!
 //! The [outcome policy](default_store_policy) decides which responses are
 //! stored: by default 2xx, 3xx and the deterministic 4xx, never 401, 403 or
-//! 407 (credentials are not part of the fingerprint), nor 405. With a
+//! 407 (credentials are not part of the fingerprint), nor 405; a gRPC
+//! response by its `grpc-status` ([`default_grpc_store_policy`]). With a
 //! response, its status, the [allowlisted headers](default_stored_headers)
-//! and always the headers that describe its body ([`BODY_HEADERS`]).
+//! and always the headers that describe its body ([`BODY_HEADERS`]) (a
+//! gRPC response: all its metadata but `set-cookie`), and its trailers,
+//! replayed after the body.
 //!
 //! Not stored, and so never replayed, but completing the record all the
 //! same: a stream (`text/event-stream`, a response marked
@@ -135,6 +140,7 @@ mod commit;
 mod config;
 mod fingerprint;
 mod future;
+mod grpc;
 mod in_flight;
 mod key;
 #[cfg(feature = "lambda")]
@@ -146,6 +152,7 @@ mod layer;
 mod metrics;
 mod pipeline;
 mod problem;
+mod rebuild_body;
 mod respond;
 mod retry_after;
 mod scope;
@@ -160,11 +167,13 @@ pub use commit::CommitWith;
 pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
 pub use fingerprint::{request_fingerprint, FingerprintSource};
 pub use future::ResponseFuture;
+pub use grpc::default_grpc_store_policy;
 pub use in_flight::{InFlight, DEFAULT_MAX_IN_FLIGHT};
 pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::HttpOutcome;
 pub use problem::DEFAULT_PROBLEM_BASE;
+pub use rebuild_body::RebuildBody;
 pub use retry_after::{RetryAfter, DEFAULT_FIRST_RETRY_AFTER};
 #[cfg(feature = "lambda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
@@ -179,12 +188,19 @@ pub use streaming::StreamResponse;
 
 /// Decodes a response as the layer stored it in a record's `response`: for
 /// operators and tools that show what a retry gets back. A response too
-/// large to store comes back as its status and headers, with no body.
+/// large to store comes back as its status and headers, with no body. Its
+/// trailers (a gRPC response's status), when it had some, are in its
+/// extensions as an `http::HeaderMap`.
 pub fn decode_stored_response(
     bytes: &[u8],
 ) -> Result<Response<StoredBody>, Box<dyn std::error::Error + Send + Sync>> {
     match stored::ResponseCodec::default().decode(bytes)? {
-        stored::StoredResponse::Full(response) => Ok(response),
+        stored::StoredResponse::Full(mut response, trailers) => {
+            if let Some(trailers) = trailers {
+                response.extensions_mut().insert(trailers);
+            }
+            Ok(response)
+        }
         stored::StoredResponse::NotStored { status, headers } => {
             let mut response = Response::new(StoredBody::Empty);
             *response.status_mut() = status;
@@ -199,7 +215,7 @@ pub fn decode_stored_response(
 pub(crate) fn encode_stored_for_fuzzing(
     response: Response<StoredBody>,
 ) -> Result<Vec<u8>, BoxError> {
-    stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response))
+    stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response, None))
 }
 
 #[cfg(feature = "fuzzing")]

@@ -8,10 +8,12 @@ use super::{
     body::{buffer_request, rebuild_request, BodyError},
     commit::CommitWith,
     config::{Config, Settings},
+    grpc,
     key::{parse_key, KeyError, Source},
     lambda_context,
     metrics::HttpOutcome,
     problem::{KeyPlace, Problem},
+    rebuild_body::RebuildBody,
     respond::{problem_response, respond, Attempted, Failure, Live},
     scope::{route_key, scope_for},
     stored::{StoredResponse, MAX_BODY},
@@ -25,7 +27,6 @@ use crate::{
     Attempt, ClaimHandle, Error, OutcomeKind,
 };
 use http::{Request, Response};
-use http_body::Body as HttpBody;
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
@@ -60,14 +61,11 @@ where
 
 /// A request or response body as the layer handles it: read, rebuilt from
 /// its bytes, and moved between tasks.
-pub(super) trait LayerBody:
-    HttpBody<Data: Send, Error: Into<BoxError>> + From<Vec<u8>> + Send + 'static
-{
-}
+pub(super) trait LayerBody: RebuildBody<Data: Send, Error: Into<BoxError>> {}
 
 impl<T> LayerBody for T
 where
-    T: HttpBody + From<Vec<u8>> + Send + 'static,
+    T: RebuildBody,
     T::Data: Send,
     T::Error: Into<BoxError>,
 {
@@ -124,6 +122,8 @@ where
     if !config.settings.methods.contains(request.method()) {
         return (HttpOutcome::PassThrough, inner.call(request).await);
     }
+    // A gRPC client reads the layer's own answers as gRPC statuses.
+    let grpc = grpc::is_grpc(request.headers());
     // A key in a header is read before the body: a request without one is
     // answered, or passed through, unread (unless Powertools' key may be
     // in the body).
@@ -132,7 +132,7 @@ where
         Err(problem) => {
             return (
                 HttpOutcome::BadKey,
-                Ok(problem_response(&config.settings, &problem)),
+                Ok(problem_response(&config.settings, &problem, grpc)),
             )
         }
     };
@@ -140,7 +140,7 @@ where
         && matches!(config.settings.key.0, Source::Header(_))
         && !reads_powertools(&config.settings)
     {
-        return keyless(&config.settings, inner, request).await;
+        return keyless(&config.settings, inner, request, grpc).await;
     }
     let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
         Ok(buffered) => buffered,
@@ -156,7 +156,7 @@ where
             };
             return (
                 HttpOutcome::BadBody,
-                Ok(problem_response(&config.settings, &problem)),
+                Ok(problem_response(&config.settings, &problem, grpc)),
             );
         }
     };
@@ -170,7 +170,7 @@ where
                 };
                 return (
                     HttpOutcome::BadKey,
-                    Ok(problem_response(&config.settings, &problem)),
+                    Ok(problem_response(&config.settings, &problem, grpc)),
                 );
             }
         };
@@ -179,7 +179,7 @@ where
         // the body, say), with or without this crate's key: a retry of a
         // request the old function ran must find its record first.
         #[cfg(feature = "powertools")]
-        let takeover = match powertools_first(config, &request, kind, None).await {
+        let takeover = match powertools_first(config, &request, kind, None, grpc).await {
             Ok(takeover) => takeover,
             Err(answered) => return answered,
         };
@@ -190,16 +190,21 @@ where
         if let Some(takeover) = takeover {
             request.extensions_mut().insert::<crate::Takeover>(takeover);
         }
-        return keyless(&config.settings, inner, request).await;
+        return keyless(&config.settings, inner, request, grpc).await;
     };
     let Some(scope) = scope_for(&config.settings.scope, &request) else {
         return (
             HttpOutcome::ScopeUnset,
-            Ok(problem_response(&config.settings, &Problem::ScopeUnset)),
+            Ok(problem_response(
+                &config.settings,
+                &Problem::ScopeUnset,
+                grpc,
+            )),
         );
     };
     #[cfg(feature = "powertools")]
-    let takeover = match powertools_first(config, &request, kind, Some((&scope, &key))).await {
+    let takeover = match powertools_first(config, &request, kind, Some((&scope, &key)), grpc).await
+    {
         Ok(takeover) => takeover,
         Err(answered) => return answered,
     };
@@ -211,7 +216,11 @@ where
     let Some(slot) = config.settings.in_flight.take() else {
         return (
             HttpOutcome::Overloaded,
-            Ok(problem_response(&config.settings, &Problem::Overloaded)),
+            Ok(problem_response(
+                &config.settings,
+                &Problem::Overloaded,
+                grpc,
+            )),
         );
     };
     tracing::Span::current().record("in_flight", config.settings.in_flight.running());
@@ -233,7 +242,7 @@ where
         .retry_hint(hint);
     let (result, live) =
         run_detached(Arc::clone(config), attempt, route_key, inner, request, slot).await;
-    respond(&config.settings, result, live)
+    respond(&config.settings, result, live, grpc)
 }
 
 /// A request without a key: refused when one is required, otherwise
@@ -242,6 +251,7 @@ async fn keyless<S, B, ResBody>(
     settings: &Settings,
     mut inner: S,
     request: Request<B>,
+    grpc: bool,
 ) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
 where
     S: Inner<B, ResBody>,
@@ -254,7 +264,7 @@ where
         };
         return (
             HttpOutcome::BadKey,
-            Ok(problem_response(settings, &problem)),
+            Ok(problem_response(settings, &problem, grpc)),
         );
     }
     (HttpOutcome::PassThrough, inner.call(request).await)
@@ -282,6 +292,7 @@ async fn powertools_first<St, E, ResBody>(
     request: &Request<bytes::Bytes>,
     kind: super::body::Kind,
     scoped_key: Option<(&str, &str)>,
+    grpc: bool,
 ) -> Result<Option<crate::Takeover>, (HttpOutcome, Result<Response<ResBody>, E>)>
 where
     St: Store,
@@ -305,7 +316,7 @@ where
     };
     match answer(compat, request, delivery).await {
         Answer::Run(takeover) => Ok(takeover),
-        Answer::Answered(found) => Err(respond::powertools(&config.settings, found)),
+        Answer::Answered(found) => Err(respond::powertools(&config.settings, found, grpc)),
     }
 }
 
@@ -438,12 +449,26 @@ where
                 body
             } else {
                 // Read to be stored, but never more than can be (a
-                // lambda_http body is whole already).
+                // lambda_http body is whole already), nor a gRPC stream.
                 let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
-                match read_bounded(body, limit).await {
-                    Ok(Read::Whole(body)) => {
+                let grpc = grpc::is_grpc(&parts.headers);
+                match read_bounded(body, limit, grpc).await {
+                    Ok(Read::Whole(body, trailers)) => {
+                        // A gRPC error travels on an HTTP 200: its status
+                        // decides, as an HTTP status does.
+                        if grpc {
+                            let status = grpc::status_of(&parts.headers, trailers.as_ref());
+                            if !(config.settings.grpc_store_when)(status) {
+                                let body = ResBody::from_stored(body, trailers);
+                                return Err(Failure::Released(Response::from_parts(parts, body)));
+                            }
+                        }
                         let response = Response::from_parts(parts, body);
-                        return Ok((StoredResponse::Full(response), writes));
+                        return Ok((StoredResponse::Full(response, trailers), writes));
+                    }
+                    Ok(Read::Streams(body)) if grpc => {
+                        tracing::debug!("gRPC response of more than one message: streamed on, not stored; retries get ALREADY_EXISTS");
+                        body
                     }
                     Ok(Read::Streams(body)) => {
                         tracing::warn!(limit, "response longer than can be stored: streamed on; retries get its status and headers with an explanation, not its body");

@@ -143,6 +143,33 @@ impl Problem {
         }
     }
 
+    /// The gRPC status of this problem's answer to a gRPC request, with the
+    /// meaning of its HTTP status: the client's fault and final
+    /// (`INVALID_ARGUMENT`, `FAILED_PRECONDITION` for a key reused with
+    /// another message, `ALREADY_EXISTS` for a request processed whose
+    /// response cannot be replayed), retry later (`ABORTED` while the key is
+    /// in use, `UNAVAILABLE` while the store is or the layer's bound on work
+    /// in flight is reached), or the operator's to fix
+    /// (`INTERNAL`, `DATA_LOSS` for a record that cannot be read).
+    pub(crate) fn grpc_code(&self) -> u32 {
+        use super::grpc::code;
+        match self {
+            Problem::KeyMissing { .. } | Problem::KeyInvalid { .. } => code::INVALID_ARGUMENT,
+            Problem::BodyTooLarge { .. } => code::RESOURCE_EXHAUSTED,
+            Problem::BodyUnreadable => code::UNAVAILABLE,
+            Problem::ResponseUnreadable => code::INTERNAL,
+            Problem::InProgress { .. } | Problem::LeaseLost => code::ABORTED,
+            Problem::KeyReused => code::FAILED_PRECONDITION,
+            Problem::StoreUnavailable { .. }
+            | Problem::WritesNotCommitted { .. }
+            | Problem::Overloaded => code::UNAVAILABLE,
+            Problem::StoreFailed | Problem::WriteRejected => code::INTERNAL,
+            Problem::CorruptRecord => code::DATA_LOSS,
+            Problem::ResponseNotStored { .. } => code::ALREADY_EXISTS,
+            Problem::Internal | Problem::ScopeUnset => code::INTERNAL,
+        }
+    }
+
     fn title(&self) -> &'static str {
         match self {
             Problem::KeyMissing { .. } => "Idempotency key missing",
@@ -165,7 +192,7 @@ impl Problem {
         }
     }
 
-    fn detail(&self) -> String {
+    pub(crate) fn detail(&self) -> String {
         match self {
             Problem::KeyMissing { place } => format!(
                 "This request requires {place}: a unique value (a UUID is recommended) \
@@ -218,7 +245,7 @@ impl Problem {
                 .to_owned(),
             Problem::ResponseNotStored { status } => format!(
                 "The request with this idempotency key was processed (status {}), but its response \
-                 was too large to store and cannot be replayed. It will not be processed again; \
+                 was not stored (it was streamed, or too large to store) and cannot be replayed. It will not be processed again; \
                  fetch the resource instead.",
                 status.as_u16()
             ),

@@ -4,13 +4,15 @@
 use super::{
     body::into_response,
     config::Settings,
+    grpc,
     metrics::HttpOutcome,
     problem::Problem,
+    rebuild_body::RebuildBody,
     stored::{StoredResponse, BODY_HEADERS},
     stored_body::StoredBody,
 };
 use crate::{error::BoxError, Error, Outcome, OutcomeKind, StoreErrorKind};
-use http::{HeaderValue, Response};
+use http::{HeaderMap, HeaderValue, Response};
 
 /// Why the operation did not produce a response to store.
 pub(super) enum Failure<E, R> {
@@ -37,19 +39,30 @@ pub(super) type Live<R> = Option<Response<R>>;
 
 pub(super) type Attempted<E, R> = Result<Outcome<StoredResponse>, Error<Failure<E, R>>>;
 
-/// A problem in the handler's body type.
-pub(super) fn problem_response<R: From<Vec<u8>> + 'static>(
+/// A problem in the handler's body type: `application/problem+json`, or
+/// for a gRPC request (`grpc`) a trailers-only gRPC answer.
+pub(super) fn problem_response<R: RebuildBody>(
     settings: &Settings,
     problem: &Problem,
+    grpc: bool,
 ) -> Response<R> {
-    into_response(problem.to_response(&settings.problem_base))
+    into_response(problem_stored(settings, problem, grpc), None)
 }
 
-/// The answer to an attempt, and what it was.
-pub(super) fn respond<E, R: From<Vec<u8>> + 'static>(
+fn problem_stored(settings: &Settings, problem: &Problem, grpc: bool) -> Response<StoredBody> {
+    if grpc {
+        grpc::problem_response(problem, &settings.problem_base)
+    } else {
+        problem.to_response(&settings.problem_base)
+    }
+}
+
+/// The answer to an attempt, and what it was; `grpc` for a gRPC request.
+pub(super) fn respond<E, R: RebuildBody>(
     settings: &Settings,
     result: Attempted<E, R>,
     live: Live<R>,
+    grpc: bool,
 ) -> (HttpOutcome, Result<Response<R>, E>) {
     let error = match result {
         Ok(done) => {
@@ -60,7 +73,7 @@ pub(super) fn respond<E, R: From<Vec<u8>> + 'static>(
                 }
             }
             let replayed = done.replayed().copied();
-            let mut response = render_stored(settings, done.into_value());
+            let (mut response, trailers) = render_stored(settings, done.into_value(), grpc);
             if outcome == HttpOutcome::Replay {
                 response.headers_mut().insert(
                     settings.replayed_header.clone(),
@@ -70,7 +83,7 @@ pub(super) fn respond<E, R: From<Vec<u8>> + 'static>(
                     hook(&mut response, replayed);
                 }
             }
-            return (outcome, Ok(into_response(response)));
+            return (outcome, Ok(into_response(response, trailers)));
         }
         Err(Error::Operation(Failure::Handler(error))) => {
             return (HttpOutcome::HandlerError, Err(error))
@@ -82,21 +95,25 @@ pub(super) fn respond<E, R: From<Vec<u8>> + 'static>(
             tracing::error!(%error, "the handler's response body failed while it was read to be stored; the claim is released");
             return (
                 HttpOutcome::HandlerError,
-                Ok(problem_response(settings, &Problem::ResponseUnreadable)),
+                Ok(problem_response(
+                    settings,
+                    &Problem::ResponseUnreadable,
+                    grpc,
+                )),
             );
         }
         Err(Error::Operation(Failure::Cancelled)) => {
             tracing::error!("the request's task was cancelled (the runtime is shutting down); its record stays in progress until its lease lapses");
             return (
                 HttpOutcome::StoreError,
-                Ok(problem_response(settings, &Problem::Internal)),
+                Ok(problem_response(settings, &Problem::Internal, grpc)),
             );
         }
         Err(Error::Operation(Failure::AlreadyRun)) => {
             tracing::error!("the engine asked for the handler after it had run; this is a bug");
             return (
                 HttpOutcome::StoreError,
-                Ok(problem_response(settings, &Problem::Internal)),
+                Ok(problem_response(settings, &Problem::Internal, grpc)),
             );
         }
         Err(error) => error,
@@ -109,7 +126,7 @@ pub(super) fn respond<E, R: From<Vec<u8>> + 'static>(
         _ => HttpOutcome::StoreError,
     };
     let problem = Problem::from(&error);
-    (outcome, Ok(problem_response(settings, &problem)))
+    (outcome, Ok(problem_response(settings, &problem, grpc)))
 }
 
 /// What the layer did, for an attempt the engine answered.
@@ -124,25 +141,32 @@ fn http_outcome(kind: OutcomeKind) -> HttpOutcome {
     }
 }
 
-/// A stored response as the client gets it: whole, or, for one too large to
-/// store, its status and stored headers with a problem body that says so.
-fn render_stored(settings: &Settings, stored: StoredResponse) -> Response<StoredBody> {
+/// A stored response as the client gets it: whole, with its trailers, or,
+/// for one not stored (a stream, or too large), its status and stored
+/// headers with a problem body that says so (for gRPC, the problem's
+/// trailers-only answer with the stored metadata).
+fn render_stored(
+    settings: &Settings,
+    stored: StoredResponse,
+    grpc: bool,
+) -> (Response<StoredBody>, Option<HeaderMap>) {
     match stored {
-        StoredResponse::Full(response) => response,
+        StoredResponse::Full(response, trailers) => (response, trailers),
         StoredResponse::NotStored { status, headers } => {
             let mut response =
-                Problem::ResponseNotStored { status }.to_response(&settings.problem_base);
+                problem_stored(settings, &Problem::ResponseNotStored { status }, grpc);
             for (name, value) in &headers {
                 // The headers that describe the original body (a
-                // `Content-Encoding: gzip`) would misdescribe the problem.
-                if BODY_HEADERS.contains(name) {
+                // `Content-Encoding: gzip`) would misdescribe the problem,
+                // and a gRPC status would contradict it.
+                if BODY_HEADERS.contains(name) || name.as_str().starts_with("grpc-") {
                     continue;
                 }
                 if !response.headers().contains_key(name) {
                     response.headers_mut().append(name, value.clone());
                 }
             }
-            response
+            (response, None)
         }
     }
 }
@@ -173,13 +197,14 @@ fn log_refusal<E>(error: &Error<E>) {
 /// request: its stored response replayed, or a refusal (in progress, a
 /// record that cannot be replayed, the store's error).
 #[cfg(feature = "powertools")]
-pub(super) fn powertools<E, R: From<Vec<u8>> + 'static>(
+pub(super) fn powertools<E, R: RebuildBody>(
     settings: &Settings,
     found: Result<Response<StoredBody>, Error>,
+    grpc: bool,
 ) -> (HttpOutcome, Result<Response<R>, E>) {
     match found {
         Ok(response) => {
-            let mut response = into_response(response);
+            let mut response = into_response(response, None);
             response.headers_mut().insert(
                 settings.replayed_header.clone(),
                 HeaderValue::from_static("true"),
@@ -196,7 +221,7 @@ pub(super) fn powertools<E, R: From<Vec<u8>> + 'static>(
                 Error::WritesNotCommitted(e) => Error::WritesNotCommitted(e),
                 Error::Operation(never) => match never {},
             };
-            respond(settings, Err(error), None)
+            respond(settings, Err(error), None, grpc)
         }
     }
 }

@@ -1,9 +1,8 @@
 //! [`Idempotency`]: the service the layer wraps around a handler.
 
-use super::{config::Config, future::ResponseFuture, pipeline};
+use super::{config::Config, future::ResponseFuture, pipeline, rebuild_body::RebuildBody};
 use crate::{error::BoxError, store::Store};
 use http::{Request, Response};
-use http_body::Body as HttpBody;
 use std::{
     sync::Arc,
     task::{Context, Poll},
@@ -13,11 +12,12 @@ use tower::Service;
 /// An HTTP service made idempotent by an
 /// [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
-/// It serves `http::Request<B>` for any body `B` that can be rebuilt from
-/// bytes (`lambda_http`'s `Body`, axum's `Body`, `http_body_util::Full`),
-/// and answers with the inner service's own response body type, so it
-/// composes where the inner service does (`lambda_http::run`, axum's
-/// `Router::layer`, hyper).
+/// It serves `http::Request<B>` for any body `B` the layer can build
+/// ([`RebuildBody`]: `lambda_http`'s `Body`, axum's `Body`, tonic's `Body`,
+/// `http_body_util::Full`), and answers with the inner service's own
+/// response body type, so it composes where the inner service does
+/// (`lambda_http::run`, axum's `Router::layer`, tonic's `Server::layer`,
+/// hyper).
 pub struct Idempotency<S, St> {
     inner: S,
     config: Arc<Config<St>>,
@@ -58,10 +58,10 @@ where
     S::Future: Send,
     S::Error: Send + 'static,
     St: Store,
-    B: HttpBody + From<Vec<u8>> + Send + 'static,
+    B: RebuildBody,
     B::Data: Send,
     B::Error: Into<BoxError>,
-    ResBody: HttpBody + From<Vec<u8>> + Send + 'static,
+    ResBody: RebuildBody,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {

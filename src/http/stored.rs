@@ -8,14 +8,29 @@
 //! { u32 name length | name | u32 value length | value } *
 //! body (deflate-compressed when FLAG_DEFLATE is set)
 //! ```
+//!
+//! A response with trailers (gRPC's status, for one) is version 2: the
+//! trailers follow the headers, counted and framed as they are. A response
+//! without trailers is still written as version 1, so records written
+//! before trailers were stored, and instances not yet upgraded, read each
+//! other's; a version-1 reader refuses a version-2 record (a corrupt-record
+//! answer) rather than replaying it without its status.
+//!
+//! ```text
+//! u8 2 | u8 flags | u16 status | u32 header count | { header } *
+//! u32 trailer count | { u32 name length | name | u32 value length | value } *
+//! body
+//! ```
 
-use super::stored_body::StoredBody;
+use super::{grpc::is_grpc, stored_body::StoredBody};
 use crate::{error::BoxError, Codec};
 use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use std::io::{Read, Write};
 
 const VERSION: u8 = 1;
+/// The version of a frame with trailers.
+const VERSION_TRAILERS: u8 = 2;
 const FLAG_DEFLATE: u8 = 0b0001;
 const FLAG_BINARY: u8 = 0b0010;
 const FLAG_TEXT: u8 = 0b0100;
@@ -64,8 +79,9 @@ pub(crate) const MAX_BODY: u64 = 16 * 1024 * 1024;
 /// A response as the record holds it.
 #[derive(Debug)]
 pub(crate) enum StoredResponse {
-    /// The whole response: status, stored headers and body.
-    Full(Response<StoredBody>),
+    /// The whole response: status, stored headers and body, and its
+    /// trailers if it had any.
+    Full(Response<StoredBody>, Option<HeaderMap>),
     /// A response too large to store: its status and stored headers only.
     /// Retries learn that it was processed, not what it said.
     NotStored {
@@ -93,34 +109,72 @@ impl Default for ResponseCodec {
 }
 
 impl ResponseCodec {
-    fn frame(&self, response: &Response<StoredBody>, body: Option<&[u8]>, flags: u8) -> Vec<u8> {
+    fn frame(
+        &self,
+        response: &Response<StoredBody>,
+        trailers: Option<&HeaderMap>,
+        body: Option<&[u8]>,
+        flags: u8,
+    ) -> Vec<u8> {
         let body = body.unwrap_or_default();
+        let trailers = trailers.filter(|trailers| !trailers.is_empty());
         let mut out = Vec::with_capacity(16 + body.len());
-        out.push(VERSION);
+        out.push(if trailers.is_some() {
+            VERSION_TRAILERS
+        } else {
+            VERSION
+        });
         out.push(flags);
         out.extend_from_slice(&response.status().as_u16().to_be_bytes());
-        let body_headers = BODY_HEADERS.iter();
-        let listed = self
-            .stored_headers
-            .iter()
-            .filter(|name| !BODY_HEADERS.contains(name));
-        let headers: Vec<_> = body_headers
-            .chain(listed)
-            .flat_map(|name| {
-                response
-                    .headers()
-                    .get_all(name)
-                    .iter()
-                    .map(move |value| (name, value))
-            })
-            .collect();
-        out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
-        for (name, value) in headers {
-            put_bytes(&mut out, name.as_str().as_bytes());
-            put_bytes(&mut out, value.as_bytes());
+        let headers: Vec<_> = if is_grpc(response.headers()) {
+            // gRPC metadata is part of the call's answer, which the client
+            // reads as it reads the message: all of it, but cookies.
+            response
+                .headers()
+                .iter()
+                .filter(|(name, _)| !NEVER_STORED.contains(name))
+                .collect()
+        } else {
+            let body_headers = BODY_HEADERS.iter();
+            let listed = self
+                .stored_headers
+                .iter()
+                .filter(|name| !BODY_HEADERS.contains(name));
+            body_headers
+                .chain(listed)
+                .flat_map(|name| {
+                    response
+                        .headers()
+                        .get_all(name)
+                        .iter()
+                        .map(move |value| (name, value))
+                })
+                .collect()
+        };
+        put_fields(&mut out, headers);
+        if let Some(trailers) = trailers {
+            put_fields(&mut out, trailers.iter().collect());
         }
         out.extend_from_slice(body);
         out
+    }
+}
+
+/// The headers of a gRPC response that are never stored: a cookie, and
+/// those that describe the connection rather than the answer.
+const NEVER_STORED: [HeaderName; 5] = [
+    header::SET_COOKIE,
+    header::DATE,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+];
+
+fn put_fields(out: &mut Vec<u8>, fields: Vec<(&HeaderName, &HeaderValue)>) {
+    out.extend_from_slice(&(fields.len() as u32).to_be_bytes());
+    for (name, value) in fields {
+        put_bytes(out, name.as_str().as_bytes());
+        put_bytes(out, value.as_bytes());
     }
 }
 
@@ -131,13 +185,13 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 
 impl Codec<StoredResponse> for ResponseCodec {
     fn encode(&self, stored: &StoredResponse) -> Result<Vec<u8>, BoxError> {
-        let response = match stored {
-            StoredResponse::Full(response) => response,
+        let (response, trailers) = match stored {
+            StoredResponse::Full(response, trailers) => (response, trailers.as_ref()),
             StoredResponse::NotStored { status, headers } => {
                 let mut head = Response::new(StoredBody::Empty);
                 *head.status_mut() = *status;
                 *head.headers_mut() = headers.clone();
-                return Ok(self.frame(&head, None, FLAG_NOT_STORED));
+                return Ok(self.frame(&head, None, None, FLAG_NOT_STORED));
             }
         };
         let (body, kind): (&[u8], u8) = match response.body() {
@@ -153,7 +207,7 @@ impl Codec<StoredResponse> for ResponseCodec {
                 limit = MAX_BODY,
                 "response body too large to replay; retries will get its status and headers with an explanation, not its body"
             );
-            return Ok(self.frame(response, None, FLAG_NOT_STORED));
+            return Ok(self.frame(response, None, None, FLAG_NOT_STORED));
         }
         let framed = if body.len() > self.compress_above {
             let mut encoder =
@@ -161,12 +215,12 @@ impl Codec<StoredResponse> for ResponseCodec {
             encoder.write_all(body)?;
             let compressed = encoder.finish()?;
             if compressed.len() < body.len() {
-                self.frame(response, Some(&compressed), kind | FLAG_DEFLATE)
+                self.frame(response, trailers, Some(&compressed), kind | FLAG_DEFLATE)
             } else {
-                self.frame(response, Some(body), kind)
+                self.frame(response, trailers, Some(body), kind)
             }
         } else {
-            self.frame(response, Some(body), kind)
+            self.frame(response, trailers, Some(body), kind)
         };
         if framed.len() <= self.max_stored {
             return Ok(framed);
@@ -179,13 +233,13 @@ impl Codec<StoredResponse> for ResponseCodec {
             limit = self.max_stored,
             "response too large to store; retries will get its status and headers with an explanation, not its body"
         );
-        Ok(self.frame(response, None, FLAG_NOT_STORED))
+        Ok(self.frame(response, None, None, FLAG_NOT_STORED))
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<StoredResponse, BoxError> {
         let mut reader = Reader(bytes);
         let version = reader.u8()?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_TRAILERS {
             return Err(format!("unknown stored response version {version}").into());
         }
         let flags = reader.u8()?;
@@ -198,6 +252,18 @@ impl Codec<StoredResponse> for ResponseCodec {
             let value = HeaderValue::from_bytes(reader.bytes()?)?;
             response.headers_mut().append(name, value);
         }
+        let trailers = if version == VERSION_TRAILERS {
+            let count = reader.u32()?;
+            let mut trailers = HeaderMap::new();
+            for _ in 0..count {
+                let name = HeaderName::from_bytes(reader.bytes()?)?;
+                let value = HeaderValue::from_bytes(reader.bytes()?)?;
+                trailers.append(name, value);
+            }
+            Some(trailers)
+        } else {
+            None
+        };
         if flags & FLAG_NOT_STORED != 0 {
             return Ok(StoredResponse::NotStored {
                 status,
@@ -223,7 +289,7 @@ impl Codec<StoredResponse> for ResponseCodec {
         } else {
             StoredBody::Empty
         };
-        Ok(StoredResponse::Full(response))
+        Ok(StoredResponse::Full(response, trailers))
     }
 }
 
@@ -271,13 +337,13 @@ mod tests {
 
     fn store(codec: &ResponseCodec, response: Response<StoredBody>) -> Vec<u8> {
         codec
-            .encode(&StoredResponse::Full(response))
+            .encode(&StoredResponse::Full(response, None))
             .expect("encodes")
     }
 
     fn replay(codec: &ResponseCodec, bytes: &[u8]) -> Response<StoredBody> {
         match codec.decode(bytes).expect("decodes") {
-            StoredResponse::Full(response) => response,
+            StoredResponse::Full(response, _) => response,
             other => panic!("expected a whole response, got {other:?}"),
         }
     }
@@ -395,5 +461,45 @@ mod tests {
         let limit = "a".repeat(MAX_BODY as usize);
         let bytes = store(&codec, response(StoredBody::Text(limit.clone())));
         assert_eq!(replay(&codec, &bytes).body(), &StoredBody::Text(limit));
+    }
+
+    #[test]
+    fn trailers_round_trip_and_records_without_them_still_read() {
+        let codec = codec();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.append("x-tally", HeaderValue::from_static("1"));
+        trailers.append("x-tally", HeaderValue::from_static("2"));
+        let grpc = Response::builder()
+            .header(header::CONTENT_TYPE, "application/grpc")
+            .header("x-custom-metadata", "kept")
+            .header(header::SET_COOKIE, "session=secret")
+            .body(StoredBody::Binary(vec![0, 0, 0, 0, 1, 8]))
+            .unwrap();
+        let bytes = codec
+            .encode(&StoredResponse::Full(grpc, Some(trailers.clone())))
+            .expect("encodes");
+        assert_eq!(bytes[0], VERSION_TRAILERS);
+        let StoredResponse::Full(replay, Some(replayed)) = codec.decode(&bytes).expect("decodes")
+        else {
+            panic!("a whole response with trailers")
+        };
+        assert_eq!(replayed, trailers);
+        assert_eq!(
+            replay.headers()["x-custom-metadata"],
+            "kept",
+            "gRPC metadata"
+        );
+        assert!(replay.headers().get(header::SET_COOKIE).is_none());
+        assert_eq!(replay.body(), &StoredBody::Binary(vec![0, 0, 0, 0, 1, 8]));
+        // A record written before trailers were stored: version 1, read as
+        // a response without trailers; and one without trailers is still
+        // written so.
+        let old = [&[1u8, FLAG_TEXT, 0, 201, 0, 0, 0, 0][..], b"hello"].concat();
+        let StoredResponse::Full(response, None) = codec.decode(&old).expect("decodes") else {
+            panic!("a whole response without trailers")
+        };
+        assert_eq!(response.body(), &StoredBody::from("hello"));
+        assert_eq!(store(&codec, response)[0], VERSION);
     }
 }

@@ -4,17 +4,17 @@
 //! layer read. Either way the record completes without the body, so
 //! retries get the not-stored answer and nothing runs twice.
 
-use super::stored_body::StoredBody;
-use super::{body::try_downcast, config::StreamFn};
+#[cfg(feature = "lambda")]
+use super::body::try_downcast;
+use super::{config::StreamFn, grpc, rebuild_body::RebuildBody, stored_body::StoredBody};
 use crate::error::BoxError;
 use bytes::{Buf, Bytes};
-use http::{header, response::Parts};
+use http::{header, response::Parts, HeaderMap};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 #[cfg(feature = "lambda")]
 use lambda_http::Body as LambdaBody;
 use std::{
-    any::TypeId,
     collections::VecDeque,
     pin::Pin,
     task::{Context, Poll},
@@ -58,87 +58,98 @@ pub(crate) fn streams(parts: &Parts, predicate: Option<&StreamFn>) -> bool {
 
 /// A response body, read as far as the layer may hold it.
 pub(crate) enum Read<B> {
-    /// The whole body, to store.
-    Whole(StoredBody),
-    /// Longer than `limit`: the body as the client gets it, the part read
-    /// first and then the rest as it comes.
+    /// The whole body, to store, and its trailers.
+    Whole(StoredBody, Option<HeaderMap>),
+    /// Longer than `limit`, or a gRPC stream: the body as the client gets
+    /// it, the part read first and then the rest as it comes.
     Streams(B),
 }
 
-/// Reads `body` whole if it is at most `limit` bytes long; past that,
-/// gives it back to stream on (when its type can be rebuilt around a
-/// stream: axum's `Body` with the `axum` feature, `UnsyncBoxBody<Bytes,
-/// BoxError>`; a `lambda_http` body is whole already). A body of another
-/// type is read whole, whatever its length, unless it declares a length
-/// past `limit`.
-pub(crate) async fn read_bounded<B>(body: B, limit: usize) -> Result<Read<B>, BoxError>
+/// Reads `body` whole if it is at most `limit` bytes long, with its
+/// trailers; past that, gives it back to stream on (when its type can hold
+/// a stream: [`RebuildBody::from_stream`]; a `lambda_http` body is whole
+/// already). A body of another type is read whole, whatever its length,
+/// unless it declares a length past `limit`.
+///
+/// A gRPC response (`grpc`) also streams on once a second message begins:
+/// a unary call's answer is one message and its trailers, so this is a
+/// streaming call, which goes on to the client as it comes and is not
+/// stored. Its first message reaches the client with the second.
+///
+/// The trailers end the read: hyper polls a body no further once it has
+/// sent them, so the layer does not wait for an end after them either.
+pub(crate) async fn read_bounded<B>(body: B, limit: usize, grpc: bool) -> Result<Read<B>, BoxError>
 where
-    B: HttpBody + Send + 'static,
+    B: RebuildBody,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
     #[cfg(feature = "lambda")]
     let body = match try_downcast::<LambdaBody, B>(body) {
-        Ok(whole) => return Ok(Read::Whole(StoredBody::from(whole))),
+        Ok(whole) => return Ok(Read::Whole(StoredBody::from(whole), None)),
         Err(body) => body,
     };
     if body.size_hint().lower() > limit as u64 {
         return Ok(Read::Streams(body));
     }
-    if !can_restream::<B>() {
-        let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
-        return Ok(Read::Whole(StoredBody::from_bytes(Vec::from(bytes))));
-    }
     let mut rest = Box::pin(body);
     let mut prefix: VecDeque<Bytes> = VecDeque::new();
     let mut read = 0usize;
+    let mut head = Vec::new();
     loop {
         let Some(frame) = rest.frame().await else {
-            let mut bytes = Vec::with_capacity(read);
-            for chunk in prefix {
-                bytes.extend_from_slice(&chunk);
-            }
-            return Ok(Read::Whole(StoredBody::from_bytes(bytes)));
+            return Ok(Read::Whole(concat(prefix, read), None));
         };
-        // Trailers end a body: they are not stored, as `collect` drops them.
-        let Ok(mut data) = frame.map_err(Into::into)?.into_data() else {
-            continue;
+        let mut data = match frame.map_err(Into::into)?.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                let Ok(trailers) = frame.into_trailers() else {
+                    // A frame of a kind http-body may add: not stored.
+                    continue;
+                };
+                return Ok(Read::Whole(concat(prefix, read), Some(trailers)));
+            }
         };
         let chunk = data.copy_to_bytes(data.remaining());
         read = read.saturating_add(chunk.len());
+        if grpc && head.len() < 5 {
+            head.extend(chunk.iter().take(5 - head.len()));
+        }
         prefix.push_back(chunk);
-        if read > limit {
-            return restream(Prefixed { prefix, rest })
-                .map(Read::Streams)
-                .ok_or_else(|| "the response body's type cannot be streamed on".into());
+        let second_message =
+            grpc && grpc::first_message_len(&head).is_some_and(|first| read as u64 > first);
+        if read > limit || second_message {
+            let prefixed = Prefixed { prefix, rest }.boxed_unsync();
+            match B::from_stream(prefixed) {
+                Ok(body) => return Ok(Read::Streams(body)),
+                // This type cannot hold a stream: read whole.
+                Err(body) => return read_whole(body).await,
+            }
         }
     }
 }
 
-type UnsyncBox = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
-
-fn can_restream<B: 'static>() -> bool {
-    let id = TypeId::of::<B>();
-    #[cfg(feature = "axum")]
-    if id == TypeId::of::<axum::body::Body>() {
-        return true;
+/// The chunks read, as one body.
+fn concat(chunks: VecDeque<Bytes>, len: usize) -> StoredBody {
+    let mut bytes = Vec::with_capacity(len);
+    for chunk in chunks {
+        bytes.extend_from_slice(&chunk);
     }
-    id == TypeId::of::<UnsyncBox>()
+    StoredBody::from_bytes(bytes)
 }
 
-/// The body of type `B` that yields `prefixed`: `None` for a type
-/// [`can_restream`] does not know.
-fn restream<B>(prefixed: Prefixed<B>) -> Option<B>
-where
-    B: HttpBody + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    #[cfg(feature = "axum")]
-    if TypeId::of::<B>() == TypeId::of::<axum::body::Body>() {
-        return try_downcast::<B, _>(axum::body::Body::new(prefixed)).ok();
-    }
-    try_downcast::<B, _>(prefixed.boxed_unsync()).ok()
+/// The rest of a body whose type cannot stream on, whole.
+async fn read_whole<B>(body: UnsyncBoxBody<Bytes, BoxError>) -> Result<Read<B>, BoxError> {
+    let collected = body.collect().await?;
+    let trailers = collected.trailers().cloned();
+    let bytes = collected.to_bytes();
+    Ok(Read::Whole(
+        StoredBody::from_bytes(Vec::from(bytes)),
+        trailers,
+    ))
 }
+
+type UnsyncBoxBody<D, E> = http_body_util::combinators::UnsyncBoxBody<D, E>;
 
 /// The chunks already read, then the rest of the body.
 struct Prefixed<B> {
@@ -203,7 +214,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_within_the_limit_is_read_whole() {
-        let Read::Whole(body) = read_bounded(chunked(3, 10), 30).await.expect("reads") else {
+        let Read::Whole(body, _) = read_bounded(chunked(3, 10), 30, false)
+            .await
+            .expect("reads")
+        else {
             panic!("30 bytes fit a 30-byte limit");
         };
         assert_eq!(body.as_ref().len(), 30);
@@ -211,7 +225,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_longer_body_streams_on_with_every_byte_in_order() {
-        let Read::Streams(body) = read_bounded(chunked(10, 10), 25).await.expect("reads") else {
+        let Read::Streams(body) = read_bounded(chunked(10, 10), 25, false)
+            .await
+            .expect("reads")
+        else {
             panic!("100 bytes do not fit 25");
         };
         let bytes = body.collect().await.expect("streams").to_bytes();
@@ -223,7 +240,7 @@ mod tests {
     async fn a_declared_length_past_the_limit_is_not_read() {
         let body = axum::body::Body::from(vec![0u8; 100]);
         assert!(matches!(
-            read_bounded(body, 99).await.expect("reads"),
+            read_bounded(body, 99, false).await.expect("reads"),
             Read::Streams(_)
         ));
     }
