@@ -12,7 +12,7 @@
 //! |---|---|
 //! | `COMPLETED`, `expiration` not passed | its stored response, replayed (HTTP: the proxy response dict as the response, status, headers and body as stored, with the `idempotent-replayed` header; a batch record: done, not run) |
 //! | `INPROGRESS`, `in_progress_expiration` not passed; or without one, written less than [`function_timeout`](PowertoolsCompat::function_timeout) ago (15 minutes by default; see [below](#a-record-in-progress-without-in_progress_expiration)) | in progress: 409 with `Retry-After`; a failed record in a batch |
-//! | either, with `validation` differing from this request's payload hash, or absent (payload validation on) | the key was reused: 422; a failed record (Powertools raises `IdempotencyValidationError` too) |
+//! | either, with `validation` differing from this request's payload hash, or absent (payload validation on) | the key was reused: 422; a failed record (Powertools raises `IdempotencyValidationError` too), or one given up with `Unprocessable::Final` |
 //! | `INPROGRESS` past that, `expiration` not passed: abandoned ([`PowertoolsFound::Abandoned`]) | this crate's own protocol runs, as a takeover: the handler is told ([`Takeover`] in the request's extensions, [`ClaimHandle::takeover`](crate::ClaimHandle::takeover) in a batch); `validation` is not compared (Powertools overwrites such a record unread) |
 //! | expired, absent, or no key in the request | this crate's own protocol runs |
 //!
