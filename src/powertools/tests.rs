@@ -694,3 +694,53 @@ async fn each_port_reads_its_stored_response() {
         );
     }
 }
+
+/// A batch record whose Powertools record has another payload hash is a
+/// reused key: delivered again by default, given up as final with
+/// `Unprocessable::Final`; its handler runs in neither.
+#[cfg(feature = "consumers")]
+#[tokio::test]
+async fn a_batch_record_reusing_a_powertools_key_is_redelivered_or_given_up() {
+    use crate::consumers::{SqsBatch, Unprocessable};
+    use crate::{Engine, MemoryStore};
+    use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+    use lambda_runtime::{Context, LambdaEvent};
+
+    let mut message = SqsMessage::default();
+    message.message_id = Some("m-1".into());
+    message.body = Some("{\"amount\":2}".into());
+    let view = serde_json::to_value(&message).unwrap();
+    let mut event = SqsEvent::default();
+    event.records = vec![message];
+    let completed = PowertoolsRecord {
+        expiration_s: Some((NOW_MS / 1000) as i64 + 3600),
+        data: Some(PowertoolsData::String("{\"ok\": true}".to_owned())),
+        validation: Some("the hash of another payload".to_owned()),
+        ..PowertoolsRecord::new("COMPLETED")
+    };
+    for (unprocessable, failed) in [(Unprocessable::Redeliver, 1), (Unprocessable::Final, 0)] {
+        let compat = over("messageId", &view, completed.clone(), NOW_MS)
+            .payload_validation_jmespath("body")
+            .unwrap();
+        let runs = Arc::new(Mutex::new(0));
+        let batch = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "queue")
+            .powertools(compat)
+            .unprocessable(unprocessable);
+        let response = batch
+            .process(LambdaEvent::new(event.clone(), Context::default()), {
+                let runs = Arc::clone(&runs);
+                move |_message: SqsMessage| {
+                    *runs.lock().unwrap() += 1;
+                    async { Ok::<_, String>(()) }
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            response.batch_item_failures.len(),
+            failed,
+            "{unprocessable:?}"
+        );
+        assert_eq!(*runs.lock().unwrap(), 0, "{unprocessable:?}");
+    }
+}
