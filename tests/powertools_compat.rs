@@ -8,6 +8,10 @@
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB`, `IDEMPOTENCY_TEST_REDIS_URL` and
 //! `.tools/bench-py` (Powertools); `make test` provides them all.
 
+/// The outside review (issue 37): record ids the real Powertools computed
+/// for unusual inputs, beside the ones the mode computes.
+#[path = "powertools_compat/review.rs"]
+mod review;
 mod support;
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};

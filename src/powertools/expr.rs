@@ -196,7 +196,20 @@ impl Expression {
         let Value::String(text) = select(event, path, headers_any_case) else {
             return Err(EvalError::NotJson);
         };
-        let decoded = json::loads(text, dialect).map_err(|_| EvalError::NotJson)?;
+        let decoded = match json::loads(text, dialect) {
+            Ok(decoded) => decoded,
+            // Powertools TypeScript's JMESPath swallows `JSON.parse`'s
+            // error: `powertools_json` is then `undefined`, which a path
+            // reads as null (no record) and a multiselect list as a list of
+            // nulls (a record, one for every such body). Python raises.
+            Err(_) if dialect == Dialect::JavaScript => {
+                return Ok(match &self.selection {
+                    Selection::Path(_) => Json::Null,
+                    Selection::List(paths) => Json::Array(vec![Json::Null; paths.len()]),
+                });
+            }
+            Err(_) => return Err(EvalError::NotJson),
+        };
         Ok(match &self.selection {
             Selection::Path(path) => select_decoded(&decoded, path).clone(),
             // JMESPath: a multiselect on null is null.

@@ -99,9 +99,19 @@
 //!   record is answered before [`require_key`] refuses the request or lets
 //!   it pass through.
 //! - Batches: the record serialised by `aws_lambda_events` (`messageId`,
-//!   `body`, `attributes`...). A field path is exact; the whole record is
-//!   not (the crate's types write fields Lambda left out), so key batches on
-//!   a field, as Powertools' own examples do (`messageId`).
+//!   `body`, `attributes`...). A path to a string field is exact; the whole
+//!   record is not (the crate's types write fields Lambda left out), and
+//!   neither is a field that holds an object those types fill in: for a
+//!   DynamoDB Streams `INSERT` they write `"OldImage": {}` inside
+//!   `dynamodb`, where Lambda sent no `OldImage`, and an absent `Keys` or
+//!   ActiveMQ `properties` is `{}` too, so a key on such a field finds no
+//!   record (checked against the real Powertools by the outside review).
+//!   Key batches on a string field, as Powertools' own examples do
+//!   (`messageId`, `eventID`). A number in the record itself (not inside a
+//!   `powertools_json` body) is read as serde_json read the event: an
+//!   integer past 64 bits loses digits and `-0` is `-0.0`, where Python's
+//!   `json.loads` kept them, so Powertools Python's record of such a key is
+//!   not found either.
 //!
 //! # A record in progress without `in_progress_expiration`
 //!
@@ -352,6 +362,18 @@ impl Port {
             (Port::TypeScript, PowertoolsData::String(text)) => {
                 Value::String(text.clone()).to_string()
             }
+        }
+    }
+
+    /// Whether a record whose `expiration` is `expiration_s` has expired at
+    /// `now_ms`: Python's `DataRecord.is_expired` compares whole seconds
+    /// (`int(now) > expiry`), TypeScript's `IdempotencyRecord.isExpired`
+    /// fractional ones (`Date.now() / 1000 > expiryTimestamp`), so a
+    /// TypeScript record expires the millisecond after its second.
+    fn expired(self, expiration_s: i64, now_ms: i64) -> bool {
+        match self {
+            Port::Python => now_ms.div_euclid(1000) > expiration_s,
+            Port::TypeScript => now_ms > expiration_s.saturating_mul(1000),
         }
     }
 
@@ -900,10 +922,9 @@ fn decide(
     holds: Holds,
 ) -> Result<Option<PowertoolsFound>, String> {
     let now_ms = i64::try_from(now_ms).unwrap_or(i64::MAX);
-    let now_s = now_ms / 1000;
     if record
         .expiration_s
-        .is_some_and(|expiration| now_s > expiration)
+        .is_some_and(|expiration| port.expired(expiration, now_ms))
     {
         return Ok(None);
     }

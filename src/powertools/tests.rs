@@ -751,8 +751,9 @@ async fn a_batch_record_reusing_a_powertools_key_is_redelivered_or_given_up() {
 /// Python from the second after (`int(now) > expiry`). The mode applies
 /// Python's rule to both ports, so for up to 999 ms a TypeScript record
 /// TypeScript would overwrite and run again is replayed (or held) here.
+///
+/// Fixed: each port's own rule (`Port::expired`).
 #[tokio::test]
-#[ignore = "review finding: TypeScript's expiry is fractional seconds"]
 async fn a_typescript_record_expires_the_millisecond_after_its_expiration() {
     let now_s = (NOW_MS / 1000) as i64; // NOW_MS is 500 ms into that second
     let base = Arc::new(Records::default());
