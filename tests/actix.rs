@@ -67,6 +67,33 @@ async fn charge(state: web::Data<State>, request: HttpRequest, body: Bytes) -> H
         .json(json!({ "id": format!("ch_{run}"), "request": body, "claimed": claimed }))
 }
 
+/// `POST /v1/events`: two server-sent events, a second apart.
+async fn events(state: web::Data<State>) -> HttpResponse {
+    state.runs.fetch_add(1, Ordering::SeqCst);
+    let events = futures::stream::unfold(0, |sent| async move {
+        match sent {
+            0 => Some((Ok::<_, actix_web::Error>(Bytes::from("data: 1\n\n")), 1)),
+            1 => {
+                actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+                Some((Ok(Bytes::from("data: 2\n\n")), 2))
+            }
+            _ => None,
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .streaming(events)
+}
+
+/// `POST /v1/exports`: a response of 100 000 bytes, whose length actix
+/// knows.
+async fn export(state: web::Data<State>) -> HttpResponse {
+    let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut body = vec![b'x'; 100_000];
+    body[..run.to_string().len()].copy_from_slice(run.to_string().as_bytes());
+    HttpResponse::Ok().content_type("text/plain").body(body)
+}
+
 struct Server {
     addr: SocketAddr,
     handle: ServerHandle,
@@ -104,7 +131,9 @@ fn serve(idempotency: Idempotency<MemoryStore>, timeout: Option<Duration>) -> Se
                             .wrap(idempotency.clone())
                             .route("/charges", web::post().to(charge))
                             .route("/accounts/{id}/charges", web::post().to(charge))
-                            .route("/charges", web::get().to(|| async { "[]" })),
+                            .route("/charges", web::get().to(|| async { "[]" }))
+                            .route("/events", web::post().to(events))
+                            .route("/exports", web::post().to(export)),
                     )
                     .wrap_fn(|request, service| {
                         if let Some(token) = request
@@ -277,7 +306,7 @@ async fn json_bodies_that_differ_in_key_order_and_whitespace_are_one_request() {
 #[tokio::test]
 async fn concurrent_duplicates_run_once_and_the_others_get_409_with_retry_after() {
     let server = serve(by_tenant(), None);
-    server.state.work_ms.store(500, Ordering::SeqCst);
+    server.state.work_ms.store(1000, Ordering::SeqCst);
     let addr = server.addr;
     let first = tokio::spawn(async move { charge_with(addr, "k-dup", "{}").await });
     // The first holds the claim before its duplicates arrive.
@@ -446,9 +475,9 @@ async fn the_route_template_is_the_scope_and_the_path_the_fingerprint() {
 #[tokio::test]
 async fn a_request_future_dropped_mid_handler_still_completes_and_its_retry_replays() {
     // The timeout outside drops the middleware's future after 200 ms; the
-    // handler takes 600 ms.
+    // handler takes a second.
     let server = serve(by_tenant(), Some(Duration::from_millis(200)));
-    server.state.work_ms.store(600, Ordering::SeqCst);
+    server.state.work_ms.store(1000, Ordering::SeqCst);
     let timed_out = charge_with(server.addr, "k-left", "{}").await;
     assert_eq!(timed_out.status, 408, "{timed_out:?}");
     assert_eq!(server.state.finished.load(Ordering::SeqCst), 0);
@@ -510,5 +539,110 @@ async fn other_methods_pass_through_with_their_bodies() {
         .expect("body")
         .to_bytes();
     assert_eq!(body, "[]");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_passes_through_from_its_first_byte_and_is_never_run_again() {
+    let server = serve(by_tenant(), None);
+    let stream = TcpStream::connect(server.addr).await.expect("connects");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = hyper::Request::post("/v1/events")
+        .header(header::HOST, server.addr.to_string())
+        .header("idempotency-key", "k-events")
+        .header("authorization", "Bearer t1")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let started = Instant::now();
+    let response = sender.send_request(request).await.expect("a response");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = body
+        .frame()
+        .await
+        .expect("a frame")
+        .expect("data")
+        .into_data()
+        .expect("data");
+    assert_eq!(first, "data: 1\n\n");
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "the first event before the second is written: {:?}",
+        started.elapsed()
+    );
+    let rest = body.collect().await.expect("the rest").to_bytes();
+    assert_eq!(rest, "data: 2\n\n");
+
+    let retry = send(
+        server.addr,
+        "/v1/events",
+        &[
+            ("idempotency-key", "k-events"),
+            ("authorization", "Bearer t1"),
+        ],
+        "",
+    )
+    .await;
+    assert!(
+        retry
+            .problem_type()
+            .ends_with("idempotency-response-not-stored"),
+        "{retry:?}"
+    );
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_response_is_stored_and_replayed_whole() {
+    let server = serve(by_tenant(), None);
+    let headers = [
+        ("idempotency-key", "k-export"),
+        ("authorization", "Bearer t1"),
+    ];
+    let first = send(server.addr, "/v1/exports", &headers, "{}").await;
+    assert_eq!((first.status, first.body.len()), (200, 100_000));
+    let retry = send(server.addr, "/v1/exports", &headers, "{}").await;
+    assert!(retry.replayed(), "{:?}", retry.headers);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.headers[header::CONTENT_TYPE], "text/plain");
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bodies_past_the_limit_are_413_with_a_key_and_passed_on_whole_without() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let layer = IdempotencyLayer::new(engine)
+        .require_key(false)
+        .body_limit(1024);
+    let server = serve(
+        Idempotency::new(layer).caller(|request: &ServiceRequest| {
+            request.extensions().get::<Tenant>().map(|t| t.0.clone())
+        }),
+        None,
+    );
+    let body = json!({ "pad": "x".repeat(4000) }).to_string();
+    let keyed = charge_with(server.addr, "k-large", &body).await;
+    assert_eq!(keyed.status, 413, "{keyed:?}");
+    assert!(keyed.problem_type().ends_with("idempotency-body-too-large"));
+    assert_eq!(server.state.runs(), 0);
+
+    let keyless = send(
+        server.addr,
+        "/v1/charges",
+        &[("authorization", "Bearer t1")],
+        &body,
+    )
+    .await;
+    assert_eq!(keyless.status, 201, "{keyless:?}");
+    assert_eq!(
+        keyless.json()["request"]["pad"].as_str().map(str::len),
+        Some(4000)
+    );
+    assert_eq!(keyless.json()["claimed"], false);
     server.stop().await;
 }
