@@ -34,6 +34,8 @@ struct State {
     fail_next: AtomicBool,
     /// Runs that got to their end.
     finished: AtomicUsize,
+    /// The next run panics.
+    panic_next: AtomicBool,
 }
 
 impl State {
@@ -53,6 +55,9 @@ async fn charge(state: web::Data<State>, request: HttpRequest, body: Bytes) -> H
     let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
     let work = Duration::from_millis(state.work_ms.load(Ordering::SeqCst) as u64);
     actix_web::rt::time::sleep(work).await;
+    if state.panic_next.swap(false, Ordering::SeqCst) {
+        panic!("the handler panics");
+    }
     state.finished.fetch_add(1, Ordering::SeqCst);
     if state.fail_next.swap(false, Ordering::SeqCst) {
         return HttpResponse::InternalServerError().json(json!({ "error": "try again" }));
@@ -644,5 +649,20 @@ async fn bodies_past_the_limit_are_413_with_a_key_and_passed_on_whole_without() 
         Some(4000)
     );
     assert_eq!(keyless.json()["claimed"], false);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_releases_its_key_and_the_retry_runs() {
+    let server = serve(by_tenant(), None);
+    server.state.panic_next.store(true, Ordering::SeqCst);
+    let panicked = charge_with(server.addr, "k-panic", "{}").await;
+    assert_eq!(panicked.status, 500, "{panicked:?}");
+    let retry = charge_with(server.addr, "k-panic", "{}").await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(server.state.runs(), 2);
+    // The worker is still serving.
+    assert!(charge_with(server.addr, "k-panic", "{}").await.replayed());
     server.stop().await;
 }
