@@ -165,7 +165,11 @@ pub(crate) fn scope_for(rule: &ScopeRule, request: &Request<Bytes>) -> Option<St
                 tracing::error!(
                     method = %request.method(),
                     path = request.uri().path(),
-                    "idempotent request refused (500): the caller function given to                      IdempotencyLayer::caller named no caller. Is the authentication middleware                      layered outside the idempotency layer, so that it runs first? A service that                      also serves anonymous callers returns a name for them (Some(\"anonymous\")),                      and they share records"
+                    "idempotent request refused (500): the caller function given to \
+                     IdempotencyLayer::caller (or actix's Idempotency::caller) named no \
+                     caller. Is the authentication middleware layered outside the idempotency \
+                     layer, so that it runs first? A service that also serves anonymous callers \
+                     returns a name for them (Some(\"anonymous\")), and they share records"
                 );
                 None
             }
