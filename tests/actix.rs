@@ -666,3 +666,50 @@ async fn a_handler_that_panics_releases_its_key_and_the_retry_runs() {
     assert!(charge_with(server.addr, "k-panic", "{}").await.replayed());
     server.stop().await;
 }
+
+#[test]
+fn under_app_wrap_the_route_template_scopes_and_commit_with_commits_with_the_record() {
+    use lambda_idempotency::{http::CommitWith, store::memory::MemoryWrite};
+    actix_web::rt::System::new().block_on(async {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let app = actix_web::test::init_service(
+            App::new()
+                .wrap(Idempotency::new(IdempotencyLayer::new(engine)).shared_scope())
+                .route(
+                    "/accounts/{id}/charges",
+                    web::post().to(|id: web::Path<String>| async move {
+                        let mut response = HttpResponse::Created().body(format!("charged {id}"));
+                        response
+                            .extensions_mut()
+                            .insert(CommitWith(vec![MemoryWrite::put(
+                                format!("charge-{id}"),
+                                "1",
+                            )]));
+                        response
+                    }),
+                ),
+        )
+        .await;
+        let charge = |account: &str| {
+            actix_web::test::TestRequest::post()
+                .uri(&format!("/accounts/{account}/charges"))
+                .insert_header(("idempotency-key", "k-app"))
+                .to_request()
+        };
+        let first = actix_web::test::call_service(&app, charge("a")).await;
+        assert_eq!(first.status(), 201);
+        assert_eq!(
+            store.item("charge-a"),
+            Some(b"1".to_vec()),
+            "committed with the record"
+        );
+        let other_account = actix_web::test::call_service(&app, charge("b")).await;
+        assert_eq!(
+            other_account.status(),
+            422,
+            "one route template, another path"
+        );
+        assert_eq!(store.item("charge-b"), None);
+    });
+}
