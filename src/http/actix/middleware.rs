@@ -66,8 +66,9 @@ impl<St: Store> Idempotency<St> {
     /// share a record. `None` refuses the request (`500`,
     /// `idempotency-scope-unset`) rather than scope it as anonymous: such a
     /// function most often runs before the middleware that names the
-    /// caller (`wrap` them so that authentication is the outer one). Never
-    /// name the caller from a header the client controls.
+    /// caller: authentication must be the outer one (on the same `App` or
+    /// `Scope`, `wrap`ped after this one: actix runs the last `wrap`
+    /// first). Never name the caller from a header the client controls.
     pub fn caller(
         mut self,
         caller: impl Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
