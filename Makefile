@@ -55,18 +55,18 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,tonic,consumers,postgres,redis-tls,testing,powertools,durable
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,redis-tls,testing,powertools,durable
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
 	@# Every feature compiled alone, as a user who turns on only it does.
-	for features in "" dynamodb http lambda axum tonic consumers postgres redis redis-tls testing powertools durable; do \
+	for features in "" dynamodb http lambda axum actix tonic consumers postgres redis redis-tls testing powertools durable; do \
 	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
 	done
 	@# The redis feature alone has no TLS, so no C code.
 	! $(CARGO) tree -p lambda-idempotency --no-default-features --features redis -e normal | grep aws-lc-sys
-	for features in "" powertools http tonic; do \
+	for features in "" powertools http tonic actix; do \
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
 	done
 

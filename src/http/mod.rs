@@ -135,6 +135,9 @@
 //! # }
 //! ```
 
+#[cfg(feature = "actix")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
+pub mod actix;
 mod body;
 mod commit;
 mod config;

@@ -69,8 +69,10 @@ pub(crate) fn scope_of<B>(principal: Option<String>, request: &Request<B>) -> St
 /// routes: API Gateway's route key (HTTP API, unless it is `$default`), or
 /// the method and resource (REST API); with the `axum` feature, the method
 /// and axum's route template (`MatchedPath`, the whole template of a nested
-/// router: `POST /accounts/{id}/charges`); otherwise the method and the
-/// path, before axum's `Router::nest` stripped it.
+/// router: `POST /accounts/{id}/charges`); under actix-web's middleware
+/// (`http::actix::Idempotency`, feature `actix`), the method and actix's
+/// route template (`match_pattern`); otherwise the method and the path,
+/// before axum's `Router::nest` stripped it.
 ///
 /// Two requests to one route template share a scope, and their concrete
 /// paths are part of the [fingerprint](super::request_fingerprint): the
@@ -105,6 +107,12 @@ pub(crate) fn route_key<B>(request: &Request<B>) -> u64 {
     hasher.finish()
 }
 
+/// The route template of a request from a router that is not axum's
+/// (actix-web's `match_pattern`), in the request's extensions.
+#[cfg(feature = "actix")]
+#[derive(Clone, Debug)]
+pub(crate) struct RouteTemplate(pub(crate) String);
+
 /// A route as API Gateway's request context names it, or as the method
 /// and the template (or path).
 enum Route<'a> {
@@ -123,6 +131,12 @@ fn route_parts<B>(request: &Request<B>) -> Route<'_> {
         .map_or_else(|| request_path(request), axum::extract::MatchedPath::as_str);
     #[cfg(not(feature = "axum"))]
     let template = request_path(request);
+    // actix-web's route template, carried over from its request.
+    #[cfg(feature = "actix")]
+    let template = request
+        .extensions()
+        .get::<RouteTemplate>()
+        .map_or(template, |route| route.0.as_str());
     Route::Method {
         method: request.method().as_str(),
         template,
@@ -151,7 +165,11 @@ pub(crate) fn scope_for(rule: &ScopeRule, request: &Request<Bytes>) -> Option<St
                 tracing::error!(
                     method = %request.method(),
                     path = request.uri().path(),
-                    "idempotent request refused (500): the caller function given to                      IdempotencyLayer::caller named no caller. Is the authentication middleware                      layered outside the idempotency layer, so that it runs first? A service that                      also serves anonymous callers returns a name for them (Some(\"anonymous\")),                      and they share records"
+                    "idempotent request refused (500): the caller function given to \
+                     IdempotencyLayer::caller (or actix's Idempotency::caller) named no \
+                     caller. Is the authentication middleware layered outside the idempotency \
+                     layer, so that it runs first? A service that also serves anonymous callers \
+                     returns a name for them (Some(\"anonymous\")), and they share records"
                 );
                 None
             }

@@ -1,0 +1,223 @@
+//! The edges between actix-web and the layer: actix's requests and
+//! responses (http 0.2 types, bodies that are not `Send`) as the layer's
+//! (http 1 types, `Send` bodies), and back. A body that is not `Send` is
+//! read on a local task of actix's runtime and its bytes sent across a
+//! channel, so the layer reads it (or not) as it reads any body.
+
+use super::super::scope::RouteTemplate;
+use crate::error::BoxError;
+use actix_web::{
+    body::{BodySize, BodyStream, BoxBody, MessageBody, SizedStream},
+    dev::Payload,
+    error::PayloadError,
+    http::{
+        header::{HeaderName as ActixName, HeaderValue as ActixValue},
+        StatusCode as ActixStatus, Version as ActixVersion,
+    },
+    HttpRequest, HttpResponse,
+};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use http::{header, Request, Response, Version};
+use http_body::{Body as _, Frame};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full};
+use std::{
+    fmt::Display,
+    pin::Pin,
+    task::{Context, Poll},
+};
+use tokio::sync::mpsc;
+
+/// The body of a request or response as the layer sees it.
+pub(super) type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A response of at most this many bytes whose length actix knows is read
+/// whole on its task, without a channel.
+const READ_WHOLE: u64 = 64 * 1024;
+
+/// The caller an [`Idempotency::caller`](super::Idempotency::caller)
+/// function named, in the layer's request.
+#[derive(Clone, Debug)]
+pub(super) struct Caller(pub(super) Option<String>);
+
+/// A body whose bytes a local task sends.
+struct Channel(mpsc::Receiver<Result<Bytes, BoxError>>);
+
+impl http_body::Body for Channel {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|item| item.map(|bytes| bytes.map(Frame::data)))
+    }
+}
+
+/// `stream`'s bytes as a `Send` body: read on a local task, one chunk
+/// ahead of the reader, until the reader drops the body.
+fn sent_body<S, E>(stream: S) -> Body
+where
+    S: Stream<Item = Result<Bytes, E>> + 'static,
+    E: Display,
+{
+    let (sender, receiver) = mpsc::channel(1);
+    actix_web::rt::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            let item = item.map_err(|error| BoxError::from(error.to_string()));
+            let failed = item.is_err();
+            if sender.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    Channel(receiver).boxed_unsync()
+}
+
+fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+fn whole(bytes: Bytes) -> Body {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// The request's body, read only if the layer reads it.
+pub(super) fn request_body(payload: Payload) -> Body {
+    match payload {
+        Payload::None => empty(),
+        payload => sent_body(payload),
+    }
+}
+
+/// actix's request as the layer's, with `body`, the caller a caller
+/// function named and actix's route template.
+pub(super) fn request(
+    actix: &HttpRequest,
+    body: Body,
+    caller: Option<Caller>,
+    template: Option<String>,
+) -> Result<Request<Body>, http::Error> {
+    let mut builder = Request::builder()
+        .method(actix.method().as_str())
+        .uri(actix.uri().to_string())
+        .version(version(actix.version()));
+    for (name, value) in actix.headers() {
+        builder = builder.header(name.as_str(), value.as_bytes());
+    }
+    if let Some(caller) = caller {
+        builder = builder.extension(caller);
+    }
+    if let Some(template) = template {
+        builder = builder.extension(RouteTemplate(template));
+    }
+    builder.body(body)
+}
+
+fn version(version: ActixVersion) -> Version {
+    match version {
+        ActixVersion::HTTP_09 => Version::HTTP_09,
+        ActixVersion::HTTP_10 => Version::HTTP_10,
+        ActixVersion::HTTP_2 => Version::HTTP_2,
+        ActixVersion::HTTP_3 => Version::HTTP_3,
+        _ => Version::HTTP_11,
+    }
+}
+
+/// The layer's request body, as the payload of actix's request.
+pub(super) fn payload(body: Body) -> Payload {
+    let stream = body
+        .into_data_stream()
+        .map_err(|error| PayloadError::Io(std::io::Error::other(error)));
+    Payload::Stream {
+        payload: Box::pin(stream),
+    }
+}
+
+/// actix's response as the layer's: its status, headers and extensions
+/// (`W`: the store's writes, [`CommitWith`](super::super::CommitWith)),
+/// and its body, read on this local task as the layer reads it.
+pub(super) async fn response<W>(actix: HttpResponse<BoxBody>) -> Response<Body>
+where
+    W: Clone + Send + Sync + 'static,
+{
+    let (mut head, body) = actix.into_parts();
+    let body = match body.size() {
+        BodySize::None => empty(),
+        BodySize::Sized(length) if length <= READ_WHOLE => {
+            match actix_web::body::to_bytes(body).await {
+                Ok(bytes) => whole(bytes),
+                Err(error) => {
+                    let error = BoxError::from(error.to_string());
+                    http_body_util::StreamBody::new(futures_util::stream::iter([Err(error)]))
+                        .boxed_unsync()
+                }
+            }
+        }
+        BodySize::Sized(_) | BodySize::Stream => {
+            let mut body = Box::pin(body);
+            sent_body(futures_util::stream::poll_fn(move |cx| {
+                body.as_mut().poll_next(cx)
+            }))
+        }
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = http::StatusCode::from_u16(head.status().as_u16())
+        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in head.headers() {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(name.as_str().as_bytes()),
+            header::HeaderValue::from_bytes(value.as_bytes()),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    if let Some(commit) = head
+        .extensions_mut()
+        .remove::<super::super::CommitWith<W>>()
+    {
+        response.extensions_mut().insert(commit);
+    }
+    if let Some(stream) = head
+        .extensions_mut()
+        .remove::<super::super::StreamResponse>()
+    {
+        response.extensions_mut().insert(stream);
+    }
+    response
+}
+
+/// The layer's response as actix's. actix writes the framing headers
+/// (`content-length`, `transfer-encoding`) from the body itself.
+pub(super) fn actix_response(response: Response<Body>) -> HttpResponse {
+    let (parts, body) = response.into_parts();
+    let status =
+        ActixStatus::from_u16(parts.status.as_u16()).unwrap_or(ActixStatus::INTERNAL_SERVER_ERROR);
+    let mut builder = HttpResponse::build(status);
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            ActixName::from_bytes(name.as_str().as_bytes()),
+            ActixValue::from_bytes(value.as_bytes()),
+        ) {
+            builder.append_header((name, value));
+        }
+    }
+    let length = body.size_hint().exact();
+    let stream = body
+        .into_data_stream()
+        .map_err(|error| -> Box<dyn std::error::Error> { error });
+    match length {
+        Some(0) => builder.finish(),
+        Some(length) => builder.body(SizedStream::new(length, stream)),
+        None => builder.body(BodyStream::new(stream)),
+    }
+}

@@ -1,0 +1,715 @@
+//! The HTTP layer as actix-web middleware (`http::actix::Idempotency`), in
+//! a real `HttpServer` on a loopback port, with hyper's client (and a raw
+//! TCP one that hangs up): the everyday cases of the axum tests, on the
+//! memory store.
+
+use actix_web::{
+    dev::{ServerHandle, Service, ServiceRequest},
+    error::ErrorRequestTimeout,
+    web, App, HttpMessage, HttpRequest, HttpResponse, HttpServer,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{header, HeaderMap};
+use hyper_util::rt::TokioIo;
+use lambda_idempotency::{
+    http::{actix::Idempotency, IdempotencyLayer, REPLAYED_HEADER},
+    Engine, MemoryStore,
+};
+use serde_json::{json, Value};
+use std::{
+    net::SocketAddr,
+    sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+use tokio::{io::AsyncWriteExt, net::TcpStream};
+
+/// What the handlers share with the test.
+#[derive(Default)]
+struct State {
+    runs: AtomicUsize,
+    /// How long each run takes, in milliseconds.
+    work_ms: AtomicUsize,
+    /// The next run answers 500.
+    fail_next: AtomicBool,
+    /// Runs that got to their end.
+    finished: AtomicUsize,
+    /// The next run panics.
+    panic_next: AtomicBool,
+}
+
+impl State {
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// The caller, as an authentication middleware in front of the
+/// idempotency one names it (here from a bearer token taken on trust).
+#[derive(Clone)]
+struct Tenant(String);
+
+/// `POST /v1/charges` and `POST /v1/accounts/{id}/charges`: a new charge
+/// each run, with a `Location`, after `work_ms`.
+async fn charge(state: web::Data<State>, request: HttpRequest, body: Bytes) -> HttpResponse {
+    let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let work = Duration::from_millis(state.work_ms.load(Ordering::SeqCst) as u64);
+    actix_web::rt::time::sleep(work).await;
+    if state.panic_next.swap(false, Ordering::SeqCst) {
+        panic!("the handler panics");
+    }
+    state.finished.fetch_add(1, Ordering::SeqCst);
+    if state.fail_next.swap(false, Ordering::SeqCst) {
+        return HttpResponse::InternalServerError().json(json!({ "error": "try again" }));
+    }
+    let claimed = request
+        .extensions()
+        .get::<lambda_idempotency::ClaimHandle>()
+        .is_some();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    HttpResponse::Created()
+        .insert_header((header::LOCATION.as_str(), format!("/v1/charges/ch_{run}")))
+        .json(json!({ "id": format!("ch_{run}"), "request": body, "claimed": claimed }))
+}
+
+/// `POST /v1/events`: two server-sent events, a second apart.
+async fn events(state: web::Data<State>) -> HttpResponse {
+    state.runs.fetch_add(1, Ordering::SeqCst);
+    let events = futures::stream::unfold(0, |sent| async move {
+        match sent {
+            0 => Some((Ok::<_, actix_web::Error>(Bytes::from("data: 1\n\n")), 1)),
+            1 => {
+                actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+                Some((Ok(Bytes::from("data: 2\n\n")), 2))
+            }
+            _ => None,
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .streaming(events)
+}
+
+/// `POST /v1/exports`: a response of 100 000 bytes, whose length actix
+/// knows.
+async fn export(state: web::Data<State>) -> HttpResponse {
+    let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut body = vec![b'x'; 100_000];
+    body[..run.to_string().len()].copy_from_slice(run.to_string().as_bytes());
+    HttpResponse::Ok().content_type("text/plain").body(body)
+}
+
+struct Server {
+    addr: SocketAddr,
+    handle: ServerHandle,
+    state: web::Data<State>,
+}
+
+impl Server {
+    async fn stop(self) {
+        self.handle.stop(false).await;
+    }
+}
+
+/// The idempotency middleware with the caller from [`Tenant`].
+fn by_tenant() -> Idempotency<MemoryStore> {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    Idempotency::new(IdempotencyLayer::new(engine)).caller(|request: &ServiceRequest| {
+        request.extensions().get::<Tenant>().map(|t| t.0.clone())
+    })
+}
+
+/// An `HttpServer` (one worker) on a free loopback port, on a thread of
+/// its own: `/v1` behind `idempotency`, behind authentication and (if
+/// given) a timeout that drops the request's future at its deadline.
+fn serve(idempotency: Idempotency<MemoryStore>, timeout: Option<Duration>) -> Server {
+    let state = web::Data::new(State::default());
+    let app_state = state.clone();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(app_state.clone())
+                    .service(
+                        web::scope("/v1")
+                            .wrap(idempotency.clone())
+                            .route("/charges", web::post().to(charge))
+                            .route("/accounts/{id}/charges", web::post().to(charge))
+                            .route("/charges", web::get().to(|| async { "[]" }))
+                            .route("/events", web::post().to(events))
+                            .route("/exports", web::post().to(export)),
+                    )
+                    .wrap_fn(|request, service| {
+                        if let Some(token) = request
+                            .headers()
+                            .get("authorization")
+                            .and_then(|value| value.to_str().ok())
+                            .and_then(|value| value.strip_prefix("Bearer "))
+                        {
+                            let tenant = Tenant(token.to_owned());
+                            request.extensions_mut().insert(tenant);
+                        }
+                        service.call(request)
+                    })
+                    .wrap_fn(move |request, service| {
+                        let response = service.call(request);
+                        async move {
+                            match timeout {
+                                Some(timeout) => tokio::time::timeout(timeout, response)
+                                    .await
+                                    .unwrap_or_else(|_| Err(ErrorRequestTimeout("timed out"))),
+                                None => response.await,
+                            }
+                        }
+                    })
+            })
+            .workers(1)
+            .disable_signals()
+            .bind(("127.0.0.1", 0))
+            .expect("a loopback port");
+            let addr = server.addrs()[0];
+            let server = server.run();
+            sender
+                .send((addr, server.handle()))
+                .expect("the test waits");
+            server.await
+        })
+    });
+    let (addr, handle) = receiver.recv().expect("the server starts");
+    Server {
+        addr,
+        handle,
+        state,
+    }
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    fn replayed(&self) -> bool {
+        self.headers
+            .get(REPLAYED_HEADER)
+            .is_some_and(|value| value == "true")
+    }
+
+    fn problem_type(&self) -> String {
+        assert_eq!(
+            self.headers[header::CONTENT_TYPE],
+            "application/problem+json",
+            "{self:?}"
+        );
+        self.json()["type"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// One request on a connection of its own, through hyper's client.
+async fn send(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    let stream = TcpStream::connect(addr).await.expect("connects");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let mut request = hyper::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header(header::HOST, addr.to_string())
+        .header(header::CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("a response");
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: body.collect().await.expect("the whole body").to_bytes(),
+    }
+}
+
+/// A charge by tenant `t1` with `key`.
+async fn charge_with(addr: SocketAddr, key: &str, body: &str) -> Answer {
+    send(
+        addr,
+        "/v1/charges",
+        &[("idempotency-key", key), ("authorization", "Bearer t1")],
+        body,
+    )
+    .await
+}
+
+/// Retries until the answer is not 409, for at most `budget`.
+async fn retry_until_answered(addr: SocketAddr, key: &str, body: &str, budget: Duration) -> Answer {
+    let started = Instant::now();
+    loop {
+        let answer = charge_with(addr, key, body).await;
+        if answer.status != 409 || started.elapsed() > budget {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_retry_after_success_gets_the_same_response_replayed() {
+    let server = serve(by_tenant(), None);
+    let body = r#"{"amount":1250,"currency":"eur"}"#;
+    let first = charge_with(server.addr, "k-replay", body).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed());
+    assert_eq!(
+        first.json()["claimed"],
+        true,
+        "the claim is in the request's extensions"
+    );
+
+    let retry = charge_with(server.addr, "k-replay", body).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(
+        retry.headers[header::LOCATION],
+        first.headers[header::LOCATION]
+    );
+    assert_eq!(
+        retry.headers[header::CONTENT_TYPE],
+        first.headers[header::CONTENT_TYPE]
+    );
+    assert_eq!(retry.body, first.body);
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn json_bodies_that_differ_in_key_order_and_whitespace_are_one_request() {
+    let server = serve(by_tenant(), None);
+    let first = charge_with(server.addr, "k-json", r#"{"amount":1250,"currency":"eur"}"#).await;
+    assert_eq!(first.status, 201);
+    let retry = charge_with(
+        server.addr,
+        "k-json",
+        "{ \"currency\" : \"eur\",\n  \"amount\": 1250 }",
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_run_once_and_the_others_get_409_with_retry_after() {
+    let server = serve(by_tenant(), None);
+    server.state.work_ms.store(1000, Ordering::SeqCst);
+    let addr = server.addr;
+    let first = tokio::spawn(async move { charge_with(addr, "k-dup", "{}").await });
+    // The first holds the claim before its duplicates arrive.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let duplicates: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { charge_with(addr, "k-dup", "{}").await }))
+        .collect();
+    for duplicate in duplicates {
+        let answer = duplicate.await.expect("answered");
+        assert_eq!(answer.status, 409, "{answer:?}");
+        assert!(
+            answer.headers.contains_key(header::RETRY_AFTER),
+            "{answer:?}"
+        );
+        assert!(answer.problem_type().ends_with("idempotency-key-in-use"));
+    }
+    assert_eq!(first.await.expect("answered").status, 201);
+    assert_eq!(server.state.runs(), 1);
+    let retry = charge_with(addr, "k-dup", "{}").await;
+    assert!(retry.replayed());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_reused_with_another_body_is_422_and_a_missing_key_400() {
+    let server = serve(by_tenant(), None);
+    assert_eq!(
+        charge_with(server.addr, "k-reused", r#"{"amount":1}"#)
+            .await
+            .status,
+        201
+    );
+    let reused = charge_with(server.addr, "k-reused", r#"{"amount":2}"#).await;
+    assert_eq!(reused.status, 422, "{reused:?}");
+    assert!(reused.problem_type().ends_with("idempotency-key-reused"));
+
+    let missing = send(
+        server.addr,
+        "/v1/charges",
+        &[("authorization", "Bearer t1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(missing.status, 400, "{missing:?}");
+    assert!(missing.problem_type().ends_with("idempotency-key-missing"));
+    assert_eq!(server.state.runs(), 1, "neither ran");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_500_is_not_stored_and_the_retry_runs_again() {
+    let server = serve(by_tenant(), None);
+    server.state.fail_next.store(true, Ordering::SeqCst);
+    let failed = charge_with(server.addr, "k-500", "{}").await;
+    assert_eq!(failed.status, 500, "{failed:?}");
+    assert!(!failed.replayed());
+    let retry = charge_with(server.addr, "k-500", "{}").await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(server.state.runs(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn two_callers_with_one_key_get_records_of_their_own() {
+    let server = serve(by_tenant(), None);
+    let alice = send(
+        server.addr,
+        "/v1/charges",
+        &[
+            ("idempotency-key", "k-shared"),
+            ("authorization", "Bearer alice"),
+        ],
+        "{}",
+    )
+    .await;
+    let bob = send(
+        server.addr,
+        "/v1/charges",
+        &[
+            ("idempotency-key", "k-shared"),
+            ("authorization", "Bearer bob"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!((alice.status, bob.status), (201, 201), "{bob:?}");
+    assert!(!bob.replayed(), "bob must not get alice's charge");
+    assert_ne!(alice.json()["id"], bob.json()["id"]);
+    assert_eq!(server.state.runs(), 2);
+
+    // An unauthenticated request: no caller named, refused, not anonymous.
+    let nobody = send(
+        server.addr,
+        "/v1/charges",
+        &[("idempotency-key", "k-shared")],
+        "{}",
+    )
+    .await;
+    assert_eq!(nobody.status, 500, "{nobody:?}");
+    assert!(nobody.problem_type().ends_with("idempotency-scope-unset"));
+    assert_eq!(server.state.runs(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_caller_or_a_shared_scope_keyed_requests_are_refused() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let server = serve(Idempotency::new(IdempotencyLayer::new(engine)), None);
+    let refused = charge_with(server.addr, "k-closed", "{}").await;
+    assert_eq!(refused.status, 500, "{refused:?}");
+    assert!(refused.problem_type().ends_with("idempotency-scope-unset"));
+    assert_eq!(server.state.runs(), 0);
+    server.stop().await;
+
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let server = serve(
+        Idempotency::new(IdempotencyLayer::new(engine)).shared_scope(),
+        None,
+    );
+    assert_eq!(charge_with(server.addr, "k-open", "{}").await.status, 201);
+    let other = send(
+        server.addr,
+        "/v1/charges",
+        &[("idempotency-key", "k-open")],
+        "{}",
+    )
+    .await;
+    assert!(
+        other.replayed(),
+        "a shared scope: one record for every caller"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_route_template_is_the_scope_and_the_path_the_fingerprint() {
+    let server = serve(by_tenant(), None);
+    let auth = ("authorization", "Bearer t1");
+    let a = send(
+        server.addr,
+        "/v1/accounts/a/charges",
+        &[("idempotency-key", "k-route"), auth],
+        "{}",
+    )
+    .await;
+    assert_eq!(a.status, 201);
+    // The same route template, another account: the key was used for
+    // another request, never answered with account a's charge.
+    let b = send(
+        server.addr,
+        "/v1/accounts/b/charges",
+        &[("idempotency-key", "k-route"), auth],
+        "{}",
+    )
+    .await;
+    assert_eq!(b.status, 422, "{b:?}");
+    // Another route: a scope of its own.
+    let other = charge_with(server.addr, "k-route", "{}").await;
+    assert_eq!(other.status, 201, "{other:?}");
+    assert!(!other.replayed());
+    assert_eq!(server.state.runs(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_future_dropped_mid_handler_still_completes_and_its_retry_replays() {
+    // The timeout outside drops the middleware's future after 200 ms; the
+    // handler takes a second.
+    let server = serve(by_tenant(), Some(Duration::from_millis(200)));
+    server.state.work_ms.store(1000, Ordering::SeqCst);
+    let timed_out = charge_with(server.addr, "k-left", "{}").await;
+    assert_eq!(timed_out.status, 408, "{timed_out:?}");
+    assert_eq!(server.state.finished.load(Ordering::SeqCst), 0);
+
+    server.state.work_ms.store(0, Ordering::SeqCst);
+    let retry = retry_until_answered(server.addr, "k-left", "{}", Duration::from_secs(5)).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(
+        retry.replayed(),
+        "the first run completed the record: {retry:?}"
+    );
+    assert_eq!(server.state.runs(), 1);
+    assert_eq!(server.state.finished.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_handler_is_charged_once() {
+    let server = serve(by_tenant(), None);
+    server.state.work_ms.store(400, Ordering::SeqCst);
+    let mut stream = TcpStream::connect(server.addr).await.expect("connects");
+    let body = "{}";
+    let head = format!(
+        "POST /v1/charges HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+         authorization: Bearer t1\r\nidempotency-key: k-hangup\r\ncontent-length: {}\r\n\r\n{body}",
+        server.addr,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("writes");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(stream);
+
+    let retry = retry_until_answered(server.addr, "k-hangup", body, Duration::from_secs(5)).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn other_methods_pass_through_with_their_bodies() {
+    let server = serve(by_tenant(), None);
+    let stream = TcpStream::connect(server.addr).await.expect("connects");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = hyper::Request::get("/v1/charges")
+        .header(header::HOST, server.addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("a response");
+    assert_eq!(response.status(), 200);
+    assert!(!response.headers().contains_key(REPLAYED_HEADER));
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(body, "[]");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_passes_through_from_its_first_byte_and_is_never_run_again() {
+    let server = serve(by_tenant(), None);
+    let stream = TcpStream::connect(server.addr).await.expect("connects");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = hyper::Request::post("/v1/events")
+        .header(header::HOST, server.addr.to_string())
+        .header("idempotency-key", "k-events")
+        .header("authorization", "Bearer t1")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let started = Instant::now();
+    let response = sender.send_request(request).await.expect("a response");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = body
+        .frame()
+        .await
+        .expect("a frame")
+        .expect("data")
+        .into_data()
+        .expect("data");
+    assert_eq!(first, "data: 1\n\n");
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "the first event before the second is written: {:?}",
+        started.elapsed()
+    );
+    let rest = body.collect().await.expect("the rest").to_bytes();
+    assert_eq!(rest, "data: 2\n\n");
+
+    let retry = send(
+        server.addr,
+        "/v1/events",
+        &[
+            ("idempotency-key", "k-events"),
+            ("authorization", "Bearer t1"),
+        ],
+        "",
+    )
+    .await;
+    assert!(
+        retry
+            .problem_type()
+            .ends_with("idempotency-response-not-stored"),
+        "{retry:?}"
+    );
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_response_is_stored_and_replayed_whole() {
+    let server = serve(by_tenant(), None);
+    let headers = [
+        ("idempotency-key", "k-export"),
+        ("authorization", "Bearer t1"),
+    ];
+    let first = send(server.addr, "/v1/exports", &headers, "{}").await;
+    assert_eq!((first.status, first.body.len()), (200, 100_000));
+    let retry = send(server.addr, "/v1/exports", &headers, "{}").await;
+    assert!(retry.replayed(), "{:?}", retry.headers);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.headers[header::CONTENT_TYPE], "text/plain");
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bodies_past_the_limit_are_413_with_a_key_and_passed_on_whole_without() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let layer = IdempotencyLayer::new(engine)
+        .require_key(false)
+        .body_limit(1024);
+    let server = serve(
+        Idempotency::new(layer).caller(|request: &ServiceRequest| {
+            request.extensions().get::<Tenant>().map(|t| t.0.clone())
+        }),
+        None,
+    );
+    let body = json!({ "pad": "x".repeat(4000) }).to_string();
+    let keyed = charge_with(server.addr, "k-large", &body).await;
+    assert_eq!(keyed.status, 413, "{keyed:?}");
+    assert!(keyed.problem_type().ends_with("idempotency-body-too-large"));
+    assert_eq!(server.state.runs(), 0);
+
+    let keyless = send(
+        server.addr,
+        "/v1/charges",
+        &[("authorization", "Bearer t1")],
+        &body,
+    )
+    .await;
+    assert_eq!(keyless.status, 201, "{keyless:?}");
+    assert_eq!(
+        keyless.json()["request"]["pad"].as_str().map(str::len),
+        Some(4000)
+    );
+    assert_eq!(keyless.json()["claimed"], false);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_releases_its_key_and_the_retry_runs() {
+    let server = serve(by_tenant(), None);
+    server.state.panic_next.store(true, Ordering::SeqCst);
+    let panicked = charge_with(server.addr, "k-panic", "{}").await;
+    assert_eq!(panicked.status, 500, "{panicked:?}");
+    let retry = charge_with(server.addr, "k-panic", "{}").await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(server.state.runs(), 2);
+    // The worker is still serving.
+    assert!(charge_with(server.addr, "k-panic", "{}").await.replayed());
+    server.stop().await;
+}
+
+#[test]
+fn under_app_wrap_the_route_template_scopes_and_commit_with_commits_with_the_record() {
+    use lambda_idempotency::{http::CommitWith, store::memory::MemoryWrite};
+    actix_web::rt::System::new().block_on(async {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let app = actix_web::test::init_service(
+            App::new()
+                .wrap(Idempotency::new(IdempotencyLayer::new(engine)).shared_scope())
+                .route(
+                    "/accounts/{id}/charges",
+                    web::post().to(|id: web::Path<String>| async move {
+                        let mut response = HttpResponse::Created().body(format!("charged {id}"));
+                        response
+                            .extensions_mut()
+                            .insert(CommitWith(vec![MemoryWrite::put(
+                                format!("charge-{id}"),
+                                "1",
+                            )]));
+                        response
+                    }),
+                ),
+        )
+        .await;
+        let charge = |account: &str| {
+            actix_web::test::TestRequest::post()
+                .uri(&format!("/accounts/{account}/charges"))
+                .insert_header(("idempotency-key", "k-app"))
+                .to_request()
+        };
+        let first = actix_web::test::call_service(&app, charge("a")).await;
+        assert_eq!(first.status(), 201);
+        assert_eq!(
+            store.item("charge-a"),
+            Some(b"1".to_vec()),
+            "committed with the record"
+        );
+        let other_account = actix_web::test::call_service(&app, charge("b")).await;
+        assert_eq!(
+            other_account.status(),
+            422,
+            "one route template, another path"
+        );
+        assert_eq!(store.item("charge-b"), None);
+    });
+}
