@@ -146,7 +146,7 @@ use crate::{
     derive_key,
     engine::{DurableAttempt, DurableClaim},
     store::{OwnerToken, Store},
-    Attempt, Codec, Engine, Error, Fingerprint,
+    Attempt, Engine, Error, Fingerprint,
 };
 use aws_durable_execution_sdk::{
     builders::StepBuilder, BoxError, DurableContext, RetryDecision, StepContext, StepError,
@@ -368,13 +368,12 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             }
         }
         match handler(event, ctx.clone()).await {
-            Ok(output) => match Codec::<O>::encode(&StorableJson, &output) {
-                Ok(response) => {
-                    // A duplicate gets the output read back from its JSON
-                    // (`Some(None)` is `None` there): so does this execution.
-                    let replayed = Codec::<O>::decode(&StorableJson, &response);
+            Ok(output) => match StorableJson::stored(&output) {
+                // A duplicate gets the output read back from its JSON
+                // (`Some(None)` is `None` there): so does this execution.
+                Ok((response, replayed)) => {
                     self.complete_step(ctx, &attempt, response).await;
-                    Ok(replayed.unwrap_or(output))
+                    Ok(replayed)
                 }
                 // The handler's effects happened: releasing the key would
                 // let a duplicate run them again.

@@ -35,22 +35,31 @@ pub(super) enum NotStorable {
     },
 }
 
-impl<T: Serialize + DeserializeOwned> Codec<T> for StorableJson {
-    fn encode(&self, value: &T) -> Result<Vec<u8>, BoxError> {
+impl StorableJson {
+    /// The bytes to store for `value`, and the value a replay of them
+    /// gives (what a duplicate gets), or why it cannot be stored.
+    pub(super) fn stored<T: Serialize + DeserializeOwned>(
+        value: &T,
+    ) -> Result<(Vec<u8>, T), NotStorable> {
         let bytes = serde_json::to_vec(value).map_err(NotStorable::DoesNotSerialise)?;
         let decoded: T = serde_json::from_slice(&bytes).map_err(NotStorable::DoesNotDecode)?;
         let again = serde_json::to_vec(&decoded).map_err(NotStorable::DoesNotSerialise)?;
         // The same bytes, or, for maps a hash orders anew on each
         // serialisation, the same JSON value.
         if again == bytes || same_value(&bytes, &again) {
-            Ok(bytes)
+            Ok((bytes, decoded))
         } else {
             Err(NotStorable::Changes {
                 first: String::from_utf8_lossy(&bytes).into_owned(),
                 again: String::from_utf8_lossy(&again).into_owned(),
-            }
-            .into())
+            })
         }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Codec<T> for StorableJson {
+    fn encode(&self, value: &T) -> Result<Vec<u8>, BoxError> {
+        Ok(Self::stored(value)?.0)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
