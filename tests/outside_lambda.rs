@@ -632,3 +632,6 @@ async fn a_method_the_route_does_not_serve_is_405_and_never_stored() {
         assert_eq!(send(addr, "GET", "/v1/reports", &[], "").await.status, 200);
     }
 }
+
+#[path = "outside_lambda/streams.rs"]
+mod streams;

@@ -204,7 +204,9 @@ pub fn decode_stored_response(
             }
             Ok(response)
         }
-        stored::StoredResponse::NotStored { status, headers } => {
+        stored::StoredResponse::NotStored {
+            status, headers, ..
+        } => {
             let mut response = Response::new(StoredBody::Empty);
             *response.status_mut() = status;
             *response.headers_mut() = headers;

@@ -16,8 +16,9 @@ use super::{
     rebuild_body::RebuildBody,
     respond::{problem_response, respond, Attempted, Failure, Live},
     scope::{route_key, scope_for},
-    stored::{StoredResponse, MAX_BODY},
-    streaming::{read_bounded, streams, Read},
+    stored::{StoredResponse, WhyNotStored, MAX_BODY},
+    stored_body::StoredBody,
+    streaming::{read_bounded, streams, Copied, Ending, Read},
 };
 use crate::{
     clock::epoch_ms,
@@ -31,6 +32,7 @@ use std::{
     sync::Arc,
     time::{Duration, SystemTime},
 };
+use tokio::sync::oneshot;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tower::Service;
 use tracing::{field, Instrument};
@@ -240,9 +242,20 @@ where
     let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms)
         .taking_over(takeover)
         .retry_hint(hint);
-    let (result, live) =
-        run_detached(Arc::clone(config), attempt, route_key, inner, request, slot).await;
-    respond(&config.settings, result, live, grpc)
+    match run_detached(Arc::clone(config), attempt, route_key, inner, request, slot).await {
+        Ran::Answered(result, live) => respond(&config.settings, result, live, grpc),
+        // Its record completes when its body ends.
+        Ran::Streaming(response) => (HttpOutcome::Fresh, Ok(response)),
+    }
+}
+
+/// How the detached work answered the request.
+enum Ran<E, R> {
+    /// With the attempt's result (the response, or why there is none).
+    Answered(Attempted<E, R>, Live<R>),
+    /// With the handler's response as it streams, before its record is
+    /// complete: the work goes on until its body ends.
+    Streaming(Response<R>),
 }
 
 /// A request without a key: refused when one is required, otherwise
@@ -331,7 +344,10 @@ where
 /// no task). A panic in the handler is raised again here, in the request's
 /// own future, so an outer `CatchPanicLayer` still answers it.
 ///
-/// Without a tokio runtime (a caller on another executor) it runs in place.
+/// A response body that would wait for more goes to the client at once
+/// (`Ran::Streaming`), while the work copies it for the record and
+/// completes the record when it ends. Without a tokio runtime (a caller on
+/// another executor) it runs in place, and such a body is read whole first.
 ///
 /// `slot` is the request's place in the bound on running work: it moves
 /// with the work and is given back when the work's future is dropped (done,
@@ -343,16 +359,25 @@ async fn run_detached<S, St, B, ResBody>(
     inner: S,
     request: Request<B>,
     slot: TaskTrackerToken,
-) -> (Attempted<S::Error, ResBody>, Live<ResBody>)
+) -> Ran<S::Error, ResBody>
 where
     S: Inner<B, ResBody>,
     St: Store,
     B: LayerBody,
     ResBody: LayerBody,
 {
+    // Where the handler's response goes as soon as its body streams.
+    let (early, streaming) = match tokio::runtime::Handle::try_current() {
+        Ok(_) => {
+            let (early, streaming) = oneshot::channel();
+            (Some(early), Some(streaming))
+        }
+        Err(_) => (None, None),
+    };
     let work = async move {
         let _slot = slot;
         let mut live = None;
+        let mut early = early;
         let result = run_waiting(
             &config,
             &attempt.attempt(),
@@ -360,18 +385,31 @@ where
             inner,
             request,
             &mut live,
+            &mut early,
         )
         .await;
         (result, live)
     }
     .in_current_span();
-    detached(Box::pin(work), |work, runtime| runtime.spawn(work))
-        .await
-        .unwrap_or_else(|| {
+    let done = detached(Box::pin(work), |work, runtime| runtime.spawn(work));
+    let answered = |done: Option<_>| {
+        let (result, live) = done.unwrap_or_else(|| {
             // Only a runtime that shuts down cancels the task, and this
             // future goes with it: answered, should it be polled.
             (Err(Error::Operation(Failure::Cancelled)), None)
-        })
+        });
+        Ran::Answered(result, live)
+    };
+    let Some(streaming) = streaming else {
+        return answered(done.await);
+    };
+    tokio::pin!(done);
+    tokio::select! {
+        biased;
+        done = &mut done => answered(done),
+        // Dropping `done` leaves the work running on its task.
+        Ok(response) = streaming => Ran::Streaming(response),
+    }
 }
 
 /// The key in the configured header: `Ok(None)` when there is none (or the
@@ -406,6 +444,7 @@ async fn run_waiting<S, St, B, ResBody>(
     inner: S,
     request: Request<B>,
     live: &mut Live<ResBody>,
+    early: &mut Option<oneshot::Sender<Response<ResBody>>>,
 ) -> Attempted<S::Error, ResBody>
 where
     S: Inner<B, ResBody>,
@@ -425,6 +464,7 @@ where
     loop {
         let not_run_yet = &mut pending;
         let live = &mut *live;
+        let early = &mut *early;
         let operation = move |claim: ClaimHandle| async move {
             let Some((mut inner, mut request)) = not_run_yet.take() else {
                 return Err(Failure::AlreadyRun);
@@ -434,6 +474,7 @@ where
             if let Some(takeover) = claim.takeover() {
                 request.extensions_mut().insert(takeover);
             }
+            let handle = claim.clone();
             request.extensions_mut().insert(claim);
             let response = inner.call(request).await.map_err(Failure::Handler)?;
             let (mut parts, body) = response.into_parts();
@@ -445,41 +486,47 @@ where
             if !(config.settings.store_when)(parts.status) {
                 return Err(Failure::Released(Response::from_parts(parts, body)));
             }
-            let body = if streams(&parts, config.settings.stream_when.as_ref()) {
-                body
+            let grpc = grpc::is_grpc(&parts.headers);
+            let (body, why) = if streams(&parts, config.settings.stream_when.as_ref()) {
+                (body, WhyNotStored::Stream)
             } else {
                 // Read to be stored, but never more than can be (a
-                // lambda_http body is whole already), nor a gRPC stream.
+                // lambda_http body is whole already), nor a gRPC stream,
+                // and never waited for: a body that would wait goes on to
+                // the client as it comes, copied as it passes.
                 let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
-                let grpc = grpc::is_grpc(&parts.headers);
-                match read_bounded(body, limit, grpc).await {
+                match read_bounded(body, limit, grpc, early.is_some()).await {
                     Ok(Read::Whole(body, trailers)) => {
-                        // A gRPC error travels on an HTTP 200: its status
-                        // decides, as an HTTP status does.
-                        if grpc {
-                            let status = grpc::status_of(&parts.headers, trailers.as_ref());
-                            if !(config.settings.grpc_store_when)(status) {
-                                let body = ResBody::from_stored(body, trailers);
-                                return Err(Failure::Released(Response::from_parts(parts, body)));
-                            }
+                        let stored = whole(&config.settings, parts, body, trailers, grpc)?;
+                        return Ok((stored, writes));
+                    }
+                    Ok(Read::Teed(body, copied)) => {
+                        let head = StoredHead::of(&parts);
+                        if let Some(early) = early.take() {
+                            // A client that left already drops the body,
+                            // which is then read here to its end.
+                            let _ = early.send(Response::from_parts(parts, body));
                         }
-                        let response = Response::from_parts(parts, body);
-                        return Ok((StoredResponse::Full(response, trailers), writes));
+                        let stored = teed(
+                            &config.settings,
+                            &config.engine,
+                            &handle,
+                            head,
+                            copied,
+                            grpc,
+                        )
+                        .await?;
+                        return Ok((stored, writes));
                     }
-                    Ok(Read::Streams(body)) if grpc => {
-                        tracing::debug!("gRPC response of more than one message: streamed on, not stored; retries get ALREADY_EXISTS");
-                        body
-                    }
-                    Ok(Read::Streams(body)) => {
-                        tracing::warn!(limit, "response longer than can be stored: streamed on; retries get its status and headers with an explanation, not its body");
-                        body
-                    }
+                    Ok(Read::Streams(body, why)) => (body, why),
                     Err(error) => return Err(Failure::ResponseUnreadable(error)),
                 }
             };
+            log_not_stored(why);
             let head = StoredResponse::NotStored {
                 status: parts.status,
                 headers: parts.headers.clone(),
+                why,
             };
             *live = Some(Response::from_parts(parts, body));
             Ok((head, writes))
@@ -516,5 +563,111 @@ where
             }
         }
         return result;
+    }
+}
+
+/// The stored response of a body read whole: the gRPC status decides, for
+/// a gRPC response, as the HTTP status already did (a gRPC error travels on
+/// an HTTP 200).
+fn whole<E, R: RebuildBody>(
+    settings: &Settings,
+    parts: http::response::Parts,
+    body: StoredBody,
+    trailers: Option<http::HeaderMap>,
+    grpc: bool,
+) -> Result<StoredResponse, Failure<E, R>> {
+    if grpc {
+        let status = grpc::status_of(&parts.headers, trailers.as_ref());
+        if !(settings.grpc_store_when)(status) {
+            let body = R::from_stored(body, trailers);
+            return Err(Failure::Released(Response::from_parts(parts, body)));
+        }
+    }
+    Ok(StoredResponse::Full(
+        Response::from_parts(parts, body),
+        trailers,
+    ))
+}
+
+/// A response's head, kept for its record while its body streams.
+struct StoredHead {
+    status: http::StatusCode,
+    headers: http::HeaderMap,
+}
+
+impl StoredHead {
+    fn of(parts: &http::response::Parts) -> Self {
+        Self {
+            status: parts.status,
+            headers: parts.headers.clone(),
+        }
+    }
+}
+
+/// The record of a response that went to the client as it came: whole if
+/// its body ended within what a record holds, otherwise its head and why
+/// not. A body still going when the claim's lease is near its end is
+/// recorded then (not stored), so that no retry runs the request again.
+async fn teed<St: Store, E, R>(
+    settings: &Settings,
+    engine: &crate::Engine<St>,
+    claim: &ClaimHandle,
+    head: StoredHead,
+    copied: Copied,
+    grpc: bool,
+) -> Result<StoredResponse, Failure<E, R>> {
+    let ending = tokio::select! {
+        ending = copied.ending() => ending,
+        () = lease_near_end(engine, claim) => Ending::NotStored(WhyNotStored::StreamOutlivedLease),
+    };
+    match ending {
+        Ending::Whole(body, trailers) => {
+            if grpc
+                && !(settings.grpc_store_when)(grpc::status_of(&head.headers, trailers.as_ref()))
+            {
+                return Err(Failure::ReleasedAfterStreaming);
+            }
+            let mut response = Response::new(body);
+            *response.status_mut() = head.status;
+            *response.headers_mut() = head.headers;
+            Ok(StoredResponse::Full(response, trailers))
+        }
+        Ending::NotStored(why) => {
+            log_not_stored(why);
+            Ok(StoredResponse::NotStored {
+                status: head.status,
+                headers: head.headers,
+                why,
+            })
+        }
+    }
+}
+
+/// Resolves when the claim's lease (as last extended) is within a quarter
+/// of what was left of it when the body began to stream; never, without a
+/// claim.
+async fn lease_near_end<St: Store>(engine: &crate::Engine<St>, claim: &ClaimHandle) {
+    let Some(first_until) = claim.lease_until_ms() else {
+        return std::future::pending().await;
+    };
+    let margin = first_until.saturating_sub(engine.now_ms()) / 4;
+    loop {
+        let until = claim.lease_until_ms().unwrap_or(first_until);
+        let record_at = until.saturating_sub(margin);
+        let now = engine.now_ms();
+        if now >= record_at {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(record_at - now)).await;
+    }
+}
+
+/// Says why a response goes to the client unstored.
+fn log_not_stored(why: WhyNotStored) {
+    match why {
+        WhyNotStored::Stream => tracing::debug!("streamed response (an event stream, a marked StreamResponse or a gRPC stream of more than one message): sent on as it comes, not stored; retries get its status and headers with an explanation"),
+        WhyNotStored::StreamFailed => tracing::warn!("the response stream failed part-way: not stored; retries get its status and headers with an explanation, and the request is not run again"),
+        WhyNotStored::StreamOutlivedLease => tracing::warn!("the response was still streaming when its claim's lease was near its end: recorded as not stored so that no retry runs it again; raise the lease or enable the heartbeat to store such responses"),
+        _ => tracing::warn!(limit = MAX_BODY, "response longer than can be stored: streamed on; retries get its status and headers with an explanation, not its body"),
     }
 }

@@ -2,7 +2,7 @@
 //! with a stable `type` per error.
 
 use super::key::KeyError;
-use super::stored_body::StoredBody;
+use super::{stored::WhyNotStored, stored_body::StoredBody};
 use crate::{Error, StoreErrorKind};
 use http::{header, HeaderValue, Response, StatusCode};
 use serde::Serialize;
@@ -49,6 +49,7 @@ pub(crate) enum Problem {
     CorruptRecord,
     ResponseNotStored {
         status: StatusCode,
+        why: WhyNotStored,
     },
     LeaseLost,
     WriteRejected,
@@ -134,7 +135,7 @@ impl Problem {
             Problem::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::StoreFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::CorruptRecord => StatusCode::INTERNAL_SERVER_ERROR,
-            Problem::ResponseNotStored { status } => *status,
+            Problem::ResponseNotStored { status, .. } => *status,
             Problem::LeaseLost => StatusCode::CONFLICT,
             Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::WritesNotCommitted { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -243,11 +244,12 @@ impl Problem {
             Problem::CorruptRecord => "The stored record for this idempotency key cannot be read, so \
                  the request was not processed again. Contact the API operator."
                 .to_owned(),
-            Problem::ResponseNotStored { status } => format!(
+            Problem::ResponseNotStored { status, why } => format!(
                 "The request with this idempotency key was processed (status {}), but its response \
-                 was not stored (it was streamed, or too large to store) and cannot be replayed. It will not be processed again; \
-                 fetch the resource instead.",
-                status.as_u16()
+                 was not stored ({}) and cannot be replayed. It will not be processed again; fetch \
+                 the resource instead.",
+                status.as_u16(),
+                not_stored_because(*why)
             ),
             Problem::LeaseLost => "This request took longer than its lease and a retry with the \
                  same key took over; nothing this request did was committed. Retry with the same \
@@ -314,6 +316,25 @@ impl Problem {
     }
 }
 
+/// Why a response was not stored, as the not-stored answer says it.
+fn not_stored_because(why: WhyNotStored) -> &'static str {
+    match why {
+        WhyNotStored::Unsaid => "it was streamed, or too large to store",
+        WhyNotStored::TooLarge => "it was too large to store",
+        WhyNotStored::Stream => "it was a stream, sent on as it was made",
+        WhyNotStored::StreamTooLong => {
+            "it was streamed as it was made, and was longer than can be stored"
+        }
+        WhyNotStored::StreamFailed => {
+            "it was streamed as it was made, and its stream failed part-way"
+        }
+        WhyNotStored::StreamOutlivedLease => {
+            "it was streamed as it was made, and was still streaming when its claim's lease \
+             was near its end"
+        }
+    }
+}
+
 /// The whole seconds of a `Retry-After`: at least one, since `0` asks for
 /// a retry at once.
 fn retry_after_secs(retry_after: Duration) -> u64 {
@@ -372,6 +393,7 @@ mod tests {
             Problem::CorruptRecord,
             Problem::ResponseNotStored {
                 status: StatusCode::OK,
+                why: WhyNotStored::StreamTooLong,
             },
             Problem::LeaseLost,
             Problem::WriteRejected,

@@ -21,6 +21,10 @@ pub(super) enum Failure<E, R> {
     /// The outcome policy says not to store this response: release the
     /// claim, return the response, its body untouched.
     Released(Response<R>),
+    /// The outcome policy says not to store a response that already went
+    /// to the client as it streamed (a gRPC error in its trailers):
+    /// release the claim. No one waits for this answer.
+    ReleasedAfterStreaming,
     /// The handler's response body failed while it was read to be stored:
     /// release the claim, answer a 500 problem.
     ResponseUnreadable(BoxError),
@@ -91,6 +95,13 @@ pub(super) fn respond<E, R: RebuildBody>(
         Err(Error::Operation(Failure::Released(response))) => {
             return (HttpOutcome::Released, Ok(response))
         }
+        Err(Error::Operation(Failure::ReleasedAfterStreaming)) => {
+            // The client has the response already; this answer goes nowhere.
+            return (
+                HttpOutcome::Released,
+                Ok(problem_response(settings, &Problem::Internal, grpc)),
+            );
+        }
         Err(Error::Operation(Failure::ResponseUnreadable(error))) => {
             tracing::error!(%error, "the handler's response body failed while it was read to be stored; the claim is released");
             return (
@@ -152,9 +163,13 @@ fn render_stored(
 ) -> (Response<StoredBody>, Option<HeaderMap>) {
     match stored {
         StoredResponse::Full(response, trailers) => (response, trailers),
-        StoredResponse::NotStored { status, headers } => {
+        StoredResponse::NotStored {
+            status,
+            headers,
+            why,
+        } => {
             let mut response =
-                problem_stored(settings, &Problem::ResponseNotStored { status }, grpc);
+                problem_stored(settings, &Problem::ResponseNotStored { status, why }, grpc);
             for (name, value) in &headers {
                 // The headers that describe the original body (a
                 // `Content-Encoding: gzip`) would misdescribe the problem,

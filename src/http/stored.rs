@@ -35,6 +35,11 @@ const FLAG_DEFLATE: u8 = 0b0001;
 const FLAG_BINARY: u8 = 0b0010;
 const FLAG_TEXT: u8 = 0b0100;
 const FLAG_NOT_STORED: u8 = 0b1000;
+/// Bits 4 to 6 of a not-stored marker's flags: why it was not stored
+/// ([`WhyNotStored`]). Earlier versions of the crate ignore them; a record without
+/// them reads as [`WhyNotStored::Unsaid`].
+const WHY_SHIFT: u8 = 4;
+const WHY_MASK: u8 = 0b0111_0000;
 
 /// The headers that describe a stored body, stored with it whatever
 /// [`stored_headers`](super::IdempotencyLayer::stored_headers) says.
@@ -82,12 +87,64 @@ pub(crate) enum StoredResponse {
     /// The whole response: status, stored headers and body, and its
     /// trailers if it had any.
     Full(Response<StoredBody>, Option<HeaderMap>),
-    /// A response too large to store: its status and stored headers only.
-    /// Retries learn that it was processed, not what it said.
+    /// A response not stored (too large, or a stream): its status and
+    /// stored headers only, and why. Retries learn that it was processed,
+    /// not what it said.
     NotStored {
         status: StatusCode,
         headers: HeaderMap,
+        why: WhyNotStored,
     },
+}
+
+/// Why a response's record holds its head only, as retries are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WhyNotStored {
+    /// Recorded by a version that did not say.
+    Unsaid,
+    /// A whole response, too large for a record.
+    TooLarge,
+    /// A stream by its kind (server-sent events, a [`StreamResponse`],
+    /// a gRPC stream), passed to the client as it came.
+    ///
+    /// [`StreamResponse`]: super::StreamResponse
+    Stream,
+    /// Streamed to the client as it came, and longer than a record holds.
+    StreamTooLong,
+    /// Streamed to the client as it came, and failed part-way.
+    StreamFailed,
+    /// Streamed to the client as it came, and still going when its claim's
+    /// lease was near its end: recorded then, so that no retry runs it again.
+    StreamOutlivedLease,
+}
+
+impl WhyNotStored {
+    fn code(self) -> u8 {
+        match self {
+            WhyNotStored::Unsaid => 0,
+            WhyNotStored::TooLarge => 1,
+            WhyNotStored::Stream => 2,
+            WhyNotStored::StreamTooLong => 3,
+            WhyNotStored::StreamFailed => 4,
+            WhyNotStored::StreamOutlivedLease => 5,
+        }
+    }
+
+    /// A code this version does not know (a later one wrote it) is unsaid.
+    fn from_code(code: u8) -> Self {
+        match code {
+            1 => WhyNotStored::TooLarge,
+            2 => WhyNotStored::Stream,
+            3 => WhyNotStored::StreamTooLong,
+            4 => WhyNotStored::StreamFailed,
+            5 => WhyNotStored::StreamOutlivedLease,
+            _ => WhyNotStored::Unsaid,
+        }
+    }
+
+    fn flags(self) -> u8 {
+        FLAG_NOT_STORED | (self.code() << WHY_SHIFT)
+    }
 }
 
 /// The response codec of the HTTP layer.
@@ -187,11 +244,15 @@ impl Codec<StoredResponse> for ResponseCodec {
     fn encode(&self, stored: &StoredResponse) -> Result<Vec<u8>, BoxError> {
         let (response, trailers) = match stored {
             StoredResponse::Full(response, trailers) => (response, trailers.as_ref()),
-            StoredResponse::NotStored { status, headers } => {
+            StoredResponse::NotStored {
+                status,
+                headers,
+                why,
+            } => {
                 let mut head = Response::new(StoredBody::Empty);
                 *head.status_mut() = *status;
                 *head.headers_mut() = headers.clone();
-                return Ok(self.frame(&head, None, None, FLAG_NOT_STORED));
+                return Ok(self.frame(&head, None, None, why.flags()));
             }
         };
         let (body, kind): (&[u8], u8) = match response.body() {
@@ -207,7 +268,7 @@ impl Codec<StoredResponse> for ResponseCodec {
                 limit = MAX_BODY,
                 "response body too large to replay; retries will get its status and headers with an explanation, not its body"
             );
-            return Ok(self.frame(response, None, None, FLAG_NOT_STORED));
+            return Ok(self.frame(response, None, None, WhyNotStored::TooLarge.flags()));
         }
         let framed = if body.len() > self.compress_above {
             let mut encoder =
@@ -233,7 +294,7 @@ impl Codec<StoredResponse> for ResponseCodec {
             limit = self.max_stored,
             "response too large to store; retries will get its status and headers with an explanation, not its body"
         );
-        Ok(self.frame(response, None, None, FLAG_NOT_STORED))
+        Ok(self.frame(response, None, None, WhyNotStored::TooLarge.flags()))
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<StoredResponse, BoxError> {
@@ -268,6 +329,7 @@ impl Codec<StoredResponse> for ResponseCodec {
             return Ok(StoredResponse::NotStored {
                 status,
                 headers: response.headers().clone(),
+                why: WhyNotStored::from_code((flags & WHY_MASK) >> WHY_SHIFT),
             });
         }
         let body = if flags & FLAG_DEFLATE != 0 {
@@ -350,7 +412,9 @@ mod tests {
 
     fn not_stored(codec: &ResponseCodec, bytes: &[u8]) -> (StatusCode, HeaderMap) {
         match codec.decode(bytes).expect("decodes") {
-            StoredResponse::NotStored { status, headers } => (status, headers),
+            StoredResponse::NotStored {
+                status, headers, ..
+            } => (status, headers),
             other => panic!("expected a not-stored marker, got {other:?}"),
         }
     }

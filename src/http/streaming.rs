@@ -6,7 +6,10 @@
 
 #[cfg(feature = "lambda")]
 use super::body::try_downcast;
-use super::{config::StreamFn, grpc, rebuild_body::RebuildBody, stored_body::StoredBody};
+use super::{
+    config::StreamFn, grpc, rebuild_body::RebuildBody, stored::WhyNotStored,
+    stored_body::StoredBody,
+};
 use crate::error::BoxError;
 use bytes::{Buf, Bytes};
 use http::{header, response::Parts, HeaderMap};
@@ -16,9 +19,11 @@ use http_body_util::BodyExt;
 use lambda_http::Body as LambdaBody;
 use std::{
     collections::VecDeque,
+    future::poll_fn,
     pin::Pin,
     task::{Context, Poll},
 };
+use tokio::sync::oneshot;
 
 /// Marks a response that passes through the layer from its first byte:
 /// put it in the response's extensions (an export, a long poll, a stream of
@@ -60,25 +65,40 @@ pub(crate) fn streams(parts: &Parts, predicate: Option<&StreamFn>) -> bool {
 pub(crate) enum Read<B> {
     /// The whole body, to store, and its trailers.
     Whole(StoredBody, Option<HeaderMap>),
-    /// Longer than `limit`, or a gRPC stream: the body as the client gets
-    /// it, the part read first and then the rest as it comes.
-    Streams(B),
+    /// Not to be stored (`why`): longer than the limit, or a gRPC stream.
+    /// The body as the client gets it, the part read first and then the
+    /// rest as it comes.
+    Streams(B, WhyNotStored),
+    /// The body would have waited for more: it goes on to the client as it
+    /// comes, copied as it passes; `Copied` resolves to how it ended.
+    Teed(B, Copied),
 }
 
-/// Reads `body` whole if it is at most `limit` bytes long, with its
-/// trailers; past that, gives it back to stream on (when its type can hold
-/// a stream: [`RebuildBody::from_stream`]; a `lambda_http` body is whole
-/// already). A body of another type is read whole, whatever its length,
-/// unless it declares a length past `limit`.
+/// Reads `body` for its record: whole if it is at most `limit` bytes long,
+/// with its trailers; past that, gives it back to stream on (when its type
+/// can hold a stream: [`RebuildBody::from_stream`]; a `lambda_http` body is
+/// whole already). A body of another type is read whole, whatever its
+/// length, unless it declares a length past `limit`.
+///
+/// With `tee`, a body that would wait for its next frame is not waited
+/// for: what was read and the rest go on to the client at once, and are
+/// copied as they pass (`Read::Teed`), so the layer never delays a byte.
+/// A body that is ready to its end (most are: a handler's whole answer) is
+/// read in place, as without.
 ///
 /// A gRPC response (`grpc`) also streams on once a second message begins:
 /// a unary call's answer is one message and its trailers, so this is a
 /// streaming call, which goes on to the client as it comes and is not
-/// stored. Its first message reaches the client with the second.
+/// stored.
 ///
 /// The trailers end the read: hyper polls a body no further once it has
 /// sent them, so the layer does not wait for an end after them either.
-pub(crate) async fn read_bounded<B>(body: B, limit: usize, grpc: bool) -> Result<Read<B>, BoxError>
+pub(crate) async fn read_bounded<B>(
+    body: B,
+    limit: usize,
+    grpc: bool,
+    tee: bool,
+) -> Result<Read<B>, BoxError>
 where
     B: RebuildBody,
     B::Data: Send,
@@ -90,38 +110,43 @@ where
         Err(body) => body,
     };
     if body.size_hint().lower() > limit as u64 {
-        return Ok(Read::Streams(body));
+        return Ok(Read::Streams(body, WhyNotStored::StreamTooLong));
     }
     let mut rest = Box::pin(body);
-    let mut prefix: VecDeque<Bytes> = VecDeque::new();
-    let mut read = 0usize;
-    let mut head = Vec::new();
+    let mut copy = RecordCopy::new(limit, grpc);
     loop {
-        let Some(frame) = rest.frame().await else {
-            return Ok(Read::Whole(concat(prefix, read), None));
+        // Converted at once: the body's own error type need not be `Send`.
+        let polled = if tee {
+            poll_fn(|cx| Poll::Ready(rest.as_mut().poll_frame(cx).map(|frame| frame.map(owned))))
+                .await
+        } else {
+            Poll::Ready(rest.frame().await.map(owned))
         };
-        let mut data = match frame.map_err(Into::into)?.into_data() {
+        let Poll::Ready(frame) = polled else {
+            // It would wait: on to the client, copied as it goes.
+            return Ok(tee_on(copy, rest).await);
+        };
+        let Some(frame) = frame else {
+            return Ok(Read::Whole(copy.into_body(), None));
+        };
+        let data = match frame?.into_data() {
             Ok(data) => data,
             Err(frame) => {
                 let Ok(trailers) = frame.into_trailers() else {
                     // A frame of a kind http-body may add: not stored.
                     continue;
                 };
-                return Ok(Read::Whole(concat(prefix, read), Some(trailers)));
+                return Ok(Read::Whole(copy.into_body(), Some(trailers)));
             }
         };
-        let chunk = data.copy_to_bytes(data.remaining());
-        read = read.saturating_add(chunk.len());
-        if grpc && head.len() < 5 {
-            head.extend(chunk.iter().take(5 - head.len()));
-        }
-        prefix.push_back(chunk);
-        let second_message =
-            grpc && grpc::first_message_len(&head).is_some_and(|first| read as u64 > first);
-        if read > limit || second_message {
-            let prefixed = Prefixed { prefix, rest }.boxed_unsync();
+        if let Err(why) = copy.push(data) {
+            let prefixed = Prefixed {
+                prefix: copy.chunks.into(),
+                rest,
+            }
+            .boxed_unsync();
             match B::from_stream(prefixed) {
-                Ok(body) => return Ok(Read::Streams(body)),
+                Ok(body) => return Ok(Read::Streams(body, why)),
                 // This type cannot hold a stream: read whole.
                 Err(body) => return read_whole(body).await,
             }
@@ -129,13 +154,91 @@ where
     }
 }
 
-/// The chunks read, as one body.
-fn concat(chunks: VecDeque<Bytes>, len: usize) -> StoredBody {
-    let mut bytes = Vec::with_capacity(len);
-    for chunk in chunks {
-        bytes.extend_from_slice(&chunk);
+/// A frame with its data as `Bytes` and its error boxed.
+fn owned<D: Buf, E: Into<BoxError>>(frame: Result<Frame<D>, E>) -> Result<Frame<Bytes>, BoxError> {
+    frame
+        .map(|frame| frame.map_data(|mut data| data.copy_to_bytes(data.remaining())))
+        .map_err(Into::into)
+}
+
+/// The body as the client gets it from here on: the part read, then the
+/// rest, copied as they pass. A type that cannot hold a stream reads it
+/// whole instead.
+async fn tee_on<B>(copy: RecordCopy, rest: Pin<Box<B>>) -> Read<B>
+where
+    B: RebuildBody,
+    B::Error: Into<BoxError>,
+{
+    let (ended, copied) = oneshot::channel();
+    // The part read is copied again as it passes, with the rest.
+    let fresh = RecordCopy::new(copy.limit, copy.grpc_head.is_some());
+    let prefixed = Prefixed {
+        prefix: copy.chunks.into(),
+        rest,
     }
-    StoredBody::from_bytes(bytes)
+    .boxed_unsync();
+    let tee = Tee {
+        body: Some(prefixed),
+        copy: Some((fresh, ended)),
+    };
+    match B::from_stream(tee.boxed_unsync()) {
+        Ok(body) => Read::Teed(body, Copied(copied)),
+        // Unreachable for the types that stream; read whole all the same.
+        Err(body) => match read_whole(body).await {
+            Ok(read) => read,
+            Err(_) => Read::Whole(StoredBody::Empty, None),
+        },
+    }
+}
+
+/// What is copied of a body for its record, as far as a record holds it.
+struct RecordCopy {
+    chunks: Vec<Bytes>,
+    len: usize,
+    limit: usize,
+    /// A gRPC response's first five bytes, which give its first message's
+    /// length, while they are read.
+    grpc_head: Option<Vec<u8>>,
+}
+
+impl RecordCopy {
+    fn new(limit: usize, grpc: bool) -> Self {
+        Self {
+            chunks: Vec::new(),
+            len: 0,
+            limit,
+            grpc_head: grpc.then(Vec::new),
+        }
+    }
+
+    /// Copies `chunk`; an error says why the body is not to be stored
+    /// after all.
+    fn push(&mut self, chunk: Bytes) -> Result<(), WhyNotStored> {
+        self.len = self.len.saturating_add(chunk.len());
+        if let Some(head) = &mut self.grpc_head {
+            if head.len() < 5 {
+                head.extend(chunk.iter().take(5 - head.len()));
+            }
+        }
+        self.chunks.push(chunk);
+        let second_message = self.grpc_head.as_deref().and_then(grpc::first_message_len);
+        if second_message.is_some_and(|first| self.len as u64 > first) {
+            return Err(WhyNotStored::Stream);
+        }
+        if self.len > self.limit {
+            return Err(WhyNotStored::StreamTooLong);
+        }
+        Ok(())
+    }
+
+    /// The chunks copied, as one body.
+    fn into_body(self) -> StoredBody {
+        let mut bytes = Vec::with_capacity(self.len);
+        for chunk in self.chunks {
+            bytes.extend_from_slice(&chunk);
+        }
+        StoredBody::from_bytes(bytes)
+    }
 }
 
 /// The rest of a body whose type cannot stream on, whole.
@@ -150,6 +253,146 @@ async fn read_whole<B>(body: UnsyncBoxBody<Bytes, BoxError>) -> Result<Read<B>, 
 }
 
 type UnsyncBoxBody<D, E> = http_body_util::combinators::UnsyncBoxBody<D, E>;
+
+/// How a teed body ended, for its record.
+pub(crate) enum Ending {
+    /// To its end, whole: every byte, and the trailers.
+    Whole(StoredBody, Option<HeaderMap>),
+    /// Not to be stored: longer than a record holds, a gRPC stream, or
+    /// failed part-way.
+    NotStored(WhyNotStored),
+}
+
+/// Resolves to how a teed body ended. When the client leaves first (its
+/// side is dropped), the rest is read here, as far as a record holds it:
+/// the work the handler started finishes, as it does for a client that
+/// leaves while the handler runs.
+pub(crate) struct Copied(oneshot::Receiver<Ended>);
+
+/// What the client's side of a teed body sends its record.
+enum Ended {
+    /// The body came to its end, or could not be stored.
+    Ending(Ending),
+    /// The client's side was dropped before the end: the rest, and what
+    /// was copied.
+    Left(UnsyncBoxBody<Bytes, BoxError>, RecordCopy),
+}
+
+impl Copied {
+    /// How the body ended. Stops copying (the client still gets every
+    /// byte) when dropped before that.
+    pub(crate) async fn ending(self) -> Ending {
+        match self.0.await {
+            Ok(Ended::Ending(ending)) => ending,
+            Ok(Ended::Left(rest, copy)) => read_rest(rest, copy).await,
+            // The client's side is gone and sent nothing: never, since its
+            // drop sends what it holds.
+            Err(_) => Ending::NotStored(WhyNotStored::StreamFailed),
+        }
+    }
+}
+
+/// Reads the rest of a body the client left, into its copy.
+async fn read_rest(mut rest: UnsyncBoxBody<Bytes, BoxError>, mut copy: RecordCopy) -> Ending {
+    loop {
+        match rest.frame().await {
+            None => return Ending::Whole(copy.into_body(), None),
+            Some(Err(_)) => return Ending::NotStored(WhyNotStored::StreamFailed),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    if let Err(why) = copy.push(data) {
+                        return Ending::NotStored(why);
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        return Ending::Whole(copy.into_body(), Some(trailers));
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// The client's side of a teed body: every frame as it comes, copied for
+/// the record until the body ends or no longer fits.
+struct Tee {
+    /// `None` only once dropped.
+    body: Option<UnsyncBoxBody<Bytes, BoxError>>,
+    /// The copy and where its ending goes; `None` once sent, or once no
+    /// one waits for it.
+    copy: Option<(RecordCopy, oneshot::Sender<Ended>)>,
+}
+
+impl Tee {
+    fn end(&mut self, ending: impl FnOnce(RecordCopy) -> Ending) {
+        if let Some((copy, ended)) = self.copy.take() {
+            let _ = ended.send(Ended::Ending(ending(copy)));
+        }
+    }
+}
+
+impl HttpBody for Tee {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = std::task::ready!(Pin::new(body).poll_frame(cx));
+        if this
+            .copy
+            .as_ref()
+            .is_some_and(|(_, ended)| ended.is_closed())
+        {
+            // No one records this body any more (its lease was near its
+            // end): the client still gets every byte.
+            this.copy = None;
+        }
+        match &frame {
+            None => this.end(|copy| Ending::Whole(copy.into_body(), None)),
+            Some(Err(_)) => this.end(|_| Ending::NotStored(WhyNotStored::StreamFailed)),
+            Some(Ok(frame)) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    let trailers = trailers.clone();
+                    this.end(|copy| Ending::Whole(copy.into_body(), Some(trailers)));
+                } else if let Some(data) = frame.data_ref() {
+                    if let Some((copy, _)) = &mut this.copy {
+                        if let Err(why) = copy.push(data.clone()) {
+                            this.end(|_| Ending::NotStored(why));
+                        } else if this.body.as_ref().is_some_and(HttpBody::is_end_stream) {
+                            this.end(|copy| Ending::Whole(copy.into_body(), None));
+                        }
+                    }
+                }
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(HttpBody::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), HttpBody::size_hint)
+    }
+}
+
+impl Drop for Tee {
+    fn drop(&mut self) {
+        if let (Some(rest), Some((copy, ended))) = (self.body.take(), self.copy.take()) {
+            let _ = ended.send(Ended::Left(rest, copy));
+        }
+    }
+}
 
 /// The chunks already read, then the rest of the body.
 struct Prefixed<B> {
@@ -214,7 +457,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_within_the_limit_is_read_whole() {
-        let Read::Whole(body, _) = read_bounded(chunked(3, 10), 30, false)
+        let Read::Whole(body, _) = read_bounded(chunked(3, 10), 30, false, false)
             .await
             .expect("reads")
         else {
@@ -225,7 +468,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_longer_body_streams_on_with_every_byte_in_order() {
-        let Read::Streams(body) = read_bounded(chunked(10, 10), 25, false)
+        let Read::Streams(body, _) = read_bounded(chunked(10, 10), 25, false, false)
             .await
             .expect("reads")
         else {
@@ -240,8 +483,8 @@ mod tests {
     async fn a_declared_length_past_the_limit_is_not_read() {
         let body = axum::body::Body::from(vec![0u8; 100]);
         assert!(matches!(
-            read_bounded(body, 99, false).await.expect("reads"),
-            Read::Streams(_)
+            read_bounded(body, 99, false, false).await.expect("reads"),
+            Read::Streams(..)
         ));
     }
 

@@ -1,0 +1,223 @@
+//! Responses that stream, whatever their kind: an NDJSON export without a
+//! length reaches the client as the handler writes it, and its record
+//! completes when it ends (stored whole if it fit, "not stored" and why
+//! if it did not), so that nothing runs twice and no byte waits for the
+//! layer.
+
+use super::*;
+use tokio::sync::Notify;
+
+const FIRST_ROW: &[u8] = b"{\"row\":1}\n";
+const SECOND_ROW: &[u8] = b"{\"row\":2}\n";
+
+/// `POST /v1/exports`: an NDJSON body without a length, whose first row
+/// comes at once and whose second waits for `more`; with an
+/// `x-fail-part-way` header, the stream fails instead of the second row.
+fn exports_app(
+    engine: Engine<DynamoDbStore>,
+    runs: &Arc<AtomicUsize>,
+    more: &Arc<Notify>,
+) -> Router {
+    let runs = Arc::clone(runs);
+    let more = Arc::clone(more);
+    Router::new()
+        .route(
+            "/v1/exports",
+            post(move |headers: HeaderMap| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let more = Arc::clone(&more);
+                async move {
+                    let fail = headers.contains_key("x-fail-part-way");
+                    let first = futures::stream::once(async { Ok(Bytes::from_static(FIRST_ROW)) });
+                    let rest = futures::stream::once(async move {
+                        more.notified().await;
+                        if fail {
+                            Err(std::io::Error::other("the export's source went away"))
+                        } else {
+                            Ok(Bytes::from_static(SECOND_ROW))
+                        }
+                    });
+                    (
+                        [(header::CONTENT_TYPE, "application/x-ndjson")],
+                        Body::from_stream(first.chain(rest)),
+                    )
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(engine).shared_scope())
+}
+
+/// Retries `POST /v1/exports` until it is answered with something else
+/// than 409 (the record completes just after the body ends), for at most
+/// ten seconds.
+async fn export_once_done(addr: SocketAddr, key: &str) -> Answer {
+    let started = Instant::now();
+    loop {
+        let answer = send(
+            addr,
+            "POST",
+            "/v1/exports",
+            &[("idempotency-key", key)],
+            "{}",
+        )
+        .await;
+        if answer.status != 409 || started.elapsed() > Duration::from_secs(10) {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The rest of a streaming body, to its end.
+async fn rest_of(body: hyper::body::Incoming) -> Bytes {
+    tokio::time::timeout(Duration::from_secs(30), body.collect())
+        .await
+        .expect("the stream ends")
+        .expect("no error")
+        .to_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_without_a_length_streams_from_its_first_row_and_is_stored_when_it_ends() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let more = Arc::new(Notify::new());
+    let addr = serve(exports_app(engine().await, &runs, &more)).await;
+    let started = Instant::now();
+    let response = request(
+        addr,
+        "POST",
+        "/v1/exports",
+        &[("idempotency-key", "ndjson-1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    // The second row waits for this test, which waits for the first: a
+    // layer that held the body until its end would never send it.
+    assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
+    println!(
+        "NDJSON first byte through the layer after {:?}",
+        started.elapsed()
+    );
+
+    // While it streams, the request is in progress: a retry runs nothing.
+    let during = send(
+        addr,
+        "POST",
+        "/v1/exports",
+        &[("idempotency-key", "ndjson-1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(during.status, 409, "{}", during.json);
+
+    more.notify_one();
+    assert_eq!(rest_of(body).await.as_ref(), SECOND_ROW);
+
+    // It fit: stored whole, and every retry gets every row.
+    let retry = export_once_done(addr, "ndjson-1").await;
+    assert_eq!(retry.status, 200);
+    assert!(retry.replayed());
+    assert_eq!(retry.headers[header::CONTENT_TYPE], "application/x-ndjson");
+    let Value::String(rows) = &retry.json else {
+        panic!("two NDJSON rows are not one JSON value: {}", retry.json);
+    };
+    assert_eq!(rows.as_bytes(), [FIRST_ROW, SECOND_ROW].concat());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_fails_part_way_is_not_stored_and_never_runs_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let more = Arc::new(Notify::new());
+    let addr = serve(exports_app(engine().await, &runs, &more)).await;
+    let headers = [
+        ("idempotency-key", "ndjson-failing"),
+        ("x-fail-part-way", "1"),
+    ];
+    let response = request(addr, "POST", "/v1/exports", &headers, "{}").await;
+    let mut body = response.into_body();
+    assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
+    more.notify_one();
+    let cut = tokio::time::timeout(Duration::from_secs(30), body.collect())
+        .await
+        .expect("the stream ends");
+    assert!(cut.is_err(), "the client sees the stream cut short");
+
+    let retry = export_once_done(addr, "ndjson-failing").await;
+    assert_eq!(retry.status, 200, "the original status: {}", retry.json);
+    assert_eq!(
+        retry.json["type"],
+        "urn:lambda-idempotency:problem:idempotency-response-not-stored"
+    );
+    let detail = retry.json["detail"].as_str().expect("a detail");
+    assert!(detail.contains("its stream failed part-way"), "{detail}");
+    assert!(!detail.contains("too large"), "{detail}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_leaves_a_record_stored_whole() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let more = Arc::new(Notify::new());
+    let addr = serve(exports_app(engine().await, &runs, &more)).await;
+    let response = request(
+        addr,
+        "POST",
+        "/v1/exports",
+        &[("idempotency-key", "ndjson-left")],
+        "{}",
+    )
+    .await;
+    let mut body = response.into_body();
+    assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
+    // The client leaves; hyper drops the response body when it notices.
+    drop(body);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    more.notify_one();
+
+    // The rest was read for the record all the same.
+    let retry = export_once_done(addr, "ndjson-left").await;
+    assert_eq!(retry.status, 200, "{}", retry.json);
+    assert!(retry.replayed());
+    let Value::String(rows) = &retry.json else {
+        panic!("two NDJSON rows are not one JSON value: {}", retry.json);
+    };
+    assert_eq!(rows.as_bytes(), [FIRST_ROW, SECOND_ROW].concat());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_still_going_near_the_end_of_its_lease_is_recorded_and_never_runs_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let more = Arc::new(Notify::new());
+    let addr = serve(exports_app(engine().await, &runs, &more)).await;
+    let response = request(
+        addr,
+        "POST",
+        "/v1/exports",
+        &[("idempotency-key", "ndjson-slow")],
+        "{}",
+    )
+    .await;
+    let mut body = response.into_body();
+    assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
+
+    // Past the lease (3 s) the stream still goes on: it was recorded
+    // before, as not stored, so a retry neither waits nor runs it again.
+    tokio::time::sleep(LEASE + Duration::from_millis(500)).await;
+    let retry = export_once_done(addr, "ndjson-slow").await;
+    assert_eq!(retry.status, 200, "{}", retry.json);
+    assert_eq!(
+        retry.json["type"],
+        "urn:lambda-idempotency:problem:idempotency-response-not-stored"
+    );
+    let detail = retry.json["detail"].as_str().expect("a detail");
+    assert!(detail.contains("still streaming"), "{detail}");
+
+    // The client still gets every byte.
+    more.notify_one();
+    assert_eq!(rest_of(body).await.as_ref(), SECOND_ROW);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
