@@ -53,14 +53,20 @@ fn exports_app(
 async fn export_once_done(addr: SocketAddr, key: &str) -> Answer {
     let started = Instant::now();
     loop {
-        let answer = send(
-            addr,
-            "POST",
-            "/v1/exports",
-            &[("idempotency-key", key)],
-            "{}",
+        // Bounded: a retry that ran the export again would wait for
+        // `more` with it.
+        let answer = tokio::time::timeout(
+            Duration::from_secs(20),
+            send(
+                addr,
+                "POST",
+                "/v1/exports",
+                &[("idempotency-key", key)],
+                "{}",
+            ),
         )
-        .await;
+        .await
+        .expect("a retry is answered without running the export again");
         if answer.status != 409 || started.elapsed() > Duration::from_secs(10) {
             return answer;
         }
