@@ -74,6 +74,16 @@ async fn export_once_done(addr: SocketAddr, key: &str) -> Answer {
     }
 }
 
+/// The response head, which must come while the handler still streams
+/// (bounded, so a layer that held the body back fails rather than hangs).
+async fn head_of(
+    response: impl std::future::Future<Output = hyper::Response<hyper::body::Incoming>>,
+) -> hyper::Response<hyper::body::Incoming> {
+    tokio::time::timeout(Duration::from_secs(30), response)
+        .await
+        .expect("the response head arrives while the handler still streams")
+}
+
 /// The rest of a streaming body, to its end.
 async fn rest_of(body: hyper::body::Incoming) -> Bytes {
     tokio::time::timeout(Duration::from_secs(30), body.collect())
@@ -89,13 +99,13 @@ async fn an_export_without_a_length_streams_from_its_first_row_and_is_stored_whe
     let more = Arc::new(Notify::new());
     let addr = serve(exports_app(engine().await, &runs, &more)).await;
     let started = Instant::now();
-    let response = request(
+    let response = head_of(request(
         addr,
         "POST",
         "/v1/exports",
         &[("idempotency-key", "ndjson-1")],
         "{}",
-    )
+    ))
     .await;
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
@@ -142,7 +152,7 @@ async fn a_stream_that_fails_part_way_is_not_stored_and_never_runs_again() {
         ("idempotency-key", "ndjson-failing"),
         ("x-fail-part-way", "1"),
     ];
-    let response = request(addr, "POST", "/v1/exports", &headers, "{}").await;
+    let response = head_of(request(addr, "POST", "/v1/exports", &headers, "{}")).await;
     let mut body = response.into_body();
     assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
     more.notify_one();
@@ -168,13 +178,13 @@ async fn a_client_that_leaves_mid_stream_leaves_a_record_stored_whole() {
     let runs = Arc::new(AtomicUsize::new(0));
     let more = Arc::new(Notify::new());
     let addr = serve(exports_app(engine().await, &runs, &more)).await;
-    let response = request(
+    let response = head_of(request(
         addr,
         "POST",
         "/v1/exports",
         &[("idempotency-key", "ndjson-left")],
         "{}",
-    )
+    ))
     .await;
     let mut body = response.into_body();
     assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
@@ -199,13 +209,13 @@ async fn a_stream_still_going_near_the_end_of_its_lease_is_recorded_and_never_ru
     let runs = Arc::new(AtomicUsize::new(0));
     let more = Arc::new(Notify::new());
     let addr = serve(exports_app(engine().await, &runs, &more)).await;
-    let response = request(
+    let response = head_of(request(
         addr,
         "POST",
         "/v1/exports",
         &[("idempotency-key", "ndjson-slow")],
         "{}",
-    )
+    ))
     .await;
     let mut body = response.into_body();
     assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
