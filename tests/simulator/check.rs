@@ -56,6 +56,10 @@ struct PerAttempt {
     /// Its claim replaced an in-progress record whose retention had
     /// passed: a record that is gone, by the protocol (no takeover).
     replaced_expired_claim: bool,
+    /// What its operation was told: the takeover's attempt.
+    told: Option<u32>,
+    /// Where in the history its claim landed.
+    claim_seq: usize,
 }
 
 /// What a history met that is a known engine bug, reported rather than
@@ -78,8 +82,8 @@ pub const KNOWN_STALE_CLAIM: &str =
 
 /// Known bug 3: the claim's condition and lease are computed from the
 /// time the attempt began; a claim that lands (or whose answer arrives)
-/// after its own lease has passed still runs its operation, beside the
-/// attempt that took the key over meanwhile.
+/// after its own lease has passed still runs its operation: a zombie from
+/// its first instant, beside whichever attempt takes the key over.
 ///
 /// Known bug 1: see [`KNOWN_LOST_TAKEOVER`]. Known bug 2: a takeover whose
 /// operation fails releases (deletes) the record; the next claim is a
@@ -114,10 +118,12 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
     let mut completions: Vec<Vec<Landed>> = vec![Vec::new(); config.keys];
     let mut current: Vec<Option<Record>> = vec![None; config.keys];
     let mut running: HashMap<u64, Running> = HashMap::new();
-    let mut releases: Vec<Vec<(u64, usize)>> = vec![Vec::new(); config.keys];
+    // Where each key's record was released (by whom) or completed.
+    let mut releases: Vec<Vec<(usize, usize)>> = vec![Vec::new(); config.keys];
+    let mut completed_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
     let mut exec_att: HashMap<u64, usize> = HashMap::new();
 
-    for entry in &history.entries {
+    for (seq, entry) in history.entries.iter().enumerate() {
         let at = entry.at_ms;
         match &entry.event {
             Event::Arrive { .. } | Event::Advance | Event::Crash { .. } => {}
@@ -214,12 +220,13 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         leases.insert(owner.clone(), c.lease_until_ms);
                         lease_writes[key].push((at, owner.clone()));
                         let a = &mut attempts[*att];
-                        if matches!(op, Op::TakeOver(..)) && *lost == Some(false) {
+                        if matches!(op, Op::TakeOver(..)) && lost.is_some() {
                             a.takeover_answer_lost = true;
                         }
                         a.owner = Some(owner);
                         a.claim_attempt = c.attempt;
                         a.claim_landed_at_ms = Some(at);
+                        a.claim_seq = seq;
                     }
                     Op::Extend(e) => {
                         fenced(e.owner.as_str())?;
@@ -235,10 +242,11 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                     }
                     Op::Release(_, owner) => {
                         fenced(owner.as_str())?;
-                        releases[key].push((at, *att));
+                        releases[key].push((seq, *att));
                     }
                     Op::Complete(c) => {
                         fenced(c.owner.as_str())?;
+                        completed_at[key].push(seq);
                         let fingerprint = before
                             .as_ref()
                             .map(|b| b.fingerprint.clone())
@@ -257,6 +265,7 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         )?;
                     }
                     Op::Commit(c) => {
+                        completed_at[key].push(seq);
                         if before.as_ref().is_some_and(|b| b.is_live(c.now_ms)) {
                             return Err(format!(
                                 "no fenced-out write lands: a{att}'s single write replaced a live record"
@@ -308,61 +317,74 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                             me.claim_attempt, takeover
                         ));
                     }
-                    let my_lease_true = me
-                        .owner
-                        .as_ref()
-                        .and_then(|o| leases.get(o))
-                        .map_or(0, |l| (*l as i64 - history.attempts[*att].skew) as u64);
-                    let stale = at > my_lease_true + TOLERANCE_MS;
-                    for other in running.values() {
-                        if stale && !strict && other.key == *key && other.claimed {
-                            report.known.push(format!(
-                                "{KNOWN_STALE_CLAIM}: a{att} runs at {} on a lease that ended at {}, beside a{}",
-                                crate::sim::ms(at),
-                                crate::sim::ms(my_lease_true),
-                                other.att
-                            ));
-                            continue;
-                        }
-                        // After its record's retention, a claim is gone:
-                        // RELIABILITY.md, "Retention is finite".
-                        if other.key != *key || !other.claimed || me.replaced_expired_claim {
-                            continue;
-                        }
-                        let them = &attempts[other.att];
-                        let their_lease = them
+                    attempts[*att].told = takeover;
+                    let lease_true = |a: usize| {
+                        attempts[a]
                             .owner
                             .as_ref()
                             .and_then(|o| leases.get(o))
-                            .copied()
-                            .unwrap_or(0);
-                        let their_lease_true =
-                            (their_lease as i64 - history.attempts[other.att].skew) as u64;
-                        let forgotten = me.claim_attempt == 1
-                            && them.claim_landed_at_ms.is_some_and(|theirs| {
-                                releases[*key]
-                                    .iter()
-                                    .any(|(t, by)| *t > theirs && *by != other.att)
-                            });
-                        if forgotten && !strict && landed_at + TOLERANCE_MS >= their_lease_true {
+                            .map_or(0, |l| (*l as i64 - history.attempts[a].skew) as u64)
+                    };
+                    if at > lease_true(*att) + TOLERANCE_MS {
+                        if strict {
+                            return Err(format!(
+                                "an operation starts on a live lease: a{att} starts at {}, its lease ended at {}",
+                                crate::sim::ms(at),
+                                crate::sim::ms(lease_true(*att))
+                            ));
+                        }
+                        report.known.push(format!(
+                            "{KNOWN_STALE_CLAIM}: a{att} starts at {} on a lease that ended at {}",
+                            crate::sim::ms(at),
+                            crate::sim::ms(lease_true(*att))
+                        ));
+                    }
+                    for other in running.values() {
+                        if other.key != *key || !other.claimed {
+                            continue;
+                        }
+                        // Of two overlapping executions, the later is the
+                        // one whose claim landed later.
+                        let them = &attempts[other.att];
+                        let (early, late) = if them.claim_seq < attempts[*att].claim_seq {
+                            (other.att, *att)
+                        } else {
+                            (*att, other.att)
+                        };
+                        let (e, l) = (&attempts[early], &attempts[late]);
+                        let late_landed = l.claim_landed_at_ms.unwrap_or(0);
+                        let between = |seq: &usize| (e.claim_seq..l.claim_seq).contains(seq);
+                        // After its record's retention, a claim is gone
+                        // (RELIABILITY.md, "Retention is finite"), and so
+                        // is a key completed since (a single write replaces
+                        // a lapsed claim) whose retention has passed.
+                        if l.claim_attempt == 1
+                            && (l.replaced_expired_claim || completed_at[*key].iter().any(between))
+                        {
+                            continue;
+                        }
+                        let forgotten = l.claim_attempt == 1
+                            && releases[*key]
+                                .iter()
+                                .any(|(seq, by)| between(seq) && *by != early);
+                        if forgotten && !strict && late_landed + TOLERANCE_MS >= lease_true(early) {
                             report.known.push(format!(
-                                "{KNOWN_RELEASE_FORGETS}: a{att} runs attempt 1 beside a{}",
-                                other.att
+                                "{KNOWN_RELEASE_FORGETS}: a{late} runs attempt 1 beside a{early}"
                             ));
                             continue;
                         }
-                        if takeover.is_none()
-                            || me.claim_attempt <= them.claim_attempt
-                            || landed_at + TOLERANCE_MS < their_lease_true
+                        if l.told.is_none()
+                            || l.claim_attempt <= e.claim_attempt
+                            || late_landed + TOLERANCE_MS < lease_true(early)
                         {
                             return Err(format!(
-                                "no two executions overlap: a{att} (attempt {}, takeover {:?}, claimed at {}) began while a{} (attempt {}, lease until {}) still ran",
-                                me.claim_attempt,
-                                takeover,
-                                crate::sim::ms(landed_at),
-                                other.att,
-                                them.claim_attempt,
-                                crate::sim::ms(their_lease_true)
+                                "no two executions overlap: a{late} (attempt {}, told {:?}, claimed at {}) runs beside a{early} (attempt {}, claimed at {}, lease until {})",
+                                l.claim_attempt,
+                                l.told,
+                                crate::sim::ms(late_landed),
+                                e.claim_attempt,
+                                crate::sim::ms(e.claim_landed_at_ms.unwrap_or(0)),
+                                crate::sim::ms(lease_true(early))
                             ));
                         }
                     }

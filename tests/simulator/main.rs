@@ -4,7 +4,7 @@
 //! against the invariants in `check.rs`; a failing seed prints its history
 //! and the command that replays it.
 //!
-//! - `cargo test --test simulator`: a bounded budget (`SIM_SEEDS`, 2,000
+//! - `cargo test --test simulator`: a bounded budget (`SIM_SEEDS`, 10,000
 //!   seeds from `SIM_START`, 0 by default), as `make test` runs it;
 //! - `make simulate`: as long as asked (`SIM_SECONDS`, or `SIM_SEEDS`),
 //!   from a fresh start seed, with the rate;
@@ -41,14 +41,14 @@ fn simulated_histories_keep_every_invariant() {
         return;
     }
     let seconds = env("SIM_SECONDS");
-    let budget = env("SIM_SEEDS").unwrap_or(if seconds.is_some() { u64::MAX } else { 2_000 });
+    let budget = env("SIM_SEEDS").unwrap_or(if seconds.is_some() { u64::MAX } else { 10_000 });
     let start = env("SIM_START").unwrap_or(0);
     let deadline = seconds.map(|s| Instant::now() + Duration::from_secs(s));
     let began = Instant::now();
     let mut runs = 0u64;
     let mut events = 0u64;
-    let mut known: Option<(u64, String)> = None;
-    let mut known_histories = 0u64;
+    // Per known bug: how many histories met it, and the first seed.
+    let mut known: std::collections::BTreeMap<String, (u64, u64, String)> = Default::default();
     for seed in start..start.saturating_add(budget) {
         if deadline.is_some_and(|d| runs % 256 == 0 && Instant::now() >= d) {
             break;
@@ -61,11 +61,16 @@ fn simulated_histories_keep_every_invariant() {
                 "{}\nseed {seed} broke an invariant after {runs} histories: {broken}\nreplay it: SIM_SEED={seed} make simulate",
                 render(seed, &history)
             ),
-            Ok(report) if !report.known.is_empty() => {
-                known_histories += 1;
-                known.get_or_insert((seed, report.known[0].clone()));
+            Ok(report) => {
+                let mut met: Vec<&String> = report.known.iter().collect();
+                met.dedup_by_key(|line| line.split(':').next().unwrap_or_default().to_owned());
+                for line in met {
+                    let bug = line.split(':').next().unwrap_or_default().to_owned();
+                    let detail = line.split_once(": ").map_or("", |(_, d)| d).to_owned();
+                    let entry = known.entry(bug).or_insert((0, seed, detail));
+                    entry.0 += 1;
+                }
             }
-            Ok(_) => {}
         }
     }
     let elapsed = began.elapsed().as_secs_f64();
@@ -74,9 +79,9 @@ fn simulated_histories_keep_every_invariant() {
         start + runs,
         runs as f64 * 60.0 / elapsed
     );
-    if let Some((seed, first)) = known {
+    for (bug, (histories, seed, first)) in known {
         println!(
-            "{known_histories} histories met a known engine bug (not failed; SIM_STRICT=1 fails them), first seed {seed}: {first}"
+            "{bug}: met in {histories} histories (not failed; SIM_STRICT=1 fails them); first: SIM_SEED={seed} ({first})"
         );
     }
 }
