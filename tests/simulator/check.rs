@@ -53,9 +53,6 @@ struct PerAttempt {
     ended: Option<Ending>,
     /// Its takeover landed and the answer was lost (a timeout).
     takeover_answer_lost: bool,
-    /// Its claim replaced an in-progress record whose retention had
-    /// passed: a record that is gone, by the protocol (no takeover).
-    replaced_expired_claim: bool,
     /// What its operation was told: the takeover's attempt.
     told: Option<u32>,
     /// Where in the history its claim landed.
@@ -121,6 +118,8 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
     // Where each key's record was released (by whom) or completed.
     let mut releases: Vec<Vec<(usize, usize)>> = vec![Vec::new(); config.keys];
     let mut completed_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
+    // Where a claim replaced an in-progress record whose retention passed.
+    let mut expired_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
     let mut exec_att: HashMap<u64, usize> = HashMap::new();
 
     for (seq, entry) in history.entries.iter().enumerate() {
@@ -199,7 +198,7 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                             .as_ref()
                             .is_some_and(|b| b.status == Status::InProgress)
                         {
-                            attempts[*att].replaced_expired_claim = true;
+                            expired_at[key].push(seq);
                         }
                         // The lease is measured on the claimant's clock.
                         let true_clock = (at as i64 + skew) as u64;
@@ -353,20 +352,19 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         };
                         let (e, l) = (&attempts[early], &attempts[late]);
                         let late_landed = l.claim_landed_at_ms.unwrap_or(0);
-                        let between = |seq: &usize| (e.claim_seq..l.claim_seq).contains(seq);
+                        let between = |seq: &usize| (e.claim_seq..=l.claim_seq).contains(seq);
                         // After its record's retention, a claim is gone
                         // (RELIABILITY.md, "Retention is finite"), and so
                         // is a key completed since (a single write replaces
                         // a lapsed claim) whose retention has passed.
-                        if l.claim_attempt == 1
-                            && (l.replaced_expired_claim || completed_at[*key].iter().any(between))
+                        if completed_at[*key].iter().any(between)
+                            || expired_at[*key].iter().any(between)
                         {
                             continue;
                         }
-                        let forgotten = l.claim_attempt == 1
-                            && releases[*key]
-                                .iter()
-                                .any(|(seq, by)| between(seq) && *by != early);
+                        let forgotten = releases[*key]
+                            .iter()
+                            .any(|(seq, by)| between(seq) && *by != early);
                         if forgotten && !strict && late_landed + TOLERANCE_MS >= lease_true(early) {
                             report.known.push(format!(
                                 "{KNOWN_RELEASE_FORGETS}: a{late} runs attempt 1 beside a{early}"
