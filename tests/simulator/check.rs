@@ -2,7 +2,7 @@
 //! what the operations did, what the store saw land (with the record
 //! before and after), and what every attempt returned.
 
-use crate::sim::{Answer, Ending, Event, History, Op, Way, EPOCH_MS, PREFIX, SKEW_MS};
+use crate::sim::{Answer, Ending, Event, History, Op, Way, PREFIX, SKEW_MS};
 use lambda_idempotency::{
     store::{Conditional, Record, RecordId, Status},
     Fingerprint, OutcomeKind,
@@ -49,7 +49,6 @@ struct PerAttempt {
     claim_attempt: u32,
     claim_landed_at_ms: Option<u64>,
     execs: Vec<u64>,
-    op_failed: bool,
     ended: Option<Ending>,
     /// Its takeover landed and the answer was lost (a timeout).
     takeover_answer_lost: bool,
@@ -96,7 +95,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
     }
     let config = &history.config;
     let max_lease_ms = config.max_lease_ms.max(1_000);
-    let retention_ms = config.retention_s * 1000;
     let keys: HashMap<String, usize> = (0..config.keys)
         .map(|k| {
             (
@@ -120,7 +118,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
     let mut completed_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
     // Where a claim replaced an in-progress record whose retention passed.
     let mut expired_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
-    let mut exec_att: HashMap<u64, usize> = HashMap::new();
 
     for (seq, entry) in history.entries.iter().enumerate() {
         let at = entry.at_ms;
@@ -294,7 +291,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                 takeover,
                 claimed,
             } => {
-                exec_att.insert(*exec, *att);
                 attempts[*att].execs.push(*exec);
                 if *claimed {
                     let me = &attempts[*att];
@@ -513,9 +509,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                     Ending::InProgress | Ending::KeyReused | Ending::LeaseLost => {}
                 }
                 attempts[*att].ended = Some(ending.clone());
-                if matches!(ending, Ending::Operation) {
-                    attempts[*att].op_failed = true;
-                }
             }
         }
     }
@@ -529,7 +522,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
             return Err(format!("every attempt ends: a{att} never returned"));
         }
     }
-    let _ = (retention_ms, exec_att, EPOCH_MS);
     Ok(report)
 }
 

@@ -166,6 +166,9 @@ pub enum Ending {
 }
 
 /// One entry of the history.
+// Landings carry the records before and after; the history is read once,
+// by the checker, and boxing them would cost an allocation a landing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Event {
     /// An attempt arrives at a process.
