@@ -157,7 +157,7 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                             "no fenced-out write lands: a{att}'s {} landed on a record it does not hold ({})",
                             op.name(),
                             before.as_ref().map_or("none".to_owned(), |b| format!(
-                                "{} a{} of a{}",
+                                "{} try {} of a{}",
                                 b.status.as_str(),
                                 b.attempt,
                                 owners.get(b.owner.as_str()).map_or("?".to_owned(), |a| a.to_string())
