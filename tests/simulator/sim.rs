@@ -646,7 +646,6 @@ pub fn run(seed: u64) -> History {
         // What can happen now, each with a weight; with only running tasks
         // left, only time moves things (leases, work, heartbeats).
         let weights = [
-            0,
             if pending.is_empty() { 0 } else { 25 },
             if answered.is_empty() { 0 } else { 25 },
             if arrivals_left { 8 } else { 0 },
@@ -658,8 +657,7 @@ pub fn run(seed: u64) -> History {
             },
         ];
         match rng.weighted(&weights) {
-            0 => unreachable!("woken tasks are polled above"),
-            1 => {
+            0 => {
                 let r = pending[rng.below(pending.len())];
                 land(
                     &mut lock(&world),
@@ -670,7 +668,7 @@ pub fn run(seed: u64) -> History {
                     &mut rng,
                 );
             }
-            2 => {
+            1 => {
                 let r = answered[rng.below(answered.len())];
                 let mut world = lock(&world);
                 let request = &mut world.requests[r];
@@ -679,7 +677,7 @@ pub fn run(seed: u64) -> History {
                     waker.wake();
                 }
             }
-            3 => {
+            2 => {
                 let att = attempts.len();
                 let key = rng.below(config.keys);
                 let payload = u8::from(rng.chance(10));
@@ -730,7 +728,7 @@ pub fn run(seed: u64) -> History {
                     waker: Arc::new(TaskWaker(AtomicBool::new(true))),
                 });
             }
-            4 => {
+            3 => {
                 let by = QUANTUM_MS * if rng.chance(70) { 1 } else { rng.range(1, 30) };
                 let now_ms = {
                     let mut world = lock(&world);
