@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress fuzz bench bench-server bench-function bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-function bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -42,7 +42,8 @@ demo: $(VENV)/.installed
 	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py demo
 
 ## Everything CI checks: formatting, clippy, the SAM template, unit, doc and
-## integration tests against DynamoDB Local, PostgreSQL and Redis, the
+## integration tests against DynamoDB Local, PostgreSQL and Redis (the
+## deterministic simulator among them, 10,000 histories), the
 ## end-to-end test of charges and receipts on each store, and sam local.
 test: lint package validate integration e2e sam-local
 
@@ -87,7 +88,8 @@ package:
 unit:
 	$(CARGO) test --lib --bins
 
-## Unit, integration, doc tests and the stress test against a throwaway DynamoDB Local,
+## Unit, integration, doc tests (the simulator's bounded budget among them: tests/simulator,
+## 10,000 seeded histories) and the stress test against a throwaway DynamoDB Local,
 ## PostgreSQL and redis-server, and the examples. Powertools (Python, and
 ## TypeScript on Node) writes the records the compatibility test reads
 ## (tests/powertools/).
@@ -118,6 +120,17 @@ stress:
 	STRESS_KEYS=2000 STRESS_CLIENTS=64 STRESS_REQUESTS=30000 STRESS_SHARDS=8 STRESS_RECORDS=1000 \
 	  scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis \
 	  $(CARGO) test --test stress --test stress_consumers -- --nocapture
+
+SIM_SECONDS ?= $(if $(SIM_SEEDS)$(SIM_SEED),,60)
+
+## The deterministic simulator of the protocol (tests/simulator: the real
+## engine over a simulated store with its faults, crashes and clocks),
+## optimised, for SIM_SECONDS (default 60) or SIM_SEEDS histories from a
+## fresh start seed (SIM_START), with the rate and the known engine bugs met
+## (SIM_STRICT=1 fails them too). SIM_SEED=n replays one history and prints it.
+simulate:
+	SIM_SECONDS=$(SIM_SECONDS) SIM_START=$${SIM_START:-$$(date +%s)000000} \
+	  $(CARGO) test --profile bench --test simulator simulated_histories_keep_every_invariant -- --nocapture
 
 ## Each fuzz target for FUZZ_SECONDS (default 30), after replaying the inputs
 ## that once crashed it (fuzz/regressions/). cargo fuzz needs nightly features:

@@ -1,0 +1,557 @@
+//! The invariants, checked on a finished history from the outside: from
+//! what the operations did, what the store saw land (with the record
+//! before and after), and what every attempt returned.
+
+use crate::sim::{Answer, Ending, Event, History, Op, Way, PREFIX, SKEW_MS};
+use lambda_idempotency::{
+    store::{Conditional, Record, RecordId, Status},
+    Fingerprint, OutcomeKind,
+};
+use std::collections::HashMap;
+
+/// Two clocks differ by up to this much.
+const TOLERANCE_MS: u64 = 2 * SKEW_MS;
+
+/// A completion that landed.
+#[derive(Debug, Clone)]
+struct Landed {
+    at_ms: u64,
+    value: u64,
+    fingerprint: Fingerprint,
+    expiration_s: u64,
+    /// The completing attempt's clock offset.
+    skew: i64,
+    effects: bool,
+}
+
+impl Landed {
+    /// When its record expires, true time (the expiration is on the
+    /// completer's clock).
+    fn retained_until_ms(&self) -> u64 {
+        (self.expiration_s as i64 * 1000 - self.skew) as u64
+    }
+}
+
+/// An operation running.
+#[derive(Debug, Clone)]
+struct Running {
+    att: usize,
+    key: usize,
+    claimed: bool,
+}
+
+#[derive(Debug, Default, Clone)]
+struct PerAttempt {
+    begin_clock_ms: Option<u64>,
+    begin_at_ms: u64,
+    /// The owner token of its claim, and the claim's attempt number.
+    owner: Option<String>,
+    claim_attempt: u32,
+    claim_landed_at_ms: Option<u64>,
+    execs: Vec<u64>,
+    ended: Option<Ending>,
+    /// Its takeover landed and the answer was lost (a timeout).
+    takeover_answer_lost: bool,
+    /// What its operation was told: the takeover's attempt.
+    told: Option<u32>,
+    /// Where in the history its claim landed.
+    claim_seq: usize,
+}
+
+/// What a history met that is a known engine bug, reported rather than
+/// failed (unless `SIM_STRICT=1`): see RELIABILITY.md.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub known: Vec<String>,
+}
+
+/// Known bug 1: a takeover whose answer is lost (the write landed, the
+/// SDK timed out) is recognised by the read that checks the outage, but
+/// as the claim it replaced (`claim_once` returns before `*claim =
+/// takeover`): the operation runs as attempt 1, not told that it took
+/// over, while the record says attempt 2.
+pub const KNOWN_RELEASE_FORGETS: &str =
+    "known bug 2 (a takeover that fails releases the key, and the next claim is attempt 1, untold)";
+
+pub const KNOWN_STALE_CLAIM: &str =
+    "known bug 3 (a claim whose answer came after its lease had passed still runs)";
+
+/// Known bug 3: the claim's condition and lease are computed from the
+/// time the attempt began; a claim that lands (or whose answer arrives)
+/// after its own lease has passed still runs its operation: a zombie from
+/// its first instant, beside whichever attempt takes the key over.
+///
+/// Known bug 1: see [`KNOWN_LOST_TAKEOVER`]. Known bug 2: a takeover whose
+/// operation fails releases (deletes) the record; the next claim is a
+/// fresh attempt 1, not told that the zombie it had taken over from may
+/// still be running, or have acted.
+pub const KNOWN_LOST_TAKEOVER: &str = "known bug 1 (a takeover whose answer was lost runs untold)";
+
+/// The first invariant `history` breaks, said in a sentence.
+pub fn check(history: &History, strict: bool) -> Result<Report, String> {
+    let mut report = Report::default();
+    if let Some(hang) = &history.hung {
+        return Err(format!("nothing hangs: {hang}"));
+    }
+    let config = &history.config;
+    let max_lease_ms = config.max_lease_ms.max(1_000);
+    let keys: HashMap<String, usize> = (0..config.keys)
+        .map(|k| {
+            (
+                RecordId::new(PREFIX, "scope", &format!("k{k}"))
+                    .as_str()
+                    .to_owned(),
+                k,
+            )
+        })
+        .collect();
+    let mut attempts = vec![PerAttempt::default(); history.attempts.len()];
+    let mut owners: HashMap<String, usize> = HashMap::new();
+    // The last lease each owner wrote (its clock) and when it landed.
+    let mut leases: HashMap<String, u64> = HashMap::new();
+    let mut lease_writes: Vec<Vec<(u64, String)>> = vec![Vec::new(); config.keys];
+    let mut completions: Vec<Vec<Landed>> = vec![Vec::new(); config.keys];
+    let mut current: Vec<Option<Record>> = vec![None; config.keys];
+    let mut running: HashMap<u64, Running> = HashMap::new();
+    // Where each key's record was released (by whom) or completed.
+    let mut releases: Vec<Vec<(usize, usize)>> = vec![Vec::new(); config.keys];
+    let mut completed_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
+    // Where a claim replaced an in-progress record whose retention passed.
+    let mut expired_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
+
+    for (seq, entry) in history.entries.iter().enumerate() {
+        let at = entry.at_ms;
+        match &entry.event {
+            Event::Arrive { .. } | Event::Advance | Event::Crash { .. } => {}
+            Event::Begin { att, clock_ms } => {
+                attempts[*att].begin_clock_ms = Some(*clock_ms);
+                attempts[*att].begin_at_ms = at;
+            }
+            Event::Landed {
+                att,
+                op,
+                before,
+                after,
+                answer,
+                lost,
+                ..
+            } => {
+                let Some(&key) = keys.get(op.id().as_str()) else {
+                    return Err(format!("a write to an unknown record {}", op.id()));
+                };
+                if matches!(answer, Answer::Fault(..)) {
+                    continue;
+                }
+                current[key] = after.clone();
+                let applied = matches!(answer, Answer::Write(Conditional::Applied));
+                if !applied {
+                    continue;
+                }
+                let skew = history.attempts[*att].skew;
+                let fenced = |owner: &str| -> Result<(), String> {
+                    match before {
+                        Some(b) if b.status == Status::InProgress && b.owner.as_str() == owner => {
+                            Ok(())
+                        }
+                        _ => Err(format!(
+                            "no fenced-out write lands: a{att}'s {} landed on a record it does not hold ({})",
+                            op.name(),
+                            before.as_ref().map_or("none".to_owned(), |b| format!(
+                                "{} try {} of a{}",
+                                b.status.as_str(),
+                                b.attempt,
+                                owners.get(b.owner.as_str()).map_or("?".to_owned(), |a| a.to_string())
+                            ))
+                        )),
+                    }
+                };
+                match op {
+                    Op::Claim(c) | Op::TakeOver(c, _) => {
+                        if let Op::TakeOver(_, lapsed) = op {
+                            match before {
+                                Some(b)
+                                    if b.status == Status::InProgress
+                                        && b.owner == *lapsed
+                                        && b.lease_until_ms.is_some_and(|l| l < c.now_ms) =>
+                                {
+                                    if c.attempt != b.attempt + 1 {
+                                        return Err(format!(
+                                            "a takeover counts attempts: a{att} took over attempt {} as attempt {}",
+                                            b.attempt, c.attempt
+                                        ));
+                                    }
+                                }
+                                _ => {
+                                    return Err(format!(
+                                        "no fenced-out write lands: a{att}'s takeover landed on a claim that had not lapsed"
+                                    ))
+                                }
+                            }
+                        } else if before.as_ref().is_some_and(|b| !b.is_expired(c.now_ms)) {
+                            return Err(format!(
+                                "no fenced-out write lands: a{att}'s claim replaced a record that had not expired"
+                            ));
+                        } else if before
+                            .as_ref()
+                            .is_some_and(|b| b.status == Status::InProgress)
+                        {
+                            expired_at[key].push(seq);
+                        }
+                        // The lease is measured on the claimant's clock.
+                        let true_clock = (at as i64 + skew) as u64;
+                        if c.now_ms > true_clock
+                            || c.lease_until_ms <= c.now_ms
+                            || c.lease_until_ms > c.now_ms + max_lease_ms
+                        {
+                            return Err(format!(
+                                "a lease is measured on the claimant's clock: a{att} claimed at {} (its clock reads {}) until {}, max lease {} ms",
+                                crate::sim::ms(c.now_ms),
+                                crate::sim::ms(true_clock),
+                                crate::sim::ms(c.lease_until_ms),
+                                max_lease_ms
+                            ));
+                        }
+                        let owner = c.owner.as_str().to_owned();
+                        owners.insert(owner.clone(), *att);
+                        leases.insert(owner.clone(), c.lease_until_ms);
+                        lease_writes[key].push((at, owner.clone()));
+                        let a = &mut attempts[*att];
+                        if matches!(op, Op::TakeOver(..)) && lost.is_some() {
+                            a.takeover_answer_lost = true;
+                        }
+                        a.owner = Some(owner);
+                        a.claim_attempt = c.attempt;
+                        a.claim_landed_at_ms = Some(at);
+                        a.claim_seq = seq;
+                    }
+                    Op::Extend(e) => {
+                        fenced(e.owner.as_str())?;
+                        if e.lease_until_ms > e.now_ms + max_lease_ms {
+                            return Err(format!(
+                                "a lease is measured on the claimant's clock: a{att} extended to {} at {}",
+                                crate::sim::ms(e.lease_until_ms),
+                                crate::sim::ms(e.now_ms)
+                            ));
+                        }
+                        leases.insert(e.owner.as_str().to_owned(), e.lease_until_ms);
+                        lease_writes[key].push((at, e.owner.as_str().to_owned()));
+                    }
+                    Op::Release(_, owner) => {
+                        fenced(owner.as_str())?;
+                        releases[key].push((seq, *att));
+                    }
+                    Op::Complete(c) => {
+                        fenced(c.owner.as_str())?;
+                        completed_at[key].push(seq);
+                        let fingerprint = before
+                            .as_ref()
+                            .map(|b| b.fingerprint.clone())
+                            .expect("fenced");
+                        landed(
+                            &mut completions[key],
+                            Landed {
+                                at_ms: at,
+                                value: value_of(&c.response)?,
+                                fingerprint,
+                                expiration_s: c.expiration_s,
+                                skew,
+                                effects: !c.writes.is_empty(),
+                            },
+                            att,
+                        )?;
+                    }
+                    Op::Commit(c) => {
+                        completed_at[key].push(seq);
+                        if before.as_ref().is_some_and(|b| b.is_live(c.now_ms)) {
+                            return Err(format!(
+                                "no fenced-out write lands: a{att}'s single write replaced a live record"
+                            ));
+                        }
+                        owners.insert(c.owner.as_str().to_owned(), *att);
+                        landed(
+                            &mut completions[key],
+                            Landed {
+                                at_ms: at,
+                                value: value_of(&c.response)?,
+                                fingerprint: c.fingerprint.clone(),
+                                expiration_s: c.expiration_s,
+                                skew,
+                                effects: !c.writes.is_empty(),
+                            },
+                            att,
+                        )?;
+                    }
+                    Op::Get(..) => {}
+                }
+            }
+            Event::Start {
+                att,
+                exec,
+                key,
+                takeover,
+                claimed,
+            } => {
+                attempts[*att].execs.push(*exec);
+                if *claimed {
+                    let me = &attempts[*att];
+                    let Some(landed_at) = me.claim_landed_at_ms else {
+                        return Err(format!("a{att} ran under a claim that never landed"));
+                    };
+                    // Told it took over, with the attempt it is.
+                    let mut takeover = *takeover;
+                    let told = takeover.unwrap_or(1);
+                    if told != me.claim_attempt && me.takeover_answer_lost && !strict {
+                        report.known.push(format!(
+                            "{KNOWN_LOST_TAKEOVER}: a{att} runs attempt {} told {:?}",
+                            me.claim_attempt, takeover
+                        ));
+                        takeover = Some(me.claim_attempt);
+                    } else if told != me.claim_attempt {
+                        return Err(format!(
+                            "a takeover is told so: a{att} runs as attempt {} but was told {:?}",
+                            me.claim_attempt, takeover
+                        ));
+                    }
+                    attempts[*att].told = takeover;
+                    let lease_true = |a: usize| {
+                        attempts[a]
+                            .owner
+                            .as_ref()
+                            .and_then(|o| leases.get(o))
+                            .map_or(0, |l| (*l as i64 - history.attempts[a].skew) as u64)
+                    };
+                    if at > lease_true(*att) + TOLERANCE_MS {
+                        if strict {
+                            return Err(format!(
+                                "an operation starts on a live lease: a{att} starts at {}, its lease ended at {}",
+                                crate::sim::ms(at),
+                                crate::sim::ms(lease_true(*att))
+                            ));
+                        }
+                        report.known.push(format!(
+                            "{KNOWN_STALE_CLAIM}: a{att} starts at {} on a lease that ended at {}",
+                            crate::sim::ms(at),
+                            crate::sim::ms(lease_true(*att))
+                        ));
+                    }
+                    for other in running.values() {
+                        if other.key != *key || !other.claimed {
+                            continue;
+                        }
+                        // Of two overlapping executions, the later is the
+                        // one whose claim landed later.
+                        let them = &attempts[other.att];
+                        let (early, late) = if them.claim_seq < attempts[*att].claim_seq {
+                            (other.att, *att)
+                        } else {
+                            (*att, other.att)
+                        };
+                        let (e, l) = (&attempts[early], &attempts[late]);
+                        let late_landed = l.claim_landed_at_ms.unwrap_or(0);
+                        let between = |seq: &usize| (e.claim_seq..=l.claim_seq).contains(seq);
+                        // After its record's retention, a claim is gone
+                        // (RELIABILITY.md, "Retention is finite"), and so
+                        // is a key completed since (a single write replaces
+                        // a lapsed claim) whose retention has passed.
+                        if completed_at[*key].iter().any(between)
+                            || expired_at[*key].iter().any(between)
+                        {
+                            continue;
+                        }
+                        let forgotten = releases[*key]
+                            .iter()
+                            .any(|(seq, by)| between(seq) && *by != early);
+                        if forgotten && !strict && late_landed + TOLERANCE_MS >= lease_true(early) {
+                            report.known.push(format!(
+                                "{KNOWN_RELEASE_FORGETS}: a{late} runs attempt 1 beside a{early}"
+                            ));
+                            continue;
+                        }
+                        if l.told.is_none()
+                            || l.claim_attempt <= e.claim_attempt
+                            || late_landed + TOLERANCE_MS < lease_true(early)
+                        {
+                            return Err(format!(
+                                "no two executions overlap: a{late} (attempt {}, told {:?}, claimed at {}) runs beside a{early} (attempt {}, claimed at {}, lease until {})",
+                                l.claim_attempt,
+                                l.told,
+                                crate::sim::ms(late_landed),
+                                e.claim_attempt,
+                                crate::sim::ms(e.claim_landed_at_ms.unwrap_or(0)),
+                                crate::sim::ms(lease_true(early))
+                            ));
+                        }
+                    }
+                    // A completed key does not run again within its retention.
+                    for done in &completions[*key] {
+                        if done.at_ms < landed_at
+                            && landed_at + TOLERANCE_MS < done.retained_until_ms()
+                        {
+                            return Err(format!(
+                                "a completed key never runs again within its retention: a{att} claimed k{key} at {}, completed at {} and kept until {}",
+                                crate::sim::ms(landed_at),
+                                crate::sim::ms(done.at_ms),
+                                crate::sim::ms(done.retained_until_ms())
+                            ));
+                        }
+                    }
+                }
+                running.insert(
+                    *exec,
+                    Running {
+                        att: *att,
+                        key: *key,
+                        claimed: *claimed,
+                    },
+                );
+            }
+            Event::End { exec, .. } => {
+                running.remove(exec);
+            }
+            Event::Done {
+                att,
+                ending,
+                clock_ms: _,
+            } => {
+                let info = &history.attempts[*att];
+                let me = &attempts[*att];
+                let key = info.key;
+                let fingerprint = Fingerprint::of_bytes(&[info.payload]);
+                let ran = !me.execs.is_empty();
+                match ending {
+                    Ending::Ok { kind, value } => match kind {
+                        OutcomeKind::Replay | OutcomeKind::CachedReplay => {
+                            let Some(done) = completions[key].iter().find(|d| d.value == *value)
+                            else {
+                                return Err(format!(
+                                    "every replay equals a stored response: a{att} replayed e{value}, never stored"
+                                ));
+                            };
+                            if done.fingerprint != fingerprint {
+                                return Err(format!(
+                                    "every replay is of its own payload: a{att} got e{value}, stored for another payload"
+                                ));
+                            }
+                            let begin = me.begin_clock_ms.unwrap_or(0);
+                            if done.expiration_s < begin / 1000 {
+                                return Err(format!(
+                                    "a replay is of a live record: a{att} (its clock {}) replayed e{value}, expired at {}",
+                                    crate::sim::ms(begin),
+                                    crate::sim::ms(done.expiration_s * 1000)
+                                ));
+                            }
+                            if ran && info.way != Way::SingleWrite {
+                                return Err(format!("a replay runs nothing: a{att} ran and replayed"));
+                            }
+                        }
+                        OutcomeKind::Fresh => {
+                            if !me.execs.contains(value)
+                                || !completions[key].iter().any(|d| d.value == *value)
+                            {
+                                return Err(format!(
+                                    "a fresh outcome is this attempt's, stored: a{att} returned e{value}"
+                                ));
+                            }
+                        }
+                        OutcomeKind::LeaseLost | OutcomeKind::NotRecorded => {
+                            if !me.execs.contains(value) {
+                                return Err(format!(
+                                    "an unstored outcome is this attempt's: a{att} returned e{value}"
+                                ));
+                            }
+                        }
+                        other => {
+                            return Err(format!(
+                                "every attempt ends typed: a{att} ended {other:?}, which this engine never gives"
+                            ))
+                        }
+                    },
+                    Ending::Store(kind) => {
+                        if info.faults == 0 && info.conflicts == 0 {
+                            return Err(format!(
+                                "a store error has a cause: a{att} failed with {} and met no fault",
+                                kind.as_str()
+                            ));
+                        }
+                    }
+                    Ending::Operation => {
+                        if !ran {
+                            return Err(format!("a{att} reported its operation's error, and ran none"));
+                        }
+                    }
+                    Ending::InProgress if info.conflicts == 0 => {
+                        if let Some(record) = &current[key] {
+                            if record.status == Status::InProgress
+                                && me.owner.as_deref() == Some(record.owner.as_str())
+                                && me.claim_landed_at_ms.is_some()
+                            {
+                                return Err(format!(
+                                    "an attempt is never refused by its own claim: a{att} was told in progress while it held k{key}"
+                                ));
+                            }
+                        }
+                        let since = me.begin_at_ms.saturating_sub(max_lease_ms + TOLERANCE_MS);
+                        let backed = lease_writes[key].iter().any(|(t, owner)| {
+                            *t >= since && owners.get(owner) != Some(att)
+                        });
+                        if !backed {
+                            return Err(format!(
+                                "a key in progress is held by a live lease: a{att} was told k{key} is in progress, and no lease was written since {}",
+                                crate::sim::ms(since)
+                            ));
+                        }
+                    }
+                    Ending::WritesNotCommitted => {
+                        return Err(format!(
+                            "a{att}: writes not committed, from an engine that never fails open"
+                        ))
+                    }
+                    Ending::InProgress | Ending::KeyReused | Ending::LeaseLost => {}
+                }
+                attempts[*att].ended = Some(ending.clone());
+            }
+        }
+    }
+    // Every attempt ends: it returned, or it crashed.
+    for (att, a) in attempts.iter().enumerate() {
+        let crashed = history
+            .entries
+            .iter()
+            .any(|e| matches!(e.event, Event::Crash { att: c } if c == att));
+        if a.ended.is_none() && !crashed {
+            return Err(format!("every attempt ends: a{att} never returned"));
+        }
+    }
+    Ok(report)
+}
+
+/// Records a completion, after checking that its effects land once within
+/// the retention of the last one.
+fn landed(list: &mut Vec<Landed>, new: Landed, att: &usize) -> Result<(), String> {
+    if new.effects {
+        if let Some(old) = list
+            .iter()
+            .find(|old| old.effects && new.at_ms + TOLERANCE_MS < old.retained_until_ms())
+        {
+            return Err(format!(
+                "effects land once: a{att}'s writes landed at {} after e{}'s at {}, kept until {}",
+                crate::sim::ms(new.at_ms),
+                old.value,
+                crate::sim::ms(old.at_ms),
+                crate::sim::ms(old.retained_until_ms())
+            ));
+        }
+    }
+    list.push(new);
+    Ok(())
+}
+
+fn value_of(response: &[u8]) -> Result<u64, String> {
+    #[derive(serde::Deserialize)]
+    struct Receipt {
+        exec: u64,
+    }
+    serde_json::from_slice::<Receipt>(response)
+        .map(|r| r.exec)
+        .map_err(|e| format!("a stored response does not decode: {e}"))
+}

@@ -1,0 +1,221 @@
+//! A deterministic simulator of the protocol: the real engine, unchanged,
+//! over a simulated store with the stores' faults, on a scheduler and a
+//! virtual time that a seed drives (see `sim.rs`). Each history is checked
+//! against the invariants in `check.rs`; a failing seed prints its history
+//! and the command that replays it.
+//!
+//! - `cargo test --test simulator`: a bounded budget (`SIM_SEEDS`, 10,000
+//!   seeds from `SIM_START`, 0 by default), as `make test` runs it;
+//! - `make simulate`: as long as asked (`SIM_SECONDS`, or `SIM_SEEDS`),
+//!   from a fresh start seed, with the rate;
+//! - `SIM_SEED=… make simulate`: one history, printed.
+
+mod check;
+mod rng;
+mod sim;
+
+use sim::{Answer, Ending, Entry, Event, History, Op};
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn simulated_histories_keep_every_invariant() {
+    if let Some(seed) = env("SIM_SEED") {
+        let history = sim::run(seed);
+        println!("{}", render(seed, &history));
+        match check::check(&history, strict()) {
+            Err(broken) => panic!("seed {seed}: {broken}"),
+            Ok(report) => {
+                for known in &report.known {
+                    println!("seed {seed}: {known}");
+                }
+                println!("seed {seed}: every invariant holds");
+            }
+        }
+        return;
+    }
+    let seconds = env("SIM_SECONDS");
+    let budget = env("SIM_SEEDS").unwrap_or(if seconds.is_some() { u64::MAX } else { 10_000 });
+    let start = env("SIM_START").unwrap_or(0);
+    let deadline = seconds.map(|s| Instant::now() + Duration::from_secs(s));
+    let began = Instant::now();
+    let mut runs = 0u64;
+    let mut events = 0u64;
+    // Per known bug: how many histories met it, and the first seed.
+    let mut known: std::collections::BTreeMap<String, (u64, u64, String)> = Default::default();
+    for seed in start..start.saturating_add(budget) {
+        if deadline.is_some_and(|d| runs.is_multiple_of(256) && Instant::now() >= d) {
+            break;
+        }
+        let history = sim::run(seed);
+        events += history.entries.len() as u64;
+        runs += 1;
+        match check::check(&history, strict()) {
+            Err(broken) => panic!(
+                "{}\nseed {seed} broke an invariant after {runs} histories: {broken}\nreplay it: SIM_SEED={seed} make simulate",
+                render(seed, &history)
+            ),
+            Ok(report) => {
+                let mut met: Vec<&String> = report.known.iter().collect();
+                met.dedup_by_key(|line| line.split(':').next().unwrap_or_default().to_owned());
+                for line in met {
+                    let bug = line.split(':').next().unwrap_or_default().to_owned();
+                    let detail = line.split_once(": ").map_or("", |(_, d)| d).to_owned();
+                    let entry = known.entry(bug).or_insert((0, seed, detail));
+                    entry.0 += 1;
+                }
+            }
+        }
+    }
+    let elapsed = began.elapsed().as_secs_f64();
+    println!(
+        "{runs} histories (seeds {start}..{}), {events} events, in {elapsed:.1} s: {:.0} histories a minute; every invariant held",
+        start + runs,
+        runs as f64 * 60.0 / elapsed
+    );
+    for (bug, (histories, seed, first)) in known {
+        println!(
+            "{bug}: met in {histories} histories (not failed; SIM_STRICT=1 fails them); first: SIM_SEED={seed} ({first})"
+        );
+    }
+}
+
+/// `SIM_STRICT=1`: known engine bugs fail too.
+fn strict() -> bool {
+    std::env::var("SIM_STRICT").is_ok_and(|v| v == "1")
+}
+
+#[test]
+fn a_seed_replays_its_history_exactly() {
+    for seed in 0..50 {
+        let (first, second) = (sim::run(seed), sim::run(seed));
+        assert_eq!(
+            render(seed, &first),
+            render(seed, &second),
+            "seed {seed} gave two histories"
+        );
+    }
+}
+
+/// A history, one line an event.
+fn render(seed: u64, history: &History) -> String {
+    let c = &history.config;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "history of seed {seed}: retention {} s, default lease {} ms, max lease {} ms, {} key(s), faults {}% conflicts {}% lost answers {}%, outage {}",
+        c.retention_s,
+        c.default_lease_ms,
+        c.max_lease_ms,
+        c.keys,
+        c.p_fault,
+        c.p_conflict,
+        c.p_lost,
+        c.outage
+            .map_or("none".to_owned(), |(a, b)| format!("{}..{}", sim::ms(a), sim::ms(b)))
+    );
+    for (i, p) in c.processes.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  process {i}: clock {:+} ms, heartbeat {}, cache {}",
+            p.skew, p.heartbeat, p.cache
+        );
+    }
+    for Entry { at_ms, event } in &history.entries {
+        let line = match event {
+            Event::Advance => continue,
+            Event::Arrive {
+                att,
+                key,
+                payload,
+                process,
+                way,
+                clock_ms,
+            } => format!(
+                "a{att} arrives at process {process}: k{key} payload {payload} {way:?} (its clock {})",
+                sim::ms(*clock_ms)
+            ),
+            Event::Begin { att, clock_ms } => {
+                format!("a{att} enters the engine (its clock {})", sim::ms(*clock_ms))
+            }
+            Event::Landed {
+                req,
+                att,
+                op,
+                after,
+                answer,
+                lost,
+                ..
+            } => {
+                let detail = match op {
+                    Op::Claim(c) | Op::TakeOver(c, _) => format!(
+                        " try {} now {} lease {}",
+                        c.attempt,
+                        sim::ms(c.now_ms),
+                        sim::ms(c.lease_until_ms)
+                    ),
+                    Op::Extend(e) => format!(" to {}", sim::ms(e.lease_until_ms)),
+                    _ => String::new(),
+                };
+                let lost = match lost {
+                    Some(true) => ", answer lost: sent again",
+                    Some(false) => ", answer lost: timed out",
+                    None => "",
+                };
+                let state = match (answer, after) {
+                    (Answer::Fault(..), _) => String::new(),
+                    (_, Some(r)) => format!(
+                        "  [k now {} try {} lease {}]",
+                        r.status.as_str(),
+                        r.attempt,
+                        r.lease_until_ms.map_or("-".to_owned(), sim::ms)
+                    ),
+                    (_, None) => "  [k now absent]".to_owned(),
+                };
+                format!(
+                    "a{att} #{req} {}{detail} -> {}{lost}{state}",
+                    op.name(),
+                    answer.short()
+                )
+            }
+            Event::Start {
+                att,
+                exec,
+                key,
+                takeover,
+                claimed,
+            } => format!(
+                "a{att} RUNS e{exec} on k{key}{}{}",
+                takeover.map_or(String::new(), |t| format!(", told takeover (attempt {t})")),
+                if *claimed { "" } else { ", unclaimed" }
+            ),
+            Event::End { exec, crashed } => {
+                format!("e{exec} {}", if *crashed { "dropped" } else { "returns" })
+            }
+            Event::Crash { att } => format!("a{att} CRASHES"),
+            Event::Done {
+                att,
+                ending,
+                clock_ms,
+            } => match ending {
+                Ending::Ok { kind, value } => format!(
+                    "a{att} -> {} e{value} (its clock {})",
+                    kind.as_str(),
+                    sim::ms(*clock_ms)
+                ),
+                other => format!("a{att} -> {other:?} (its clock {})", sim::ms(*clock_ms)),
+            },
+        };
+        let _ = writeln!(out, "  {:>7} {line}", sim::ms(*at_ms));
+    }
+    if let Some(hang) = &history.hung {
+        let _ = writeln!(out, "  HUNG: {hang}");
+    }
+    out
+}
