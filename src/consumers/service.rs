@@ -122,6 +122,11 @@ fn event_error<E>(error: Error<E>) -> lambda_runtime::Error {
         Error::Store(error) => Box::new(error),
         Error::LeaseLost => "the claim on this event's key was taken over; nothing was committed".into(),
         Error::WritesNotCommitted(error) => Box::new(error),
+        Error::TimeLimitExceeded { limit } => format!(
+            "the handler ran past its time limit of {} ms and was rolled back; the key is free",
+            limit.as_millis()
+        )
+        .into(),
         Error::Operation(_) => "the handler failed".into(),
     }
 }

@@ -52,6 +52,8 @@ pub(crate) use claim::CLAIM_TRIES;
 pub use claim_handle::{ClaimHandle, Takeover};
 
 pub use codec::{Codec, Json};
+#[cfg(feature = "postgres")]
+pub(crate) use codec::unserialisable;
 pub(crate) use detach::detached;
 #[cfg(feature = "durable")]
 pub(crate) use durable::{DurableAttempt, DurableClaim};
@@ -418,8 +420,14 @@ impl<St: Store> Engine<St> {
         Ok(Outcome::new(value, OutcomeKind::Disabled))
     }
 
-    fn expiration_s(&self, now_ms: u64) -> u64 {
+    pub(crate) fn expiration_s(&self, now_ms: u64) -> u64 {
         (now_ms / 1000).saturating_add(self.inner.retention.as_secs())
+    }
+
+    /// Whether idempotency is turned off (`IDEMPOTENCY_DISABLED=true`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn is_disabled(&self) -> bool {
+        self.inner.disabled
     }
 }
 

@@ -32,7 +32,8 @@
 //! `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
-//! `idempotency-internal-error`, `idempotency-scope-unset`,
+//! `idempotency-internal-error`, `idempotency-time-limit-exceeded`,
+//! `idempotency-scope-unset`,
 //! `idempotency-overloaded`, after a configurable prefix. None of the layer's own answers is stored.
 //!
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
