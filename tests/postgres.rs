@@ -544,3 +544,527 @@ fn connect_tls_refuses_bad_configuration_at_start_up() {
         }
     }
 }
+
+/// The handler inside the PostgreSQL transaction
+/// (`Engine::run_in_transaction`): a balance check under a row lock, the
+/// debit and the completed record in one transaction; on the server and
+/// through PgBouncer in transaction mode.
+mod in_transaction {
+    use super::*;
+    use lambda_idempotency::{
+        store::{
+            postgres::{
+                tokio_postgres::types::Type, PgTransaction, RefusalRules, TransactionLimits,
+            },
+            Claim, OwnerToken,
+        },
+        Outcome,
+    };
+    use serde_json::{json, Value};
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// A store, an engine, and an account with a balance of 100 that may
+    /// never go below 0.
+    struct Bank {
+        store: PostgresStore,
+        engine: Engine<PostgresStore>,
+        accounts: String,
+        runs: Arc<AtomicUsize>,
+    }
+
+    async fn bank(url: &str, pool: usize) -> Arc<Bank> {
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("intx_{}_{n}", std::process::id());
+        let store = PostgresStore::connect(url, table.clone(), pool).expect("pool");
+        store.create_table().await.expect("create table");
+        let accounts = format!("{table}_accounts");
+        tokio_postgres_client()
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {accounts} (id text PRIMARY KEY, balance bigint NOT NULL \
+                 CONSTRAINT {accounts}_not_negative CHECK (balance >= 0)); \
+                 INSERT INTO {accounts} VALUES ('acct', 100)"
+            ))
+            .await
+            .expect("accounts");
+        Arc::new(Bank {
+            engine: Engine::builder(store.clone()).build(),
+            store,
+            accounts,
+            runs: Arc::default(),
+        })
+    }
+
+    fn limits() -> TransactionLimits {
+        TransactionLimits::new()
+    }
+
+    impl Bank {
+        async fn balance(&self) -> i64 {
+            tokio_postgres_client()
+                .await
+                .query_one(
+                    &format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts),
+                    &[],
+                )
+                .await
+                .expect("balance")
+                .get(0)
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+
+        /// Pays `amount`: reads the balance under a row lock, waits `pause`,
+        /// refuses (a stored 409) when it is too low, else debits.
+        async fn pay(
+            &self,
+            key: &str,
+            amount: i64,
+            limits: TransactionLimits,
+            pause: Duration,
+        ) -> Result<Outcome<Value>, Error<BoxError>> {
+            let (accounts, runs) = (self.accounts.clone(), self.runs.clone());
+            let attempt = Attempt::new("t", key, payload(amount as u64));
+            self.engine
+                .run_in_transaction(&attempt, limits, |tx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let rows = tx
+                        .query_typed(
+                            &format!("SELECT balance FROM {accounts} WHERE id = 'acct' FOR UPDATE"),
+                            &[],
+                        )
+                        .await?;
+                    let balance: i64 = rows.first().ok_or("no account")?.try_get(0)?;
+                    tokio::time::sleep(pause).await;
+                    if balance < amount {
+                        return Ok(json!({ "status": 409, "refused": "insufficient funds" }));
+                    }
+                    tx.execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"),
+                        &[(&amount, Type::INT8)],
+                    )
+                    .await?;
+                    Ok::<_, BoxError>(json!({ "status": 201, "balance": balance - amount }))
+                })
+                .await
+        }
+
+        /// Debits `amount` first, then runs `then` (which fails, hangs or
+        /// panics).
+        async fn debit_then<F, Fut>(
+            &self,
+            key: &str,
+            limits: TransactionLimits,
+            then: F,
+        ) -> Result<Outcome<Value>, Error<BoxError>>
+        where
+            F: FnOnce(PgTransaction) -> Fut,
+            Fut: std::future::Future<Output = Result<Value, BoxError>>,
+        {
+            let (accounts, runs) = (self.accounts.clone(), self.runs.clone());
+            let attempt = Attempt::new("t", key, payload(10));
+            self.engine
+                .run_in_transaction(&attempt, limits, |tx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tx.execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'"),
+                        &[],
+                    )
+                    .await?;
+                    then(tx).await
+                })
+                .await
+        }
+    }
+
+    async fn a_payment_commits_with_its_record_and_is_replayed(url: &str) {
+        let bank = bank(url, 2).await;
+        let first = bank
+            .pay("k", 30, limits(), Duration::ZERO)
+            .await
+            .expect("paid");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        assert_eq!(first.value()["balance"], 70);
+        assert_eq!(bank.balance().await, 70);
+        let replay = bank
+            .pay("k", 30, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), first.value());
+        assert_eq!(bank.runs(), 1, "a replay runs nothing");
+        assert_eq!(bank.balance().await, 70);
+        let reused = bank.pay("k", 31, limits(), Duration::ZERO).await;
+        assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+        // The balance check refuses, and its answer is stored.
+        let refused = bank
+            .pay("big", 500, limits(), Duration::ZERO)
+            .await
+            .expect("answered");
+        assert_eq!(refused.value()["status"], 409);
+        let replay = bank
+            .pay("big", 500, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(bank.balance().await, 70);
+        assert_eq!(bank.runs(), 2);
+    }
+
+    async fn concurrent_duplicates_never_both_run_and_are_answered_promptly(url: &str) {
+        let bank = bank(url, 4).await;
+        let first = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.pay("k", 10, limits(), Duration::from_millis(1500))
+                    .await
+            }
+        });
+        while bank.runs() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        let duplicate = bank
+            .pay(
+                "k",
+                10,
+                limits().claim_wait(Duration::from_millis(100)),
+                Duration::ZERO,
+            )
+            .await;
+        let took = started.elapsed();
+        assert!(
+            matches!(duplicate, Err(Error::InProgress { .. })),
+            "{duplicate:?}"
+        );
+        assert!(took < Duration::from_millis(800), "answered after {took:?}");
+        let first = first.await.expect("joined").expect("paid");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        let replay = bank
+            .pay("k", 10, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(bank.runs(), 1, "the duplicates ran nothing");
+        assert_eq!(bank.balance().await, 90);
+
+        // A burst of duplicates: one debit.
+        let burst: Vec<_> = (0..8)
+            .map(|_| {
+                let bank = bank.clone();
+                tokio::spawn(async move {
+                    bank.pay("burst", 10, limits(), Duration::from_millis(50))
+                        .await
+                })
+            })
+            .collect();
+        let mut fresh = 0;
+        for result in futures::future::join_all(burst).await {
+            match result.expect("joined") {
+                Ok(outcome) if outcome.kind() == OutcomeKind::Fresh => fresh += 1,
+                Ok(_) | Err(Error::InProgress { .. }) => {}
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(fresh, 1);
+        assert_eq!(bank.runs(), 2);
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_duplicate_within_the_claim_wait_gets_the_replay(url: &str) {
+        let bank = bank(url, 4).await;
+        let first = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.pay("k", 10, limits(), Duration::from_millis(300))
+                    .await
+            }
+        });
+        while bank.runs() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let duplicate = bank
+            .pay(
+                "k",
+                10,
+                limits().claim_wait(Duration::from_secs(5)),
+                Duration::ZERO,
+            )
+            .await
+            .expect("replayed");
+        assert_eq!(duplicate.kind(), OutcomeKind::Replay);
+        assert_eq!(
+            first.await.expect("joined").expect("paid").kind(),
+            OutcomeKind::Fresh
+        );
+        assert_eq!(bank.runs(), 1);
+        assert_eq!(bank.balance().await, 90);
+    }
+
+    async fn an_error_rolls_everything_back_and_frees_the_key(url: &str) {
+        let bank = bank(url, 1).await;
+        let failed = bank
+            .debit_then("k", limits(), |_| async {
+                Err::<Value, BoxError>("declined".into())
+            })
+            .await;
+        assert!(matches!(failed, Err(Error::Operation(_))), "{failed:?}");
+        assert_eq!(bank.balance().await, 100, "the debit was rolled back");
+        assert!(
+            bank.engine.inspect("t", "k").await.expect("read").is_none(),
+            "no record"
+        );
+        let retry = bank
+            .pay("k", 10, limits(), Duration::ZERO)
+            .await
+            .expect("ran");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(bank.runs(), 2);
+        assert_eq!(bank.balance().await, 90);
+    }
+
+    async fn a_crash_mid_handler_rolls_back_and_leaves_the_pool_clean(url: &str) {
+        // One connection: a transaction left open on it would be the next
+        // request's.
+        let bank = bank(url, 1).await;
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(300),
+            bank.debit_then("k", limits(), |_| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(json!({}))
+            }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the caller gave up");
+        let panicked = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.debit_then("p", limits(), |_| async { panic!("the handler crashed") })
+                    .await
+            }
+        })
+        .await;
+        assert!(panicked.expect_err("panicked").is_panic());
+        assert_eq!(bank.balance().await, 100, "both debits rolled back");
+        assert!(bank.engine.inspect("t", "k").await.expect("read").is_none());
+        assert!(bank.engine.inspect("t", "p").await.expect("read").is_none());
+        for key in ["k", "p"] {
+            let retry = bank
+                .pay(
+                    key,
+                    10,
+                    limits().claim_wait(Duration::from_secs(5)),
+                    Duration::ZERO,
+                )
+                .await
+                .expect("the retry runs");
+            assert_eq!(retry.kind(), OutcomeKind::Fresh, "{key}");
+        }
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_long_handler_is_stopped_at_its_time_limit(url: &str) {
+        let bank = bank(url, 2).await;
+        let bounded = limits().time_limit(Duration::from_millis(500));
+        for hang in ["sql", "rust"] {
+            let started = Instant::now();
+            let result = bank
+                .debit_then(hang, bounded, move |tx| async move {
+                    if hang == "sql" {
+                        tx.batch_execute("SELECT pg_sleep(30)").await?;
+                    } else {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                    Ok(json!({}))
+                })
+                .await;
+            let took = started.elapsed();
+            match result {
+                Err(Error::TimeLimitExceeded { limit }) => {
+                    assert_eq!(limit, Duration::from_millis(500))
+                }
+                other => panic!("{hang}: expected the time limit, got {other:?}"),
+            }
+            assert!(
+                took < Duration::from_secs(2),
+                "{hang}: stopped after {took:?}"
+            );
+            // The server let go of the key and the debit.
+            let retry = bank
+                .pay(
+                    hang,
+                    10,
+                    limits().claim_wait(Duration::from_secs(5)),
+                    Duration::ZERO,
+                )
+                .await
+                .expect("the retry runs");
+            assert_eq!(retry.kind(), OutcomeKind::Fresh, "{hang}");
+        }
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_refusal_by_constraint_is_stored_without_its_writes(url: &str) {
+        let bank = bank(url, 1).await;
+        let rules = RefusalRules::new().constraint(format!("{}_not_negative", bank.accounts));
+        let accounts = bank.accounts.clone();
+        let attempt = Attempt::new("t", "k", payload(500));
+        let refuse = |rules: RefusalRules, accounts: String| {
+            move |tx: PgTransaction| async move {
+                tx.execute_typed(
+                    &format!("UPDATE {accounts} SET balance = balance - 1 WHERE id = 'acct'"),
+                    &[],
+                )
+                .await?;
+                let debit = tx
+                    .execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - 500 WHERE id = 'acct'"),
+                        &[],
+                    )
+                    .await;
+                match debit {
+                    Err(error) => match rules.refusal(&error) {
+                        Some(refusal) => {
+                            tx.roll_back_writes().await?;
+                            Ok(json!({ "status": 422, "constraint": refusal.constraint }))
+                        }
+                        None => Err(BoxError::from(error)),
+                    },
+                    Ok(_) => Ok(json!({ "status": 201 })),
+                }
+            }
+        };
+        let refused = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), refuse(rules.clone(), accounts.clone()))
+            .await
+            .expect("answered");
+        assert_eq!(refused.kind(), OutcomeKind::Fresh);
+        assert_eq!(refused.value()["status"], 422);
+        assert_eq!(bank.balance().await, 100, "no write of the refused request");
+        let replay = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), refuse(rules, accounts.clone()))
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), refused.value());
+
+        // A refusal not rolled back: nothing commits, and the key is free.
+        let other = Attempt::new("t", "unhandled", payload(500));
+        let result = bank
+            .engine
+            .run_in_transaction(&other, limits(), |tx| async move {
+                let _ = tx
+                    .execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - 500 WHERE id = 'acct'"),
+                        &[],
+                    )
+                    .await;
+                Ok::<_, BoxError>(json!({ "status": 201 }))
+            })
+            .await;
+        match result {
+            Err(Error::Store(error)) => {
+                assert_eq!(error.kind(), StoreErrorKind::WriteRejected, "{error}")
+            }
+            other => panic!("expected a rejected write, got {other:?}"),
+        }
+        assert!(bank
+            .engine
+            .inspect("t", "unhandled")
+            .await
+            .expect("read")
+            .is_none());
+        assert_eq!(bank.balance().await, 100);
+    }
+
+    macro_rules! on_both {
+        ($($scenario:ident),* $(,)?) => {
+            mod on_the_server {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::url()).await })*
+            }
+            mod through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
+            }
+        };
+    }
+
+    on_both!(
+        a_payment_commits_with_its_record_and_is_replayed,
+        concurrent_duplicates_never_both_run_and_are_answered_promptly,
+        a_duplicate_within_the_claim_wait_gets_the_replay,
+        an_error_rolls_everything_back_and_frees_the_key,
+        a_crash_mid_handler_rolls_back_and_leaves_the_pool_clean,
+        a_long_handler_is_stopped_at_its_time_limit,
+        a_refusal_by_constraint_is_stored_without_its_writes,
+    );
+
+    fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64
+    }
+
+    #[tokio::test]
+    async fn records_of_the_deferred_form_keep_their_meaning() {
+        let bank = bank(&url(), 2).await;
+        // Completed by the deferred form: replayed, never run.
+        let attempt = Attempt::new("t", "done", payload(10));
+        bank.engine
+            .execute(&attempt, || async {
+                Ok::<_, Declined>(json!({ "status": 201 }))
+            })
+            .await
+            .expect("completed");
+        let replay = bank
+            .pay("done", 10, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(bank.runs(), 0);
+
+        // A live claim of the deferred form: in progress; a lapsed one:
+        // taken over, and the handler is told.
+        let now = now_ms();
+        for (key, lease_until_ms) in [("live", now + 60_000), ("lapsed", now - 1_000)] {
+            let claim = Claim {
+                id: bank.engine.record_id("t", key),
+                owner: OwnerToken::generate().expect("token"),
+                fingerprint: payload(10),
+                now_ms: now - 2_000,
+                lease_until_ms,
+                expiration_s: now / 1000 + 3_600,
+                attempt: 1,
+                first_started_ms: now - 2_000,
+            };
+            bank.store.claim(&claim).await.expect("claimed");
+        }
+        let live = bank.pay("live", 10, limits(), Duration::ZERO).await;
+        assert!(matches!(live, Err(Error::InProgress { .. })), "{live:?}");
+        let attempt = Attempt::new("t", "lapsed", payload(10));
+        let takeover = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), |tx| async move {
+                Ok::<_, Declined>(json!({ "takeover": tx.takeover().map(|t| t.attempt) }))
+            })
+            .await
+            .expect("taken over");
+        assert_eq!(takeover.kind(), OutcomeKind::Fresh);
+        assert_eq!(takeover.value()["takeover"], 2);
+        let record = bank
+            .engine
+            .inspect("t", "lapsed")
+            .await
+            .expect("read")
+            .expect("record");
+        assert_eq!(record.attempt, 2);
+    }
+}

@@ -79,7 +79,10 @@ impl DurableError {
             Error::LeaseLost => Self::LeaseLost,
             Error::TimeLimitExceeded { limit } => Self::Store(StoreError::new(
                 crate::StoreErrorKind::Unavailable,
-                format!("the operation ran past its time limit of {} ms and was rolled back", limit.as_millis()),
+                format!(
+                    "the operation ran past its time limit of {} ms and was rolled back",
+                    limit.as_millis()
+                ),
             )),
             // The callers take the operation's own errors out first.
             Error::Operation(_) => Self::Store(StoreError::new(

@@ -51,9 +51,9 @@ pub use builder::{
 pub(crate) use claim::CLAIM_TRIES;
 pub use claim_handle::{ClaimHandle, Takeover};
 
-pub use codec::{Codec, Json};
 #[cfg(feature = "postgres")]
 pub(crate) use codec::unserialisable;
+pub use codec::{Codec, Json};
 pub(crate) use detach::detached;
 #[cfg(feature = "durable")]
 pub(crate) use durable::{DurableAttempt, DurableClaim};

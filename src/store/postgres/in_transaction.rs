@@ -378,15 +378,13 @@ impl PostgresStore {
         match answer {
             // A statement of the handler's failed and nothing rolled it
             // back: the transaction accepts no other statement.
-            Err(error) if error.code().map(|c| c.code()) == Some("25P02") => {
-                Err(StoreError::new(
-                    StoreErrorKind::WriteRejected,
-                    "a statement of the operation failed and the operation returned a value anyway; \
+            Err(error) if error.code().map(|c| c.code()) == Some("25P02") => Err(StoreError::new(
+                StoreErrorKind::WriteRejected,
+                "a statement of the operation failed and the operation returned a value anyway; \
                      nothing was committed (after a refusal, call PgTransaction::roll_back_writes \
                      before returning it)",
-                )
-                .with_source(error))
-            }
+            )
+            .with_source(error)),
             answer => Ok(matches!(
                 answered(answer, "UPDATE (complete in transaction)")?,
                 Answer::Applied
@@ -532,7 +530,12 @@ impl Engine<PostgresStore> {
         if self.is_disabled() {
             let transaction = store.begin(&limits).await.map_err(Error::Store)?;
             let value = self
-                .bounded(&transaction, started, &limits, operation(transaction.clone()))
+                .bounded(
+                    &transaction,
+                    started,
+                    &limits,
+                    operation(transaction.clone()),
+                )
                 .await?;
             transaction.end("COMMIT").await.map_err(Error::Store)?;
             return Ok(Outcome::new(value, OutcomeKind::Disabled));
@@ -583,7 +586,12 @@ impl Engine<PostgresStore> {
         });
 
         let value = self
-            .bounded(&transaction, started, &limits, operation(transaction.clone()))
+            .bounded(
+                &transaction,
+                started,
+                &limits,
+                operation(transaction.clone()),
+            )
             .await;
         let value = match value {
             Ok(value) => value,
@@ -659,12 +667,9 @@ impl Engine<PostgresStore> {
     where
         Fut: Future<Output = Result<T, E>>,
     {
-        let ran = AssertUnwindSafe(tokio::time::timeout(
-            remaining(started, limits),
-            operation,
-        ))
-        .catch_unwind()
-        .await;
+        let ran = AssertUnwindSafe(tokio::time::timeout(remaining(started, limits), operation))
+            .catch_unwind()
+            .await;
         match ran {
             Ok(Ok(Ok(value))) => Ok(value),
             Ok(Ok(Err(error))) => {
@@ -675,8 +680,11 @@ impl Engine<PostgresStore> {
             // (until its statement_timeout): the connection is closed
             // rather than waited for, and the server rolls back.
             Ok(Err(_elapsed)) => {
-                warn!(limit_ms = limits.time_limit.as_millis() as u64, outcome = "time_limit_exceeded",
-                    "the operation ran past its transaction's time limit; rolled back");
+                warn!(
+                    limit_ms = limits.time_limit.as_millis() as u64,
+                    outcome = "time_limit_exceeded",
+                    "the operation ran past its transaction's time limit; rolled back"
+                );
                 Err(Error::TimeLimitExceeded {
                     limit: limits.time_limit,
                 })
