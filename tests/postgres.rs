@@ -1074,3 +1074,241 @@ mod in_transaction {
         assert_eq!(record.attempt, 2);
     }
 }
+
+/// The HTTP layer's in-transaction form (`IdempotencyLayer::in_transaction`)
+/// under an axum router: the handler takes the transaction from its
+/// request, checks the balance under a row lock and debits it.
+mod http_in_transaction {
+    use super::*;
+    use axum::{
+        body::Body,
+        extract::Extension,
+        http::{Request, StatusCode},
+        routing::post,
+        Router,
+    };
+    use http_body_util::BodyExt;
+    use lambda_idempotency::{
+        http::IdempotencyLayer,
+        store::postgres::{
+            tokio_postgres::types::Type, PgTransaction, RefusalRules, TransactionLimits,
+        },
+    };
+    use std::time::{Duration, Instant};
+    use tower::ServiceExt;
+
+    struct App {
+        router: Router,
+        accounts: String,
+        runs: Arc<AtomicUsize>,
+    }
+
+    async fn app(url: &str, limits: TransactionLimits) -> App {
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("httptx_{}_{n}", std::process::id());
+        let store = PostgresStore::connect(url, table.clone(), 4).expect("pool");
+        store.create_table().await.expect("create table");
+        let accounts = format!("{table}_accounts");
+        tokio_postgres_client()
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {accounts} (id text PRIMARY KEY, balance bigint NOT NULL \
+                 CONSTRAINT {accounts}_not_negative CHECK (balance >= 0)); \
+                 INSERT INTO {accounts} VALUES ('acct', 100)"
+            ))
+            .await
+            .expect("accounts");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let rules = RefusalRules::new().constraint(format!("{accounts}_not_negative"));
+        let handler = {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            move |Extension(tx): Extension<PgTransaction>, body: String| {
+                let (accounts, runs, rules) = (accounts.clone(), runs.clone(), rules.clone());
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let (amount, pause_ms) = body.split_once(',').unwrap_or((&body, "0"));
+                    let amount: i64 = amount.parse().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(pause_ms.parse().unwrap_or(0))).await;
+                    if amount == 999 {
+                        // A fault of the handler's own: released, rolled back.
+                        let _ = tx
+                            .execute_typed(
+                                &format!("UPDATE {accounts} SET balance = 0 WHERE id = 'acct'"),
+                                &[],
+                            )
+                            .await;
+                        return (StatusCode::INTERNAL_SERVER_ERROR, "failed".to_owned());
+                    }
+                    // The debit first, the constraint checks the balance.
+                    let debit = tx
+                        .execute_typed(
+                            &format!(
+                                "UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"
+                            ),
+                            &[(&amount, Type::INT8)],
+                        )
+                        .await;
+                    match debit {
+                        Ok(_) => (StatusCode::CREATED, format!("paid {amount}")),
+                        Err(error) => match rules.refusal(&error) {
+                            Some(_) => (
+                                StatusCode::UNPROCESSABLE_ENTITY,
+                                "insufficient funds".to_owned(),
+                            ),
+                            None => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+                        },
+                    }
+                }
+            }
+        };
+        let engine = Engine::builder(store).build();
+        let router = Router::new().route("/pay", post(handler)).layer(
+            IdempotencyLayer::new(engine)
+                .shared_scope()
+                .in_transaction(limits),
+        );
+        App {
+            router,
+            accounts,
+            runs,
+        }
+    }
+
+    impl App {
+        async fn pay(&self, key: &str, body: &str) -> (StatusCode, bool, String) {
+            let request = Request::post("/pay")
+                .header("idempotency-key", key)
+                .body(Body::from(body.to_owned()))
+                .expect("request");
+            let response = self
+                .router
+                .clone()
+                .oneshot(request)
+                .await
+                .expect("infallible");
+            let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            (
+                status,
+                replayed,
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )
+        }
+
+        async fn balance(&self) -> i64 {
+            tokio_postgres_client()
+                .await
+                .query_one(
+                    &format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts),
+                    &[],
+                )
+                .await
+                .expect("balance")
+                .get(0)
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn a_balance_check_inside_the_transaction(url: &str) {
+        let app = Arc::new(app(url, TransactionLimits::new()).await);
+        assert_eq!(
+            app.pay("a", "30").await,
+            (StatusCode::CREATED, false, "paid 30".into())
+        );
+        assert_eq!(
+            app.pay("a", "30").await,
+            (StatusCode::CREATED, true, "paid 30".into())
+        );
+        assert_eq!(app.balance().await, 70);
+        assert_eq!(app.runs(), 1);
+
+        // The constraint refuses: a 422 the application chose, stored and
+        // replayed, without the debit; never a 500.
+        let refused = app.pay("big", "500").await;
+        assert_eq!(
+            refused,
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                false,
+                "insufficient funds".into()
+            )
+        );
+        assert_eq!(app.pay("big", "500").await.1, true, "replayed");
+        assert_eq!(app.balance().await, 70);
+
+        // A released response (a 500) rolls its writes and its claim back.
+        assert_eq!(
+            app.pay("fault", "999").await.0,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(app.balance().await, 70);
+        assert_eq!(
+            app.pay("fault", "999").await.1,
+            false,
+            "ran again, not replayed"
+        );
+        assert_eq!(app.runs(), 4);
+
+        // A duplicate while the first holds the key: a prompt 409.
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { app.pay("slow", "10,1500").await }
+        });
+        while app.runs() == 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        let duplicate = app.pay("slow", "10,1500").await;
+        assert_eq!(duplicate.0, StatusCode::CONFLICT, "{duplicate:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(800),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(first.await.expect("joined").0, StatusCode::CREATED);
+        assert_eq!(app.pay("slow", "10,1500").await.1, true);
+        assert_eq!(app.runs(), 5);
+        assert_eq!(app.balance().await, 60);
+    }
+
+    async fn a_handler_past_its_time_limit_is_rolled_back(url: &str) {
+        let app = app(
+            url,
+            TransactionLimits::new().time_limit(Duration::from_millis(300)),
+        )
+        .await;
+        let (status, _, body) = app.pay("k", "10,2000").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("idempotency-time-limit-exceeded"), "{body}");
+        assert_eq!(app.balance().await, 100);
+        assert_eq!(app.pay("k", "10").await.0, StatusCode::CREATED);
+        assert_eq!(app.balance().await, 90);
+    }
+
+    macro_rules! on_both {
+        ($($scenario:ident),* $(,)?) => {
+            mod on_the_server {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::url()).await })*
+            }
+            mod through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
+            }
+        };
+    }
+
+    on_both!(
+        a_balance_check_inside_the_transaction,
+        a_handler_past_its_time_limit_is_rolled_back,
+    );
+}

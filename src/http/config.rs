@@ -130,6 +130,9 @@ pub(crate) struct Settings {
     pub(crate) problem_base: String,
     #[cfg(feature = "powertools")]
     pub(crate) powertools: Option<Arc<crate::powertools::PowertoolsCompat>>,
+    /// The handler inside the PostgreSQL transaction, within these bounds.
+    #[cfg(feature = "postgres")]
+    pub(crate) in_transaction: Option<crate::store::postgres::TransactionLimits>,
 }
 
 impl Default for Settings {
@@ -160,6 +163,8 @@ impl Default for Settings {
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             #[cfg(feature = "powertools")]
             powertools: None,
+            #[cfg(feature = "postgres")]
+            in_transaction: None,
         }
     }
 }

@@ -462,6 +462,46 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 }
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
+    /// Runs each claimed handler **inside the PostgreSQL transaction** that
+    /// holds its claim ([`Engine::run_in_transaction`]): the handler takes
+    /// the [`PgTransaction`](crate::store::postgres::PgTransaction) from
+    /// its request's extensions (axum: `Extension<PgTransaction>`), reads,
+    /// locks (`SELECT … FOR UPDATE`) and writes through it, and its
+    /// response completes the record in that transaction, with any
+    /// [`CommitWith`](super::CommitWith) writes: all of it commits, or none.
+    ///
+    /// - A response the [outcome policy](IdempotencyLayer::store_when)
+    ///   releases (a 5xx, a 409), a handler error, a panic, or a client that
+    ///   leaves and a crash roll everything back: the key is free, and the
+    ///   retry runs as a first request.
+    /// - A stored 4xx (a business-rule refusal, say a 422 for a balance too
+    ///   low) is stored **without** the handler's writes: they are rolled
+    ///   back to the claim first
+    ///   ([`roll_back_writes`](crate::store::postgres::PgTransaction::roll_back_writes)),
+    ///   and the refusal is replayed to every retry.
+    /// - A duplicate waits at most `limits`'
+    ///   [`claim_wait`](crate::store::postgres::TransactionLimits::claim_wait)
+    ///   (it then replays the committed response) before its 409; with
+    ///   [`wait_for_result`](IdempotencyLayer::wait_for_result) it asks
+    ///   again within that budget.
+    /// - A handler past the
+    ///   [`time_limit`](crate::store::postgres::TransactionLimits::time_limit)
+    ///   is stopped and rolled back: a 503
+    ///   `idempotency-time-limit-exceeded` with `Retry-After`.
+    ///
+    /// Supersedes [`mode`](IdempotencyLayer::mode) and
+    /// [`single_write`](IdempotencyLayer::single_write). See
+    /// `examples/postgres_balance.rs` for an axum server with a balance
+    /// check inside the transaction.
+    pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
+        self.config.settings.in_transaction = Some(limits);
+        self
+    }
+}
+
 impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
     type Service = Idempotency<S, St>;
 

@@ -434,9 +434,26 @@ where
             if let Some(takeover) = claim.takeover() {
                 request.extensions_mut().insert(takeover);
             }
+            #[cfg(feature = "postgres")]
+            let transaction = claim.transaction().cloned();
+            #[cfg(feature = "postgres")]
+            if let Some(transaction) = &transaction {
+                request.extensions_mut().insert(transaction.clone());
+            }
             request.extensions_mut().insert(claim);
             let response = inner.call(request).await.map_err(Failure::Handler)?;
             let (mut parts, body) = response.into_parts();
+            // Inside the transaction, a refusal is stored without the
+            // handler's writes (a released response rolls back whole).
+            #[cfg(feature = "postgres")]
+            if let Some(transaction) = &transaction {
+                if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
+                    if let Err(error) = transaction.roll_back_writes().await {
+                        tracing::warn!(%error, "the refused request's writes could not be rolled back");
+                        return Err(Failure::Released(Response::from_parts(parts, body)));
+                    }
+                }
+            }
             let writes = parts
                 .extensions
                 .remove::<CommitWith<St::Write>>()
@@ -485,22 +502,7 @@ where
             Ok((head, writes))
         };
         let started_ms = config.engine.now_ms();
-        let result = if config.settings.single_write {
-            config
-                .engine
-                .single_write(attempt, &config.settings.codec, operation)
-                .await
-        } else {
-            config
-                .engine
-                .run(
-                    attempt,
-                    config.settings.mode,
-                    &config.settings.codec,
-                    operation,
-                )
-                .await
-        };
+        let result = run_attempt(config, attempt, &config.settings.codec, operation).await;
         if let (Some(route), Ok(done)) = (route, &result) {
             if done.kind() == OutcomeKind::Fresh {
                 let took_ms = config.engine.now_ms().saturating_sub(started_ms);
@@ -516,5 +518,51 @@ where
             }
         }
         return result;
+    }
+}
+
+/// One attempt through the engine, as the layer is configured: inside the
+/// PostgreSQL transaction, in a single write, or claimed in its mode.
+async fn run_attempt<St, T, E, C, F, Fut>(
+    config: &Config<St>,
+    attempt: &Attempt<'_>,
+    codec: &C,
+    operation: F,
+) -> Result<crate::Outcome<T>, Error<E>>
+where
+    St: Store,
+    C: crate::Codec<T>,
+    F: FnOnce(ClaimHandle) -> Fut,
+    Fut: std::future::Future<Output = Result<(T, Vec<St::Write>), E>>,
+{
+    #[cfg(feature = "postgres")]
+    if let Some(limits) = config.settings.in_transaction {
+        use crate::store::postgres::{PgWrite, PostgresStore};
+        use std::any::Any;
+        // Set only by `IdempotencyLayer<PostgresStore>::in_transaction`.
+        if let Some(engine) =
+            (&config.engine as &dyn Any).downcast_ref::<crate::Engine<PostgresStore>>()
+        {
+            return engine
+                .transaction_run(attempt, limits, codec, |claim, _| async move {
+                    let (value, writes) = operation(claim).await?;
+                    // The store is PostgreSQL: its writes are `PgWrite`s.
+                    let writes: Box<dyn Any> = Box::new(writes);
+                    let writes = writes
+                        .downcast::<Vec<PgWrite>>()
+                        .map(|writes| *writes)
+                        .unwrap_or_default();
+                    Ok((value, writes))
+                })
+                .await;
+        }
+    }
+    if config.settings.single_write {
+        config.engine.single_write(attempt, codec, operation).await
+    } else {
+        config
+            .engine
+            .run(attempt, config.settings.mode, codec, operation)
+            .await
     }
 }

@@ -4,12 +4,13 @@
 
 use super::{
     codec::{decode, decode_optional, int8, ClaimValues},
-    errors, PostgresStore,
+    errors, PgValue, PgWrite, PostgresStore,
 };
 use crate::{
     engine::{Codec, Json},
     store::{Claim, Record, RecordId},
-    Attempt, Engine, Error, Outcome, OutcomeKind, StoreError, StoreErrorKind, Takeover,
+    Attempt, ClaimHandle, Engine, Error, Outcome, OutcomeKind, StoreError, StoreErrorKind,
+    Takeover,
 };
 use deadpool_postgres::Object;
 use futures_util::FutureExt;
@@ -525,18 +526,41 @@ impl Engine<PostgresStore> {
         F: FnOnce(PgTransaction) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.transaction_run(attempt, limits, codec, |_, transaction| async move {
+            operation(transaction)
+                .await
+                .map(|value| (value, Vec::new()))
+        })
+        .await
+    }
+
+    /// The in-transaction protocol, for the adapters: the operation gets
+    /// its [`ClaimHandle`] (which holds the transaction too) and the
+    /// transaction, and returns its value and [`PgWrite`]s to run in the
+    /// transaction before the completion.
+    pub(crate) async fn transaction_run<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        limits: TransactionLimits,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(ClaimHandle, PgTransaction) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<PgWrite>), E>>,
+    {
         let started = Instant::now();
         let store = self.store();
         if self.is_disabled() {
             let transaction = store.begin(&limits).await.map_err(Error::Store)?;
-            let value = self
-                .bounded(
-                    &transaction,
-                    started,
-                    &limits,
-                    operation(transaction.clone()),
-                )
-                .await?;
+            let handle = ClaimHandle::in_transaction(None, transaction.clone());
+            let run = handle.clone().scope(operation(handle, transaction.clone()));
+            let (value, writes) = self.bounded(&transaction, started, &limits, run).await?;
+            if let Err(error) = run_writes(&transaction, &writes).await {
+                transaction.roll_back().await;
+                return Err(Error::Store(error));
+            }
             transaction.end("COMMIT").await.map_err(Error::Store)?;
             return Ok(Outcome::new(value, OutcomeKind::Disabled));
         }
@@ -585,15 +609,10 @@ impl Engine<PostgresStore> {
             first_started_at_ms: claim.first_started_ms,
         });
 
-        let value = self
-            .bounded(
-                &transaction,
-                started,
-                &limits,
-                operation(transaction.clone()),
-            )
-            .await;
-        let value = match value {
+        let handle = ClaimHandle::in_transaction(transaction.takeover, transaction.clone());
+        let run = handle.clone().scope(operation(handle, transaction.clone()));
+        let value = self.bounded(&transaction, started, &limits, run).await;
+        let (value, writes) = match value {
             Ok(value) => value,
             Err(error) => {
                 debug!(record = %claim.id, outcome = error.kind().as_str(), in_transaction = true,
@@ -611,6 +630,7 @@ impl Engine<PostgresStore> {
         let now_ms = self.now_ms();
         let expiration_s = self.expiration_s(now_ms);
         let finished = async {
+            run_writes(&transaction, &writes).await?;
             if !store
                 .complete_in(&transaction, &claim, &response, now_ms, expiration_s)
                 .await?
@@ -695,6 +715,18 @@ impl Engine<PostgresStore> {
             }
         }
     }
+}
+
+/// Runs the operation's [`PgWrite`]s in the transaction, in order.
+async fn run_writes(transaction: &PgTransaction, writes: &[PgWrite]) -> Result<(), StoreError> {
+    for (index, write) in writes.iter().enumerate() {
+        let params: Vec<_> = write.params.iter().map(PgValue::typed).collect();
+        transaction
+            .execute_typed(&write.sql, &params)
+            .await
+            .map_err(|error| errors::from_write(index, error))?;
+    }
+    Ok(())
 }
 
 fn remaining(started: Instant, limits: &TransactionLimits) -> Duration {
