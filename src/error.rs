@@ -193,6 +193,45 @@ pub struct StoreError {
     kind: StoreErrorKind,
     message: String,
     source: Option<BoxError>,
+    refusal: Option<Box<WriteRefusal>>,
+}
+
+/// What the store said when it refused one of the operation's own
+/// transactional writes (a [`WriteRejected`](StoreErrorKind::WriteRejected)
+/// error): for the application to tell the business-rule refusals it
+/// expects (a constraint, a condition on a business item) from faults, and
+/// answer them as it chooses (the HTTP layer's `on_write_refusal`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteRefusal {
+    /// Which of the operation's writes failed, from 0.
+    pub index: usize,
+    /// The store's code: PostgreSQL's SQLSTATE (`23514`, `23505`,
+    /// `P0001`), DynamoDB's cancellation reason (`ConditionalCheckFailed`).
+    pub code: String,
+    /// The constraint that refused, when the store names one (PostgreSQL).
+    pub constraint: Option<String>,
+    /// The store's message.
+    pub message: String,
+}
+
+impl WriteRefusal {
+    /// A refusal of write `index`, with the store's `code` and `message`.
+    pub fn new(index: usize, code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            index,
+            code: code.into(),
+            constraint: None,
+            message: message.into(),
+        }
+    }
+
+    /// The constraint that refused.
+    #[must_use]
+    pub fn with_constraint(mut self, constraint: impl Into<String>) -> Self {
+        self.constraint = Some(constraint.into());
+        self
+    }
 }
 
 impl StoreError {
@@ -202,7 +241,21 @@ impl StoreError {
             kind,
             message: message.into(),
             source: None,
+            refusal: None,
         }
+    }
+
+    /// Attaches what the store said when it refused one of the operation's
+    /// writes (for a [`WriteRejected`](StoreErrorKind::WriteRejected) error).
+    pub fn with_write_refusal(mut self, refusal: WriteRefusal) -> Self {
+        self.refusal = Some(Box::new(refusal));
+        self
+    }
+
+    /// What the store said when it refused one of the operation's writes,
+    /// if this is such a refusal.
+    pub fn write_refusal(&self) -> Option<&WriteRefusal> {
+        self.refusal.as_deref()
     }
 
     /// Attaches the underlying error.

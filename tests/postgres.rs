@@ -1290,6 +1290,75 @@ mod http_in_transaction {
         assert_eq!(app.balance().await, 90);
     }
 
+    /// The deferred form (`CommitWith`): a constraint the application names
+    /// is its chosen 422, stored and replayed, without the write; an
+    /// unnamed one stays a 500 that releases the key.
+    async fn a_refused_deferred_write_is_the_applications_answer(url: &str) {
+        use lambda_idempotency::http::{CommitWith, StoredBody};
+        let probe = app(url, TransactionLimits::new()).await;
+        let accounts = probe.accounts.clone();
+        let store = PostgresStore::connect(url, format!("{accounts}_records"), 2).expect("pool");
+        store.create_table().await.expect("create table");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            move |body: String| {
+                let (accounts, runs) = (accounts.clone(), runs.clone());
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let amount: i64 = body.parse().unwrap_or(0);
+                    let debit = PgWrite::new(format!(
+                        "UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"
+                    ))
+                    .bind(amount);
+                    let mut response = axum::response::IntoResponse::into_response((
+                        StatusCode::CREATED,
+                        format!("paid {amount}"),
+                    ));
+                    response.extensions_mut().insert(CommitWith(vec![debit]));
+                    response
+                }
+            }
+        };
+        let constraint = format!("{accounts}_not_negative");
+        let layer = IdempotencyLayer::new(Engine::builder(store).build())
+            .shared_scope()
+            .on_write_refusal(move |refusal| {
+                (refusal.constraint.as_deref() == Some(constraint.as_str()))
+                    .then(|| {
+                        http::Response::builder()
+                            .status(StatusCode::UNPROCESSABLE_ENTITY)
+                            .header("content-type", "application/problem+json")
+                            .body(StoredBody::from(
+                                r#"{"type":"insufficient-funds","status":422}"#,
+                            ))
+                            .ok()
+                    })
+                    .flatten()
+            });
+        let app = App {
+            router: Router::new().route("/pay", post(handler)).layer(layer),
+            accounts,
+            runs,
+        };
+        assert_eq!(app.pay("a", "30").await.0, StatusCode::CREATED);
+        assert_eq!(app.balance().await, 70);
+        let refused = app.pay("big", "500").await;
+        assert_eq!(refused.0, StatusCode::UNPROCESSABLE_ENTITY, "{refused:?}");
+        assert!(refused.2.contains("insufficient-funds"), "{refused:?}");
+        let replay = app.pay("big", "500").await;
+        assert_eq!(
+            (replay.0, replay.1),
+            (StatusCode::UNPROCESSABLE_ENTITY, true)
+        );
+        assert_eq!(app.balance().await, 70);
+        assert_eq!(
+            app.runs(),
+            2,
+            "the refusal was stored: its replay ran nothing"
+        );
+    }
+
     macro_rules! on_both {
         ($($scenario:ident),* $(,)?) => {
             mod on_the_server {
@@ -1304,6 +1373,7 @@ mod http_in_transaction {
     }
 
     on_both!(
+        a_refused_deferred_write_is_the_applications_answer,
         a_balance_check_inside_the_transaction,
         a_handler_past_its_time_limit_is_rolled_back,
     );

@@ -65,6 +65,7 @@ pub(crate) use panic::panic_message;
 #[cfg_attr(not(feature = "http"), allow(unused_imports))]
 pub(crate) use retry_after::RetryHint;
 
+use crate::store as claim_record;
 use crate::{store::RecordId, store::Store, Clock, Error, StoreError, StoreErrorKind};
 use cache::RecordCache;
 use claim::{ClaimError, Claimed};
@@ -283,20 +284,51 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        let result = self.run_unreported(attempt, mode, codec, operation).await;
-        alert::operator_must_act(&result);
-        result
+        self.run_with_refusals(attempt, mode, codec, |_| None, operation)
+            .await
     }
 
-    async fn run_unreported<T, E, C, F, Fut>(
+    /// Like [`run`](Engine::run), with business-rule refusals of the
+    /// operation's writes answered rather than failed: when the store
+    /// refuses one of the writes committed with the completion (a
+    /// PostgreSQL constraint or SQLSTATE, a DynamoDB condition on a
+    /// business item: a [`WriteRefusal`](crate::WriteRefusal)), `refusal`
+    /// decides. `Some(Ok(value))`: `value` is the outcome, stored (without
+    /// any write) and replayed like any other; `Some(Err(error))`: the claim
+    /// is released and the caller gets [`Error::Operation`]; `None`: a
+    /// fault, as with `run` ([`Error::Store`], claim released).
+    pub async fn run_with_refusals<T, E, C, R, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
         mode: Mode,
         codec: &C,
+        refusal: R,
         operation: F,
     ) -> Result<Outcome<T>, Error<E>>
     where
         C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let result = self
+            .run_unreported(attempt, mode, codec, refusal, operation)
+            .await;
+        alert::operator_must_act(&result);
+        result
+    }
+
+    async fn run_unreported<T, E, C, R, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        mode: Mode,
+        codec: &C,
+        refusal: R,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
@@ -397,9 +429,58 @@ impl<St: Store> Engine<St> {
                 return Ok(Outcome::new(value, OutcomeKind::NotRecorded));
             }
         };
-        self.complete(claim, response, writes, transactional)
+        let refusable = !writes.is_empty();
+        match self
+            .complete(claim.clone(), response, writes, transactional, refusable)
             .await
-            .map(|kind| Outcome::new(value, kind))
+        {
+            Ok(kind) => Ok(Outcome::new(value, kind)),
+            Err(Error::Store(error)) if refusable && error.write_refusal().is_some() => {
+                self.answer_refusal(claim, codec, refusal, error).await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A refused write, its claim still held: answered as `refusal`
+    /// decides (the answer completed without writes, or the claim
+    /// released).
+    async fn answer_refusal<T, E, C, R>(
+        &self,
+        claim: claim_record::Claim,
+        codec: &C,
+        refusal: R,
+        error: StoreError,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+    {
+        let answer = error.write_refusal().and_then(refusal);
+        match answer {
+            Some(Ok(answer)) => match codec.encode(&answer) {
+                Ok(response) => {
+                    debug!(record = %claim.id, outcome = "refused", "a write was refused: its answer is stored");
+                    self.complete(claim, response, Vec::new(), true, false)
+                        .await
+                        .map(|kind| Outcome::new(answer, kind))
+                }
+                Err(encoding) => {
+                    self.release(&claim).await;
+                    Err(Error::Store(codec::unserialisable(encoding)))
+                }
+            },
+            Some(Err(answer)) => {
+                self.release(&claim).await;
+                Err(Error::Operation(answer))
+            }
+            None => {
+                warn!(record = %claim.id, outcome = "store_error", %error,
+                    "transactional completion failed; releasing the claim");
+                self.release(&claim).await;
+                Err(Error::Store(error))
+            }
+        }
     }
 
     /// Idempotency is off: the operation runs, unprotected, and nothing is

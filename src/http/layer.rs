@@ -159,6 +159,49 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Answers the business-rule refusals of the handler's
+    /// [`CommitWith`](super::CommitWith) writes as the application chooses,
+    /// instead of a 500 `idempotency-write-rejected`: when the store
+    /// refuses one of them (a PostgreSQL constraint or SQLSTATE, a
+    /// DynamoDB condition on a business item: see [`WriteRefusal`]),
+    /// `answer` is asked; a response it returns (a 409 or 422 problem, say)
+    /// is the request's, stored or not by the
+    /// [outcome policy](IdempotencyLayer::store_when) like any other
+    /// response, and committed without any of the writes. `None` leaves it
+    /// a fault (500, the claim released).
+    ///
+    /// ```
+    /// use http::{Response, StatusCode};
+    /// use lambda_idempotency::{http::{IdempotencyLayer, StoredBody}, Engine, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+    ///     .on_write_refusal(|refusal| {
+    ///         (refusal.constraint.as_deref() == Some("accounts_balance_not_negative")
+    ///             || refusal.code == "ConditionalCheckFailed")
+    ///             .then(|| {
+    ///                 Response::builder()
+    ///                     .status(StatusCode::UNPROCESSABLE_ENTITY)
+    ///                     .header("content-type", "application/problem+json")
+    ///                     .body(StoredBody::from(r#"{"type":"insufficient-funds","status":422}"#))
+    ///                     .ok()
+    ///             })
+    ///             .flatten()
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// Not in [`single_write`](IdempotencyLayer::single_write) (a refused
+    /// single write is still an error).
+    ///
+    /// [`WriteRefusal`]: crate::WriteRefusal
+    pub fn on_write_refusal(
+        mut self,
+        answer: impl Fn(&crate::WriteRefusal) -> Option<Response<StoredBody>> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.settings.on_write_refusal = Some(Arc::new(answer));
+        self
+    }
+
     /// How the handler's outcome is committed (default [`Mode::Plain`]).
     ///
     /// Declare [`Mode::Transactional`] when the handler commits its effects

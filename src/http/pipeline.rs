@@ -502,7 +502,18 @@ where
             Ok((head, writes))
         };
         let started_ms = config.engine.now_ms();
-        let result = run_attempt(config, attempt, &config.settings.codec, operation).await;
+        // The application's answer to a refused write, stored or not by
+        // the outcome policy like any response.
+        let refusal = |refused: &crate::WriteRefusal| {
+            let answer = (config.settings.on_write_refusal.as_ref()?)(refused)?;
+            if (config.settings.store_when)(answer.status()) {
+                return Some(Ok(StoredResponse::Full(answer, None)));
+            }
+            let (parts, body) = answer.into_parts();
+            let body = ResBody::from_stored(body, None);
+            Some(Err(Failure::Released(Response::from_parts(parts, body))))
+        };
+        let result = run_attempt(config, attempt, &config.settings.codec, refusal, operation).await;
         if let (Some(route), Ok(done)) = (route, &result) {
             if done.kind() == OutcomeKind::Fresh {
                 let took_ms = config.engine.now_ms().saturating_sub(started_ms);
@@ -523,15 +534,17 @@ where
 
 /// One attempt through the engine, as the layer is configured: inside the
 /// PostgreSQL transaction, in a single write, or claimed in its mode.
-async fn run_attempt<St, T, E, C, F, Fut>(
+async fn run_attempt<St, T, E, C, R, F, Fut>(
     config: &Config<St>,
     attempt: &Attempt<'_>,
     codec: &C,
+    refusal: R,
     operation: F,
 ) -> Result<crate::Outcome<T>, Error<E>>
 where
     St: Store,
     C: crate::Codec<T>,
+    R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
     F: FnOnce(ClaimHandle) -> Fut,
     Fut: std::future::Future<Output = Result<(T, Vec<St::Write>), E>>,
 {
@@ -562,7 +575,7 @@ where
     } else {
         config
             .engine
-            .run(attempt, config.settings.mode, codec, operation)
+            .run_with_refusals(attempt, config.settings.mode, codec, refusal, operation)
             .await
     }
 }
