@@ -1294,6 +1294,12 @@ mod http_in_transaction {
     /// is its chosen 422, stored and replayed, without the write; an
     /// unnamed one stays a 500 that releases the key.
     async fn a_refused_deferred_write_is_the_applications_answer(url: &str) {
+        for in_transaction in [false, true] {
+            a_refused_commit_with_write(url, in_transaction).await;
+        }
+    }
+
+    async fn a_refused_commit_with_write(url: &str, in_transaction: bool) {
         use lambda_idempotency::http::{CommitWith, StoredBody};
         let probe = app(url, TransactionLimits::new()).await;
         let accounts = probe.accounts.clone();
@@ -1336,6 +1342,10 @@ mod http_in_transaction {
                     })
                     .flatten()
             });
+        let layer = match in_transaction {
+            true => layer.in_transaction(TransactionLimits::new()),
+            false => layer,
+        };
         let app = App {
             router: Router::new().route("/pay", post(handler)).layer(layer),
             accounts,

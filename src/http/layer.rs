@@ -190,8 +190,10 @@ impl<St: Store> IdempotencyLayer<St> {
     /// # let _ = layer;
     /// ```
     ///
-    /// Not in [`single_write`](IdempotencyLayer::single_write) (a refused
-    /// single write is still an error).
+    /// With [`in_transaction`](IdempotencyLayer::in_transaction) too: a
+    /// refused `CommitWith` write is rolled back to the claim and the
+    /// answer stored. Not in [`single_write`](IdempotencyLayer::single_write)
+    /// (a refused single write is still an error).
     ///
     /// [`WriteRefusal`]: crate::WriteRefusal
     pub fn on_write_refusal(
@@ -521,8 +523,8 @@ impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
     ///   leaves and a crash roll everything back: the key is free, and the
     ///   retry runs as a first request.
     /// - A stored 4xx (a business-rule refusal, say a 422 for a balance too
-    ///   low) is stored **without** the handler's writes: they are rolled
-    ///   back to the claim first
+    ///   low) is stored **without** the handler's writes (its SQL and its
+    ///   `CommitWith`): they are rolled back to the claim first
     ///   ([`roll_back_writes`](crate::store::postgres::PgTransaction::roll_back_writes)),
     ///   and the refusal is replayed to every retry.
     /// - A duplicate waits at most `limits`'

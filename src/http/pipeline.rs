@@ -448,6 +448,7 @@ where
             #[cfg(feature = "postgres")]
             if let Some(transaction) = &transaction {
                 if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
+                    parts.extensions.remove::<CommitWith<St::Write>>();
                     if let Err(error) = transaction.roll_back_writes().await {
                         tracing::warn!(%error, "the refused request's writes could not be rolled back");
                         return Err(Failure::Released(Response::from_parts(parts, body)));
@@ -557,7 +558,7 @@ where
             (&config.engine as &dyn Any).downcast_ref::<crate::Engine<PostgresStore>>()
         {
             return engine
-                .transaction_run(attempt, limits, codec, |claim, _| async move {
+                .transaction_run(attempt, limits, codec, refusal, |claim, _| async move {
                     let (value, writes) = operation(claim).await?;
                     // The store is PostgreSQL: its writes are `PgWrite`s.
                     let writes: Box<dyn Any> = Box::new(writes);

@@ -526,11 +526,18 @@ impl Engine<PostgresStore> {
         F: FnOnce(PgTransaction) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.transaction_run(attempt, limits, codec, |_, transaction| async move {
-            operation(transaction)
-                .await
-                .map(|value| (value, Vec::new()))
-        })
+        let no_refusals = |_: &crate::WriteRefusal| None;
+        self.transaction_run(
+            attempt,
+            limits,
+            codec,
+            no_refusals,
+            |_, transaction| async move {
+                operation(transaction)
+                    .await
+                    .map(|value| (value, Vec::new()))
+            },
+        )
         .await
     }
 
@@ -538,15 +545,17 @@ impl Engine<PostgresStore> {
     /// its [`ClaimHandle`] (which holds the transaction too) and the
     /// transaction, and returns its value and [`PgWrite`]s to run in the
     /// transaction before the completion.
-    pub(crate) async fn transaction_run<T, E, C, F, Fut>(
+    pub(crate) async fn transaction_run<T, E, C, R, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
         limits: TransactionLimits,
         codec: &C,
+        refusal: R,
         operation: F,
     ) -> Result<Outcome<T>, Error<E>>
     where
         C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
         F: FnOnce(ClaimHandle, PgTransaction) -> Fut,
         Fut: Future<Output = Result<(T, Vec<PgWrite>), E>>,
     {
@@ -620,6 +629,33 @@ impl Engine<PostgresStore> {
                 return Err(error);
             }
         };
+        // The operation's `PgWrite`s; one the application names a refusal
+        // is answered as it says, without any of its writes.
+        let value = match run_writes(&transaction, &writes).await {
+            Ok(()) => value,
+            Err(error) => {
+                let answer = error.write_refusal().and_then(refusal);
+                let undone = match &answer {
+                    Some(Ok(_)) => transaction.roll_back_writes().await,
+                    _ => Ok(()),
+                };
+                match (answer, undone) {
+                    (Some(Ok(answer)), Ok(())) => answer,
+                    (Some(Err(answer)), _) => {
+                        transaction.roll_back().await;
+                        return Err(Error::Operation(answer));
+                    }
+                    (_, Err(undo)) => {
+                        transaction.roll_back().await;
+                        return Err(Error::Store(undo));
+                    }
+                    (None, _) => {
+                        transaction.roll_back().await;
+                        return Err(Error::Store(error));
+                    }
+                }
+            }
+        };
         let response = match codec.encode(&value) {
             Ok(response) => response,
             Err(error) => {
@@ -630,7 +666,6 @@ impl Engine<PostgresStore> {
         let now_ms = self.now_ms();
         let expiration_s = self.expiration_s(now_ms);
         let finished = async {
-            run_writes(&transaction, &writes).await?;
             if !store
                 .complete_in(&transaction, &claim, &response, now_ms, expiration_s)
                 .await?
