@@ -989,6 +989,85 @@ mod in_transaction {
         assert_eq!(bank.balance().await, 100);
     }
 
+    /// An event consumer's handler inside the transaction
+    /// (`IdempotentEventLayer::in_transaction`), taking it with
+    /// `PgTransaction::current`.
+    async fn an_event_handler_runs_inside_the_transaction(url: &str) {
+        use lambda_idempotency::consumers::IdempotentEventLayer;
+        use lambda_runtime::{Context, LambdaEvent};
+        use tower::{Layer, ServiceExt};
+        let bank = bank(url, 4).await;
+        let (accounts, runs) = (bank.accounts.clone(), bank.runs.clone());
+        let handler = tower::service_fn(move |event: LambdaEvent<Value>| {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let tx = PgTransaction::current().ok_or("not inside a transaction")?;
+                let amount = event.payload["amount"].as_i64().unwrap_or(0);
+                tx.execute_typed(
+                    &format!("UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"),
+                    &[(&amount, Type::INT8)],
+                )
+                .await?;
+                let pause = event.payload["pause_ms"].as_u64().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                if event.payload["fail"] == true {
+                    return Err(BoxError::from("the handler failed"));
+                }
+                Ok::<_, BoxError>(json!({ "debited": amount }))
+            }
+        });
+        let service = IdempotentEventLayer::new(bank.engine.clone(), "payments")
+            .key(|event: &Value| event["id"].as_str().map(str::to_owned))
+            .in_transaction(limits())
+            .layer(handler);
+        let deliver = |event: Value| {
+            service
+                .clone()
+                .oneshot(LambdaEvent::new(event, Context::default()))
+        };
+        let event = json!({ "id": "e1", "amount": 10 });
+        assert_eq!(
+            deliver(event.clone()).await.expect("handled"),
+            json!({ "debited": 10 })
+        );
+        assert_eq!(
+            deliver(event).await.expect("replayed"),
+            json!({ "debited": 10 })
+        );
+        assert_eq!((bank.runs(), bank.balance().await), (1, 90));
+
+        // An error rolls the debit and the claim back: the redelivery runs.
+        let failing = json!({ "id": "e2", "amount": 10, "fail": true });
+        assert!(deliver(failing).await.is_err());
+        assert_eq!(bank.balance().await, 90);
+        assert!(bank
+            .engine
+            .inspect("payments", "e2")
+            .await
+            .expect("read")
+            .is_none());
+
+        // A duplicate delivery while the first runs: refused at once.
+        let slow = json!({ "id": "e3", "amount": 10, "pause_ms": 1500 });
+        let first = tokio::spawn(deliver(slow.clone()));
+        while bank.runs() < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        let duplicate = deliver(slow).await.expect_err("in progress");
+        assert!(
+            duplicate.to_string().contains("being processed"),
+            "{duplicate}"
+        );
+        assert!(started.elapsed() < Duration::from_millis(800));
+        assert_eq!(
+            first.await.expect("joined").expect("handled"),
+            json!({ "debited": 10 })
+        );
+        assert_eq!((bank.runs(), bank.balance().await), (3, 80));
+    }
+
     macro_rules! on_both {
         ($($scenario:ident),* $(,)?) => {
             mod on_the_server {
@@ -1003,6 +1082,7 @@ mod in_transaction {
     }
 
     on_both!(
+        an_event_handler_runs_inside_the_transaction,
         a_payment_commits_with_its_record_and_is_replayed,
         concurrent_duplicates_never_both_run_and_are_answered_promptly,
         a_duplicate_within_the_claim_wait_gets_the_replay,

@@ -170,6 +170,15 @@ impl fmt::Debug for PgTransaction {
 }
 
 impl PgTransaction {
+    /// The transaction the operation running on this task runs in, when it
+    /// runs inside one: for handlers that are not handed it (an event
+    /// consumer's, under
+    /// `IdempotentEventLayer::in_transaction`). `None` elsewhere, and in
+    /// tasks the operation spawns (pass it to them).
+    pub fn current() -> Option<PgTransaction> {
+        crate::ClaimHandle::current().and_then(|claim| claim.transaction().cloned())
+    }
+
     /// Whether this attempt took over a claim whose lease had passed (made
     /// by the deferred form, [`Engine::run`] and its kin): the previous
     /// attempt may have acted outside the database. A claim made in a
