@@ -190,7 +190,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// # let _ = layer;
     /// ```
     ///
-    /// With [`in_transaction`](IdempotencyLayer::in_transaction) too: a
+    /// With `in_transaction` too (the PostgreSQL store): a
     /// refused `CommitWith` write is rolled back to the claim and the
     /// answer stored. Not in [`single_write`](IdempotencyLayer::single_write)
     /// (a refused single write is still an error).
