@@ -41,6 +41,17 @@ pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(10);
 /// returns to it.
 const HANDLER_SAVEPOINT: &str = "lambda_idempotency_handler";
 
+/// The longest timeout PostgreSQL takes (`INT_MAX` milliseconds, about 24
+/// days); the claim wait and the time limit are capped to it, and
+/// the idle timeout a second later stays within it too.
+const LONGEST_MS: u64 = i32::MAX as u64 - 1_000;
+
+fn bounded_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, LONGEST_MS)
+}
+
 /// The bounds of [`Engine::run_in_transaction`]: how long a concurrent
 /// duplicate waits for the key, and how long the handler's transaction may
 /// last.
@@ -76,18 +87,19 @@ impl TransactionLimits {
     }
 
     /// How long a duplicate's claim waits on the transaction that holds
-    /// its key (`SET LOCAL lock_timeout`, at least 1 ms). If that
+    /// its key (`SET LOCAL lock_timeout`; from 1 ms to about 24 days,
+    /// PostgreSQL's longest). If that
     /// transaction commits within it, the duplicate gets its stored
     /// outcome (a replay); otherwise it is told the key is in progress
     /// ([`Error::InProgress`], a 409) at once.
     #[must_use]
     pub fn claim_wait(mut self, wait: Duration) -> Self {
-        self.claim_wait = wait.max(Duration::from_millis(1));
+        self.claim_wait = Duration::from_millis(bounded_ms(wait));
         self
     }
 
-    /// How long the transaction may take from `BEGIN` to `COMMIT` (at least
-    /// 1 ms). Past it the handler is stopped, everything is rolled back,
+    /// How long the transaction may take from `BEGIN` to `COMMIT` (from 1
+    /// ms to about 24 days, PostgreSQL's longest timeout). Past it the handler is stopped, everything is rolled back,
     /// and the caller gets [`Error::TimeLimitExceeded`]. The server enforces
     /// it too (`statement_timeout` on each statement, and
     /// `idle_in_transaction_session_timeout` a second later), so a process
@@ -95,7 +107,7 @@ impl TransactionLimits {
     /// lock for longer either.
     #[must_use]
     pub fn time_limit(mut self, limit: Duration) -> Self {
-        self.time_limit = limit.max(Duration::from_millis(1));
+        self.time_limit = Duration::from_millis(bounded_ms(limit));
         self
     }
 
@@ -241,7 +253,7 @@ impl PostgresStore {
     /// Takes a connection and begins a transaction bounded by `limits`.
     async fn begin(&self, limits: &TransactionLimits) -> Result<PgTransaction, StoreError> {
         let object = self.client().await?;
-        let time_limit_ms = limits.time_limit.as_millis().max(1);
+        let time_limit_ms = bounded_ms(limits.time_limit);
         // Numbers, formatted into the SQL: SET takes no parameters. All of
         // it LOCAL, so nothing outlives the transaction (PgBouncer in
         // transaction mode hands the server connection on at COMMIT).
@@ -249,7 +261,7 @@ impl PostgresStore {
             "BEGIN; SET LOCAL lock_timeout = {claim_wait}; \
              SET LOCAL statement_timeout = {time_limit_ms}; \
              SET LOCAL idle_in_transaction_session_timeout = {idle}",
-            claim_wait = limits.claim_wait.as_millis().max(1),
+            claim_wait = bounded_ms(limits.claim_wait),
             idle = time_limit_ms + 1_000,
         );
         let transaction = PgTransaction {
@@ -775,4 +787,22 @@ async fn run_writes(transaction: &PgTransaction, writes: &[PgWrite]) -> Result<(
 
 fn remaining(started: Instant, limits: &TransactionLimits) -> Duration {
     limits.time_limit.saturating_sub(started.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_stay_within_what_postgresql_takes() {
+        let limits = TransactionLimits::new()
+            .claim_wait(Duration::ZERO)
+            .time_limit(Duration::MAX);
+        assert_eq!(limits.claim_wait_value(), Duration::from_millis(1));
+        assert_eq!(limits.time_limit_value(), Duration::from_millis(LONGEST_MS));
+        assert!(LONGEST_MS + 1_000 <= i32::MAX as u64);
+        let defaults = TransactionLimits::default();
+        assert_eq!(defaults.claim_wait_value(), DEFAULT_CLAIM_WAIT);
+        assert_eq!(defaults.time_limit_value(), DEFAULT_TIME_LIMIT);
+    }
 }
