@@ -1099,6 +1099,30 @@ mod in_transaction {
             .as_millis() as u64
     }
 
+    /// The invocation's deadline bounds the transaction too.
+    #[tokio::test]
+    async fn the_invocations_deadline_ends_the_transaction() {
+        let bank = bank(&url(), 2).await;
+        let attempt = Attempt::new("t", "k", payload(10)).deadline_ms(now_ms() + 800);
+        let started = Instant::now();
+        let result = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), |tx| async move {
+                tx.batch_execute("SELECT pg_sleep(30)").await?;
+                Ok::<_, BoxError>(json!({}))
+            })
+            .await;
+        assert!(
+            matches!(result, Err(Error::TimeLimitExceeded { .. })),
+            "{result:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
     #[tokio::test]
     async fn records_of_the_deferred_form_keep_their_meaning() {
         let bank = bank(&url(), 2).await;

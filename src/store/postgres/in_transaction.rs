@@ -46,6 +46,10 @@ const HANDLER_SAVEPOINT: &str = "lambda_idempotency_handler";
 /// the idle timeout a second later stays within it too.
 const LONGEST_MS: u64 = i32::MAX as u64 - 1_000;
 
+/// How long before the invocation's deadline the transaction ends, to
+/// leave time to roll back and answer.
+const DEADLINE_MARGIN_MS: u64 = 250;
+
 fn bounded_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis())
         .unwrap_or(u64::MAX)
@@ -104,7 +108,9 @@ impl TransactionLimits {
     /// it too (`statement_timeout` on each statement, and
     /// `idle_in_transaction_session_timeout` a second later), so a process
     /// that stops answering (a Lambda frozen after its timeout) holds no
-    /// lock for longer either.
+    /// lock for longer either. With an invocation deadline
+    /// ([`Attempt::deadline`](crate::Attempt::deadline), the Lambda
+    /// context's), the limit ends 250 ms before it at the latest.
     #[must_use]
     pub fn time_limit(mut self, limit: Duration) -> Self {
         self.time_limit = Duration::from_millis(bounded_ms(limit));
@@ -581,6 +587,16 @@ impl Engine<PostgresStore> {
         Fut: Future<Output = Result<(T, Vec<PgWrite>), E>>,
     {
         let started = Instant::now();
+        // Never past the invocation's deadline: a Lambda stopped at its
+        // timeout would hold the transaction until the server's own bound.
+        let limits = match attempt.deadline_ms {
+            Some(deadline_ms) => {
+                let left_ms = deadline_ms.saturating_sub(self.now_ms());
+                let left = Duration::from_millis(left_ms.saturating_sub(DEADLINE_MARGIN_MS));
+                limits.time_limit(limits.time_limit.min(left))
+            }
+            None => limits,
+        };
         let store = self.store();
         if self.is_disabled() {
             let transaction = store.begin(&limits).await.map_err(Error::Store)?;
