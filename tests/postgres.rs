@@ -1099,6 +1099,80 @@ mod in_transaction {
             .as_millis() as u64
     }
 
+    /// `Engine::run_with_refusals` on the deferred form: a refused write the
+    /// closure answers is stored without the write; one it releases, or does
+    /// not name, leaves the key free.
+    #[tokio::test]
+    async fn refused_deferred_writes_are_answered_by_the_engine() {
+        use lambda_idempotency::{Json, Mode, WriteRefusal};
+        let bank = bank(&url(), 2).await;
+        let overdraw = PgWrite::new(format!(
+            "UPDATE {} SET balance = balance - 500 WHERE id = 'acct'",
+            bank.accounts
+        ));
+        let constraint = format!("{}_not_negative", bank.accounts);
+        let run = |key: &'static str, answer: Option<Result<Value, BoxError>>| {
+            let (overdraw, constraint) = (overdraw.clone(), constraint.clone());
+            let engine = bank.engine.clone();
+            async move {
+                let attempt = Attempt::new("t", key, payload(500));
+                engine
+                    .run_with_refusals(
+                        &attempt,
+                        Mode::Transactional,
+                        &Json,
+                        |refusal: &WriteRefusal| {
+                            assert_eq!(refusal.index, 0);
+                            assert_eq!(refusal.code, "23514");
+                            assert_eq!(refusal.constraint.as_deref(), Some(constraint.as_str()));
+                            answer
+                        },
+                        |_| async move { Ok::<_, BoxError>((json!({ "paid": 500 }), vec![overdraw])) },
+                    )
+                    .await
+            }
+        };
+        let stored = run(
+            "stored",
+            Some(Ok(json!({ "refused": "insufficient funds" }))),
+        )
+        .await
+        .expect("answered");
+        assert_eq!(stored.kind(), OutcomeKind::Fresh);
+        assert_eq!(stored.value()["refused"], "insufficient funds");
+        let record = bank
+            .engine
+            .inspect("t", "stored")
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(record.status, lambda_idempotency::store::Status::Completed);
+        let replay = run("stored", None).await.expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), stored.value());
+
+        let released = run("released", Some(Err("declined".into()))).await;
+        assert!(matches!(released, Err(Error::Operation(_))), "{released:?}");
+        assert!(bank
+            .engine
+            .inspect("t", "released")
+            .await
+            .expect("read")
+            .is_none());
+        let fault = run("fault", None).await;
+        match fault {
+            Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::WriteRejected),
+            other => panic!("{other:?}"),
+        }
+        assert!(bank
+            .engine
+            .inspect("t", "fault")
+            .await
+            .expect("read")
+            .is_none());
+        assert_eq!(bank.balance().await, 100);
+    }
+
     /// The invocation's deadline bounds the transaction too.
     #[tokio::test]
     async fn the_invocations_deadline_ends_the_transaction() {
