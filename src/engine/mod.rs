@@ -65,8 +65,10 @@ pub(crate) use panic::panic_message;
 #[cfg_attr(not(feature = "http"), allow(unused_imports))]
 pub(crate) use retry_after::RetryHint;
 
-use crate::store as claim_record;
-use crate::{store::RecordId, store::Store, Clock, Error, StoreError, StoreErrorKind};
+use crate::{
+    store::{Claim, RecordId, Store},
+    Clock, Error, StoreError, StoreErrorKind,
+};
 use cache::RecordCache;
 use claim::{ClaimError, Claimed};
 use futures_util::FutureExt;
@@ -447,7 +449,7 @@ impl<St: Store> Engine<St> {
     /// released).
     async fn answer_refusal<T, E, C, R>(
         &self,
-        claim: claim_record::Claim,
+        claim: Claim,
         codec: &C,
         refusal: R,
         error: StoreError,
