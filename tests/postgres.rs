@@ -1,5 +1,6 @@
 //! The PostgreSQL store against a real server: the whole conformance kit,
-//! transactional writes, expiry and purging, bad rows.
+//! transactional writes, expiry and purging, bad rows, the handler inside
+//! the transaction (engine, HTTP layer, consumers) and write refusals.
 //!
 //! Needs `IDEMPOTENCY_TEST_POSTGRES_URL`; `make test` starts a server
 //! (`scripts/with-postgres`) and provides it.
