@@ -44,6 +44,15 @@ pub enum Error<E = std::convert::Infallible> {
     /// was dropped with them. Declare such operations transactional so that
     /// they never run without the store.
     WritesNotCommitted(StoreError),
+    /// The operation ran inside a database transaction past the time limit
+    /// its caller set (for PostgreSQL, `Engine::run_in_transaction`'s
+    /// `TransactionLimits::time_limit`): it was stopped and everything it
+    /// did in the transaction, its claim included, was rolled back, so the
+    /// key is free and a retry runs it again.
+    TimeLimitExceeded {
+        /// The limit that was exceeded.
+        limit: Duration,
+    },
     /// The operation ran and failed; its claim was released so that a retry
     /// can run it again.
     Operation(E),
@@ -62,6 +71,7 @@ impl<E> Error<E> {
             Error::Store(_) => ErrorKind::StoreFailed,
             Error::LeaseLost => ErrorKind::LeaseLost,
             Error::WritesNotCommitted(_) => ErrorKind::WritesNotCommitted,
+            Error::TimeLimitExceeded { .. } => ErrorKind::TimeLimitExceeded,
             Error::Operation(_) => ErrorKind::Operation,
         }
     }
@@ -82,7 +92,7 @@ impl<E> Error<E> {
             Error::Store(e) | Error::WritesNotCommitted(e) if e.kind().is_transient() => {
                 Some(Duration::from_secs(1))
             }
-            Error::LeaseLost => Some(Duration::from_secs(1)),
+            Error::LeaseLost | Error::TimeLimitExceeded { .. } => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -106,6 +116,11 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::WritesNotCommitted(e) => write!(
                 f,
                 "the operation ran without idempotency (fail-open) but its writes could not be committed: {e}"
+            ),
+            Error::TimeLimitExceeded { limit } => write!(
+                f,
+                "the operation ran past its time limit of {} ms; everything it did in the transaction was rolled back and the key is free",
+                limit.as_millis()
             ),
             Error::Operation(e) => write!(f, "operation failed: {e}"),
         }
@@ -148,6 +163,8 @@ pub enum ErrorKind {
     LeaseLost,
     /// See [`Error::WritesNotCommitted`].
     WritesNotCommitted,
+    /// See [`Error::TimeLimitExceeded`].
+    TimeLimitExceeded,
     /// See [`Error::Operation`].
     Operation,
 }
@@ -163,6 +180,7 @@ impl ErrorKind {
             ErrorKind::CorruptRecord => "corrupt_record",
             ErrorKind::LeaseLost => "lease_lost",
             ErrorKind::WritesNotCommitted => "writes_not_committed",
+            ErrorKind::TimeLimitExceeded => "time_limit_exceeded",
             ErrorKind::Operation => "operation_error",
         }
     }
@@ -175,6 +193,45 @@ pub struct StoreError {
     kind: StoreErrorKind,
     message: String,
     source: Option<BoxError>,
+    refusal: Option<Box<WriteRefusal>>,
+}
+
+/// What the store said when it refused one of the operation's own
+/// transactional writes (a [`WriteRejected`](StoreErrorKind::WriteRejected)
+/// error): for the application to tell the business-rule refusals it
+/// expects (a constraint, a condition on a business item) from faults, and
+/// answer them as it chooses (the HTTP layer's `on_write_refusal`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteRefusal {
+    /// Which of the operation's writes failed, from 0.
+    pub index: usize,
+    /// The store's code: PostgreSQL's SQLSTATE (`23514`, `23505`,
+    /// `P0001`), DynamoDB's cancellation reason (`ConditionalCheckFailed`).
+    pub code: String,
+    /// The constraint that refused, when the store names one (PostgreSQL).
+    pub constraint: Option<String>,
+    /// The store's message.
+    pub message: String,
+}
+
+impl WriteRefusal {
+    /// A refusal of write `index`, with the store's `code` and `message`.
+    pub fn new(index: usize, code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            index,
+            code: code.into(),
+            constraint: None,
+            message: message.into(),
+        }
+    }
+
+    /// The constraint that refused.
+    #[must_use]
+    pub fn with_constraint(mut self, constraint: impl Into<String>) -> Self {
+        self.constraint = Some(constraint.into());
+        self
+    }
 }
 
 impl StoreError {
@@ -184,7 +241,21 @@ impl StoreError {
             kind,
             message: message.into(),
             source: None,
+            refusal: None,
         }
+    }
+
+    /// Attaches what the store said when it refused one of the operation's
+    /// writes (for a [`WriteRejected`](StoreErrorKind::WriteRejected) error).
+    pub fn with_write_refusal(mut self, refusal: WriteRefusal) -> Self {
+        self.refusal = Some(Box::new(refusal));
+        self
+    }
+
+    /// What the store said when it refused one of the operation's writes,
+    /// if this is such a refusal.
+    pub fn write_refusal(&self) -> Option<&WriteRefusal> {
+        self.refusal.as_deref()
     }
 
     /// Attaches the underlying error.

@@ -256,7 +256,7 @@ pub use engine::{
     DEFAULT_MAX_LEASE, DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE,
     MAX_DURATION,
 };
-pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind};
+pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind, WriteRefusal};
 pub use fingerprint::{Fingerprint, InvalidJsonPointer, JsonPointer};
 pub use key::derive_key;
 pub use metrics::EmfMetrics;

@@ -617,3 +617,99 @@ async fn single_write_concurrent_duplicates_commit_one_charge_and_replay_it() {
         "one charge written"
     );
 }
+
+/// Issue 41, item 2: a condition on a business item that the application
+/// expects (an order number already taken) is the answer it chooses, a 422
+/// stored and replayed like any response, not a 500; a refusal it does not
+/// name stays a 500 that releases the key.
+#[tokio::test]
+async fn a_refused_business_condition_is_the_applications_answer() {
+    use lambda_idempotency::http::StoredBody;
+    let client = support::client();
+    let orders = support::create_table_with(&client, "orders", "order_id", None).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    // The order number comes from the body: a second key for the same
+    // order number fails the condition on the business item.
+    let handler = lambda_http::service_fn(move |request: Request| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let orders = orders.clone();
+        let order = String::from_utf8_lossy(request.body()).into_owned();
+        async move {
+            let put = Put::builder()
+                .table_name(orders)
+                .item("order_id", AttributeValue::S(order.clone()))
+                .condition_expression("attribute_not_exists(order_id)")
+                .build()?;
+            let mut response = Response::builder()
+                .status(201)
+                .body(Body::Text(format!(r#"{{"order":{order}}}"#)))?;
+            response
+                .extensions_mut()
+                .insert(CommitWith(vec![TransactWriteItem::builder()
+                    .put(put)
+                    .build()]));
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let engine = engine().await;
+    let answering = IdempotencyLayer::new(engine.clone())
+        .shared_scope()
+        .mode(Mode::Transactional)
+        .on_write_refusal(|refusal| {
+            (refusal.code == "ConditionalCheckFailed" && refusal.index == 0)
+                .then(|| {
+                    http::Response::builder()
+                        .status(StatusCode::UNPROCESSABLE_ENTITY)
+                        .header(header::CONTENT_TYPE, "application/problem+json")
+                        .body(StoredBody::from(r#"{"type":"order-exists","status":422}"#))
+                        .ok()
+                })
+                .flatten()
+        })
+        .layer(handler.clone());
+    let first = answering
+        .clone()
+        .oneshot(post("o-1", json("\"42\"")))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let refused = answering
+        .clone()
+        .oneshot(post("o-2", json("\"42\"")))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem_type(&refused), "order-exists");
+    let replay = answering
+        .clone()
+        .oneshot(post("o-2", json("\"42\"")))
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the stored refusal ran nothing"
+    );
+
+    // Not named by the application: a fault, the key released.
+    let unanswered = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .mode(Mode::Transactional)
+        .layer(handler);
+    for attempt in 1..=2 {
+        let response = unanswered
+            .clone()
+            .oneshot(post("o-3", json("\"42\"")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            problem_type(&response),
+            "urn:lambda-idempotency:problem:idempotency-write-rejected"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2 + attempt);
+    }
+}

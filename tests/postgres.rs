@@ -1,5 +1,6 @@
 //! The PostgreSQL store against a real server: the whole conformance kit,
-//! transactional writes, expiry and purging, bad rows.
+//! transactional writes, expiry and purging, bad rows, the handler inside
+//! the transaction (engine, HTTP layer, consumers) and write refusals.
 //!
 //! Needs `IDEMPOTENCY_TEST_POSTGRES_URL`; `make test` starts a server
 //! (`scripts/with-postgres`) and provides it.
@@ -543,4 +544,1026 @@ fn connect_tls_refuses_bad_configuration_at_start_up() {
             Ok(_) => panic!("refused at start-up"),
         }
     }
+}
+
+/// The handler inside the PostgreSQL transaction
+/// (`Engine::run_in_transaction`): a balance check under a row lock, the
+/// debit and the completed record in one transaction; on the server and
+/// through PgBouncer in transaction mode.
+mod in_transaction {
+    use super::*;
+    use lambda_idempotency::{
+        store::{
+            postgres::{
+                tokio_postgres::types::Type, PgTransaction, RefusalRules, TransactionLimits,
+            },
+            Claim, OwnerToken,
+        },
+        Outcome,
+    };
+    use serde_json::{json, Value};
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// A store, an engine, and an account with a balance of 100 that may
+    /// never go below 0.
+    struct Bank {
+        store: PostgresStore,
+        engine: Engine<PostgresStore>,
+        accounts: String,
+        runs: Arc<AtomicUsize>,
+    }
+
+    async fn bank(url: &str, pool: usize) -> Arc<Bank> {
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("intx_{}_{n}", std::process::id());
+        let store = PostgresStore::connect(url, table.clone(), pool).expect("pool");
+        store.create_table().await.expect("create table");
+        let accounts = format!("{table}_accounts");
+        tokio_postgres_client()
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {accounts} (id text PRIMARY KEY, balance bigint NOT NULL \
+                 CONSTRAINT {accounts}_not_negative CHECK (balance >= 0)); \
+                 INSERT INTO {accounts} VALUES ('acct', 100)"
+            ))
+            .await
+            .expect("accounts");
+        Arc::new(Bank {
+            engine: Engine::builder(store.clone()).build(),
+            store,
+            accounts,
+            runs: Arc::default(),
+        })
+    }
+
+    fn limits() -> TransactionLimits {
+        TransactionLimits::new()
+    }
+
+    impl Bank {
+        async fn balance(&self) -> i64 {
+            tokio_postgres_client()
+                .await
+                .query_one(
+                    &format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts),
+                    &[],
+                )
+                .await
+                .expect("balance")
+                .get(0)
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+
+        /// Pays `amount`: reads the balance under a row lock, waits `pause`,
+        /// refuses (a stored 409) when it is too low, else debits.
+        async fn pay(
+            &self,
+            key: &str,
+            amount: i64,
+            limits: TransactionLimits,
+            pause: Duration,
+        ) -> Result<Outcome<Value>, Error<BoxError>> {
+            let (accounts, runs) = (self.accounts.clone(), self.runs.clone());
+            let attempt = Attempt::new("t", key, payload(amount as u64));
+            self.engine
+                .run_in_transaction(&attempt, limits, |tx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let rows = tx
+                        .query_typed(
+                            &format!("SELECT balance FROM {accounts} WHERE id = 'acct' FOR UPDATE"),
+                            &[],
+                        )
+                        .await?;
+                    let balance: i64 = rows.first().ok_or("no account")?.try_get(0)?;
+                    tokio::time::sleep(pause).await;
+                    if balance < amount {
+                        return Ok(json!({ "status": 409, "refused": "insufficient funds" }));
+                    }
+                    tx.execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"),
+                        &[(&amount, Type::INT8)],
+                    )
+                    .await?;
+                    Ok::<_, BoxError>(json!({ "status": 201, "balance": balance - amount }))
+                })
+                .await
+        }
+
+        /// Debits `amount` first, then runs `then` (which fails, hangs or
+        /// panics).
+        async fn debit_then<F, Fut>(
+            &self,
+            key: &str,
+            limits: TransactionLimits,
+            then: F,
+        ) -> Result<Outcome<Value>, Error<BoxError>>
+        where
+            F: FnOnce(PgTransaction) -> Fut,
+            Fut: std::future::Future<Output = Result<Value, BoxError>>,
+        {
+            let (accounts, runs) = (self.accounts.clone(), self.runs.clone());
+            let attempt = Attempt::new("t", key, payload(10));
+            self.engine
+                .run_in_transaction(&attempt, limits, |tx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tx.execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'"),
+                        &[],
+                    )
+                    .await?;
+                    then(tx).await
+                })
+                .await
+        }
+    }
+
+    async fn a_payment_commits_with_its_record_and_is_replayed(url: &str) {
+        let bank = bank(url, 2).await;
+        let first = bank
+            .pay("k", 30, limits(), Duration::ZERO)
+            .await
+            .expect("paid");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        assert_eq!(first.value()["balance"], 70);
+        assert_eq!(bank.balance().await, 70);
+        let replay = bank
+            .pay("k", 30, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), first.value());
+        assert_eq!(bank.runs(), 1, "a replay runs nothing");
+        assert_eq!(bank.balance().await, 70);
+        let reused = bank.pay("k", 31, limits(), Duration::ZERO).await;
+        assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+        // The balance check refuses, and its answer is stored.
+        let refused = bank
+            .pay("big", 500, limits(), Duration::ZERO)
+            .await
+            .expect("answered");
+        assert_eq!(refused.value()["status"], 409);
+        let replay = bank
+            .pay("big", 500, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(bank.balance().await, 70);
+        assert_eq!(bank.runs(), 2);
+    }
+
+    async fn concurrent_duplicates_never_both_run_and_are_answered_promptly(url: &str) {
+        let bank = bank(url, 4).await;
+        let first = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.pay("k", 10, limits(), Duration::from_millis(1500))
+                    .await
+            }
+        });
+        while bank.runs() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        let duplicate = bank
+            .pay(
+                "k",
+                10,
+                limits().claim_wait(Duration::from_millis(100)),
+                Duration::ZERO,
+            )
+            .await;
+        let took = started.elapsed();
+        assert!(
+            matches!(duplicate, Err(Error::InProgress { .. })),
+            "{duplicate:?}"
+        );
+        assert!(took < Duration::from_millis(800), "answered after {took:?}");
+        let first = first.await.expect("joined").expect("paid");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        let replay = bank
+            .pay("k", 10, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(bank.runs(), 1, "the duplicates ran nothing");
+        assert_eq!(bank.balance().await, 90);
+
+        // A burst of duplicates: one debit.
+        let burst: Vec<_> = (0..8)
+            .map(|_| {
+                let bank = bank.clone();
+                tokio::spawn(async move {
+                    bank.pay("burst", 10, limits(), Duration::from_millis(50))
+                        .await
+                })
+            })
+            .collect();
+        let mut fresh = 0;
+        for result in futures::future::join_all(burst).await {
+            match result.expect("joined") {
+                Ok(outcome) if outcome.kind() == OutcomeKind::Fresh => fresh += 1,
+                Ok(_) | Err(Error::InProgress { .. }) => {}
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(fresh, 1);
+        assert_eq!(bank.runs(), 2);
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_duplicate_within_the_claim_wait_gets_the_replay(url: &str) {
+        let bank = bank(url, 4).await;
+        let first = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.pay("k", 10, limits(), Duration::from_millis(300))
+                    .await
+            }
+        });
+        while bank.runs() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let duplicate = bank
+            .pay(
+                "k",
+                10,
+                limits().claim_wait(Duration::from_secs(5)),
+                Duration::ZERO,
+            )
+            .await
+            .expect("replayed");
+        assert_eq!(duplicate.kind(), OutcomeKind::Replay);
+        assert_eq!(
+            first.await.expect("joined").expect("paid").kind(),
+            OutcomeKind::Fresh
+        );
+        assert_eq!(bank.runs(), 1);
+        assert_eq!(bank.balance().await, 90);
+    }
+
+    async fn an_error_rolls_everything_back_and_frees_the_key(url: &str) {
+        let bank = bank(url, 1).await;
+        let failed = bank
+            .debit_then("k", limits(), |_| async {
+                Err::<Value, BoxError>("declined".into())
+            })
+            .await;
+        assert!(matches!(failed, Err(Error::Operation(_))), "{failed:?}");
+        assert_eq!(bank.balance().await, 100, "the debit was rolled back");
+        assert!(
+            bank.engine.inspect("t", "k").await.expect("read").is_none(),
+            "no record"
+        );
+        let retry = bank
+            .pay("k", 10, limits(), Duration::ZERO)
+            .await
+            .expect("ran");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(bank.runs(), 2);
+        assert_eq!(bank.balance().await, 90);
+    }
+
+    async fn a_crash_mid_handler_rolls_back_and_leaves_the_pool_clean(url: &str) {
+        // One connection: a transaction left open on it would be the next
+        // request's.
+        let bank = bank(url, 1).await;
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(300),
+            bank.debit_then("k", limits(), |_| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(json!({}))
+            }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the caller gave up");
+        let retry_with_wait = || limits().claim_wait(Duration::from_secs(5));
+        assert_eq!(bank.balance().await, 100, "the debit was rolled back");
+        assert!(bank.engine.inspect("t", "k").await.expect("read").is_none());
+        let retry = bank
+            .pay("k", 10, retry_with_wait(), Duration::ZERO)
+            .await
+            .expect("the retry runs, on the same connection");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(bank.balance().await, 90);
+
+        let panicked = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.debit_then("p", limits(), |_| async { panic!("the handler crashed") })
+                    .await
+            }
+        })
+        .await;
+        assert!(panicked.expect_err("panicked").is_panic());
+        assert_eq!(
+            bank.balance().await,
+            90,
+            "the panicked debit was rolled back"
+        );
+        assert!(bank.engine.inspect("t", "p").await.expect("read").is_none());
+        let retry = bank
+            .pay("p", 10, retry_with_wait(), Duration::ZERO)
+            .await
+            .expect("the retry runs");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_long_handler_is_stopped_at_its_time_limit(url: &str) {
+        let bank = bank(url, 2).await;
+        let bounded = limits().time_limit(Duration::from_millis(500));
+        for hang in ["sql", "rust"] {
+            let started = Instant::now();
+            let result = bank
+                .debit_then(hang, bounded, move |tx| async move {
+                    if hang == "sql" {
+                        tx.batch_execute("SELECT pg_sleep(30)").await?;
+                    } else {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                    Ok(json!({}))
+                })
+                .await;
+            let took = started.elapsed();
+            match result {
+                Err(Error::TimeLimitExceeded { limit }) => {
+                    assert_eq!(limit, Duration::from_millis(500))
+                }
+                other => panic!("{hang}: expected the time limit, got {other:?}"),
+            }
+            assert!(
+                took < Duration::from_secs(2),
+                "{hang}: stopped after {took:?}"
+            );
+            // The server let go of the key and the debit.
+            let retry = bank
+                .pay(
+                    hang,
+                    10,
+                    limits().claim_wait(Duration::from_secs(5)),
+                    Duration::ZERO,
+                )
+                .await
+                .expect("the retry runs");
+            assert_eq!(retry.kind(), OutcomeKind::Fresh, "{hang}");
+        }
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_refusal_by_constraint_is_stored_without_its_writes(url: &str) {
+        let bank = bank(url, 1).await;
+        let rules = RefusalRules::new().constraint(format!("{}_not_negative", bank.accounts));
+        let accounts = bank.accounts.clone();
+        let attempt = Attempt::new("t", "k", payload(500));
+        let refuse = |rules: RefusalRules, accounts: String| {
+            move |tx: PgTransaction| async move {
+                tx.execute_typed(
+                    &format!("UPDATE {accounts} SET balance = balance - 1 WHERE id = 'acct'"),
+                    &[],
+                )
+                .await?;
+                let debit = tx
+                    .execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - 500 WHERE id = 'acct'"),
+                        &[],
+                    )
+                    .await;
+                match debit {
+                    Err(error) => match rules.refusal(&error) {
+                        Some(refusal) => {
+                            tx.roll_back_writes().await?;
+                            Ok(json!({ "status": 422, "constraint": refusal.constraint }))
+                        }
+                        None => Err(BoxError::from(error)),
+                    },
+                    Ok(_) => Ok(json!({ "status": 201 })),
+                }
+            }
+        };
+        let refused = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), refuse(rules.clone(), accounts.clone()))
+            .await
+            .expect("answered");
+        assert_eq!(refused.kind(), OutcomeKind::Fresh);
+        assert_eq!(refused.value()["status"], 422);
+        assert_eq!(bank.balance().await, 100, "no write of the refused request");
+        let replay = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), refuse(rules, accounts.clone()))
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), refused.value());
+
+        // A refusal not rolled back: nothing commits, and the key is free.
+        let other = Attempt::new("t", "unhandled", payload(500));
+        let result = bank
+            .engine
+            .run_in_transaction(&other, limits(), |tx| async move {
+                let _ = tx
+                    .execute_typed(
+                        &format!("UPDATE {accounts} SET balance = balance - 500 WHERE id = 'acct'"),
+                        &[],
+                    )
+                    .await;
+                Ok::<_, BoxError>(json!({ "status": 201 }))
+            })
+            .await;
+        match result {
+            Err(Error::Store(error)) => {
+                assert_eq!(error.kind(), StoreErrorKind::WriteRejected, "{error}")
+            }
+            other => panic!("expected a rejected write, got {other:?}"),
+        }
+        assert!(bank
+            .engine
+            .inspect("t", "unhandled")
+            .await
+            .expect("read")
+            .is_none());
+        assert_eq!(bank.balance().await, 100);
+    }
+
+    /// An event consumer's handler inside the transaction
+    /// (`IdempotentEventLayer::in_transaction`), taking it with
+    /// `PgTransaction::current`.
+    async fn an_event_handler_runs_inside_the_transaction(url: &str) {
+        use lambda_idempotency::consumers::IdempotentEventLayer;
+        use lambda_runtime::{Context, LambdaEvent};
+        use tower::{Layer, ServiceExt};
+        let bank = bank(url, 4).await;
+        let (accounts, runs) = (bank.accounts.clone(), bank.runs.clone());
+        let handler = tower::service_fn(move |event: LambdaEvent<Value>| {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let tx = PgTransaction::current().ok_or("not inside a transaction")?;
+                let amount = event.payload["amount"].as_i64().unwrap_or(0);
+                tx.execute_typed(
+                    &format!("UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"),
+                    &[(&amount, Type::INT8)],
+                )
+                .await?;
+                let pause = event.payload["pause_ms"].as_u64().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                if event.payload["fail"] == true {
+                    return Err(BoxError::from("the handler failed"));
+                }
+                Ok::<_, BoxError>(json!({ "debited": amount }))
+            }
+        });
+        let service = IdempotentEventLayer::new(bank.engine.clone(), "payments")
+            .key(|event: &Value| event["id"].as_str().map(str::to_owned))
+            .in_transaction(limits())
+            .layer(handler);
+        let deliver = |event: Value| {
+            service
+                .clone()
+                .oneshot(LambdaEvent::new(event, Context::default()))
+        };
+        let event = json!({ "id": "e1", "amount": 10 });
+        assert_eq!(
+            deliver(event.clone()).await.expect("handled"),
+            json!({ "debited": 10 })
+        );
+        assert_eq!(
+            deliver(event).await.expect("replayed"),
+            json!({ "debited": 10 })
+        );
+        assert_eq!((bank.runs(), bank.balance().await), (1, 90));
+
+        // An error rolls the debit and the claim back: the redelivery runs.
+        let failing = json!({ "id": "e2", "amount": 10, "fail": true });
+        assert!(deliver(failing).await.is_err());
+        assert_eq!(bank.balance().await, 90);
+        assert!(bank
+            .engine
+            .inspect("payments", "e2")
+            .await
+            .expect("read")
+            .is_none());
+
+        // A duplicate delivery while the first runs: refused at once.
+        let slow = json!({ "id": "e3", "amount": 10, "pause_ms": 1500 });
+        let first = tokio::spawn(deliver(slow.clone()));
+        while bank.runs() < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        let duplicate = deliver(slow).await.expect_err("in progress");
+        assert!(
+            duplicate.to_string().contains("being processed"),
+            "{duplicate}"
+        );
+        assert!(started.elapsed() < Duration::from_millis(800));
+        assert_eq!(
+            first.await.expect("joined").expect("handled"),
+            json!({ "debited": 10 })
+        );
+        assert_eq!((bank.runs(), bank.balance().await), (3, 80));
+    }
+
+    macro_rules! on_both {
+        ($($scenario:ident),* $(,)?) => {
+            mod on_the_server {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::url()).await })*
+            }
+            mod through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
+            }
+        };
+    }
+
+    on_both!(
+        an_event_handler_runs_inside_the_transaction,
+        a_payment_commits_with_its_record_and_is_replayed,
+        concurrent_duplicates_never_both_run_and_are_answered_promptly,
+        a_duplicate_within_the_claim_wait_gets_the_replay,
+        an_error_rolls_everything_back_and_frees_the_key,
+        a_crash_mid_handler_rolls_back_and_leaves_the_pool_clean,
+        a_long_handler_is_stopped_at_its_time_limit,
+        a_refusal_by_constraint_is_stored_without_its_writes,
+    );
+
+    fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64
+    }
+
+    /// `Engine::run_with_refusals` on the deferred form: a refused write the
+    /// closure answers is stored without the write; one it releases, or does
+    /// not name, leaves the key free.
+    #[tokio::test]
+    async fn refused_deferred_writes_are_answered_by_the_engine() {
+        use lambda_idempotency::{Json, Mode, WriteRefusal};
+        let bank = bank(&url(), 2).await;
+        let overdraw = PgWrite::new(format!(
+            "UPDATE {} SET balance = balance - 500 WHERE id = 'acct'",
+            bank.accounts
+        ));
+        let constraint = format!("{}_not_negative", bank.accounts);
+        let run = |key: &'static str, answer: Option<Result<Value, BoxError>>| {
+            let (overdraw, constraint) = (overdraw.clone(), constraint.clone());
+            let engine = bank.engine.clone();
+            async move {
+                let attempt = Attempt::new("t", key, payload(500));
+                engine
+                    .run_with_refusals(
+                        &attempt,
+                        Mode::Transactional,
+                        &Json,
+                        |refusal: &WriteRefusal| {
+                            assert_eq!(refusal.index, 0);
+                            assert_eq!(refusal.code, "23514");
+                            assert_eq!(refusal.constraint.as_deref(), Some(constraint.as_str()));
+                            answer
+                        },
+                        |_| async move { Ok::<_, BoxError>((json!({ "paid": 500 }), vec![overdraw])) },
+                    )
+                    .await
+            }
+        };
+        let stored = run(
+            "stored",
+            Some(Ok(json!({ "refused": "insufficient funds" }))),
+        )
+        .await
+        .expect("answered");
+        assert_eq!(stored.kind(), OutcomeKind::Fresh);
+        assert_eq!(stored.value()["refused"], "insufficient funds");
+        let record = bank
+            .engine
+            .inspect("t", "stored")
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(record.status, lambda_idempotency::store::Status::Completed);
+        let replay = run("stored", None).await.expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), stored.value());
+
+        let released = run("released", Some(Err("declined".into()))).await;
+        assert!(matches!(released, Err(Error::Operation(_))), "{released:?}");
+        assert!(bank
+            .engine
+            .inspect("t", "released")
+            .await
+            .expect("read")
+            .is_none());
+        let fault = run("fault", None).await;
+        match fault {
+            Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::WriteRejected),
+            other => panic!("{other:?}"),
+        }
+        assert!(bank
+            .engine
+            .inspect("t", "fault")
+            .await
+            .expect("read")
+            .is_none());
+        assert_eq!(bank.balance().await, 100);
+    }
+
+    /// The invocation's deadline bounds the transaction too.
+    #[tokio::test]
+    async fn the_invocations_deadline_ends_the_transaction() {
+        let bank = bank(&url(), 2).await;
+        let attempt = Attempt::new("t", "k", payload(10)).deadline_ms(now_ms() + 800);
+        let started = Instant::now();
+        let result = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), |tx| async move {
+                tx.batch_execute("SELECT pg_sleep(30)").await?;
+                Ok::<_, BoxError>(json!({}))
+            })
+            .await;
+        assert!(
+            matches!(result, Err(Error::TimeLimitExceeded { .. })),
+            "{result:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn records_of_the_deferred_form_keep_their_meaning() {
+        let bank = bank(&url(), 2).await;
+        // Completed by the deferred form: replayed, never run.
+        let attempt = Attempt::new("t", "done", payload(10));
+        bank.engine
+            .execute(&attempt, || async {
+                Ok::<_, Declined>(json!({ "status": 201 }))
+            })
+            .await
+            .expect("completed");
+        let replay = bank
+            .pay("done", 10, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(bank.runs(), 0);
+
+        // A live claim of the deferred form: in progress; a lapsed one:
+        // taken over, and the handler is told.
+        let now = now_ms();
+        for (key, lease_until_ms) in [("live", now + 60_000), ("lapsed", now - 1_000)] {
+            let claim = Claim {
+                id: bank.engine.record_id("t", key),
+                owner: OwnerToken::generate().expect("token"),
+                fingerprint: payload(10),
+                now_ms: now - 2_000,
+                lease_until_ms,
+                expiration_s: now / 1000 + 3_600,
+                attempt: 1,
+                first_started_ms: now - 2_000,
+            };
+            bank.store.claim(&claim).await.expect("claimed");
+        }
+        let live = bank.pay("live", 10, limits(), Duration::ZERO).await;
+        assert!(matches!(live, Err(Error::InProgress { .. })), "{live:?}");
+        let attempt = Attempt::new("t", "lapsed", payload(10));
+        let takeover = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), |tx| async move {
+                Ok::<_, Declined>(json!({ "takeover": tx.takeover().map(|t| t.attempt) }))
+            })
+            .await
+            .expect("taken over");
+        assert_eq!(takeover.kind(), OutcomeKind::Fresh);
+        assert_eq!(takeover.value()["takeover"], 2);
+        let record = bank
+            .engine
+            .inspect("t", "lapsed")
+            .await
+            .expect("read")
+            .expect("record");
+        assert_eq!(record.attempt, 2);
+    }
+}
+
+/// The HTTP layer's in-transaction form (`IdempotencyLayer::in_transaction`)
+/// under an axum router: the handler takes the transaction from its
+/// request, checks the balance under a row lock and debits it.
+mod http_in_transaction {
+    use super::*;
+    use axum::{
+        body::Body,
+        extract::Extension,
+        http::{Request, StatusCode},
+        routing::post,
+        Router,
+    };
+    use http_body_util::BodyExt;
+    use lambda_idempotency::{
+        http::IdempotencyLayer,
+        store::postgres::{
+            tokio_postgres::types::Type, PgTransaction, RefusalRules, TransactionLimits,
+        },
+    };
+    use std::time::{Duration, Instant};
+    use tower::ServiceExt;
+
+    struct App {
+        router: Router,
+        accounts: String,
+        runs: Arc<AtomicUsize>,
+    }
+
+    async fn app(url: &str, limits: TransactionLimits) -> App {
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("httptx_{}_{n}", std::process::id());
+        let store = PostgresStore::connect(url, table.clone(), 4).expect("pool");
+        store.create_table().await.expect("create table");
+        let accounts = format!("{table}_accounts");
+        tokio_postgres_client()
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {accounts} (id text PRIMARY KEY, balance bigint NOT NULL \
+                 CONSTRAINT {accounts}_not_negative CHECK (balance >= 0)); \
+                 INSERT INTO {accounts} VALUES ('acct', 100)"
+            ))
+            .await
+            .expect("accounts");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let rules = RefusalRules::new().constraint(format!("{accounts}_not_negative"));
+        let handler = {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            move |Extension(tx): Extension<PgTransaction>, body: String| {
+                let (accounts, runs, rules) = (accounts.clone(), runs.clone(), rules.clone());
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let (amount, pause_ms) = body.split_once(',').unwrap_or((&body, "0"));
+                    let amount: i64 = amount.parse().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(pause_ms.parse().unwrap_or(0))).await;
+                    if amount == 999 {
+                        // A fault of the handler's own: released, rolled back.
+                        let _ = tx
+                            .execute_typed(
+                                &format!("UPDATE {accounts} SET balance = 0 WHERE id = 'acct'"),
+                                &[],
+                            )
+                            .await;
+                        return (StatusCode::INTERNAL_SERVER_ERROR, "failed".to_owned());
+                    }
+                    // The debit first, the constraint checks the balance.
+                    let debit = tx
+                        .execute_typed(
+                            &format!(
+                                "UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"
+                            ),
+                            &[(&amount, Type::INT8)],
+                        )
+                        .await;
+                    match debit {
+                        Ok(_) => (StatusCode::CREATED, format!("paid {amount}")),
+                        Err(error) => match rules.refusal(&error) {
+                            Some(_) => (
+                                StatusCode::UNPROCESSABLE_ENTITY,
+                                "insufficient funds".to_owned(),
+                            ),
+                            None => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+                        },
+                    }
+                }
+            }
+        };
+        let engine = Engine::builder(store).build();
+        let router = Router::new().route("/pay", post(handler)).layer(
+            IdempotencyLayer::new(engine)
+                .shared_scope()
+                .in_transaction(limits),
+        );
+        App {
+            router,
+            accounts,
+            runs,
+        }
+    }
+
+    impl App {
+        async fn pay(&self, key: &str, body: &str) -> (StatusCode, bool, String) {
+            let request = Request::post("/pay")
+                .header("idempotency-key", key)
+                .body(Body::from(body.to_owned()))
+                .expect("request");
+            let response = self
+                .router
+                .clone()
+                .oneshot(request)
+                .await
+                .expect("infallible");
+            let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            (
+                status,
+                replayed,
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )
+        }
+
+        async fn balance(&self) -> i64 {
+            tokio_postgres_client()
+                .await
+                .query_one(
+                    &format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts),
+                    &[],
+                )
+                .await
+                .expect("balance")
+                .get(0)
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn a_balance_check_inside_the_transaction(url: &str) {
+        let app = Arc::new(app(url, TransactionLimits::new()).await);
+        assert_eq!(
+            app.pay("a", "30").await,
+            (StatusCode::CREATED, false, "paid 30".into())
+        );
+        assert_eq!(
+            app.pay("a", "30").await,
+            (StatusCode::CREATED, true, "paid 30".into())
+        );
+        assert_eq!(app.balance().await, 70);
+        assert_eq!(app.runs(), 1);
+
+        // The constraint refuses: a 422 the application chose, stored and
+        // replayed, without the debit; never a 500.
+        let refused = app.pay("big", "500").await;
+        assert_eq!(
+            refused,
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                false,
+                "insufficient funds".into()
+            )
+        );
+        assert!(app.pay("big", "500").await.1, "replayed");
+        assert_eq!(app.balance().await, 70);
+
+        // A released response (a 500) rolls its writes and its claim back.
+        assert_eq!(
+            app.pay("fault", "999").await.0,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(app.balance().await, 70);
+        assert!(!app.pay("fault", "999").await.1, "ran again, not replayed");
+        assert_eq!(app.runs(), 4);
+
+        // A duplicate while the first holds the key: a prompt 409.
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { app.pay("slow", "10,1500").await }
+        });
+        while app.runs() == 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        let duplicate = app.pay("slow", "10,1500").await;
+        assert_eq!(duplicate.0, StatusCode::CONFLICT, "{duplicate:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(800),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(first.await.expect("joined").0, StatusCode::CREATED);
+        assert!(app.pay("slow", "10,1500").await.1);
+        assert_eq!(app.runs(), 5);
+        assert_eq!(app.balance().await, 60);
+    }
+
+    async fn a_handler_past_its_time_limit_is_rolled_back(url: &str) {
+        let app = app(
+            url,
+            TransactionLimits::new().time_limit(Duration::from_millis(300)),
+        )
+        .await;
+        let (status, _, body) = app.pay("k", "10,2000").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("idempotency-time-limit-exceeded"), "{body}");
+        assert_eq!(app.balance().await, 100);
+        assert_eq!(app.pay("k", "10").await.0, StatusCode::CREATED);
+        assert_eq!(app.balance().await, 90);
+    }
+
+    /// The deferred form (`CommitWith`): a constraint the application names
+    /// is its chosen 422, stored and replayed, without the write; an
+    /// unnamed one stays a 500 that releases the key.
+    async fn a_refused_deferred_write_is_the_applications_answer(url: &str) {
+        for in_transaction in [false, true] {
+            a_refused_commit_with_write(url, in_transaction).await;
+        }
+    }
+
+    async fn a_refused_commit_with_write(url: &str, in_transaction: bool) {
+        use lambda_idempotency::http::{CommitWith, StoredBody};
+        let probe = app(url, TransactionLimits::new()).await;
+        let accounts = probe.accounts.clone();
+        let store = PostgresStore::connect(url, format!("{accounts}_records"), 2).expect("pool");
+        store.create_table().await.expect("create table");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            move |body: String| {
+                let (accounts, runs) = (accounts.clone(), runs.clone());
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let amount: i64 = body.parse().unwrap_or(0);
+                    let debit = PgWrite::new(format!(
+                        "UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"
+                    ))
+                    .bind(amount);
+                    let mut response = axum::response::IntoResponse::into_response((
+                        StatusCode::CREATED,
+                        format!("paid {amount}"),
+                    ));
+                    response.extensions_mut().insert(CommitWith(vec![debit]));
+                    response
+                }
+            }
+        };
+        let constraint = format!("{accounts}_not_negative");
+        let layer = IdempotencyLayer::new(Engine::builder(store).build())
+            .shared_scope()
+            .on_write_refusal(move |refusal| {
+                (refusal.constraint.as_deref() == Some(constraint.as_str()))
+                    .then(|| {
+                        http::Response::builder()
+                            .status(StatusCode::UNPROCESSABLE_ENTITY)
+                            .header("content-type", "application/problem+json")
+                            .body(StoredBody::from(
+                                r#"{"type":"insufficient-funds","status":422}"#,
+                            ))
+                            .ok()
+                    })
+                    .flatten()
+            });
+        let layer = match in_transaction {
+            true => layer.in_transaction(TransactionLimits::new()),
+            false => layer,
+        };
+        let app = App {
+            router: Router::new().route("/pay", post(handler)).layer(layer),
+            accounts,
+            runs,
+        };
+        assert_eq!(app.pay("a", "30").await.0, StatusCode::CREATED);
+        assert_eq!(app.balance().await, 70);
+        let refused = app.pay("big", "500").await;
+        assert_eq!(refused.0, StatusCode::UNPROCESSABLE_ENTITY, "{refused:?}");
+        assert!(refused.2.contains("insufficient-funds"), "{refused:?}");
+        let replay = app.pay("big", "500").await;
+        assert_eq!(
+            (replay.0, replay.1),
+            (StatusCode::UNPROCESSABLE_ENTITY, true)
+        );
+        assert_eq!(app.balance().await, 70);
+        assert_eq!(
+            app.runs(),
+            2,
+            "the refusal was stored: its replay ran nothing"
+        );
+    }
+
+    macro_rules! on_both {
+        ($($scenario:ident),* $(,)?) => {
+            mod on_the_server {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::url()).await })*
+            }
+            mod through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
+            }
+        };
+    }
+
+    on_both!(
+        a_refused_deferred_write_is_the_applications_answer,
+        a_balance_check_inside_the_transaction,
+        a_handler_past_its_time_limit_is_rolled_back,
+    );
 }

@@ -85,6 +85,16 @@ where
             };
             let attempt =
                 Attempt::new(&config.scope, &key, fingerprint).deadline_ms(event.context.deadline);
+            #[cfg(feature = "postgres")]
+            let result = match in_transaction(&config, &attempt) {
+                Some((engine, limits)) => {
+                    engine
+                        .run_in_transaction(&attempt, limits, |_| inner.call(event))
+                        .await
+                }
+                None => config.engine.execute(&attempt, || inner.call(event)).await,
+            };
+            #[cfg(not(feature = "postgres"))]
             let result = config.engine.execute(&attempt, || inner.call(event)).await;
             match result {
                 Ok(outcome) => {
@@ -107,6 +117,22 @@ where
     }
 }
 
+/// The PostgreSQL engine and the bounds of its transaction, when the
+/// layer runs handlers inside it (only `IdempotentEventLayer<PostgresStore,
+/// _>::in_transaction` sets them).
+#[cfg(feature = "postgres")]
+fn in_transaction<'a, St: Store, E>(
+    config: &'a Config<St, E>,
+    _: &Attempt<'_>,
+) -> Option<(
+    &'a crate::Engine<crate::store::postgres::PostgresStore>,
+    crate::store::postgres::TransactionLimits,
+)> {
+    let limits = config.in_transaction?;
+    let engine = (&config.engine as &dyn std::any::Any).downcast_ref()?;
+    Some((engine, limits))
+}
+
 /// The engine's refusals as errors Lambda reports (and, for asynchronous
 /// sources, retries).
 fn event_error<E>(error: Error<E>) -> lambda_runtime::Error {
@@ -122,6 +148,11 @@ fn event_error<E>(error: Error<E>) -> lambda_runtime::Error {
         Error::Store(error) => Box::new(error),
         Error::LeaseLost => "the claim on this event's key was taken over; nothing was committed".into(),
         Error::WritesNotCommitted(error) => Box::new(error),
+        Error::TimeLimitExceeded { limit } => format!(
+            "the handler ran past its time limit of {} ms and was rolled back; the key is free",
+            limit.as_millis()
+        )
+        .into(),
         Error::Operation(_) => "the handler failed".into(),
     }
 }

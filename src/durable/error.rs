@@ -77,6 +77,13 @@ impl DurableError {
             Error::KeyReused => Self::KeyReused,
             Error::Store(error) | Error::WritesNotCommitted(error) => Self::Store(error),
             Error::LeaseLost => Self::LeaseLost,
+            Error::TimeLimitExceeded { limit } => Self::Store(StoreError::new(
+                crate::StoreErrorKind::Unavailable,
+                format!(
+                    "the operation ran past its time limit of {} ms and was rolled back",
+                    limit.as_millis()
+                ),
+            )),
             // The callers take the operation's own errors out first.
             Error::Operation(_) => Self::Store(StoreError::new(
                 crate::StoreErrorKind::Other,

@@ -46,6 +46,8 @@ pub struct Takeover {
 pub struct ClaimHandle {
     takeover: Option<Takeover>,
     held: Option<Arc<Held>>,
+    #[cfg(feature = "postgres")]
+    transaction: Option<crate::store::postgres::PgTransaction>,
 }
 
 pub(super) struct Held {
@@ -92,7 +94,33 @@ impl ClaimHandle {
                 }),
                 lost: watch::Sender::new(false),
             })),
+            #[cfg(feature = "postgres")]
+            transaction: None,
         }
+    }
+
+    /// The handle of an operation inside the PostgreSQL transaction that
+    /// holds its claim: no lease to extend (the claim lives as long as the
+    /// transaction), the transaction to run its SQL in.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn in_transaction(
+        takeover: Option<Takeover>,
+        transaction: crate::store::postgres::PgTransaction,
+    ) -> Self {
+        Self {
+            takeover,
+            held: None,
+            transaction: Some(transaction),
+        }
+    }
+
+    /// The PostgreSQL transaction the operation runs in, when it runs
+    /// inside one (`Engine::run_in_transaction`, the HTTP layer's
+    /// `in_transaction`): its statements commit with the completed record.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn transaction(&self) -> Option<&crate::store::postgres::PgTransaction> {
+        self.transaction.as_ref()
     }
 
     /// The handle of an operation run without a claim: a single write, a
@@ -102,6 +130,8 @@ impl ClaimHandle {
         Self {
             takeover,
             held: None,
+            #[cfg(feature = "postgres")]
+            transaction: None,
         }
     }
 
@@ -125,7 +155,7 @@ impl ClaimHandle {
     }
 
     /// Runs `operation` with this handle as [`current`](ClaimHandle::current).
-    pub(super) fn scope<F: Future>(self, operation: F) -> impl Future<Output = F::Output> {
+    pub(crate) fn scope<F: Future>(self, operation: F) -> impl Future<Output = F::Output> {
         CURRENT.scope(self, operation)
     }
 
@@ -137,8 +167,13 @@ impl ClaimHandle {
 
     /// Whether the operation runs under a claim; `false` for a single
     /// write, a disabled engine, and an unprotected run (fail-open during a
-    /// store outage).
+    /// store outage); `true` inside the PostgreSQL transaction that holds
+    /// the claim.
     pub fn is_claimed(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if self.transaction.is_some() {
+            return true;
+        }
         self.held.is_some()
     }
 

@@ -30,7 +30,7 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
 
 /// The error for a value its codec could not encode, where it had to be
 /// stored (its writes commit with it, or nothing does).
-pub(super) fn unserialisable(error: BoxError) -> StoreError {
+pub(crate) fn unserialisable(error: BoxError) -> StoreError {
     StoreError::new(
         StoreErrorKind::Other,
         "the operation's value could not be serialised for storage",

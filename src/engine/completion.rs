@@ -15,6 +15,7 @@ impl<St: Store> Engine<St> {
         response: Vec<u8>,
         writes: Vec<St::Write>,
         transactional: bool,
+        keep_refused_claim: bool,
     ) -> Result<OutcomeKind, Error<E>> {
         let inner = &*self.inner;
         let now_ms = inner.clock.now_ms();
@@ -61,6 +62,11 @@ impl<St: Store> Engine<St> {
                 } else {
                     Ok(OutcomeKind::LeaseLost)
                 }
+            }
+            // The caller answers the refusal, with the claim still held.
+            Err(error) if keep_refused_claim && error.write_refusal().is_some() => {
+                debug!(record = %claim.id, %error, "a write of the operation's was refused");
+                Err(Error::Store(error))
             }
             Err(error) if transactional => {
                 warn!(record = %claim.id, outcome = "store_error", %error,

@@ -51,6 +51,8 @@ pub use builder::{
 pub(crate) use claim::CLAIM_TRIES;
 pub use claim_handle::{ClaimHandle, Takeover};
 
+#[cfg(feature = "postgres")]
+pub(crate) use codec::unserialisable;
 pub use codec::{Codec, Json};
 pub(crate) use detach::detached;
 #[cfg(feature = "durable")]
@@ -63,7 +65,10 @@ pub(crate) use panic::panic_message;
 #[cfg_attr(not(feature = "http"), allow(unused_imports))]
 pub(crate) use retry_after::RetryHint;
 
-use crate::{store::RecordId, store::Store, Clock, Error, StoreError, StoreErrorKind};
+use crate::{
+    store::{Claim, RecordId, Store},
+    Clock, Error, StoreError, StoreErrorKind,
+};
 use cache::RecordCache;
 use claim::{ClaimError, Claimed};
 use futures_util::FutureExt;
@@ -281,20 +286,51 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        let result = self.run_unreported(attempt, mode, codec, operation).await;
-        alert::operator_must_act(&result);
-        result
+        self.run_with_refusals(attempt, mode, codec, |_| None, operation)
+            .await
     }
 
-    async fn run_unreported<T, E, C, F, Fut>(
+    /// Like [`run`](Engine::run), with business-rule refusals of the
+    /// operation's writes answered rather than failed: when the store
+    /// refuses one of the writes committed with the completion (a
+    /// PostgreSQL constraint or SQLSTATE, a DynamoDB condition on a
+    /// business item: a [`WriteRefusal`](crate::WriteRefusal)), `refusal`
+    /// decides. `Some(Ok(value))`: `value` is the outcome, stored (without
+    /// any write) and replayed like any other; `Some(Err(error))`: the claim
+    /// is released and the caller gets [`Error::Operation`]; `None`: a
+    /// fault, as with `run` ([`Error::Store`], claim released).
+    pub async fn run_with_refusals<T, E, C, R, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
         mode: Mode,
         codec: &C,
+        refusal: R,
         operation: F,
     ) -> Result<Outcome<T>, Error<E>>
     where
         C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let result = self
+            .run_unreported(attempt, mode, codec, refusal, operation)
+            .await;
+        alert::operator_must_act(&result);
+        result
+    }
+
+    async fn run_unreported<T, E, C, R, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        mode: Mode,
+        codec: &C,
+        refusal: R,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
@@ -395,9 +431,58 @@ impl<St: Store> Engine<St> {
                 return Ok(Outcome::new(value, OutcomeKind::NotRecorded));
             }
         };
-        self.complete(claim, response, writes, transactional)
+        let refusable = !writes.is_empty();
+        match self
+            .complete(claim.clone(), response, writes, transactional, refusable)
             .await
-            .map(|kind| Outcome::new(value, kind))
+        {
+            Ok(kind) => Ok(Outcome::new(value, kind)),
+            Err(Error::Store(error)) if refusable && error.write_refusal().is_some() => {
+                self.answer_refusal(claim, codec, refusal, error).await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A refused write, its claim still held: answered as `refusal`
+    /// decides (the answer completed without writes, or the claim
+    /// released).
+    async fn answer_refusal<T, E, C, R>(
+        &self,
+        claim: Claim,
+        codec: &C,
+        refusal: R,
+        error: StoreError,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+    {
+        let answer = error.write_refusal().and_then(refusal);
+        match answer {
+            Some(Ok(answer)) => match codec.encode(&answer) {
+                Ok(response) => {
+                    debug!(record = %claim.id, outcome = "refused", "a write was refused: its answer is stored");
+                    self.complete(claim, response, Vec::new(), true, false)
+                        .await
+                        .map(|kind| Outcome::new(answer, kind))
+                }
+                Err(encoding) => {
+                    self.release(&claim).await;
+                    Err(Error::Store(codec::unserialisable(encoding)))
+                }
+            },
+            Some(Err(answer)) => {
+                self.release(&claim).await;
+                Err(Error::Operation(answer))
+            }
+            None => {
+                warn!(record = %claim.id, outcome = "store_error", %error,
+                    "transactional completion failed; releasing the claim");
+                self.release(&claim).await;
+                Err(Error::Store(error))
+            }
+        }
     }
 
     /// Idempotency is off: the operation runs, unprotected, and nothing is
@@ -418,8 +503,14 @@ impl<St: Store> Engine<St> {
         Ok(Outcome::new(value, OutcomeKind::Disabled))
     }
 
-    fn expiration_s(&self, now_ms: u64) -> u64 {
+    pub(crate) fn expiration_s(&self, now_ms: u64) -> u64 {
         (now_ms / 1000).saturating_add(self.inner.retention.as_secs())
+    }
+
+    /// Whether idempotency is turned off (`IDEMPOTENCY_DISABLED=true`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn is_disabled(&self) -> bool {
+        self.inner.disabled
     }
 }
 

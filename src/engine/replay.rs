@@ -87,7 +87,7 @@ impl<St: Store> Engine<St> {
     }
 
     /// A replay (or a rejection) from the local cache, if it holds the key.
-    pub(super) fn cached_replay<T, E>(
+    pub(crate) fn cached_replay<T, E>(
         &self,
         id: &RecordId,
         attempt: &Attempt<'_>,
@@ -136,7 +136,7 @@ impl<St: Store> Engine<St> {
     /// Keeps a completed record in the local cache, when there is one, for
     /// the next retry this process serves: the one place a cached record is
     /// built, after its completion was written or read back.
-    pub(super) fn remember(
+    pub(crate) fn remember(
         &self,
         id: &RecordId,
         fingerprint: &Fingerprint,

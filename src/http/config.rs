@@ -67,6 +67,9 @@ pub(crate) enum ScopeRule {
     Custom(ScopeFn),
 }
 pub(crate) type PolicyFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+/// The application's answer to a refused write of its own.
+pub(crate) type RefusalFn =
+    Arc<dyn Fn(&crate::WriteRefusal) -> Option<http::Response<super::StoredBody>> + Send + Sync>;
 pub(crate) type GrpcPolicyFn = Arc<dyn Fn(u32) -> bool + Send + Sync>;
 pub(crate) type ReplayHook = Arc<dyn Fn(&mut Response<StoredBody>, &Replayed) + Send + Sync>;
 
@@ -130,6 +133,11 @@ pub(crate) struct Settings {
     pub(crate) problem_base: String,
     #[cfg(feature = "powertools")]
     pub(crate) powertools: Option<Arc<crate::powertools::PowertoolsCompat>>,
+    /// The handler inside the PostgreSQL transaction, within these bounds.
+    #[cfg(feature = "postgres")]
+    pub(crate) in_transaction: Option<crate::store::postgres::TransactionLimits>,
+    /// The application's answers to refusals of its `CommitWith` writes.
+    pub(crate) on_write_refusal: Option<RefusalFn>,
 }
 
 impl Default for Settings {
@@ -160,6 +168,9 @@ impl Default for Settings {
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             #[cfg(feature = "powertools")]
             powertools: None,
+            #[cfg(feature = "postgres")]
+            in_transaction: None,
+            on_write_refusal: None,
         }
     }
 }

@@ -159,6 +159,51 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Answers the business-rule refusals of the handler's
+    /// [`CommitWith`](super::CommitWith) writes as the application chooses,
+    /// instead of a 500 `idempotency-write-rejected`: when the store
+    /// refuses one of them (a PostgreSQL constraint or SQLSTATE, a
+    /// DynamoDB condition on a business item: see [`WriteRefusal`]),
+    /// `answer` is asked; a response it returns (a 409 or 422 problem, say)
+    /// is the request's, stored or not by the
+    /// [outcome policy](IdempotencyLayer::store_when) like any other
+    /// response, and committed without any of the writes. `None` leaves it
+    /// a fault (500, the claim released).
+    ///
+    /// ```
+    /// use http::{Response, StatusCode};
+    /// use lambda_idempotency::{http::{IdempotencyLayer, StoredBody}, Engine, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+    ///     .on_write_refusal(|refusal| {
+    ///         (refusal.constraint.as_deref() == Some("accounts_balance_not_negative")
+    ///             || refusal.code == "ConditionalCheckFailed")
+    ///             .then(|| {
+    ///                 Response::builder()
+    ///                     .status(StatusCode::UNPROCESSABLE_ENTITY)
+    ///                     .header("content-type", "application/problem+json")
+    ///                     .body(StoredBody::from(r#"{"type":"insufficient-funds","status":422}"#))
+    ///                     .ok()
+    ///             })
+    ///             .flatten()
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// With `in_transaction` too (the PostgreSQL store): a
+    /// refused `CommitWith` write is rolled back to the claim and the
+    /// answer stored. Not in [`single_write`](IdempotencyLayer::single_write)
+    /// (a refused single write is still an error).
+    ///
+    /// [`WriteRefusal`]: crate::WriteRefusal
+    pub fn on_write_refusal(
+        mut self,
+        answer: impl Fn(&crate::WriteRefusal) -> Option<Response<StoredBody>> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.settings.on_write_refusal = Some(Arc::new(answer));
+        self
+    }
+
     /// How the handler's outcome is committed (default [`Mode::Plain`]).
     ///
     /// Declare [`Mode::Transactional`] when the handler commits its effects
@@ -458,6 +503,46 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Emit a CloudWatch Embedded Metric Format count per request.
     pub fn metrics(mut self, metrics: EmfMetrics) -> Self {
         self.config.settings.metrics = Some(metrics);
+        self
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
+    /// Runs each claimed handler **inside the PostgreSQL transaction** that
+    /// holds its claim ([`Engine::run_in_transaction`]): the handler takes
+    /// the [`PgTransaction`](crate::store::postgres::PgTransaction) from
+    /// its request's extensions (axum: `Extension<PgTransaction>`), reads,
+    /// locks (`SELECT … FOR UPDATE`) and writes through it, and its
+    /// response completes the record in that transaction, with any
+    /// [`CommitWith`](super::CommitWith) writes: all of it commits, or none.
+    ///
+    /// - A response the [outcome policy](IdempotencyLayer::store_when)
+    ///   releases (a 5xx, a 409), a handler error, a panic, or a client that
+    ///   leaves and a crash roll everything back: the key is free, and the
+    ///   retry runs as a first request.
+    /// - A stored 4xx (a business-rule refusal, say a 422 for a balance too
+    ///   low) is stored **without** the handler's writes (its SQL and its
+    ///   `CommitWith`): they are rolled back to the claim first
+    ///   ([`roll_back_writes`](crate::store::postgres::PgTransaction::roll_back_writes)),
+    ///   and the refusal is replayed to every retry.
+    /// - A duplicate waits at most `limits`'
+    ///   [`claim_wait`](crate::store::postgres::TransactionLimits::claim_wait)
+    ///   (it then replays the committed response) before its 409; with
+    ///   [`wait_for_result`](IdempotencyLayer::wait_for_result) it asks
+    ///   again within that budget.
+    /// - A handler past the
+    ///   [`time_limit`](crate::store::postgres::TransactionLimits::time_limit)
+    ///   is stopped and rolled back: a 503
+    ///   `idempotency-time-limit-exceeded` with `Retry-After`.
+    ///
+    /// Supersedes [`mode`](IdempotencyLayer::mode) and
+    /// [`single_write`](IdempotencyLayer::single_write). See
+    /// `examples/postgres_balance.rs` for an axum server with a balance
+    /// check inside the transaction.
+    pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
+        self.config.settings.in_transaction = Some(limits);
         self
     }
 }

@@ -32,11 +32,17 @@
 //! `idempotency-record-corrupt`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
-//! `idempotency-internal-error`, `idempotency-scope-unset`,
+//! `idempotency-internal-error`, `idempotency-time-limit-exceeded`,
+//! `idempotency-scope-unset`,
 //! `idempotency-overloaded`, after a configurable prefix. None of the layer's own answers is stored.
 //!
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
-//! they commit in one transaction with the stored response.
+//! they commit in one transaction with the stored response. A refusal of
+//! one of them that the application expects (a condition on a business
+//! item, a PostgreSQL constraint) is answered as it chooses with
+//! [`on_write_refusal`](IdempotencyLayer::on_write_refusal), not a 500.
+//! With the PostgreSQL store, the handler can run inside the transaction
+//! that claims its key (`IdempotencyLayer::in_transaction`).
 //!
 //! Keys are scoped by the caller's identity from the trusted request
 //! context, the API and stage, and the [route] ([`default_scope`]): tenant

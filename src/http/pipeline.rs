@@ -475,9 +475,27 @@ where
                 request.extensions_mut().insert(takeover);
             }
             let handle = claim.clone();
+            #[cfg(feature = "postgres")]
+            let transaction = claim.transaction().cloned();
+            #[cfg(feature = "postgres")]
+            if let Some(transaction) = &transaction {
+                request.extensions_mut().insert(transaction.clone());
+            }
             request.extensions_mut().insert(claim);
             let response = inner.call(request).await.map_err(Failure::Handler)?;
             let (mut parts, body) = response.into_parts();
+            // Inside the transaction, a refusal is stored without the
+            // handler's writes (a released response rolls back whole).
+            #[cfg(feature = "postgres")]
+            if let Some(transaction) = &transaction {
+                if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
+                    parts.extensions.remove::<CommitWith<St::Write>>();
+                    if let Err(error) = transaction.roll_back_writes().await {
+                        tracing::warn!(%error, "the refused request's writes could not be rolled back");
+                        return Err(Failure::Released(Response::from_parts(parts, body)));
+                    }
+                }
+            }
             let writes = parts
                 .extensions
                 .remove::<CommitWith<St::Write>>()
@@ -493,9 +511,13 @@ where
                 // Read to be stored, but never more than can be (a
                 // lambda_http body is whole already), nor a gRPC stream,
                 // and never waited for: a body that would wait goes on to
-                // the client as it comes, copied as it passes.
+                // the client as it comes, copied as it passes. Unless
+                // writes commit with the record: the client must not see
+                // an answer whose writes may still fail.
                 let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
-                match read_bounded(body, limit, grpc, early.is_some()).await {
+                let tee =
+                    early.is_some() && writes.is_empty() && !commits_with_record(&config.settings);
+                match read_bounded(body, limit, grpc, tee).await {
                     Ok(Read::Whole(body, trailers)) => {
                         let stored = whole(&config.settings, parts, body, trailers, grpc)?;
                         return Ok((stored, writes));
@@ -532,22 +554,18 @@ where
             Ok((head, writes))
         };
         let started_ms = config.engine.now_ms();
-        let result = if config.settings.single_write {
-            config
-                .engine
-                .single_write(attempt, &config.settings.codec, operation)
-                .await
-        } else {
-            config
-                .engine
-                .run(
-                    attempt,
-                    config.settings.mode,
-                    &config.settings.codec,
-                    operation,
-                )
-                .await
+        // The application's answer to a refused write, stored or not by
+        // the outcome policy like any response.
+        let refusal = |refused: &crate::WriteRefusal| {
+            let answer = (config.settings.on_write_refusal.as_ref()?)(refused)?;
+            if (config.settings.store_when)(answer.status()) {
+                return Some(Ok(StoredResponse::Full(answer, None)));
+            }
+            let (parts, body) = answer.into_parts();
+            let body = ResBody::from_stored(body, None);
+            Some(Err(Failure::Released(Response::from_parts(parts, body))))
         };
+        let result = run_attempt(config, attempt, &config.settings.codec, refusal, operation).await;
         if let (Some(route), Ok(done)) = (route, &result) {
             if done.kind() == OutcomeKind::Fresh {
                 let took_ms = config.engine.now_ms().saturating_sub(started_ms);
@@ -587,6 +605,17 @@ fn whole<E, R: RebuildBody>(
         Response::from_parts(parts, body),
         trailers,
     ))
+}
+
+/// Whether every response's record commits with writes of the handler's
+/// (a single write, or inside the PostgreSQL transaction), so that none
+/// may reach the client before its commit.
+fn commits_with_record(settings: &Settings) -> bool {
+    #[cfg(feature = "postgres")]
+    if settings.in_transaction.is_some() {
+        return true;
+    }
+    settings.single_write
 }
 
 /// A response's head, kept for its record while its body streams.
@@ -669,5 +698,53 @@ fn log_not_stored(why: WhyNotStored) {
         WhyNotStored::StreamFailed => tracing::warn!("the response stream failed part-way: not stored; retries get its status and headers with an explanation, and the request is not run again"),
         WhyNotStored::StreamOutlivedLease => tracing::warn!("the response was still streaming when its claim's lease was near its end: recorded as not stored so that no retry runs it again; raise the lease or enable the heartbeat to store such responses"),
         _ => tracing::warn!(limit = MAX_BODY, "response longer than can be stored: streamed on; retries get its status and headers with an explanation, not its body"),
+    }
+}
+
+/// One attempt through the engine, as the layer is configured: inside the
+/// PostgreSQL transaction, in a single write, or claimed in its mode.
+async fn run_attempt<St, T, E, C, R, F, Fut>(
+    config: &Config<St>,
+    attempt: &Attempt<'_>,
+    codec: &C,
+    refusal: R,
+    operation: F,
+) -> Result<crate::Outcome<T>, Error<E>>
+where
+    St: Store,
+    C: crate::Codec<T>,
+    R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+    F: FnOnce(ClaimHandle) -> Fut,
+    Fut: std::future::Future<Output = Result<(T, Vec<St::Write>), E>>,
+{
+    #[cfg(feature = "postgres")]
+    if let Some(limits) = config.settings.in_transaction {
+        use crate::store::postgres::{PgWrite, PostgresStore};
+        use std::any::Any;
+        // Set only by `IdempotencyLayer<PostgresStore>::in_transaction`.
+        if let Some(engine) =
+            (&config.engine as &dyn Any).downcast_ref::<crate::Engine<PostgresStore>>()
+        {
+            return engine
+                .transaction_run(attempt, limits, codec, refusal, |claim, _| async move {
+                    let (value, writes) = operation(claim).await?;
+                    // The store is PostgreSQL: its writes are `PgWrite`s.
+                    let writes: Box<dyn Any> = Box::new(writes);
+                    let writes = writes
+                        .downcast::<Vec<PgWrite>>()
+                        .map(|writes| *writes)
+                        .unwrap_or_default();
+                    Ok((value, writes))
+                })
+                .await;
+        }
+    }
+    if config.settings.single_write {
+        config.engine.single_write(attempt, codec, operation).await
+    } else {
+        config
+            .engine
+            .run_with_refusals(attempt, config.settings.mode, codec, refusal, operation)
+            .await
     }
 }

@@ -57,6 +57,9 @@ pub(crate) enum Problem {
         retry_after: Duration,
     },
     Internal,
+    /// The handler ran past its transaction's time limit; all it did was
+    /// rolled back.
+    TimeLimitExceeded,
     /// Outside Lambda, with nothing configured to name the caller.
     ScopeUnset,
     /// `max_in_flight` requests were running; this one claimed nothing.
@@ -86,6 +89,7 @@ impl<E> From<&Error<E>> for Problem {
             Error::WritesNotCommitted(_) => Problem::WritesNotCommitted {
                 retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
             },
+            Error::TimeLimitExceeded { .. } => Problem::TimeLimitExceeded,
             Error::Operation(_) => Problem::Internal,
         }
     }
@@ -119,6 +123,7 @@ impl Problem {
             Problem::WriteRejected => "idempotency-write-rejected",
             Problem::WritesNotCommitted { .. } => "idempotency-writes-not-committed",
             Problem::Internal => "idempotency-internal-error",
+            Problem::TimeLimitExceeded => "idempotency-time-limit-exceeded",
             Problem::ScopeUnset => "idempotency-scope-unset",
             Problem::Overloaded => "idempotency-overloaded",
         }
@@ -140,7 +145,7 @@ impl Problem {
             Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::WritesNotCommitted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::Internal | Problem::ScopeUnset => StatusCode::INTERNAL_SERVER_ERROR,
-            Problem::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::Overloaded | Problem::TimeLimitExceeded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -163,7 +168,8 @@ impl Problem {
             Problem::KeyReused => code::FAILED_PRECONDITION,
             Problem::StoreUnavailable { .. }
             | Problem::WritesNotCommitted { .. }
-            | Problem::Overloaded => code::UNAVAILABLE,
+            | Problem::Overloaded
+            | Problem::TimeLimitExceeded => code::UNAVAILABLE,
             Problem::StoreFailed | Problem::WriteRejected => code::INTERNAL,
             Problem::CorruptRecord => code::DATA_LOSS,
             Problem::ResponseNotStored { .. } => code::ALREADY_EXISTS,
@@ -188,6 +194,7 @@ impl Problem {
             Problem::WriteRejected => "Request's writes rejected",
             Problem::WritesNotCommitted { .. } => "Request's writes not committed",
             Problem::Internal => "Internal error",
+            Problem::TimeLimitExceeded => "Request ran past its time limit",
             Problem::ScopeUnset => "Idempotency scope not configured",
             Problem::Overloaded => "Too many requests in progress",
         }
@@ -266,6 +273,10 @@ impl Problem {
             Problem::Internal => "The idempotency layer failed in a way it should not; the \
                  request's outcome is unknown. Contact the API operator."
                 .to_owned(),
+            Problem::TimeLimitExceeded => "The request ran longer than this service allows, so \
+                 it was stopped and everything it did was rolled back: nothing was saved. Its \
+                 idempotency key is free; retry with the same key after 1 second."
+                .to_owned(),
             Problem::ScopeUnset => "The request was not processed: this service cannot tell \
                  its callers apart, and it will not share one caller's results with another. \
                  The operator must name the caller (IdempotencyLayer::caller or ::scope) or \
@@ -283,7 +294,9 @@ impl Problem {
             Problem::InProgress { retry_after }
             | Problem::StoreUnavailable { retry_after }
             | Problem::WritesNotCommitted { retry_after } => Some(*retry_after),
-            Problem::LeaseLost | Problem::Overloaded => Some(Duration::from_secs(1)),
+            Problem::LeaseLost | Problem::Overloaded | Problem::TimeLimitExceeded => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }
@@ -401,6 +414,7 @@ mod tests {
                 retry_after: second,
             },
             Problem::Internal,
+            Problem::TimeLimitExceeded,
             Problem::ScopeUnset,
             Problem::Overloaded,
         ];
@@ -421,6 +435,7 @@ mod tests {
                 | Problem::WriteRejected
                 | Problem::WritesNotCommitted { .. }
                 | Problem::Internal
+                | Problem::TimeLimitExceeded
                 | Problem::ScopeUnset
                 | Problem::Overloaded => {}
             }

@@ -234,6 +234,7 @@ pub(super) fn powertools<E, R: RebuildBody>(
                 Error::LeaseLost => Error::LeaseLost,
                 Error::Store(e) => Error::Store(e),
                 Error::WritesNotCommitted(e) => Error::WritesNotCommitted(e),
+                Error::TimeLimitExceeded { limit } => Error::TimeLimitExceeded { limit },
                 Error::Operation(never) => match never {},
             };
             respond(settings, Err(error), None, grpc)

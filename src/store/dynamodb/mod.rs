@@ -456,18 +456,30 @@ impl DynamoDbStore {
                 ));
             }
         }
-        let (index, code) = reasons
+        let (index, code, message) = reasons
             .enumerate()
-            .find_map(|(index, reason)| reason.code.filter(|c| c != "None").map(|c| (index, c)))
-            .unwrap_or((0, String::from("an unknown reason")));
+            .find_map(|(index, reason)| {
+                let message = reason.message.unwrap_or_default();
+                reason
+                    .code
+                    .filter(|c| c != "None")
+                    .map(|c| (index, c, message))
+            })
+            .unwrap_or((0, String::from("an unknown reason"), String::new()));
         let kind = match errors::kind_of_code(Some(&code)) {
             StoreErrorKind::Other => StoreErrorKind::WriteRejected,
             kind => kind,
         };
-        Err(StoreError::new(
+        let error = StoreError::new(
             kind,
             format!("DynamoDB TransactWriteItems cancelled: the operation's write {index} failed with {code}"),
-        ))
+        );
+        // A condition on a business item: the application may expect it.
+        Err(if code == "ConditionalCheckFailed" {
+            error.with_write_refusal(crate::WriteRefusal::new(index, code, message))
+        } else {
+            error
+        })
     }
 }
 

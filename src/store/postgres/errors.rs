@@ -133,21 +133,36 @@ pub(super) fn from_write(index: usize, error: tokio_postgres::Error) -> StoreErr
         Some(code)
             if code.code().starts_with("23") // integrity constraint violation
                 || code.code().starts_with("42") // syntax error or access rule violation
-                || code.code().starts_with("22") =>
-        // data exception
+                || code.code().starts_with("22") // data exception
+                || code.code().starts_with("P0") =>
+        // a function's RAISE EXCEPTION
         {
             StoreErrorKind::WriteRejected
         }
         _ => kind_of(&error),
     };
-    StoreError::new(
+    let refusal = error
+        .as_db_error()
+        .filter(|_| kind == StoreErrorKind::WriteRejected)
+        .map(|db| {
+            let refusal = crate::WriteRefusal::new(index, db.code().code(), db.message());
+            match db.constraint() {
+                Some(constraint) => refusal.with_constraint(constraint),
+                None => refusal,
+            }
+        });
+    let error = StoreError::new(
         kind,
         format!(
             "PostgreSQL transaction rolled back: the operation's write {index} failed: {}",
             describe(&error)
         ),
     )
-    .with_source(error)
+    .with_source(error);
+    match refusal {
+        Some(refusal) => error.with_write_refusal(refusal),
+        None => error,
+    }
 }
 
 /// Maps a failure to get a connection from the pool.

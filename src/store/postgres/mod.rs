@@ -30,11 +30,17 @@
 mod codec;
 mod connection;
 mod errors;
+mod in_transaction;
+mod refusal;
 mod statements;
 mod table;
 mod tls;
 mod write;
 
+pub use in_transaction::{
+    PgTransaction, TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT,
+};
+pub use refusal::{Refusal, RefusalRules};
 pub use tls::{tls_connector, TlsConnector};
 pub use write::{PgValue, PgWrite};
 /// The pool and driver crates, for building a pool of your own (TLS, other
