@@ -1,10 +1,14 @@
-//! A 200 MB response through the layer under a real `axum::serve`, read by
-//! a real HTTP client: it streams (the layer holds at most what it could
-//! store), arrives whole and in order, and its record completes as not
-//! stored, so a retry learns it was processed and nothing runs again.
+//! Streams through the layer under a real `axum::serve`, read by a real
+//! HTTP client, beside the same app without the layer: a 200 MB export
+//! streams (the layer holds at most what it could store), arrives whole and
+//! in order, and its record completes as not stored, so a retry learns it
+//! was processed and nothing runs again; a slow NDJSON stream reaches the
+//! client row by row. Each prints its first byte and memory, with and
+//! without the layer (the figures in BENCHMARKS.md).
 //!
-//! Alone in its binary: it reads the process's resident memory while the
-//! body streams, which other tests running beside it would disturb.
+//! Alone in its binary, its tests one at a time: they read the process's
+//! resident memory while the body streams, which other tests running beside
+//! them would disturb.
 //!
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB`; `make test` provides it.
 
@@ -24,7 +28,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 const CHUNK: usize = 64 * 1024;
@@ -71,39 +75,57 @@ async fn send_export(
     sender.send_request(request).await.expect("a response")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_200_mb_export_streams_through_and_is_never_run_twice() {
-    let client = support::client();
-    let table = support::create_idempotency_table(&client).await;
-    let layer = IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client, table)).build())
-        .shared_scope();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&runs);
-    let app = Router::new()
-        .route(
-            "/v1/exports",
-            post(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    let chunks =
-                        futures::stream::iter(0..CHUNKS).map(|i| Ok::<_, std::io::Error>(chunk(i)));
-                    (
-                        [(header::CONTENT_TYPE, "application/octet-stream")],
-                        Body::from_stream(chunks),
-                    )
-                }
-            }),
-        )
-        .layer(layer);
+/// One test at a time: each reads the resident memory of the process.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `app` on a free loopback port, with or without the layer.
+async fn serve(
+    app: Router,
+    layer: Option<IdempotencyLayer<DynamoDbStore>>,
+) -> std::net::SocketAddr {
+    let app = match layer {
+        Some(layer) => app.layer(layer),
+        None => app,
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
     let addr = listener.local_addr().expect("its address");
     tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
 
+async fn layer() -> IdempotencyLayer<DynamoDbStore> {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    IdempotencyLayer::new(Engine::builder(DynamoDbStore::new(client, table)).build()).shared_scope()
+}
+
+/// The export, counting its runs.
+fn export_app(runs: &Arc<AtomicUsize>) -> Router {
+    let counter = Arc::clone(runs);
+    Router::new().route(
+        "/v1/exports",
+        post(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let chunks =
+                    futures::stream::iter(0..CHUNKS).map(|i| Ok::<_, std::io::Error>(chunk(i)));
+                (
+                    [(header::CONTENT_TYPE, "application/octet-stream")],
+                    Body::from_stream(chunks),
+                )
+            }
+        }),
+    )
+}
+
+/// Reads the whole export, checking every byte in order: its first byte,
+/// its whole time, and how much the resident memory grew meanwhile (MiB).
+async fn read_export(addr: std::net::SocketAddr, key: &str) -> (Duration, Duration, f64) {
     let before = resident();
     let started = Instant::now();
-    let response = send_export(addr, "export-1").await;
+    let response = send_export(addr, key).await;
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
     let (mut received, mut peak, mut first_byte) = (0usize, before, None);
@@ -134,10 +156,27 @@ async fn a_200_mb_export_streams_through_and_is_never_run_twice() {
     assert_eq!(received, CHUNKS * CHUNK);
     assert_eq!(expected, CHUNKS);
     let growth_mib = peak.saturating_sub(before) as f64 / (1024.0 * 1024.0);
-    println!(
-        "200 MB export through the layer: first byte after {:?}, all in {:?}, resident memory grew {growth_mib:.1} MiB",
+    (
         first_byte.unwrap_or_default(),
-        started.elapsed()
+        started.elapsed(),
+        growth_mib,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_mb_export_streams_through_and_is_never_run_twice() {
+    let _alone = ALONE.lock().await;
+    let bare = serve(export_app(&Arc::new(AtomicUsize::new(0))), None).await;
+    let (first_byte, all, growth_mib) = read_export(bare, "export-bare").await;
+    println!(
+        "200 MB export without the layer: first byte after {first_byte:?}, all in {all:?}, resident memory grew {growth_mib:.1} MiB"
+    );
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let addr = serve(export_app(&runs), Some(layer().await)).await;
+    let (first_byte, all, growth_mib) = read_export(addr, "export-1").await;
+    println!(
+        "200 MB export through the layer: first byte after {first_byte:?}, all in {all:?}, resident memory grew {growth_mib:.1} MiB"
     );
     // Buffered whole, it grew by the whole body (201 MiB measured); the
     // layer holds at most 16 MiB of it.
@@ -152,5 +191,86 @@ async fn a_200_mb_export_streams_through_and_is_never_run_twice() {
         problem["type"],
         "urn:lambda-idempotency:problem:idempotency-response-not-stored"
     );
+    let detail = problem["detail"].as_str().expect("a detail");
+    assert!(detail.contains("longer than can be stored"), "{detail}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Rows of the slow NDJSON export, and the gap before each after the first.
+const ROWS: usize = 5;
+const ROW_GAP: Duration = Duration::from_millis(400);
+
+/// An NDJSON export of `ROWS` rows, one every `ROW_GAP`, without a length,
+/// counting the rows written.
+fn ndjson_app(written: &Arc<AtomicUsize>) -> Router {
+    let written = Arc::clone(written);
+    Router::new().route(
+        "/v1/exports",
+        post(move || {
+            let written = Arc::clone(&written);
+            async move {
+                let rows = futures::stream::iter(0..ROWS).then(move |row| {
+                    let written = Arc::clone(&written);
+                    async move {
+                        if row > 0 {
+                            tokio::time::sleep(ROW_GAP).await;
+                        }
+                        written.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, std::io::Error>(Bytes::from(format!("{{\"row\":{row}}}\n")))
+                    }
+                });
+                (
+                    [(header::CONTENT_TYPE, "application/x-ndjson")],
+                    Body::from_stream(rows),
+                )
+            }
+        }),
+    )
+}
+
+/// Reads the NDJSON export: its first byte, and how many rows the handler
+/// had written when the first arrived; then the rest, whole.
+async fn read_ndjson(
+    addr: std::net::SocketAddr,
+    key: &str,
+    written: &AtomicUsize,
+) -> (Duration, usize, Bytes) {
+    let started = Instant::now();
+    let response = send_export(addr, key).await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = loop {
+        let frame = body.frame().await.expect("a row").expect("no error");
+        if let Ok(data) = frame.into_data() {
+            break data;
+        }
+    };
+    let first_byte = started.elapsed();
+    let written_then = written.load(Ordering::SeqCst);
+    let rest = body.collect().await.expect("the rest").to_bytes();
+    (first_byte, written_then, [first, rest].concat().into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_ndjson_export_reaches_the_client_row_by_row() {
+    let _alone = ALONE.lock().await;
+    let written = Arc::new(AtomicUsize::new(0));
+    let bare = serve(ndjson_app(&written), None).await;
+    let (first_byte, _, _) = read_ndjson(bare, "ndjson-bare", &written).await;
+    println!("slow NDJSON ({ROWS} rows, {ROW_GAP:?} apart) without the layer: first byte after {first_byte:?}");
+
+    let written = Arc::new(AtomicUsize::new(0));
+    let addr = serve(ndjson_app(&written), Some(layer().await)).await;
+    let (first_byte, written_then, rows) = read_ndjson(addr, "ndjson-1", &written).await;
+    println!("slow NDJSON ({ROWS} rows, {ROW_GAP:?} apart) through the layer: first byte after {first_byte:?}");
+    // The first row came while the handler was still writing (a layer that
+    // held the body would send it after the fifth).
+    assert!(
+        written_then < ROWS,
+        "the first row came after all {ROWS} were written"
+    );
+    let expected: String = (0..ROWS)
+        .map(|row| format!("{{\"row\":{row}}}\n"))
+        .collect();
+    assert_eq!(rows, expected.as_bytes());
 }

@@ -76,15 +76,21 @@
 //! gRPC response: all its metadata but `set-cookie`), and its trailers,
 //! replayed after the body.
 //!
+//! No response waits for the layer: a body that would wait for its next
+//! frame goes to the client as it comes, copied as it passes, and is
+//! stored when it ends if it fit ([what the layer
+//! buffers](#what-the-layer-buffers)).
+//!
 //! Not stored, and so never replayed, but completing the record all the
 //! same: a stream (`text/event-stream`, a response marked
 //! [`StreamResponse`], or one [`stream_when`](IdempotencyLayer::stream_when)
-//! selects), which goes to the client from its first byte; and a response
+//! selects), which goes to the client from its first byte; a response
 //! longer than can be stored (16 MiB before compression, or past
 //! [`max_stored_response`](IdempotencyLayer::max_stored_response) after
-//! it). A retry gets the original status and stored headers with an
+//! it); and a stream that failed part-way or outlived most of its lease. A
+//! retry gets the original status and stored headers with an
 //! `idempotency-response-not-stored` problem that says the request was
-//! processed: it never runs again.
+//! processed, and why its response was not stored: it never runs again.
 //!
 //! # Keys from anywhere
 //!

@@ -61,6 +61,12 @@ pub(crate) fn streams(parts: &Parts, predicate: Option<&StreamFn>) -> bool {
         || predicate.is_some_and(|streams| streams(parts.status, &parts.headers))
 }
 
+/// How much of a response that is ready is read before any of it goes to
+/// the client, when it may stream: a typical answer whole, so that it is
+/// stored before the client sees it, and no more, so that a long one does
+/// not wait for 16 MiB to be read first.
+const READ_IN_PLACE: usize = 64 * 1024;
+
 /// A response body, read as far as the layer may hold it.
 pub(crate) enum Read<B> {
     /// The whole body, to store, and its trailers.
@@ -81,10 +87,11 @@ pub(crate) enum Read<B> {
 /// length, unless it declares a length past `limit`.
 ///
 /// With `tee`, a body that would wait for its next frame is not waited
-/// for: what was read and the rest go on to the client at once, and are
-/// copied as they pass (`Read::Teed`), so the layer never delays a byte.
-/// A body that is ready to its end (most are: a handler's whole answer) is
-/// read in place, as without.
+/// for, nor one longer than [`READ_IN_PLACE`]: what was read and the rest
+/// go on to the client at once, and are copied as they pass
+/// (`Read::Teed`), so the layer never delays a byte. A short body that is
+/// ready to its end (most are: a handler's whole answer) is read in place,
+/// as without.
 ///
 /// A gRPC response (`grpc`) also streams on once a second message begins:
 /// a unary call's answer is one message and its trailers, so this is a
@@ -150,6 +157,10 @@ where
                 // This type cannot hold a stream: read whole.
                 Err(body) => return read_whole(body).await,
             }
+        }
+        if tee && copy.len > READ_IN_PLACE {
+            // Long, and ready: the client gets it from here on as it comes.
+            return Ok(tee_on(copy, rest).await);
         }
     }
 }
