@@ -250,6 +250,9 @@ where
 }
 
 /// How the detached work answered the request.
+// Returned once a request and matched at once: boxing the common variant
+// would cost an allocation a request to save a move.
+#[allow(clippy::large_enum_variant)]
 enum Ran<E, R> {
     /// With the attempt's result (the response, or why there is none).
     Answered(Attempted<E, R>, Live<R>),
