@@ -219,7 +219,7 @@ validate: $(SAM_VENV)/.installed
 	$(SAM_VENV)/bin/cfn-lint template.yaml
 	$(SAM_VENV)/bin/sam validate --lint -t template.yaml
 
-## The deployable arm64 binaries, charges, receipts and ledger, in target/lambda/ (zig
+## The deployable arm64 binaries, charges, receipts, ledger and exports, in target/lambda/ (zig
 ## comes with cargo-lambda; the Rust target is aarch64-unknown-linux-gnu:
 ## rustup target add aarch64-unknown-linux-gnu where it is missing).
 build: $(VENV)/.installed

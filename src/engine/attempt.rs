@@ -72,9 +72,10 @@ impl<'a> Attempt<'a> {
 
     /// As [`deadline`](Attempt::deadline), in epoch milliseconds, the unit of
     /// `lambda_runtime::Context::deadline`. `0` (a default `Context`, outside
-    /// Lambda) means no deadline.
+    /// Lambda), or any value before 2001 (`cargo lambda watch` sends its
+    /// timeout, `600000`), means no deadline.
     pub fn deadline_ms(mut self, epoch_ms: u64) -> Self {
-        self.deadline_ms = (epoch_ms > 0).then_some(epoch_ms);
+        self.deadline_ms = crate::clock::invocation_deadline_ms(epoch_ms);
         self
     }
 

@@ -51,9 +51,12 @@ pub(crate) fn infers_plain_responses<B>(request: &Request<B>) -> bool {
     )
 }
 
-/// The invocation's deadline, in epoch milliseconds.
+/// The invocation's deadline, in epoch milliseconds; none when the
+/// context's cannot be one (`invocation_deadline_ms`).
 pub(crate) fn deadline_ms<B>(request: &Request<B>) -> Option<u64> {
-    request.lambda_context_ref().map(|context| context.deadline)
+    request
+        .lambda_context_ref()
+        .and_then(|context| crate::clock::invocation_deadline_ms(context.deadline))
 }
 
 /// The path as the event carries it; empty for a request built by hand.

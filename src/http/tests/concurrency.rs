@@ -145,6 +145,44 @@ async fn the_lease_runs_until_the_invocation_deadline() {
     assert_eq!(text(&response), deadline.to_string());
 }
 
+/// An invocation without a real deadline (a default `Context` reads 0;
+/// `cargo lambda watch` sends its timeout, 600000) gets the default lease,
+/// not the minimum second a deadline in 1970 would leave it: a response
+/// streaming for longer was recorded as not stored.
+#[tokio::test]
+async fn an_invocation_without_a_deadline_gets_the_default_lease() {
+    let store = MemoryStore::new();
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(60))
+        .build();
+    let claimed_at = crate::Clock::now_ms(&clock);
+    let holder = {
+        let store = store.clone();
+        service_fn(move |_: Request| {
+            let store = store.clone();
+            async move {
+                let record = store.records().pop().expect("claimed");
+                Ok::<_, BoxError>(Response::new(Body::from(
+                    record.lease_until_ms.unwrap_or_default().to_string(),
+                )))
+            }
+        })
+    };
+    let layered = IdempotencyLayer::new(engine).shared_scope().layer(holder);
+    for (key, deadline) in [("default", 0), ("cargo-lambda-watch", 600_000)] {
+        let mut context = lambda_http::Context::default();
+        context.deadline = deadline;
+        let response = layered
+            .clone()
+            .oneshot(post(Some(key), "{}").with_lambda_context(context))
+            .await
+            .unwrap();
+        assert_eq!(text(&response), (claimed_at + 60_000).to_string(), "{key}");
+    }
+}
+
 /// Issue 10, item 13: `wait_for_result(Duration::MAX)` overflowed the clock
 /// and panicked on every keyed request. The engine's own durations go up to
 /// `MAX_DURATION` (issue 21, item 2: beyond it, `try_build` refuses them).
