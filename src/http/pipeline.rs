@@ -18,7 +18,7 @@ use super::{
     scope::{route_key, scope_for},
     stored::{StoredResponse, WhyNotStored, MAX_BODY},
     stored_body::StoredBody,
-    streaming::{read_bounded, streams, Copied, Ending, Read},
+    streaming::{read_bounded, streams, Copied, Ending, Read, Recorded},
 };
 use crate::{
     clock::epoch_ms,
@@ -464,10 +464,14 @@ where
     });
     let mut pending = Some((inner, request));
     let mut backoff = FIRST_BACKOFF;
+    // A streamed body's last frame waits for its record: told when the
+    // engine is done with it, or when this future is dropped.
+    let mut recorded: Option<Recorded> = None;
     loop {
         let not_run_yet = &mut pending;
         let live = &mut *live;
         let early = &mut *early;
+        let recorded_slot = &mut recorded;
         let operation = move |claim: ClaimHandle| async move {
             let Some((mut inner, mut request)) = not_run_yet.take() else {
                 return Err(Failure::AlreadyRun);
@@ -539,6 +543,7 @@ where
                             head,
                             copied,
                             grpc,
+                            recorded_slot,
                         )
                         .await?;
                         return Ok((stored, writes));
@@ -569,6 +574,9 @@ where
             Some(Err(Failure::Released(Response::from_parts(parts, body))))
         };
         let result = run_attempt(config, attempt, &config.settings.codec, refusal, operation).await;
+        if let Some(recorded) = recorded.take() {
+            recorded.done();
+        }
         if let (Some(route), Ok(done)) = (route, &result) {
             if done.kind() == OutcomeKind::Fresh {
                 let took_ms = config.engine.now_ms().saturating_sub(started_ms);
@@ -647,9 +655,12 @@ async fn teed<St: Store, E, R>(
     head: StoredHead,
     copied: Copied,
     grpc: bool,
+    recorded_slot: &mut Option<Recorded>,
 ) -> Result<StoredResponse, Failure<E, R>> {
+    let (recorded, ending) = copied.split();
+    *recorded_slot = Some(recorded);
     let ending = tokio::select! {
-        ending = copied.ending() => ending,
+        ending = ending => ending,
         () = lease_near_end(engine, claim) => Ending::NotStored(WhyNotStored::StreamOutlivedLease),
     };
     match ending {

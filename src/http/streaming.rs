@@ -181,6 +181,7 @@ where
     B::Error: Into<BoxError>,
 {
     let (ended, copied) = oneshot::channel();
+    let (recorded, record_done) = oneshot::channel();
     // The part read is copied again as it passes, with the rest.
     let fresh = RecordCopy::new(copy.limit, copy.grpc_head.is_some());
     let prefixed = Prefixed {
@@ -191,9 +192,17 @@ where
     let tee = Tee {
         body: Some(prefixed),
         copy: Some((fresh, ended)),
+        record_done: Some(record_done),
+        last: None,
     };
     match B::from_stream(tee.boxed_unsync()) {
-        Ok(body) => Read::Teed(body, Copied(copied)),
+        Ok(body) => Read::Teed(
+            body,
+            Copied {
+                ended: copied,
+                recorded: Recorded(recorded),
+            },
+        ),
         // Unreachable for the types that stream; read whole all the same.
         Err(body) => match read_whole(body).await {
             Ok(read) => read,
@@ -278,7 +287,22 @@ pub(crate) enum Ending {
 /// side is dropped), the rest is read here, as far as a record holds it:
 /// the work the handler started finishes, as it does for a client that
 /// leaves while the handler runs.
-pub(crate) struct Copied(oneshot::Receiver<Ended>);
+pub(crate) struct Copied {
+    ended: oneshot::Receiver<Ended>,
+    recorded: Recorded,
+}
+
+/// Lets the last frame of a teed body go to the client: when sent, or
+/// dropped, once the record is complete (or will never be), so that a
+/// client that has the whole response finds it recorded.
+pub(crate) struct Recorded(oneshot::Sender<()>);
+
+impl Recorded {
+    /// The record is complete.
+    pub(crate) fn done(self) {
+        let _ = self.0.send(());
+    }
+}
 
 /// What the client's side of a teed body sends its record.
 enum Ended {
@@ -290,16 +314,21 @@ enum Ended {
 }
 
 impl Copied {
-    /// How the body ended. Stops copying (the client still gets every
-    /// byte) when dropped before that.
-    pub(crate) async fn ending(self) -> Ending {
-        match self.0.await {
-            Ok(Ended::Ending(ending)) => ending,
-            Ok(Ended::Left(rest, copy)) => read_rest(rest, copy).await,
-            // The client's side is gone and sent nothing: never, since its
-            // drop sends what it holds.
-            Err(_) => Ending::NotStored(WhyNotStored::StreamFailed),
-        }
+    /// Where to say that the record is complete, and a future of how the
+    /// body ended, which stops copying (the client still gets every byte)
+    /// when dropped before that.
+    pub(crate) fn split(self) -> (Recorded, impl std::future::Future<Output = Ending> + Send) {
+        let ended = self.ended;
+        let ending = async move {
+            match ended.await {
+                Ok(Ended::Ending(ending)) => ending,
+                Ok(Ended::Left(rest, copy)) => read_rest(rest, copy).await,
+                // The client's side is gone and sent nothing: never, since
+                // its drop sends what it holds.
+                Err(_) => Ending::NotStored(WhyNotStored::StreamFailed),
+            }
+        };
+        (self.recorded, ending)
     }
 }
 
@@ -333,6 +362,11 @@ struct Tee {
     /// The copy and where its ending goes; `None` once sent, or once no
     /// one waits for it.
     copy: Option<(RecordCopy, oneshot::Sender<Ended>)>,
+    /// Resolves when the record is complete; `None` once it has.
+    record_done: Option<oneshot::Receiver<()>>,
+    /// The body's last frame (or its end), held until the record is
+    /// complete.
+    last: Option<Option<Result<Frame<Bytes>, BoxError>>>,
 }
 
 impl Tee {
@@ -352,6 +386,14 @@ impl HttpBody for Tee {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if let Some(record_done) = &mut this.record_done {
+            if this.last.is_some() {
+                // Sent or dropped: either way, nothing more to wait for.
+                let _ = std::task::ready!(std::future::Future::poll(Pin::new(record_done), cx));
+                this.record_done = None;
+                return Poll::Ready(this.last.take().flatten());
+            }
+        }
         let Some(body) = this.body.as_mut() else {
             return Poll::Ready(None);
         };
@@ -365,29 +407,46 @@ impl HttpBody for Tee {
             // end): the client still gets every byte.
             this.copy = None;
         }
-        match &frame {
-            None => this.end(|copy| Ending::Whole(copy.into_body(), None)),
-            Some(Err(_)) => this.end(|_| Ending::NotStored(WhyNotStored::StreamFailed)),
+        let last = match &frame {
+            None => {
+                this.end(|copy| Ending::Whole(copy.into_body(), None));
+                true
+            }
+            Some(Err(_)) => {
+                this.end(|_| Ending::NotStored(WhyNotStored::StreamFailed));
+                false
+            }
             Some(Ok(frame)) => {
                 if let Some(trailers) = frame.trailers_ref() {
                     let trailers = trailers.clone();
                     this.end(|copy| Ending::Whole(copy.into_body(), Some(trailers)));
+                    true
                 } else if let Some(data) = frame.data_ref() {
                     if let Some((copy, _)) = &mut this.copy {
                         if let Err(why) = copy.push(data.clone()) {
                             this.end(|_| Ending::NotStored(why));
-                        } else if this.body.as_ref().is_some_and(HttpBody::is_end_stream) {
-                            this.end(|copy| Ending::Whole(copy.into_body(), None));
                         }
                     }
+                    let ended = this.body.as_ref().is_some_and(HttpBody::is_end_stream);
+                    if ended {
+                        this.end(|copy| Ending::Whole(copy.into_body(), None));
+                    }
+                    ended
+                } else {
+                    false
                 }
             }
+        };
+        if last && this.record_done.is_some() {
+            // The client gets the end once the record is complete.
+            this.last = Some(frame);
+            return self.poll_frame(cx);
         }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(HttpBody::is_end_stream)
+        self.last.is_none() && self.body.as_ref().is_none_or(HttpBody::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
