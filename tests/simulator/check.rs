@@ -50,8 +50,6 @@ struct PerAttempt {
     claim_landed_at_ms: Option<u64>,
     execs: Vec<u64>,
     ended: Option<Ending>,
-    /// Its takeover landed and the answer was lost (a timeout).
-    takeover_answer_lost: bool,
     /// What its operation was told: the takeover's attempt.
     told: Option<u32>,
     /// Where in the history its claim landed.
@@ -65,27 +63,18 @@ pub struct Report {
     pub known: Vec<String>,
 }
 
-/// Known bug 1: a takeover whose answer is lost (the write landed, the
-/// SDK timed out) is recognised by the read that checks the outage, but
-/// as the claim it replaced (`claim_once` returns before `*claim =
-/// takeover`): the operation runs as attempt 1, not told that it took
-/// over, while the record says attempt 2.
+/// Known bug 2: a takeover whose operation fails releases (deletes) the
+/// record; the next claim is a fresh attempt 1, not told that the zombie
+/// it had taken over from may still be running, or have acted.
 pub const KNOWN_RELEASE_FORGETS: &str =
     "known bug 2 (a takeover that fails releases the key, and the next claim is attempt 1, untold)";
-
-pub const KNOWN_STALE_CLAIM: &str =
-    "known bug 3 (a claim whose answer came after its lease had passed still runs)";
 
 /// Known bug 3: the claim's condition and lease are computed from the
 /// time the attempt began; a claim that lands (or whose answer arrives)
 /// after its own lease has passed still runs its operation: a zombie from
 /// its first instant, beside whichever attempt takes the key over.
-///
-/// Known bug 1: see [`KNOWN_LOST_TAKEOVER`]. Known bug 2: a takeover whose
-/// operation fails releases (deletes) the record; the next claim is a
-/// fresh attempt 1, not told that the zombie it had taken over from may
-/// still be running, or have acted.
-pub const KNOWN_LOST_TAKEOVER: &str = "known bug 1 (a takeover whose answer was lost runs untold)";
+pub const KNOWN_STALE_CLAIM: &str =
+    "known bug 3 (a claim whose answer came after its lease had passed still runs)";
 
 /// The first invariant `history` breaks, said in a sentence.
 pub fn check(history: &History, strict: bool) -> Result<Report, String> {
@@ -133,7 +122,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                 before,
                 after,
                 answer,
-                lost,
                 ..
             } => {
                 let Some(&key) = keys.get(op.id().as_str()) else {
@@ -216,9 +204,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         leases.insert(owner.clone(), c.lease_until_ms);
                         lease_writes[key].push((at, owner.clone()));
                         let a = &mut attempts[*att];
-                        if matches!(op, Op::TakeOver(..)) && lost.is_some() {
-                            a.takeover_answer_lost = true;
-                        }
                         a.owner = Some(owner);
                         a.claim_attempt = c.attempt;
                         a.claim_landed_at_ms = Some(at);
@@ -298,15 +283,9 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         return Err(format!("a{att} ran under a claim that never landed"));
                     };
                     // Told it took over, with the attempt it is.
-                    let mut takeover = *takeover;
+                    let takeover = *takeover;
                     let told = takeover.unwrap_or(1);
-                    if told != me.claim_attempt && me.takeover_answer_lost && !strict {
-                        report.known.push(format!(
-                            "{KNOWN_LOST_TAKEOVER}: a{att} runs attempt {} told {:?}",
-                            me.claim_attempt, takeover
-                        ));
-                        takeover = Some(me.claim_attempt);
-                    } else if told != me.claim_attempt {
+                    if told != me.claim_attempt {
                         return Err(format!(
                             "a takeover is told so: a{att} runs as attempt {} but was told {:?}",
                             me.claim_attempt, takeover
