@@ -113,6 +113,11 @@ struct Inner<St> {
 /// The shortest lease a claim gets, even when its deadline has passed.
 const MIN_LEASE_MS: u64 = 1_000;
 
+/// An operation starts only with at least this much of its lease left by
+/// the engine's clock: a claim answered later than that is given back and
+/// answered [`Error::LeaseLost`] (the caller retries).
+const START_MARGIN_MS: u64 = MIN_LEASE_MS / 10;
+
 impl<St: Store> Engine<St> {
     /// Starts configuring an engine over `store`.
     pub fn builder(store: St) -> EngineBuilder<St> {
@@ -143,6 +148,10 @@ impl<St: Store> Engine<St> {
     ///   back as [`Error::Operation`]; the next attempt runs it again.
     /// - If the store cannot be reached, the operation does not run:
     ///   [`Error::Store`] (unless the engine fails open).
+    /// - If the claim is answered only after its lease has passed (or with
+    ///   less than 100 ms of it left), the operation does not run: the
+    ///   claim is given back and the caller gets [`Error::LeaseLost`], to
+    ///   retry.
     ///
     /// # When this future is dropped
     ///
@@ -378,6 +387,20 @@ impl<St: Store> Engine<St> {
                 warn!(record = %claim.id, outcome = "store_error", kind = error.kind().as_str(), %error, "idempotency claim failed");
                 return Err(Error::Store(error));
             }
+        }
+
+        // A claim answered late (a slow network, an SDK's retries) may hold
+        // a lease that has passed, or is about to: its operation would run
+        // as a zombie from its first instant, beside whichever attempt takes
+        // the key over. It does not run; the claim is given back (fenced,
+        // so nothing another attempt now owns is touched), and the caller
+        // retries.
+        let started_ms = inner.clock.now_ms();
+        if claim.lease_until_ms < started_ms.saturating_add(START_MARGIN_MS) {
+            warn!(record = %claim.id, outcome = "lease_lost", lease_until_ms = claim.lease_until_ms, now_ms = started_ms,
+                "the claim was answered after its lease had passed (or with too little of it left); the operation did not run");
+            self.release(&claim).await;
+            return Err(Error::LeaseLost);
         }
 
         let handle = self.handle(&claim);

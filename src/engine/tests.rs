@@ -988,3 +988,44 @@ async fn a_takeover_whose_answer_was_lost_is_told_it_took_over() {
         .expect("record");
     assert_eq!(record.attempt, 2);
 }
+
+/// Simulator, engine bug 3 (seed 12): a claim answered after its lease has
+/// passed does not run its operation: the caller is told to retry
+/// (`LeaseLost`), and the claim is given back, so the retry runs at once.
+#[tokio::test]
+async fn a_claim_answered_after_its_lease_does_not_run() {
+    let (engine, store, _) = unlucky();
+    let runs = AtomicUsize::new(0);
+    let run = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Failed>(1u8)
+    };
+    let attempt = Attempt::new("s", "late", fingerprint(1));
+    *store.claim_answered_after.lock().expect("lock") = Some(Duration::from_secs(11));
+    let late = engine.execute(&attempt, run).await;
+    assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "a zombie from its first instant"
+    );
+    assert_eq!(
+        store.store.record(&engine.record_id("s", "late")),
+        None,
+        "an attempt 1 that never ran gives its claim back"
+    );
+
+    // With too little of the lease left, too.
+    *store.claim_answered_after.lock().expect("lock") =
+        Some(Duration::from_millis(10_000 - START_MARGIN_MS + 1));
+    let late = engine.execute(&attempt, run).await;
+    assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // Answered in time, it runs.
+    *store.claim_answered_after.lock().expect("lock") =
+        Some(Duration::from_millis(10_000 - START_MARGIN_MS));
+    let retry = engine.execute(&attempt, run).await.expect("ran");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -69,13 +69,6 @@ pub struct Report {
 pub const KNOWN_RELEASE_FORGETS: &str =
     "known bug 2 (a takeover that fails releases the key, and the next claim is attempt 1, untold)";
 
-/// Known bug 3: the claim's condition and lease are computed from the
-/// time the attempt began; a claim that lands (or whose answer arrives)
-/// after its own lease has passed still runs its operation: a zombie from
-/// its first instant, beside whichever attempt takes the key over.
-pub const KNOWN_STALE_CLAIM: &str =
-    "known bug 3 (a claim whose answer came after its lease had passed still runs)";
-
 /// The first invariant `history` breaks, said in a sentence.
 pub fn check(history: &History, strict: bool) -> Result<Report, String> {
     let mut report = Report::default();
@@ -300,15 +293,8 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                             .map_or(0, |l| (*l as i64 - history.attempts[a].skew) as u64)
                     };
                     if at > lease_true(*att) + TOLERANCE_MS {
-                        if strict {
-                            return Err(format!(
-                                "an operation starts on a live lease: a{att} starts at {}, its lease ended at {}",
-                                crate::sim::ms(at),
-                                crate::sim::ms(lease_true(*att))
-                            ));
-                        }
-                        report.known.push(format!(
-                            "{KNOWN_STALE_CLAIM}: a{att} starts at {} on a lease that ended at {}",
+                        return Err(format!(
+                            "an operation starts on a live lease: a{att} starts at {}, its lease ended at {}",
                             crate::sim::ms(at),
                             crate::sim::ms(lease_true(*att))
                         ));
