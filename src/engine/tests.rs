@@ -1029,3 +1029,33 @@ async fn a_claim_answered_after_its_lease_does_not_run() {
     assert_eq!(retry.kind(), OutcomeKind::Fresh);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Simulator, engine bug 2 (seed 362): a takeover whose operation fails
+/// gives its claim back without forgetting it: the attempt it took over
+/// may still run, so the retry (at once) is the next takeover, and told.
+#[tokio::test]
+async fn a_failed_takeover_gives_its_claim_back_and_the_retry_is_told() {
+    let (engine, store, _) = unlucky();
+    let clock = store.clock.clone();
+    abandon(&engine, &store, &clock, "k").await;
+    let failed = told(&engine, "k", true).await;
+    assert!(
+        matches!(failed, Err(Error::Operation(Failed))),
+        "{failed:?}"
+    );
+    let record = store
+        .store
+        .record(&engine.record_id("s", "k"))
+        .expect("kept");
+    assert_eq!(record.status, Status::InProgress);
+    assert_eq!(record.attempt, 2);
+    assert!(record.is_lapsed(clock.now_ms()), "given back: {record:?}");
+
+    let retry = told(&engine, "k", false).await.expect("runs at once");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+    assert_eq!(
+        *retry.value(),
+        Some(3),
+        "told that earlier attempts may have acted"
+    );
+}

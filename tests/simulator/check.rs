@@ -56,22 +56,8 @@ struct PerAttempt {
     claim_seq: usize,
 }
 
-/// What a history met that is a known engine bug, reported rather than
-/// failed (unless `SIM_STRICT=1`): see RELIABILITY.md.
-#[derive(Debug, Default)]
-pub struct Report {
-    pub known: Vec<String>,
-}
-
-/// Known bug 2: a takeover whose operation fails releases (deletes) the
-/// record; the next claim is a fresh attempt 1, not told that the zombie
-/// it had taken over from may still be running, or have acted.
-pub const KNOWN_RELEASE_FORGETS: &str =
-    "known bug 2 (a takeover that fails releases the key, and the next claim is attempt 1, untold)";
-
 /// The first invariant `history` breaks, said in a sentence.
-pub fn check(history: &History, strict: bool) -> Result<Report, String> {
-    let mut report = Report::default();
+pub fn check(history: &History) -> Result<(), String> {
     if let Some(hang) = &history.hung {
         return Err(format!("nothing hangs: {hang}"));
     }
@@ -95,8 +81,7 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
     let mut completions: Vec<Vec<Landed>> = vec![Vec::new(); config.keys];
     let mut current: Vec<Option<Record>> = vec![None; config.keys];
     let mut running: HashMap<u64, Running> = HashMap::new();
-    // Where each key's record was released (by whom) or completed.
-    let mut releases: Vec<Vec<(usize, usize)>> = vec![Vec::new(); config.keys];
+    // Where each key's record was completed.
     let mut completed_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
     // Where a claim replaced an in-progress record whose retention passed.
     let mut expired_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
@@ -216,7 +201,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                     }
                     Op::Release(_, owner) => {
                         fenced(owner.as_str())?;
-                        releases[key].push((seq, *att));
                     }
                     Op::Complete(c) => {
                         fenced(c.owner.as_str())?;
@@ -321,15 +305,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         if completed_at[*key].iter().any(between)
                             || expired_at[*key].iter().any(between)
                         {
-                            continue;
-                        }
-                        let forgotten = releases[*key]
-                            .iter()
-                            .any(|(seq, by)| between(seq) && *by != early);
-                        if forgotten && !strict && late_landed + TOLERANCE_MS >= lease_true(early) {
-                            report.known.push(format!(
-                                "{KNOWN_RELEASE_FORGETS}: a{late} runs attempt 1 beside a{early}"
-                            ));
                             continue;
                         }
                         if l.told.is_none()
@@ -487,7 +462,7 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
             return Err(format!("every attempt ends: a{att} never returned"));
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Records a completion, after checking that its effects land once within
