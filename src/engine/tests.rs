@@ -1059,3 +1059,42 @@ async fn a_failed_takeover_gives_its_claim_back_and_the_retry_is_told() {
         "told that earlier attempts may have acted"
     );
 }
+
+/// Simulator (seed 100, `#13` after `#12`): an extension whose answer was
+/// lost after it landed may hold the lease further out than the attempt
+/// knows; a later, shorter extension never pulls it back.
+#[tokio::test]
+async fn an_extension_never_shortens_a_lease_it_could_not_confirm() {
+    let (engine, store, clock) = unlucky();
+    let id = engine.record_id("s", "long");
+    let lease = |store: &Unlucky| {
+        store
+            .store
+            .record(&id)
+            .and_then(|record| record.lease_until_ms)
+            .expect("in progress")
+    };
+    let start_ms = clock.now_ms();
+    engine
+        .run(
+            &Attempt::new("s", "long", fingerprint(1)),
+            Mode::Plain,
+            &Json,
+            |handle| async move {
+                store.extensions_time_out.store(1, Ordering::SeqCst);
+                let lost = handle.extend(Duration::from_secs(30)).await;
+                assert!(matches!(lost, Err(Error::Store(_))), "{lost:?}");
+                assert_eq!(lease(&store), start_ms + 30_000, "it landed");
+                clock.advance(Duration::from_secs(1));
+                handle
+                    .extend(Duration::from_secs(5))
+                    .await
+                    .expect("extended");
+                assert_eq!(lease(&store), start_ms + 30_000, "never pulled back");
+                assert_eq!(handle.lease_until_ms(), Some(start_ms + 30_000));
+                Ok::<_, Failed>(((), Vec::new()))
+            },
+        )
+        .await
+        .expect("ran");
+}

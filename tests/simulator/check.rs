@@ -77,6 +77,9 @@ pub fn check(history: &History) -> Result<(), String> {
     let mut owners: HashMap<String, usize> = HashMap::new();
     // The last lease each owner wrote (its clock) and when it landed.
     let mut leases: HashMap<String, u64> = HashMap::new();
+    // The furthest lease each owner's writes have landed, and the request
+    // (numbered as sent) that landed it.
+    let mut furthest: HashMap<String, (usize, u64)> = HashMap::new();
     let mut lease_writes: Vec<Vec<(u64, String)>> = vec![Vec::new(); config.keys];
     let mut completions: Vec<Vec<Landed>> = vec![Vec::new(); config.keys];
     let mut current: Vec<Option<Record>> = vec![None; config.keys];
@@ -95,6 +98,7 @@ pub fn check(history: &History) -> Result<(), String> {
                 attempts[*att].begin_at_ms = at;
             }
             Event::Landed {
+                req,
                 att,
                 op,
                 before,
@@ -178,6 +182,7 @@ pub fn check(history: &History) -> Result<(), String> {
                             ));
                         }
                         let owner = c.owner.as_str().to_owned();
+                        furthest.insert(owner.clone(), (*req, c.lease_until_ms));
                         owners.insert(owner.clone(), *att);
                         leases.insert(owner.clone(), c.lease_until_ms);
                         lease_writes[key].push((at, owner.clone()));
@@ -195,6 +200,30 @@ pub fn check(history: &History) -> Result<(), String> {
                                 crate::sim::ms(e.lease_until_ms),
                                 crate::sim::ms(e.now_ms)
                             ));
+                        }
+                        // An extension asks for at least what its earlier
+                        // ones asked (their answers may be lost after they
+                        // landed); only one sent earlier and delivered late
+                        // may land less, or a claim given back (a lease
+                        // ended on purpose, before its own `now`).
+                        let owner = e.owner.as_str().to_owned();
+                        if let Some(&(by, furthest_ms)) = furthest.get(&owner) {
+                            if e.lease_until_ms < furthest_ms
+                                && e.lease_until_ms >= e.now_ms
+                                && *req > by
+                            {
+                                return Err(format!(
+                                    "an extension never shortens a lease it cannot see: a{att}'s #{req} to {} landed after #{by} to {}",
+                                    crate::sim::ms(e.lease_until_ms),
+                                    crate::sim::ms(furthest_ms)
+                                ));
+                            }
+                        }
+                        if furthest
+                            .get(&owner)
+                            .is_none_or(|&(_, l)| e.lease_until_ms > l)
+                        {
+                            furthest.insert(owner, (*req, e.lease_until_ms));
                         }
                         leases.insert(e.owner.as_str().to_owned(), e.lease_until_ms);
                         lease_writes[key].push((at, e.owner.as_str().to_owned()));
