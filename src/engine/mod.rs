@@ -113,9 +113,10 @@ struct Inner<St> {
 /// The shortest lease a claim gets, even when its deadline has passed.
 const MIN_LEASE_MS: u64 = 1_000;
 
-/// An operation starts only with at least this much of its lease left by
-/// the engine's clock: a claim answered later than that is given back and
-/// answered [`Error::LeaseLost`] (the caller retries).
+/// An operation starts only with at least this much of its lease left (its
+/// claim's `now`, plus how long the claim took): a claim answered later than
+/// that is given back and answered [`Error::LeaseLost`] (the caller
+/// retries).
 const START_MARGIN_MS: u64 = MIN_LEASE_MS / 10;
 
 impl<St: Store> Engine<St> {
@@ -350,6 +351,9 @@ impl<St: Store> Engine<St> {
         let transactional = mode == Mode::Transactional;
         let id = self.record_id(attempt.scope, attempt.key);
         let now_ms = inner.clock.now_ms();
+        // How long the claim takes, measured apart from `clock`, which
+        // gives the wall-clock instants that leases are written in.
+        let began = tokio::time::Instant::now();
 
         if let Some(replay) = self.cached_replay(&id, attempt, codec, now_ms) {
             return replay;
@@ -394,8 +398,12 @@ impl<St: Store> Engine<St> {
         // as a zombie from its first instant, beside whichever attempt takes
         // the key over. It does not run; the claim is given back (fenced,
         // so nothing another attempt now owns is touched), and the caller
-        // retries.
-        let started_ms = inner.clock.now_ms();
+        // retries. The time is the claim's `now` plus how long the claim
+        // took by a monotonic clock (tokio's, which paused tests move), so
+        // a wall clock stepped meanwhile, or a test clock that moves on
+        // every read, does not decide it.
+        let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let started_ms = now_ms.saturating_add(took_ms);
         if claim.lease_until_ms < started_ms.saturating_add(START_MARGIN_MS) {
             warn!(record = %claim.id, outcome = "lease_lost", lease_until_ms = claim.lease_until_ms, now_ms = started_ms,
                 "the claim was answered after its lease had passed (or with too little of it left); the operation did not run");
