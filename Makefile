@@ -126,8 +126,8 @@ SIM_SECONDS ?= $(if $(SIM_SEEDS)$(SIM_SEED),,60)
 ## The deterministic simulator of the protocol (tests/simulator: the real
 ## engine over a simulated store with its faults, crashes and clocks),
 ## optimised, for SIM_SECONDS (default 60) or SIM_SEEDS histories from a
-## fresh start seed (SIM_START), with the rate and the known engine bugs met
-## (SIM_STRICT=1 fails them too). SIM_SEED=n replays one history and prints it.
+## fresh start seed (SIM_START), with the rate. SIM_SEED=n replays one
+## history and prints it.
 simulate:
 	SIM_SECONDS=$(SIM_SECONDS) SIM_START=$${SIM_START:-$$(date +%s)000000} \
 	  $(CARGO) test --profile bench --test simulator simulated_histories_keep_every_invariant -- --nocapture

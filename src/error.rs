@@ -37,6 +37,10 @@ pub enum Error<E = std::convert::Infallible> {
     /// A transactional completion was fenced out: this invocation's lease had
     /// passed and another invocation took the key over. Neither the record
     /// nor the operation's writes were committed.
+    ///
+    /// Also the answer when the claim itself came back only after its lease
+    /// had passed (or with less than 100 ms of it left): the operation did
+    /// not run, and the claim was given back. Either way, retry.
     LeaseLost,
     /// The operation ran without a claim (the store was unreachable and the
     /// engine [fails open](crate::EngineBuilder::fail_open)) and returned

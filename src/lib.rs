@@ -20,7 +20,9 @@
 //! 2. **run** the operation.
 //! 3. **complete**: a conditional `UpdateItem` stores the outcome, *fenced* on
 //!    the owner token; or, if the operation failed, **release**: a
-//!    conditional `DeleteItem` with the same fence, so a retry can run.
+//!    conditional `DeleteItem` with the same fence, so a retry can run (a
+//!    takeover's claim is kept with its lease ended instead, so that the
+//!    retry is told it takes over too).
 //!
 //! A claim is a lease: an invocation that crashes or times out does not
 //! poison its key; once the lease passes a retry takes the key over. The

@@ -245,6 +245,10 @@ async fn stress<St: Store>(label: &str, engine: Engine<St>, report: impl FnOnce(
                         ));
                     }
                     Some(Err(Error::InProgress { .. })) => counts.conflicts += 1,
+                    // A claim answered after its 1.5 s lease had passed (an
+                    // SDK's backoff after injected faults): nothing ran, and
+                    // the client is told to retry, as with a 409.
+                    Some(Err(Error::LeaseLost)) => counts.conflicts += 1,
                     Some(Err(Error::KeyReused)) => counts.mismatches += 1,
                     Some(Err(Error::Operation(_))) => counts.operation_errors += 1,
                     Some(Err(Error::Store(_))) => counts.store_errors += 1,

@@ -53,6 +53,7 @@ impl<St: Store> Engine<St> {
                     if record.owner == claim.owner && record.status == Status::InProgress =>
                 {
                     debug!(record = %claim.id, "the claim had landed before its retry");
+                    recognise(claim, &record);
                 }
                 Conditional::Refused(Some(record)) if record.is_live(claim.now_ms) => {
                     return Ok(Claimed::Held(record))
@@ -93,7 +94,7 @@ impl<St: Store> Engine<St> {
     /// read either is down.
     pub(super) async fn confirm_outage(
         &self,
-        claim: &Claim,
+        claim: &mut Claim,
         error: StoreError,
     ) -> Result<Claimed, ClaimError> {
         match self.inner.store.get(&claim.id, claim.now_ms).await {
@@ -183,15 +184,31 @@ pub(crate) enum Claimed {
 
 impl Claimed {
     /// What the record a read found under the claim's id decides: this
-    /// claim's own write (landed, its answer lost), or a live record that
-    /// holds the key; nothing when there is neither.
-    pub(super) fn by_read(claim: &Claim, found: Option<Record>) -> Option<Self> {
+    /// claim's own write (landed, its answer lost: `claim` becomes what
+    /// landed, a takeover included), or a live record that holds the key;
+    /// nothing when there is neither.
+    pub(super) fn by_read(claim: &mut Claim, found: Option<Record>) -> Option<Self> {
         match found {
             Some(record) if record.owner == claim.owner && record.status == Status::InProgress => {
+                recognise(claim, &record);
                 Some(Claimed::Ours)
             }
             Some(record) if record.is_live(claim.now_ms) => Some(Claimed::Held(record)),
             _ => None,
         }
+    }
+}
+
+/// An in-progress record under the claim's own token is what the claim
+/// wrote: its fresh claim, or its takeover of a lapsed claim, landed while
+/// its answer was lost. What landed says which attempt this is, so that a
+/// takeover recognised this way is told that it took over.
+fn recognise(claim: &mut Claim, own: &Record) {
+    if own.attempt > claim.attempt {
+        claim.attempt = own.attempt;
+        claim.first_started_ms = own
+            .first_started_ms
+            .or(own.created_at_ms)
+            .unwrap_or(claim.first_started_ms);
     }
 }

@@ -62,6 +62,11 @@ pub(super) struct Held {
 struct Lease {
     until_ms: u64,
     expiration_s: u64,
+    /// The furthest lease and expiration this attempt has asked for: an
+    /// extension whose answer was lost may have landed, so no later one
+    /// asks for less (it would shorten a lease it cannot see).
+    asked_until_ms: u64,
+    asked_expiration_s: u64,
 }
 
 type ExtendFuture<'a> = Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>>;
@@ -91,6 +96,8 @@ impl ClaimHandle {
                 lease: Mutex::new(Lease {
                     until_ms: lease_until_ms,
                     expiration_s,
+                    asked_until_ms: lease_until_ms,
+                    asked_expiration_s: expiration_s,
                 }),
                 lost: watch::Sender::new(false),
             })),
@@ -236,10 +243,24 @@ impl Held {
         let by_ms = u64::try_from(by.as_millis())
             .unwrap_or(u64::MAX)
             .min(self.extender.max_lease_ms());
-        let current = self.lease();
-        let until_ms = now_ms.saturating_add(by_ms).max(current.until_ms);
-        // The record must outlive its lease, or it would count as absent.
-        let expiration_s = current.expiration_s.max(until_ms / 1000 + 1);
+        let until_ms;
+        let expiration_s;
+        {
+            let mut lease = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+            // Never less than an extension already asked for, whose answer
+            // may have been lost after it landed.
+            until_ms = now_ms
+                .saturating_add(by_ms)
+                .max(lease.until_ms)
+                .max(lease.asked_until_ms);
+            // The record must outlive its lease, or it would count as absent.
+            expiration_s = lease
+                .expiration_s
+                .max(lease.asked_expiration_s)
+                .max(until_ms / 1000 + 1);
+            lease.asked_until_ms = until_ms;
+            lease.asked_expiration_s = expiration_s;
+        }
         let extension = Extension {
             id: self.id.clone(),
             owner: self.owner.clone(),
@@ -261,10 +282,9 @@ impl Held {
                 return Err(Error::LeaseLost);
             }
         }
-        *self.lease.lock().unwrap_or_else(PoisonError::into_inner) = Lease {
-            until_ms,
-            expiration_s,
-        };
+        let mut lease = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        lease.until_ms = lease.until_ms.max(until_ms);
+        lease.expiration_s = lease.expiration_s.max(expiration_s);
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use super::{conflicts::retry_conflicts, Engine, OutcomeKind};
 use crate::{
-    store::{Claim, Completion, Conditional, Status, Store},
+    store::{Claim, Completion, Conditional, Extension, Status, Store},
     Error,
 };
 use tracing::{debug, warn};
@@ -84,11 +84,48 @@ impl<St: Store> Engine<St> {
 
     /// Releases a claim so a retry can run; best effort, since a claim that
     /// cannot be released still expires with its lease.
+    ///
+    /// A takeover's claim is not deleted: the attempt it took over may
+    /// still be running, or have acted, and a fresh claim after a delete
+    /// would be attempt 1, not told. Its lease is ended instead (a fenced
+    /// extension to the past), so the retry runs at once, as the next
+    /// takeover, told that earlier attempts may have acted.
     pub(crate) async fn release(&self, claim: &Claim) {
+        if claim.attempt > 1 {
+            return self.lapse(claim).await;
+        }
         match retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner)).await {
             // No record: released already (a retry of a release that had
             // landed), or never there. Nothing of ours is left.
             Ok(Conditional::Applied | Conditional::Refused(None)) => {}
+            Ok(Conditional::Refused(Some(_))) => {
+                warn!(record = %claim.id, outcome = "lease_lost", "the claim was taken over before it could be released")
+            }
+            Err(error) => {
+                warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
+            }
+        }
+    }
+
+    /// Ends a takeover's lease, fenced on its token, keeping its record
+    /// (attempt count, first start) for the next claimant to take over.
+    async fn lapse(&self, claim: &Claim) {
+        let now_ms = self.inner.clock.now_ms();
+        let ended = Extension {
+            id: claim.id.clone(),
+            owner: claim.owner.clone(),
+            // Already passed by this clock: the record is lapsed at once.
+            lease_until_ms: now_ms.saturating_sub(1).min(claim.lease_until_ms),
+            // Kept as long as a claim's record is, never shortened.
+            expiration_s: claim.expiration_s.max(self.expiration_s(now_ms)),
+            now_ms,
+        };
+        match retry_conflicts(|| self.inner.store.extend(&ended)).await {
+            Ok(Conditional::Applied) => {
+                debug!(record = %claim.id, outcome = "released", attempt = claim.attempt,
+                    "the takeover's claim was given back; its record stays, lapsed, for the next attempt to take over")
+            }
+            Ok(Conditional::Refused(None)) => {}
             Ok(Conditional::Refused(Some(_))) => {
                 warn!(record = %claim.id, outcome = "lease_lost", "the claim was taken over before it could be released")
             }

@@ -113,6 +113,12 @@ struct Inner<St> {
 /// The shortest lease a claim gets, even when its deadline has passed.
 const MIN_LEASE_MS: u64 = 1_000;
 
+/// An operation starts only with at least this much of its lease left (its
+/// claim's `now`, plus how long the claim took): a claim answered later than
+/// that is given back and answered [`Error::LeaseLost`] (the caller
+/// retries).
+const START_MARGIN_MS: u64 = MIN_LEASE_MS / 10;
+
 impl<St: Store> Engine<St> {
     /// Starts configuring an engine over `store`.
     pub fn builder(store: St) -> EngineBuilder<St> {
@@ -143,6 +149,10 @@ impl<St: Store> Engine<St> {
     ///   back as [`Error::Operation`]; the next attempt runs it again.
     /// - If the store cannot be reached, the operation does not run:
     ///   [`Error::Store`] (unless the engine fails open).
+    /// - If the claim is answered only after its lease has passed (or with
+    ///   less than 100 ms of it left), the operation does not run: the
+    ///   claim is given back and the caller gets [`Error::LeaseLost`], to
+    ///   retry.
     ///
     /// # When this future is dropped
     ///
@@ -341,6 +351,9 @@ impl<St: Store> Engine<St> {
         let transactional = mode == Mode::Transactional;
         let id = self.record_id(attempt.scope, attempt.key);
         let now_ms = inner.clock.now_ms();
+        // How long the claim takes, measured apart from `clock`, which
+        // gives the wall-clock instants that leases are written in.
+        let began = tokio::time::Instant::now();
 
         if let Some(replay) = self.cached_replay(&id, attempt, codec, now_ms) {
             return replay;
@@ -378,6 +391,24 @@ impl<St: Store> Engine<St> {
                 warn!(record = %claim.id, outcome = "store_error", kind = error.kind().as_str(), %error, "idempotency claim failed");
                 return Err(Error::Store(error));
             }
+        }
+
+        // A claim answered late (a slow network, an SDK's retries) may hold
+        // a lease that has passed, or is about to: its operation would run
+        // as a zombie from its first instant, beside whichever attempt takes
+        // the key over. It does not run; the claim is given back (fenced,
+        // so nothing another attempt now owns is touched), and the caller
+        // retries. The time is the claim's `now` plus how long the claim
+        // took by a monotonic clock (tokio's, which paused tests move), so
+        // a wall clock stepped meanwhile, or a test clock that moves on
+        // every read, does not decide it.
+        let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let started_ms = now_ms.saturating_add(took_ms);
+        if claim.lease_until_ms < started_ms.saturating_add(START_MARGIN_MS) {
+            warn!(record = %claim.id, outcome = "lease_lost", lease_until_ms = claim.lease_until_ms, now_ms = started_ms,
+                "the claim was answered after its lease had passed (or with too little of it left); the operation did not run");
+            self.release(&claim).await;
+            return Err(Error::LeaseLost);
         }
 
         let handle = self.handle(&claim);

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::{
-    store::{memory::MemoryWrite, Status},
+    store::{memory::MemoryWrite, Conditional, Status},
     testing::{CountingStore, ManualClock},
     ErrorKind, Fingerprint, MemoryStore, StoreErrorKind,
 };
@@ -806,4 +806,298 @@ async fn detached_work_that_keeps_its_first_waker_is_still_woken_on_its_task() {
     .expect("woken, not hung")
     .expect("ran");
     assert_eq!(done.kind(), OutcomeKind::Fresh);
+}
+
+/// A store whose answers the simulator showed going wrong: a write that
+/// lands and whose answer is lost for good (the SDK gives up with a
+/// timeout), and a claim answered late (the clock moves while it is out).
+#[derive(Clone)]
+struct Unlucky {
+    store: MemoryStore,
+    clock: ManualClock,
+    /// The next so many takeovers land and then time out.
+    takeovers_time_out: Arc<AtomicUsize>,
+    /// The next so many extensions land and then time out.
+    extensions_time_out: Arc<AtomicUsize>,
+    /// The next claim (or takeover) is answered this much later.
+    claim_answered_after: Arc<std::sync::Mutex<Option<Duration>>>,
+}
+
+impl Unlucky {
+    fn new(store: MemoryStore, clock: ManualClock) -> Self {
+        Self {
+            store,
+            clock,
+            takeovers_time_out: Arc::default(),
+            extensions_time_out: Arc::default(),
+            claim_answered_after: Arc::default(),
+        }
+    }
+
+    fn timed_out(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// The answer arrives late: both the engine's clock and tokio's (paused
+    /// in the tests that use it) move on meanwhile.
+    async fn late(&self) {
+        let late = self
+            .claim_answered_after
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(by) = late {
+            self.clock.advance(by);
+            tokio::time::sleep(by).await;
+        }
+    }
+}
+
+fn timeout() -> StoreError {
+    StoreError::new(StoreErrorKind::Unavailable, "timed out (the write landed)")
+}
+
+impl Store for Unlucky {
+    type Write = MemoryWrite;
+
+    async fn claim(&self, claim: &crate::store::Claim) -> Result<Conditional, StoreError> {
+        let answer = self.store.claim(claim).await;
+        self.late().await;
+        answer
+    }
+
+    async fn take_over(
+        &self,
+        claim: &crate::store::Claim,
+        lapsed: &crate::store::OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        let answer = self.store.take_over(claim, lapsed).await?;
+        self.late().await;
+        if Self::timed_out(&self.takeovers_time_out) {
+            return Err(timeout());
+        }
+        Ok(answer)
+    }
+
+    async fn extend(&self, extension: &crate::store::Extension) -> Result<Conditional, StoreError> {
+        let answer = self.store.extend(extension).await?;
+        if Self::timed_out(&self.extensions_time_out) {
+            return Err(timeout());
+        }
+        Ok(answer)
+    }
+
+    async fn complete(
+        &self,
+        completion: crate::store::Completion<MemoryWrite>,
+    ) -> Result<Conditional, StoreError> {
+        self.store.complete(completion).await
+    }
+
+    async fn release(
+        &self,
+        id: &RecordId,
+        owner: &crate::store::OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        self.store.release(id, owner).await
+    }
+
+    async fn remove(
+        &self,
+        id: &RecordId,
+        removal: crate::store::Removal,
+    ) -> Result<Conditional, StoreError> {
+        self.store.remove(id, removal).await
+    }
+
+    async fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<crate::store::Record>, StoreError> {
+        self.store.list_in_progress(prefix, limit).await
+    }
+
+    async fn get(
+        &self,
+        id: &RecordId,
+        now_ms: u64,
+    ) -> Result<Option<crate::store::Record>, StoreError> {
+        self.store.get(id, now_ms).await
+    }
+}
+
+fn unlucky() -> (Engine<Unlucky>, Unlucky, ManualClock) {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = Unlucky::new(MemoryStore::new(), clock.clone());
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(10))
+        .build();
+    (engine, store, clock)
+}
+
+/// Leaves attempt 1's claim on `key` behind (its completion fails), and
+/// moves the clock past its lease.
+async fn abandon(engine: &Engine<Unlucky>, store: &Unlucky, clock: &ManualClock, key: &str) {
+    let first = engine
+        .execute(&Attempt::new("s", key, fingerprint(1)), || async {
+            store.store.fail_next(1); // the completion
+            Ok::<_, Failed>(0u8)
+        })
+        .await
+        .expect("ran");
+    assert_eq!(first.kind(), OutcomeKind::NotRecorded);
+    clock.advance(Duration::from_secs(11));
+}
+
+/// What the operation was told: its takeover, if any.
+async fn told(
+    engine: &Engine<Unlucky>,
+    key: &str,
+    fails: bool,
+) -> Result<Outcome<Option<u32>>, Error<Failed>> {
+    engine
+        .run(
+            &Attempt::new("s", key, fingerprint(1)),
+            Mode::Plain,
+            &Json,
+            |handle| async move {
+                if fails {
+                    return Err(Failed);
+                }
+                Ok((handle.takeover().map(|t| t.attempt), Vec::new()))
+            },
+        )
+        .await
+}
+
+/// Simulator, engine bug 1 (seed 100): a takeover that landed and whose
+/// answer was lost for good is recognised by the read after it as this
+/// attempt's own record, and as the takeover it is: the operation is told.
+#[tokio::test]
+async fn a_takeover_whose_answer_was_lost_is_told_it_took_over() {
+    let (engine, store, clock) = unlucky();
+    abandon(&engine, &store, &clock, "k").await;
+    store.takeovers_time_out.store(1, Ordering::SeqCst);
+    let outcome = told(&engine, "k", false).await.expect("ran");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh);
+    assert_eq!(*outcome.value(), Some(2), "told it took over attempt 1");
+    let record = store
+        .store
+        .record(&engine.record_id("s", "k"))
+        .expect("record");
+    assert_eq!(record.attempt, 2);
+}
+
+/// Simulator, engine bug 3 (seed 12): a claim answered after its lease has
+/// passed does not run its operation: the caller is told to retry
+/// (`LeaseLost`), and the claim is given back, so the retry runs at once.
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_after_its_lease_does_not_run() {
+    let (engine, store, _) = unlucky();
+    let runs = AtomicUsize::new(0);
+    let run = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Failed>(1u8)
+    };
+    let attempt = Attempt::new("s", "late", fingerprint(1));
+    *store.claim_answered_after.lock().expect("lock") = Some(Duration::from_secs(11));
+    let late = engine.execute(&attempt, run).await;
+    assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "a zombie from its first instant"
+    );
+    assert_eq!(
+        store.store.record(&engine.record_id("s", "late")),
+        None,
+        "an attempt 1 that never ran gives its claim back"
+    );
+
+    // With too little of the lease left, too.
+    *store.claim_answered_after.lock().expect("lock") =
+        Some(Duration::from_millis(10_000 - START_MARGIN_MS + 1));
+    let late = engine.execute(&attempt, run).await;
+    assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // Answered in time, it runs.
+    *store.claim_answered_after.lock().expect("lock") =
+        Some(Duration::from_millis(10_000 - START_MARGIN_MS));
+    let retry = engine.execute(&attempt, run).await.expect("ran");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Simulator, engine bug 2 (seed 362): a takeover whose operation fails
+/// gives its claim back without forgetting it: the attempt it took over
+/// may still run, so the retry (at once) is the next takeover, and told.
+#[tokio::test]
+async fn a_failed_takeover_gives_its_claim_back_and_the_retry_is_told() {
+    let (engine, store, _) = unlucky();
+    let clock = store.clock.clone();
+    abandon(&engine, &store, &clock, "k").await;
+    let failed = told(&engine, "k", true).await;
+    assert!(
+        matches!(failed, Err(Error::Operation(Failed))),
+        "{failed:?}"
+    );
+    let record = store
+        .store
+        .record(&engine.record_id("s", "k"))
+        .expect("kept");
+    assert_eq!(record.status, Status::InProgress);
+    assert_eq!(record.attempt, 2);
+    assert!(record.is_lapsed(clock.now_ms()), "given back: {record:?}");
+
+    let retry = told(&engine, "k", false).await.expect("runs at once");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+    assert_eq!(
+        *retry.value(),
+        Some(3),
+        "told that earlier attempts may have acted"
+    );
+}
+
+/// Simulator (seed 100, `#13` after `#12`): an extension whose answer was
+/// lost after it landed may hold the lease further out than the attempt
+/// knows; a later, shorter extension never pulls it back.
+#[tokio::test]
+async fn an_extension_never_shortens_a_lease_it_could_not_confirm() {
+    let (engine, store, clock) = unlucky();
+    let id = engine.record_id("s", "long");
+    let lease = |store: &Unlucky| {
+        store
+            .store
+            .record(&id)
+            .and_then(|record| record.lease_until_ms)
+            .expect("in progress")
+    };
+    let start_ms = clock.now_ms();
+    engine
+        .run(
+            &Attempt::new("s", "long", fingerprint(1)),
+            Mode::Plain,
+            &Json,
+            |handle| async move {
+                store.extensions_time_out.store(1, Ordering::SeqCst);
+                let lost = handle.extend(Duration::from_secs(30)).await;
+                assert!(matches!(lost, Err(Error::Store(_))), "{lost:?}");
+                assert_eq!(lease(&store), start_ms + 30_000, "it landed");
+                clock.advance(Duration::from_secs(1));
+                handle
+                    .extend(Duration::from_secs(5))
+                    .await
+                    .expect("extended");
+                assert_eq!(lease(&store), start_ms + 30_000, "never pulled back");
+                assert_eq!(handle.lease_until_ms(), Some(start_ms + 30_000));
+                Ok::<_, Failed>(((), Vec::new()))
+            },
+        )
+        .await
+        .expect("ran");
 }

@@ -35,6 +35,7 @@ macro_rules! store_conformance {
             a_refused_write_reports_what_it_found,
             extensions_are_fenced,
             a_takeover_is_told_it_may_follow_an_attempt_that_acted,
+            a_failed_takeover_is_not_forgotten,
             forget_removes_records_but_keeps_claims_in_progress,
             list_in_progress_finds_live_and_stuck_claims,
         );

@@ -50,46 +50,14 @@ struct PerAttempt {
     claim_landed_at_ms: Option<u64>,
     execs: Vec<u64>,
     ended: Option<Ending>,
-    /// Its takeover landed and the answer was lost (a timeout).
-    takeover_answer_lost: bool,
     /// What its operation was told: the takeover's attempt.
     told: Option<u32>,
     /// Where in the history its claim landed.
     claim_seq: usize,
 }
 
-/// What a history met that is a known engine bug, reported rather than
-/// failed (unless `SIM_STRICT=1`): see RELIABILITY.md.
-#[derive(Debug, Default)]
-pub struct Report {
-    pub known: Vec<String>,
-}
-
-/// Known bug 1: a takeover whose answer is lost (the write landed, the
-/// SDK timed out) is recognised by the read that checks the outage, but
-/// as the claim it replaced (`claim_once` returns before `*claim =
-/// takeover`): the operation runs as attempt 1, not told that it took
-/// over, while the record says attempt 2.
-pub const KNOWN_RELEASE_FORGETS: &str =
-    "known bug 2 (a takeover that fails releases the key, and the next claim is attempt 1, untold)";
-
-pub const KNOWN_STALE_CLAIM: &str =
-    "known bug 3 (a claim whose answer came after its lease had passed still runs)";
-
-/// Known bug 3: the claim's condition and lease are computed from the
-/// time the attempt began; a claim that lands (or whose answer arrives)
-/// after its own lease has passed still runs its operation: a zombie from
-/// its first instant, beside whichever attempt takes the key over.
-///
-/// Known bug 1: see [`KNOWN_LOST_TAKEOVER`]. Known bug 2: a takeover whose
-/// operation fails releases (deletes) the record; the next claim is a
-/// fresh attempt 1, not told that the zombie it had taken over from may
-/// still be running, or have acted.
-pub const KNOWN_LOST_TAKEOVER: &str = "known bug 1 (a takeover whose answer was lost runs untold)";
-
 /// The first invariant `history` breaks, said in a sentence.
-pub fn check(history: &History, strict: bool) -> Result<Report, String> {
-    let mut report = Report::default();
+pub fn check(history: &History) -> Result<(), String> {
     if let Some(hang) = &history.hung {
         return Err(format!("nothing hangs: {hang}"));
     }
@@ -109,12 +77,14 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
     let mut owners: HashMap<String, usize> = HashMap::new();
     // The last lease each owner wrote (its clock) and when it landed.
     let mut leases: HashMap<String, u64> = HashMap::new();
+    // The furthest lease each owner's writes have landed, and the request
+    // (numbered as sent) that landed it.
+    let mut furthest: HashMap<String, (usize, u64)> = HashMap::new();
     let mut lease_writes: Vec<Vec<(u64, String)>> = vec![Vec::new(); config.keys];
     let mut completions: Vec<Vec<Landed>> = vec![Vec::new(); config.keys];
     let mut current: Vec<Option<Record>> = vec![None; config.keys];
     let mut running: HashMap<u64, Running> = HashMap::new();
-    // Where each key's record was released (by whom) or completed.
-    let mut releases: Vec<Vec<(usize, usize)>> = vec![Vec::new(); config.keys];
+    // Where each key's record was completed.
     let mut completed_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
     // Where a claim replaced an in-progress record whose retention passed.
     let mut expired_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
@@ -128,12 +98,12 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                 attempts[*att].begin_at_ms = at;
             }
             Event::Landed {
+                req,
                 att,
                 op,
                 before,
                 after,
                 answer,
-                lost,
                 ..
             } => {
                 let Some(&key) = keys.get(op.id().as_str()) else {
@@ -212,13 +182,11 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                             ));
                         }
                         let owner = c.owner.as_str().to_owned();
+                        furthest.insert(owner.clone(), (*req, c.lease_until_ms));
                         owners.insert(owner.clone(), *att);
                         leases.insert(owner.clone(), c.lease_until_ms);
                         lease_writes[key].push((at, owner.clone()));
                         let a = &mut attempts[*att];
-                        if matches!(op, Op::TakeOver(..)) && lost.is_some() {
-                            a.takeover_answer_lost = true;
-                        }
                         a.owner = Some(owner);
                         a.claim_attempt = c.attempt;
                         a.claim_landed_at_ms = Some(at);
@@ -233,12 +201,35 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                                 crate::sim::ms(e.now_ms)
                             ));
                         }
+                        // An extension asks for at least what its earlier
+                        // ones asked (their answers may be lost after they
+                        // landed); only one sent earlier and delivered late
+                        // may land less, or a claim given back (a lease
+                        // ended on purpose, before its own `now`).
+                        let owner = e.owner.as_str().to_owned();
+                        if let Some(&(by, furthest_ms)) = furthest.get(&owner) {
+                            if e.lease_until_ms < furthest_ms
+                                && e.lease_until_ms >= e.now_ms
+                                && *req > by
+                            {
+                                return Err(format!(
+                                    "an extension never shortens a lease it cannot see: a{att}'s #{req} to {} landed after #{by} to {}",
+                                    crate::sim::ms(e.lease_until_ms),
+                                    crate::sim::ms(furthest_ms)
+                                ));
+                            }
+                        }
+                        if furthest
+                            .get(&owner)
+                            .is_none_or(|&(_, l)| e.lease_until_ms > l)
+                        {
+                            furthest.insert(owner, (*req, e.lease_until_ms));
+                        }
                         leases.insert(e.owner.as_str().to_owned(), e.lease_until_ms);
                         lease_writes[key].push((at, e.owner.as_str().to_owned()));
                     }
                     Op::Release(_, owner) => {
                         fenced(owner.as_str())?;
-                        releases[key].push((seq, *att));
                     }
                     Op::Complete(c) => {
                         fenced(c.owner.as_str())?;
@@ -298,15 +289,9 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         return Err(format!("a{att} ran under a claim that never landed"));
                     };
                     // Told it took over, with the attempt it is.
-                    let mut takeover = *takeover;
+                    let takeover = *takeover;
                     let told = takeover.unwrap_or(1);
-                    if told != me.claim_attempt && me.takeover_answer_lost && !strict {
-                        report.known.push(format!(
-                            "{KNOWN_LOST_TAKEOVER}: a{att} runs attempt {} told {:?}",
-                            me.claim_attempt, takeover
-                        ));
-                        takeover = Some(me.claim_attempt);
-                    } else if told != me.claim_attempt {
+                    if told != me.claim_attempt {
                         return Err(format!(
                             "a takeover is told so: a{att} runs as attempt {} but was told {:?}",
                             me.claim_attempt, takeover
@@ -321,15 +306,8 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                             .map_or(0, |l| (*l as i64 - history.attempts[a].skew) as u64)
                     };
                     if at > lease_true(*att) + TOLERANCE_MS {
-                        if strict {
-                            return Err(format!(
-                                "an operation starts on a live lease: a{att} starts at {}, its lease ended at {}",
-                                crate::sim::ms(at),
-                                crate::sim::ms(lease_true(*att))
-                            ));
-                        }
-                        report.known.push(format!(
-                            "{KNOWN_STALE_CLAIM}: a{att} starts at {} on a lease that ended at {}",
+                        return Err(format!(
+                            "an operation starts on a live lease: a{att} starts at {}, its lease ended at {}",
                             crate::sim::ms(at),
                             crate::sim::ms(lease_true(*att))
                         ));
@@ -356,15 +334,6 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
                         if completed_at[*key].iter().any(between)
                             || expired_at[*key].iter().any(between)
                         {
-                            continue;
-                        }
-                        let forgotten = releases[*key]
-                            .iter()
-                            .any(|(seq, by)| between(seq) && *by != early);
-                        if forgotten && !strict && late_landed + TOLERANCE_MS >= lease_true(early) {
-                            report.known.push(format!(
-                                "{KNOWN_RELEASE_FORGETS}: a{late} runs attempt 1 beside a{early}"
-                            ));
                             continue;
                         }
                         if l.told.is_none()
@@ -522,7 +491,7 @@ pub fn check(history: &History, strict: bool) -> Result<Report, String> {
             return Err(format!("every attempt ends: a{att} never returned"));
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Records a completion, after checking that its effects land once within

@@ -29,15 +29,10 @@ fn simulated_histories_keep_every_invariant() {
     if let Some(seed) = env("SIM_SEED") {
         let history = sim::run(seed);
         println!("{}", render(seed, &history));
-        match check::check(&history, strict()) {
-            Err(broken) => panic!("seed {seed}: {broken}"),
-            Ok(report) => {
-                for known in &report.known {
-                    println!("seed {seed}: {known}");
-                }
-                println!("seed {seed}: every invariant holds");
-            }
+        if let Err(broken) = check::check(&history) {
+            panic!("seed {seed}: {broken}");
         }
+        println!("seed {seed}: every invariant holds");
         return;
     }
     let seconds = env("SIM_SECONDS");
@@ -47,8 +42,6 @@ fn simulated_histories_keep_every_invariant() {
     let began = Instant::now();
     let mut runs = 0u64;
     let mut events = 0u64;
-    // Per known bug: how many histories met it, and the first seed.
-    let mut known: std::collections::BTreeMap<String, (u64, u64, String)> = Default::default();
     for seed in start..start.saturating_add(budget) {
         if deadline.is_some_and(|d| runs.is_multiple_of(256) && Instant::now() >= d) {
             break;
@@ -56,21 +49,11 @@ fn simulated_histories_keep_every_invariant() {
         let history = sim::run(seed);
         events += history.entries.len() as u64;
         runs += 1;
-        match check::check(&history, strict()) {
-            Err(broken) => panic!(
+        if let Err(broken) = check::check(&history) {
+            panic!(
                 "{}\nseed {seed} broke an invariant after {runs} histories: {broken}\nreplay it: SIM_SEED={seed} make simulate",
                 render(seed, &history)
-            ),
-            Ok(report) => {
-                let mut met: Vec<&String> = report.known.iter().collect();
-                met.dedup_by_key(|line| line.split(':').next().unwrap_or_default().to_owned());
-                for line in met {
-                    let bug = line.split(':').next().unwrap_or_default().to_owned();
-                    let detail = line.split_once(": ").map_or("", |(_, d)| d).to_owned();
-                    let entry = known.entry(bug).or_insert((0, seed, detail));
-                    entry.0 += 1;
-                }
-            }
+            );
         }
     }
     let elapsed = began.elapsed().as_secs_f64();
@@ -79,16 +62,6 @@ fn simulated_histories_keep_every_invariant() {
         start + runs,
         runs as f64 * 60.0 / elapsed
     );
-    for (bug, (histories, seed, first)) in known {
-        println!(
-            "{bug}: met in {histories} histories (not failed; SIM_STRICT=1 fails them); first: SIM_SEED={seed} ({first})"
-        );
-    }
-}
-
-/// `SIM_STRICT=1`: known engine bugs fail too.
-fn strict() -> bool {
-    std::env::var("SIM_STRICT").is_ok_and(|v| v == "1")
 }
 
 #[test]

@@ -189,6 +189,81 @@ pub async fn a_takeover_is_told_it_may_follow_an_attempt_that_acted<St: Store>(s
     assert!(*fresh.value());
 }
 
+/// A takeover whose operation fails gives its claim back without
+/// forgetting it: the attempt it took over may still be running, or have
+/// acted. The retry runs at once, as the next takeover, and is told so,
+/// with the attempt count and when the first began.
+pub async fn a_failed_takeover_is_not_forgotten<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(10))
+        .build();
+    let first_started_at_ms = clock.now_ms();
+    let attempt = Attempt::new("t", "flaky", payload(1));
+    let told = |fails: bool| {
+        let engine = engine.clone();
+        async move {
+            let attempt = Attempt::new("t", "flaky", payload(1));
+            engine
+                .run(&attempt, Mode::Plain, &Json, |claim| async move {
+                    if fails {
+                        return Err(Declined);
+                    }
+                    let takeover = claim.takeover().map(|t| (t.attempt, t.first_started_at_ms));
+                    Ok::<_, Declined>((takeover, Vec::<St::Write>::new()))
+                })
+                .await
+        }
+    };
+
+    // Attempt 1 dies mid-operation (its future dropped): its claim lapses.
+    let (started_tx, started_rx) = oneshot::channel();
+    let running = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let attempt = Attempt::new("t", "flaky", payload(1));
+            engine
+                .run(&attempt, Mode::Plain, &Json, |_| async move {
+                    let _ = started_tx.send(());
+                    std::future::pending::<Result<(Charge, Vec<St::Write>), Declined>>().await
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("attempt 1 started");
+    running.abort();
+    let _ = running.await;
+    clock.advance(Duration::from_secs(11));
+
+    // Attempt 2 takes over, and fails.
+    let failed = told(true).await;
+    assert!(
+        matches!(failed, Err(Error::Operation(Declined))),
+        "{failed:?}"
+    );
+    let record = engine
+        .inspect("t", "flaky")
+        .await
+        .expect("read")
+        .expect("the takeover's record is kept");
+    assert_eq!((record.attempt, record.status), (2, Status::InProgress));
+    assert!(
+        record.is_lapsed(clock.now_ms()),
+        "its lease ended, so a retry need not wait: {record:?}"
+    );
+
+    // The retry runs at once, told it is attempt 3.
+    let outcome = told(false).await.expect("the retry runs");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh);
+    assert_eq!(*outcome.value(), Some((3, first_started_at_ms)));
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(None::<(u32, u64)>) })
+        .await
+        .expect("replays");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+}
+
 /// With the heartbeat, an operation running three times its lease is never
 /// taken over. Runs in real time (about 3.5 s).
 pub async fn heartbeat_keeps_a_long_operation_claimed<St: Store>(store: St) {
