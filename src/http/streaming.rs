@@ -485,13 +485,10 @@ where
         if let Some(chunk) = self.prefix.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
-        self.rest.as_mut().poll_frame(cx).map(|frame| {
-            frame.map(|frame| {
-                frame
-                    .map(|frame| frame.map_data(|mut data| data.copy_to_bytes(data.remaining())))
-                    .map_err(Into::into)
-            })
-        })
+        self.rest
+            .as_mut()
+            .poll_frame(cx)
+            .map(|frame| frame.map(owned))
     }
 
     fn is_end_stream(&self) -> bool {
