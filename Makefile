@@ -50,7 +50,8 @@ test: lint package validate integration e2e sam-local
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
 ## every package of the workspace and on the Lambda-free HTTP layer, the declared rust-version against every
 ## dependency (scripts/check-msrv), every feature compiled alone, and the docs as docs.rs builds them and
-## with no feature, powertools alone and http alone.
+## with no feature, powertools, http, tonic and actix alone, each store alone, the server set
+## (dynamodb,http,axum) and the Lambda consumer set (lambda,dynamodb,consumers).
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -67,7 +68,8 @@ lint:
 	done
 	@# The redis feature alone has no TLS, so no C code.
 	! $(CARGO) tree -p lambda-idempotency --no-default-features --features redis -e normal | grep aws-lc-sys
-	for features in "" powertools http tonic actix; do \
+	@# And the sets users pick: each store alone, a server, a Lambda consumer.
+	for features in "" powertools http tonic actix dynamodb postgres redis dynamodb,http,axum lambda,dynamodb,consumers; do \
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
 	done
 
