@@ -66,6 +66,11 @@ lint:
 	for features in "" dynamodb http lambda axum actix tonic consumers postgres redis redis-tls testing powertools durable; do \
 	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
 	done
+	@# And the combinations the docs show: a Lambda consumer, a server on
+	@# each store besides DynamoDB (the server set is checked above).
+	for features in lambda,dynamodb,consumers postgres,axum redis,axum; do \
+	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
+	done
 	@# The redis feature alone has no TLS, so no C code.
 	! $(CARGO) tree -p lambda-idempotency --no-default-features --features redis -e normal | grep aws-lc-sys
 	@# And the sets users pick: each store alone, a server, a Lambda consumer.
