@@ -36,6 +36,8 @@ struct State {
     finished: AtomicUsize,
     /// The next run panics.
     panic_next: AtomicBool,
+    /// Lets `/v1/rows` write its second row.
+    second_row: tokio::sync::Notify,
 }
 
 impl State {
@@ -99,6 +101,28 @@ async fn export(state: web::Data<State>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body(body)
 }
 
+/// `POST /v1/rows`: NDJSON without a length, its second row written only
+/// when the test says so.
+async fn rows(state: web::Data<State>) -> HttpResponse {
+    state.runs.fetch_add(1, Ordering::SeqCst);
+    let rows = futures::stream::unfold(0, move |written| {
+        let state = state.clone();
+        async move {
+            match written {
+                0 => Some((Ok::<_, actix_web::Error>(Bytes::from("{\"row\":1}\n")), 1)),
+                1 => {
+                    state.second_row.notified().await;
+                    Some((Ok(Bytes::from("{\"row\":2}\n")), 2))
+                }
+                _ => None,
+            }
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("application/x-ndjson")
+        .streaming(rows)
+}
+
 struct Server {
     addr: SocketAddr,
     handle: ServerHandle,
@@ -138,7 +162,8 @@ fn serve(idempotency: Idempotency<MemoryStore>, timeout: Option<Duration>) -> Se
                             .route("/accounts/{id}/charges", web::post().to(charge))
                             .route("/charges", web::get().to(|| async { "[]" }))
                             .route("/events", web::post().to(events))
-                            .route("/exports", web::post().to(export)),
+                            .route("/exports", web::post().to(export))
+                            .route("/rows", web::post().to(rows)),
                     )
                     .wrap_fn(|request, service| {
                         if let Some(token) = request
@@ -597,6 +622,55 @@ async fn a_stream_passes_through_from_its_first_byte_and_is_never_run_again() {
             .ends_with("idempotency-response-not-stored"),
         "{retry:?}"
     );
+    assert_eq!(server.state.runs(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_without_a_length_reaches_the_client_as_it_is_written_and_is_stored() {
+    let server = serve(by_tenant(), None);
+    let stream = TcpStream::connect(server.addr).await.expect("connects");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let headers = [
+        ("idempotency-key", "k-rows"),
+        ("authorization", "Bearer t1"),
+    ];
+    let mut request =
+        hyper::Request::post("/v1/rows").header(header::HOST, server.addr.to_string());
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let request = request.body(Full::new(Bytes::new())).expect("request");
+    // The second row waits for this test, which waits for the first: a
+    // layer that held the body to its end would send nothing (bounded, so
+    // it fails rather than hangs).
+    let bounded = Duration::from_secs(30);
+    let response = tokio::time::timeout(bounded, sender.send_request(request))
+        .await
+        .expect("the head while the handler streams")
+        .expect("a response");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(bounded, body.frame())
+        .await
+        .expect("the first row while the handler streams")
+        .expect("a frame")
+        .expect("data")
+        .into_data()
+        .expect("data");
+    assert_eq!(first, "{\"row\":1}\n");
+    server.state.second_row.notify_one();
+    let rest = body.collect().await.expect("the rest").to_bytes();
+    assert_eq!(rest, "{\"row\":2}\n");
+
+    // Stored whole when it ended, before the client had its end.
+    let retry = send(server.addr, "/v1/rows", &headers, "").await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, "{\"row\":1}\n{\"row\":2}\n");
+    assert_eq!(retry.headers[header::CONTENT_TYPE], "application/x-ndjson");
     assert_eq!(server.state.runs(), 1);
     server.stop().await;
 }
