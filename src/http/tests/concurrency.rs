@@ -163,7 +163,12 @@ async fn an_invocation_without_a_deadline_gets_the_default_lease() {
         service_fn(move |_: Request| {
             let store = store.clone();
             async move {
-                let record = store.records().pop().expect("claimed");
+                // The one in progress: the first key's is completed by now.
+                let record = store
+                    .records()
+                    .into_iter()
+                    .find(|record| record.status == Status::InProgress)
+                    .expect("claimed");
                 Ok::<_, BoxError>(Response::new(Body::from(
                     record.lease_until_ms.unwrap_or_default().to_string(),
                 )))
