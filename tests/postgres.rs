@@ -1069,6 +1069,76 @@ mod in_transaction {
         assert_eq!((bank.runs(), bank.balance().await), (3, 80));
     }
 
+    /// `consumers::Batch::in_transaction` (issue 41, item 1): each SQS
+    /// record's handler debits inside the transaction that claims its key;
+    /// a duplicate in the batch runs once, a failing record rolls back its
+    /// debit and its claim and is reported for redelivery, and the
+    /// redelivery of the batch replays what completed.
+    async fn a_batch_handler_runs_each_record_inside_its_transaction(url: &str) {
+        use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+        use lambda_idempotency::consumers::SqsBatch;
+        use lambda_runtime::{Context, LambdaEvent};
+        let bank = bank(url, 4).await;
+        let sqs = SqsBatch::new(bank.engine.clone(), "debits")
+            .key(|message: &SqsMessage| message.body.clone())
+            .concurrency(1)
+            .in_transaction(limits());
+        let message = |id: &str, body: &str| {
+            let mut message = SqsMessage::default();
+            message.message_id = Some(id.to_owned());
+            message.body = Some(body.to_owned());
+            message
+        };
+        let event = || {
+            let mut event = SqsEvent::default();
+            event.records = vec![
+                message("m1", "debit-1"),
+                message("m2", "debit-1"),
+                message("m3", "debit-fails"),
+                message("m4", "debit-2"),
+            ];
+            LambdaEvent::new(event, Context::default())
+        };
+        let handle = |message: SqsMessage| {
+            let (accounts, runs) = (bank.accounts.clone(), bank.runs.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let tx = PgTransaction::current().ok_or("not inside a transaction")?;
+                tx.execute(
+                    &format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'"),
+                    &[],
+                )
+                .await?;
+                if message.body.as_deref() == Some("debit-fails") {
+                    return Err(BoxError::from("the handler failed after its debit"));
+                }
+                Ok::<_, BoxError>(json!({ "debited": 10 }))
+            }
+        };
+        let failed = |response: aws_lambda_events::sqs::SqsBatchResponse| {
+            response
+                .batch_item_failures
+                .into_iter()
+                .map(|failure| failure.item_identifier)
+                .collect::<Vec<_>>()
+        };
+        let first = sqs.process(event(), handle).await.expect("a response");
+        assert_eq!(failed(first), ["m3"]);
+        // debit-1 once, debit-2 once; debit-fails rolled back with its claim.
+        assert_eq!((bank.runs(), bank.balance().await), (3, 80));
+        assert!(bank
+            .engine
+            .inspect("debits", "debit-fails")
+            .await
+            .expect("read")
+            .is_none());
+
+        let again = sqs.process(event(), handle).await.expect("a response");
+        assert_eq!(failed(again), ["m3"]);
+        // Only the failing record ran again, and rolled back again.
+        assert_eq!((bank.runs(), bank.balance().await), (4, 80));
+    }
+
     macro_rules! on_both {
         ($($scenario:ident),* $(,)?) => {
             mod on_the_server {
@@ -1084,6 +1154,7 @@ mod in_transaction {
 
     on_both!(
         an_event_handler_runs_inside_the_transaction,
+        a_batch_handler_runs_each_record_inside_its_transaction,
         a_payment_commits_with_its_record_and_is_replayed,
         concurrent_duplicates_never_both_run_and_are_answered_promptly,
         a_duplicate_within_the_claim_wait_gets_the_replay,

@@ -81,6 +81,9 @@ pub struct Batch<Src: Source, St> {
     fail_on_entire_batch_failure: bool,
     unprocessable: Unprocessable,
     metrics: Option<EmfMetrics>,
+    /// Set only on a PostgreSQL batch ([`Batch::in_transaction`]).
+    #[cfg(feature = "postgres")]
+    in_transaction: Option<crate::store::postgres::TransactionLimits>,
     #[cfg(feature = "powertools")]
     powertools: Option<(
         Arc<crate::powertools::PowertoolsCompat>,
@@ -102,6 +105,8 @@ impl<Src: Source, St> Clone for Batch<Src, St> {
             fail_on_entire_batch_failure: self.fail_on_entire_batch_failure,
             unprocessable: self.unprocessable,
             metrics: self.metrics.clone(),
+            #[cfg(feature = "postgres")]
+            in_transaction: self.in_transaction,
             #[cfg(feature = "powertools")]
             powertools: self.powertools.clone(),
             source: PhantomData,
@@ -126,6 +131,24 @@ impl<Src: Source, St: fmt::Debug> fmt::Debug for Batch<Src, St> {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl<Src: Source> Batch<Src, crate::store::postgres::PostgresStore> {
+    /// Runs each record's handler inside the PostgreSQL transaction that
+    /// claims its key and completes its record
+    /// ([`Engine::run_in_transaction`]): the handler takes the transaction
+    /// from [`PgTransaction::current`](crate::store::postgres::PgTransaction::current)
+    /// and reads, locks and writes in it; its result completes the record in
+    /// that same transaction. A handler error, a panic or a crash rolls back
+    /// its writes and its claim: the record fails and is delivered again, as
+    /// a first attempt. A duplicate being handled elsewhere waits at most
+    /// `limits`' claim wait, then counts as in progress (failed, delivered
+    /// again); a handler past the time limit is rolled back and fails.
+    pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
+        self.in_transaction = Some(limits);
+        self
+    }
+}
+
 impl<Src: Source, St: Store> Batch<Src, St> {
     /// A batch processor over `engine`, whose keys live in `scope` (name the
     /// queue, stream or topic and the consumer: keys of different sources
@@ -143,6 +166,8 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             fail_on_entire_batch_failure: false,
             unprocessable: Unprocessable::default(),
             metrics: None,
+            #[cfg(feature = "postgres")]
+            in_transaction: None,
             #[cfg(feature = "powertools")]
             powertools: None,
             source: PhantomData,
@@ -588,6 +613,22 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         };
         let record = prepared.record;
         let operation = |_| handler(record);
+        #[cfg(feature = "postgres")]
+        let in_transaction = self
+            .in_transaction
+            .and_then(|limits| Some((self.engine.as_postgres()?, limits)));
+        #[cfg(feature = "postgres")]
+        let result = if let Some((engine, limits)) = in_transaction {
+            let no_refusals = |_: &crate::WriteRefusal| None;
+            engine
+                .transaction_run_for_adapter(&attempt, limits, &Json, no_refusals, operation)
+                .await
+        } else if mode == Mode::Transactional && self.single_write {
+            self.engine.single_write(&attempt, &Json, operation).await
+        } else {
+            self.engine.run(&attempt, mode, &Json, operation).await
+        };
+        #[cfg(not(feature = "postgres"))]
         let result = if mode == Mode::Transactional && self.single_write {
             self.engine.single_write(&attempt, &Json, operation).await
         } else {

@@ -733,23 +733,10 @@ where
 {
     #[cfg(feature = "postgres")]
     if let Some(limits) = config.settings.in_transaction {
-        use crate::store::postgres::{PgWrite, PostgresStore};
-        use std::any::Any;
         // Set only by `IdempotencyLayer<PostgresStore>::in_transaction`.
-        if let Some(engine) =
-            (&config.engine as &dyn Any).downcast_ref::<crate::Engine<PostgresStore>>()
-        {
+        if let Some(engine) = config.engine.as_postgres() {
             return engine
-                .transaction_run(attempt, limits, codec, refusal, |claim, _| async move {
-                    let (value, writes) = operation(claim).await?;
-                    // The store is PostgreSQL: its writes are `PgWrite`s.
-                    let writes: Box<dyn Any> = Box::new(writes);
-                    let writes = writes
-                        .downcast::<Vec<PgWrite>>()
-                        .map(|writes| *writes)
-                        .unwrap_or_default();
-                    Ok((value, writes))
-                })
+                .transaction_run_for_adapter(attempt, limits, codec, refusal, operation)
                 .await;
         }
     }

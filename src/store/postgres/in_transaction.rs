@@ -568,6 +568,38 @@ impl Engine<PostgresStore> {
         .await
     }
 
+    /// [`transaction_run`](Engine::transaction_run) for an adapter that is
+    /// generic over its store (the HTTP layer, the consumers): its
+    /// operation returns its store's writes, which are `PgWrite`s, since
+    /// this engine is PostgreSQL's.
+    #[cfg_attr(not(any(feature = "http", feature = "consumers")), allow(dead_code))]
+    pub(crate) async fn transaction_run_for_adapter<T, E, C, R, W, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        limits: TransactionLimits,
+        codec: &C,
+        refusal: R,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+        W: 'static,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<W>), E>>,
+    {
+        self.transaction_run(attempt, limits, codec, refusal, |claim, _| async move {
+            let (value, writes) = operation(claim).await?;
+            let writes: Box<dyn std::any::Any> = Box::new(writes);
+            let writes = writes
+                .downcast::<Vec<PgWrite>>()
+                .map(|writes| *writes)
+                .unwrap_or_default();
+            Ok((value, writes))
+        })
+        .await
+    }
+
     /// The in-transaction protocol, for the adapters: the operation gets
     /// its [`ClaimHandle`] (which holds the transaction too) and the
     /// transaction, and returns its value and [`PgWrite`]s to run in the
@@ -803,6 +835,15 @@ async fn run_writes(transaction: &PgTransaction, writes: &[PgWrite]) -> Result<(
 
 fn remaining(started: Instant, limits: &TransactionLimits) -> Duration {
     limits.time_limit.saturating_sub(started.elapsed())
+}
+
+impl<St: crate::store::Store> Engine<St> {
+    /// This engine as PostgreSQL's, when it is one: the adapters'
+    /// `in_transaction` settings exist only on such engines.
+    #[cfg_attr(not(any(feature = "http", feature = "consumers")), allow(dead_code))]
+    pub(crate) fn as_postgres(&self) -> Option<&Engine<PostgresStore>> {
+        (self as &dyn std::any::Any).downcast_ref()
+    }
 }
 
 #[cfg(test)]
