@@ -380,7 +380,9 @@ async fn a_value_beyond_bigint_is_rejected_before_any_write() {
 #[tokio::test]
 async fn short_and_long_table_names_work_or_are_refused_at_construction() {
     let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
-    let long = format!("idem_{}_{}", std::process::id(), "x".repeat(40));
+    // Padded past 50 whatever the process id's width (a container's first
+    // processes have ids of three digits), then cut to exactly 50.
+    let long = format!("idem_{}_{}", std::process::id(), "x".repeat(50));
     let long = &long[..50];
     for table in ["w", "one", "r", long] {
         let store = PostgresStore::connect(&url, table, 2).expect(table);
