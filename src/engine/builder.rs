@@ -1,6 +1,9 @@
 //! Engine configuration.
 
-use super::{cache::RecordCache, Engine, Inner};
+use super::{
+    cache::RecordCache,
+    orchestrator::{Engine, Inner},
+};
 use crate::{store::Store, Clock, SystemClock};
 use std::{num::NonZeroUsize, sync::Arc, time::Duration};
 

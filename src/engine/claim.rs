@@ -2,20 +2,16 @@
 //! a refusal means.
 
 use super::{
-    conflicts::{conflict_backoff, CONFLICT_TRIES},
-    Engine, MIN_LEASE_MS,
+    conflicts::Contention,
+    fence::{fence, takeover_of, Fence},
+    orchestrator::{Engine, MIN_LEASE_MS},
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Conditional, OwnerToken, Record, RecordId, Status, Store},
+    store::{Claim, Conditional, OwnerToken, Record, RecordId, Store},
     Attempt, StoreError, StoreErrorKind,
 };
 use tracing::{debug, warn};
-
-/// How many times a claim is tried when the record that refused it turns
-/// out not to be live (it expired or was released between the condition
-/// and the read).
-pub(crate) const CLAIM_TRIES: usize = 3;
 
 impl<St: Store> Engine<St> {
     /// Claims the key, and decides what a refusal means: a record under
@@ -26,18 +22,15 @@ impl<St: Store> Engine<St> {
     /// claimed again.
     pub(crate) async fn claim(&self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
         let store = &self.inner.store;
-        let mut conflicts = 0;
-        let mut refusals = 0;
-        while refusals < CLAIM_TRIES && conflicts < CONFLICT_TRIES {
+        let mut contention = Contention::default();
+        while contention.may_try() {
             let found = match self.claim_once(claim).await {
-                Ok(found) => found,
-                // A concurrent write won (a serialization failure, a
-                // transaction conflict): the winner's record decides, once
+                Ok(Conditional::Applied) => None,
+                Ok(Conditional::Refused(found)) => Some(found),
+                // A concurrent write won: the winner's record decides, once
                 // it is there to read.
                 Err(error) if error.kind() == StoreErrorKind::Conflict => {
-                    debug!(record = %claim.id, conflicts, %error, "the claim conflicted; trying again");
-                    tokio::time::sleep(conflict_backoff(conflicts)).await;
-                    conflicts += 1;
+                    tokio::time::sleep(contention.conflicted(&error)).await;
                     continue;
                 }
                 Err(error) if error.kind().is_outage() => {
@@ -45,22 +38,16 @@ impl<St: Store> Engine<St> {
                 }
                 Err(error) => return Err(ClaimError::Failed(error)),
             };
-            match found {
-                Conditional::Applied => {}
-                // A completed record is replayed even under this token: a
-                // durable execution's token is the same in every invocation.
-                Conditional::Refused(Some(record))
-                    if record.owner == claim.owner && record.status == Status::InProgress =>
-                {
-                    debug!(record = %claim.id, "the claim had landed before its retry");
-                    recognise(claim, &record);
-                }
-                Conditional::Refused(Some(record)) if record.is_live(claim.now_ms) => {
-                    return Ok(Claimed::Held(record))
-                }
-                Conditional::Refused(_) => {
-                    refusals += 1;
-                    continue;
+            if let Some(found) = found {
+                match Claimed::by_record(claim, found) {
+                    Some(Claimed::Ours) => {
+                        debug!(record = %claim.id, "the claim had landed before its retry")
+                    }
+                    Some(held) => return Ok(held),
+                    None => {
+                        contention.refused();
+                        continue;
+                    }
                 }
             }
             if claim.attempt > 1 {
@@ -71,13 +58,13 @@ impl<St: Store> Engine<St> {
         }
         // Still contended: whatever is there now says what happened.
         match store.get(&claim.id, claim.now_ms).await {
-            Ok(found) => Claimed::by_read(claim, found).ok_or_else(|| {
+            Ok(found) => Claimed::by_record(claim, found).ok_or_else(|| {
                 ClaimError::Failed(StoreError::new(
                     StoreErrorKind::Conflict,
                     format!(
                         "record {} kept changing during {} claim attempts",
                         claim.id,
-                        refusals + conflicts as usize
+                        contention.tries()
                     ),
                 ))
             }),
@@ -100,7 +87,7 @@ impl<St: Store> Engine<St> {
         match self.inner.store.get(&claim.id, claim.now_ms).await {
             Ok(found) => {
                 debug!(record = %claim.id, %error, "the claim failed, but the store answers reads");
-                Claimed::by_read(claim, found).ok_or(ClaimError::Failed(error))
+                Claimed::by_record(claim, found).ok_or(ClaimError::Failed(error))
             }
             Err(_) => Err(ClaimError::Outage(error)),
         }
@@ -114,17 +101,10 @@ impl<St: Store> Engine<St> {
         let Conditional::Refused(Some(lapsed)) = &found else {
             return Ok(found);
         };
-        if lapsed.owner == claim.owner || !lapsed.is_lapsed(claim.now_ms) {
+        if fence(Some(lapsed), &claim.owner, claim.now_ms) != Fence::Lapsed {
             return Ok(found);
         }
-        let takeover = Claim {
-            attempt: lapsed.attempt.saturating_add(1),
-            first_started_ms: lapsed
-                .first_started_ms
-                .or(lapsed.created_at_ms)
-                .unwrap_or(claim.now_ms),
-            ..claim.clone()
-        };
+        let takeover = takeover_of(claim, lapsed);
         let found = store.take_over(&takeover, &lapsed.owner).await?;
         *claim = takeover;
         Ok(found)
@@ -183,18 +163,22 @@ pub(crate) enum Claimed {
 }
 
 impl Claimed {
-    /// What the record a read found under the claim's id decides: this
-    /// claim's own write (landed, its answer lost: `claim` becomes what
-    /// landed, a takeover included), or a live record that holds the key;
-    /// nothing when there is neither.
-    pub(super) fn by_read(claim: &mut Claim, found: Option<Record>) -> Option<Self> {
-        match found {
-            Some(record) if record.owner == claim.owner && record.status == Status::InProgress => {
+    /// What a record found under the claim's id decides (refusing the
+    /// claim, or read after its answer was lost): this claim's own write,
+    /// landed (`claim` becomes what landed, a takeover included); a live
+    /// record that holds the key (a completed one under the claim's own
+    /// token too: a durable execution's token is the same in every
+    /// invocation, and its completed key replays); nothing when neither is
+    /// there, and the claim is tried again.
+    pub(super) fn by_record(claim: &mut Claim, found: Option<Record>) -> Option<Self> {
+        let record = found?;
+        match fence(Some(&record), &claim.owner, claim.now_ms) {
+            Fence::OwnClaim => {
                 recognise(claim, &record);
                 Some(Claimed::Ours)
             }
-            Some(record) if record.is_live(claim.now_ms) => Some(Claimed::Held(record)),
-            _ => None,
+            Fence::OwnCompletion | Fence::Held => Some(Claimed::Held(record)),
+            Fence::Free | Fence::Lapsed => None,
         }
     }
 }

@@ -1,10 +1,15 @@
 //! The end of a claimed run: complete the record with the outcome, or
 //! release the claim so that a retry can run.
 
-use super::{conflicts::retry_conflicts, Engine, OutcomeKind};
+use super::{
+    conflicts::retry_conflicts,
+    fence::{fence, Fence},
+    orchestrator::Engine,
+    outcome::OutcomeKind,
+};
 use crate::{
-    store::{Claim, Completion, Conditional, Extension, Status, Store},
-    Error,
+    store::{Claim, Completion, Conditional, Extension, Store},
+    Error, StoreError,
 };
 use tracing::{debug, warn};
 
@@ -31,15 +36,7 @@ impl<St: Store> Engine<St> {
         // A completion is fenced, so one that lost a race (at SERIALIZABLE,
         // a duplicate's claim reading the row) is safely tried again.
         let completed = retry_conflicts(|| inner.store.complete(completion.clone())).await;
-        let applied = match completed {
-            Ok(Conditional::Applied) => Ok(true),
-            // This very completion, landed before its retry.
-            Ok(Conditional::Refused(Some(record))) => {
-                Ok(record.status == Status::Completed && record.owner == claim.owner)
-            }
-            Ok(Conditional::Refused(None)) => Ok(false),
-            Err(error) => Err(error),
-        };
+        let applied = completed.map(|found| landed(found, &completion));
         match applied {
             Ok(true) => {
                 self.remember(
@@ -91,27 +88,26 @@ impl<St: Store> Engine<St> {
     /// extension to the past), so the retry runs at once, as the next
     /// takeover, told that earlier attempts may have acted.
     pub(crate) async fn release(&self, claim: &Claim) {
-        if claim.attempt > 1 {
-            return self.lapse(claim).await;
-        }
-        match retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner)).await {
-            // No record: released already (a retry of a release that had
-            // landed), or never there. Nothing of ours is left.
-            Ok(Conditional::Applied | Conditional::Refused(None)) => {}
-            Ok(Conditional::Refused(Some(_))) => {
-                warn!(record = %claim.id, outcome = "lease_lost", "the claim was taken over before it could be released")
-            }
-            Err(error) => {
-                warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
-            }
-        }
+        let now_ms = self.inner.clock.now_ms();
+        // One await for both ways, rather than a function for each: this
+        // future nests inside every caller's (see `lapse`).
+        let (given, done) = if claim.attempt > 1 {
+            let ended = self.lapse(claim, now_ms);
+            let lapsed = retry_conflicts(|| self.inner.store.extend(&ended)).await;
+            (lapsed, "the takeover's claim was given back; its record stays, lapsed, for the next attempt to take over")
+        } else {
+            let released =
+                retry_conflicts(|| self.inner.store.release(&claim.id, &claim.owner)).await;
+            (released, "the claim was given back")
+        };
+        given_back(claim, given, now_ms, done);
     }
 
-    /// Ends a takeover's lease, fenced on its token, keeping its record
-    /// (attempt count, first start) for the next claimant to take over.
-    async fn lapse(&self, claim: &Claim) {
-        let now_ms = self.inner.clock.now_ms();
-        let ended = Extension {
+    /// The extension that ends a takeover's lease, fenced on its token,
+    /// keeping its record (attempt count, first start) for the next
+    /// claimant to take over.
+    fn lapse(&self, claim: &Claim, now_ms: u64) -> Extension {
+        Extension {
             id: claim.id.clone(),
             owner: claim.owner.clone(),
             // Already passed by this clock: the record is lapsed at once.
@@ -119,19 +115,38 @@ impl<St: Store> Engine<St> {
             // Kept as long as a claim's record is, never shortened.
             expiration_s: claim.expiration_s.max(self.expiration_s(now_ms)),
             now_ms,
-        };
-        match retry_conflicts(|| self.inner.store.extend(&ended)).await {
-            Ok(Conditional::Applied) => {
-                debug!(record = %claim.id, outcome = "released", attempt = claim.attempt,
-                    "the takeover's claim was given back; its record stays, lapsed, for the next attempt to take over")
-            }
-            Ok(Conditional::Refused(None)) => {}
-            Ok(Conditional::Refused(Some(_))) => {
+        }
+    }
+}
+
+/// Whether a fenced completion landed: applied now, or found already
+/// completed under its token (this very completion, landed before a retry
+/// whose answer was lost).
+pub(super) fn landed<W>(found: Conditional, completion: &Completion<W>) -> bool {
+    match found {
+        Conditional::Applied => true,
+        Conditional::Refused(found) => {
+            fence(found.as_ref(), &completion.owner, completion.now_ms) == Fence::OwnCompletion
+        }
+    }
+}
+
+/// What a fenced release (or lapse) of `claim` found: given back; nothing
+/// of its owner's left (released already by a retry whose answer was lost,
+/// or expired); or another owner's record, which took the key over.
+fn given_back(claim: &Claim, released: Result<Conditional, StoreError>, now_ms: u64, done: &str) {
+    match released {
+        Ok(Conditional::Applied) => {
+            debug!(record = %claim.id, outcome = "released", attempt = claim.attempt, "{done}")
+        }
+        Ok(Conditional::Refused(found)) => match fence(found.as_ref(), &claim.owner, now_ms) {
+            Fence::Free | Fence::OwnClaim | Fence::OwnCompletion => {}
+            Fence::Held | Fence::Lapsed => {
                 warn!(record = %claim.id, outcome = "lease_lost", "the claim was taken over before it could be released")
             }
-            Err(error) => {
-                warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
-            }
+        },
+        Err(error) => {
+            warn!(record = %claim.id, %error, "the claim could not be released; it stays until its lease passes")
         }
     }
 }

@@ -1,45 +1,82 @@
-//! Concurrent writes that conflict (a PostgreSQL serialization failure or
-//! deadlock, a DynamoDB transaction conflict) are tried again, a few times
-//! with jitter, before anything else decides.
+//! The engine's one policy for contention: how often, and after what wait,
+//! a step tries again when a concurrent write won (a PostgreSQL
+//! serialization failure or deadlock, a DynamoDB transaction conflict) or
+//! when the record that refused it was gone by the time it was read. Every
+//! limit is named here, and every loop that retries a store write counts
+//! against them.
 
 use crate::{StoreError, StoreErrorKind};
 use std::{future::Future, time::Duration};
 use tracing::debug;
 
-/// How many times a claim is tried when it conflicts with a concurrent
-/// write (a PostgreSQL serialization failure or deadlock, a DynamoDB
-/// transaction conflict) before a consistent read settles it.
+/// How many times a write is tried when it conflicts with a concurrent one,
+/// before a consistent read settles it (a claim, a single write's commit)
+/// or the conflict is returned (a completion, a release, an extension).
 pub(crate) const CONFLICT_TRIES: u32 = 5;
 
-/// How many times a single-write commit is tried when it conflicts with a
-/// concurrent one, or finds the record changed.
-pub(super) const COMMIT_TRIES: u32 = 4;
+/// How many times a claim or a single write is tried when the record that
+/// refused it turns out not to be live (it expired, was released or lapsed
+/// between the condition and the read).
+pub(crate) const CLAIM_TRIES: usize = 3;
 
-/// A random wait before trying a conflicted commit again: up to 10 ms,
-/// doubling per try, so that duplicates stop colliding.
-pub(super) fn conflict_backoff(try_number: u32) -> Duration {
+/// The wait before try `try_number + 1` after a conflict: random, up to
+/// 10 ms doubling per try (at most 640 ms), so that duplicates stop
+/// colliding.
+fn conflict_backoff(try_number: u32) -> Duration {
     let ceiling_ms = 10u64 << try_number.min(6);
     let noise = getrandom::u64().unwrap_or(ceiling_ms / 2);
     Duration::from_millis(noise % ceiling_ms + 1)
 }
 
-/// Calls `call` again while it fails with a conflict (a concurrent write
-/// won), a few times with jitter: for fenced writes, which a retry cannot
-/// apply twice.
+/// The tries of one contended step (a claim, a single write), counted
+/// against [`CONFLICT_TRIES`] and [`CLAIM_TRIES`].
+#[derive(Debug, Default)]
+pub(super) struct Contention {
+    conflicts: u32,
+    refusals: usize,
+}
+
+impl Contention {
+    /// Whether the step may try again.
+    pub(super) fn may_try(&self) -> bool {
+        self.conflicts < CONFLICT_TRIES && self.refusals < CLAIM_TRIES
+    }
+
+    /// A concurrent write won: counts it, and says how long to wait
+    /// before the next try.
+    pub(super) fn conflicted(&mut self, error: &StoreError) -> Duration {
+        debug!(conflicts = self.conflicts, %error, "a write conflicted; trying again");
+        self.conflicts += 1;
+        conflict_backoff(self.conflicts - 1)
+    }
+
+    /// The record that refused the write was no longer there to decide.
+    pub(super) fn refused(&mut self) {
+        self.refusals += 1;
+    }
+
+    /// How many tries were made.
+    pub(super) fn tries(&self) -> usize {
+        self.refusals + self.conflicts as usize
+    }
+}
+
+/// Calls `call` again while it fails with a conflict, within
+/// [`CONFLICT_TRIES`] and with [`Contention`]'s backoff: for fenced writes,
+/// which a retry cannot apply twice.
 pub(super) async fn retry_conflicts<T, F, Fut>(mut call: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let mut tries = 0;
+    let mut contention = Contention::default();
     loop {
         match call().await {
             Err(error)
-                if error.kind() == StoreErrorKind::Conflict && tries + 1 < CONFLICT_TRIES =>
+                if error.kind() == StoreErrorKind::Conflict
+                    && contention.conflicts + 1 < CONFLICT_TRIES =>
             {
-                debug!(tries, %error, "a fenced write conflicted; trying again");
-                tokio::time::sleep(conflict_backoff(tries)).await;
-                tries += 1;
+                tokio::time::sleep(contention.conflicted(&error)).await;
             }
             result => return result,
         }

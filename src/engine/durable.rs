@@ -4,14 +4,19 @@
 //! would have had to keep.
 
 use super::{
+    builder::MAX_DURATION,
     claim::{ClaimError, Claimed},
+    codec::Codec,
+    completion::landed,
     conflicts::retry_conflicts,
-    Engine, OutcomeKind, RetryHint, MAX_DURATION, MIN_LEASE_MS,
+    orchestrator::{Engine, MIN_LEASE_MS},
+    outcome::OutcomeKind,
+    retry_after::RetryHint,
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Completion, Conditional, OwnerToken, Status, Store},
-    Attempt, Codec, Error, Fingerprint, StoreError,
+    store::{Claim, Completion, OwnerToken, Store},
+    Attempt, Error, Fingerprint, StoreError,
 };
 use std::{convert::Infallible, time::Duration};
 use tracing::warn;
@@ -88,20 +93,13 @@ impl<St: Store> Engine<St> {
             expiration_s: self.expiration_s(now_ms),
             writes: Vec::new(),
         };
-        let completed = retry_conflicts(|| self.inner.store.complete(completion.clone())).await?;
-        Ok(match completed {
-            Conditional::Applied => OutcomeKind::Fresh,
-            Conditional::Refused(Some(record))
-                if record.status == Status::Completed && record.owner == attempt.owner =>
-            {
-                OutcomeKind::Fresh
-            }
-            Conditional::Refused(_) => {
-                warn!(record = %id, outcome = "lease_lost",
-                    "the durable execution outlived its claim (execution_timeout) and the key was taken over; its output is not stored");
-                OutcomeKind::LeaseLost
-            }
-        })
+        let found = retry_conflicts(|| self.inner.store.complete(completion.clone())).await?;
+        if landed(found, &completion) {
+            return Ok(OutcomeKind::Fresh);
+        }
+        warn!(record = %id, outcome = "lease_lost",
+            "the durable execution outlived its claim (execution_timeout) and the key was taken over; its output is not stored");
+        Ok(OutcomeKind::LeaseLost)
     }
 
     /// Releases the execution's claim: it failed, and a new execution may

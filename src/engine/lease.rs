@@ -1,7 +1,10 @@
 //! The lease an operation runs under: its handle to the claim, and the
 //! heartbeat that extends it.
 
-use super::{claim_handle, ClaimHandle, Engine, Takeover, MIN_LEASE_MS};
+use super::{
+    claim_handle::{self, ClaimHandle, Takeover},
+    orchestrator::{Engine, MIN_LEASE_MS},
+};
 use crate::{
     clock::duration_ms,
     store::{Claim, Conditional, Extension, Store},

@@ -3,8 +3,10 @@
 
 use super::{
     cache::CachedRecord,
+    codec::Codec,
+    orchestrator::Engine,
+    outcome::{Outcome, Replayed},
     retry_after::{in_progress_retry_after, RetryHint},
-    Codec, Engine, Outcome, Replayed,
 };
 use crate::{
     store::{Record, RecordId, Status, Store},

@@ -3,9 +3,13 @@
 
 use super::{
     alert,
-    conflicts::{conflict_backoff, COMMIT_TRIES},
+    claim_handle::ClaimHandle,
+    codec::{self, Codec},
+    conflicts::Contention,
+    fence::{fence, Fence},
     lease::run_unclaimed,
-    ClaimHandle, Codec, Engine, Outcome, OutcomeKind,
+    orchestrator::Engine,
+    outcome::{Outcome, OutcomeKind},
 };
 use crate::{
     store::{Commit, Conditional, OwnerToken, Store},
@@ -85,12 +89,15 @@ impl<St: Store> Engine<St> {
         let (value, writes) = run_unclaimed(operation, attempt.taking_over).await?;
         let response = codec
             .encode(&value)
-            .map_err(|error| Error::Store(super::codec::unserialisable(error)))?;
-        for try_number in 0..COMMIT_TRIES {
+            .map_err(|error| Error::Store(codec::unserialisable(error)))?;
+        let mut contention = Contention::default();
+        // The last try's token: a read after the tries may find its commit.
+        let mut owner = OwnerToken::generate().map_err(Error::Store)?;
+        while contention.may_try() {
             let now_ms = inner.clock.now_ms();
             // A fresh token per try: a retried transaction with other
             // parameters must not reuse one.
-            let owner = OwnerToken::generate().map_err(Error::Store)?;
+            owner = OwnerToken::generate().map_err(Error::Store)?;
             let commit = Commit {
                 id: id.clone(),
                 owner: owner.clone(),
@@ -101,16 +108,11 @@ impl<St: Store> Engine<St> {
                 writes: writes.clone(),
             };
             let expiration_s = commit.expiration_s;
-            let record = match inner.store.commit(commit).await {
+            let found = match inner.store.commit(commit).await {
                 Ok(Conditional::Applied) => None,
-                // This very commit, landed before its retry.
-                Ok(Conditional::Refused(Some(record))) if record.owner == owner => None,
-                Ok(Conditional::Refused(Some(record))) if record.is_live(now_ms) => Some(record),
-                // Gone or lapsed by the time it was read: commit again.
-                Ok(Conditional::Refused(_)) => continue,
+                Ok(Conditional::Refused(found)) => Some(found),
                 Err(error) if error.kind() == StoreErrorKind::Conflict => {
-                    debug!(record = %id, try_number, "single-write conflict; trying again");
-                    tokio::time::sleep(conflict_backoff(try_number)).await;
+                    tokio::time::sleep(contention.conflicted(&error)).await;
                     continue;
                 }
                 Err(error) => {
@@ -118,24 +120,38 @@ impl<St: Store> Engine<St> {
                     return Err(Error::Store(error));
                 }
             };
-            let Some(record) = record else {
-                self.remember(
-                    &id,
-                    &attempt.fingerprint,
-                    &response,
-                    expiration_s,
-                    Some(now_ms),
-                    1,
-                );
-                debug!(record = %id, outcome = "fresh", single_write = true, "idempotency");
-                return Ok(Outcome::new(value, OutcomeKind::Fresh));
-            };
-            return self.existing(record, codec, attempt, now_ms);
+            if let Some(found) = found {
+                match (fence(found.as_ref(), &owner, now_ms), found) {
+                    // This very commit, landed before its retry.
+                    (Fence::OwnCompletion | Fence::OwnClaim, _) => {}
+                    (Fence::Held, Some(record)) => {
+                        return self.existing(record, codec, attempt, now_ms)
+                    }
+                    // Gone or lapsed by the time it was read: commit again.
+                    _ => {
+                        contention.refused();
+                        continue;
+                    }
+                }
+            }
+            self.remember(
+                &id,
+                &attempt.fingerprint,
+                &response,
+                expiration_s,
+                Some(now_ms),
+                1,
+            );
+            debug!(record = %id, outcome = "fresh", single_write = true, "idempotency");
+            return Ok(Outcome::new(value, OutcomeKind::Fresh));
         }
         // Still contended: whoever won, its record says what happened.
         let now_ms = inner.clock.now_ms();
-        match inner.store.get(&id, now_ms).await.map_err(Error::Store)? {
-            Some(record) if record.is_live(now_ms) => self.existing(record, codec, attempt, now_ms),
+        let found = inner.store.get(&id, now_ms).await.map_err(Error::Store)?;
+        match (fence(found.as_ref(), &owner, now_ms), found) {
+            (Fence::Held | Fence::OwnCompletion, Some(record)) => {
+                self.existing(record, codec, attempt, now_ms)
+            }
             // Duplicates kept colliding and none committed yet: the caller
             // retries, as for a request in progress (never a 5xx).
             _ => {

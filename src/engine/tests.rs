@@ -1,13 +1,23 @@
 //! The engine's branches on the memory store: failures at each step,
 //! leases, the cache, fail-open, transactional writes.
 
-use super::*;
+use super::{orchestrator::MIN_LEASE_MS, run::START_MARGIN_MS, *};
 use crate::{
-    store::{memory::MemoryWrite, Conditional, Status},
+    store::{memory::MemoryWrite, Conditional, RecordId, Status, Store},
     testing::{CountingStore, ManualClock},
-    ErrorKind, Fingerprint, MemoryStore, StoreErrorKind,
+    Clock, Error, ErrorKind, Fingerprint, MemoryStore, StoreError, StoreErrorKind,
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
+use futures_util::FutureExt;
+use serde::Serialize;
+use std::{
+    future::Future,
+    panic::AssertUnwindSafe,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 fn fingerprint(n: u8) -> Fingerprint {
     Fingerprint::of_bytes(&[n])

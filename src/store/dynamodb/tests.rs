@@ -4,7 +4,10 @@
 //! them.
 
 use super::*;
-use crate::{engine::CLAIM_TRIES, Attempt, Engine, Error, Fingerprint, OutcomeKind};
+use crate::{
+    engine::{CLAIM_TRIES, CONFLICT_TRIES},
+    Attempt, Engine, Error, Fingerprint, OutcomeKind,
+};
 use aws_sdk_dynamodb::{
     error::ErrorMetadata,
     operation::{
@@ -316,7 +319,7 @@ async fn a_single_write_that_keeps_conflicting_is_settled_by_a_consistent_read()
                     .build(),
             )
         })
-        .times(4)
+        .times(CONFLICT_TRIES as usize)
         .build();
     let get = mock!(Client::get_item)
         .match_requests(|req| req.consistent_read() == Some(true))
@@ -329,7 +332,10 @@ async fn a_single_write_that_keeps_conflicting_is_settled_by_a_consistent_read()
         .await
         .expect("settled");
     assert_eq!(outcome.kind(), OutcomeKind::Replay);
-    assert_eq!((conflicts.num_calls(), get.num_calls()), (4, 1));
+    assert_eq!(
+        (conflicts.num_calls(), get.num_calls()),
+        (CONFLICT_TRIES as usize, 1)
+    );
 }
 
 /// Issue 21: a 5xx without an error code of DynamoDB's (a proxy or a load

@@ -5,7 +5,10 @@ use crate::{
     store::{Claim, OwnerToken, Record, RecordId, Status},
     Fingerprint, StoreError, StoreErrorKind,
 };
-use tokio_postgres::Row;
+use tokio_postgres::{
+    types::{ToSql, Type},
+    Row,
+};
 
 /// A time or count as PostgreSQL's `bigint`, refused before any statement
 /// when it does not fit.
@@ -18,24 +21,69 @@ pub(super) fn int8(value: u64) -> Result<i64, StoreError> {
     })
 }
 
-/// A claim's numbers as PostgreSQL's integers.
-pub(super) struct ClaimValues {
-    pub(super) expiration: i64,
-    pub(super) lease: i64,
-    pub(super) now: i64,
-    pub(super) attempt: i32,
-    pub(super) first_started: i64,
+/// A claim as the parameters of the claim and take-over statements: its
+/// numbers as PostgreSQL's integers, refused before any statement when one
+/// does not fit.
+pub(super) struct ClaimValues<'a> {
+    id: &'a str,
+    owner: &'a str,
+    fingerprint: &'a str,
+    expiration: i64,
+    lease: i64,
+    now: i64,
+    now_s: i64,
+    attempt: i32,
+    first_started: i64,
 }
 
-impl ClaimValues {
-    pub(super) fn of(claim: &Claim) -> Result<Self, StoreError> {
+/// A statement's parameters with their types.
+pub(super) type Params<'a, const N: usize> = [(&'a (dyn ToSql + Sync), Type); N];
+
+impl<'a> ClaimValues<'a> {
+    pub(super) fn of(claim: &'a Claim) -> Result<Self, StoreError> {
         Ok(Self {
+            id: claim.id.as_str(),
+            owner: claim.owner.as_str(),
+            fingerprint: claim.fingerprint.as_str(),
             expiration: int8(claim.expiration_s)?,
             lease: int8(claim.lease_until_ms)?,
             now: int8(claim.now_ms)?,
+            now_s: int8(claim.now_ms / 1000)?,
             attempt: i32::try_from(claim.attempt).unwrap_or(i32::MAX),
             first_started: int8(claim.first_started_ms)?,
         })
+    }
+
+    /// The claim statement's parameters, in its order.
+    pub(super) fn claim(&self) -> Params<'_, 9> {
+        [
+            (&self.id, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.fingerprint, Type::TEXT),
+            (&self.expiration, Type::INT8),
+            (&self.lease, Type::INT8),
+            (&self.now, Type::INT8),
+            (&self.attempt, Type::INT4),
+            (&self.first_started, Type::INT8),
+            (&self.now_s, Type::INT8),
+        ]
+    }
+
+    /// The take-over statement's parameters, in its order: the claim over
+    /// the lapsed claim of `lapsed`'s token.
+    pub(super) fn take_over<'s>(&'s self, lapsed: &'s &'s str) -> Params<'s, 10> {
+        [
+            (&self.id, Type::TEXT),
+            (lapsed, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.fingerprint, Type::TEXT),
+            (&self.expiration, Type::INT8),
+            (&self.lease, Type::INT8),
+            (&self.now, Type::INT8),
+            (&self.attempt, Type::INT4),
+            (&self.first_started, Type::INT8),
+            (&self.now, Type::INT8),
+        ]
     }
 }
 

@@ -7,7 +7,7 @@ use super::{
     errors, PgValue, PgWrite, PostgresStore,
 };
 use crate::{
-    engine::{Codec, Json},
+    engine::{fence, takeover_of, Codec, Fence, Json},
     store::{Claim, Record, RecordId},
     Attempt, ClaimHandle, Engine, Error, Outcome, OutcomeKind, StoreError, StoreErrorKind,
     Takeover,
@@ -291,23 +291,9 @@ impl PostgresStore {
         transaction: &PgTransaction,
         claim: &mut Claim,
     ) -> Result<Claimed, StoreError> {
-        let v = ClaimValues::of(claim)?;
-        let now_s = int8(claim.now_ms / 1000)?;
+        let values = ClaimValues::of(claim)?;
         let answer = transaction
-            .row(
-                &self.inner.sql.claim,
-                &[
-                    (&claim.id.as_str(), Type::TEXT),
-                    (&claim.owner.as_str(), Type::TEXT),
-                    (&claim.fingerprint.as_str(), Type::TEXT),
-                    (&v.expiration, Type::INT8),
-                    (&v.lease, Type::INT8),
-                    (&v.now, Type::INT8),
-                    (&v.attempt, Type::INT4),
-                    (&v.first_started, Type::INT8),
-                    (&now_s, Type::INT8),
-                ],
-            )
+            .row(&self.inner.sql.claim, &values.claim())
             .await;
         let found = match answered(answer, "INSERT (claim in transaction)")? {
             Answer::Busy => return Ok(Claimed::Busy),
@@ -320,38 +306,19 @@ impl PostgresStore {
                 None => return Ok(Claimed::Busy),
             },
         };
-        if found.is_live(claim.now_ms) {
-            return Ok(Claimed::Held(found));
-        }
-        if !found.is_lapsed(claim.now_ms) {
+        match fence(Some(&found), &claim.owner, claim.now_ms) {
+            Fence::Held | Fence::OwnCompletion => return Ok(Claimed::Held(found)),
             // Expired meanwhile: the next attempt claims it.
-            return Ok(Claimed::Busy);
+            Fence::Free => return Ok(Claimed::Busy),
+            // This transaction's own claim: its token is new to the store.
+            Fence::OwnClaim => return Ok(Claimed::Ours),
+            Fence::Lapsed => {}
         }
-        let takeover = Claim {
-            attempt: found.attempt.saturating_add(1),
-            first_started_ms: found
-                .first_started_ms
-                .or(found.created_at_ms)
-                .unwrap_or(claim.now_ms),
-            ..claim.clone()
-        };
-        let v = ClaimValues::of(&takeover)?;
+        let takeover = takeover_of(claim, &found);
+        let values = ClaimValues::of(&takeover)?;
+        let lapsed = found.owner.as_str();
         let answer = transaction
-            .row(
-                &self.inner.sql.take_over,
-                &[
-                    (&takeover.id.as_str(), Type::TEXT),
-                    (&found.owner.as_str(), Type::TEXT),
-                    (&takeover.owner.as_str(), Type::TEXT),
-                    (&takeover.fingerprint.as_str(), Type::TEXT),
-                    (&v.expiration, Type::INT8),
-                    (&v.lease, Type::INT8),
-                    (&v.now, Type::INT8),
-                    (&v.attempt, Type::INT4),
-                    (&v.first_started, Type::INT8),
-                    (&v.now, Type::INT8),
-                ],
-            )
+            .row(&self.inner.sql.take_over, &values.take_over(&lapsed))
             .await;
         match answered(answer, "UPDATE (take over in transaction)")? {
             Answer::Applied => {
@@ -360,7 +327,9 @@ impl PostgresStore {
                 *claim = takeover;
                 Ok(Claimed::Ours)
             }
-            Answer::Refused(Some(record)) if record.is_live(claim.now_ms) => {
+            Answer::Refused(Some(record))
+                if fence(Some(&record), &takeover.owner, claim.now_ms) == Fence::Held =>
+            {
                 Ok(Claimed::Held(record))
             }
             Answer::Busy | Answer::Refused(_) => Ok(Claimed::Busy),
@@ -619,28 +588,11 @@ impl Engine<PostgresStore> {
         Fut: Future<Output = Result<(T, Vec<PgWrite>), E>>,
     {
         let started = Instant::now();
-        // Never past the invocation's deadline: a Lambda stopped at its
-        // timeout would hold the transaction until the server's own bound.
-        let limits = match attempt.deadline_ms {
-            Some(deadline_ms) => {
-                let left_ms = deadline_ms.saturating_sub(self.now_ms());
-                let left = Duration::from_millis(left_ms.saturating_sub(DEADLINE_MARGIN_MS));
-                limits.time_limit(limits.time_limit.min(left))
-            }
-            None => limits,
-        };
-        let store = self.store();
+        let limits = self.within_deadline(attempt, limits);
         if self.is_disabled() {
-            let transaction = store.begin(&limits).await.map_err(Error::Store)?;
-            let handle = ClaimHandle::in_transaction(None, transaction.clone());
-            let run = handle.clone().scope(operation(handle, transaction.clone()));
-            let (value, writes) = self.bounded(&transaction, started, &limits, run).await?;
-            if let Err(error) = run_writes(&transaction, &writes).await {
-                transaction.roll_back().await;
-                return Err(Error::Store(error));
-            }
-            transaction.end("COMMIT").await.map_err(Error::Store)?;
-            return Ok(Outcome::new(value, OutcomeKind::Disabled));
+            return self
+                .run_disabled_in_transaction(started, &limits, operation)
+                .await;
         }
         let id = self.record_id(attempt.scope, attempt.key);
         let now_ms = self.now_ms();
@@ -648,8 +600,90 @@ impl Engine<PostgresStore> {
             return replay;
         }
         let mut claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
-        let mut transaction = store.begin(&limits).await.map_err(Error::Store)?;
-        let claimed = store.claim_in(&transaction, &mut claim).await;
+        let mut transaction = match self
+            .claim_in_transaction(&mut claim, &limits, attempt, codec)
+            .await
+        {
+            Ok(transaction) => transaction,
+            Err(answer) => return answer,
+        };
+        transaction.takeover = (claim.attempt > 1).then_some(Takeover {
+            attempt: claim.attempt,
+            first_started_at_ms: claim.first_started_ms,
+        });
+        let handle = ClaimHandle::in_transaction(transaction.takeover, transaction.clone());
+        let run = handle.clone().scope(operation(handle, transaction.clone()));
+        let (value, writes) = match self.bounded(&transaction, started, &limits, run).await {
+            Ok(ran) => ran,
+            Err(error) => {
+                debug!(record = %claim.id, outcome = error.kind().as_str(), in_transaction = true,
+                    "idempotency: the transaction was rolled back; the key is free");
+                return Err(error);
+            }
+        };
+        let value = write_or_refuse(&transaction, value, &writes, refusal).await?;
+        self.complete_in_transaction(&transaction, &claim, codec, value, started, &limits)
+            .await
+    }
+
+    /// The limits, never past the invocation's deadline: a Lambda stopped
+    /// at its timeout would hold the transaction until the server's own
+    /// bound.
+    fn within_deadline(
+        &self,
+        attempt: &Attempt<'_>,
+        limits: TransactionLimits,
+    ) -> TransactionLimits {
+        match attempt.deadline_ms {
+            Some(deadline_ms) => {
+                let left_ms = deadline_ms.saturating_sub(self.now_ms());
+                let left = Duration::from_millis(left_ms.saturating_sub(DEADLINE_MARGIN_MS));
+                limits.time_limit(limits.time_limit.min(left))
+            }
+            None => limits,
+        }
+    }
+
+    /// Idempotency is off: the operation still runs in its transaction,
+    /// with its writes, and nothing is recorded.
+    async fn run_disabled_in_transaction<T, E, F, Fut>(
+        &self,
+        started: Instant,
+        limits: &TransactionLimits,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        F: FnOnce(ClaimHandle, PgTransaction) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<PgWrite>), E>>,
+    {
+        let transaction = self.store().begin(limits).await.map_err(Error::Store)?;
+        let handle = ClaimHandle::in_transaction(None, transaction.clone());
+        let run = handle.clone().scope(operation(handle, transaction.clone()));
+        let (value, writes) = self.bounded(&transaction, started, limits, run).await?;
+        if let Err(error) = run_writes(&transaction, &writes).await {
+            transaction.roll_back().await;
+            return Err(Error::Store(error));
+        }
+        transaction.end("COMMIT").await.map_err(Error::Store)?;
+        Ok(Outcome::new(value, OutcomeKind::Disabled))
+    }
+
+    /// Begins the transaction and claims the key in it; a key held by
+    /// another (a replay, a mismatch, in progress) or a failure answers the
+    /// attempt, the transaction rolled back.
+    async fn claim_in_transaction<T, E, C: Codec<T>>(
+        &self,
+        claim: &mut Claim,
+        limits: &TransactionLimits,
+        attempt: &Attempt<'_>,
+        codec: &C,
+    ) -> Result<PgTransaction, Result<Outcome<T>, Error<E>>> {
+        let store = self.store();
+        let transaction = store
+            .begin(limits)
+            .await
+            .map_err(|e| Err(Error::Store(e)))?;
+        let claimed = store.claim_in(&transaction, claim).await;
         // The claim waited as long as a duplicate may; the operation's own
         // locks wait as the server's setting says (within the time limit).
         let claimed = match claimed {
@@ -662,69 +696,37 @@ impl Engine<PostgresStore> {
                 .map_err(|e| errors::from_pg("SAVEPOINT", e)),
             other => other,
         };
-        match claimed {
-            Ok(Claimed::Ours) => {}
-            Ok(Claimed::Held(record)) => {
-                transaction.roll_back().await;
-                return self.existing(record, codec, attempt, now_ms);
-            }
+        let answer = match claimed {
+            Ok(Claimed::Ours) => return Ok(transaction),
+            Ok(Claimed::Held(record)) => self.existing(record, codec, attempt, claim.now_ms),
             Ok(Claimed::Busy) => {
-                transaction.roll_back().await;
                 debug!(record = %claim.id, outcome = "in_progress", in_transaction = true, "idempotency");
-                return Err(Error::InProgress {
+                Err(Error::InProgress {
                     retry_after: Duration::from_secs(1),
-                });
+                })
             }
             Err(error) => {
-                transaction.roll_back().await;
                 warn!(record = %claim.id, outcome = "store_error", kind = error.kind().as_str(), %error,
                     "idempotency claim in transaction failed");
-                return Err(Error::Store(error));
+                Err(Error::Store(error))
             }
-        }
-        transaction.takeover = (claim.attempt > 1).then_some(Takeover {
-            attempt: claim.attempt,
-            first_started_at_ms: claim.first_started_ms,
-        });
+        };
+        transaction.roll_back().await;
+        Err(answer)
+    }
 
-        let handle = ClaimHandle::in_transaction(transaction.takeover, transaction.clone());
-        let run = handle.clone().scope(operation(handle, transaction.clone()));
-        let value = self.bounded(&transaction, started, &limits, run).await;
-        let (value, writes) = match value {
-            Ok(value) => value,
-            Err(error) => {
-                debug!(record = %claim.id, outcome = error.kind().as_str(), in_transaction = true,
-                    "idempotency: the transaction was rolled back; the key is free");
-                return Err(error);
-            }
-        };
-        // The operation's `PgWrite`s; one the application names a refusal
-        // is answered as it says, without any of its writes.
-        let value = match run_writes(&transaction, &writes).await {
-            Ok(()) => value,
-            Err(error) => {
-                let answer = error.write_refusal().and_then(refusal);
-                let undone = match &answer {
-                    Some(Ok(_)) => transaction.roll_back_writes().await,
-                    _ => Ok(()),
-                };
-                match (answer, undone) {
-                    (Some(Ok(answer)), Ok(())) => answer,
-                    (Some(Err(answer)), _) => {
-                        transaction.roll_back().await;
-                        return Err(Error::Operation(answer));
-                    }
-                    (_, Err(undo)) => {
-                        transaction.roll_back().await;
-                        return Err(Error::Store(undo));
-                    }
-                    (None, _) => {
-                        transaction.roll_back().await;
-                        return Err(Error::Store(error));
-                    }
-                }
-            }
-        };
+    /// Completes the record in the transaction, and commits, within what is
+    /// left of the time limit; on failure nothing is committed and the key
+    /// is free.
+    async fn complete_in_transaction<T, E, C: Codec<T>>(
+        &self,
+        transaction: &PgTransaction,
+        claim: &Claim,
+        codec: &C,
+        value: T,
+        started: Instant,
+        limits: &TransactionLimits,
+    ) -> Result<Outcome<T>, Error<E>> {
         let response = match codec.encode(&value) {
             Ok(response) => response,
             Err(error) => {
@@ -735,8 +737,9 @@ impl Engine<PostgresStore> {
         let now_ms = self.now_ms();
         let expiration_s = self.expiration_s(now_ms);
         let finished = async {
-            if !store
-                .complete_in(&transaction, &claim, &response, now_ms, expiration_s)
+            if !self
+                .store()
+                .complete_in(transaction, claim, &response, now_ms, expiration_s)
                 .await?
             {
                 // The row is locked by this transaction since the claim:
@@ -748,7 +751,7 @@ impl Engine<PostgresStore> {
             }
             transaction.end("COMMIT").await
         };
-        let finished = match tokio::time::timeout(remaining(started, &limits), finished).await {
+        let finished = match tokio::time::timeout(remaining(started, limits), finished).await {
             Ok(finished) => finished.map_err(Error::Store),
             Err(_) => Err(Error::TimeLimitExceeded {
                 limit: limits.time_limit,
@@ -831,6 +834,44 @@ async fn run_writes(transaction: &PgTransaction, writes: &[PgWrite]) -> Result<(
             .map_err(|error| errors::from_write(index, error))?;
     }
     Ok(())
+}
+
+/// Runs the operation's [`PgWrite`]s; one the application names a refusal
+/// is answered as it says, without any of its writes (the value it gives
+/// is what is stored). Any other failure rolls the transaction back.
+async fn write_or_refuse<T, E, R>(
+    transaction: &PgTransaction,
+    value: T,
+    writes: &[PgWrite],
+    refusal: R,
+) -> Result<T, Error<E>>
+where
+    R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+{
+    let error = match run_writes(transaction, writes).await {
+        Ok(()) => return Ok(value),
+        Err(error) => error,
+    };
+    let answer = error.write_refusal().and_then(refusal);
+    let undone = match &answer {
+        Some(Ok(_)) => transaction.roll_back_writes().await,
+        _ => Ok(()),
+    };
+    match (answer, undone) {
+        (Some(Ok(answer)), Ok(())) => Ok(answer),
+        (Some(Err(answer)), _) => {
+            transaction.roll_back().await;
+            Err(Error::Operation(answer))
+        }
+        (_, Err(undo)) => {
+            transaction.roll_back().await;
+            Err(Error::Store(undo))
+        }
+        (None, _) => {
+            transaction.roll_back().await;
+            Err(Error::Store(error))
+        }
+    }
 }
 
 fn remaining(started: Instant, limits: &TransactionLimits) -> Duration {

@@ -255,24 +255,9 @@ impl Store for PostgresStore {
     const SINGLE_WRITE: bool = true;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
-        let v = ClaimValues::of(claim)?;
-        let now_s = int8(claim.now_ms / 1000)?;
-        self.answer(
-            &self.inner.sql.claim,
-            &[
-                (&claim.id.as_str(), Type::TEXT),
-                (&claim.owner.as_str(), Type::TEXT),
-                (&claim.fingerprint.as_str(), Type::TEXT),
-                (&v.expiration, Type::INT8),
-                (&v.lease, Type::INT8),
-                (&v.now, Type::INT8),
-                (&v.attempt, Type::INT4),
-                (&v.first_started, Type::INT8),
-                (&now_s, Type::INT8),
-            ],
-            "INSERT (claim)",
-        )
-        .await
+        let values = ClaimValues::of(claim)?;
+        self.answer(&self.inner.sql.claim, &values.claim(), "INSERT (claim)")
+            .await
     }
 
     async fn take_over(
@@ -280,21 +265,11 @@ impl Store for PostgresStore {
         claim: &Claim,
         lapsed: &OwnerToken,
     ) -> Result<Conditional, StoreError> {
-        let v = ClaimValues::of(claim)?;
+        let values = ClaimValues::of(claim)?;
+        let lapsed = lapsed.as_str();
         self.answer(
             &self.inner.sql.take_over,
-            &[
-                (&claim.id.as_str(), Type::TEXT),
-                (&lapsed.as_str(), Type::TEXT),
-                (&claim.owner.as_str(), Type::TEXT),
-                (&claim.fingerprint.as_str(), Type::TEXT),
-                (&v.expiration, Type::INT8),
-                (&v.lease, Type::INT8),
-                (&v.now, Type::INT8),
-                (&v.attempt, Type::INT4),
-                (&v.first_started, Type::INT8),
-                (&v.now, Type::INT8),
-            ],
+            &values.take_over(&lapsed),
             "UPDATE (take over)",
         )
         .await

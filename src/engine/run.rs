@@ -1,0 +1,328 @@
+//! The run loop behind every entry point: claim, run under the claim,
+//! then complete or release.
+
+use super::{
+    attempt::Attempt,
+    claim::{ClaimError, Claimed},
+    claim_handle::ClaimHandle,
+    codec::{self, Codec},
+    lease::run_unclaimed,
+    mode::Mode,
+    orchestrator::{Engine, MIN_LEASE_MS},
+    outcome::{Outcome, OutcomeKind},
+    panic::panic_message,
+};
+use crate::{
+    store::{Claim, Store},
+    Error, StoreError, StoreErrorKind,
+};
+use futures_util::FutureExt;
+use std::{
+    future::Future,
+    panic::{catch_unwind, AssertUnwindSafe},
+    time::Duration,
+};
+use tracing::{debug, warn};
+
+/// An operation starts only with at least this much of its lease left (its
+/// claim's `now`, plus how long the claim took): a claim answered later than
+/// that is given back and answered [`Error::LeaseLost`] (the caller
+/// retries).
+pub(super) const START_MARGIN_MS: u64 = MIN_LEASE_MS / 10;
+
+/// What the claim step decided.
+enum ClaimStep<T, E> {
+    /// The key is this attempt's: run.
+    Ours,
+    /// The attempt is answered without running (a replay, a mismatch, in
+    /// progress, a store error).
+    Answered(Result<Outcome<T>, Error<E>>),
+    /// The store is down and the engine fails open: run unprotected.
+    Unprotected(StoreError),
+}
+
+/// What an operation returns: its value and its writes, or its error.
+type Returned<T, W, E> = Result<(T, Vec<W>), E>;
+
+/// What running the operation under its claim gave: its value, its writes
+/// and the value encoded for the store.
+type Ran<T, W> = (T, Vec<W>, Result<Vec<u8>, crate::error::BoxError>);
+
+impl<St: Store> Engine<St> {
+    pub(super) async fn run_unreported<T, E, C, R, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        mode: Mode,
+        codec: &C,
+        refusal: R,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        if self.inner.disabled {
+            return self.run_disabled(operation).await;
+        }
+        let id = self.record_id(attempt.scope, attempt.key);
+        let now_ms = self.inner.clock.now_ms();
+        // How long the claim takes, measured apart from `clock`, which
+        // gives the wall-clock instants that leases are written in.
+        let began = tokio::time::Instant::now();
+        if let Some(replay) = self.cached_replay(&id, attempt, codec, now_ms) {
+            return replay;
+        }
+        // Without a fencing token nothing may run, even failing open.
+        let mut claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
+        let claimed = self.claim(&mut claim).await;
+        match self.claim_step(&claim, claimed, attempt, mode, codec) {
+            ClaimStep::Ours => {}
+            ClaimStep::Answered(answer) => return answer,
+            ClaimStep::Unprotected(error) => {
+                return self
+                    .run_unprotected(&claim, attempt, error, operation)
+                    .await
+            }
+        }
+        self.started_in_time(&claim, began).await?;
+        // The operation runs here, not in a function of its own, whose
+        // level every operation's future would nest one deeper, against
+        // the compiler's recursion limit. The closure is called inside the
+        // same guard as its future: one that panics before it returns its
+        // future is that future's panic.
+        let handle = self.handle(&claim);
+        let started = catch_unwind(AssertUnwindSafe(|| {
+            handle.clone().scope(operation(handle.clone()))
+        }));
+        let ran = match started {
+            Ok(operation) => {
+                AssertUnwindSafe(self.run_claimed(&handle, operation))
+                    .catch_unwind()
+                    .await
+            }
+            Err(panic) => Err(panic),
+        };
+        let (value, writes, response) = self.settle(&claim, attempt, codec, ran).await?;
+        // Stored with its writes; awaited here too, as the deepest store
+        // calls (a refusal's completion or release) would nest under a
+        // function of its own.
+        let transactional = mode == Mode::Transactional || !writes.is_empty();
+        let response = match response {
+            Ok(response) => response,
+            Err(error) if transactional => {
+                self.release(&claim).await;
+                return Err(Error::Store(codec::unserialisable(error)));
+            }
+            Err(error) => {
+                warn!(record = %claim.id, outcome = "not_recorded", %error,
+                    "the operation's value could not be serialised; it is returned but not stored");
+                return Ok(Outcome::new(value, OutcomeKind::NotRecorded));
+            }
+        };
+        let refusable = !writes.is_empty();
+        match self
+            .complete(claim.clone(), response, writes, transactional, refusable)
+            .await
+        {
+            Ok(kind) => Ok(Outcome::new(value, kind)),
+            Err(Error::Store(error)) if refusable && error.write_refusal().is_some() => {
+                self.answer_refusal(claim, codec, refusal, error).await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// What the claim decided for the attempt: run; an answer without
+    /// running (a live record, or a failure that leaves no claim); or run
+    /// unprotected, failing open. (The claim is awaited by the caller, as
+    /// it nests the deepest store calls.)
+    fn claim_step<T, E, C: Codec<T>>(
+        &self,
+        claim: &Claim,
+        claimed: Result<Claimed, ClaimError>,
+        attempt: &Attempt<'_>,
+        mode: Mode,
+        codec: &C,
+    ) -> ClaimStep<T, E> {
+        let now_ms = claim.now_ms;
+        match claimed {
+            Ok(Claimed::Ours) => ClaimStep::Ours,
+            Ok(Claimed::Held(record)) => {
+                ClaimStep::Answered(self.existing(record, codec, attempt, now_ms))
+            }
+            Err(ClaimError::Outage(error))
+                if self.inner.fail_open
+                    && mode != Mode::Transactional
+                    && !attempt.caution.fail_closed =>
+            {
+                ClaimStep::Unprotected(error)
+            }
+            // Duplicates raced for the key and none of them could tell
+            // who holds it: the caller retries, as for a claim in progress.
+            Err(ClaimError::Failed(error)) if error.kind() == StoreErrorKind::Conflict => {
+                debug!(record = %claim.id, outcome = "in_progress", %error, "idempotency");
+                ClaimStep::Answered(Err(Error::InProgress {
+                    retry_after: Duration::from_secs(1),
+                }))
+            }
+            Err(ClaimError::Outage(error) | ClaimError::Failed(error)) => {
+                warn!(record = %claim.id, outcome = "store_error", kind = error.kind().as_str(), %error, "idempotency claim failed");
+                ClaimStep::Answered(Err(Error::Store(error)))
+            }
+        }
+    }
+
+    /// Fail-open through a store outage: the operation runs without a claim.
+    async fn run_unprotected<T, E, F, Fut>(
+        &self,
+        claim: &Claim,
+        attempt: &Attempt<'_>,
+        error: StoreError,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        warn!(record = %claim.id, outcome = "unprotected", %error,
+            "idempotency store unavailable; running WITHOUT idempotency (fail-open)");
+        let (value, writes) = run_unclaimed(operation, attempt.taking_over).await?;
+        if !writes.is_empty() {
+            // Its writes need the store that just failed: they are not
+            // committed, so the value must not be reported.
+            warn!(record = %claim.id, outcome = "writes_not_committed",
+                "an operation with writes ran during a store outage (fail-open); none of its writes was committed; declare it transactional");
+            return Err(Error::WritesNotCommitted(error));
+        }
+        Ok(Outcome::new(value, OutcomeKind::Unprotected))
+    }
+
+    /// A claim answered late (a slow network, an SDK's retries) may hold a
+    /// lease that has passed, or is about to: its operation would run as a
+    /// zombie from its first instant, beside whichever attempt takes the
+    /// key over. It does not run; the claim is given back (fenced, so
+    /// nothing another attempt now owns is touched), and the caller
+    /// retries. The time is the claim's `now` plus how long the claim took
+    /// by a monotonic clock (tokio's, which paused tests move), so a wall
+    /// clock stepped meanwhile, or a test clock that moves on every read,
+    /// does not decide it.
+    async fn started_in_time<E>(
+        &self,
+        claim: &Claim,
+        began: tokio::time::Instant,
+    ) -> Result<(), Error<E>> {
+        let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let started_ms = claim.now_ms.saturating_add(took_ms);
+        if claim.lease_until_ms >= started_ms.saturating_add(START_MARGIN_MS) {
+            return Ok(());
+        }
+        warn!(record = %claim.id, outcome = "lease_lost", lease_until_ms = claim.lease_until_ms, now_ms = started_ms,
+            "the claim was answered after its lease had passed (or with too little of it left); the operation did not run");
+        self.release(claim).await;
+        Err(Error::LeaseLost)
+    }
+
+    /// What the operation's run under its claim came to: its value, with
+    /// its writes and its encoding (guarded too: a `Serialize` that panics
+    /// must not keep the claim either); or its error, and the claim
+    /// released; or its panic, raised again, the claim released (or kept,
+    /// if the attempt asked to).
+    async fn settle<T, E, C: Codec<T>>(
+        &self,
+        claim: &Claim,
+        attempt: &Attempt<'_>,
+        codec: &C,
+        ran: std::thread::Result<Returned<T, St::Write, E>>,
+    ) -> Result<Ran<T, St::Write>, Error<E>> {
+        let ran = ran.and_then(|ran| match ran {
+            Ok((value, writes)) => catch_unwind(AssertUnwindSafe(|| codec.encode(&value)))
+                .map(|response| Ok((value, writes, response))),
+            Err(error) => Ok(Err(error)),
+        });
+        match ran {
+            Ok(Ok(ran)) => Ok(ran),
+            Ok(Err(error)) => {
+                self.release(claim).await;
+                debug!(record = %claim.id, outcome = "operation_error", "idempotency");
+                Err(Error::Operation(error))
+            }
+            Err(panic) if attempt.caution.keep_claim_on_panic => {
+                warn!(record = %claim.id, outcome = "panicked", panic = panic_message(&*panic),
+                    "the operation panicked and may have acted; its claim is kept until its lease passes, and the next attempt is a takeover");
+                std::panic::resume_unwind(panic);
+            }
+            Err(panic) => {
+                // The invocation is dying, but a retry need not wait for
+                // its lease: Powertools deletes the claim on any exception.
+                warn!(record = %claim.id, outcome = "panicked", panic = panic_message(&*panic),
+                    "the operation panicked; its claim is released so that a retry can run it");
+                self.release(claim).await;
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+
+    /// A refused write, its claim still held: answered as `refusal`
+    /// decides (the answer completed without writes, or the claim
+    /// released).
+    async fn answer_refusal<T, E, C, R>(
+        &self,
+        claim: Claim,
+        codec: &C,
+        refusal: R,
+        error: StoreError,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
+    {
+        let answer = error.write_refusal().and_then(refusal);
+        match answer {
+            Some(Ok(answer)) => match codec.encode(&answer) {
+                Ok(response) => {
+                    debug!(record = %claim.id, outcome = "refused", "a write was refused: its answer is stored");
+                    self.complete(claim, response, Vec::new(), true, false)
+                        .await
+                        .map(|kind| Outcome::new(answer, kind))
+                }
+                Err(encoding) => {
+                    self.release(&claim).await;
+                    Err(Error::Store(codec::unserialisable(encoding)))
+                }
+            },
+            Some(Err(answer)) => {
+                self.release(&claim).await;
+                Err(Error::Operation(answer))
+            }
+            None => {
+                warn!(record = %claim.id, outcome = "store_error", %error,
+                    "transactional completion failed; releasing the claim");
+                self.release(&claim).await;
+                Err(Error::Store(error))
+            }
+        }
+    }
+
+    /// Idempotency is off: the operation runs, unprotected, and nothing is
+    /// stored.
+    pub(super) async fn run_disabled<T, E, F, Fut>(
+        &self,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let (value, writes) = run_unclaimed(operation, None).await?;
+        if !writes.is_empty() {
+            return Err(Error::WritesNotCommitted(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                "idempotency is disabled (IDEMPOTENCY_DISABLED=true): the operation ran, and none of its writes was committed",
+            )));
+        }
+        debug!(outcome = "disabled", "idempotency");
+        Ok(Outcome::new(value, OutcomeKind::Disabled))
+    }
+}
