@@ -163,6 +163,9 @@
 //! - `durable` (feature `durable`, experimental): AWS Lambda durable
 //!   functions, whose replays pass their own claim, and steps whose
 //!   effects run once.
+//! - [`split`]: the protocol split across invocations (claimed in one,
+//!   completed in another, by an owner token the caller keeps), which
+//!   `lambda-idempotency-durable` is built on.
 //! - `testing` (feature `testing`): the conformance kit that proves a store
 //!   keeps every guarantee, with one macro call, and the test doubles.
 //!
@@ -246,6 +249,7 @@ mod metrics;
 #[cfg(feature = "powertools")]
 #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
 pub mod powertools;
+pub mod split;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

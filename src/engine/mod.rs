@@ -29,7 +29,6 @@ mod codec;
 mod completion;
 mod conflicts;
 mod detach;
-#[cfg(feature = "durable")]
 mod durable;
 mod lease;
 mod mode;
@@ -55,7 +54,6 @@ pub use claim_handle::{ClaimHandle, Takeover};
 pub(crate) use codec::unserialisable;
 pub use codec::{Codec, Json};
 pub(crate) use detach::detached;
-#[cfg(feature = "durable")]
 pub(crate) use durable::{DurableAttempt, DurableClaim};
 pub use mode::Mode;
 pub use operator::Forgotten;
