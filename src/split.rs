@@ -30,6 +30,43 @@
 //! an operation, so a store outage is the caller's to retry or report.
 //! The engine's heartbeat does not run either: the claim holds for the
 //! [`SplitAttempt`]'s lease, which must cover the whole split work.
+//!
+//! ```
+//! use lambda_idempotency::{
+//!     split::{self, SplitAttempt, SplitClaim},
+//!     store::OwnerToken,
+//!     Engine, Fingerprint, Json, MemoryStore, OutcomeKind,
+//! };
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::builder(MemoryStore::new()).build();
+//! // The same in every invocation of one execution.
+//! let attempt = |owner: &str| {
+//!     SplitAttempt::new(
+//!         "orders",
+//!         "order-77",
+//!         Fingerprint::of_bytes(b"order-77, 100"),
+//!         OwnerToken::from_stored(owner),
+//!         Duration::from_secs(3600),
+//!     )
+//! };
+//! let first = attempt("execution-1");
+//! let claimed = split::claim::<_, String>(&engine, &first, &Json).await?;
+//! assert_eq!(claimed, SplitClaim::Ours);
+//! // A later invocation of the same execution finds its own claim...
+//! let again = split::claim::<_, String>(&engine, &first, &Json).await?;
+//! assert_eq!(again, SplitClaim::Ours);
+//! // ...and completes it.
+//! let stored = split::complete(&engine, &first, serde_json::to_vec("ch_1")?).await?;
+//! assert_eq!(stored, OutcomeKind::Fresh);
+//! // Another execution gets the value, and runs nothing.
+//! let duplicate = split::claim(&engine, &attempt("execution-2"), &Json).await?;
+//! assert_eq!(duplicate, SplitClaim::Replay("ch_1".to_owned()));
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::{
     engine::{DurableAttempt, DurableClaim},
