@@ -49,7 +49,8 @@ test: lint package validate integration e2e sam-local
 
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
 ## every package of the workspace and on the Lambda-free HTTP layer, the declared rust-version against every
-## dependency (scripts/check-msrv), every feature compiled alone, and the docs as docs.rs builds them and
+## dependency (scripts/check-msrv), every feature compiled alone, and the docs as docs.rs builds them (the
+## library's and lambda-idempotency-durable's) and
 ## with no feature, powertools, http, tonic and actix alone, each store alone, the server set
 ## (dynamodb,http,axum) and the Lambda consumer set (lambda,dynamodb,consumers).
 lint:
@@ -57,13 +58,14 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,redis-tls,testing,powertools,durable
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,redis-tls,testing,powertools
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-durable
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
 	@# Every feature compiled alone, as a user who turns on only it does.
-	for features in "" dynamodb http lambda axum actix tonic consumers postgres redis redis-tls testing powertools durable; do \
+	for features in "" dynamodb http lambda axum actix tonic consumers postgres redis redis-tls testing powertools; do \
 	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
 	done
 	@# And the combinations the docs show: a Lambda consumer, a server on
@@ -78,9 +80,9 @@ lint:
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
 	done
 
-## What crates.io would get: cargo publish --dry-run of the library and the
-## operator tool (the reference functions are not published), and the
-## library's file list.
+## What crates.io would get: cargo publish --dry-run of the library, the
+## operator tool and the durable functions' crate (the reference functions
+## are not published), and the library's and the durable crate's file lists.
 package:
 	@# The dry run verifies the tool against the library packaged just now,
 	@# through a local registry that cargo extracts under the registry's
@@ -90,13 +92,14 @@ package:
 	rm -rf "$${CARGO_HOME:-$$HOME/.cargo}"/registry/src/-*/lambda-idempotency-*
 	$(CARGO) publish --dry-run --workspace --allow-dirty
 	$(CARGO) package --list -p lambda-idempotency --allow-dirty
+	$(CARGO) package --list -p lambda-idempotency-durable --allow-dirty
 
 ## Unit tests only (no DynamoDB needed).
 unit:
 	$(CARGO) test --lib --bins
 
-## Unit, integration, doc tests (the simulator's bounded budget among them: tests/simulator,
-## 10,000 seeded histories) and the stress test against a throwaway DynamoDB Local,
+## Unit, integration, doc tests of every package (the simulator's bounded budget among them: tests/simulator,
+## 10,000 seeded histories; the durable functions' durable/tests) and the stress test against a throwaway DynamoDB Local,
 ## PostgreSQL and redis-server, and the examples. Powertools (Python, and
 ## TypeScript on Node) writes the records the compatibility test reads
 ## (tests/powertools/).
@@ -105,7 +108,7 @@ integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover
-	$(CARGO) run --quiet --example durable_orders
+	$(CARGO) run --quiet -p lambda-idempotency-durable --example durable_orders
 
 ## charges under cargo lambda watch, driven with real HTTP requests and the
 ## events in events/ through cargo lambda invoke; then once more on PostgreSQL,

@@ -160,8 +160,11 @@
 //!   trait and the records it keeps, and the DynamoDB and memory stores'
 //!   own types ([`AttributeNames`],
 //!   [`MemoryWrite`](store::memory::MemoryWrite)).
-//! - `durable` (feature `durable`, experimental): AWS Lambda durable
-//!   functions, whose replays pass their own claim, and steps whose
+//! - [`split`]: the protocol split across invocations (claimed in one,
+//!   completed in another, by an owner token the caller keeps), which
+//!   AWS Lambda durable functions are built on: see the
+//!   [`lambda-idempotency-durable`](https://docs.rs/lambda-idempotency-durable)
+//!   crate (preview), whose replays pass their own claim, and whose steps'
 //!   effects run once.
 //! - `testing` (feature `testing`): the conformance kit that proves a store
 //!   keeps every guarantee, with one macro call, and the test doubles.
@@ -184,7 +187,6 @@
 //! | `redis-tls` | no | `redis`, and TLS to Redis (`rediss://`: ElastiCache and MemoryDB with in-transit encryption) with rustls on aws-lc-rs. Without it, `redis` compiles no C code and refuses `rediss://` URLs with a [`Misconfigured`](StoreErrorKind::Misconfigured) error that names this feature. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
 //! | `powertools` | no | [`powertools`]: during a migration from Powertools for AWS Lambda, honour the idempotency records it wrote (DynamoDB, Redis). |
-//! | `durable` | no | **Experimental.** [`durable`]: idempotent AWS Lambda durable functions, on the AWS Durable Execution SDK (preview): replays pass their own claim, duplicates replay the first execution's output, steps' effects run once. |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 // Links to what a feature adds, for docs built without it: to docs.rs,
 // which builds every feature.
@@ -218,11 +220,6 @@
     doc = "",
     doc = "[`powertools`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/powertools/index.html"
 )]
-#![cfg_attr(
-    not(feature = "durable"),
-    doc = "",
-    doc = "[`durable`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/durable/index.html"
-)]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -232,9 +229,6 @@ mod clock;
 #[cfg(feature = "consumers")]
 #[cfg_attr(docsrs, doc(cfg(feature = "consumers")))]
 pub mod consumers;
-#[cfg(feature = "durable")]
-#[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
-pub mod durable;
 mod engine;
 mod error;
 mod fingerprint;
@@ -246,6 +240,7 @@ mod metrics;
 #[cfg(feature = "powertools")]
 #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
 pub mod powertools;
+pub mod split;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

@@ -158,13 +158,8 @@ impl<St: Store> EngineBuilder<St> {
     /// logged as a warning. Transactional executions always fail closed:
     /// their writes need the store; so do attempts marked
     /// [`Attempt::fail_closed`](crate::Attempt::fail_closed), and every
-    /// claim of the [`durable`] module.
-    #[cfg_attr(feature = "durable", doc = "", doc = "[`durable`]: crate::durable")]
-    #[cfg_attr(
-        not(feature = "durable"),
-        doc = "",
-        doc = "[`durable`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/durable/index.html"
-    )]
+    /// call of [`split`](crate::split) (every claim of a durable function,
+    /// in `lambda-idempotency-durable`).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.fail_open = fail_open;
         self

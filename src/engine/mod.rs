@@ -35,7 +35,6 @@ mod codec;
 mod completion;
 mod conflicts;
 mod detach;
-#[cfg(feature = "durable")]
 mod durable;
 mod execute;
 mod fence;
@@ -67,7 +66,6 @@ pub(crate) use fence::{fence, takeover_of, Fence};
 pub(crate) use codec::unserialisable;
 pub use codec::{Codec, Json};
 pub(crate) use detach::detached;
-#[cfg(feature = "durable")]
 pub(crate) use durable::{DurableAttempt, DurableClaim};
 pub use mode::Mode;
 pub use operator::Forgotten;

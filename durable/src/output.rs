@@ -1,6 +1,7 @@
 //! Which outputs can be stored: those a duplicate can be answered with.
 
-use crate::{error::BoxError, Codec};
+use aws_durable_execution_sdk::BoxError;
+use lambda_idempotency::Codec;
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 

@@ -1,7 +1,7 @@
 //! Why an idempotent durable execution did not run, as the SDK reports it.
 
-use crate::{Error, StoreError};
 use aws_durable_execution_sdk::{BoxError, TypedError};
+use lambda_idempotency::{Error, StoreError, StoreErrorKind};
 use std::time::Duration;
 
 /// Why an idempotent durable execution, or a step's body, did not run.
@@ -78,7 +78,7 @@ impl DurableError {
             Error::Store(error) | Error::WritesNotCommitted(error) => Self::Store(error),
             Error::LeaseLost => Self::LeaseLost,
             Error::TimeLimitExceeded { limit } => Self::Store(StoreError::new(
-                crate::StoreErrorKind::Unavailable,
+                StoreErrorKind::Unavailable,
                 format!(
                     "the operation ran past its time limit of {} ms and was rolled back",
                     limit.as_millis()
@@ -86,8 +86,14 @@ impl DurableError {
             )),
             // The callers take the operation's own errors out first.
             Error::Operation(_) => Self::Store(StoreError::new(
-                crate::StoreErrorKind::Other,
+                StoreErrorKind::Other,
                 "the operation failed",
+            )),
+            // The engine's error is non-exhaustive from this crate: one
+            // added after this release fails the step as the store's.
+            _ => Self::Store(StoreError::new(
+                StoreErrorKind::Other,
+                "the idempotency engine failed",
             )),
         }
     }

@@ -1,18 +1,18 @@
-//! An idempotent durable function (feature `durable`, experimental): an
+//! An idempotent durable function (this crate is a preview): an
 //! order is charged once per `order_id`, however many executions a client
 //! starts for it, then the function waits out a cool-off period (the
 //! execution suspends and replays) before it confirms.
 //!
 //! In Lambda (a durable function: `DurableConfig` on the function), it
 //! serves executions, its records in the DynamoDB table `IDEMPOTENCY_TABLE`.
-//! Anywhere else, `cargo run --example durable_orders` drives it with the
-//! SDK's in-memory `LocalRunner` on the memory store: two executions for
-//! the same order, and one with another amount, and prints what each got.
+//! Anywhere else, `cargo run -p lambda-idempotency-durable --example
+//! durable_orders` drives it with the SDK's in-memory `LocalRunner` on the
+//! memory store: two executions for the same order, and one with another
+//! amount, and prints what each got.
 
 use aws_durable_execution_sdk::{self as sdk, test_util::LocalRunner, BoxError, DurableContext};
-use lambda_idempotency::{
-    durable::DurableIdempotency, store::Store, DynamoDbStore, Engine, MemoryStore,
-};
+use lambda_idempotency::{store::Store, DynamoDbStore, Engine, MemoryStore};
+use lambda_idempotency_durable::DurableIdempotency;
 use serde::{Deserialize, Serialize};
 use std::{
     sync::atomic::{AtomicUsize, Ordering},
@@ -44,7 +44,7 @@ async fn charge_card(order: &Order) -> Result<String, BoxError> {
 /// execution for an hour without billing it.
 fn orders<St: Store + Send + Sync + 'static>(
     idempotency: DurableIdempotency<St>,
-) -> impl Fn(Order, DurableContext) -> lambda_idempotency::durable::DurableHandlerFuture<Confirmation>
+) -> impl Fn(Order, DurableContext) -> lambda_idempotency_durable::DurableHandlerFuture<Confirmation>
        + Send
        + Sync
        + 'static {

@@ -1,7 +1,10 @@
-//! Idempotent AWS Lambda durable functions (feature `durable`,
-//! **experimental**: it follows the AWS Durable Execution SDK for Rust,
+//! Idempotent AWS Lambda durable functions, on
+//! [lambda-idempotency](https://docs.rs/lambda-idempotency) (**preview**:
+//! this crate follows the AWS Durable Execution SDK for Rust,
 //! `aws-durable-execution-sdk` 0.1, which is in preview, and may change
-//! with it in a minor release).
+//! with it in a minor release; a new preview of the SDK is a release of
+//! this crate only, built on the engine's
+//! [`lambda_idempotency::split`] calls).
 //!
 //! A durable function suspends (on a `wait`, a callback, a retry delay)
 //! and is invoked again, and its code replays from the start, completed
@@ -36,7 +39,8 @@
 //!
 //! ```no_run
 //! use aws_durable_execution_sdk::{self as sdk, BoxError, DurableContext};
-//! use lambda_idempotency::{durable::DurableIdempotency, DynamoDbStore, Engine};
+//! use lambda_idempotency::{DynamoDbStore, Engine};
+//! use lambda_idempotency_durable::DurableIdempotency;
 //! use serde::{Deserialize, Serialize};
 //! use std::time::Duration;
 //!
@@ -107,7 +111,7 @@
 //!   tool's `forget --force`). Only a handler that returns an error
 //!   releases it.
 //! - Claims fail closed, on an engine built with
-//!   [`fail_open`](crate::EngineBuilder::fail_open) too: the claim step
+//!   [`fail_open`](lambda_idempotency::EngineBuilder::fail_open) too: the claim step
 //!   tries a store outage again, five times in all, then fails the
 //!   execution with `IdempotencyStoreError`; a [`step`](DurableIdempotency::step)'s
 //!   body never runs without its claim (the step tries the outage again
@@ -129,11 +133,15 @@
 //!   returned, its claim holds until its lease passes, and a later run
 //!   of the body is a takeover.
 //! - Lambda's own `DurableExecutionName` already makes a second `Invoke`
-//!   with the same name return the first execution: this module covers
+//!   with the same name return the first execution: this crate covers
 //!   callers that cannot name executions, and keys that come from the
 //!   payload (an order id, a message id).
 //! - Stored outputs are checkpointed as the claim step's result when a
 //!   duplicate replays them: keep them within the SDK's checkpoint size.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![warn(rust_2018_idioms, unreachable_pub)]
 
 mod error;
 mod output;
@@ -141,15 +149,14 @@ mod output;
 pub use error::DurableError;
 use output::StorableJson;
 
-use crate::lower_hex::lower_hex;
-use crate::{
-    derive_key,
-    engine::{DurableAttempt, DurableClaim},
-    store::{OwnerToken, Store},
-    Attempt, Engine, Error, Fingerprint,
-};
 use aws_durable_execution_sdk::{
     builders::StepBuilder, BoxError, DurableContext, RetryDecision, StepContext, StepError,
+};
+use lambda_idempotency::{
+    derive_key,
+    split::{self, SplitAttempt, SplitClaim},
+    store::{OwnerToken, Store},
+    Attempt, Engine, Error, Fingerprint,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -187,7 +194,7 @@ pub type StepFuture<O> = Pin<Box<dyn Future<Output = Result<O, BoxError>> + Send
 /// `aws_durable_execution_sdk::run` takes.
 pub type DurableHandlerFuture<O> = Pin<Box<dyn Future<Output = Result<O, BoxError>> + Send>>;
 
-/// Makes durable executions idempotent: see the [module docs](self).
+/// Makes durable executions idempotent: see the [crate docs](crate).
 ///
 /// Cheap to clone; build it once in `main`.
 #[derive(Debug)]
@@ -243,7 +250,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// How long an execution's claim holds: the function's durable
     /// `ExecutionTimeout`. A suspended execution cannot renew its claim,
     /// so a duplicate may take over one that lives longer (24 hours unless
-    /// set; at least a second, at most [`MAX_DURATION`](crate::MAX_DURATION)).
+    /// set; at least a second, at most [`MAX_DURATION`](lambda_idempotency::MAX_DURATION)).
     /// The record is kept at least this long, and the engine's retention
     /// after it completes.
     #[must_use]
@@ -324,13 +331,13 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         }
         let fingerprint =
             Fingerprint::of_json(&event).map_err(|e| DurableError::Event(e).into_boxed())?;
-        let attempt = OwnedDurableAttempt {
-            scope: Arc::clone(&self.scope),
-            key: Arc::from(key),
-            owner: execution_owner(ctx.execution_arn(), &self.scope, key),
+        let attempt = SplitAttempt::new(
+            Arc::clone(&self.scope),
+            key,
             fingerprint,
-            lease: self.execution_timeout,
-        };
+            execution_owner(ctx.execution_arn(), &self.scope, key),
+            self.execution_timeout,
+        );
         let mut waited = Duration::ZERO;
         let mut polls = 0u32;
         loop {
@@ -378,7 +385,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
                 // The handler's effects happened: releasing the key would
                 // let a duplicate run them again.
                 Err(error) => {
-                    tracing::error!(key = %attempt.key, %error,
+                    tracing::error!(key = %attempt.key(), %error,
                         "the durable execution's output cannot be stored, so it is returned and \
                          not stored; its claim holds the key until execution_timeout: duplicates \
                          are told it is in progress (an operator can free it with forget --force)");
@@ -397,17 +404,12 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// replay after it never writes again. The output is the execution's
     /// whatever becomes of the record: a completion that fails for good
     /// is logged, and the claim then holds the key until it expires.
-    async fn complete_step(
-        &self,
-        ctx: &DurableContext,
-        attempt: &OwnedDurableAttempt,
-        response: Vec<u8>,
-    ) {
+    async fn complete_step(&self, ctx: &DurableContext, attempt: &SplitAttempt, response: Vec<u8>) {
         let engine = self.engine.clone();
         let owned = attempt.clone();
         let completed = ctx
             .step(move |_| async move {
-                match engine.complete_durable(&owned.borrowed(), response).await {
+                match split::complete(&engine, &owned, response).await {
                     Ok(kind) => Ok(kind.as_str().to_owned()),
                     Err(error) => Err(DurableError::Store(error).into_boxed()),
                 }
@@ -416,7 +418,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             .retry_strategy(retry_completion)
             .await;
         if let Err(error) = completed {
-            tracing::error!(key = %attempt.key, %error,
+            tracing::error!(key = %attempt.key(), %error,
                 "the durable execution completed but its record could not be: duplicates get \
                  IdempotencyAlreadyInProgress until its claim expires (execution_timeout); an \
                  output too large for the store (DynamoDB: 400 KB an item) never fits");
@@ -426,16 +428,15 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// Releases the execution's claim, trying a store outage again a few
     /// times; a claim that cannot be released holds the key until it
     /// expires.
-    async fn release(&self, attempt: &OwnedDurableAttempt) {
-        let borrowed = attempt.borrowed();
+    async fn release(&self, attempt: &SplitAttempt) {
         for tries in 0..CLAIM_TRIES {
-            match self.engine.release_durable(&borrowed).await {
+            match split::release(&self.engine, attempt).await {
                 Ok(()) => return,
                 Err(error) if error.kind().is_transient() && tries + 1 < CLAIM_TRIES => {
                     tokio::time::sleep(Duration::from_millis(100 << tries)).await;
                 }
                 Err(error) => {
-                    warn!(key = %attempt.key, %error,
+                    warn!(key = %attempt.key(), %error,
                         "the failed durable execution's claim could not be released; it holds the key until it expires (execution_timeout)");
                     return;
                 }
@@ -446,7 +447,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     async fn claim_step<O>(
         &self,
         ctx: &DurableContext,
-        attempt: &OwnedDurableAttempt,
+        attempt: &SplitAttempt,
     ) -> Result<ClaimDecision<O>, BoxError>
     where
         O: Serialize + DeserializeOwned + Send + 'static,
@@ -455,13 +456,11 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         let attempt = attempt.clone();
         let decision = ctx
             .step(move |_| async move {
-                let claimed = engine
-                    .claim_durable::<O>(&attempt.borrowed(), &StorableJson)
-                    .await;
+                let claimed = split::claim::<_, O>(&engine, &attempt, &StorableJson).await;
                 match claimed {
-                    Ok(DurableClaim::Ours) => Ok(ClaimDecision::Run),
-                    Ok(DurableClaim::Replay(output)) => Ok(ClaimDecision::Replay(output)),
-                    Ok(DurableClaim::Disabled) => Ok(ClaimDecision::Disabled),
+                    Ok(SplitClaim::Ours) => Ok(ClaimDecision::Run),
+                    Ok(SplitClaim::Replay(output)) => Ok(ClaimDecision::Replay(output)),
+                    Ok(SplitClaim::Disabled) => Ok(ClaimDecision::Disabled),
                     Err(Error::InProgress { retry_after }) => Ok(ClaimDecision::InProgress {
                         retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
                     }),
@@ -485,12 +484,12 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// A body interrupted during its effect (its invocation crashed) is
     /// claimed until its lease passes (the invocation's deadline): the step
     /// is retried after the time left on it, and its body then runs again
-    /// as a takeover ([`ClaimHandle::takeover`](crate::ClaimHandle::takeover)
+    /// as a takeover ([`ClaimHandle::takeover`](lambda_idempotency::ClaimHandle::takeover)
     /// says so): whether the first run's effect happened is for the body to
     /// check.
     ///
     /// The body never runs without its claim, even on an engine built
-    /// with [`fail_open`](crate::EngineBuilder::fail_open): a store outage
+    /// with [`fail_open`](lambda_idempotency::EngineBuilder::fail_open): a store outage
     /// at the claim is retried by the step. A body that panics keeps its
     /// claim (it may have acted): the SDK's next run of it waits out the
     /// claim's lease and is a takeover.
@@ -555,29 +554,6 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     }
 }
 
-/// The claim of one execution, owned, for the claim step's `'static`
-/// closure.
-#[derive(Clone)]
-struct OwnedDurableAttempt {
-    scope: Arc<str>,
-    key: Arc<str>,
-    owner: OwnerToken,
-    fingerprint: Fingerprint,
-    lease: Duration,
-}
-
-impl OwnedDurableAttempt {
-    fn borrowed(&self) -> DurableAttempt<'_> {
-        DurableAttempt {
-            scope: &self.scope,
-            key: &self.key,
-            fingerprint: self.fingerprint.clone(),
-            owner: self.owner.clone(),
-            lease: self.lease,
-        }
-    }
-}
-
 /// The owner token of an execution's claim on a key: the same in every
 /// invocation of the execution, and another execution's never.
 fn execution_owner(execution_arn: &str, scope: &str, key: &str) -> OwnerToken {
@@ -586,7 +562,7 @@ fn execution_owner(execution_arn: &str, scope: &str, key: &str) -> OwnerToken {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
-    OwnerToken::from_stored(lower_hex(&hash.finalize()[..16]))
+    OwnerToken::from_stored(hex::encode(&hash.finalize()[..16]))
 }
 
 /// The claim step is tried again through a store outage, and only then.

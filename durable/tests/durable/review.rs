@@ -6,13 +6,13 @@
 use aws_durable_execution_sdk::{test_util::LocalRunner, BoxError, DurableContext};
 use futures::FutureExt;
 use lambda_idempotency::{
-    durable::{DurableHandlerFuture, DurableIdempotency, STEP_SCOPE},
     store::{
         Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status,
         Store,
     },
     Engine, MemoryStore, StoreError, StoreErrorKind,
 };
+use lambda_idempotency_durable::{DurableHandlerFuture, DurableIdempotency, STEP_SCOPE};
 use serde::{Deserialize, Serialize};
 use std::{
     future::IntoFuture,

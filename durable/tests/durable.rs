@@ -9,14 +9,16 @@
 /// checkpoint failures at every position, map items, edge outputs.
 #[path = "durable/review.rs"]
 mod review;
+// The integration harness helpers are the library's (tests/support).
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use aws_durable_execution_sdk::{test_util::LocalRunner, BoxError, DurableContext, RetryDecision};
 use lambda_idempotency::{
-    durable::{DurableIdempotency, CLAIM_STEP, STEP_SCOPE, WAIT_STEP},
     store::{Record, Status},
     DynamoDbStore, Engine, Fingerprint, MemoryStore, StoreErrorKind,
 };
+use lambda_idempotency_durable::{DurableIdempotency, CLAIM_STEP, STEP_SCOPE, WAIT_STEP};
 use serde::{Deserialize, Serialize};
 use std::{
     sync::{
@@ -67,7 +69,7 @@ impl Counts {
 fn order_handler<St>(
     idempotency: &DurableIdempotency<St>,
     counts: &Counts,
-) -> impl Fn(Order, DurableContext) -> lambda_idempotency::durable::DurableHandlerFuture<Receipt>
+) -> impl Fn(Order, DurableContext) -> lambda_idempotency_durable::DurableHandlerFuture<Receipt>
        + Send
        + Sync
        + 'static
