@@ -112,7 +112,16 @@ impl ExpressionNames {
                 .map(|(placeholder, name)| ((*placeholder).to_owned(), (*name).clone()))
                 .collect::<HashMap<_, _>>()
         };
+        let complete = map(&[
+            ("#status", &names.status),
+            ("#owner", &names.owner),
+            ("#response", &names.response),
+            ("#expiration", &names.expiration),
+            ("#completed_at", &names.completed_at),
+            ("#lease_until", &names.lease_until),
+        ]);
         Self {
+            complete: complete.clone(),
             claim: map(&[("#id", &names.id), ("#expiration", &names.expiration)]),
             commit: map(&[
                 ("#id", &names.id),
@@ -134,22 +143,11 @@ impl ExpressionNames {
             ]),
             exists: map(&[("#id", &names.id)]),
             exists_unless_in_progress: map(&[("#id", &names.id), ("#status", &names.status)]),
-            complete: map(&[
-                ("#status", &names.status),
-                ("#owner", &names.owner),
-                ("#response", &names.response),
-                ("#expiration", &names.expiration),
-                ("#completed_at", &names.completed_at),
-                ("#lease_until", &names.lease_until),
-            ]),
-            complete_deflated: map(&[
-                ("#status", &names.status),
-                ("#owner", &names.owner),
-                ("#response", &names.response_deflate),
-                ("#expiration", &names.expiration),
-                ("#completed_at", &names.completed_at),
-                ("#lease_until", &names.lease_until),
-            ]),
+
+            complete_deflated: complete
+                .into_iter()
+                .chain([("#response".to_owned(), names.response_deflate.clone())])
+                .collect(),
         }
     }
 }
