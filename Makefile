@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-function bench-redis bench-single-write bench-powertools validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -104,7 +104,7 @@ unit:
 ## TypeScript on Node) writes the records the compatibility test reads
 ## (tests/powertools/).
 integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
-	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c '$(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
+	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c 'python3 comparison/test_dynamodb_cost.py && $(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover
@@ -169,6 +169,7 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.
 	$(CARGO) bench --bench layer
 	$(CARGO) build --profile bench --example bench_driver
 	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
+	BENCH_ONLY=cost scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
 	BENCH_ONLY=dynamodb-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 	BENCH_ONLY=redis-rounds scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis $(VENV)/bin/python comparison/run.py
 	$(MAKE) bench-server
@@ -207,6 +208,15 @@ bench-redis: $(VENV)/.installed $(TOOLS)/bench-py/.installed
 bench-single-write: $(VENV)/.installed
 	$(CARGO) build --profile bench --example bench_driver
 	BENCH_ONLY=pair scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
+
+## DynamoDB capacity units and on-demand dollars per million requests, per
+## scenario (new, replay, cached replay, single write, transactional
+## completion, 409, 422), 1 KB and 16 KB responses, this crate beside
+## Powertools Python and TypeScript, from the calls that cross a recording
+## proxy (comparison/dynamodb_proxy.py, dynamodb_cost.py; see BENCHMARKS.md).
+bench-cost: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
+	$(CARGO) build --profile bench --example bench_driver
+	BENCH_ONLY=cost scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
 
 ## The Powertools compatibility mode's cost on a first request: the same new
 ## requests with the mode off and on, interleaved, against DynamoDB Local, in

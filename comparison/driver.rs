@@ -7,7 +7,12 @@
 //! `TransactWriteItems` of the same two items (the completed record and a
 //! charge item), its floor.
 //!
-//! `bench_driver crate|cached|floor|bare|single|floor-tx`, with the
+//! Mode `cost` runs one scenario of the cost benchmark (`make bench-cost`,
+//! `BENCH_COST_SCENARIO`): requests of a known response size
+//! (`BENCH_RESPONSE_BYTES`) through the recording proxy of
+//! `comparison/dynamodb_proxy.py`, each measured request between two marks.
+//!
+//! `bench_driver crate|cached|floor|bare|single|floor-tx|cost`, with the
 //! environment of `comparison/run.py`. Prints one JSON line of results.
 
 use aws_sdk_dynamodb::{
@@ -432,6 +437,9 @@ async fn drive(current_thread: bool) {
     if mode == "pair" {
         return pair(client, table, &calls).await;
     }
+    if mode == "cost" {
+        return cost(client, table).await;
+    }
     // Store calls, for the stores other than DynamoDB (whose calls the
     // client's interceptor counts): each is one round trip.
     let mut store_calls = None;
@@ -592,5 +600,167 @@ async fn drive(current_thread: bool) {
     println!(
         "{}",
         serde_json::json!({ "impl": name, "cold_start_ms": cold_ms, "results": results })
+    );
+}
+
+/// The cost benchmark's response: the charge, padded with a receipt of hex
+/// digits (the same generator in every driver) to `BENCH_RESPONSE_BYTES` of
+/// compact JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PaddedCharge {
+    id: String,
+    amount: u64,
+    currency: String,
+    receipt: String,
+}
+
+fn hex_padding(len: usize) -> String {
+    let mut seed: u64 = 7;
+    (0..len)
+        .map(|_| {
+            seed = (seed * 1_103_515_245 + 12_345) % 2_147_483_648;
+            b"0123456789abcdef"[((seed >> 16) & 15) as usize] as char
+        })
+        .collect()
+}
+
+fn padded_charge(order: &Order, bytes: usize, padding: &str) -> PaddedCharge {
+    let mut charge = PaddedCharge {
+        id: format!("ch_{}", order.order_id),
+        amount: order.amount,
+        currency: order.currency.clone(),
+        receipt: String::new(),
+    };
+    let bare = serde_json::to_vec(&charge).map_or(0, |json| json.len());
+    charge.receipt = padding[..bytes.saturating_sub(bare).min(padding.len())].to_owned();
+    charge
+}
+
+/// Tells the recording proxy where a measured request starts or ends: a
+/// plain HTTP request to it, outside the SDK, answered before the next call.
+fn mark(endpoint: &str, label: &str) {
+    use std::io::{Read, Write};
+    let address = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(address).expect("the recording proxy");
+    write!(
+        stream,
+        "GET /__mark/{label} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("mark");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+}
+
+/// One scenario of the cost benchmark, `BENCH_N` measured requests.
+async fn cost(client: Client, table: Arc<str>) {
+    let scenario = env("BENCH_COST_SCENARIO");
+    let n: usize = env("BENCH_N").parse().expect("BENCH_N");
+    let bytes: usize = env("BENCH_RESPONSE_BYTES")
+        .parse()
+        .expect("BENCH_RESPONSE_BYTES");
+    let endpoint = env("BENCH_ENDPOINT");
+    let padding = hex_padding(bytes);
+    let store = DynamoDbStore::new(client, &*table);
+    // BENCH_COMPRESS_ABOVE: responses longer than this are stored compressed.
+    let store = match std::env::var("BENCH_COMPRESS_ABOVE") {
+        Ok(bytes) => store.compress_responses_above(bytes.parse().expect("BENCH_COMPRESS_ABOVE")),
+        Err(_) => store,
+    };
+    let builder = Engine::builder(store);
+    let engine = if scenario == "cached" {
+        builder.cache(4096).build()
+    } else {
+        builder.build()
+    };
+    let run_id = env("BENCH_T0");
+    let mut outcomes: std::collections::BTreeMap<String, u64> = Default::default();
+    for i in 0..n {
+        let key = format!("{scenario}-{i}-{run_id}");
+        let order = order(&key);
+        let fingerprint = Fingerprint::of_json(&order).expect("fingerprint");
+        let attempt = Attempt::new("bench", &key, fingerprint);
+        let charge = || {
+            let value = padded_charge(&order, bytes, &padding);
+            async move { Ok::<_, std::io::Error>(value) }
+        };
+        let with_write = || {
+            let value = padded_charge(&order, bytes, &padding);
+            let write = charge_put(&table, &key);
+            async move {
+                let write = write.ok_or_else(|| std::io::Error::other("invalid put"))?;
+                Ok::<_, std::io::Error>((value, vec![write]))
+            }
+        };
+        // The set-up a scenario needs, outside the marks.
+        let mut held = None;
+        match scenario.as_str() {
+            "replay" | "cached" | "mismatch" => {
+                engine.execute(&attempt, charge).await.expect("set-up");
+            }
+            "in-progress" => {
+                // A first request that holds its claim until told.
+                let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+                let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+                let (engine, key, order, padding) =
+                    (engine.clone(), key.clone(), order.clone(), padding.clone());
+                let first = tokio::spawn(async move {
+                    let fingerprint = Fingerprint::of_json(&order).expect("fingerprint");
+                    let attempt = Attempt::new("bench", &key, fingerprint);
+                    engine
+                        .execute(&attempt, || async move {
+                            let _ = entered_tx.send(());
+                            let _ = release_rx.await;
+                            Ok::<_, std::io::Error>(padded_charge(&order, bytes, &padding))
+                        })
+                        .await
+                        .map(|o| o.kind())
+                });
+                entered_rx
+                    .await
+                    .expect("the first request entered its operation");
+                held = Some((first, release_tx));
+            }
+            _ => {}
+        }
+        mark(&endpoint, "start");
+        let outcome = match scenario.as_str() {
+            "new" | "replay" | "cached" | "in-progress" => engine
+                .execute(&attempt, charge)
+                .await
+                .map(|o| o.kind().as_str().to_owned()),
+            "mismatch" => {
+                let mut changed = order.clone();
+                changed.amount += 1;
+                let fingerprint = Fingerprint::of_json(&changed).expect("fingerprint");
+                engine
+                    .execute(&Attempt::new("bench", &key, fingerprint), charge)
+                    .await
+                    .map(|o| o.kind().as_str().to_owned())
+            }
+            "transactional" => engine
+                .execute_transactional(&attempt, with_write)
+                .await
+                .map(|o| o.kind().as_str().to_owned()),
+            "single" => engine
+                .run_single_write(&attempt, &Json, |_| with_write())
+                .await
+                .map(|o| o.kind().as_str().to_owned()),
+            other => panic!("unknown cost scenario {other}"),
+        };
+        mark(&endpoint, "end");
+        let label = match outcome {
+            Ok(kind) => kind,
+            Err(error) => format!("{:?}", error.kind()),
+        };
+        *outcomes.entry(label).or_default() += 1;
+        if let Some((first, release)) = held {
+            let _ = release.send(());
+            first.await.expect("first").expect("the held request");
+        }
+    }
+    println!(
+        "{}",
+        serde_json::json!({ "impl": "lambda-idempotency", "scenario": scenario, "requests": n,
+                            "response_bytes": bytes, "outcomes": outcomes })
     );
 }

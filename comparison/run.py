@@ -232,9 +232,147 @@ def dynamodb_rounds():
         json.dump({"rounds": runs, "ratios": summary}, f, indent=2)
 
 
+# The cost benchmark: each scenario, each response size, each implementation.
+COST_SIZES = (1024, 16 * 1024)
+COST_SCENARIOS = [
+    ("new", "new request (claim + completion)"),
+    ("replay", "replay"),
+    ("cached", "cached replay (in-process cache)"),
+    ("single", "single write, one business item"),
+    ("transactional", "claim + transactional completion, one business item"),
+    ("in-progress", "in progress (409)"),
+    ("mismatch", "payload mismatch (422)"),
+]
+CRATE_SCENARIOS = {"new", "replay", "cached", "single", "transactional", "in-progress", "mismatch"}
+POWERTOOLS_SCENARIOS = {"new", "replay", "cached", "in-progress", "mismatch"}
+# (name, command, scenarios, environment)
+COST_DRIVERS = [
+    ("lambda-idempotency", [RUST, "cost"], CRATE_SCENARIOS, {}),
+    # The same with DynamoDbStore::compress_responses_above(512).
+    ("lambda-idempotency, compress_responses_above(512)", [RUST, "cost"], CRATE_SCENARIOS,
+     {"BENCH_COMPRESS_ABOVE": "512"}),
+    ("Powertools Python", [PYTHON, os.path.join(ROOT, "comparison", "cost_powertools_py.py")],
+     POWERTOOLS_SCENARIOS, {}),
+    ("Powertools TypeScript", ["node", os.path.join(ROOT, "comparison", "cost_powertools_ts.mjs")],
+     POWERTOOLS_SCENARIOS, {}),
+]
+
+
+def measured_calls(calls):
+    """The calls between each start and end mark, request by request."""
+    requests, current = [], None
+    for call in calls:
+        if call.get("mark") == "start":
+            current = []
+        elif call.get("mark") == "end":
+            requests.append(current or [])
+            current = None
+        elif current is not None:
+            current.append(call)
+    return requests
+
+
+def local_figure(call):
+    """DynamoDB Local's own ConsumedCapacity for a call, when it gave one."""
+    consumed = (call.get("response") or {}).get("ConsumedCapacity")
+    if isinstance(consumed, list):
+        return sum(c.get("CapacityUnits", 0) for c in consumed) if consumed else None
+    return consumed.get("CapacityUnits") if consumed else None
+
+
+def cost():
+    """DynamoDB capacity units and on-demand dollars per million requests,
+    per scenario, response size and implementation, from the calls that
+    crossed a recording proxy (make bench-cost)."""
+    sys.path.insert(0, os.path.join(ROOT, "comparison"))
+    import dynamodb_cost
+    from dynamodb_proxy import RecordingProxy
+    wru = float(os.environ.get("BENCH_PRICE_WRU", dynamodb_cost.PRICE_PER_MILLION_WRU))
+    rru = float(os.environ.get("BENCH_PRICE_RRU", dynamodb_cost.PRICE_PER_MILLION_RRU))
+    n = int(os.environ.get("BENCH_COST_N", "20"))
+    proxy = RecordingProxy(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).start()
+    results, checked, agreed, disagreements = {}, 0, 0, []
+    try:
+        # BENCH_COST_IMPLS=python,typescript runs a subset (names as in the table).
+        wanted = [w.lower() for w in os.environ.get("BENCH_COST_IMPLS", "").split(",") if w]
+        for name, command, scenarios, extra in COST_DRIVERS:
+            if wanted and not any(w in name.lower() for w in wanted):
+                continue
+            for size in COST_SIZES:
+                for scenario, _ in COST_SCENARIOS:
+                    if scenario not in scenarios:
+                        continue
+                    label = f"cost-{len(results)}"
+                    table = f"bench-{label}-{time.time_ns()}"
+                    create_table(table)
+                    env = dict(os.environ, BENCH_TABLE=table, BENCH_ENDPOINT=proxy.url, BENCH_N=str(n),
+                               BENCH_COST_SCENARIO=scenario, BENCH_RESPONSE_BYTES=str(size),
+                               BENCH_T0=str(time.time_ns()), **extra)
+                    proxy.take()
+                    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+                    if done.returncode != 0:
+                        raise RuntimeError(f"{name} {scenario} failed:\n{done.stdout}\n{done.stderr}")
+                    report = json.loads(done.stdout.strip().splitlines()[-1])
+                    requests = measured_calls(proxy.take())
+                    if len(requests) != n:
+                        raise RuntimeError(f"{name} {scenario}: {len(requests)} measured requests, not {n}")
+                    wcu = rcu = calls = 0
+                    ops = {}
+                    for request in requests:
+                        for call in request:
+                            w, r = dynamodb_cost.call_units(call)
+                            wcu, rcu, calls = wcu + w, rcu + r, calls + 1
+                            outcome = "" if call["status"] == 200 else " refused"
+                            ops[call["op"] + outcome] = ops.get(call["op"] + outcome, 0) + 1
+                            figure = local_figure(call)
+                            if figure is not None and call["op"] != "TransactWriteItems":
+                                checked += 1
+                                if abs(figure - (w or r)) < 1e-9:
+                                    agreed += 1
+                                else:
+                                    disagreements.append((name, scenario, size, call["op"], figure, w or r))
+                    results[(name, scenario, size)] = {
+                        "calls": calls / n, "wcu": wcu / n, "rcu": rcu / n,
+                        "dollars_per_million": dynamodb_cost.dollars_per_million(wcu / n, rcu / n, wru, rru),
+                        "outcomes": report["outcomes"],
+                        "operations": {op: count / n for op, count in sorted(ops.items())},
+                    }
+                    print(f"  {name:22} {scenario:14} {size // 1024:2} KB: {calls / n:.2f} calls, "
+                          f"{wcu / n:.2f} WCU, {rcu / n:.2f} RCU, outcomes {report['outcomes']}", flush=True)
+    finally:
+        proxy.stop()
+
+    def cells(name, scenario, size):
+        r = results.get((name, scenario, size))
+        if r is None:
+            return ["n/a"] * 3
+        return [f"{r['wcu']:g}", f"{r['rcu']:g}", f"{r['dollars_per_million']:.3f}"]
+
+    print(f"\nDynamoDB cost per request, by DynamoDB's published rules, from the calls on the wire "
+          f"({n} requests each; on-demand ${wru} per million write units, ${rru} per million read units, "
+          f"{dynamodb_cost.PRICE_SOURCE}, checked {dynamodb_cost.PRICE_DATE}):")
+    print("| request | implementation | calls | 1 KB: WCU | RCU | $ per million | 16 KB: WCU | RCU | $ per million |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for scenario, title in COST_SCENARIOS:
+        for name, _, _, _ in COST_DRIVERS:
+            first = results.get((name, scenario, COST_SIZES[0]))
+            calls = "n/a" if first is None else f"{first['calls']:g}"
+            print(f"| {title} | {name} | {calls} | " + " | ".join(cells(name, scenario, COST_SIZES[0]))
+                  + " | " + " | ".join(cells(name, scenario, COST_SIZES[1])) + " |")
+    print(f"\nDynamoDB Local's own ConsumedCapacity, where it reports one (plain calls that succeeded): "
+          f"{agreed} of {checked} calls agree with the computed units.")
+    for name, scenario, size, op, figure, computed in disagreements[:10]:
+        print(f"  differs: {name} {scenario} {size // 1024} KB {op}: DynamoDB Local {figure}, computed {computed}")
+    with open(os.path.join(ROOT, "comparison", "results-cost.json"), "w") as f:
+        json.dump({f"{name}/{scenario}/{size}": r for (name, scenario, size), r in results.items()}, f, indent=2)
+
+
 def main():
     if "AWS_ENDPOINT_URL_DYNAMODB" not in os.environ:
         sys.exit("run this through scripts/with-dynamodb-local (make bench)")
+    if os.environ.get("BENCH_ONLY") == "cost":
+        cost()
+        return
     if "IDEMPOTENCY_TEST_POSTGRES_URL" not in os.environ or "IDEMPOTENCY_TEST_REDIS_URL" not in os.environ:
         sys.exit("run this through scripts/with-postgres and scripts/with-redis too (make bench)")
     if os.environ.get("BENCH_ONLY") == "pair":

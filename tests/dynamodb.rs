@@ -440,3 +440,137 @@ async fn configured_names_and_prefix_are_used_and_raw_keys_never_stored() {
         "{dump}"
     );
 }
+
+/// The same guarantees with responses stored compressed, and records of
+/// either form read by stores of either setting.
+mod compressed {
+    use super::{support, DynamoDbStore};
+    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    use lambda_idempotency::{testing::scenarios::payload, Attempt, Engine, Json, OutcomeKind};
+
+    async fn store() -> DynamoDbStore {
+        super::store().await.compress_responses_above(0)
+    }
+
+    lambda_idempotency::store_conformance! {
+        store: store(),
+        unavailable: async {
+            DynamoDbStore::new(support::unreachable_client(), "idempotency").compress_responses_above(0)
+        },
+        single_write,
+    }
+
+    /// The stored item of record `key` under scope `t`.
+    async fn stored(
+        store: &DynamoDbStore,
+        key: &str,
+    ) -> std::collections::HashMap<String, AttributeValue> {
+        let id = Engine::builder(store.clone()).build().record_id("t", key);
+        support::client()
+            .get_item()
+            .table_name(store.table())
+            .key("id", AttributeValue::S(id.as_str().to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get")
+            .item
+            .expect("the record")
+    }
+
+    fn write(store: &DynamoDbStore, key: &str) -> TransactWriteItem {
+        let put = Put::builder()
+            .table_name(store.table())
+            .item("id", AttributeValue::S(format!("business#{key}")))
+            .build()
+            .expect("put");
+        TransactWriteItem::builder().put(put).build()
+    }
+
+    #[tokio::test]
+    async fn large_responses_are_stored_compressed_on_every_path_and_replayed_by_either_setting() {
+        let plain = super::store().await;
+        let compressing = plain.clone().compress_responses_above(1024);
+        let engine = Engine::builder(compressing.clone()).build();
+        let body = "0123456789abcdef".repeat(1024); // 16 KiB
+        let value = || {
+            let body = body.clone();
+            async move { Ok::<_, std::io::Error>(body) }
+        };
+        let with_write = |key: &'static str| {
+            let (body, write) = (body.clone(), write(&compressing, key));
+            async move { Ok::<_, std::io::Error>((body, vec![write])) }
+        };
+        let paths = ["completion", "transactional", "single", "single-with-write"];
+        for key in paths {
+            let attempt = Attempt::new("t", key, payload(1));
+            let outcome = match key {
+                "completion" => engine.execute(&attempt, value).await,
+                "transactional" => {
+                    engine
+                        .execute_transactional(&attempt, || with_write(key))
+                        .await
+                }
+                "single" => {
+                    engine
+                        .run_single_write(&attempt, &Json, |_| async {
+                            Ok::<_, std::io::Error>((body.clone(), Vec::new()))
+                        })
+                        .await
+                }
+                _ => {
+                    engine
+                        .run_single_write(&attempt, &Json, |_| with_write(key))
+                        .await
+                }
+            }
+            .expect(key);
+            assert_eq!(outcome.kind(), OutcomeKind::Fresh, "{key}");
+            let item = stored(&compressing, key).await;
+            assert!(!item.contains_key("response"), "{key}: stored plain");
+            let Some(AttributeValue::B(compressed)) = item.get("response_deflate") else {
+                panic!("{key}: no compressed response");
+            };
+            assert!(
+                compressed.as_ref().len() < 1024,
+                "{key}: {} bytes",
+                compressed.as_ref().len()
+            );
+            // A store that does not compress replays it.
+            let replay = Engine::builder(plain.clone())
+                .build()
+                .execute(&attempt, || async {
+                    Ok::<String, std::io::Error>(String::new())
+                })
+                .await
+                .expect("replay");
+            assert_eq!(replay.kind(), OutcomeKind::Replay, "{key}");
+            assert_eq!(replay.into_value(), body, "{key}");
+        }
+        // A record stored plain is replayed by a compressing store.
+        let attempt = Attempt::new("t", "plain", payload(1));
+        Engine::builder(plain.clone())
+            .build()
+            .execute(&attempt, value)
+            .await
+            .expect("plain");
+        assert!(stored(&plain, "plain").await.contains_key("response"));
+        let replay = engine
+            .execute(&attempt, || async {
+                Ok::<String, std::io::Error>(String::new())
+            })
+            .await
+            .expect("replay");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.into_value(), body);
+        // Below the threshold, and incompressible, stay plain.
+        let small = Attempt::new("t", "small", payload(1));
+        engine
+            .execute(&small, || async {
+                Ok::<_, std::io::Error>("ok".to_owned())
+            })
+            .await
+            .expect("small");
+        assert!(stored(&compressing, "small").await.contains_key("response"));
+    }
+}

@@ -128,6 +128,9 @@ struct Inner {
     layout: KeyLayout,
     /// Only one Region writes records at a time (see `single_writer_region`).
     single_writer_region: bool,
+    /// Responses longer than this are stored deflate-compressed (see
+    /// `compress_responses_above`).
+    compress_above: Option<usize>,
 }
 
 impl DynamoDbStore {
@@ -142,6 +145,7 @@ impl DynamoDbStore {
                 names,
                 layout: KeyLayout::OwnPartition,
                 single_writer_region: false,
+                compress_above: None,
             }),
         }
     }
@@ -187,6 +191,45 @@ impl DynamoDbStore {
     #[must_use]
     pub fn single_writer_region(self) -> Self {
         self.reconfigured(|inner| inner.single_writer_region = true)
+    }
+
+    /// Stores responses longer than `bytes` deflate-compressed, in the
+    /// attribute [`AttributeNames::response_deflate`], when that makes
+    /// them smaller (off by default).
+    ///
+    /// DynamoDB bills a write one unit per started KB of the record, a
+    /// transactional write two, a refused conditional write (a replay, a
+    /// 409, a 422) the size of the record it found: a large response is
+    /// paid for on its completion and on every replay. Compressed, a JSON
+    /// response typically takes a third to a half of its size, and so do
+    /// those units (`make bench-cost`, BENCHMARKS.md). It costs CPU on
+    /// completion and on replay (tens of microseconds for 16 KB).
+    ///
+    /// Every version of this store reads records of both forms, so turning
+    /// it on or off needs no migration; but a version that predates this
+    /// option reads a compressed record as one without a response (a
+    /// corrupt record: refused, never run again), so turn it on only once
+    /// no older version serves the table, and not before a rollback to one.
+    /// The HTTP layer already compresses bodies above 4 KiB in its own
+    /// stored frame (its `compress_above`): a response it compressed is
+    /// stored as it is, since deflating it again gains nothing.
+    #[must_use]
+    pub fn compress_responses_above(self, bytes: usize) -> Self {
+        self.reconfigured(|inner| inner.compress_above = Some(bytes))
+    }
+
+    /// The response attribute's name and value: compressed when the store
+    /// compresses responses of this length and it makes them smaller.
+    fn stored_response(&self, response: Vec<u8>) -> (bool, AttributeValue) {
+        let compressed = self
+            .inner
+            .compress_above
+            .filter(|above| response.len() > *above)
+            .and_then(|_| codec::deflate(&response));
+        match compressed {
+            Some(compressed) => (true, AttributeValue::B(Blob::new(compressed))),
+            None => (false, AttributeValue::B(Blob::new(response))),
+        }
     }
 
     /// The store with one setting changed; stores cloned before keep theirs.
@@ -332,26 +375,33 @@ impl DynamoDbStore {
         self.answered_or_read(id, answer).await
     }
 
-    /// The values of the completion update; the response moves into them,
-    /// so a large body is not copied.
-    fn completion_values(completion: &mut Completion<TransactWriteItem>) -> Item {
+    /// The values of the completion update, and its attribute names (the
+    /// response's attribute depends on whether it is stored compressed);
+    /// the response moves into them, so a large body is not copied.
+    fn completion_values(
+        &self,
+        completion: &mut Completion<TransactWriteItem>,
+    ) -> (Item, &HashMap<String, String>) {
         let mut values = Self::fence_values(&completion.owner);
         values.insert(":completed".to_owned(), string(Status::Completed.as_str()));
-        values.insert(
-            ":response".to_owned(),
-            AttributeValue::B(Blob::new(std::mem::take(&mut completion.response))),
-        );
+        let (compressed, response) = self.stored_response(std::mem::take(&mut completion.response));
+        values.insert(":response".to_owned(), response);
         values.insert(":expiration".to_owned(), number(completion.expiration_s));
         values.insert(":now_ms".to_owned(), number(completion.now_ms));
-        values
+        let names = &self.inner.expression_names;
+        let names = if compressed {
+            &names.complete_deflated
+        } else {
+            &names.complete
+        };
+        (values, names)
     }
 
     async fn complete_alone(
         &self,
         mut completion: Completion<TransactWriteItem>,
     ) -> Result<Conditional, StoreError> {
-        let values = Self::completion_values(&mut completion);
-        let names = &self.inner.expression_names.complete;
+        let (values, names) = self.completion_values(&mut completion);
         self.fenced_update(
             &completion.id,
             COMPLETE_UPDATE,
@@ -367,14 +417,14 @@ impl DynamoDbStore {
         mut completion: Completion<TransactWriteItem>,
     ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let values = Self::completion_values(&mut completion);
+        let (values, names) = self.completion_values(&mut completion);
         let key = self.key(&completion.id);
         let update = Update::builder()
             .table_name(&inner.table)
             .set_key(Some(key))
             .update_expression(COMPLETE_UPDATE)
             .condition_expression(FENCE_CONDITION)
-            .set_expression_attribute_names(Some(inner.expression_names.complete.clone()))
+            .set_expression_attribute_names(Some(names.clone()))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
@@ -493,7 +543,16 @@ impl Store for DynamoDbStore {
         mut commit: Commit<TransactWriteItem>,
     ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
-        let item = codec::commit_item(&inner.names, self.key(&commit.id), &mut commit);
+        let mut item = codec::commit_item(&inner.names, self.key(&commit.id), &mut commit);
+        if let Some(AttributeValue::B(response)) = item.remove(&inner.names.response) {
+            let (compressed, response) = self.stored_response(response.into_inner());
+            let name = if compressed {
+                &inner.names.response_deflate
+            } else {
+                &inner.names.response
+            };
+            item.insert(name.clone(), response);
+        }
         let values = HashMap::from([
             (":now_s".to_owned(), number(commit.now_ms / 1000)),
             (":now_ms".to_owned(), number(commit.now_ms)),

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 /// The defaults are those of the crate's record: `id` (the partition key),
 /// `status`, `expiration` (the table's TTL attribute), `lease_until`,
 /// `owner`, `fingerprint`, `response`, `created_at`, `completed_at`,
-/// `attempt`, `first_started_at`.
+/// `attempt`, `first_started_at`, and `response_deflate` for a response
+/// stored compressed ([`DynamoDbStore::compress_responses_above`](super::DynamoDbStore::compress_responses_above)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttributeNames {
     pub(crate) id: String,
@@ -17,6 +18,7 @@ pub struct AttributeNames {
     pub(crate) owner: String,
     pub(crate) fingerprint: String,
     pub(crate) response: String,
+    pub(crate) response_deflate: String,
     pub(crate) created_at: String,
     pub(crate) completed_at: String,
     pub(crate) attempt: String,
@@ -33,6 +35,7 @@ impl Default for AttributeNames {
             owner: "owner".into(),
             fingerprint: "fingerprint".into(),
             response: "response".into(),
+            response_deflate: "response_deflate".into(),
             created_at: "created_at".into(),
             completed_at: "completed_at".into(),
             attempt: "attempt".into(),
@@ -71,6 +74,9 @@ setters! {
     fingerprint,
     /// The stored outcome.
     response,
+    /// The stored outcome, deflate-compressed (written only by a store
+    /// that [compresses](super::DynamoDbStore::compress_responses_above)).
+    response_deflate,
     /// The claim time in epoch milliseconds.
     created_at,
     /// The completion time in epoch milliseconds.
@@ -91,6 +97,9 @@ pub(super) struct ExpressionNames {
     pub(super) fence: HashMap<String, String>,
     pub(super) extend: HashMap<String, String>,
     pub(super) complete: HashMap<String, String>,
+    /// The completion of a response stored compressed: `#response` names
+    /// the compressed attribute.
+    pub(super) complete_deflated: HashMap<String, String>,
     pub(super) exists: HashMap<String, String>,
     pub(super) exists_unless_in_progress: HashMap<String, String>,
 }
@@ -103,7 +112,16 @@ impl ExpressionNames {
                 .map(|(placeholder, name)| ((*placeholder).to_owned(), (*name).clone()))
                 .collect::<HashMap<_, _>>()
         };
+        let complete = map(&[
+            ("#status", &names.status),
+            ("#owner", &names.owner),
+            ("#response", &names.response),
+            ("#expiration", &names.expiration),
+            ("#completed_at", &names.completed_at),
+            ("#lease_until", &names.lease_until),
+        ]);
         Self {
+            complete: complete.clone(),
             claim: map(&[("#id", &names.id), ("#expiration", &names.expiration)]),
             commit: map(&[
                 ("#id", &names.id),
@@ -125,14 +143,11 @@ impl ExpressionNames {
             ]),
             exists: map(&[("#id", &names.id)]),
             exists_unless_in_progress: map(&[("#id", &names.id), ("#status", &names.status)]),
-            complete: map(&[
-                ("#status", &names.status),
-                ("#owner", &names.owner),
-                ("#response", &names.response),
-                ("#expiration", &names.expiration),
-                ("#completed_at", &names.completed_at),
-                ("#lease_until", &names.lease_until),
-            ]),
+
+            complete_deflated: complete
+                .into_iter()
+                .chain([("#response".to_owned(), names.response_deflate.clone())])
+                .collect(),
         }
     }
 }

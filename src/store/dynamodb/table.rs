@@ -440,7 +440,7 @@ impl DynamoDbStore {
             KeyLayout::Single(single) => Some(single.sort_key()),
             KeyLayout::OwnPartition => None,
         };
-        if name == names.response {
+        if name == names.response || name == names.response_deflate {
             Some(ScalarAttributeType::B)
         } else if [
             &names.expiration,
