@@ -2,14 +2,16 @@
 //! a refusal means.
 
 use super::{
+    codec::Codec,
     conflicts::Contention,
     fence::{fence, takeover_of, Fence},
     orchestrator::{Engine, MIN_LEASE_MS},
+    outcome::Outcome,
 };
 use crate::{
     clock::duration_ms,
     store::{Claim, Conditional, OwnerToken, Record, RecordId, Store},
-    Attempt, StoreError, StoreErrorKind,
+    Attempt, Error, StoreError, StoreErrorKind,
 };
 use tracing::{debug, warn};
 
@@ -108,6 +110,23 @@ impl<St: Store> Engine<St> {
         let found = store.take_over(&takeover, &lapsed.owner).await?;
         *claim = takeover;
         Ok(found)
+    }
+
+    /// The claim the attempt makes, unless this process's cache answers it
+    /// first (a replay, a mismatch). Without a fencing token nothing may
+    /// run, even failing open: failing to make one is the answer.
+    pub(crate) fn claim_unless_cached<T, E, C: Codec<T>>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: &C,
+    ) -> Result<Claim, Result<Outcome<T>, Error<E>>> {
+        let id = self.record_id(attempt.scope, attempt.key);
+        let now_ms = self.inner.clock.now_ms();
+        if let Some(replay) = self.cached_replay(&id, attempt, codec, now_ms) {
+            return Err(replay);
+        }
+        self.claim_for(id, attempt, now_ms)
+            .map_err(|error| Err(Error::Store(error)))
     }
 
     pub(crate) fn claim_for(

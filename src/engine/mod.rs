@@ -50,6 +50,7 @@ mod run;
 mod single_write;
 
 pub use attempt::Attempt;
+#[cfg(feature = "http")]
 pub(crate) use attempt::OwnedAttempt;
 pub use builder::{
     default_key_prefix, BuildError, EngineBuilder, DEFAULT_KEY_PREFIX, DEFAULT_LEASE,
@@ -65,12 +66,14 @@ pub(crate) use fence::{fence, takeover_of, Fence};
 #[cfg(feature = "postgres")]
 pub(crate) use codec::unserialisable;
 pub use codec::{Codec, Json};
+#[cfg(feature = "http")]
 pub(crate) use detach::detached;
 pub(crate) use durable::{DurableAttempt, DurableClaim};
 pub use mode::Mode;
 pub use operator::Forgotten;
 pub use orchestrator::Engine;
 pub use outcome::{Outcome, OutcomeKind, Replayed};
+#[cfg(any(feature = "consumers", test))]
 pub(crate) use panic::panic_message;
 // Hints other than the lease come from the HTTP layer's route estimates.
 #[cfg_attr(not(feature = "http"), allow(unused_imports))]

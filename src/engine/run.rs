@@ -66,16 +66,13 @@ impl<St: Store> Engine<St> {
         if self.inner.disabled {
             return self.run_disabled(operation).await;
         }
-        let id = self.record_id(attempt.scope, attempt.key);
-        let now_ms = self.inner.clock.now_ms();
         // How long the claim takes, measured apart from `clock`, which
         // gives the wall-clock instants that leases are written in.
         let began = tokio::time::Instant::now();
-        if let Some(replay) = self.cached_replay(&id, attempt, codec, now_ms) {
-            return replay;
-        }
-        // Without a fencing token nothing may run, even failing open.
-        let mut claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
+        let mut claim = match self.claim_unless_cached(attempt, codec) {
+            Ok(claim) => claim,
+            Err(answer) => return answer,
+        };
         let claimed = self.claim(&mut claim).await;
         match self.claim_step(&claim, claimed, attempt, mode, codec) {
             ClaimStep::Ours => {}

@@ -166,6 +166,8 @@ mod lambda_context;
 mod layer;
 mod metrics;
 mod pipeline;
+#[cfg(feature = "powertools")]
+mod powertools;
 mod problem;
 mod rebuild_body;
 mod respond;

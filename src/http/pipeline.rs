@@ -314,7 +314,7 @@ where
     St: Store,
     ResBody: LayerBody,
 {
-    use crate::powertools::http::{answer, Answer, Delivery};
+    use super::powertools::{answer, Answer, Delivery};
     let Some(compat) = config.settings.powertools.as_ref() else {
         return Ok(None);
     };

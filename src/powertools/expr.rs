@@ -106,7 +106,7 @@ impl Expression {
     }
 
     /// `Ok` when the HTTP layer's view of a request (its headers, query
-    /// string parameters and body: `super::http::request_view`) gives what
+    /// string parameters and body: `crate::http::powertools::request_view`) gives what
     /// Powertools selected from the API Gateway event; otherwise why not.
     #[cfg(feature = "http")]
     pub(crate) fn check_http(&self) -> Result<(), UnsupportedExpression> {

@@ -284,8 +284,6 @@
 )]
 
 mod expr;
-#[cfg(feature = "http")]
-pub(crate) mod http;
 mod json;
 
 pub use expr::UnsupportedExpression;

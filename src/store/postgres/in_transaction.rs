@@ -594,12 +594,10 @@ impl Engine<PostgresStore> {
                 .run_disabled_in_transaction(started, &limits, operation)
                 .await;
         }
-        let id = self.record_id(attempt.scope, attempt.key);
-        let now_ms = self.now_ms();
-        if let Some(replay) = self.cached_replay(&id, attempt, codec, now_ms) {
-            return replay;
-        }
-        let mut claim = self.claim_for(id, attempt, now_ms).map_err(Error::Store)?;
+        let mut claim = match self.claim_unless_cached(attempt, codec) {
+            Ok(claim) => claim,
+            Err(answer) => return answer,
+        };
         let mut transaction = match self
             .claim_in_transaction(&mut claim, &limits, attempt, codec)
             .await

@@ -2,8 +2,11 @@
 //! key expressions read, and Powertools' stored proxy response as a
 //! response.
 
-use super::{PowertoolsCompat, PowertoolsFound};
-use crate::{http::StoredBody, Error, StoreError, StoreErrorKind, Takeover};
+use super::StoredBody;
+use crate::{
+    powertools::{PowertoolsCompat, PowertoolsFound},
+    Error, StoreError, StoreErrorKind, Takeover,
+};
 use base64::{
     alphabet,
     engine::{general_purpose::STANDARD, DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
