@@ -86,6 +86,13 @@ pub struct EngineBuilder<St> {
     clock: Arc<dyn Clock>,
 }
 
+impl<St: Store> Engine<St> {
+    /// Starts configuring an engine over `store`.
+    pub fn builder(store: St) -> EngineBuilder<St> {
+        EngineBuilder::new(store)
+    }
+}
+
 impl<St: Store> EngineBuilder<St> {
     pub(super) fn new(store: St) -> Self {
         Self {

@@ -1,7 +1,7 @@
 //! The engine: its configuration and state, shared by every step of the
 //! protocol (each step is a file beside this one, adding its methods).
 
-use super::{builder::EngineBuilder, cache::RecordCache};
+use super::cache::RecordCache;
 use crate::{
     store::{RecordId, Store},
     Clock,
@@ -47,11 +47,6 @@ pub(super) struct Inner<St> {
 pub(super) const MIN_LEASE_MS: u64 = 1_000;
 
 impl<St: Store> Engine<St> {
-    /// Starts configuring an engine over `store`.
-    pub fn builder(store: St) -> EngineBuilder<St> {
-        EngineBuilder::new(store)
-    }
-
     /// The store records are kept in.
     pub fn store(&self) -> &St {
         &self.inner.store

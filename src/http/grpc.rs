@@ -3,24 +3,8 @@
 //! body), which statuses are stored, and the layer's own answers as gRPC
 //! clients read them (trailers-only: the status in the headers, no body).
 
-use super::{problem::Problem, stored_body::StoredBody};
+use super::{grpc_wire::code, problem::Problem, stored_body::StoredBody};
 use http::{header, HeaderMap, HeaderValue, Response};
-
-/// gRPC status codes, as the gRPC spec numbers them.
-pub(crate) mod code {
-    pub(crate) const OK: u32 = 0;
-    pub(crate) const UNKNOWN: u32 = 2;
-    pub(crate) const INVALID_ARGUMENT: u32 = 3;
-    pub(crate) const NOT_FOUND: u32 = 5;
-    pub(crate) const ALREADY_EXISTS: u32 = 6;
-    pub(crate) const RESOURCE_EXHAUSTED: u32 = 8;
-    pub(crate) const FAILED_PRECONDITION: u32 = 9;
-    pub(crate) const ABORTED: u32 = 10;
-    pub(crate) const OUT_OF_RANGE: u32 = 11;
-    pub(crate) const INTERNAL: u32 = 13;
-    pub(crate) const UNAVAILABLE: u32 = 14;
-    pub(crate) const DATA_LOSS: u32 = 15;
-}
 
 /// The header a gRPC status travels in (a trailer, or a header of a
 /// trailers-only response).
@@ -28,28 +12,6 @@ const GRPC_STATUS: &str = "grpc-status";
 const GRPC_MESSAGE: &str = "grpc-message";
 /// The metadata that names the layer's problem `type` in its gRPC answers.
 const PROBLEM_TYPE: &str = "idempotency-problem-type";
-
-/// Whether these are the headers of a gRPC request or response:
-/// `application/grpc`, with or without a `+proto`-like suffix or
-/// parameters. gRPC-Web (`application/grpc-web`), whose trailers travel in
-/// the body, is not.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    let Some(value) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-    else {
-        return false;
-    };
-    let media = value.split(';').next().unwrap_or_default().trim();
-    let Some(rest) = media
-        .get(..16)
-        .filter(|head| head.eq_ignore_ascii_case("application/grpc"))
-        .map(|_| &media[16..])
-    else {
-        return false;
-    };
-    rest.is_empty() || rest.starts_with('+')
-}
 
 /// The status of a gRPC response: from its trailers, else its headers (a
 /// trailers-only response); `UNKNOWN` when neither has a valid one, as a
@@ -146,31 +108,6 @@ pub(crate) fn percent_encode(message: &str) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn grpc_content_types() {
-        let headers = |value: &'static str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
-            headers
-        };
-        for grpc in [
-            "application/grpc",
-            "application/grpc+proto",
-            "Application/GRPC; charset=x",
-        ] {
-            assert!(is_grpc(&headers(grpc)), "{grpc}");
-        }
-        for other in [
-            "application/grpc-web",
-            "application/grpcx",
-            "application/json",
-            "text/plain",
-        ] {
-            assert!(!is_grpc(&headers(other)), "{other}");
-        }
-        assert!(!is_grpc(&HeaderMap::new()));
-    }
 
     #[test]
     fn the_status_comes_from_the_trailers_else_the_headers() {

@@ -156,6 +156,7 @@ mod config;
 mod fingerprint;
 mod future;
 mod grpc;
+mod grpc_wire;
 mod in_flight;
 mod key;
 #[cfg(feature = "lambda")]

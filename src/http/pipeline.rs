@@ -8,7 +8,7 @@ use super::{
     body::{buffer_request, rebuild_request, BodyError},
     commit::CommitWith,
     config::{Config, Settings},
-    grpc,
+    grpc, grpc_wire,
     key::{parse_key, KeyError, Source},
     lambda_context,
     metrics::HttpOutcome,
@@ -125,7 +125,7 @@ where
         return (HttpOutcome::PassThrough, inner.call(request).await);
     }
     // A gRPC client reads the layer's own answers as gRPC statuses.
-    let grpc = grpc::is_grpc(request.headers());
+    let grpc = grpc_wire::is_grpc(request.headers());
     // A key in a header is read before the body: a request without one is
     // answered, or passed through, unread (unless Powertools' key may be
     // in the body).
@@ -511,7 +511,7 @@ where
             if !(config.settings.store_when)(parts.status) {
                 return Err(Failure::Released(Response::from_parts(parts, body)));
             }
-            let grpc = grpc::is_grpc(&parts.headers);
+            let grpc = grpc_wire::is_grpc(&parts.headers);
             let (body, why) = if streams(&parts, config.settings.stream_when.as_ref()) {
                 (body, WhyNotStored::Stream)
             } else {

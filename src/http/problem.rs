@@ -158,7 +158,7 @@ impl Problem {
     /// in flight is reached), or the operator's to fix
     /// (`INTERNAL`, `DATA_LOSS` for a record that cannot be read).
     pub(crate) fn grpc_code(&self) -> u32 {
-        use super::grpc::code;
+        use super::grpc_wire::code;
         match self {
             Problem::KeyMissing { .. } | Problem::KeyInvalid { .. } => code::INVALID_ARGUMENT,
             Problem::BodyTooLarge { .. } => code::RESOURCE_EXHAUSTED,

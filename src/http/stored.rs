@@ -22,7 +22,7 @@
 //! body
 //! ```
 
-use super::{grpc::is_grpc, stored_body::StoredBody};
+use super::{grpc_wire::is_grpc, stored_body::StoredBody};
 use crate::{error::BoxError, Codec};
 use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};

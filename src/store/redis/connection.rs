@@ -5,7 +5,7 @@
 //! any single-key command. Only the operator's key scan has to know about
 //! the cluster's nodes.
 
-use super::{errors, eviction};
+use super::errors;
 use crate::StoreError;
 use redis::{
     aio::{ConnectionLike, ConnectionManager},
@@ -36,7 +36,6 @@ pub(super) struct SharedConnection {
     endpoint: Endpoint,
     current: RwLock<Option<Leased>>,
     connecting: tokio::sync::Mutex<u64>,
-    eviction: eviction::Guard,
 }
 
 /// A connection, with the generation that tells it from its replacements.
@@ -47,33 +46,20 @@ pub(super) struct Leased {
 }
 
 impl SharedConnection {
-    pub(super) fn new(endpoint: Endpoint, allow_eviction: bool) -> Self {
+    pub(super) fn new(endpoint: Endpoint) -> Self {
         Self {
             endpoint,
             current: RwLock::new(None),
             connecting: tokio::sync::Mutex::new(0),
-            eviction: eviction::Guard::new(allow_eviction),
         }
-    }
-
-    pub(super) fn eviction(&self) -> &eviction::Guard {
-        &self.eviction
     }
 
     pub(super) fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
-    /// The current connection, connecting first where there is none, its
-    /// server's eviction policy checked.
-    pub(super) async fn get(&self) -> Result<Leased, StoreError> {
-        let leased = self.connection().await?;
-        self.eviction.check(&leased).await?;
-        Ok(leased)
-    }
-
-    /// The current connection, connecting first where there is none,
-    /// without the eviction check: for reports on the server itself.
+    /// The current connection, connecting first where there is none (the
+    /// store checks its server's eviction policy).
     pub(super) async fn connection(&self) -> Result<Leased, StoreError> {
         if let Some(leased) = self.peek() {
             return Ok(leased);
@@ -95,12 +81,6 @@ impl SharedConnection {
     /// Takes note of a failed command: a cluster connection that timed out
     /// is dropped, and the next command connects again.
     pub(super) fn failed(&self, leased: &Leased, error: &redis::RedisError) {
-        if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
-            // The connection manager reconnects by itself, perhaps to
-            // another server behind the same name (a failover): check
-            // that one's policy too.
-            self.eviction.recheck();
-        }
         if !matches!(leased.connection, Connection::Cluster(_)) || !error.is_timeout() {
             return;
         }

@@ -46,7 +46,7 @@ use super::{
 };
 use crate::{StoreError, StoreErrorKind};
 use codec::{decode, exact, expiration, glob_escape, unexpected};
-use connection::{Connection, Endpoint, SharedConnection};
+use connection::{Connection, Endpoint, Leased, SharedConnection};
 use redis::{IntoConnectionInfo, Script, Value};
 use std::{fmt, sync::Arc};
 
@@ -63,6 +63,9 @@ pub struct RedisStore {
 
 struct Inner {
     connection: SharedConnection,
+    /// The check of the server's eviction policy, made on the connection
+    /// before a call and again after a reconnection.
+    eviction: eviction::Guard,
     namespace: String,
     scripts: Scripts,
 }
@@ -190,7 +193,7 @@ impl RedisStore {
         Self::with(
             self.inner.connection.endpoint().clone(),
             namespace.into(),
-            self.inner.connection.eviction().allow_eviction(),
+            self.inner.eviction.allow_eviction(),
         )
     }
 
@@ -224,14 +227,15 @@ impl RedisStore {
     pub async fn server_report(&self) -> Result<ServerReport, StoreError> {
         let mut leased = self.inner.connection.connection().await?;
         let report = eviction::report(&mut leased.connection).await?;
-        self.inner.connection.eviction().review(&report);
+        self.inner.eviction.review(&report);
         Ok(report)
     }
 
     fn with(endpoint: Endpoint, namespace: String, allow_eviction: bool) -> Self {
         Self {
             inner: Arc::new(Inner {
-                connection: SharedConnection::new(endpoint, allow_eviction),
+                connection: SharedConnection::new(endpoint),
+                eviction: eviction::Guard::new(allow_eviction),
                 namespace,
                 scripts: Scripts {
                     claim: Script::new(script!("claim")),
@@ -245,6 +249,24 @@ impl RedisStore {
         }
     }
 
+    /// The store's connection, its server's eviction policy checked.
+    async fn leased(&self) -> Result<Leased, StoreError> {
+        let leased = self.inner.connection.connection().await?;
+        self.inner.eviction.check(&leased).await?;
+        Ok(leased)
+    }
+
+    /// Takes note of a failed command.
+    fn failed(&self, leased: &Leased, error: &redis::RedisError) {
+        if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
+            // The connection manager reconnects by itself, perhaps to
+            // another server behind the same name (a failover): check
+            // that one's policy too.
+            self.inner.eviction.recheck();
+        }
+        self.inner.connection.failed(leased, error);
+    }
+
     /// Runs `command` (a script invocation, a command) on the store's
     /// connection.
     async fn query<T: redis::FromRedisValue>(
@@ -252,11 +274,11 @@ impl RedisStore {
         operation: &'static str,
         command: impl AsyncFnOnce(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
-        let mut leased = self.inner.connection.get().await?;
+        let mut leased = self.leased().await?;
         match command(&mut leased.connection).await {
             Ok(value) => Ok(value),
             Err(error) => {
-                self.inner.connection.failed(&leased, &error);
+                self.failed(&leased, &error);
                 Err(errors::from_redis(operation, error))
             }
         }
@@ -472,7 +494,7 @@ impl Store for RedisStore {
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let mut leased = self.inner.connection.get().await?;
+        let mut leased = self.leased().await?;
         let pattern = format!(
             "{}{}*",
             glob_escape(&self.inner.namespace),
