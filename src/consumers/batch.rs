@@ -7,7 +7,7 @@ use super::{
 };
 use crate::{
     engine::panic_message, store::Store, Attempt, EmfMetrics, Engine, Error, Fingerprint, Json,
-    Mode, OutcomeKind,
+    Mode, Outcome, OutcomeKind,
 };
 use futures_util::{stream, FutureExt, StreamExt};
 use lambda_runtime::LambdaEvent;
@@ -449,23 +449,7 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         let deliveries = Src::deliveries(event.payload);
         let total = deliveries.len();
         if total == 0 {
-            // Lambda never delivers an empty batch: this is an event of
-            // another shape that happened to parse (a Kinesis event sent to
-            // a Kafka function). Succeeding would drop its records.
-            tracing::error!(
-                source = Src::NAME,
-                "the event has no {} records: it is not an event of this source; \
-                 reported as failed so that nothing it carries is lost",
-                Src::NAME
-            );
-            return Report {
-                source: Src::NAME,
-                records: vec![Reported {
-                    id: None,
-                    group: None,
-                    status: RecordStatus::Failed,
-                }],
-            };
+            return not_of_this_source::<Src>();
         }
         let prepared: Vec<Prepared<Src::Record>> = deliveries
             .into_iter()
@@ -519,16 +503,7 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             source: Src::NAME,
             records: statuses.into_iter().map(|(_, record)| record).collect(),
         };
-        tracing::info!(
-            source = Src::NAME,
-            records = total,
-            ran = report.count(RecordStatus::Ran),
-            replayed = report.count(RecordStatus::Replayed),
-            failed = report.count(RecordStatus::Failed),
-            held_back = report.count(RecordStatus::HeldBack),
-            given_up = report.count(RecordStatus::GivenUp),
-            "batch processed"
-        );
+        report.log(total);
         report
     }
 
@@ -568,34 +543,11 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         F: Fn(Src::Record) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        let source = Src::NAME;
         let record_id = prepared.id.as_deref().unwrap_or("(no id)");
-        let Some(key) = prepared.key else {
-            // The key the record lacks: the closure's, when one was given.
-            let key_from = if self.key_set {
-                "the key closure (Batch::key)"
-            } else {
-                Src::DEFAULT_KEY
-            };
-            tracing::error!(
-                source,
-                record_id,
-                key_from,
-                "record has no idempotency key: {key_from} found none in it; not processed"
-            );
-            return self.unprocessable_record(record_id, Reason::KeyMissing);
-        };
-        let fingerprint = match (self.fingerprint)(&prepared.record) {
-            Ok(fingerprint) => fingerprint,
-            Err(error) => {
-                tracing::error!(
-                    source,
-                    record_id,
-                    %error,
-                    "record cannot be fingerprinted; not processed"
-                );
-                return self.unprocessable_record(record_id, Reason::Unreadable);
-            }
+        let found = self.key_and_fingerprint(prepared.key, &prepared.record, record_id);
+        let (key, fingerprint) = match found {
+            Ok(found) => found,
+            Err(status) => return status,
         };
         #[cfg(feature = "powertools")]
         let takeover = match self
@@ -617,23 +569,69 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         let in_transaction = self
             .in_transaction
             .and_then(|limits| Some((self.engine.as_postgres()?, limits)));
+        // Awaited here, not in a helper, so that the handler's future
+        // nests no deeper under the batch's.
         #[cfg(feature = "postgres")]
-        let result = if let Some((engine, limits)) = in_transaction {
+        if let Some((engine, limits)) = in_transaction {
             let no_refusals = |_: &crate::WriteRefusal| None;
-            engine
+            let result = engine
                 .transaction_run_for_adapter(&attempt, limits, &Json, no_refusals, operation)
-                .await
-        } else if mode == Mode::Transactional && self.single_write {
-            self.engine.single_write(&attempt, &Json, operation).await
-        } else {
-            self.engine.run(&attempt, mode, &Json, operation).await
-        };
-        #[cfg(not(feature = "postgres"))]
+                .await;
+            return self.status_of(result, record_id);
+        }
         let result = if mode == Mode::Transactional && self.single_write {
             self.engine.single_write(&attempt, &Json, operation).await
         } else {
             self.engine.run(&attempt, mode, &Json, operation).await
         };
+        self.status_of(result, record_id)
+    }
+
+    /// The record's key and payload fingerprint, or why it is not processed
+    /// (logged): no key, or a payload that cannot be fingerprinted.
+    fn key_and_fingerprint(
+        &self,
+        key: Option<String>,
+        record: &Src::Record,
+        record_id: &str,
+    ) -> Result<(String, Fingerprint), RecordStatus> {
+        let source = Src::NAME;
+        let Some(key) = key else {
+            // The key the record lacks: the closure's, when one was given.
+            let key_from = if self.key_set {
+                "the key closure (Batch::key)"
+            } else {
+                Src::DEFAULT_KEY
+            };
+            tracing::error!(
+                source,
+                record_id,
+                key_from,
+                "record has no idempotency key: {key_from} found none in it; not processed"
+            );
+            return Err(self.unprocessable_record(record_id, Reason::KeyMissing));
+        };
+        match (self.fingerprint)(record) {
+            Ok(fingerprint) => Ok((key, fingerprint)),
+            Err(error) => {
+                tracing::error!(
+                    source,
+                    record_id,
+                    %error,
+                    "record cannot be fingerprinted; not processed"
+                );
+                Err(self.unprocessable_record(record_id, Reason::Unreadable))
+            }
+        }
+    }
+
+    /// What the record's run came to, logged.
+    fn status_of<T, E: Display>(
+        &self,
+        result: Result<Outcome<T>, Error<E>>,
+        record_id: &str,
+    ) -> RecordStatus {
+        let source = Src::NAME;
         match result {
             Ok(outcome) if outcome.is_replay() => RecordStatus::Replayed,
             Ok(outcome) => {
@@ -679,6 +677,27 @@ impl<Src: Source, St: Store> Batch<Src, St> {
 }
 
 /// A record with what was read from it before it runs.
+/// The report on an event with no records of this source. Lambda never
+/// delivers an empty batch: this is an event of another shape that happened
+/// to parse (a Kinesis event sent to a Kafka function), and succeeding
+/// would drop its records, so it fails as a whole.
+fn not_of_this_source<Src: Source>() -> Report {
+    tracing::error!(
+        source = Src::NAME,
+        "the event has no {} records: it is not an event of this source; \
+         reported as failed so that nothing it carries is lost",
+        Src::NAME
+    );
+    Report {
+        source: Src::NAME,
+        records: vec![Reported {
+            id: None,
+            group: None,
+            status: RecordStatus::Failed,
+        }],
+    }
+}
+
 struct Prepared<R> {
     position: usize,
     id: Option<String>,

@@ -169,6 +169,20 @@ impl Report {
             .map(|record| record.id.clone().unwrap_or_default())
     }
 
+    /// Logs what became of the batch's `total` records, by status.
+    pub(crate) fn log(&self, total: usize) {
+        tracing::info!(
+            source = self.source,
+            records = total,
+            ran = self.count(RecordStatus::Ran),
+            replayed = self.count(RecordStatus::Replayed),
+            failed = self.count(RecordStatus::Failed),
+            held_back = self.count(RecordStatus::HeldBack),
+            given_up = self.count(RecordStatus::GivenUp),
+            "batch processed"
+        );
+    }
+
     /// Whether every record ran, replayed, or was given up as final.
     pub fn is_complete(&self) -> bool {
         self.records.iter().all(|record| record.status.is_done())
