@@ -8,7 +8,7 @@ use super::{
     outcome::OutcomeKind,
 };
 use crate::{
-    store::{Claim, Completion, Conditional, Extension, Store},
+    store::{Claim, Completion, Conditional, Extension, OwnerToken, RecordId, Store},
     Error, StoreError,
 };
 use tracing::{debug, warn};
@@ -92,7 +92,7 @@ impl<St: Store> Engine<St> {
         // One await for both ways, rather than a function for each: this
         // future nests inside every caller's (see `lapse`).
         let (given, done) = if claim.attempt > 1 {
-            let ended = self.lapse(claim, now_ms);
+            let ended = self.lapse(Lapsing::of_claim(claim), now_ms);
             let lapsed = retry_conflicts(|| self.inner.store.extend(&ended)).await;
             (lapsed, "the takeover's claim was given back; its record stays, lapsed, for the next attempt to take over")
         } else {
@@ -106,7 +106,7 @@ impl<St: Store> Engine<St> {
     /// The extension that ends a takeover's lease, fenced on its token,
     /// keeping its record (attempt count, first start) for the next
     /// claimant to take over.
-    fn lapse(&self, claim: &Claim, now_ms: u64) -> Extension {
+    pub(super) fn lapse(&self, claim: Lapsing<'_>, now_ms: u64) -> Extension {
         Extension {
             id: claim.id.clone(),
             owner: claim.owner.clone(),
@@ -115,6 +115,26 @@ impl<St: Store> Engine<St> {
             // Kept as long as a claim's record is, never shortened.
             expiration_s: claim.expiration_s.max(self.expiration_s(now_ms)),
             now_ms,
+        }
+    }
+}
+
+/// The claim whose lease [`Engine::lapse`] ends: a claim this process
+/// made, or a durable execution's record, read back.
+pub(super) struct Lapsing<'a> {
+    pub(super) id: &'a RecordId,
+    pub(super) owner: &'a OwnerToken,
+    pub(super) lease_until_ms: u64,
+    pub(super) expiration_s: u64,
+}
+
+impl<'a> Lapsing<'a> {
+    fn of_claim(claim: &'a Claim) -> Self {
+        Self {
+            id: &claim.id,
+            owner: &claim.owner,
+            lease_until_ms: claim.lease_until_ms,
+            expiration_s: claim.expiration_s,
         }
     }
 }

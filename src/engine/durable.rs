@@ -7,8 +7,9 @@ use super::{
     builder::MAX_DURATION,
     claim::{ClaimError, Claimed},
     codec::Codec,
-    completion::landed,
+    completion::{landed, Lapsing},
     conflicts::retry_conflicts,
+    fence::{fence, Fence},
     orchestrator::{Engine, MIN_LEASE_MS},
     outcome::OutcomeKind,
     retry_after::RetryHint,
@@ -104,15 +105,39 @@ impl<St: Store> Engine<St> {
 
     /// Releases the execution's claim: it failed, and a new execution may
     /// run the key. A claim that is gone, or another's, is left alone.
+    ///
+    /// A takeover's claim is not deleted, as [`release`](Engine::release)
+    /// does not delete one: its record is read (the execution keeps no
+    /// attempt count across invocations), and a takeover's lease is ended
+    /// instead, so that the next execution runs at once, told that earlier
+    /// attempts may have acted.
     pub(crate) async fn release_durable(
         &self,
         attempt: &DurableAttempt<'_>,
     ) -> Result<(), StoreError> {
-        // Only the record and the execution's token: no claim to build.
         let id = self.record_id(attempt.scope, attempt.key);
-        retry_conflicts(|| self.inner.store.release(&id, &attempt.owner))
-            .await
-            .map(|_| ())
+        let now_ms = self.inner.clock.now_ms();
+        let found = self.inner.store.get(&id, now_ms).await?;
+        match found {
+            Some(record)
+                if record.attempt > 1
+                    && fence(Some(&record), &attempt.owner, now_ms) == Fence::OwnClaim =>
+            {
+                let claim = Lapsing {
+                    id: &record.id,
+                    owner: &record.owner,
+                    lease_until_ms: record.lease_until_ms.unwrap_or(now_ms),
+                    expiration_s: record.expiration_s,
+                };
+                let lapse = self.lapse(claim, now_ms);
+                retry_conflicts(|| self.inner.store.extend(&lapse))
+                    .await
+                    .map(|_| ())
+            }
+            _ => retry_conflicts(|| self.inner.store.release(&id, &attempt.owner))
+                .await
+                .map(|_| ()),
+        }
     }
 
     fn durable_claim(&self, attempt: &DurableAttempt<'_>) -> Result<Claim, StoreError> {

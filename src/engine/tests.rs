@@ -1111,3 +1111,65 @@ async fn an_extension_never_shortens_a_lease_it_could_not_confirm() {
         .await
         .expect("ran");
 }
+
+/// A durable execution that took a key over and then failed gives its claim
+/// back without forgetting it, as a claimed run's takeover does: the record
+/// stays, lapsed, and the next execution runs at once, told that it is the
+/// third attempt (a delete made it attempt 1, not told).
+#[tokio::test]
+async fn a_released_durable_takeover_is_not_forgotten() {
+    use crate::{
+        split::{self, SplitAttempt, SplitClaim},
+        store::OwnerToken,
+    };
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(store.clone()).clock(clock.clone()).build();
+    let attempt = |owner: &str| {
+        SplitAttempt::new(
+            "s",
+            "k",
+            fingerprint(1),
+            OwnerToken::from_stored(owner),
+            Duration::from_secs(10),
+        )
+    };
+    let id = engine.record_id("s", "k");
+    let claimed = split::claim::<_, u8>(&engine, &attempt("a"), &Json).await;
+    assert_eq!(claimed.expect("claimed"), SplitClaim::Ours);
+    clock.advance(Duration::from_secs(11));
+    let taken = split::claim::<_, u8>(&engine, &attempt("b"), &Json).await;
+    assert_eq!(taken.expect("taken over"), SplitClaim::Ours);
+    assert_eq!(store.record(&id).expect("record").attempt, 2);
+
+    split::release(&engine, &attempt("b"))
+        .await
+        .expect("released");
+    let kept = store.record(&id).expect("the takeover's record stays");
+    assert_eq!(kept.attempt, 2);
+    assert!(
+        kept.lease_until_ms.expect("lease") < clock.now_ms(),
+        "lapsed"
+    );
+
+    let next = split::claim::<_, u8>(&engine, &attempt("c"), &Json).await;
+    assert_eq!(next.expect("runs at once"), SplitClaim::Ours);
+    assert_eq!(store.record(&id).expect("record").attempt, 3);
+
+    // A first attempt's release still deletes its record.
+    let first = |owner: &str| {
+        SplitAttempt::new(
+            "s",
+            "first",
+            fingerprint(1),
+            OwnerToken::from_stored(owner),
+            Duration::from_secs(10),
+        )
+    };
+    let claimed = split::claim::<_, u8>(&engine, &first("d"), &Json).await;
+    assert_eq!(claimed.expect("claimed"), SplitClaim::Ours);
+    split::release(&engine, &first("d"))
+        .await
+        .expect("released");
+    assert!(store.record(&engine.record_id("s", "first")).is_none());
+}
