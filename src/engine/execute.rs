@@ -21,9 +21,9 @@ impl<St: Store> Engine<St> {
     ///
     /// - The first attempt claims the key, runs the operation, stores its
     ///   value (serialised as JSON) and returns it as
-    ///   [`OutcomeKind::Fresh`].
+    ///   [`OutcomeKind::Fresh`](crate::OutcomeKind::Fresh).
     /// - Later attempts with the same payload get the stored value as a
-    ///   [`OutcomeKind::Replay`] without running anything; with another
+    ///   [`OutcomeKind::Replay`](crate::OutcomeKind::Replay) without running anything; with another
     ///   payload, [`Error::KeyReused`].
     /// - While another attempt holds the claim: [`Error::InProgress`], with
     ///   the time left on its lease.
@@ -158,7 +158,7 @@ impl<St: Store> Engine<St> {
     /// (the HTTP layer, the event consumers) call; use it to write an
     /// adapter of your own.
     ///
-    /// `operation` gets a [`ClaimHandle`] (is this a [`Takeover`] of a
+    /// `operation` gets a [`ClaimHandle`] (is this a [`Takeover`](crate::Takeover) of a
     /// lapsed claim, whose attempt may have acted? extend the lease, learn
     /// that it was lost) and returns its value and the writes to commit with
     /// the completion (an empty `Vec` for none); `codec` stores the value.

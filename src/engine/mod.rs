@@ -1,6 +1,6 @@
 //! The orchestrator: claim, run, then complete or release.
 //!
-//! It decides everything from what the [`Store`] returns and never touches a
+//! It decides everything from what the [`Store`](crate::store::Store) returns and never touches a
 //! backend itself, so the same protocol runs on DynamoDB, PostgreSQL, Redis
 //! and in memory. One request through [`Engine::run`]:
 //!
@@ -15,7 +15,7 @@
 //! 4. **complete or release** ([`completion`]): both fenced on the owner
 //!    token, both retried on a conflict ([`conflicts`]).
 //!
-//! Every step that meets a record asks [`fence`] whose it is and whether
+//! Every step that meets a record asks [`fence`](mod@fence) whose it is and whether
 //! it may act on it, and every retry of a contended write counts against
 //! the one policy in [`conflicts`]. The entry points are in [`execute`];
 //! the loop they share is [`run`]; the engine's state is in
