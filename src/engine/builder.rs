@@ -83,6 +83,7 @@ pub struct EngineBuilder<St> {
     cache_capacity: Option<NonZeroUsize>,
     fail_open: bool,
     heartbeat: bool,
+    read_before_claim: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -104,6 +105,7 @@ impl<St: Store> EngineBuilder<St> {
             cache_capacity: None,
             fail_open: false,
             heartbeat: false,
+            read_before_claim: false,
             clock: Arc::new(SystemClock),
         }
     }
@@ -148,6 +150,31 @@ impl<St: Store> EngineBuilder<St> {
     /// deleted from the store by hand stays cached until it expires here.
     pub fn cache(mut self, capacity: usize) -> Self {
         self.cache_capacity = NonZeroUsize::new(capacity);
+        self
+    }
+
+    /// Reads the key's record before claiming it, the cheapest way the
+    /// store offers ([`Store::peek`](crate::store::Store::peek): on
+    /// DynamoDB an eventually consistent `GetItem`), and answers from a
+    /// completed record without the claim (off by default).
+    ///
+    /// On DynamoDB a refused conditional write is billed by the size of
+    /// the record it found, so without this a replay, or a 422, of a
+    /// 16 KB response costs 17 write units; with it, the read costs 2.5
+    /// read units (a fifth of the price per unit), and a new request one
+    /// more round trip and half a read unit (`make bench-cost`,
+    /// BENCHMARKS.md). Choose it where replays of large responses are
+    /// common; leave it off where latency counts more than cost.
+    ///
+    /// No guarantee changes: only a completed record is acted on, and a
+    /// completed record does not change until it expires, so a stale read
+    /// can only miss it (then the claim decides, as without the read). A
+    /// record an operator deleted ([`Engine::forget`](crate::Engine::forget))
+    /// may be replayed once more for as long as the store's reads lag
+    /// (DynamoDB: usually under a second). A read that fails is passed
+    /// over: the claim decides.
+    pub fn read_before_claim(mut self, read: bool) -> Self {
+        self.read_before_claim = read;
         self
     }
 
@@ -282,6 +309,7 @@ impl<St: Store> EngineBuilder<St> {
                 cache: self.cache_capacity.map(RecordCache::new),
                 fail_open: self.fail_open,
                 heartbeat: self.heartbeat,
+                read_before_claim: self.read_before_claim,
                 disabled,
                 clock: self.clock,
             }),

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Conditional, OwnerToken, Record, RecordId, Store},
+    store::{Claim, Conditional, OwnerToken, Record, RecordId, Status, Store},
     Attempt, Error, StoreError, StoreErrorKind,
 };
 use tracing::{debug, warn};
@@ -24,6 +24,25 @@ impl<St: Store> Engine<St> {
     /// claimed again.
     pub(crate) async fn claim(&self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
         let store = &self.inner.store;
+        if self.inner.read_before_claim {
+            // A completed record answers without the claim: it does not
+            // change until it expires, so a stale read can only miss it.
+            match store.peek(&claim.id, claim.now_ms).await {
+                Ok(Some(record))
+                    if record.status == Status::Completed
+                        && matches!(
+                            fence(Some(&record), &claim.owner, claim.now_ms),
+                            Fence::Held | Fence::OwnCompletion
+                        ) =>
+                {
+                    return Ok(Claimed::Held(record));
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    debug!(record = %claim.id, %error, "the read before the claim failed; the claim decides")
+                }
+            }
+        }
         let mut contention = Contention::default();
         while contention.may_try() {
             let found = match self.claim_once(claim).await {

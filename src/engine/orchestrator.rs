@@ -39,6 +39,7 @@ pub(super) struct Inner<St> {
     pub(super) cache: Option<RecordCache>,
     pub(super) fail_open: bool,
     pub(super) heartbeat: bool,
+    pub(super) read_before_claim: bool,
     pub(super) disabled: bool,
     pub(super) clock: Arc<dyn Clock>,
 }

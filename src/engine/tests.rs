@@ -1173,3 +1173,81 @@ async fn a_released_durable_takeover_is_not_forgotten() {
         .expect("released");
     assert!(store.record(&engine.record_id("s", "first")).is_none());
 }
+
+/// With `read_before_claim`, a completed record answers from the read (a
+/// replay, a 422) without a claim; a new key and a key in progress are
+/// decided by the claim, as without the read; a read that fails is passed
+/// over.
+#[tokio::test]
+async fn a_read_before_the_claim_answers_only_from_a_completed_record() {
+    let store = CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone())
+        .read_before_claim(true)
+        .build();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let first = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(1u8) })
+        .await
+        .expect("first");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    let calls = store.calls();
+    assert_eq!((calls.peek, calls.claim, calls.complete), (1, 1, 1));
+
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(2u8) })
+        .await
+        .expect("replay");
+    assert_eq!((replay.kind(), *replay.value()), (OutcomeKind::Replay, 1));
+    let after = store.calls();
+    assert_eq!(
+        (after.peek, after.claim),
+        (2, 1),
+        "answered by the read alone"
+    );
+
+    let reused = engine
+        .execute(&Attempt::new("s", "k", fingerprint(2)), || async {
+            Ok::<_, Failed>(3u8)
+        })
+        .await;
+    assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+    assert_eq!(store.calls().claim, 1, "a 422 from the read too");
+
+    // A claim in progress is not answered from the read: the claim decides.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let held = Attempt::new("s", "held", fingerprint(1));
+    let running = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let held = Attempt::new("s", "held", fingerprint(1));
+            engine
+                .execute(&held, || async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, Failed>(4u8)
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("started");
+    let claims = store.calls().claim;
+    let duplicate = engine
+        .execute(&held, || async { Ok::<_, Failed>(5u8) })
+        .await;
+    assert!(
+        matches!(duplicate, Err(Error::InProgress { .. })),
+        "{duplicate:?}"
+    );
+    assert_eq!(store.calls().claim, claims + 1, "the claim was made");
+    let _ = finish_tx.send(());
+    running.await.expect("joined").expect("ran");
+
+    // A read that fails is passed over; the claim answers.
+    store.inner().fail_next(1);
+    let replay = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(6u8) })
+        .await
+        .expect("replay through the claim");
+    assert_eq!((replay.kind(), *replay.value()), (OutcomeKind::Replay, 1));
+}

@@ -381,4 +381,21 @@ pub trait Store: Send + Sync + 'static {
         id: &RecordId,
         now_ms: u64,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Reads the record the cheapest way the backend offers, which may be
+    /// stale (DynamoDB's eventually consistent `GetItem`: half the read
+    /// units of [`get`](Store::get)); an expired record is absent. The
+    /// engine reads this way before a claim only when asked to
+    /// ([`EngineBuilder::read_before_claim`](crate::EngineBuilder::read_before_claim)),
+    /// and acts on what it finds only to answer from a completed record,
+    /// which does not change until it expires; anything else is decided
+    /// by the conditional claim, as without the read. The default is
+    /// [`get`](Store::get).
+    fn peek(
+        &self,
+        id: &RecordId,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        self.get(id, now_ms)
+    }
 }

@@ -29,6 +29,7 @@ struct Counts {
     complete: AtomicU64,
     release: AtomicU64,
     get: AtomicU64,
+    peek: AtomicU64,
 }
 
 /// How many calls of each kind a [`CountingStore`] has seen.
@@ -51,6 +52,8 @@ pub struct Calls {
     pub release: u64,
     /// [`Store::get`] calls.
     pub get: u64,
+    /// [`Store::peek`] calls.
+    pub peek: u64,
 }
 
 impl Calls {
@@ -64,6 +67,7 @@ impl Calls {
             + self.release
             + self.remove
             + self.get
+            + self.peek
     }
 }
 
@@ -93,6 +97,7 @@ impl<St> CountingStore<St> {
             complete: load(&self.counts.complete),
             release: load(&self.counts.release),
             get: load(&self.counts.get),
+            peek: load(&self.counts.peek),
         }
     }
 }
@@ -156,5 +161,10 @@ impl<St: Store> Store for CountingStore<St> {
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         count(&self.counts.get);
         self.inner.get(id, now_ms).await
+    }
+
+    async fn peek(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        count(&self.counts.peek);
+        self.inner.peek(id, now_ms).await
     }
 }

@@ -76,4 +76,8 @@ impl<St: Store> Store for LostAnswers<St> {
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         self.0.get(id, now_ms).await
     }
+
+    async fn peek(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        self.0.peek(id, now_ms).await
+    }
 }

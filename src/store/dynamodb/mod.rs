@@ -316,7 +316,7 @@ impl DynamoDbStore {
         answer: Answer,
     ) -> Result<Conditional, StoreError> {
         match answer {
-            Answer::ConditionFailed(None) => self.refused(id, self.get_item(id).await?),
+            Answer::ConditionFailed(None) => self.refused(id, self.get_item(id, true).await?),
             answer => self.answered(id, answer),
         }
     }
@@ -740,7 +740,16 @@ impl Store for DynamoDbStore {
     }
 
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
-        let Some(item) = self.get_item(id).await? else {
+        let Some(item) = self.get_item(id, true).await? else {
+            return Ok(None);
+        };
+        let record = self.decode_at(id, item)?;
+        Ok((!record.is_expired(now_ms)).then_some(record))
+    }
+
+    /// An eventually consistent `GetItem`: half the read units.
+    async fn peek(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        let Some(item) = self.get_item(id, false).await? else {
             return Ok(None);
         };
         let record = self.decode_at(id, item)?;
@@ -816,14 +825,14 @@ impl DynamoDbStore {
         }
     }
 
-    async fn get_item(&self, id: &RecordId) -> Result<Option<Item>, StoreError> {
+    async fn get_item(&self, id: &RecordId, consistent: bool) -> Result<Option<Item>, StoreError> {
         let inner = &*self.inner;
         inner
             .client
             .get_item()
             .table_name(&inner.table)
             .set_key(Some(self.key(id)))
-            .consistent_read(true)
+            .consistent_read(consistent)
             .send()
             .await
             .map(|output| output.item)

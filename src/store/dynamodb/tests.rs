@@ -644,3 +644,30 @@ async fn verify_refuses_a_legacy_global_table() {
         .await
         .expect("no legacy global table can exist in this Region");
 }
+
+/// With `read_before_claim`, a replay is one eventually consistent
+/// `GetItem` (half the read units, and no write units for a refused
+/// claim), and no `PutItem`.
+#[tokio::test]
+async fn a_read_before_the_claim_is_eventually_consistent_and_replaces_the_refused_put() {
+    let get = mock!(Client::get_item)
+        .match_requests(|req| req.consistent_read() == Some(false))
+        .then_output(|| {
+            GetItemOutput::builder()
+                .set_item(Some(completed_item("winner")))
+                .build()
+        });
+    let put = mock!(Client::put_item).then_output(|| PutItemOutput::builder().build());
+    let engine = Engine::builder(store_in(RuleMode::MatchAny, &[&get, &put]))
+        .key_prefix("p")
+        .clock(crate::testing::ManualClock::new(NOW_MS))
+        .read_before_claim(true)
+        .build();
+    let attempt = Attempt::new("s", "k", Fingerprint::of_bytes(b"payload"));
+    let outcome = engine
+        .execute(&attempt, || async { Ok::<u32, ()>(7) })
+        .await
+        .expect("replayed");
+    assert_eq!((outcome.kind(), *outcome.value()), (OutcomeKind::Replay, 42));
+    assert_eq!((get.num_calls(), put.num_calls()), (1, 0));
+}
