@@ -272,7 +272,7 @@ pub fn check(history: &History) -> Result<(), String> {
                             att,
                         )?;
                     }
-                    Op::Get(..) => {}
+                    Op::Get(..) | Op::Peek(..) => {}
                 }
             }
             Event::Start {

@@ -86,6 +86,9 @@ pub enum Op {
     Release(RecordId, OwnerToken),
     Commit(Commit<MemoryWrite>),
     Get(RecordId, u64),
+    /// A read that may be stale (`Store::peek`): it may miss a record
+    /// that is there.
+    Peek(RecordId, u64),
 }
 
 impl Op {
@@ -98,6 +101,7 @@ impl Op {
             Op::Release(..) => "release",
             Op::Commit(_) => "commit",
             Op::Get(..) => "get",
+            Op::Peek(..) => "peek",
         }
     }
 
@@ -106,13 +110,13 @@ impl Op {
             Op::Claim(c) | Op::TakeOver(c, _) => &c.id,
             Op::Extend(e) => &e.id,
             Op::Complete(c) => &c.id,
-            Op::Release(id, _) | Op::Get(id, _) => id,
+            Op::Release(id, _) | Op::Get(id, _) | Op::Peek(id, _) => id,
             Op::Commit(c) => &c.id,
         }
     }
 
     fn is_write(&self) -> bool {
-        !matches!(self, Op::Get(..))
+        !matches!(self, Op::Get(..) | Op::Peek(..))
     }
 }
 
@@ -443,6 +447,14 @@ impl Store for SimStore {
             Answer::Write(_) => unreachable!("a read answered as a write"),
         }
     }
+
+    async fn peek(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        match self.send(Op::Peek(id.clone(), now_ms)).await {
+            Answer::Read(record) => Ok(record),
+            Answer::Fault(kind, why) => Err(StoreError::new(kind, why)),
+            Answer::Write(_) => unreachable!("a read answered as a write"),
+        }
+    }
 }
 
 /// Applies `op` to the memory store, which never waits.
@@ -469,7 +481,7 @@ fn apply(memory: &MemoryStore, op: &Op) -> Answer {
             .commit(c.clone())
             .now_or_never()
             .map(|r| r.map(Answer::Write)),
-        Op::Get(id, now) => memory
+        Op::Get(id, now) | Op::Peek(id, now) => memory
             .get(id, *now)
             .now_or_never()
             .map(|r| r.map(Answer::Read)),
@@ -568,6 +580,12 @@ pub struct History {
 
 /// Runs the history of `seed`.
 pub fn run(seed: u64) -> History {
+    run_with(seed, false)
+}
+
+/// The history of `seed`, with every process's engine reading before it
+/// claims (`EngineBuilder::read_before_claim`) or not.
+pub fn run_with(seed: u64, read_before_claim: bool) -> History {
     let mut rng = Rng::new(seed);
     let config = Config::draw(&mut rng);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -597,6 +615,7 @@ pub fn run(seed: u64) -> History {
             .max_lease(Duration::from_millis(config.max_lease_ms))
             .heartbeat(process.heartbeat)
             .cache(process.cache)
+            .read_before_claim(read_before_claim)
             .clock(SimClock {
                 world: Arc::clone(&world),
                 skew: process.skew,
@@ -850,7 +869,11 @@ fn land(
         return;
     }
     let before = memory.record(op.id());
-    let answer = apply(memory, &op);
+    let answer = match apply(memory, &op) {
+        // A stale read: the record written since is not seen yet.
+        Answer::Read(Some(_)) if matches!(op, Op::Peek(..)) && rng.chance(30) => Answer::Read(None),
+        answer => answer,
+    };
     let after = memory.record(op.id());
     let lost = (op.is_write() && !world.requests[r].resent && rng.chance(config.p_lost))
         .then(|| rng.chance(60));

@@ -668,6 +668,9 @@ async fn a_read_before_the_claim_is_eventually_consistent_and_replaces_the_refus
         .execute(&attempt, || async { Ok::<u32, ()>(7) })
         .await
         .expect("replayed");
-    assert_eq!((outcome.kind(), *outcome.value()), (OutcomeKind::Replay, 42));
+    assert_eq!(
+        (outcome.kind(), *outcome.value()),
+        (OutcomeKind::Replay, 42)
+    );
     assert_eq!((get.num_calls(), put.num_calls()), (1, 0));
 }
