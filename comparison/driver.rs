@@ -666,7 +666,9 @@ async fn cost(client: Client, table: Arc<str>) {
         Ok(bytes) => store.compress_responses_above(bytes.parse().expect("BENCH_COMPRESS_ABOVE")),
         Err(_) => store,
     };
-    let builder = Engine::builder(store);
+    // BENCH_READ_FIRST: the engine reads before it claims.
+    let builder =
+        Engine::builder(store).read_before_claim(std::env::var("BENCH_READ_FIRST").is_ok());
     let engine = if scenario == "cached" {
         builder.cache(4096).build()
     } else {

@@ -251,6 +251,9 @@ COST_DRIVERS = [
     # The same with DynamoDbStore::compress_responses_above(512).
     ("lambda-idempotency, compress_responses_above(512)", [RUST, "cost"], CRATE_SCENARIOS,
      {"BENCH_COMPRESS_ABOVE": "512"}),
+    # The same with EngineBuilder::read_before_claim.
+    ("lambda-idempotency, read_before_claim", [RUST, "cost"], CRATE_SCENARIOS,
+     {"BENCH_READ_FIRST": "1"}),
     ("Powertools Python", [PYTHON, os.path.join(ROOT, "comparison", "cost_powertools_py.py")],
      POWERTOOLS_SCENARIOS, {}),
     ("Powertools TypeScript", ["node", os.path.join(ROOT, "comparison", "cost_powertools_ts.mjs")],
