@@ -173,6 +173,10 @@ impl<St: Store> EngineBuilder<St> {
     /// may be replayed once more for as long as the store's reads lag
     /// (DynamoDB: usually under a second). A read that fails is passed
     /// over: the claim decides.
+    ///
+    /// [`run_single_write`](crate::Engine::run_single_write) reads first too,
+    /// so that a retry of a completed request is answered without running
+    /// the operation at all.
     pub fn read_before_claim(mut self, read: bool) -> Self {
         self.read_before_claim = read;
         self

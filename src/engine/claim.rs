@@ -10,7 +10,7 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Conditional, OwnerToken, Record, RecordId, Status, Store},
+    store::{Claim, Conditional, OwnerToken, Record, RecordId, Store},
     Attempt, Error, StoreError, StoreErrorKind,
 };
 use tracing::{debug, warn};
@@ -24,24 +24,8 @@ impl<St: Store> Engine<St> {
     /// claimed again.
     pub(crate) async fn claim(&self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
         let store = &self.inner.store;
-        if self.inner.read_before_claim {
-            // A completed record answers without the claim: it does not
-            // change until it expires, so a stale read can only miss it.
-            match store.peek(&claim.id, claim.now_ms).await {
-                Ok(Some(record))
-                    if record.status == Status::Completed
-                        && matches!(
-                            fence(Some(&record), &claim.owner, claim.now_ms),
-                            Fence::Held | Fence::OwnCompletion
-                        ) =>
-                {
-                    return Ok(Claimed::Held(record));
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    debug!(record = %claim.id, %error, "the read before the claim failed; the claim decides")
-                }
-            }
+        if let Some(record) = self.completed_before_claim(&claim.id, claim.now_ms).await {
+            return Ok(Claimed::Held(record));
         }
         let mut contention = Contention::default();
         while contention.may_try() {
@@ -90,6 +74,35 @@ impl<St: Store> Engine<St> {
                 ))
             }),
             Err(error) => Err(ClaimError::Failed(error)),
+        }
+    }
+
+    /// With [`read_before_claim`](crate::EngineBuilder::read_before_claim),
+    /// the completed record a read finds before the claim, which answers
+    /// the attempt without it: a completed record does not change until it
+    /// expires, so a stale read can only miss it. Anything else, and a read
+    /// that fails, is left to the claim.
+    pub(super) async fn completed_before_claim(
+        &self,
+        id: &RecordId,
+        now_ms: u64,
+    ) -> Option<Record> {
+        if !self.inner.read_before_claim {
+            return None;
+        }
+        match self.inner.store.peek(id, now_ms).await {
+            // Completed and not expired, whoever completed it: what the
+            // fence calls a completion by its own owner.
+            Ok(Some(record))
+                if fence(Some(&record), &record.owner, now_ms) == Fence::OwnCompletion =>
+            {
+                Some(record)
+            }
+            Ok(_) => None,
+            Err(error) => {
+                debug!(record = %id, %error, "the read before the claim failed; the claim decides");
+                None
+            }
         }
     }
 

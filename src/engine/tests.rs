@@ -1251,3 +1251,36 @@ async fn a_read_before_the_claim_answers_only_from_a_completed_record() {
         .expect("replay through the claim");
     assert_eq!((replay.kind(), *replay.value()), (OutcomeKind::Replay, 1));
 }
+
+/// With `read_before_claim`, a single write's retry of a completed request
+/// is answered from the read without running the operation (without it,
+/// the operation runs before the commit learns that it is a replay).
+#[tokio::test]
+async fn a_read_before_a_single_write_replays_without_running_the_operation() {
+    let store = CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone())
+        .read_before_claim(true)
+        .build();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let operation = || {
+        let runs = Arc::clone(&runs);
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>((1u8, Vec::<MemoryWrite>::new()))
+        }
+    };
+    let first = engine
+        .run_single_write(&attempt, &Json, operation())
+        .await
+        .expect("first");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    let replay = engine
+        .run_single_write(&attempt, &Json, operation())
+        .await
+        .expect("replay");
+    assert_eq!((replay.kind(), *replay.value()), (OutcomeKind::Replay, 1));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the retry ran nothing");
+    let calls = store.calls();
+    assert_eq!((calls.peek, calls.commit), (2, 1));
+}
