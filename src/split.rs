@@ -204,6 +204,11 @@ pub async fn claim<St: Store, T>(
 /// claim's lease passed and another owner took the key over: `response`
 /// is then not stored (and a warning is logged).
 ///
+/// Call it only on a claim that was not [`release`]d: a first attempt's
+/// released record is gone (the completion is `LeaseLost`), but a
+/// takeover's is kept, lapsed, under the owner's token until another owner
+/// claims the key, and a completion then still lands.
+///
 /// # Errors
 ///
 /// The store's error, after conflicts were tried again: the record may or

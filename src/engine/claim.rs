@@ -10,10 +10,16 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Conditional, OwnerToken, Record, RecordId, Store},
+    store::{Claim, Conditional, OwnerToken, Record, RecordId, Status, Store},
     Attempt, Error, StoreError, StoreErrorKind,
 };
 use tracing::{debug, warn};
+
+/// How far from its expiry a completed record read before the claim must be
+/// to answer without the claim: more than clocks disagree (Amazon Time
+/// Sync keeps Lambda hosts well within a second) plus how long a stale read
+/// may lag, so that no process can have found it expired and replaced it.
+pub(crate) const READ_EXPIRY_MARGIN_S: u64 = 5;
 
 impl<St: Store> Engine<St> {
     /// Claims the key, and decides what a refusal means: a record under
@@ -80,8 +86,10 @@ impl<St: Store> Engine<St> {
     /// With [`read_before_claim`](crate::EngineBuilder::read_before_claim),
     /// the completed record a read finds before the claim, which answers
     /// the attempt without it: a completed record does not change until it
-    /// expires, so a stale read can only miss it. Anything else, and a read
-    /// that fails, is left to the claim.
+    /// expires, so a stale read can only miss it, unless it has expired by
+    /// another process's clock and been replaced: a record within
+    /// [`READ_EXPIRY_MARGIN_S`] of its expiry is left to the claim too.
+    /// Anything else, and a read that fails, is left to the claim.
     pub(super) async fn completed_before_claim(
         &self,
         id: &RecordId,
@@ -91,14 +99,22 @@ impl<St: Store> Engine<St> {
             return None;
         }
         match self.inner.store.peek(id, now_ms).await {
-            // Completed and not expired, whoever completed it: what the
-            // fence calls a completion by its own owner.
+            // Completed, and far enough from its expiry that no process,
+            // whatever its clock, can have replaced it yet.
             Ok(Some(record))
-                if fence(Some(&record), &record.owner, now_ms) == Fence::OwnCompletion =>
+                if record.status == Status::Completed
+                    && record.expiration_s
+                        > (now_ms / 1000).saturating_add(READ_EXPIRY_MARGIN_S) =>
             {
                 Some(record)
             }
             Ok(_) => None,
+            // A missing permission (`dynamodb:GetItem`) fails every read:
+            // said, since each request pays its round trip for nothing.
+            Err(error) if error.kind() == StoreErrorKind::Misconfigured => {
+                warn!(record = %id, %error, "the read before the claim failed (read_before_claim): check the store's permissions; the claim decides");
+                None
+            }
             Err(error) => {
                 debug!(record = %id, %error, "the read before the claim failed; the claim decides");
                 None

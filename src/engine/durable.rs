@@ -119,9 +119,14 @@ impl<St: Store> Engine<St> {
         let now_ms = self.inner.clock.now_ms();
         let found = self.inner.store.get(&id, now_ms).await?;
         match found {
+            // The execution's own takeover, its lease passed or not.
             Some(record)
                 if record.attempt > 1
-                    && fence(Some(&record), &attempt.owner, now_ms) == Fence::OwnClaim =>
+                    && record.owner == attempt.owner
+                    && matches!(
+                        fence(Some(&record), &attempt.owner, now_ms),
+                        Fence::OwnClaim | Fence::Lapsed
+                    ) =>
             {
                 let claim = Lapsing {
                     id: &record.id,

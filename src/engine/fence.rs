@@ -17,42 +17,48 @@ pub(crate) enum Fence {
     /// No record holds the key: there is none, or it expired and counts as
     /// absent. Nothing of the caller's is there either.
     Free,
-    /// The caller's own claim (or takeover) is in progress: a write of its
-    /// that landed although its answer was lost. Whatever its lease or
-    /// expiry, nobody else's write has replaced it.
+    /// The caller's own claim (or takeover) is in progress, under a lease
+    /// that has not passed: a write of its that landed although its answer
+    /// was lost. (Its own claim whose lease passed is [`Lapsed`](Fence::Lapsed):
+    /// taken over, by its own token too, so that a lease is written again.)
     OwnClaim,
-    /// The caller's own completed record: its completion (or single write)
-    /// landed, or, for a durable execution whose token is the same in every
-    /// invocation, it completed the key in an earlier one.
+    /// The caller's own completed record, whatever its expiry: its
+    /// completion (or single write) landed, or, for a durable execution
+    /// whose token is the same in every invocation, it completed the key in
+    /// an earlier one. Nobody else's write has replaced it.
     OwnCompletion,
     /// Another owner's live record holds the key: a completed one, or a
     /// claim whose lease has not passed (one without a lease lasts until it
     /// expires, as the stores' claim conditions read it).
     Held,
-    /// Another owner's claim whose lease passed, not yet expired: the next
-    /// claimant takes it over, told that its attempt may have acted.
+    /// A claim whose lease passed, not yet expired: the next claimant takes
+    /// it over, told that its attempt may have acted. Another owner's, or
+    /// the caller's own (a durable execution claiming again after it gave a
+    /// takeover back, or a claim answered after its lease).
     Lapsed,
 }
 
 /// Decides what `record` means to the holder of `owner` at `now_ms`.
 ///
-/// The order is the decision: the caller's own in-progress write first (so
-/// a claim recognises itself even after its lease), then expiry (an
-/// expired record is absent, whoever wrote it), then the owner and status
-/// of what is left.
+/// The order is the decision: the caller's own completion first (its
+/// write, whatever its age), then its own live claim, then expiry (an
+/// expired record is absent, whoever wrote it), then status and lease,
+/// whoever's: a claim whose lease passed is lapsed, the caller's own too,
+/// since nothing holds it any more.
 pub(crate) fn fence(record: Option<&Record>, owner: &OwnerToken, now_ms: u64) -> Fence {
     let Some(record) = record else {
         return Fence::Free;
     };
     let own = record.owner == *owner;
-    if own && record.status == Status::InProgress {
-        return Fence::OwnClaim;
+    match record.status {
+        Status::Completed if own => return Fence::OwnCompletion,
+        Status::InProgress if own && record.is_live(now_ms) => return Fence::OwnClaim,
+        _ => {}
     }
     if record.is_expired(now_ms) {
         return Fence::Free;
     }
     match record.status {
-        Status::Completed if own => Fence::OwnCompletion,
         Status::Completed => Fence::Held,
         Status::InProgress if record.is_live(now_ms) => Fence::Held,
         Status::InProgress => Fence::Lapsed,
@@ -127,12 +133,12 @@ mod tests {
                         );
                         let lease_live = lease.is_none_or(|until| until >= NOW_MS);
                         let expected = match (status, own, expired, lease_live) {
-                            (Status::InProgress, true, _, _) => OwnClaim,
+                            (Status::Completed, true, _, _) => OwnCompletion,
+                            (Status::InProgress, true, false, true) => OwnClaim,
                             (_, _, true, _) => Free,
-                            (Status::Completed, true, false, _) => OwnCompletion,
                             (Status::Completed, false, false, _) => Held,
                             (Status::InProgress, false, false, true) => Held,
-                            (Status::InProgress, false, false, false) => Lapsed,
+                            (Status::InProgress, _, false, false) => Lapsed,
                         };
                         assert_eq!(
                             fence(Some(&found), &token("me"), NOW_MS),

@@ -28,7 +28,9 @@ impl<St: Store> Engine<St> {
     /// Concurrent duplicates may each run the operation; one commits, and
     /// the others get its stored value as a replay (or a 422 for another
     /// payload). Even a retry of a completed request runs the operation
-    /// before learning that it is a replay. So an operation that calls a
+    /// before learning that it is a replay (unless the engine reads first,
+    /// [`read_before_claim`](crate::EngineBuilder::read_before_claim), and
+    /// the read sees the completion). So an operation that calls a
     /// payment provider, sends a message or writes outside its returned
     /// writes must use [`run`](Engine::run) instead.
     ///

@@ -230,7 +230,10 @@ impl<St: Store> IdempotencyLayer<St> {
     /// **Only for handlers whose sole effect is their `CommitWith` writes.**
     /// Concurrent duplicates may each run the handler; one commits and the
     /// others replay its response, and a retry of a completed request runs
-    /// the handler before it is answered with the replay. A handler that
+    /// the handler before it is answered with the replay (unless the
+    /// engine reads first,
+    /// [`read_before_claim`](crate::EngineBuilder::read_before_claim), and
+    /// the read sees the completion). A handler that
     /// calls a payment provider, sends a message or writes anything else
     /// must not use it. Supersedes [`mode`](IdempotencyLayer::mode).
     ///
