@@ -120,7 +120,7 @@ impl<St: Store> Engine<St> {
         };
         let refusable = !writes.is_empty();
         match self
-            .complete(claim.clone(), response, writes, transactional, refusable)
+            .complete(&claim, response, writes, transactional, refusable)
             .await
         {
             Ok(kind) => Ok(Outcome::new(value, kind)),
@@ -280,7 +280,7 @@ impl<St: Store> Engine<St> {
             Some(Ok(answer)) => match codec.encode(&answer) {
                 Ok(response) => {
                     debug!(record = %claim.id, outcome = "refused", "a write was refused: its answer is stored");
-                    self.complete(claim, response, Vec::new(), true, false)
+                    self.complete(&claim, response, Vec::new(), true, false)
                         .await
                         .map(|kind| Outcome::new(answer, kind))
                 }
