@@ -88,10 +88,13 @@ impl<St: Store> Engine<St> {
         // level every operation's future would nest one deeper, against
         // the compiler's recursion limit. The closure is called inside the
         // same guard as its future: one that panics before it returns its
-        // future is that future's panic.
+        // future is that future's panic. It is boxed where it is made: an
+        // operation's future (an HTTP handler's and the reading of its
+        // response, some kilobytes) would otherwise be copied whole at each
+        // of the moves below, and this future would hold room for it.
         let handle = self.handle(&claim);
         let started = catch_unwind(AssertUnwindSafe(|| {
-            handle.clone().scope(operation(handle.clone()))
+            Box::pin(handle.clone().scope(operation(handle.clone())))
         }));
         let ran = match started {
             Ok(operation) => {
