@@ -5,6 +5,7 @@ use crate::{
     store::{Conditional, Extension, OwnerToken, RecordId},
     Error, StoreError, StoreErrorKind,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::{
     fmt,
     future::Future,
@@ -12,7 +13,6 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::Notify;
 
 tokio::task_local! {

@@ -1141,7 +1141,10 @@ async fn lost_resolves_for_waiters_before_and_after_the_loss() {
                     .await
                     .expect("the early waiter woke")
                     .expect("joined");
-                assert!(handle.lost().now_or_never().is_some(), "a later one at once");
+                assert!(
+                    handle.lost().now_or_never().is_some(),
+                    "a later one at once"
+                );
                 Ok::<_, Failed>(((), Vec::new()))
             },
         )

@@ -147,7 +147,9 @@ impl RebuildBody for UnsyncBoxBody<Bytes, BoxError> {
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
-        Full::new(bytes).map_err(|never| match never {}).boxed_unsync()
+        Full::new(bytes)
+            .map_err(|never| match never {})
+            .boxed_unsync()
     }
 
     fn from_stream(

@@ -41,8 +41,7 @@ pub(super) struct Packed {
 /// The strings and the response, one after the other, in one allocation.
 fn pack(id: &str, owner: &str, fingerprint: &str, response: Option<&[u8]>) -> Box<[u8]> {
     let response = response.unwrap_or_default();
-    let mut data =
-        Vec::with_capacity(id.len() + owner.len() + fingerprint.len() + response.len());
+    let mut data = Vec::with_capacity(id.len() + owner.len() + fingerprint.len() + response.len());
     data.extend_from_slice(id.as_bytes());
     data.extend_from_slice(owner.as_bytes());
     data.extend_from_slice(fingerprint.as_bytes());
@@ -100,12 +99,7 @@ impl Packed {
 
     /// Packs the record again, with `response` after its strings.
     pub(super) fn set_response(&mut self, response: &[u8]) {
-        self.data = pack(
-            self.id(),
-            self.owner(),
-            self.fingerprint(),
-            Some(response),
-        );
+        self.data = pack(self.id(), self.owner(), self.fingerprint(), Some(response));
         self.has_response = true;
     }
 
