@@ -5,6 +5,7 @@ use crate::{
     store::{Conditional, Extension, OwnerToken, RecordId},
     Error, StoreError, StoreErrorKind,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::{
     fmt,
     future::Future,
@@ -12,7 +13,7 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 tokio::task_local! {
     /// The claim of the operation being polled, for adapters whose handler
@@ -51,11 +52,14 @@ pub struct ClaimHandle {
 }
 
 pub(super) struct Held {
-    extender: Box<dyn Extender>,
+    extender: Arc<dyn Extender>,
     id: RecordId,
     owner: OwnerToken,
     lease: Mutex<Lease>,
-    lost: watch::Sender<bool>,
+    /// Set once an extension finds the claim lost; `lost_now` wakes whoever
+    /// waits for it (kept in the handle's own allocation, unlike a channel).
+    lost: AtomicBool,
+    lost_now: Notify,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -80,7 +84,7 @@ pub(super) trait Extender: Send + Sync + 'static {
 
 impl ClaimHandle {
     pub(super) fn held(
-        extender: Box<dyn Extender>,
+        extender: Arc<dyn Extender>,
         id: RecordId,
         owner: OwnerToken,
         lease_until_ms: u64,
@@ -99,7 +103,8 @@ impl ClaimHandle {
                     asked_until_ms: lease_until_ms,
                     asked_expiration_s: expiration_s,
                 }),
-                lost: watch::Sender::new(false),
+                lost: AtomicBool::new(false),
+                lost_now: Notify::new(),
             })),
             #[cfg(feature = "postgres")]
             transaction: None,
@@ -213,19 +218,24 @@ impl ClaimHandle {
     /// to stop work whose outcome can no longer be stored.
     pub async fn lost(&self) {
         match &self.held {
-            Some(held) => {
-                let mut lost = held.lost.subscribe();
-                // The sender lives as long as `held`, so this only ends
-                // when the claim is lost.
-                let _ = lost.wait_for(|lost| *lost).await;
-            }
+            Some(held) => loop {
+                // Registered before the flag is read: a loss marked in
+                // between still wakes it.
+                let notified = held.lost_now.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if held.is_lost() {
+                    return;
+                }
+                notified.await;
+            },
             None => std::future::pending().await,
         }
     }
 
     /// Whether an extension found the claim lost.
     pub fn is_lost(&self) -> bool {
-        self.held.as_ref().is_some_and(|held| *held.lost.borrow())
+        self.held.as_ref().is_some_and(|held| held.is_lost())
     }
 
     pub(super) fn held_claim(&self) -> Option<&Held> {
@@ -278,7 +288,8 @@ impl Held {
             Conditional::Refused(_) => {
                 tracing::warn!(record = %self.id, outcome = "lease_lost",
                     "the claim was taken over before its lease could be extended");
-                self.lost.send_replace(true);
+                self.lost.store(true, Ordering::Release);
+                self.lost_now.notify_waiters();
                 return Err(Error::LeaseLost);
             }
         }
@@ -289,7 +300,7 @@ impl Held {
     }
 
     pub(super) fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.lost.load(Ordering::Acquire)
     }
 
     pub(super) fn lease_until_ms(&self) -> u64 {

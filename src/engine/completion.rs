@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 impl<St: Store> Engine<St> {
     pub(crate) async fn complete<E>(
         &self,
-        claim: Claim,
+        claim: &Claim,
         response: Vec<u8>,
         writes: Vec<St::Write>,
         transactional: bool,
@@ -34,15 +34,30 @@ impl<St: Store> Engine<St> {
             writes,
         };
         // A completion is fenced, so one that lost a race (at SERIALIZABLE,
-        // a duplicate's claim reading the row) is safely tried again.
-        let completed = retry_conflicts(|| inner.store.complete(completion.clone())).await;
-        let applied = completed.map(|found| landed(found, &completion));
+        // a duplicate's claim reading the row) is safely tried again: the
+        // first try sends this completion as it is, a later one a copy.
+        let response = completion.response.clone();
+        let writes = completion.writes.clone();
+        let mut first = Some(completion);
+        let completed = retry_conflicts(|| {
+            let completion = first.take().unwrap_or_else(|| Completion {
+                id: claim.id.clone(),
+                owner: claim.owner.clone(),
+                response: response.clone(),
+                now_ms,
+                expiration_s,
+                writes: writes.clone(),
+            });
+            inner.store.complete(completion)
+        })
+        .await;
+        let applied = completed.map(|found| landed(found, &claim.owner, now_ms));
         match applied {
             Ok(true) => {
                 self.remember(
                     &claim.id,
                     &claim.fingerprint,
-                    &completion.response,
+                    &response,
                     expiration_s,
                     Some(now_ms),
                     claim.attempt,
@@ -68,7 +83,7 @@ impl<St: Store> Engine<St> {
             Err(error) if transactional => {
                 warn!(record = %claim.id, outcome = "store_error", %error,
                     "transactional completion failed; releasing the claim");
-                self.release(&claim).await;
+                self.release(claim).await;
                 Err(Error::Store(error))
             }
             Err(error) => {
@@ -142,12 +157,10 @@ impl<'a> Lapsing<'a> {
 /// Whether a fenced completion landed: applied now, or found already
 /// completed under its token (this very completion, landed before a retry
 /// whose answer was lost).
-pub(super) fn landed<W>(found: Conditional, completion: &Completion<W>) -> bool {
+pub(super) fn landed(found: Conditional, owner: &OwnerToken, now_ms: u64) -> bool {
     match found {
         Conditional::Applied => true,
-        Conditional::Refused(found) => {
-            fence(found.as_ref(), &completion.owner, completion.now_ms) == Fence::OwnCompletion
-        }
+        Conditional::Refused(found) => fence(found.as_ref(), owner, now_ms) == Fence::OwnCompletion,
     }
 }
 

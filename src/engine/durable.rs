@@ -95,7 +95,7 @@ impl<St: Store> Engine<St> {
             writes: Vec::new(),
         };
         let found = retry_conflicts(|| self.inner.store.complete(completion.clone())).await?;
-        if landed(found, &completion) {
+        if landed(found, &completion.owner, completion.now_ms) {
             return Ok(OutcomeKind::Fresh);
         }
         warn!(record = %id, outcome = "lease_lost",

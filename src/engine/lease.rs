@@ -3,14 +3,14 @@
 
 use super::{
     claim_handle::{self, ClaimHandle, Takeover},
-    orchestrator::{Engine, MIN_LEASE_MS},
+    orchestrator::{Engine, Inner, MIN_LEASE_MS},
 };
 use crate::{
     clock::duration_ms,
     store::{Claim, Conditional, Extension, Store},
     Error, StoreError,
 };
-use std::{convert::Infallible, future::Future, time::Duration};
+use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 use tracing::warn;
 
 impl<St: Store> Engine<St> {
@@ -21,7 +21,8 @@ impl<St: Store> Engine<St> {
             first_started_at_ms: claim.first_started_ms,
         });
         ClaimHandle::held(
-            Box::new(self.clone()),
+            // The engine's own allocation, shared: no new one per claim.
+            Arc::clone(&self.inner) as Arc<dyn claim_handle::Extender>,
             claim.id.clone(),
             claim.owner.clone(),
             claim.lease_until_ms,
@@ -69,20 +70,20 @@ impl<St: Store> Engine<St> {
     }
 }
 
-impl<St: Store> claim_handle::Extender for Engine<St> {
+impl<St: Store> claim_handle::Extender for Inner<St> {
     fn now_ms(&self) -> u64 {
-        self.inner.clock.now_ms()
+        self.clock.now_ms()
     }
 
     fn max_lease_ms(&self) -> u64 {
-        duration_ms(self.inner.max_lease)
+        duration_ms(self.max_lease)
     }
 
     fn extend<'a>(
         &'a self,
         extension: &'a Extension,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>> {
-        Box::pin(self.inner.store.extend(extension))
+        Box::pin(self.store.extend(extension))
     }
 }
 

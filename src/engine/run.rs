@@ -88,10 +88,13 @@ impl<St: Store> Engine<St> {
         // level every operation's future would nest one deeper, against
         // the compiler's recursion limit. The closure is called inside the
         // same guard as its future: one that panics before it returns its
-        // future is that future's panic.
+        // future is that future's panic. It is boxed where it is made: an
+        // operation's future (an HTTP handler's and the reading of its
+        // response, some kilobytes) would otherwise be copied whole at each
+        // of the moves below, and this future would hold room for it.
         let handle = self.handle(&claim);
         let started = catch_unwind(AssertUnwindSafe(|| {
-            handle.clone().scope(operation(handle.clone()))
+            Box::pin(handle.clone().scope(operation(handle.clone())))
         }));
         let ran = match started {
             Ok(operation) => {
@@ -120,7 +123,7 @@ impl<St: Store> Engine<St> {
         };
         let refusable = !writes.is_empty();
         match self
-            .complete(claim.clone(), response, writes, transactional, refusable)
+            .complete(&claim, response, writes, transactional, refusable)
             .await
         {
             Ok(kind) => Ok(Outcome::new(value, kind)),
@@ -280,7 +283,7 @@ impl<St: Store> Engine<St> {
             Some(Ok(answer)) => match codec.encode(&answer) {
                 Ok(response) => {
                     debug!(record = %claim.id, outcome = "refused", "a write was refused: its answer is stored");
-                    self.complete(claim, response, Vec::new(), true, false)
+                    self.complete(&claim, response, Vec::new(), true, false)
                         .await
                         .map(|kind| Outcome::new(answer, kind))
                 }

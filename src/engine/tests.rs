@@ -1284,3 +1284,43 @@ async fn a_read_before_a_single_write_replays_without_running_the_operation() {
     let calls = store.calls();
     assert_eq!((calls.peek, calls.commit), (2, 1));
 }
+
+/// `lost()` resolves once an extension finds the claim taken over, for a
+/// waiter that began before the loss and for one after it; not before.
+#[tokio::test]
+async fn lost_resolves_for_waiters_before_and_after_the_loss() {
+    let (engine, store, _clock) = setup();
+    let id = engine.record_id("s", "lost");
+    engine
+        .run(
+            &Attempt::new("s", "lost", fingerprint(1)),
+            Mode::Plain,
+            &Json,
+            |handle| async move {
+                let early = tokio::spawn({
+                    let handle = handle.clone();
+                    async move { handle.lost().await }
+                });
+                tokio::task::yield_now().await;
+                assert!(!handle.is_lost());
+                assert!(handle.lost().now_or_never().is_none(), "not lost yet");
+                let mut record = store.record(&id).expect("claimed");
+                record.owner = crate::store::OwnerToken::from_stored("another");
+                store.insert_record(record);
+                let extended = handle.extend(Duration::from_secs(5)).await;
+                assert!(matches!(extended, Err(Error::LeaseLost)), "{extended:?}");
+                assert!(handle.is_lost());
+                tokio::time::timeout(Duration::from_secs(5), early)
+                    .await
+                    .expect("the early waiter woke")
+                    .expect("joined");
+                assert!(
+                    handle.lost().now_or_never().is_some(),
+                    "a later one at once"
+                );
+                Ok::<_, Failed>(((), Vec::new()))
+            },
+        )
+        .await
+        .expect("ran");
+}

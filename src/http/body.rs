@@ -125,20 +125,27 @@ where
 /// `lambda_http` body of the same kind).
 pub(crate) fn rebuild_request<B: RebuildBody>(request: Request<Bytes>, kind: Kind) -> Request<B> {
     let (parts, bytes) = request.into_parts();
-    let vec = Vec::from(bytes);
     let body = match kind {
         #[cfg(feature = "lambda")]
-        Kind::Lambda(LambdaKind::Empty) => StoredBody::Empty,
-        #[cfg(feature = "lambda")]
-        Kind::Lambda(LambdaKind::Text) => match String::from_utf8(vec) {
+        Kind::Lambda(kind) => B::from_stored(lambda_body(bytes, kind), None),
+        // Taken as they are where the body type can (no copy).
+        Kind::Other => B::from_bytes(bytes),
+    };
+    Request::from_parts(parts, body)
+}
+
+/// A `lambda_http` body of `kind` again, from its bytes.
+#[cfg(feature = "lambda")]
+fn lambda_body(bytes: Bytes, kind: LambdaKind) -> StoredBody {
+    let vec = Vec::from(bytes);
+    match kind {
+        LambdaKind::Empty => StoredBody::Empty,
+        LambdaKind::Text => match String::from_utf8(vec) {
             Ok(text) => StoredBody::Text(text),
             Err(error) => StoredBody::Binary(error.into_bytes()),
         },
-        #[cfg(feature = "lambda")]
-        Kind::Lambda(LambdaKind::Binary) => StoredBody::Binary(vec),
-        Kind::Other => StoredBody::Binary(vec),
-    };
-    Request::from_parts(parts, B::from_stored(body, None))
+        LambdaKind::Binary => StoredBody::Binary(vec),
+    }
 }
 
 #[cfg(feature = "lambda")]

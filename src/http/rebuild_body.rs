@@ -68,6 +68,14 @@ pub trait RebuildBody: HttpBody + Sized + Send + 'static {
     /// them out.
     fn from_stored(body: StoredBody, trailers: Option<HeaderMap>) -> Self;
 
+    /// The handler's request body again, from the bytes the layer read for
+    /// the key and the fingerprint. The default copies them into a
+    /// [`StoredBody`]; a type that can hold `Bytes` as they are takes them
+    /// without a copy (those this crate implements it for do).
+    fn from_bytes(bytes: Bytes) -> Self {
+        Self::from_stored(StoredBody::Binary(Vec::from(bytes)), None)
+    }
+
     /// `body` as this type, when this type can hold a stream; otherwise
     /// `body` back (the default), and the layer reads it whole.
     fn from_stream(
@@ -125,11 +133,21 @@ impl RebuildBody for Full<Bytes> {
     fn from_stored(body: StoredBody, _trailers: Option<HeaderMap>) -> Self {
         Full::new(Bytes::from(body.into_bytes()))
     }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        Full::new(bytes)
+    }
 }
 
 impl RebuildBody for UnsyncBoxBody<Bytes, BoxError> {
     fn from_stored(body: StoredBody, trailers: Option<HeaderMap>) -> Self {
         StoredFrames::new(body, trailers)
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        Full::new(bytes)
             .map_err(|never| match never {})
             .boxed_unsync()
     }
@@ -147,6 +165,10 @@ impl RebuildBody for BoxBody<Bytes, BoxError> {
             .map_err(|never| match never {})
             .boxed()
     }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        Full::new(bytes).map_err(|never| match never {}).boxed()
+    }
 }
 
 #[cfg(feature = "lambda")]
@@ -163,6 +185,10 @@ impl RebuildBody for axum::body::Body {
         axum::body::Body::new(StoredFrames::new(body, trailers))
     }
 
+    fn from_bytes(bytes: Bytes) -> Self {
+        axum::body::Body::from(bytes)
+    }
+
     fn from_stream(
         body: UnsyncBoxBody<Bytes, BoxError>,
     ) -> Result<Self, UnsyncBoxBody<Bytes, BoxError>> {
@@ -174,6 +200,10 @@ impl RebuildBody for axum::body::Body {
 impl RebuildBody for tonic::body::Body {
     fn from_stored(body: StoredBody, trailers: Option<HeaderMap>) -> Self {
         tonic::body::Body::new(StoredFrames::new(body, trailers))
+    }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        tonic::body::Body::new(Full::new(bytes))
     }
 
     fn from_stream(

@@ -150,23 +150,6 @@ impl MemoryStore {
     }
 }
 
-/// The fresh `IN_PROGRESS` record a claim writes.
-fn claimed(claim: &Claim) -> Record {
-    Record {
-        id: claim.id.clone(),
-        status: Status::InProgress,
-        owner: claim.owner.clone(),
-        fingerprint: claim.fingerprint.clone(),
-        expiration_s: claim.expiration_s,
-        lease_until_ms: Some(claim.lease_until_ms),
-        response: None,
-        created_at_ms: Some(claim.now_ms),
-        attempt: claim.attempt,
-        first_started_ms: Some(claim.first_started_ms),
-        completed_at_ms: None,
-    }
-}
-
 /// Changes the record under `id` where it stands (a set lends no `&mut`
 /// to its members, since a change could move them: taken out, put back).
 fn update(records: &mut HashSet<Packed>, id: &str, change: impl FnOnce(&mut Packed)) {
@@ -205,7 +188,7 @@ impl Store for MemoryStore {
                 return Ok(Conditional::Refused(Some(existing.record())));
             }
         }
-        state.records.replace(Packed::new(claimed(claim)));
+        state.records.replace(Packed::claimed_from(claim));
         Ok(Conditional::Applied)
     }
 
@@ -222,7 +205,7 @@ impl Store for MemoryStore {
                         .lease_until_ms
                         .is_some_and(|lease| lease < claim.now_ms) =>
             {
-                state.records.replace(Packed::new(claimed(claim)));
+                state.records.replace(Packed::claimed_from(claim));
                 Ok(Conditional::Applied)
             }
             found => Ok(Conditional::Refused(found.map(Packed::record))),
@@ -264,7 +247,7 @@ impl Store for MemoryStore {
         check_writes(&state.items, &completion.writes)?;
         update(&mut state.records, completion.id.as_str(), |record| {
             record.status = Status::Completed;
-            record.response = Some(completion.response);
+            record.set_response(&completion.response);
             record.expiration_s = completion.expiration_s;
             record.lease_until_ms = None;
             record.completed_at_ms = Some(completion.now_ms);

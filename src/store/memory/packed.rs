@@ -1,4 +1,4 @@
-//! A record as the memory store keeps it: its strings in one allocation.
+//! A record as the memory store keeps it: in one allocation.
 //!
 //! A server keeps every completed record until it expires, so each one is
 //! memory retained among the short-lived allocations of every request.
@@ -6,10 +6,12 @@
 //! map's key, the id, the owner, the fingerprint, the response), and those
 //! small long-lived chunks, scattered through the heap, cost the allocator
 //! about 3 µs of every later request of the server benchmark (glibc walks
-//! fragmented bins). Packed, it holds two: its strings and its response.
+//! fragmented bins). Packed, it holds one: its strings, then its response.
+//! A completion writes the record again with its response (the claim's
+//! allocation, freed, is the size the next claim asks for).
 
 use crate::{
-    store::{OwnerToken, Record, RecordId, Status},
+    store::{Claim, OwnerToken, Record, RecordId, Status},
     Fingerprint,
 };
 use std::{
@@ -20,44 +22,85 @@ use std::{
 /// A record, found in a set by its id (`Borrow<str>`).
 #[derive(Debug)]
 pub(super) struct Packed {
-    /// The id, the owner and the fingerprint, one after the other.
-    strings: Box<str>,
+    /// The id, the owner and the fingerprint (text), one after the other,
+    /// then the response, if there is one.
+    data: Box<[u8]>,
     id_end: usize,
     owner_end: usize,
+    fingerprint_end: usize,
+    has_response: bool,
     pub(super) status: Status,
     pub(super) expiration_s: u64,
     pub(super) lease_until_ms: Option<u64>,
-    pub(super) response: Option<Vec<u8>>,
     created_at_ms: Option<u64>,
     attempt: u32,
     first_started_ms: Option<u64>,
     pub(super) completed_at_ms: Option<u64>,
 }
 
+/// The strings and the response, one after the other, in one allocation.
+fn pack(id: &str, owner: &str, fingerprint: &str, response: Option<&[u8]>) -> Box<[u8]> {
+    let response = response.unwrap_or_default();
+    let mut data = Vec::with_capacity(id.len() + owner.len() + fingerprint.len() + response.len());
+    data.extend_from_slice(id.as_bytes());
+    data.extend_from_slice(owner.as_bytes());
+    data.extend_from_slice(fingerprint.as_bytes());
+    data.extend_from_slice(response);
+    data.into_boxed_slice()
+}
+
 impl Packed {
     pub(super) fn new(record: Record) -> Self {
+        let mut packed = Self::claimed_from(&Claim {
+            id: record.id,
+            owner: record.owner,
+            fingerprint: record.fingerprint,
+            now_ms: 0,
+            lease_until_ms: 0,
+            expiration_s: record.expiration_s,
+            attempt: record.attempt,
+            first_started_ms: 0,
+        });
+        if let Some(response) = &record.response {
+            packed.set_response(response);
+        }
+        packed.status = record.status;
+        packed.lease_until_ms = record.lease_until_ms;
+        packed.created_at_ms = record.created_at_ms;
+        packed.first_started_ms = record.first_started_ms;
+        packed.completed_at_ms = record.completed_at_ms;
+        packed
+    }
+
+    /// The fresh `IN_PROGRESS` record a claim writes, packed from the
+    /// claim's strings as they are (not cloned into a [`Record`] first:
+    /// every new request makes one).
+    pub(super) fn claimed_from(claim: &Claim) -> Self {
         let (id, owner, fingerprint) = (
-            record.id.as_str(),
-            record.owner.as_str(),
-            record.fingerprint.as_str(),
+            claim.id.as_str(),
+            claim.owner.as_str(),
+            claim.fingerprint.as_str(),
         );
-        let mut strings = String::with_capacity(id.len() + owner.len() + fingerprint.len());
-        strings.push_str(id);
-        strings.push_str(owner);
-        strings.push_str(fingerprint);
         Self {
-            strings: strings.into_boxed_str(),
+            data: pack(id, owner, fingerprint, None),
             id_end: id.len(),
             owner_end: id.len() + owner.len(),
-            status: record.status,
-            expiration_s: record.expiration_s,
-            lease_until_ms: record.lease_until_ms,
-            response: record.response,
-            created_at_ms: record.created_at_ms,
-            attempt: record.attempt,
-            first_started_ms: record.first_started_ms,
-            completed_at_ms: record.completed_at_ms,
+            fingerprint_end: id.len() + owner.len() + fingerprint.len(),
+            has_response: false,
+            status: Status::InProgress,
+            expiration_s: claim.expiration_s,
+            lease_until_ms: Some(claim.lease_until_ms),
+            created_at_ms: Some(claim.now_ms),
+            attempt: claim.attempt,
+            first_started_ms: Some(claim.first_started_ms),
+            completed_at_ms: None,
         }
+    }
+
+    /// Packs the record again, with `response` after its strings.
+    pub(super) fn set_response(&mut self, response: &[u8]) {
+        self.data = pack(self.id(), self.owner(), self.fingerprint(), Some(response));
+        self.has_response = true;
     }
 
     /// The record, unpacked.
@@ -66,10 +109,10 @@ impl Packed {
             id: RecordId::from_stored(self.id()),
             status: self.status,
             owner: OwnerToken::from_stored(self.owner()),
-            fingerprint: Fingerprint::from_stored(self.part(self.owner_end, self.strings.len())),
+            fingerprint: Fingerprint::from_stored(self.fingerprint()),
             expiration_s: self.expiration_s,
             lease_until_ms: self.lease_until_ms,
-            response: self.response.clone(),
+            response: self.response().map(<[u8]>::to_vec),
             created_at_ms: self.created_at_ms,
             attempt: self.attempt,
             first_started_ms: self.first_started_ms,
@@ -95,10 +138,22 @@ impl Packed {
         self.part(self.id_end, self.owner_end)
     }
 
-    /// The offsets are the lengths of the strings packed in `new`, so they
-    /// fall on character boundaries.
+    fn fingerprint(&self) -> &str {
+        self.part(self.owner_end, self.fingerprint_end)
+    }
+
+    fn response(&self) -> Option<&[u8]> {
+        self.has_response
+            .then(|| self.data.get(self.fingerprint_end..).unwrap_or_default())
+    }
+
+    /// The offsets are the lengths of the strings packed in `pack`, so they
+    /// bound whole UTF-8 strings.
     fn part(&self, start: usize, end: usize) -> &str {
-        self.strings.get(start..end).unwrap_or_default()
+        self.data
+            .get(start..end)
+            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .unwrap_or_default()
     }
 }
 
@@ -150,6 +205,21 @@ mod tests {
             !packed.held_by(&OwnerToken::from_stored("owner-ü")),
             "completed"
         );
+        // A response, none, and an empty one stay apart; a completion packs
+        // the response after the strings.
+        for response in [None, Some(Vec::new())] {
+            let other = Record {
+                response: response.clone(),
+                ..record.clone()
+            };
+            assert_eq!(Packed::new(other.clone()).record(), other);
+        }
+        let mut claimed = Packed::new(Record {
+            response: None,
+            ..record.clone()
+        });
+        claimed.set_response(b"{}");
+        assert_eq!(claimed.record(), record);
         let mut set = HashSet::new();
         set.insert(packed);
         assert!(set.contains("charges#é1"));
