@@ -12,7 +12,7 @@ use super::{
     outcome::{Outcome, OutcomeKind},
 };
 use crate::{
-    store::{Commit, Conditional, OwnerToken, Store},
+    store::{Commit, Conditional, OwnerToken, RecordId, Store},
     Attempt, Error, StoreErrorKind,
 };
 use std::{future::Future, time::Duration};
@@ -156,12 +156,26 @@ impl<St: Store> Engine<St> {
         // Still contended: whoever won, its record says what happened.
         let now_ms = inner.clock.now_ms();
         let found = inner.store.get(&id, now_ms).await.map_err(Error::Store)?;
-        match (fence(found.as_ref(), &owner, now_ms), found) {
+        self.after_contention(&id, found, &owner, codec, attempt, now_ms)
+    }
+
+    /// What a read after the commit's tries found decides: a live record
+    /// answers (a replay, a mismatch, in progress); none, or a lapsed
+    /// claim, is still contended, and the caller retries, as for a request
+    /// in progress (never a 5xx).
+    fn after_contention<T, E, C: Codec<T>>(
+        &self,
+        id: &RecordId,
+        found: Option<crate::store::Record>,
+        owner: &OwnerToken,
+        codec: &C,
+        attempt: &Attempt<'_>,
+        now_ms: u64,
+    ) -> Result<Outcome<T>, Error<E>> {
+        match (fence(found.as_ref(), owner, now_ms), found) {
             (Fence::Held | Fence::OwnCompletion, Some(record)) => {
                 self.existing(record, codec, attempt, now_ms)
             }
-            // Duplicates kept colliding and none committed yet: the caller
-            // retries, as for a request in progress (never a 5xx).
             _ => {
                 debug!(record = %id, outcome = "in_progress", "single-write commits stayed contended");
                 Err(Error::InProgress {

@@ -129,14 +129,15 @@ where
     // A key in a header is read before the body: a request without one is
     // answered, or passed through, unread (unless Powertools' key may be
     // in the body).
+    let refuse = |outcome, problem: Problem| {
+        (
+            outcome,
+            Ok(problem_response(&config.settings, &problem, grpc)),
+        )
+    };
     let header_key = match read_header_key(&config.settings, &request) {
         Ok(key) => key,
-        Err(problem) => {
-            return (
-                HttpOutcome::BadKey,
-                Ok(problem_response(&config.settings, &problem, grpc)),
-            )
-        }
+        Err(problem) => return refuse(HttpOutcome::BadKey, problem),
     };
     if header_key.is_none()
         && matches!(config.settings.key.0, Source::Header(_))
@@ -146,36 +147,12 @@ where
     }
     let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
         Ok(buffered) => buffered,
-        Err(error) => {
-            let problem = match error {
-                BodyError::TooLarge => Problem::BodyTooLarge {
-                    limit: config.settings.body_limit,
-                },
-                BodyError::Unreadable(error) => {
-                    tracing::warn!(%error, "request body unreadable; the handler did not run");
-                    Problem::BodyUnreadable
-                }
-            };
-            return (
-                HttpOutcome::BadBody,
-                Ok(problem_response(&config.settings, &problem, grpc)),
-            );
-        }
+        Err(error) => return refuse(HttpOutcome::BadBody, body_problem(&config.settings, error)),
     };
-    let key =
-        match header_key.map_or_else(|| config.settings.key.read(&request), |key| Ok(Some(key))) {
-            Ok(key) => key,
-            Err(error) => {
-                let problem = Problem::KeyInvalid {
-                    place: KeyPlace::Other(config.settings.key.place()),
-                    error,
-                };
-                return (
-                    HttpOutcome::BadKey,
-                    Ok(problem_response(&config.settings, &problem, grpc)),
-                );
-            }
-        };
+    let key = match key_of(&config.settings, header_key, &request) {
+        Ok(key) => key,
+        Err(problem) => return refuse(HttpOutcome::BadKey, problem),
+    };
     let Some(key) = key else {
         // Powertools keyed its records on the request itself (a field of
         // the body, say), with or without this crate's key: a retry of a
@@ -195,14 +172,7 @@ where
         return keyless(&config.settings, inner, request, grpc).await;
     };
     let Some(scope) = scope_for(&config.settings.scope, &request) else {
-        return (
-            HttpOutcome::ScopeUnset,
-            Ok(problem_response(
-                &config.settings,
-                &Problem::ScopeUnset,
-                grpc,
-            )),
-        );
+        return refuse(HttpOutcome::ScopeUnset, Problem::ScopeUnset);
     };
     #[cfg(feature = "powertools")]
     let takeover = match powertools_first(config, &request, kind, Some((&scope, &key)), grpc).await
@@ -216,32 +186,11 @@ where
     // slow client that sends its body byte by byte holds no slot, and a
     // request refused here has claimed nothing.
     let Some(slot) = config.settings.in_flight.take() else {
-        return (
-            HttpOutcome::Overloaded,
-            Ok(problem_response(
-                &config.settings,
-                &Problem::Overloaded,
-                grpc,
-            )),
-        );
+        return refuse(HttpOutcome::Overloaded, Problem::Overloaded);
     };
     tracing::Span::current().record("in_flight", config.settings.in_flight.running());
-    let deadline_ms = lambda_context::deadline_ms(&request);
-    let fingerprint = config.settings.fingerprint.of(&request);
-    // The route whose durations this request is measured with, and its
-    // duplicates told to wait from.
-    let settings = &config.settings;
-    let route_key = settings
-        .retry_after
-        .estimates()
-        .then(|| route_key(&request));
-    let hint = settings
-        .retry_after
-        .hint(&settings.durations, route_key.unwrap_or_default());
+    let (attempt, route_key) = attempt_for(&config.settings, &request, scope, key, takeover);
     let request = rebuild_request(request, kind);
-    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms)
-        .taking_over(takeover)
-        .retry_hint(hint);
     match run_detached(Arc::clone(config), attempt, route_key, inner, request, slot).await {
         Ran::Answered(result, live) => respond(&config.settings, result, live, grpc),
         // Its record completes when its body ends.
@@ -440,6 +389,62 @@ fn read_header_key<B>(
 /// result (with backoff, within the configured budget and the invocation's
 /// deadline) and asks again. A run that completes its record counts, on
 /// the engine's clock, for its `route`'s typical duration.
+/// The request's key: the one its header gave, or the one the key source
+/// reads from the buffered request (none, or a problem).
+fn key_of(
+    settings: &Settings,
+    header_key: Option<String>,
+    request: &Request<bytes::Bytes>,
+) -> Result<Option<String>, Problem> {
+    match header_key {
+        Some(key) => Ok(Some(key)),
+        None => settings
+            .key
+            .read(request)
+            .map_err(|error| Problem::KeyInvalid {
+                place: KeyPlace::Other(settings.key.place()),
+                error,
+            }),
+    }
+}
+
+/// The problem a request body that could not be read answers.
+fn body_problem(settings: &Settings, error: BodyError) -> Problem {
+    match error {
+        BodyError::TooLarge => Problem::BodyTooLarge {
+            limit: settings.body_limit,
+        },
+        BodyError::Unreadable(error) => {
+            tracing::warn!(%error, "request body unreadable; the handler did not run");
+            Problem::BodyUnreadable
+        }
+    }
+}
+
+/// The attempt a keyed request makes: its scoped key, the fingerprint of
+/// the request, its deadline, the takeover of an abandoned Powertools
+/// record if there was one, and how long its duplicates are told to wait,
+/// from the durations of its route (returned too: the route this request
+/// is measured on).
+fn attempt_for(
+    settings: &Settings,
+    request: &Request<bytes::Bytes>,
+    scope: String,
+    key: String,
+    takeover: Option<crate::Takeover>,
+) -> (OwnedAttempt, Option<u64>) {
+    let deadline_ms = lambda_context::deadline_ms(request);
+    let fingerprint = settings.fingerprint.of(request);
+    let route_key = settings.retry_after.estimates().then(|| route_key(request));
+    let hint = settings
+        .retry_after
+        .hint(&settings.durations, route_key.unwrap_or_default());
+    let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms)
+        .taking_over(takeover)
+        .retry_hint(hint);
+    (attempt, route_key)
+}
+
 async fn run_waiting<S, St, B, ResBody>(
     config: &Config<St>,
     attempt: &Attempt<'_>,
@@ -472,94 +477,14 @@ where
         let live = &mut *live;
         let early = &mut *early;
         let recorded_slot = &mut recorded;
-        let operation = move |claim: ClaimHandle| async move {
-            let Some((mut inner, mut request)) = not_run_yet.take() else {
-                return Err(Failure::AlreadyRun);
-            };
-            // The handler can learn that it took over a lapsed claim
-            // (and reconcile first), and extend or watch its lease.
-            if let Some(takeover) = claim.takeover() {
-                request.extensions_mut().insert(takeover);
-            }
-            let handle = claim.clone();
-            #[cfg(feature = "postgres")]
-            let transaction = claim.transaction().cloned();
-            #[cfg(feature = "postgres")]
-            if let Some(transaction) = &transaction {
-                request.extensions_mut().insert(transaction.clone());
-            }
-            request.extensions_mut().insert(claim);
-            let response = inner.call(request).await.map_err(Failure::Handler)?;
-            let (mut parts, body) = response.into_parts();
-            // Inside the transaction, a refusal is stored without the
-            // handler's writes (a released response rolls back whole).
-            #[cfg(feature = "postgres")]
-            if let Some(transaction) = &transaction {
-                if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
-                    parts.extensions.remove::<CommitWith<St::Write>>();
-                    if let Err(error) = transaction.roll_back_writes().await {
-                        tracing::warn!(%error, "the refused request's writes could not be rolled back");
-                        return Err(Failure::Released(Response::from_parts(parts, body)));
-                    }
-                }
-            }
-            let writes = parts
-                .extensions
-                .remove::<CommitWith<St::Write>>()
-                .map(|commit| commit.0)
-                .unwrap_or_default();
-            if !(config.settings.store_when)(parts.status) {
-                return Err(Failure::Released(Response::from_parts(parts, body)));
-            }
-            let grpc = grpc_wire::is_grpc(&parts.headers);
-            let (body, why) = if streams(&parts, config.settings.stream_when.as_ref()) {
-                (body, WhyNotStored::Stream)
-            } else {
-                // Read to be stored, but never more than can be (a
-                // lambda_http body is whole already), nor a gRPC stream,
-                // and never waited for: a body that would wait goes on to
-                // the client as it comes, copied as it passes. Unless
-                // writes commit with the record: the client must not see
-                // an answer whose writes may still fail.
-                let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
-                let tee =
-                    early.is_some() && writes.is_empty() && !commits_with_record(&config.settings);
-                match read_bounded(body, limit, grpc, tee).await {
-                    Ok(Read::Whole(body, trailers)) => {
-                        let stored = whole(&config.settings, parts, body, trailers, grpc)?;
-                        return Ok((stored, writes));
-                    }
-                    Ok(Read::Teed(body, copied)) => {
-                        let head = StoredHead::of(&parts);
-                        if let Some(early) = early.take() {
-                            // A client that left already drops the body,
-                            // which is then read here to its end.
-                            let _ = early.send(Response::from_parts(parts, body));
-                        }
-                        let stored = teed(
-                            &config.settings,
-                            &config.engine,
-                            &handle,
-                            head,
-                            copied,
-                            grpc,
-                            recorded_slot,
-                        )
-                        .await?;
-                        return Ok((stored, writes));
-                    }
-                    Ok(Read::Streams(body, why)) => (body, why),
-                    Err(error) => return Err(Failure::ResponseUnreadable(error)),
-                }
-            };
-            log_not_stored(why);
-            let head = StoredResponse::NotStored {
-                status: parts.status,
-                headers: parts.headers.clone(),
-                why,
-            };
-            *live = Some(Response::from_parts(parts, body));
-            Ok((head, writes))
+        // A function of its own, whose future the closure returns as it
+        // is: no level deeper than an `async` block here. The references
+        // are moved out of the closure (which makes it FnOnce), so that the
+        // future may keep them.
+        let slots = (not_run_yet, live, early, recorded_slot);
+        let operation = move |claim: ClaimHandle| {
+            let (not_run_yet, live, early, recorded) = slots;
+            run_handler(config, claim, not_run_yet, live, early, recorded)
         };
         let started_ms = config.engine.now_ms();
         // The application's answer to a refused write, stored or not by
@@ -593,6 +518,144 @@ where
         }
         return result;
     }
+}
+
+/// The handler's run under its claim: the request told of the claim (and
+/// of a takeover, and given the transaction in the in-transaction form),
+/// then its response read for its record, stored whole, teed to the client
+/// as it streams, or passed through not stored, as the outcome policy and
+/// the body say.
+async fn run_handler<S, St, B, ResBody>(
+    config: &Config<St>,
+    claim: ClaimHandle,
+    not_run_yet: &mut Option<(S, Request<B>)>,
+    live: &mut Live<ResBody>,
+    early: &mut Option<oneshot::Sender<Response<ResBody>>>,
+    recorded_slot: &mut Option<Recorded>,
+) -> Result<(StoredResponse, Vec<St::Write>), Failure<S::Error, ResBody>>
+where
+    S: Inner<B, ResBody>,
+    St: Store,
+    B: LayerBody,
+    ResBody: LayerBody,
+{
+    let Some((mut inner, mut request)) = not_run_yet.take() else {
+        return Err(Failure::AlreadyRun);
+    };
+    // The handler can learn that it took over a lapsed claim
+    // (and reconcile first), and extend or watch its lease.
+    if let Some(takeover) = claim.takeover() {
+        request.extensions_mut().insert(takeover);
+    }
+    let handle = claim.clone();
+    #[cfg(feature = "postgres")]
+    let transaction = claim.transaction().cloned();
+    #[cfg(feature = "postgres")]
+    if let Some(transaction) = &transaction {
+        request.extensions_mut().insert(transaction.clone());
+    }
+    request.extensions_mut().insert(claim);
+    let response = inner.call(request).await.map_err(Failure::Handler)?;
+    let (mut parts, body) = response.into_parts();
+    // Inside the transaction, a refusal is stored without the
+    // handler's writes (a released response rolls back whole).
+    #[cfg(feature = "postgres")]
+    if let Some(transaction) = &transaction {
+        if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
+            parts.extensions.remove::<CommitWith<St::Write>>();
+            if let Err(error) = transaction.roll_back_writes().await {
+                tracing::warn!(%error, "the refused request's writes could not be rolled back");
+                return Err(Failure::Released(Response::from_parts(parts, body)));
+            }
+        }
+    }
+    let writes = parts
+        .extensions
+        .remove::<CommitWith<St::Write>>()
+        .map(|commit| commit.0)
+        .unwrap_or_default();
+    if !(config.settings.store_when)(parts.status) {
+        return Err(Failure::Released(Response::from_parts(parts, body)));
+    }
+    record_response(
+        config,
+        &handle,
+        parts,
+        body,
+        writes,
+        live,
+        early,
+        recorded_slot,
+    )
+    .await
+}
+
+/// The handler's response read for its record: stored whole, teed to the
+/// client as it streams (its record completing when it ends), or passed
+/// through not stored, as the response and the settings say.
+#[allow(clippy::too_many_arguments)]
+async fn record_response<St, E, ResBody>(
+    config: &Config<St>,
+    handle: &ClaimHandle,
+    parts: http::response::Parts,
+    body: ResBody,
+    writes: Vec<St::Write>,
+    live: &mut Live<ResBody>,
+    early: &mut Option<oneshot::Sender<Response<ResBody>>>,
+    recorded_slot: &mut Option<Recorded>,
+) -> Result<(StoredResponse, Vec<St::Write>), Failure<E, ResBody>>
+where
+    St: Store,
+    ResBody: LayerBody,
+{
+    let grpc = grpc_wire::is_grpc(&parts.headers);
+    let (body, why) = if streams(&parts, config.settings.stream_when.as_ref()) {
+        (body, WhyNotStored::Stream)
+    } else {
+        // Read to be stored, but never more than can be (a
+        // lambda_http body is whole already), nor a gRPC stream,
+        // and never waited for: a body that would wait goes on to
+        // the client as it comes, copied as it passes. Unless
+        // writes commit with the record: the client must not see
+        // an answer whose writes may still fail.
+        let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
+        let tee = early.is_some() && writes.is_empty() && !commits_with_record(&config.settings);
+        match read_bounded(body, limit, grpc, tee).await {
+            Ok(Read::Whole(body, trailers)) => {
+                let stored = whole(&config.settings, parts, body, trailers, grpc)?;
+                return Ok((stored, writes));
+            }
+            Ok(Read::Teed(body, copied)) => {
+                let head = StoredHead::of(&parts);
+                if let Some(early) = early.take() {
+                    // A client that left already drops the body,
+                    // which is then read here to its end.
+                    let _ = early.send(Response::from_parts(parts, body));
+                }
+                let stored = teed(
+                    &config.settings,
+                    &config.engine,
+                    handle,
+                    head,
+                    copied,
+                    grpc,
+                    recorded_slot,
+                )
+                .await?;
+                return Ok((stored, writes));
+            }
+            Ok(Read::Streams(body, why)) => (body, why),
+            Err(error) => return Err(Failure::ResponseUnreadable(error)),
+        }
+    };
+    log_not_stored(why);
+    let head = StoredResponse::NotStored {
+        status: parts.status,
+        headers: parts.headers.clone(),
+        why,
+    };
+    *live = Some(Response::from_parts(parts, body));
+    Ok((head, writes))
 }
 
 /// The stored response of a body read whole: the gRPC status decides, for
