@@ -63,8 +63,12 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
+        // Paths taken rarely (idempotency off, a store outage, an error, a
+        // panic, a late claim, a refused write) are awaited boxed: this
+        // future, which every request allocates and moves, then holds no
+        // room for them (a fail-open run holds the whole operation's).
         if self.inner.disabled {
-            return self.run_disabled(operation).await;
+            return Box::pin(self.run_disabled(operation)).await;
         }
         // How long the claim takes, measured apart from `clock`, which
         // gives the wall-clock instants that leases are written in.
@@ -78,9 +82,7 @@ impl<St: Store> Engine<St> {
             ClaimStep::Ours => {}
             ClaimStep::Answered(answer) => return answer,
             ClaimStep::Unprotected(error) => {
-                return self
-                    .run_unprotected(&claim, attempt, error, operation)
-                    .await
+                return Box::pin(self.run_unprotected(&claim, attempt, error, operation)).await
             }
         }
         self.started_in_time(&claim, began).await?;
@@ -112,7 +114,7 @@ impl<St: Store> Engine<St> {
         let response = match response {
             Ok(response) => response,
             Err(error) if transactional => {
-                self.release(&claim).await;
+                Box::pin(self.release(&claim)).await;
                 return Err(Error::Store(codec::unserialisable(error)));
             }
             Err(error) => {
@@ -128,7 +130,7 @@ impl<St: Store> Engine<St> {
         {
             Ok(kind) => Ok(Outcome::new(value, kind)),
             Err(Error::Store(error)) if refusable && error.write_refusal().is_some() => {
-                self.answer_refusal(claim, codec, refusal, error).await
+                Box::pin(self.answer_refusal(claim, codec, refusal, error)).await
             }
             Err(error) => Err(error),
         }
@@ -220,7 +222,7 @@ impl<St: Store> Engine<St> {
         }
         warn!(record = %claim.id, outcome = "lease_lost", lease_until_ms = claim.lease_until_ms, now_ms = started_ms,
             "the claim was answered after its lease had passed (or with too little of it left); the operation did not run");
-        self.release(claim).await;
+        Box::pin(self.release(claim)).await;
         Err(Error::LeaseLost)
     }
 
@@ -244,7 +246,7 @@ impl<St: Store> Engine<St> {
         match ran {
             Ok(Ok(ran)) => Ok(ran),
             Ok(Err(error)) => {
-                self.release(claim).await;
+                Box::pin(self.release(claim)).await;
                 debug!(record = %claim.id, outcome = "operation_error", "idempotency");
                 Err(Error::Operation(error))
             }
@@ -258,7 +260,7 @@ impl<St: Store> Engine<St> {
                 // its lease: Powertools deletes the claim on any exception.
                 warn!(record = %claim.id, outcome = "panicked", panic = panic_message(&*panic),
                     "the operation panicked; its claim is released so that a retry can run it");
-                self.release(claim).await;
+                Box::pin(self.release(claim)).await;
                 std::panic::resume_unwind(panic);
             }
         }
@@ -288,18 +290,18 @@ impl<St: Store> Engine<St> {
                         .map(|kind| Outcome::new(answer, kind))
                 }
                 Err(encoding) => {
-                    self.release(&claim).await;
+                    Box::pin(self.release(&claim)).await;
                     Err(Error::Store(codec::unserialisable(encoding)))
                 }
             },
             Some(Err(answer)) => {
-                self.release(&claim).await;
+                Box::pin(self.release(&claim)).await;
                 Err(Error::Operation(answer))
             }
             None => {
                 warn!(record = %claim.id, outcome = "store_error", %error,
                     "transactional completion failed; releasing the claim");
-                self.release(&claim).await;
+                Box::pin(self.release(&claim)).await;
                 Err(Error::Store(error))
             }
         }

@@ -42,6 +42,8 @@ struct Writer<'a> {
     scratch: Vec<u8>,
     /// The outermost object's key order, when it is not its document order.
     root: Option<Root>,
+    /// Room for that order.
+    spare_root: Vec<(usize, usize)>,
 }
 
 /// Bytes that end the plain run of a string: the quote, the backslash and
@@ -62,15 +64,19 @@ const STRING_STOP: [bool; 256] = {
 ///
 /// Nothing is written unless the whole document is canonical, so `out` can
 /// be a hash that falls back to the raw bytes on an error.
+/// The writer's buffers are the thread's, kept from one document to the
+/// next: a request fingerprint allocates nothing here once its thread has
+/// fingerprinted a body as large.
 pub(crate) fn write_canonical<W: Write>(json: &[u8], out: &mut W) -> Result<(), NotCanonical> {
-    written(json)?
-        .write_to(out)
-        .map_err(|_| NotCanonical::Invalid)
+    let written = written(json, Spare::take())?;
+    let result = written.write_to(out).map_err(|_| NotCanonical::Invalid);
+    Spare::keep(written.into_spare());
+    result
 }
 
 /// The canonical form of the JSON document `json`.
 pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
-    let written = written(json)?;
+    let written = written(json, Spare::default())?;
     if written.root.is_none() {
         return Ok(written.bytes);
     }
@@ -90,6 +96,8 @@ pub(crate) fn canonical(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
 struct Written {
     bytes: Vec<u8>,
     root: Option<Root>,
+    /// The writer's other buffers, for the thread's next document.
+    spare: Spare,
 }
 
 /// The outermost object's entries, in key order: their places in the
@@ -101,6 +109,15 @@ struct Root {
 }
 
 impl Written {
+    fn into_spare(self) -> Spare {
+        let mut spare = self.spare;
+        spare.out = self.bytes;
+        if let Some(root) = self.root {
+            spare.root = root.entries;
+        }
+        spare
+    }
+
     fn write_to<W: Write>(&self, out: &mut W) -> std::io::Result<()> {
         let Some(root) = &self.root else {
             return out.write_all(&self.bytes);
@@ -116,35 +133,126 @@ impl Written {
     }
 }
 
-fn written(json: &[u8]) -> Result<Written, NotCanonical> {
+/// A writer's buffers, empty, with the room a thread's earlier documents
+/// left in them.
+#[derive(Default)]
+struct Spare {
+    out: Vec<u8>,
+    entries: Vec<Entry<'static>>,
+    scratch: Vec<u8>,
+    root: Vec<(usize, usize)>,
+}
+
+/// A thread keeps buffers of at most this many bytes: one large document
+/// does not hold its room for the thread's life.
+const SPARE_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    static SPARE: std::cell::Cell<Option<Spare>> = const { std::cell::Cell::new(None) };
+}
+
+impl Spare {
+    /// The thread's buffers (none yet, or taken by a writer further up
+    /// this thread's stack: new ones).
+    fn take() -> Self {
+        SPARE
+            .try_with(|spare| spare.take())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Gives the buffers back to the thread, emptied, unless one of them
+    /// grew past [`SPARE_BYTES`].
+    fn keep(mut self) {
+        if self.out.capacity() > SPARE_BYTES
+            || self.scratch.capacity() > SPARE_BYTES
+            || self.entries.capacity() * size_of::<Entry<'_>>() > SPARE_BYTES
+            || self.root.capacity() * size_of::<(usize, usize)>() > SPARE_BYTES
+        {
+            return;
+        }
+        self.out.clear();
+        self.scratch.clear();
+        self.root.clear();
+        // Already empty: a writer drops its entries as their objects close.
+        self.entries.clear();
+        let _ = SPARE.try_with(|spare| spare.set(Some(self)));
+    }
+}
+
+/// The same empty vector, its room kept, for entries that borrow from
+/// another document (`Vec` collects into the allocation it iterates,
+/// where the item's layout is the same: here the same type).
+fn relabel<'b>(mut entries: Vec<Entry<'_>>) -> Vec<Entry<'b>> {
+    entries.clear();
+    entries
+        .into_iter()
+        .map(|_| unreachable!("emptied"))
+        .collect()
+}
+
+fn written(json: &[u8], spare: Spare) -> Result<Written, NotCanonical> {
     // A JSON text is UTF-8 (RFC 8259): checked once here, so every string
     // without escapes can be copied from it as it stands.
     let text = std::str::from_utf8(json).map_err(|_| NotCanonical::Invalid)?;
+    let Spare {
+        mut out,
+        mut entries,
+        scratch,
+        root,
+    } = spare;
+    out.reserve(json.len());
+    // The open objects' entries: room for most documents, so that they
+    // are not reallocated entry by entry.
+    entries.reserve(16);
     let mut writer = Writer {
         text,
         bytes: json,
         at: 0,
         copied: 0,
-        out: Vec::with_capacity(json.len()),
-        // The open objects' entries: room for most documents, so that they
-        // are not reallocated entry by entry.
-        entries: Vec::with_capacity(16),
-        scratch: Vec::new(),
+        out,
+        entries: relabel(entries),
+        scratch,
         root: None,
+        spare_root: root,
     };
-    writer.value(0)?;
-    writer.whitespace();
-    if writer.at != json.len() {
-        return Err(NotCanonical::Invalid);
+    let ended = writer.value(0).and_then(|()| {
+        writer.whitespace();
+        if writer.at == json.len() {
+            Ok(())
+        } else {
+            Err(NotCanonical::Invalid)
+        }
+    });
+    if let Err(refused) = ended {
+        Spare::keep(writer.into_spare());
+        return Err(refused);
     }
     writer.flush();
+    let root = writer.root.take();
+    let bytes = std::mem::take(&mut writer.out);
     Ok(Written {
-        bytes: writer.out,
-        root: writer.root,
+        bytes,
+        root,
+        spare: writer.into_spare(),
     })
 }
 
 impl<'a> Writer<'a> {
+    /// The writer's buffers, for the thread's next document.
+    fn into_spare(self) -> Spare {
+        Spare {
+            out: self.out,
+            entries: relabel(self.entries),
+            scratch: self.scratch,
+            root: match self.root {
+                Some(root) => root.entries,
+                None => self.spare_root,
+            },
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.at).copied()
     }
@@ -386,12 +494,11 @@ impl<'a> Writer<'a> {
                 return Err(NotCanonical::DuplicateKey);
             }
             if root {
+                let mut order = std::mem::take(&mut self.spare_root);
+                order.extend(entries.iter().map(|entry| (entry.start, entry.end)));
                 self.root = Some(Root {
                     open: body,
-                    entries: entries
-                        .iter()
-                        .map(|entry| (entry.start, entry.end))
-                        .collect(),
+                    entries: order,
                     close: self.written(),
                 });
                 return Ok(());
@@ -558,7 +665,36 @@ mod tests {
             let mut text = String::new();
             write(&json, &mut noise.into_iter().cycle(), &mut text);
             prop_assert_eq!(canonical(text.as_bytes()), tree_canonical(text.as_bytes()), "{}", text);
+            prop_assert_eq!(through_kept_buffers(text.as_bytes()), canonical(text.as_bytes()), "{}", text);
         }
+    }
+
+    /// The canonical form as the fingerprint writes it, through the
+    /// buffers the thread kept from its earlier documents (every case of a
+    /// property test runs on one thread, after documents of every size,
+    /// refused ones among them).
+    fn through_kept_buffers(json: &[u8]) -> Result<Vec<u8>, NotCanonical> {
+        let mut sink = Vec::new();
+        write_canonical(json, &mut sink).map(|()| sink)
+    }
+
+    #[test]
+    fn a_thread_keeps_its_buffers_but_not_a_large_documents() {
+        let small = br#"{"b":1,"a":[{"d":1,"c":2}]}"#;
+        through_kept_buffers(small).unwrap();
+        let kept = SPARE.with(|spare| spare.take()).expect("kept");
+        assert!(kept.out.capacity() >= small.len() && kept.entries.capacity() >= 2);
+        assert!(
+            kept.root.capacity() >= 2,
+            "the outermost object's order too"
+        );
+        Spare::keep(kept);
+        let large = format!(r#"{{"b":"{}","a":1}}"#, "x".repeat(SPARE_BYTES));
+        assert_eq!(
+            through_kept_buffers(large.as_bytes()),
+            canonical(large.as_bytes())
+        );
+        assert!(SPARE.with(|spare| spare.take()).is_none());
     }
 
     proptest! {
@@ -585,6 +721,7 @@ mod tests {
                 }
             }
             prop_assert_eq!(canonical(&bytes), tree_canonical(&bytes), "{:?}", String::from_utf8_lossy(&bytes));
+            prop_assert_eq!(through_kept_buffers(&bytes), canonical(&bytes), "{:?}", String::from_utf8_lossy(&bytes));
         }
     }
 

@@ -2,6 +2,7 @@
 //! and examples.
 
 mod packed;
+mod records;
 
 use super::{
     Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
@@ -9,8 +10,9 @@ use super::{
 };
 use crate::{StoreError, StoreErrorKind};
 use packed::Packed;
+use records::Records;
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard,
@@ -69,7 +71,7 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct State {
-    records: HashSet<Packed>,
+    records: Records,
     items: HashMap<String, Vec<u8>>,
 }
 
@@ -146,16 +148,15 @@ impl MemoryStore {
     /// Replaces or inserts a record as it is, bypassing every condition: for
     /// tests that need a record in a given state.
     pub fn insert_record(&self, record: Record) {
-        self.state().records.replace(Packed::new(record));
+        self.state().records.put(Packed::new(record));
     }
 }
 
 /// Changes the record under `id` where it stands (a set lends no `&mut`
 /// to its members, since a change could move them: taken out, put back).
-fn update(records: &mut HashSet<Packed>, id: &str, change: impl FnOnce(&mut Packed)) {
-    if let Some(mut record) = records.take(id) {
-        change(&mut record);
-        records.insert(record);
+fn update(records: &mut Records, id: &str, change: impl FnOnce(&mut Packed)) {
+    if let Some(record) = records.get_mut(id) {
+        change(record);
     }
 }
 
@@ -188,7 +189,7 @@ impl Store for MemoryStore {
                 return Ok(Conditional::Refused(Some(existing.record())));
             }
         }
-        state.records.replace(Packed::claimed_from(claim));
+        state.records.put(Packed::claimed_from(claim));
         Ok(Conditional::Applied)
     }
 
@@ -205,7 +206,7 @@ impl Store for MemoryStore {
                         .lease_until_ms
                         .is_some_and(|lease| lease < claim.now_ms) =>
             {
-                state.records.replace(Packed::claimed_from(claim));
+                state.records.put(Packed::claimed_from(claim));
                 Ok(Conditional::Applied)
             }
             found => Ok(Conditional::Refused(found.map(Packed::record))),
@@ -232,17 +233,9 @@ impl Store for MemoryStore {
     ) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
         let state = &mut *state;
-        let held = state
-            .records
-            .get(completion.id.as_str())
-            .is_some_and(|record| record.held_by(&completion.owner));
-        if !held {
-            return Ok(Conditional::Refused(
-                state
-                    .records
-                    .get(completion.id.as_str())
-                    .map(Packed::record),
-            ));
+        match state.records.get(completion.id.as_str()) {
+            Some(record) if record.held_by(&completion.owner) => {}
+            found => return Ok(Conditional::Refused(found.map(Packed::record))),
         }
         check_writes(&state.items, &completion.writes)?;
         update(&mut state.records, completion.id.as_str(), |record| {
@@ -281,7 +274,7 @@ impl Store for MemoryStore {
         for write in commit.writes {
             state.items.insert(write.key, write.value);
         }
-        state.records.replace(Packed::new(Record {
+        state.records.put(Packed::new(Record {
             id: commit.id,
             status: Status::Completed,
             owner: commit.owner,
