@@ -121,6 +121,9 @@ async fn serve(variant: &str) {
 }
 
 /// One connection's requests until `until`: latencies in microseconds.
+/// With a `pace`, its requests leave one `period` apart from `first` on
+/// (or at once, when the connection is behind), instead of each on the
+/// heels of the last answer.
 async fn connection(
     run: u32,
     port: u16,
@@ -129,6 +132,7 @@ async fn connection(
     session: bool,
     body: Bytes,
     until: Instant,
+    pace: Option<Pace>,
 ) -> Vec<u64> {
     let stream = TcpStream::connect(("127.0.0.1", port))
         .await
@@ -167,6 +171,12 @@ async fn connection(
     let mut latencies = Vec::new();
     let mut i = 0u64;
     while Instant::now() < until {
+        if let Some(pace) = pace {
+            tokio::time::sleep_until((pace.first + pace.period * i as u32).into()).await;
+            if Instant::now() >= until {
+                break;
+            }
+        }
         // Keys of their own per run: a store outside the server process
         // (Redis) keeps the records of earlier rounds.
         let key = if repeated {
@@ -230,6 +240,29 @@ fn start(variant: &str) -> (Child, u16) {
     (child, line.trim().parse().expect("a port"))
 }
 
+/// When a paced connection sends its requests.
+#[derive(Clone, Copy)]
+struct Pace {
+    first: Instant,
+    period: Duration,
+}
+
+/// The connections' paces for `rate` requests a second in all, spread
+/// over the first period so that they do not leave together.
+fn paces(rate: Option<f64>, from: Instant) -> Vec<Option<Pace>> {
+    (0..CONNECTIONS)
+        .map(|i| {
+            rate.map(|rate| {
+                let period = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
+                Pace {
+                    first: from + period.mul_f64(i as f64 / CONNECTIONS as f64),
+                    period,
+                }
+            })
+        })
+        .collect()
+}
+
 /// One run's figures.
 #[derive(Clone, Copy)]
 struct Figures {
@@ -240,10 +273,18 @@ struct Figures {
     replayed: f64,
 }
 
-async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: f64) -> Figures {
+async fn load(
+    port: u16,
+    pid: u32,
+    repeated: bool,
+    session: bool,
+    seconds: f64,
+    rate: Option<f64>,
+) -> Figures {
     let body = Bytes::from(server_bench::json_body(1024));
     // Warm-up: a second of the same load, not counted.
     let warm = Instant::now() + Duration::from_secs(1);
+    let paced = paces(rate, Instant::now());
     let tasks: Vec<_> = (0..CONNECTIONS)
         .map(|i| {
             tokio::spawn(connection(
@@ -254,6 +295,7 @@ async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: f64) 
                 session,
                 body.clone(),
                 warm,
+                paced[i],
             ))
         })
         .collect();
@@ -263,6 +305,7 @@ async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: f64) 
     let cpu_before = cpu_us(pid);
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
+    let paced = paces(rate, started);
     let tasks: Vec<_> = (0..CONNECTIONS)
         .map(|i| {
             tokio::spawn(connection(
@@ -273,6 +316,7 @@ async fn load(port: u16, pid: u32, repeated: bool, session: bool, seconds: f64) 
                 session,
                 body.clone(),
                 until,
+                paced[i],
             ))
         })
         .collect();
@@ -323,6 +367,13 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 async fn run() {
     let seconds: f64 = env_or("BENCH_SECONDS", 4.0);
     let rounds: usize = env_or("BENCH_ROUNDS", 3);
+    // Requests a second in all, when set: every server gets the same load,
+    // below what the slowest serves, instead of as many as it can take.
+    // What a server spends a request then does not depend on how many
+    // requests each wake-up finds (which is more, the faster it answers).
+    let rate: Option<f64> = std::env::var("BENCH_RATE")
+        .ok()
+        .and_then(|rate| rate.parse().ok());
     let variants: Vec<String> = std::env::var("BENCH_VARIANTS")
         .unwrap_or_else(|_| {
             "bare,memory,axum-idempotent,axum-idempotent-hash,redis,dynamodb".to_owned()
@@ -351,6 +402,7 @@ async fn run() {
                     *repeated,
                     variants[v].starts_with("axum-idempotent"),
                     seconds,
+                    rate,
                 )
                 .await;
                 child.kill().expect("kill");
@@ -365,8 +417,12 @@ async fn run() {
             }
         }
     }
+    let offered = match rate {
+        Some(rate) => format!("{rate:.0} requests/s offered"),
+        None => "as fast as each server answers".to_owned(),
+    };
     println!(
-        "\n{CONNECTIONS} keep-alive connections, 1 KB JSON POSTs, {seconds} s per run after a 1 s warm-up, \
+        "\n{CONNECTIONS} keep-alive connections, 1 KB JSON POSTs, {offered}, {seconds} s per run after a 1 s warm-up, \
          {rounds} rounds (medians); CPU is the server process's user + system time per request"
     );
     println!("| server | keys | requests/s | p50 / p99 (ms) | CPU per request (us) | replayed |");
@@ -385,12 +441,46 @@ async fn run() {
             );
         }
     }
+    if let Some(bare) = variants.iter().position(|v| v == "bare") {
+        print_over_bare(&figures, &variants, bare, &modes);
+    }
     let Some(ours) = variants.iter().position(|v| v == "memory") else {
         return;
     };
     for (theirs, other) in variants.iter().enumerate() {
         if other.starts_with("axum-idempotent") {
             print_ratios(&figures[ours], &figures[theirs], other, &modes);
+        }
+    }
+}
+
+/// What each server spends a request beyond the bare app, within each
+/// round (the median of the rounds' differences, and each round's).
+fn print_over_bare(
+    figures: &[Vec<Vec<Figures>>],
+    variants: &[String],
+    bare: usize,
+    modes: &[(&str, bool)],
+) {
+    println!("\nCPU per request over the bare app's, within each round (us):");
+    println!("| server | keys | median | each round |");
+    println!("|---|---|---|---|");
+    for (v, variant) in variants.iter().enumerate() {
+        if v == bare {
+            continue;
+        }
+        for (m, (keys, _)) in modes.iter().enumerate() {
+            let over: Vec<f64> = figures[v][m]
+                .iter()
+                .zip(&figures[bare][m])
+                .map(|(ours, bare)| ours.cpu_us - bare.cpu_us)
+                .collect();
+            let each: Vec<String> = over.iter().map(|d| format!("{d:.1}")).collect();
+            println!(
+                "| {variant} | {keys} | {:.1} | {} |",
+                median(over.clone()),
+                each.join(", ")
+            );
         }
     }
 }
