@@ -184,12 +184,13 @@ impl Store for MemoryStore {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        if let Some(existing) = state.records.get(claim.id.as_str()) {
+        let slot = state.records.slot(claim.id.as_str());
+        if let Some(existing) = slot.get() {
             if !existing.is_expired(claim.now_ms) {
                 return Ok(Conditional::Refused(Some(existing.record())));
             }
         }
-        state.records.put(Packed::claimed_from(claim));
+        slot.put(Packed::claimed_from(claim));
         Ok(Conditional::Applied)
     }
 
@@ -233,18 +234,16 @@ impl Store for MemoryStore {
     ) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
         let state = &mut *state;
-        match state.records.get(completion.id.as_str()) {
-            Some(record) if record.held_by(&completion.owner) => {}
-            found => return Ok(Conditional::Refused(found.map(Packed::record))),
-        }
+        let record = match state.records.get_mut(completion.id.as_str()) {
+            Some(record) if record.held_by(&completion.owner) => record,
+            found => return Ok(Conditional::Refused(found.map(|found| found.record()))),
+        };
         check_writes(&state.items, &completion.writes)?;
-        update(&mut state.records, completion.id.as_str(), |record| {
-            record.status = Status::Completed;
-            record.set_response(&completion.response);
-            record.expiration_s = completion.expiration_s;
-            record.lease_until_ms = None;
-            record.completed_at_ms = Some(completion.now_ms);
-        });
+        record.status = Status::Completed;
+        record.set_response(&completion.response);
+        record.expiration_s = completion.expiration_s;
+        record.lease_until_ms = None;
+        record.completed_at_ms = Some(completion.now_ms);
         for write in completion.writes {
             state.items.insert(write.key, write.value);
         }

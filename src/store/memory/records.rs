@@ -40,6 +40,16 @@ impl Records {
             .map(|(_, record)| record)
     }
 
+    /// The place of the record under `id`, found once: to read what is
+    /// there, then put a record in its place (a claim).
+    pub(super) fn slot<'a>(&'a mut self, id: &str) -> Slot<'a> {
+        let hash = self.hash(id);
+        let entry = self
+            .table
+            .entry(hash, |(_, record)| record.is(id), |(hash, _)| *hash);
+        Slot { hash, entry }
+    }
+
     /// Puts `record` in place of the one under its id, if there is one.
     pub(super) fn put(&mut self, record: Packed) {
         let hash = self.hash(record.id());
@@ -63,6 +73,33 @@ impl Records {
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Packed> {
         self.table.iter().map(|(_, record)| record)
+    }
+}
+
+/// The place of a record in [`Records`], whether one is there or not.
+pub(super) struct Slot<'a> {
+    hash: u64,
+    entry: Entry<'a, (u64, Packed)>,
+}
+
+impl Slot<'_> {
+    /// The record there.
+    pub(super) fn get(&self) -> Option<&Packed> {
+        match &self.entry {
+            Entry::Occupied(kept) => Some(&kept.get().1),
+            Entry::Vacant(_) => None,
+        }
+    }
+
+    /// Puts `record` there, in place of the one there if there is one.
+    /// `record` must have the id the slot was found by.
+    pub(super) fn put(self, record: Packed) {
+        match self.entry {
+            Entry::Occupied(mut kept) => kept.get_mut().1 = record,
+            Entry::Vacant(free) => {
+                free.insert((self.hash, record));
+            }
+        }
     }
 }
 
@@ -104,6 +141,15 @@ mod tests {
             kept.expiration_s = 1;
         }
         assert_eq!(records.get("charges#é999").map(|r| r.expiration_s), Some(1));
+        let slot = records.slot("charges#é8");
+        assert_eq!(slot.get().map(|r| r.expiration_s), Some(8));
+        slot.put(record("charges#é8", 80));
+        assert_eq!(records.get("charges#é8").map(|r| r.expiration_s), Some(80));
+        let slot = records.slot("charges#new");
+        assert!(slot.get().is_none());
+        slot.put(record("charges#new", 5));
+        assert_eq!(records.get("charges#new").map(|r| r.expiration_s), Some(5));
+        records.remove("charges#new");
         records.remove("charges#é0");
         records.remove("charges#é0");
         assert!(records.get("charges#é0").is_none());
