@@ -88,9 +88,13 @@ package:
 	@# through a local registry that cargo extracts under the registry's
 	@# sources, keyed by the checkout's path, and never extracts again: a
 	@# second run from the same path compiled the tool against the first
-	@# run's library. Those extracted copies of our own packages go first.
-	rm -rf "$${CARGO_HOME:-$$HOME/.cargo}"/registry/src/-*/lambda-idempotency-*
-	$(CARGO) publish --dry-run --workspace --allow-dirty
+	@# run's library. Those extracted copies of our own packages go first,
+	@# every checkout's (their keys cannot be told apart): under a lock, so
+	@# that a dry run in another checkout is not left without its copy
+	@# halfway through its build.
+	flock "$${CARGO_HOME:-$$HOME/.cargo}/.lambda-idempotency-package.lock" sh -c '\
+	  rm -rf "$${CARGO_HOME:-$$HOME/.cargo}"/registry/src/-*/lambda-idempotency-* && \
+	  $(CARGO) publish --dry-run --workspace --allow-dirty'
 	$(CARGO) package --list -p lambda-idempotency --allow-dirty
 	$(CARGO) package --list -p lambda-idempotency-durable --allow-dirty
 
@@ -179,14 +183,17 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.
 ## 1 KB JSON POSTs, bare, behind this layer on the memory store, Redis and
 ## DynamoDB Local, and behind axum-idempotent 0.6 (keyed by the key header,
 ## and in its default mode by a hash of the whole request), in interleaved rounds
-## (BENCH_ROUNDS, default 3; BENCH_SECONDS per run, default 4); then the
-## heap allocations per request, counted (see BENCHMARKS.md). Its
-## crate (comparison/server) is outside the workspace: its dependencies are
-## the comparison's only.
+## (BENCH_ROUNDS, default 3; BENCH_SECONDS per run, default 4; BENCH_RATE,
+## requests a second offered to every server alike, default as many as each
+## answers); then the heap allocations per request, counted, and the
+## layer's time per request without the network (inproc, one thread, in
+## batches; see BENCHMARKS.md). Its crate (comparison/server) is outside
+## the workspace: its dependencies are the comparison's only.
 bench-server:
 	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release
 	scripts/with-dynamodb-local scripts/with-redis target/server-bench/release/server-bench run
 	target/server-bench/release/allocs
+	target/server-bench/release/inproc
 
 ## The reference function's release binary (the size profile of Cargo.toml):
 ## its size, and its cold start to the first event request against a stub of
