@@ -92,10 +92,13 @@ where
         status = field::Empty,
         in_flight = field::Empty
     );
-    // Without a subscriber that wants the span (most servers under load,
-    // and every event inside would be dropped anyway), the request is not
-    // instrumented: one copy of its future the fewer.
-    let (outcome, result) = if span.is_disabled() {
+    // When the subscriber set does not want the span (every event inside
+    // would be dropped anyway), the request is not instrumented: one copy
+    // of its future the fewer. With no subscriber set at all, tracing's
+    // `log` feature (which `lambda_runtime` turns on) still reports a
+    // disabled span's entries to a `log` logger: instrumented then, as
+    // always (tests/layer_span_log.rs).
+    let (outcome, result) = if span.is_disabled() && tracing::dispatcher::has_been_set() {
         handle(&config, inner, request).await
     } else {
         handle(&config, inner, request)
