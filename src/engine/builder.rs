@@ -154,7 +154,7 @@ impl<St: Store> EngineBuilder<St> {
     }
 
     /// Reads the key's record before claiming it, the cheapest way the
-    /// store offers ([`Store::peek`](crate::store::Store::peek): on
+    /// store offers ([`Store::peek`]: on
     /// DynamoDB an eventually consistent `GetItem`), and answers from a
     /// completed record without the claim (off by default).
     ///

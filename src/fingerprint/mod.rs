@@ -149,7 +149,7 @@ pub(crate) fn hash_part(hasher: &mut Sha256, part: &[u8]) {
     hasher.update(part);
 }
 
-/// `value` as canonical JSON (see the [`canonical`] module).
+/// `value` as canonical JSON (see the [`canonical`](mod@canonical) module).
 #[cfg_attr(not(feature = "lambda"), allow(dead_code))]
 pub(crate) fn canonical_json(value: &Value) -> Vec<u8> {
     // A `Value` always serialises, and cannot hold a duplicate key; only

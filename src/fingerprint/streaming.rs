@@ -10,7 +10,7 @@
 //! and their places noted; when the object closes, entries whose keys are
 //! already in order (most JSON, written from a struct) stay where they
 //! are, and the others are moved into order once. The form is exactly the
-//! tree writer's ([`super::canonical`]), which pointers into a document
+//! tree writer's ([`super::canonical`](mod@super::canonical)), which pointers into a document
 //! still use: property tests hold the two to the same bytes, and to the
 //! same refusals on damaged documents.
 

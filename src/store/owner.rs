@@ -17,7 +17,7 @@ impl OwnerToken {
     /// Fails when that source does: a fencing token made of guessable bits
     /// (the clock, an address) could let a zombie pass its successor's
     /// fence, so no claim is made and nothing runs (the engine reports a
-    /// [`StoreErrorKind::Misconfigured`](crate::StoreErrorKind::Misconfigured)
+    /// [`StoreErrorKind::Misconfigured`]
     /// error, never an unprotected run, even when it fails open).
     pub fn generate() -> Result<Self, StoreError> {
         let mut bytes = [0u8; 16];
