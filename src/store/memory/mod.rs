@@ -152,15 +152,6 @@ impl MemoryStore {
     }
 }
 
-/// Changes the record under `id` where it stands (a set lends no `&mut`
-/// to its members, since a change could move them: taken out, put back).
-fn update(records: &mut Records, id: &str, change: impl FnOnce(&mut Packed)) {
-    if let Some(record) = records.get_mut(id) {
-        change(record);
-    }
-}
-
-/// Rejects the whole transaction if one of its writes' conditions fails.
 fn check_writes(
     items: &HashMap<String, Vec<u8>>,
     writes: &[MemoryWrite],
@@ -216,15 +207,13 @@ impl Store for MemoryStore {
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get(extension.id.as_str()) {
+        match state.records.get_mut(extension.id.as_str()) {
             Some(record) if record.held_by(&extension.owner) => {
-                update(&mut state.records, extension.id.as_str(), |record| {
-                    record.lease_until_ms = Some(extension.lease_until_ms);
-                    record.expiration_s = extension.expiration_s;
-                });
+                record.lease_until_ms = Some(extension.lease_until_ms);
+                record.expiration_s = extension.expiration_s;
                 Ok(Conditional::Applied)
             }
-            found => Ok(Conditional::Refused(found.map(Packed::record))),
+            found => Ok(Conditional::Refused(found.map(|found| found.record()))),
         }
     }
 

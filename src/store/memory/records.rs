@@ -52,16 +52,7 @@ impl Records {
 
     /// Puts `record` in place of the one under its id, if there is one.
     pub(super) fn put(&mut self, record: Packed) {
-        let hash = self.hash(record.id());
-        let entry = self
-            .table
-            .entry(hash, |(_, kept)| kept.is(record.id()), |(hash, _)| *hash);
-        match entry {
-            Entry::Occupied(mut kept) => kept.get_mut().1 = record,
-            Entry::Vacant(free) => {
-                free.insert((hash, record));
-            }
-        }
+        self.slot(record.id()).put(record);
     }
 
     pub(super) fn remove(&mut self, id: &str) {
