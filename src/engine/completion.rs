@@ -83,7 +83,8 @@ impl<St: Store> Engine<St> {
             Err(error) if transactional => {
                 warn!(record = %claim.id, outcome = "store_error", %error,
                     "transactional completion failed; releasing the claim");
-                self.release(claim).await;
+                // Boxed: every completion's future would hold room for it.
+                Box::pin(self.release(claim)).await;
                 Err(Error::Store(error))
             }
             Err(error) => {

@@ -100,9 +100,11 @@ where
     Fut: Future<Output = Result<(T, Vec<W>), E>>,
 {
     let handle = ClaimHandle::unprotected(takeover);
-    handle
-        .clone()
-        .scope(operation(handle))
+    // Boxed where it is made, as under a claim (`run_unreported`): the
+    // single write runs every operation here, and its future would
+    // otherwise hold room for the operation's (some kilobytes for an HTTP
+    // handler) beside the commit's.
+    Box::pin(handle.clone().scope(operation(handle)))
         .await
         .map_err(Error::Operation)
 }

@@ -63,12 +63,13 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        // Paths taken rarely (idempotency off, a store outage, an error, a
-        // panic, a late claim, a refused write) are awaited boxed: this
-        // future, which every request allocates and moves, then holds no
-        // room for them (a fail-open run holds the whole operation's).
+        // Paths taken rarely (an error, a panic, a late claim, a refused
+        // write) are awaited boxed: this future, which every request
+        // allocates and moves, then holds no room for them. (An operation
+        // run without a claim, idempotency off or failing open, is boxed
+        // where it is made, in `run_unclaimed`.)
         if self.inner.disabled {
-            return Box::pin(self.run_disabled(operation)).await;
+            return self.run_disabled(operation).await;
         }
         // How long the claim takes, measured apart from `clock`, which
         // gives the wall-clock instants that leases are written in.
@@ -82,7 +83,9 @@ impl<St: Store> Engine<St> {
             ClaimStep::Ours => {}
             ClaimStep::Answered(answer) => return answer,
             ClaimStep::Unprotected(error) => {
-                return Box::pin(self.run_unprotected(&claim, attempt, error, operation)).await
+                return self
+                    .run_unprotected(&claim, attempt, error, operation)
+                    .await
             }
         }
         self.started_in_time(&claim, began).await?;

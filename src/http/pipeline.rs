@@ -336,6 +336,10 @@ where
         }
         Err(_) => (None, None),
     };
+    // The handler and its request, until the attempt runs them: moved
+    // into the work as one value and lent to `run_waiting`, so that no
+    // future on the way holds the request twice.
+    let mut not_run_yet = Some((inner, request));
     let work = async move {
         let _slot = slot;
         let mut live = None;
@@ -344,8 +348,7 @@ where
             &config,
             &attempt.attempt(),
             route,
-            inner,
-            request,
+            &mut not_run_yet,
             &mut live,
             &mut early,
         )
@@ -395,10 +398,6 @@ fn read_header_key<B>(
     }
 }
 
-/// Runs the attempt; while another request holds the key, waits for its
-/// result (with backoff, within the configured budget and the invocation's
-/// deadline) and asks again. A run that completes its record counts, on
-/// the engine's clock, for its `route`'s typical duration.
 /// The request's key: the one its header gave, or the one the key source
 /// reads from the buffered request (none, or a problem).
 fn key_of(
@@ -455,12 +454,16 @@ fn attempt_for(
     (attempt, route_key)
 }
 
+/// Runs the attempt; while another request holds the key, waits for its
+/// result (with backoff, within the configured budget and the invocation's
+/// deadline) and asks again. A run that completes its record counts, on
+/// the engine's clock, for its `route`'s typical duration. `pending` holds
+/// the handler and its request until an attempt runs them.
 async fn run_waiting<S, St, B, ResBody>(
     config: &Config<St>,
     attempt: &Attempt<'_>,
     route: Option<u64>,
-    inner: S,
-    request: Request<B>,
+    pending: &mut Option<(S, Request<B>)>,
     live: &mut Live<ResBody>,
     early: &mut Option<oneshot::Sender<Response<ResBody>>>,
 ) -> Attempted<S::Error, ResBody>
@@ -477,13 +480,12 @@ where
         });
         tokio::time::Instant::now() + left.min(LONGEST_WAIT)
     });
-    let mut pending = Some((inner, request));
     let mut backoff = FIRST_BACKOFF;
     // A streamed body's last frame waits for its record: told when the
     // engine is done with it, or when this future is dropped.
     let mut recorded: Option<Recorded> = None;
     loop {
-        let not_run_yet = &mut pending;
+        let not_run_yet = &mut *pending;
         let live = &mut *live;
         let early = &mut *early;
         let recorded_slot = &mut recorded;
