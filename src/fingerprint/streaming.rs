@@ -15,14 +15,25 @@
 //! same refusals on damaged documents.
 
 use super::canonical::{deeper, string_of, write_number, NotCanonical};
-use std::{borrow::Cow, io::Write};
+use std::io::Write;
 
 /// One object entry already written: its key (unescaped, for ordering)
-/// and where `"key":value` lies in the output.
-struct Entry<'a> {
-    key: Cow<'a, str>,
+/// and where `"key":value` lies in the output. Plain data: the entries of
+/// an object that closes are dropped without a destructor each.
+#[derive(Clone, Copy)]
+struct Entry {
+    key: Key,
     start: usize,
     end: usize,
+}
+
+/// Where an object's key is, unescaped: in the document as it stands
+/// (a key without escapes, nearly every key), or in the writer's `keys`.
+#[derive(Clone, Copy)]
+struct Key {
+    from: usize,
+    len: usize,
+    unescaped: bool,
 }
 
 struct Writer<'a> {
@@ -37,7 +48,9 @@ struct Writer<'a> {
     out: Vec<u8>,
     /// The entries of the objects being written, innermost last: one
     /// allocation for the whole document.
-    entries: Vec<Entry<'a>>,
+    entries: Vec<Entry>,
+    /// The open objects' keys that held escapes, unescaped.
+    keys: Vec<u8>,
     /// Where an object's entries are reordered.
     scratch: Vec<u8>,
     /// The outermost object's key order, when it is not its document order.
@@ -138,7 +151,8 @@ impl Written {
 #[derive(Default)]
 struct Spare {
     out: Vec<u8>,
-    entries: Vec<Entry<'static>>,
+    entries: Vec<Entry>,
+    keys: Vec<u8>,
     scratch: Vec<u8>,
     root: Vec<(usize, usize)>,
 }
@@ -167,7 +181,8 @@ impl Spare {
     fn keep(mut self) {
         if self.out.capacity() > SPARE_BYTES
             || self.scratch.capacity() > SPARE_BYTES
-            || self.entries.capacity() * size_of::<Entry<'_>>() > SPARE_BYTES
+            || self.entries.capacity() * size_of::<Entry>() > SPARE_BYTES
+            || self.keys.capacity() > SPARE_BYTES
             || self.root.capacity() * size_of::<(usize, usize)>() > SPARE_BYTES
         {
             return;
@@ -175,21 +190,12 @@ impl Spare {
         self.out.clear();
         self.scratch.clear();
         self.root.clear();
-        // Already empty: a writer drops its entries as their objects close.
+        // Already empty: a writer drops its entries (and their keys) as
+        // their objects close.
         self.entries.clear();
+        self.keys.clear();
         let _ = SPARE.try_with(|spare| spare.set(Some(self)));
     }
-}
-
-/// The same empty vector, its room kept, for entries that borrow from
-/// another document (`Vec` collects into the allocation it iterates,
-/// where the item's layout is the same: here the same type).
-fn relabel<'b>(mut entries: Vec<Entry<'_>>) -> Vec<Entry<'b>> {
-    entries.clear();
-    entries
-        .into_iter()
-        .map(|_| unreachable!("emptied"))
-        .collect()
 }
 
 fn written(json: &[u8], spare: Spare) -> Result<Written, NotCanonical> {
@@ -199,6 +205,7 @@ fn written(json: &[u8], spare: Spare) -> Result<Written, NotCanonical> {
     let Spare {
         mut out,
         mut entries,
+        keys,
         scratch,
         root,
     } = spare;
@@ -212,7 +219,8 @@ fn written(json: &[u8], spare: Spare) -> Result<Written, NotCanonical> {
         at: 0,
         copied: 0,
         out,
-        entries: relabel(entries),
+        entries,
+        keys,
         scratch,
         root: None,
         spare_root: root,
@@ -244,7 +252,8 @@ impl<'a> Writer<'a> {
     fn into_spare(self) -> Spare {
         Spare {
             out: self.out,
-            entries: relabel(self.entries),
+            entries: self.entries,
+            keys: self.keys,
             scratch: self.scratch,
             root: match self.root {
                 Some(root) => root.entries,
@@ -349,12 +358,11 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// A string at `"`, written canonical, and its text (for an object's
-    /// key): borrowed from the document when it holds no escape (valid JSON
-    /// then holds nothing that needs one, and it stands as written), else
-    /// unescaped (by jiter, as the tree parser does) and written with the
-    /// minimal escapes.
-    fn string(&mut self) -> Result<Cow<'a, str>, NotCanonical> {
+    /// A string at `"`, written canonical; `None` when it stands as
+    /// written (no escape: valid JSON then holds nothing that needs one),
+    /// else its text, unescaped (by jiter, as the tree parser does) and
+    /// written with the minimal escapes.
+    fn string(&mut self) -> Result<Option<String>, NotCanonical> {
         let open = self.at;
         self.at += 1;
         let mut escaped = false;
@@ -378,18 +386,35 @@ impl<'a> Writer<'a> {
         let content = &self.bytes[open + 1..self.at];
         self.at += 1;
         if !escaped {
-            // Between two ASCII quotes: a valid slice of the text.
-            return self
-                .text
-                .get(open + 1..self.at - 1)
-                .map(Cow::Borrowed)
-                .ok_or(NotCanonical::Invalid);
+            return Ok(None);
         }
-        let text = string_of(self.text, content)?;
+        let text = string_of(self.text, content)?.into_owned();
         self.out.extend_from_slice(&self.bytes[self.copied..open]);
-        serde_json::to_writer(&mut self.out, &*text).map_err(|_| NotCanonical::Invalid)?;
+        serde_json::to_writer(&mut self.out, &text).map_err(|_| NotCanonical::Invalid)?;
         self.copied = self.at;
-        Ok(text)
+        Ok(Some(text))
+    }
+
+    /// An object's key at `"`, written canonical, and where its text is.
+    fn key(&mut self) -> Result<Key, NotCanonical> {
+        let open = self.at;
+        Ok(match self.string()? {
+            // Between two ASCII quotes: the text as it stands.
+            None => Key {
+                from: open + 1,
+                len: self.at - open - 2,
+                unescaped: false,
+            },
+            Some(text) => {
+                let from = self.keys.len();
+                self.keys.extend_from_slice(text.as_bytes());
+                Key {
+                    from,
+                    len: text.len(),
+                    unescaped: true,
+                }
+            }
+        })
     }
 
     /// One escape at `\\`: `\\["\\/bfnrt]` or `\\u` and four hex digits.
@@ -433,6 +458,7 @@ impl<'a> Writer<'a> {
         self.at += 1;
         let body = self.written();
         let first = self.entries.len();
+        let first_key = self.keys.len();
         self.whitespace();
         if self.peek() == Some(b'}') {
             self.at += 1;
@@ -444,7 +470,7 @@ impl<'a> Writer<'a> {
                 return Err(NotCanonical::Invalid);
             }
             let start = self.written();
-            let key = self.string()?;
+            let key = self.key()?;
             self.whitespace();
             if self.peek() != Some(b':') {
                 return Err(NotCanonical::Invalid);
@@ -463,6 +489,7 @@ impl<'a> Writer<'a> {
         // The document's own value is at depth 0; its object's entries at 1.
         self.sort_entries(body, first, depth == 1)?;
         self.entries.truncate(first);
+        self.keys.truncate(first_key);
         self.at += 1;
         Ok(())
     }
@@ -473,23 +500,29 @@ impl<'a> Writer<'a> {
     /// (see [`Written`]). Called at the object's `}`, not yet consumed;
     /// the caller drops the object's entries.
     fn sort_entries(&mut self, body: usize, first: usize, root: bool) -> Result<(), NotCanonical> {
+        let (document, keys) = (self.bytes, &self.keys);
+        let text = |key: Key| {
+            let from = if key.unescaped { keys } else { document };
+            &from[key.from..key.from + key.len]
+        };
+        let order = |a: &Entry, b: &Entry| key_order(text(a.key), text(b.key));
         let entries = &mut self.entries[first..];
         let in_order = entries
             .windows(2)
-            .all(|pair| key_order(&pair[0].key, &pair[1].key).is_lt());
+            .all(|pair| order(&pair[0], &pair[1]).is_lt());
         if !in_order {
             // Objects are small: an insertion sort, without the generic
             // sort's set-up.
             for i in 1..entries.len() {
                 let mut j = i;
-                while j > 0 && key_order(&entries[j - 1].key, &entries[j].key).is_gt() {
+                while j > 0 && order(&entries[j - 1], &entries[j]).is_gt() {
                     entries.swap(j - 1, j);
                     j -= 1;
                 }
             }
             if entries
                 .windows(2)
-                .any(|pair| key_order(&pair[0].key, &pair[1].key).is_eq())
+                .any(|pair| order(&pair[0], &pair[1]).is_eq())
             {
                 return Err(NotCanonical::DuplicateKey);
             }
@@ -542,8 +575,8 @@ impl<'a> Writer<'a> {
 /// Keys in byte order (as `str`'s `Ord`), decided by their first bytes
 /// when those differ: most keys of an object do, and a library call per
 /// comparison of short keys cost more than the rest of the sort.
-fn key_order(a: &str, b: &str) -> std::cmp::Ordering {
-    match (a.as_bytes().first(), b.as_bytes().first()) {
+fn key_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    match (a.first(), b.first()) {
         (Some(x), Some(y)) if x != y => x.cmp(y),
         _ => a.cmp(b),
     }
