@@ -27,8 +27,10 @@ use crate::{
     store::Store,
     Attempt, ClaimHandle, Error, OutcomeKind,
 };
+use futures_util::future::Either;
 use http::{Request, Response};
 use std::{
+    future::Future,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -75,11 +77,20 @@ where
 
 /// One request through the layer, in a span that records what the layer
 /// did and the status, counted in the metrics.
-pub(super) async fn serve<S, St, B, ResBody>(
+///
+/// The span wraps the request's whole future, made here, rather than a
+/// future inside it: the handle future is not copied once more into a
+/// wrapper of its own. When the subscriber set does not want the span
+/// (every event inside would be dropped anyway), the request is not
+/// instrumented at all. With no subscriber set, tracing's `log` feature
+/// (which `lambda_runtime` turns on) still reports a disabled span's
+/// entries to a `log` logger: instrumented then, as always
+/// (tests/layer_span_log.rs).
+pub(super) fn serve<S, St, B, ResBody>(
     config: Arc<Config<St>>,
     inner: S,
     request: Request<B>,
-) -> Result<Response<ResBody>, S::Error>
+) -> impl Future<Output = Result<Response<ResBody>, S::Error>> + Send + 'static
 where
     S: Inner<B, ResBody>,
     St: Store,
@@ -92,19 +103,28 @@ where
         status = field::Empty,
         in_flight = field::Empty
     );
-    // When the subscriber set does not want the span (every event inside
-    // would be dropped anyway), the request is not instrumented: one copy
-    // of its future the fewer. With no subscriber set at all, tracing's
-    // `log` feature (which `lambda_runtime` turns on) still reports a
-    // disabled span's entries to a `log` logger: instrumented then, as
-    // always (tests/layer_span_log.rs).
-    let (outcome, result) = if span.is_disabled() && tracing::dispatcher::has_been_set() {
-        handle(&config, inner, request).await
+    if span.is_disabled() && tracing::dispatcher::has_been_set() {
+        Either::Left(answer(config, inner, request, span))
     } else {
-        handle(&config, inner, request)
-            .instrument(span.clone())
-            .await
-    };
+        Either::Right(answer(config, inner, request, span.clone()).instrument(span))
+    }
+}
+
+/// The request's answer, and what the layer did recorded in `span` and
+/// the metrics.
+async fn answer<S, St, B, ResBody>(
+    config: Arc<Config<St>>,
+    inner: S,
+    request: Request<B>,
+    span: tracing::Span,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Inner<B, ResBody>,
+    St: Store,
+    B: LayerBody,
+    ResBody: LayerBody,
+{
+    let (outcome, result) = handle(&config, inner, request).await;
     span.record("outcome", outcome.as_str());
     let status = result
         .as_ref()
