@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -194,6 +194,15 @@ bench-server:
 	scripts/with-dynamodb-local scripts/with-redis target/server-bench/release/server-bench run
 	target/server-bench/release/allocs
 	target/server-bench/release/inproc
+
+## The layer's own CPU per new request at the memory server, by call
+## chain (perf, frame pointers; BENCH_RATE, default 20000; BENCHMARKS.md,
+## "The layer's CPU, a third pass"): what a server's CPU over the bare
+## app's, which moves by more from round to round, cannot tell apart.
+## Needs perf and permission to record another process.
+bench-server-share:
+	cd comparison/server && RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=$(abspath target/server-bench-fp) $(CARGO) build --release --bin server-bench
+	python3 comparison/layer_share.py target/server-bench-fp/release/server-bench 3
 
 ## The reference function's release binary (the size profile of Cargo.toml):
 ## its size, and its cold start to the first event request against a stub of
