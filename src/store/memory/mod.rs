@@ -152,6 +152,7 @@ impl MemoryStore {
     }
 }
 
+/// Rejects the whole transaction if one of its writes' conditions fails.
 fn check_writes(
     items: &HashMap<String, Vec<u8>>,
     writes: &[MemoryWrite],
