@@ -39,16 +39,19 @@ where
     // one often does) still wakes the work's task after the move.
     let owner = Arc::new(Owner(AtomicWaker::new()));
     let forwarding = Waker::from(Arc::clone(&owner));
-    let first = poll_fn(|cx| {
+    // Matched by value: the output's room (some hundreds of bytes) is not
+    // kept in this future while it waits for the task.
+    match poll_fn(|cx| {
         owner.0.register(cx.waker());
         Poll::Ready(
             work.as_mut()
                 .poll(&mut std::task::Context::from_waker(&forwarding)),
         )
     })
-    .await;
-    if let Poll::Ready(output) = first {
-        return Some(output);
+    .await
+    {
+        Poll::Ready(output) => return Some(output),
+        Poll::Pending => {}
     }
     match spawn(Owned { work, owner }, &runtime).await {
         Ok(output) => Some(output),

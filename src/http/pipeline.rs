@@ -334,20 +334,24 @@ where
 /// `slot` is the request's place in the bound on running work: it moves
 /// with the work and is given back when the work's future is dropped (done,
 /// panicked, or cancelled with its runtime).
-async fn run_detached<S, St, B, ResBody>(
+fn run_detached<S, St, B, ResBody>(
     config: Arc<Config<St>>,
     attempt: OwnedAttempt,
     route: Option<u64>,
     inner: S,
     request: Request<B>,
     slot: TaskTrackerToken,
-) -> Ran<S::Error, ResBody>
+) -> impl Future<Output = Ran<S::Error, ResBody>>
 where
     S: Inner<B, ResBody>,
     St: Store,
     B: LayerBody,
     ResBody: LayerBody,
 {
+    // A plain function, not an `async` one: what the work takes moves into
+    // it here, and the future returned holds only the work's box and the
+    // channel, not room for every argument besides.
+    //
     // Where the handler's response goes as soon as its body streams.
     let (early, streaming) = match tokio::runtime::Handle::try_current() {
         Ok(_) => {
@@ -377,23 +381,25 @@ where
     }
     .in_current_span();
     let done = detached(Box::pin(work), |work, runtime| runtime.spawn(work));
-    let answered = |done: Option<_>| {
-        let (result, live) = done.unwrap_or_else(|| {
-            // Only a runtime that shuts down cancels the task, and this
-            // future goes with it: answered, should it be polled.
-            (Err(Error::Operation(Failure::Cancelled)), None)
-        });
-        Ran::Answered(result, live)
-    };
-    let Some(streaming) = streaming else {
-        return answered(done.await);
-    };
-    tokio::pin!(done);
-    tokio::select! {
-        biased;
-        done = &mut done => answered(done),
-        // Dropping `done` leaves the work running on its task.
-        Ok(response) = streaming => Ran::Streaming(response),
+    async move {
+        let answered = |done: Option<_>| {
+            let (result, live) = done.unwrap_or_else(|| {
+                // Only a runtime that shuts down cancels the task, and this
+                // future goes with it: answered, should it be polled.
+                (Err(Error::Operation(Failure::Cancelled)), None)
+            });
+            Ran::Answered(result, live)
+        };
+        let Some(streaming) = streaming else {
+            return answered(done.await);
+        };
+        tokio::pin!(done);
+        tokio::select! {
+            biased;
+            done = &mut done => answered(done),
+            // Dropping `done` leaves the work running on its task.
+            Ok(response) = streaming => Ran::Streaming(response),
+        }
     }
 }
 
