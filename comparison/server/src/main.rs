@@ -12,7 +12,13 @@
 //! of the method, path, headers and body, so that it reads and hashes every
 //! body, as this layer does to check the payload);
 //! `memory-key-only`, a diagnostic: the memory store with the payload
-//! check left out.
+//! check left out. Two controls, for reading the figures over the bare
+//! app's: `bare-again`, the bare app in a server of its own (how far two
+//! runs of the same server differ: the resolution of every other row), and
+//! `bare-spin-<n>`, the bare app with `n` microseconds of CPU added to each
+//! request (what a known amount of work reads as).
+//!
+//! `BENCH_CONNECTIONS` sets the number of keep-alive connections (64).
 
 use axum::{extract::Json, routing::post, Router};
 use bytes::Bytes;
@@ -33,7 +39,10 @@ use std::{
 };
 use tokio::net::{TcpListener, TcpStream};
 
-const CONNECTIONS: usize = 64;
+/// Keep-alive connections (BENCH_CONNECTIONS, default 64).
+fn connections() -> usize {
+    env_or("BENCH_CONNECTIONS", 64)
+}
 
 async fn charge(Json(order): Json<Value>) -> (axum::http::StatusCode, Json<Value>) {
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -47,7 +56,26 @@ async fn charge(Json(order): Json<Value>) -> (axum::http::StatusCode, Json<Value
 async fn app(variant: &str) -> Router {
     let routes = Router::new().route("/v1/charges", post(charge));
     match variant {
-        "bare" => routes,
+        "bare" | "bare-again" => routes,
+        // A calibration: the bare app with `n` microseconds of CPU added to
+        // each request (spinning in the handler), to show what a known
+        // amount of work costs a server under this load.
+        spin if spin.starts_with("bare-spin-") => {
+            let micros: u64 = spin["bare-spin-".len()..]
+                .parse()
+                .expect("bare-spin-<microseconds>");
+            let spin = Duration::from_micros(micros);
+            Router::new().route(
+                "/v1/charges",
+                post(move |order: Json<Value>| async move {
+                    let started = Instant::now();
+                    while started.elapsed() < spin {
+                        std::hint::spin_loop();
+                    }
+                    charge(order).await
+                }),
+            )
+        }
         "memory" => routes.layer(
             IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).shared_scope(),
         ),
@@ -250,12 +278,13 @@ struct Pace {
 /// The connections' paces for `rate` requests a second in all, spread
 /// over the first period so that they do not leave together.
 fn paces(rate: Option<f64>, from: Instant) -> Vec<Option<Pace>> {
-    (0..CONNECTIONS)
+    let connections = connections();
+    (0..connections)
         .map(|i| {
             rate.map(|rate| {
-                let period = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
+                let period = Duration::from_secs_f64(connections as f64 / rate);
                 Pace {
-                    first: from + period.mul_f64(i as f64 / CONNECTIONS as f64),
+                    first: from + period.mul_f64(i as f64 / connections as f64),
                     period,
                 }
             })
@@ -285,7 +314,7 @@ async fn load(
     // Warm-up: a second of the same load, not counted.
     let warm = Instant::now() + Duration::from_secs(1);
     let paced = paces(rate, Instant::now());
-    let tasks: Vec<_> = (0..CONNECTIONS)
+    let tasks: Vec<_> = (0..connections())
         .map(|i| {
             tokio::spawn(connection(
                 pid,
@@ -306,7 +335,7 @@ async fn load(
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
     let paced = paces(rate, started);
-    let tasks: Vec<_> = (0..CONNECTIONS)
+    let tasks: Vec<_> = (0..connections())
         .map(|i| {
             tokio::spawn(connection(
                 pid,
@@ -376,7 +405,8 @@ async fn run() {
         .and_then(|rate| rate.parse().ok());
     let variants: Vec<String> = std::env::var("BENCH_VARIANTS")
         .unwrap_or_else(|_| {
-            "bare,memory,axum-idempotent,axum-idempotent-hash,redis,dynamodb".to_owned()
+            "bare,memory,axum-idempotent,axum-idempotent-hash,redis,dynamodb,bare-again,bare-spin-10"
+                .to_owned()
         })
         .split(',')
         .map(str::to_owned)
@@ -422,8 +452,9 @@ async fn run() {
         None => "as fast as each server answers".to_owned(),
     };
     println!(
-        "\n{CONNECTIONS} keep-alive connections, 1 KB JSON POSTs, {offered}, {seconds} s per run after a 1 s warm-up, \
-         {rounds} rounds (medians); CPU is the server process's user + system time per request"
+        "\n{} keep-alive connections, 1 KB JSON POSTs, {offered}, {seconds} s per run after a 1 s warm-up, \
+         {rounds} rounds (medians); CPU is the server process's user + system time per request",
+        connections()
     );
     println!("| server | keys | requests/s | p50 / p99 (ms) | CPU per request (us) | replayed |");
     println!("|---|---|---|---|---|---|");
@@ -476,8 +507,13 @@ fn print_over_bare(
                 .map(|(ours, bare)| ours.cpu_us - bare.cpu_us)
                 .collect();
             let each: Vec<String> = over.iter().map(|d| format!("{d:.1}")).collect();
+            let label = match variant.as_str() {
+                "bare-again" => "bare-again (control: the same app)",
+                "bare-spin-10" => "bare-spin-10 (control: 10 us of CPU added, the goal's line)",
+                other => other,
+            };
             println!(
-                "| {variant} | {keys} | {:.1} | {} |",
+                "| {label} | {keys} | {:.1} | {} |",
                 median(over.clone()),
                 each.join(", ")
             );

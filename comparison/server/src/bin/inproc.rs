@@ -37,7 +37,13 @@ fn app(layered: bool) -> Router {
 
 /// Nanoseconds per request of `requests` requests, keys numbered from
 /// `first` (or all one key, `repeated`).
-async fn batch(app: &Router, body: &bytes::Bytes, first: u64, requests: u64, repeated: bool) -> f64 {
+async fn batch(
+    app: &Router,
+    body: &bytes::Bytes,
+    first: u64,
+    requests: u64,
+    repeated: bool,
+) -> f64 {
     let started = Instant::now();
     for i in first..first + requests {
         let key = if repeated {
