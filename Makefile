@@ -185,9 +185,12 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.
 ## and in its default mode by a hash of the whole request), in interleaved rounds
 ## (BENCH_ROUNDS, default 3; BENCH_SECONDS per run, default 4; BENCH_RATE,
 ## requests a second offered to every server alike, default as many as each
-## answers); then the heap allocations per request, counted, and the
-## layer's time per request without the network (inproc, one thread, in
-## batches; see BENCHMARKS.md). Its crate (comparison/server) is outside
+## answers), with two controls: the bare app again in a server of its own
+## (how far two runs of one server differ) and the bare app with 10 us of
+## CPU spun per request (the goal's line, which the layer's CPU is also
+## printed against, round by round); then the heap allocations per
+## request, counted, and the layer's time per request without the network
+## (inproc, one thread, in batches; see BENCHMARKS.md). Its crate (comparison/server) is outside
 ## the workspace: its dependencies are the comparison's only.
 bench-server:
 	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release
