@@ -73,6 +73,33 @@ const STRING_STOP: [bool; 256] = {
     stop
 };
 
+/// Where the plain run of a string that goes on at `at` ends: the first
+/// byte from `at` that [`STRING_STOP`] holds, or the end of `bytes`. Eight
+/// bytes at a time: a byte below 0x20, a quote or a backslash is marked
+/// by its top bit (a borrow can mark bytes above a marked one, never
+/// below, so the lowest mark is exact).
+fn plain_run(bytes: &[u8], mut at: usize) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const TOPS: u64 = ONES << 7;
+    let zero = |word: u64| word.wrapping_sub(ONES) & !word;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+        let control = word.wrapping_sub(ONES * 0x20) & !word;
+        let stops = (control
+            | zero(word ^ (ONES * u64::from(b'"')))
+            | zero(word ^ (ONES * u64::from(b'\\'))))
+            & TOPS;
+        if stops != 0 {
+            return at + (stops.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    while bytes.get(at).is_some_and(|&b| !STRING_STOP[usize::from(b)]) {
+        at += 1;
+    }
+    at
+}
+
 /// Writes the canonical form of the JSON document `json` to `out`.
 ///
 /// Nothing is written unless the whole document is canonical, so `out` can
@@ -278,11 +305,19 @@ impl<'a> Writer<'a> {
         self.out.len() + (self.at - self.copied)
     }
 
-    /// Skips whitespace, which the canonical form drops.
+    /// Skips whitespace, which the canonical form drops. Checked between
+    /// every two tokens, and compact JSON has none: the check is inlined
+    /// and the skip is not, so that the check does not pay for the skip's
+    /// registers.
+    #[inline(always)]
     fn whitespace(&mut self) {
-        if !matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            return;
+        if matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.skip_whitespace();
         }
+    }
+
+    #[inline(never)]
+    fn skip_whitespace(&mut self) {
         self.flush();
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
             self.at += 1;
@@ -295,7 +330,7 @@ impl<'a> Writer<'a> {
         match self.peek() {
             Some(b'{') => self.object(deeper(depth)?),
             Some(b'[') => self.array(deeper(depth)?),
-            Some(b'"') => self.string().map(|_| ()),
+            Some(b'"') => self.string(),
             Some(b't') => self.literal(b"true"),
             Some(b'f') => self.literal(b"false"),
             Some(b'n') => self.literal(b"null"),
@@ -358,22 +393,27 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// A string at `"`, written canonical; `None` when it stands as
-    /// written (no escape: valid JSON then holds nothing that needs one),
-    /// else its text, unescaped (by jiter, as the tree parser does) and
-    /// written with the minimal escapes.
-    fn string(&mut self) -> Result<Option<String>, NotCanonical> {
+    /// A string value at `"`, written canonical: as it stands when it
+    /// holds no escape (valid JSON then holds nothing that needs one), else
+    /// unescaped (by jiter, as the tree parser does) and written with the
+    /// minimal escapes.
+    #[inline(always)]
+    fn string(&mut self) -> Result<(), NotCanonical> {
         let open = self.at;
+        if self.scan_string()? {
+            self.rewrite_escaped(open)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the string at `"` to past its closing quote: whether it holds
+    /// an escape.
+    #[inline(always)]
+    fn scan_string(&mut self) -> Result<bool, NotCanonical> {
         self.at += 1;
         let mut escaped = false;
         loop {
-            while self
-                .bytes
-                .get(self.at)
-                .is_some_and(|&b| !STRING_STOP[usize::from(b)])
-            {
-                self.at += 1;
-            }
+            self.at = plain_run(self.bytes, self.at);
             match self.peek() {
                 Some(b'"') => break,
                 Some(b'\\') => {
@@ -383,37 +423,43 @@ impl<'a> Writer<'a> {
                 _ => return Err(NotCanonical::Invalid),
             }
         }
-        let content = &self.bytes[open + 1..self.at];
         self.at += 1;
-        if !escaped {
-            return Ok(None);
-        }
+        Ok(escaped)
+    }
+
+    /// Writes the string from `open` to `at` (its closing quote read) with
+    /// the minimal escapes, and gives its text. Apart from the scan: few
+    /// strings hold an escape, and every string would otherwise pay for
+    /// this path's registers.
+    #[inline(never)]
+    fn rewrite_escaped(&mut self, open: usize) -> Result<String, NotCanonical> {
+        let content = &self.bytes[open + 1..self.at - 1];
         let text = string_of(self.text, content)?.into_owned();
         self.out.extend_from_slice(&self.bytes[self.copied..open]);
         serde_json::to_writer(&mut self.out, &text).map_err(|_| NotCanonical::Invalid)?;
         self.copied = self.at;
-        Ok(Some(text))
+        Ok(text)
     }
 
     /// An object's key at `"`, written canonical, and where its text is.
+    #[inline(always)]
     fn key(&mut self) -> Result<Key, NotCanonical> {
         let open = self.at;
-        Ok(match self.string()? {
+        if !self.scan_string()? {
             // Between two ASCII quotes: the text as it stands.
-            None => Key {
+            return Ok(Key {
                 from: open + 1,
                 len: self.at - open - 2,
                 unescaped: false,
-            },
-            Some(text) => {
-                let from = self.keys.len();
-                self.keys.extend_from_slice(text.as_bytes());
-                Key {
-                    from,
-                    len: text.len(),
-                    unescaped: true,
-                }
-            }
+            });
+        }
+        let text = self.rewrite_escaped(open)?;
+        let from = self.keys.len();
+        self.keys.extend_from_slice(text.as_bytes());
+        Ok(Key {
+            from,
+            len: text.len(),
+            unescaped: true,
         })
     }
 
@@ -459,6 +505,7 @@ impl<'a> Writer<'a> {
         let body = self.written();
         let first = self.entries.len();
         let first_key = self.keys.len();
+        let mut ordered = true;
         self.whitespace();
         if self.peek() == Some(b'}') {
             self.at += 1;
@@ -478,6 +525,12 @@ impl<'a> Writer<'a> {
             self.at += 1;
             self.value(depth)?;
             let end = self.written();
+            // Checked as each entry comes, against the one before: an
+            // object whose keys are in order (most) is not looked at again.
+            if ordered && self.entries.len() > first {
+                let last = self.entries[self.entries.len() - 1].key;
+                ordered = key_order(self.key_text(last), self.key_text(key)).is_lt();
+            }
             self.entries.push(Entry { key, start, end });
             self.whitespace();
             match self.peek() {
@@ -486,19 +539,33 @@ impl<'a> Writer<'a> {
                 _ => return Err(NotCanonical::Invalid),
             }
         }
-        // The document's own value is at depth 0; its object's entries at 1.
-        self.sort_entries(body, first, depth == 1)?;
+        if !ordered {
+            // The document's own value is at depth 0; its object's entries at 1.
+            self.sort_entries(body, first, depth == 1)?;
+        }
         self.entries.truncate(first);
         self.keys.truncate(first_key);
         self.at += 1;
         Ok(())
     }
 
+    /// A key's text, unescaped.
+    #[inline(always)]
+    fn key_text(&self, key: Key) -> &[u8] {
+        let from = if key.unescaped {
+            &self.keys[..]
+        } else {
+            self.bytes
+        };
+        &from[key.from..key.from + key.len]
+    }
+
     /// Puts the entries of the object whose body starts at `body` in the
-    /// output (its entries from `first`) in key order, refusing a key
-    /// twice; for the outermost object (`root`), notes the order instead
-    /// (see [`Written`]). Called at the object's `}`, not yet consumed;
-    /// the caller drops the object's entries.
+    /// output (its entries from `first`, not in order) in key order,
+    /// refusing a key twice; for the outermost object (`root`), notes the
+    /// order instead (see [`Written`]). Called at the object's `}`, not yet
+    /// consumed; the caller drops the object's entries.
+    #[inline(never)]
     fn sort_entries(&mut self, body: usize, first: usize, root: bool) -> Result<(), NotCanonical> {
         let (document, keys) = (self.bytes, &self.keys);
         let text = |key: Key| {
@@ -507,10 +574,7 @@ impl<'a> Writer<'a> {
         };
         let order = |a: &Entry, b: &Entry| key_order(text(a.key), text(b.key));
         let entries = &mut self.entries[first..];
-        let in_order = entries
-            .windows(2)
-            .all(|pair| order(&pair[0], &pair[1]).is_lt());
-        if !in_order {
+        {
             // Objects are small: an insertion sort, without the generic
             // sort's set-up.
             for i in 1..entries.len() {
@@ -587,6 +651,48 @@ mod tests {
     use super::super::canonical::tree_canonical;
     use super::*;
     use proptest::prelude::*;
+
+    /// The plain run found eight bytes at a time ends where the byte-wise
+    /// definition says, for every stop byte at every place in and across
+    /// the words, after any plain byte (ASCII, UTF-8's high bytes, and the
+    /// bytes next to the stops' values).
+    #[test]
+    fn a_plain_run_ends_at_the_first_stop_byte() {
+        let bytewise = |bytes: &[u8], at: usize| {
+            (at..bytes.len())
+                .find(|&i| STRING_STOP[usize::from(bytes[i])])
+                .unwrap_or(bytes.len())
+        };
+        let plain = [b'a', b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xc3, 0xff];
+        let stops = [0x00, 0x01, 0x1f, b'"', b'\\'];
+        for &fill in &plain {
+            for len in 0..24 {
+                let mut bytes = vec![fill; len];
+                for start in 0..len.min(9) {
+                    assert_eq!(plain_run(&bytes, start), bytewise(&bytes, start));
+                }
+                for place in 0..len {
+                    for &stop in &stops {
+                        bytes[place] = stop;
+                        for start in 0..=place {
+                            assert_eq!(
+                                plain_run(&bytes, start),
+                                place,
+                                "fill {fill:#x}, stop {stop:#x} at {place} of {len}, from {start}"
+                            );
+                        }
+                        // A second stop after the first does not move it.
+                        if place + 1 < len {
+                            bytes[place + 1] = stops[0];
+                            assert_eq!(plain_run(&bytes, 0), place);
+                            bytes[place + 1] = fill;
+                        }
+                        bytes[place] = fill;
+                    }
+                }
+            }
+        }
+    }
 
     /// A JSON document, to be written with any key order, whitespace and
     /// escapes.

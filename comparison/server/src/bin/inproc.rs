@@ -8,7 +8,8 @@
 //! `inproc [batches] [requests per batch]` prints, for each app and for new
 //! keys and replays, the median time per request over the batches (after
 //! one batch not counted) and what the layer adds to the bare app's;
-//! `INPROC_KEYS=distinct` (or `replays`) runs only those, for a profile.
+//! `INPROC_KEYS=distinct` (or `replays`) runs only those, and
+//! `INPROC_APP=bare` (or `memory`) only that app, for a profile.
 
 use axum::{body::Body, extract::Json, routing::post, Router};
 use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
@@ -79,11 +80,18 @@ async fn main() {
     let mut medians = Vec::new();
     // `INPROC_KEYS=distinct` (or `replays`) runs only those: for a profile.
     let only = std::env::var("INPROC_KEYS").ok();
+    // `INPROC_APP=bare` (or `memory`) runs only that app: for a profile of
+    // each, side by side.
+    let apps = std::env::var("INPROC_APP").ok();
     for (keys, repeated) in [("distinct", false), ("replays", true)] {
         if only.as_deref().is_some_and(|only| only != keys) {
             continue;
         }
         for (name, layered) in [("bare", false), ("memory", true)] {
+            if apps.as_deref().is_some_and(|apps| apps != name) {
+                medians.push(0.0);
+                continue;
+            }
             let app = app(layered);
             let mut times = Vec::new();
             for b in 0..=batches {
