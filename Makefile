@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -206,6 +206,16 @@ bench-server:
 bench-server-share:
 	cd comparison/server && RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=$(abspath target/server-bench-fp) $(CARGO) build --release --bin server-bench
 	python3 comparison/layer_share.py target/server-bench-fp/release/server-bench 3
+
+## The layer's instructions per new request, counted by callgrind rather
+## than timed (BENCHMARKS.md, "Instructions, counted"): a change of a few
+## hundred instructions shows, where timing moves by a microsecond from run
+## to run. BENCH_AGAINST=<path to another build's inproc> puts that build's
+## figures first. Needs valgrind.
+bench-instructions:
+	@command -v valgrind >/dev/null || { echo "bench-instructions needs valgrind (apt-get install valgrind)"; exit 1; }
+	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release --bin inproc
+	python3 comparison/instructions.py $(if $(BENCH_AGAINST),against=$(BENCH_AGAINST)) now=target/server-bench/release/inproc
 
 ## The reference function's release binary (the size profile of Cargo.toml):
 ## its size, and its cold start to the first event request against a stub of
