@@ -576,19 +576,21 @@ impl<'a> Writer<'a> {
         let entries = &mut self.entries[first..];
         {
             // Objects are small: an insertion sort, without the generic
-            // sort's set-up.
+            // sort's set-up. An entry stops at the greatest key not above
+            // its own, which is its own if the object holds it twice.
             for i in 1..entries.len() {
                 let mut j = i;
-                while j > 0 && order(&entries[j - 1], &entries[j]).is_gt() {
-                    entries.swap(j - 1, j);
+                loop {
+                    match order(&entries[j - 1], &entries[j]) {
+                        std::cmp::Ordering::Greater => entries.swap(j - 1, j),
+                        std::cmp::Ordering::Equal => return Err(NotCanonical::DuplicateKey),
+                        std::cmp::Ordering::Less => break,
+                    }
                     j -= 1;
+                    if j == 0 {
+                        break;
+                    }
                 }
-            }
-            if entries
-                .windows(2)
-                .any(|pair| order(&pair[0], &pair[1]).is_eq())
-            {
-                return Err(NotCanonical::DuplicateKey);
             }
             if root {
                 let mut order = std::mem::take(&mut self.spare_root);
