@@ -25,21 +25,26 @@ pub(crate) mod code {
 /// parameters. gRPC-Web (`application/grpc-web`), whose trailers travel in
 /// the body, is not.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    let Some(value) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-    else {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    // Asked three times a request (of the request, of the response, and
+    // of whether it streams), nearly always of another type: told apart by
+    // its first bytes before the value is read as text.
+    const GRPC: &[u8] = b"application/grpc";
+    let head = value.as_bytes().trim_ascii_start();
+    if !head
+        .get(..GRPC.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(GRPC))
+    {
+        return false;
+    }
+    let Ok(value) = value.to_str() else {
         return false;
     };
     let media = value.split(';').next().unwrap_or_default().trim();
-    let Some(rest) = media
-        .get(..16)
-        .filter(|head| head.eq_ignore_ascii_case("application/grpc"))
-        .map(|_| &media[16..])
-    else {
-        return false;
-    };
-    rest.is_empty() || rest.starts_with('+')
+    let rest = &media[GRPC.len().min(media.len())..];
+    media.len() >= GRPC.len() && (rest.is_empty() || rest.starts_with('+'))
 }
 
 #[cfg(test)]
@@ -58,6 +63,8 @@ mod tests {
             "application/grpc",
             "application/grpc+proto",
             "Application/GRPC; charset=x",
+            " application/grpc ",
+            "\tapplication/grpc+json ; charset=x",
         ] {
             assert!(is_grpc(&headers(grpc)), "{grpc}");
         }
@@ -66,6 +73,10 @@ mod tests {
             "application/grpcx",
             "application/json",
             "text/plain",
+            "application/gr",
+            "",
+            " ",
+            "application/grpc web",
         ] {
             assert!(!is_grpc(&headers(other)), "{other}");
         }

@@ -10,10 +10,7 @@ pub use super::lambda_context::principal;
 use super::lambda_context::{self, entry_point, lambda_route};
 use bytes::Bytes;
 use http::Request;
-use std::{
-    fmt::Write,
-    hash::{Hash, Hasher},
-};
+use std::hash::{Hash, Hasher};
 
 /// The principal of requests without an authenticated caller.
 pub const ANONYMOUS: &str = "anonymous";
@@ -54,13 +51,15 @@ pub(crate) fn scope_of<B>(principal: Option<String>, request: &Request<B>) -> St
     let entry = entry.as_deref().unwrap_or_default();
     // Every request computes its scope: one string, written once.
     let mut scope = String::with_capacity(principal.len() + entry.len() + 64);
-    // Writing to a String cannot fail.
-    let _ = write!(
-        scope,
-        "{}:{principal} {}:{entry} ",
-        principal.len(),
-        entry.len()
-    );
+    // `{len}:{principal} {len}:{entry} `, without the formatting
+    // machinery (a few hundred instructions a request).
+    let mut digits = itoa::Buffer::new();
+    for part in [principal, entry] {
+        scope.push_str(digits.format(part.len()));
+        scope.push(':');
+        scope.push_str(part);
+        scope.push(' ');
+    }
     write_route(&mut scope, request);
     scope
 }
@@ -190,5 +189,22 @@ pub(crate) fn scope_for(rule: &ScopeRule, request: &Request<Bytes>) -> Option<St
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scope is part of every record id: its text is pinned, so that a
+    /// change in how it is written cannot orphan the records already stored.
+    #[test]
+    fn a_scope_is_written_as_it_always_was() {
+        let request = Request::post("/v1/charges?x=1").body(()).expect("request");
+        assert_eq!(scope_of(None, &request), "9:anonymous 0: POST /v1/charges");
+        assert_eq!(
+            scope_of(Some("tenant-7".to_owned()), &request),
+            "8:tenant-7 0: POST /v1/charges"
+        );
     }
 }
