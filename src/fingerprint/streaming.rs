@@ -529,7 +529,11 @@ impl<'a> Writer<'a> {
             // object whose keys are in order (most) is not looked at again.
             if ordered && self.entries.len() > first {
                 let last = self.entries[self.entries.len() - 1].key;
-                ordered = key_order(self.key_text(last), self.key_text(key)).is_lt();
+                let (before, this) = (
+                    key_text(self.bytes, &self.keys, last),
+                    key_text(self.bytes, &self.keys, key),
+                );
+                ordered = key_order(before, this).is_lt();
             }
             self.entries.push(Entry { key, start, end });
             self.whitespace();
@@ -549,17 +553,6 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 
-    /// A key's text, unescaped.
-    #[inline(always)]
-    fn key_text(&self, key: Key) -> &[u8] {
-        let from = if key.unescaped {
-            &self.keys[..]
-        } else {
-            self.bytes
-        };
-        &from[key.from..key.from + key.len]
-    }
-
     /// Puts the entries of the object whose body starts at `body` in the
     /// output (its entries from `first`, not in order) in key order,
     /// refusing a key twice; for the outermost object (`root`), notes the
@@ -568,11 +561,12 @@ impl<'a> Writer<'a> {
     #[inline(never)]
     fn sort_entries(&mut self, body: usize, first: usize, root: bool) -> Result<(), NotCanonical> {
         let (document, keys) = (self.bytes, &self.keys);
-        let text = |key: Key| {
-            let from = if key.unescaped { keys } else { document };
-            &from[key.from..key.from + key.len]
+        let order = |a: &Entry, b: &Entry| {
+            key_order(
+                key_text(document, keys, a.key),
+                key_text(document, keys, b.key),
+            )
         };
-        let order = |a: &Entry, b: &Entry| key_order(text(a.key), text(b.key));
         let entries = &mut self.entries[first..];
         if entries.len() > INSERTION_SORTED {
             // A large object (a body may hold hundreds of thousands of
@@ -647,6 +641,13 @@ impl<'a> Writer<'a> {
         self.out[body..].copy_from_slice(&self.scratch);
         Ok(())
     }
+}
+
+/// A key's text, unescaped: in the document, or in the writer's `keys`.
+#[inline(always)]
+fn key_text<'t>(document: &'t [u8], keys: &'t [u8], key: Key) -> &'t [u8] {
+    let from = if key.unescaped { keys } else { document };
+    &from[key.from..key.from + key.len]
 }
 
 /// The most entries an object out of order is sorted by insertion: beyond,

@@ -43,8 +43,9 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         return false;
     };
     let media = value.split(';').next().unwrap_or_default().trim();
-    let rest = &media[GRPC.len().min(media.len())..];
-    media.len() >= GRPC.len() && (rest.is_empty() || rest.starts_with('+'))
+    media
+        .get(GRPC.len()..)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('+'))
 }
 
 #[cfg(test)]
