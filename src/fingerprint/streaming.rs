@@ -479,6 +479,19 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 
+    /// A value in an array or an object: a string or a number (most
+    /// values) read here, without the call that an array or an object
+    /// within needs.
+    #[inline(always)]
+    fn member(&mut self, depth: usize) -> Result<(), NotCanonical> {
+        self.whitespace();
+        match self.peek() {
+            Some(b'"') => self.string(),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => self.value(depth),
+        }
+    }
+
     fn array(&mut self, depth: usize) -> Result<(), NotCanonical> {
         self.at += 1;
         self.whitespace();
@@ -487,7 +500,7 @@ impl<'a> Writer<'a> {
             return Ok(());
         }
         loop {
-            self.value(depth)?;
+            self.member(depth)?;
             self.whitespace();
             match self.peek() {
                 Some(b',') => self.at += 1,
@@ -523,7 +536,7 @@ impl<'a> Writer<'a> {
                 return Err(NotCanonical::Invalid);
             }
             self.at += 1;
-            self.value(depth)?;
+            self.member(depth)?;
             let end = self.written();
             // Checked as each entry comes, against the one before: an
             // object whose keys are in order (most) is not looked at again.
