@@ -514,6 +514,13 @@ impl<'a> Writer<'a> {
     }
 
     fn object(&mut self, depth: usize) -> Result<(), NotCanonical> {
+        // The outermost object's order is noted rather than written (see
+        // `Written`): only the objects within it are flat.
+        if depth > 1 {
+            if let Some(read) = self.flat_object() {
+                return read;
+            }
+        }
         self.at += 1;
         let body = self.written();
         let first = self.entries.len();
@@ -564,6 +571,81 @@ impl<'a> Writer<'a> {
         self.keys.truncate(first_key);
         self.at += 1;
         Ok(())
+    }
+
+    /// The object at `{`, if it is flat: at most [`FLAT_ENTRIES`] entries,
+    /// each a key and a value without escapes, whitespace or an exponent,
+    /// the value a string, a number or a literal (a struct's object, each
+    /// row of a list: most objects within a request body). Read in one
+    /// loop, its entries noted on the stack, and, when its keys are not in
+    /// order, written in key order at its close. `None`, with nothing read
+    /// or written, for any other object: the general path reads it, and
+    /// refuses it if it must, as it always has.
+    #[inline(never)]
+    fn flat_object(&mut self) -> Option<Result<(), NotCanonical>> {
+        let bytes = self.bytes;
+        let open = self.at;
+        // Each entry's `"key":value` as `(start, key's end, end)`.
+        let mut entries = [(0, 0, 0); FLAT_ENTRIES];
+        let mut count = 0;
+        let mut ordered = true;
+        let mut at = open + 1;
+        loop {
+            if count == FLAT_ENTRIES || bytes.get(at) != Some(&b'"') {
+                return None;
+            }
+            let start = at;
+            at = plain_run(bytes, at + 1);
+            if bytes.get(at) != Some(&b'"') {
+                return None;
+            }
+            let key_end = at;
+            at += 1;
+            if bytes.get(at) != Some(&b':') {
+                return None;
+            }
+            at = flat_value(bytes, at + 1)?;
+            if ordered && count > 0 {
+                let (before, before_end, _) = entries[count - 1];
+                ordered =
+                    key_order(&bytes[before + 1..before_end], &bytes[start + 1..key_end]).is_lt();
+            }
+            entries[count] = (start, key_end, at);
+            count += 1;
+            match bytes.get(at) {
+                Some(b',') => at += 1,
+                Some(b'}') => break,
+                _ => return None,
+            }
+        }
+        if !ordered {
+            let entries = &mut entries[..count];
+            let key = |&(start, key_end, _): &(usize, usize, usize)| &bytes[start + 1..key_end];
+            // As `sort_entries`' small objects: an entry stops at the
+            // greatest key not above its own, its own if given twice.
+            for i in 1..entries.len() {
+                let mut j = i;
+                while j > 0 {
+                    match key_order(key(&entries[j - 1]), key(&entries[j])) {
+                        std::cmp::Ordering::Greater => entries.swap(j - 1, j),
+                        std::cmp::Ordering::Equal => return Some(Err(NotCanonical::DuplicateKey)),
+                        std::cmp::Ordering::Less => break,
+                    }
+                    j -= 1;
+                }
+            }
+            self.out.extend_from_slice(&bytes[self.copied..=open]);
+            for (i, &(start, _, end)) in entries.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(b',');
+                }
+                self.out.extend_from_slice(&bytes[start..end]);
+            }
+            // The `}` is still to copy.
+            self.copied = at;
+        }
+        self.at = at + 1;
+        Some(Ok(()))
     }
 
     /// Puts the entries of the object whose body starts at `body` in the
@@ -661,6 +743,60 @@ impl<'a> Writer<'a> {
 fn key_text<'t>(document: &'t [u8], keys: &'t [u8], key: Key) -> &'t [u8] {
     let from = if key.unescaped { keys } else { document };
     &from[key.from..key.from + key.len]
+}
+
+/// The most entries of an object read by [`Writer::flat_object`]: a
+/// struct's fields fit, and its entries stay on the stack.
+const FLAT_ENTRIES: usize = 8;
+
+/// The end of a flat object's value at `at`: a string without escapes, a
+/// number without an exponent, or a literal, each written as it stands.
+/// `None` for anything else (the general path reads it).
+#[inline(always)]
+fn flat_value(bytes: &[u8], mut at: usize) -> Option<usize> {
+    match *bytes.get(at)? {
+        b'"' => {
+            let end = plain_run(bytes, at + 1);
+            (bytes.get(end) == Some(&b'"')).then_some(end + 1)
+        }
+        b'-' | b'0'..=b'9' => {
+            // `-?(0|[1-9][0-9]*)(\.[0-9]+)?`, as `Writer::number` reads it.
+            if bytes[at] == b'-' {
+                at += 1;
+            }
+            match *bytes.get(at)? {
+                b'0' => at += 1,
+                b'1'..=b'9' => at = digits_end(bytes, at + 1),
+                _ => return None,
+            }
+            if bytes.get(at) == Some(&b'.') {
+                let fraction = at + 1;
+                at = digits_end(bytes, fraction);
+                if at == fraction {
+                    return None;
+                }
+            }
+            // An exponent is written normalised: the general path's.
+            (!matches!(bytes.get(at), Some(b'e' | b'E'))).then_some(at)
+        }
+        b't' => flat_literal(bytes, at, b"true"),
+        b'f' => flat_literal(bytes, at, b"false"),
+        b'n' => flat_literal(bytes, at, b"null"),
+        _ => None,
+    }
+}
+
+fn digits_end(bytes: &[u8], mut at: usize) -> usize {
+    while let Some(b'0'..=b'9') = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+fn flat_literal(bytes: &[u8], at: usize, literal: &[u8]) -> Option<usize> {
+    bytes[at..]
+        .starts_with(literal)
+        .then_some(at + literal.len())
 }
 
 /// The most entries an object out of order is sorted by insertion: beyond,
@@ -970,6 +1106,56 @@ mod tests {
                     0 if at < bytes.len() => bytes[at] = byte,
                     1 if at < bytes.len() => { bytes.remove(at); }
                     _ => bytes.insert(at, byte),
+                }
+            }
+            prop_assert_eq!(canonical(&bytes), tree_canonical(&bytes), "{:?}", String::from_utf8_lossy(&bytes));
+            prop_assert_eq!(through_kept_buffers(&bytes), canonical(&bytes), "{:?}", String::from_utf8_lossy(&bytes));
+        }
+    }
+
+    /// Compact documents of flat objects (see `Writer::flat_object`):
+    /// rows in a list and an object within the outermost, each of up to
+    /// ten entries (the flat path takes eight), keys from a small alphabet
+    /// (so that many are out of order or given twice), values that are
+    /// scalars, some of which the flat path leaves to the general one (an
+    /// exponent, an escape).
+    fn flat_document() -> impl Strategy<Value = String> {
+        let scalar = prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("false".to_owned()),
+            prop::sample::select(NUMBERS).prop_map(str::to_owned),
+            "[a-z0-9 é\\\\]{0,6}".prop_map(|text| format!("\"{text}\"")),
+        ];
+        let object = prop::collection::vec(("[ab]{0,3}", scalar), 0..11).prop_map(|entries| {
+            let entries: Vec<String> = entries
+                .iter()
+                .map(|(key, value)| format!("\"{key}\":{value}"))
+                .collect();
+            format!("{{{}}}", entries.join(","))
+        });
+        (prop::collection::vec(object.clone(), 0..6), object)
+            .prop_map(|(rows, one)| format!("{{\"rows\":[{}],\"one\":{one}}}", rows.join(",")))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Flat objects, in order or not, are written as the tree writer
+        /// writes them, and refused as it refuses them, whole or damaged.
+        #[test]
+        fn flat_objects_are_written_and_refused_as_the_tree_writer_does(
+            text in flat_document(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), 0u8..4, prop::sample::select(DAMAGE)), 0..3),
+        ) {
+            let mut bytes = text.into_bytes();
+            for (at, kind, byte) in edits {
+                let at = at.index(bytes.len() + 1);
+                match kind {
+                    0 if at < bytes.len() => bytes[at] = byte,
+                    1 if at < bytes.len() => { bytes.remove(at); }
+                    2 => bytes.insert(at, byte),
+                    _ => {}
                 }
             }
             prop_assert_eq!(canonical(&bytes), tree_canonical(&bytes), "{:?}", String::from_utf8_lossy(&bytes));
