@@ -9,7 +9,12 @@
 //! tree writer does). An object's entries are written in document order
 //! and their places noted; when the object closes, entries whose keys are
 //! already in order (most JSON, written from a struct) stay where they
-//! are, and the others are moved into order once. The form is exactly the
+//! are, and the others are moved into order once. A flat object within
+//! the document (a struct's or a row's: a few entries whose values are
+//! strings, numbers and literals, without escapes or spaces) is read in a
+//! loop of its own, its entries noted on the stack; one that turns out not
+//! to be flat is read again from its start, so no byte is read more than
+//! twice. The form is exactly the
 //! tree writer's ([`super::canonical`](mod@super::canonical)), which pointers into a document
 //! still use: property tests hold the two to the same bytes, and to the
 //! same refusals on damaged documents.
