@@ -175,7 +175,9 @@ impl ResponseCodec {
     ) -> Vec<u8> {
         let body = body.unwrap_or_default();
         let trailers = trailers.filter(|trailers| !trailers.is_empty());
-        let mut out = Vec::with_capacity(16 + body.len());
+        // Room for the head, a typical answer's few stored headers and the
+        // body: written once, not grown.
+        let mut out = Vec::with_capacity(HEAD_ROOM + body.len());
         out.push(if trailers.is_some() {
             VERSION_TRAILERS
         } else {
@@ -183,39 +185,44 @@ impl ResponseCodec {
         });
         out.push(flags);
         out.extend_from_slice(&response.status().as_u16().to_be_bytes());
-        let headers: Vec<_> = if is_grpc(response.headers()) {
+        if is_grpc(response.headers()) {
             // gRPC metadata is part of the call's answer, which the client
             // reads as it reads the message: all of it, but cookies.
-            response
-                .headers()
-                .iter()
-                .filter(|(name, _)| !NEVER_STORED.contains(name))
-                .collect()
+            put_fields(
+                &mut out,
+                response
+                    .headers()
+                    .iter()
+                    .filter(|(name, _)| !NEVER_STORED.contains(name)),
+            );
         } else {
             let body_headers = BODY_HEADERS.iter();
             let listed = self
                 .stored_headers
                 .iter()
                 .filter(|name| !BODY_HEADERS.contains(name));
-            body_headers
-                .chain(listed)
-                .flat_map(|name| {
+            put_fields(
+                &mut out,
+                body_headers.chain(listed).flat_map(|name| {
                     response
                         .headers()
                         .get_all(name)
                         .iter()
                         .map(move |value| (name, value))
-                })
-                .collect()
-        };
-        put_fields(&mut out, headers);
+                }),
+            );
+        }
         if let Some(trailers) = trailers {
-            put_fields(&mut out, trailers.iter().collect());
+            put_fields(&mut out, trailers.iter());
         }
         out.extend_from_slice(body);
         out
     }
 }
+
+/// The room a framed response starts with besides its body: its head (8
+/// bytes) and a content type or two.
+const HEAD_ROOM: usize = 96;
 
 /// The headers of a gRPC response that are never stored: a cookie, and
 /// those that describe the connection rather than the answer.
@@ -227,12 +234,21 @@ const NEVER_STORED: [HeaderName; 5] = [
     header::CONNECTION,
 ];
 
-fn put_fields(out: &mut Vec<u8>, fields: Vec<(&HeaderName, &HeaderValue)>) {
-    out.extend_from_slice(&(fields.len() as u32).to_be_bytes());
+/// Writes the fields' count, then each name and value: the count first as
+/// a place, filled in once they are written (no list of them is made).
+fn put_fields<'a>(
+    out: &mut Vec<u8>,
+    fields: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+) {
+    let count_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let mut count: u32 = 0;
     for (name, value) in fields {
         put_bytes(out, name.as_str().as_bytes());
         put_bytes(out, value.as_bytes());
+        count += 1;
     }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_be_bytes());
 }
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
