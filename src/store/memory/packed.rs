@@ -34,14 +34,13 @@ pub(super) struct Packed {
     pub(super) completed_at_ms: Option<u64>,
 }
 
-/// The strings and the response, one after the other, in one allocation.
-fn pack(id: &str, owner: &str, fingerprint: &str, response: Option<&[u8]>) -> Box<[u8]> {
-    let response = response.unwrap_or_default();
-    let mut data = Vec::with_capacity(id.len() + owner.len() + fingerprint.len() + response.len());
+/// The strings, one after the other, in one allocation (a completion
+/// adds the response after them: [`Packed::set_response`]).
+fn pack(id: &str, owner: &str, fingerprint: &str) -> Box<[u8]> {
+    let mut data = Vec::with_capacity(id.len() + owner.len() + fingerprint.len());
     data.extend_from_slice(id.as_bytes());
     data.extend_from_slice(owner.as_bytes());
     data.extend_from_slice(fingerprint.as_bytes());
-    data.extend_from_slice(response);
     data.into_boxed_slice()
 }
 
@@ -78,7 +77,7 @@ impl Packed {
             claim.fingerprint.as_str(),
         );
         Self {
-            data: pack(id, owner, fingerprint, None),
+            data: pack(id, owner, fingerprint),
             id_end: id.len(),
             owner_end: id.len() + owner.len(),
             fingerprint_end: id.len() + owner.len() + fingerprint.len(),
@@ -95,7 +94,13 @@ impl Packed {
 
     /// Packs the record again, with `response` after its strings.
     pub(super) fn set_response(&mut self, response: &[u8]) {
-        self.data = pack(self.id(), self.owner(), self.fingerprint(), Some(response));
+        // The strings are packed already: copied as they stand, in one
+        // piece, rather than read back as text one by one.
+        let strings = &self.data[..self.fingerprint_end];
+        let mut data = Vec::with_capacity(strings.len() + response.len());
+        data.extend_from_slice(strings);
+        data.extend_from_slice(response);
+        self.data = data.into_boxed_slice();
         self.has_response = true;
     }
 
