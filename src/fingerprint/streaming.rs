@@ -345,10 +345,7 @@ impl<'a> Writer<'a> {
     }
 
     fn literal(&mut self, literal: &'static [u8]) -> Result<(), NotCanonical> {
-        if !self.bytes[self.at..].starts_with(literal) {
-            return Err(NotCanonical::Invalid);
-        }
-        self.at += literal.len();
+        self.at = literal_end(self.bytes, self.at, literal).ok_or(NotCanonical::Invalid)?;
         Ok(())
     }
 
@@ -356,46 +353,19 @@ impl<'a> Writer<'a> {
     /// written normalised, the rest as it stands.
     fn number(&mut self) -> Result<(), NotCanonical> {
         let start = self.at;
-        if self.peek() == Some(b'-') {
-            self.at += 1;
-        }
-        match self.peek() {
-            Some(b'0') => self.at += 1,
-            Some(b'1'..=b'9') => self.digits(),
-            _ => return Err(NotCanonical::Invalid),
-        }
-        if self.peek() == Some(b'.') {
-            self.at += 1;
-            self.at_least_one_digit()?;
-        }
+        self.at = mantissa_end(self.bytes, self.at).ok_or(NotCanonical::Invalid)?;
         if let Some(b'e' | b'E') = self.peek() {
             self.at += 1;
             if let Some(b'+' | b'-') = self.peek() {
                 self.at += 1;
             }
-            self.at_least_one_digit()?;
+            self.at = some_digits_end(self.bytes, self.at).ok_or(NotCanonical::Invalid)?;
             self.out.extend_from_slice(&self.bytes[self.copied..start]);
             write_number(&self.bytes[start..self.at], &mut self.out)
                 .map_err(|_| NotCanonical::Invalid)?;
             self.copied = self.at;
         }
         Ok(())
-    }
-
-    fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.at += 1;
-        }
-    }
-
-    fn at_least_one_digit(&mut self) -> Result<(), NotCanonical> {
-        let start = self.at;
-        self.digits();
-        if self.at == start {
-            Err(NotCanonical::Invalid)
-        } else {
-            Ok(())
-        }
     }
 
     /// A string value at `"`, written canonical: as it stands when it
@@ -626,18 +596,8 @@ impl<'a> Writer<'a> {
         if !ordered {
             let entries = &mut entries[..count];
             let key = |&(start, key_end, _): &(usize, usize, usize)| &bytes[start + 1..key_end];
-            // As `sort_entries`' small objects: an entry stops at the
-            // greatest key not above its own, its own if given twice.
-            for i in 1..entries.len() {
-                let mut j = i;
-                while j > 0 {
-                    match key_order(key(&entries[j - 1]), key(&entries[j])) {
-                        std::cmp::Ordering::Greater => entries.swap(j - 1, j),
-                        std::cmp::Ordering::Equal => return Some(Err(NotCanonical::DuplicateKey)),
-                        std::cmp::Ordering::Less => break,
-                    }
-                    j -= 1;
-                }
+            if let Err(refused) = insertion_sort(entries, |a, b| key_order(key(a), key(b))) {
+                return Some(Err(refused));
             }
             self.out.extend_from_slice(&bytes[self.copied..=open]);
             for (i, &(start, _, end)) in entries.iter().enumerate() {
@@ -680,23 +640,8 @@ impl<'a> Writer<'a> {
                 return Err(NotCanonical::DuplicateKey);
             }
         } else {
-            // Most objects are small: an insertion sort, without the
-            // generic sort's set-up. An entry stops at the greatest key not
-            // above its own, which is its own if the object holds it twice.
-            for i in 1..entries.len() {
-                let mut j = i;
-                loop {
-                    match order(&entries[j - 1], &entries[j]) {
-                        std::cmp::Ordering::Greater => entries.swap(j - 1, j),
-                        std::cmp::Ordering::Equal => return Err(NotCanonical::DuplicateKey),
-                        std::cmp::Ordering::Less => break,
-                    }
-                    j -= 1;
-                    if j == 0 {
-                        break;
-                    }
-                }
-            }
+            // Most objects are small.
+            insertion_sort(entries, order)?;
         }
         if root {
             let mut order = std::mem::take(&mut self.spare_root);
@@ -758,37 +703,40 @@ const FLAT_ENTRIES: usize = 8;
 /// number without an exponent, or a literal, each written as it stands.
 /// `None` for anything else (the general path reads it).
 #[inline(always)]
-fn flat_value(bytes: &[u8], mut at: usize) -> Option<usize> {
+fn flat_value(bytes: &[u8], at: usize) -> Option<usize> {
     match *bytes.get(at)? {
         b'"' => {
             let end = plain_run(bytes, at + 1);
             (bytes.get(end) == Some(&b'"')).then_some(end + 1)
         }
         b'-' | b'0'..=b'9' => {
-            // `-?(0|[1-9][0-9]*)(\.[0-9]+)?`, as `Writer::number` reads it.
-            if bytes[at] == b'-' {
-                at += 1;
-            }
-            match *bytes.get(at)? {
-                b'0' => at += 1,
-                b'1'..=b'9' => at = digits_end(bytes, at + 1),
-                _ => return None,
-            }
-            if bytes.get(at) == Some(&b'.') {
-                let fraction = at + 1;
-                at = digits_end(bytes, fraction);
-                if at == fraction {
-                    return None;
-                }
-            }
+            let end = mantissa_end(bytes, at)?;
             // An exponent is written normalised: the general path's.
-            (!matches!(bytes.get(at), Some(b'e' | b'E'))).then_some(at)
+            (!matches!(bytes.get(end), Some(b'e' | b'E'))).then_some(end)
         }
-        b't' => flat_literal(bytes, at, b"true"),
-        b'f' => flat_literal(bytes, at, b"false"),
-        b'n' => flat_literal(bytes, at, b"null"),
+        b't' => literal_end(bytes, at, b"true"),
+        b'f' => literal_end(bytes, at, b"false"),
+        b'n' => literal_end(bytes, at, b"null"),
         _ => None,
     }
+}
+
+/// The end of a number's part before any exponent at `at`,
+/// `-?(0|[1-9][0-9]*)(\.[0-9]+)?`; `None` if there is none.
+#[inline(always)]
+fn mantissa_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+    if bytes.get(at) == Some(&b'-') {
+        at += 1;
+    }
+    match *bytes.get(at)? {
+        b'0' => at += 1,
+        b'1'..=b'9' => at = digits_end(bytes, at + 1),
+        _ => return None,
+    }
+    if bytes.get(at) == Some(&b'.') {
+        at = some_digits_end(bytes, at + 1)?;
+    }
+    Some(at)
 }
 
 fn digits_end(bytes: &[u8], mut at: usize) -> usize {
@@ -798,10 +746,40 @@ fn digits_end(bytes: &[u8], mut at: usize) -> usize {
     at
 }
 
-fn flat_literal(bytes: &[u8], at: usize, literal: &[u8]) -> Option<usize> {
+/// The end of the digits at `at`, if there is at least one.
+fn some_digits_end(bytes: &[u8], at: usize) -> Option<usize> {
+    let end = digits_end(bytes, at);
+    (end > at).then_some(end)
+}
+
+/// The end of `literal` at `at`, if it is there.
+fn literal_end(bytes: &[u8], at: usize, literal: &[u8]) -> Option<usize> {
     bytes[at..]
         .starts_with(literal)
         .then_some(at + literal.len())
+}
+
+/// Sorts a small object's entries by insertion, refusing a key given twice:
+/// an entry stops at the greatest key not above its own, which is its own
+/// if the object holds it twice. Without the generic sort's set-up, which
+/// costs more than a few entries' sort.
+#[inline(always)]
+fn insertion_sort<T>(
+    entries: &mut [T],
+    order: impl Fn(&T, &T) -> std::cmp::Ordering,
+) -> Result<(), NotCanonical> {
+    for i in 1..entries.len() {
+        let mut j = i;
+        while j > 0 {
+            match order(&entries[j - 1], &entries[j]) {
+                std::cmp::Ordering::Greater => entries.swap(j - 1, j),
+                std::cmp::Ordering::Equal => return Err(NotCanonical::DuplicateKey),
+                std::cmp::Ordering::Less => break,
+            }
+            j -= 1;
+        }
+    }
+    Ok(())
 }
 
 /// The most entries an object out of order is sorted by insertion: beyond,
