@@ -19,6 +19,8 @@
 //! request (what a known amount of work reads as).
 //!
 //! `BENCH_CONNECTIONS` sets the number of keep-alive connections (64).
+//! `BENCH_TOGETHER=1` (with `BENCH_RATE`) runs a round's servers at once
+//! rather than in turn, each at `BENCH_RATE`.
 
 use axum::{extract::Json, routing::post, Router};
 use bytes::Bytes;
@@ -235,17 +237,24 @@ async fn connection(
     latencies
 }
 
-/// User plus system CPU time of a process, in microseconds.
+/// User plus system CPU time of a process, in microseconds: its CPU-time
+/// clock, which the kernel keeps to the nanosecond over all its threads.
+/// (`/proc/<pid>/stat` counts in ticks of 10 ms: over a run of 12,000
+/// requests, steps of 0.8 us a request.)
 fn cpu_us(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    ticks * 10_000 // USER_HZ = 100
+    let mut clock: libc::clockid_t = 0;
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: both calls only write the values they are given pointers to,
+    // which live for the calls.
+    let read = unsafe {
+        libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) == 0
+            && libc::clock_gettime(clock, &mut time) == 0
+    };
+    assert!(read, "the CPU-time clock of process {pid}");
+    time.tv_sec as u64 * 1_000_000 + time.tv_nsec as u64 / 1_000
 }
 
 /// Starts the server of `variant`; `<variant>@<path>` starts it from
@@ -371,6 +380,41 @@ async fn load(
     }
 }
 
+/// One run of every variant's server at once (`BENCH_TOGETHER`), each
+/// under the same load at the same pace, their CPU read over the same
+/// window.
+async fn load_together(
+    variants: &[String],
+    repeated: bool,
+    seconds: f64,
+    rate: Option<f64>,
+) -> Vec<Figures> {
+    let servers: Vec<(Child, u16)> = variants.iter().map(|variant| start(variant)).collect();
+    let loads: Vec<_> = servers
+        .iter()
+        .zip(variants)
+        .map(|((child, port), variant)| {
+            tokio::spawn(load(
+                *port,
+                child.id(),
+                repeated,
+                variant.starts_with("axum-idempotent"),
+                seconds,
+                rate,
+            ))
+        })
+        .collect();
+    let mut runs = Vec::new();
+    for load in loads {
+        runs.push(load.await.expect("load"));
+    }
+    for (mut child, _) in servers {
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+    }
+    runs
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
@@ -411,6 +455,15 @@ async fn run() {
         .split(',')
         .map(str::to_owned)
         .collect();
+    // Every server of a round at once, each under its own connections at
+    // the same pace (BENCH_RATE each), so that what slows the machine
+    // for a while (the host, the clock's speed) slows every server in the
+    // same window, not only the one whose turn it is: the differences
+    // within a round then carry less of it.
+    let together = std::env::var("BENCH_TOGETHER").is_ok_and(|value| value == "1");
+    if together && rate.is_none() {
+        panic!("BENCH_TOGETHER needs BENCH_RATE: servers run as fast as they can would take each other's CPU");
+    }
     let modes = [("distinct", false), ("repeated (replays)", true)];
     // figures[variant][mode] = one per counted round
     let mut figures = vec![vec![Vec::<Figures>::new(); modes.len()]; variants.len()];
@@ -421,6 +474,22 @@ async fn run() {
             format!("round {round} of {rounds}")
         };
         eprintln!("{label}");
+        if together {
+            let seconds = if round == 0 { 1.0 } else { seconds };
+            for (m, (keys, repeated)) in modes.iter().enumerate() {
+                let runs = load_together(&variants, *repeated, seconds, rate).await;
+                for (v, run) in runs.into_iter().enumerate() {
+                    if round > 0 {
+                        eprintln!(
+                            "  {} {keys}: {:.0} requests/s, {:.1} us CPU per request",
+                            variants[v], run.requests_per_s, run.cpu_us
+                        );
+                        figures[v][m].push(run);
+                    }
+                }
+            }
+            continue;
+        }
         for offset in 0..variants.len() {
             let v = (offset + round) % variants.len();
             for (m, (_, repeated)) in modes.iter().enumerate() {
