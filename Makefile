@@ -185,7 +185,9 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.
 ## and in its default mode by a hash of the whole request), in interleaved rounds
 ## (BENCH_ROUNDS, default 3; BENCH_SECONDS per run, default 4; BENCH_RATE,
 ## requests a second offered to every server alike, default as many as each
-## answers), with two controls: the bare app again in a server of its own
+## answers; BENCH_TOGETHER=1 with BENCH_RATE runs a round's servers at once,
+## each at that pace, so that the machine's drift hits them in the same
+## window: see BENCHMARKS.md), with two controls: the bare app again in a server of its own
 ## (how far two runs of one server differ) and the bare app with 10 us of
 ## CPU spun per request (the goal's line, which the layer's CPU is also
 ## printed against, round by round); then the heap allocations per
