@@ -25,9 +25,7 @@ pub(crate) const CLAIM_TRIES: usize = 3;
 /// colliding.
 fn conflict_backoff(try_number: u32) -> Duration {
     let ceiling_ms = 10u64 << try_number.min(6);
-    let noise = rand::rngs::SysRng
-        .try_next_u64()
-        .unwrap_or(ceiling_ms / 2);
+    let noise = rand::rngs::SysRng.try_next_u64().unwrap_or(ceiling_ms / 2);
     Duration::from_millis(noise % ceiling_ms + 1)
 }
 
