@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use lambda_http::Body as LambdaBody;
 #[cfg(feature = "lambda")]
 use std::any::Any;
+use std::future::Future;
 
 /// The default limit on a buffered request body: 6 MiB, Lambda's own limit
 /// on a request, so no request that reaches a function is refused.
@@ -83,42 +84,46 @@ pub(crate) fn try_downcast<T: 'static, K: 'static>(value: K) -> Result<T, K> {
 
 /// Reads the request's body, at most `limit` bytes: the request with its
 /// body as bytes, and how to rebuild the handler's body from them.
-pub(crate) async fn buffer_request<B>(
+pub(crate) fn buffer_request<B>(
     request: Request<B>,
     limit: usize,
-) -> Result<(Request<Bytes>, Kind), BodyError>
+) -> impl Future<Output = Result<(Request<Bytes>, Kind), BodyError>>
 where
     B: HttpBody + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    // Taken apart before the `async` block, which then holds the parts
+    // once: an `async fn` would keep the whole request besides.
     let (parts, body) = request.into_parts();
-    #[cfg(feature = "lambda")]
-    let body = match try_downcast::<LambdaBody, B>(body) {
-        Ok(body) => {
-            let (bytes, kind) = lambda_bytes(body);
-            if bytes.len() > limit {
-                return Err(BodyError::TooLarge);
+    async move {
+        #[cfg(feature = "lambda")]
+        let body = match try_downcast::<LambdaBody, B>(body) {
+            Ok(body) => {
+                let (bytes, kind) = lambda_bytes(body);
+                if bytes.len() > limit {
+                    return Err(BodyError::TooLarge);
+                }
+                return Ok((Request::from_parts(parts, bytes), Kind::Lambda(kind)));
             }
-            return Ok((Request::from_parts(parts, bytes), Kind::Lambda(kind)));
+            Err(body) => body,
+        };
+        // A declared length past the limit is refused before a byte is read.
+        if body.size_hint().lower() > limit as u64 {
+            return Err(BodyError::TooLarge);
         }
-        Err(body) => body,
-    };
-    // A declared length past the limit is refused before a byte is read.
-    if body.size_hint().lower() > limit as u64 {
-        return Err(BodyError::TooLarge);
+        let collected = Limited::new(body, limit).collect().await.map_err(|error| {
+            if error.is::<LengthLimitError>() {
+                BodyError::TooLarge
+            } else {
+                BodyError::Unreadable(error)
+            }
+        })?;
+        Ok((
+            Request::from_parts(parts, collected.to_bytes()),
+            Kind::Other,
+        ))
     }
-    let collected = Limited::new(body, limit).collect().await.map_err(|error| {
-        if error.is::<LengthLimitError>() {
-            BodyError::TooLarge
-        } else {
-            BodyError::Unreadable(error)
-        }
-    })?;
-    Ok((
-        Request::from_parts(parts, collected.to_bytes()),
-        Kind::Other,
-    ))
 }
 
 /// The handler's request again, with the body it would have had (a

@@ -27,7 +27,7 @@ use crate::{
     store::Store,
     Attempt, ClaimHandle, Error, OutcomeKind,
 };
-use futures_util::future::Either;
+use futures_util::{future::Either, FutureExt};
 use http::{Request, Response};
 use std::{
     future::Future,
@@ -112,119 +112,143 @@ where
 
 /// The request's answer, and what the layer did recorded in `span` and
 /// the metrics.
-async fn answer<S, St, B, ResBody>(
+///
+/// A plain function that maps `handle`'s future, not an `async` one that
+/// awaits it: an `async fn` keeps its arguments for the whole of its
+/// future, so the request (some 240 bytes) would be held in this level's
+/// state beside the copy `handle`'s future holds.
+fn answer<S, St, B, ResBody>(
     config: Arc<Config<St>>,
     inner: S,
     request: Request<B>,
     span: tracing::Span,
-) -> Result<Response<ResBody>, S::Error>
+) -> impl Future<Output = Result<Response<ResBody>, S::Error>> + Send + 'static
 where
     S: Inner<B, ResBody>,
     St: Store,
     B: LayerBody,
     ResBody: LayerBody,
 {
-    let (outcome, result) = handle(&config, inner, request).await;
-    span.record("outcome", outcome.as_str());
-    let status = result
-        .as_ref()
-        .ok()
-        .map(|response| response.status().as_u16());
-    if let Some(status) = status {
-        span.record("status", status);
-    }
-    tracing::debug!(parent: &span, outcome = outcome.as_str(), status, "idempotent request handled");
-    if let Some(metrics) = &config.settings.metrics {
-        metrics.record(outcome);
-    }
-    result
+    handle(Arc::clone(&config), inner, request).map(move |(outcome, result)| {
+        span.record("outcome", outcome.as_str());
+        let status = result
+            .as_ref()
+            .ok()
+            .map(|response| response.status().as_u16());
+        if let Some(status) = status {
+            span.record("status", status);
+        }
+        tracing::debug!(parent: &span, outcome = outcome.as_str(), status, "idempotent request handled");
+        if let Some(metrics) = &config.settings.metrics {
+            metrics.record(outcome);
+        }
+        result
+    })
 }
 
-async fn handle<S, St, B, ResBody>(
-    config: &Arc<Config<St>>,
+// The `async` block is the point: see the comment inside.
+#[allow(clippy::manual_async_fn)]
+fn handle<S, St, B, ResBody>(
+    config: Arc<Config<St>>,
     mut inner: S,
     request: Request<B>,
-) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
+) -> impl Future<Output = (HttpOutcome, Result<Response<ResBody>, S::Error>)>
 where
     S: Inner<B, ResBody>,
     St: Store,
     B: LayerBody,
     ResBody: LayerBody,
 {
-    if !config.settings.methods.contains(request.method()) {
-        return (HttpOutcome::PassThrough, inner.call(request).await);
-    }
-    // A gRPC client reads the layer's own answers as gRPC statuses.
-    let grpc = grpc_wire::is_grpc(request.headers());
-    // A key in a header is read before the body: a request without one is
-    // answered, or passed through, unread (unless Powertools' key may be
-    // in the body).
-    let refuse = |outcome, problem: Problem| {
-        (
-            outcome,
-            Ok(problem_response(&config.settings, &problem, grpc)),
-        )
-    };
-    let header_key = match read_header_key(&config.settings, &request) {
-        Ok(key) => key,
-        Err(problem) => return refuse(HttpOutcome::BadKey, problem),
-    };
-    if header_key.is_none()
-        && matches!(config.settings.key.0, Source::Header(_))
-        && !reads_powertools(&config.settings)
-    {
-        return keyless(&config.settings, inner, request, grpc).await;
-    }
-    let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
-        Ok(buffered) => buffered,
-        Err(error) => return refuse(HttpOutcome::BadBody, body_problem(&config.settings, error)),
-    };
-    let key = match key_of(&config.settings, header_key, &request) {
-        Ok(key) => key,
-        Err(problem) => return refuse(HttpOutcome::BadKey, problem),
-    };
-    let Some(key) = key else {
-        // Powertools keyed its records on the request itself (a field of
-        // the body, say), with or without this crate's key: a retry of a
-        // request the old function ran must find its record first.
-        #[cfg(feature = "powertools")]
-        let takeover = match powertools_first(config, &request, kind, None, grpc).await {
-            Ok(takeover) => takeover,
-            Err(answered) => return answered,
+    // An `async` block, not an `async fn`: an `async fn` binds each
+    // argument again as a local of its own, and both are kept in its
+    // future (the request twice over).
+    async move {
+        if !config.settings.methods.contains(request.method()) {
+            return (HttpOutcome::PassThrough, inner.call(request).await);
+        }
+        // A gRPC client reads the layer's own answers as gRPC statuses.
+        let grpc = grpc_wire::is_grpc(request.headers());
+        // A key in a header is read before the body: a request without one is
+        // answered, or passed through, unread (unless Powertools' key may be
+        // in the body).
+        let refuse = |outcome, problem: Problem| {
+            (
+                outcome,
+                Ok(problem_response(&config.settings, &problem, grpc)),
+            )
         };
+        let header_key = match read_header_key(&config.settings, &request) {
+            Ok(key) => key,
+            Err(problem) => return refuse(HttpOutcome::BadKey, problem),
+        };
+        if header_key.is_none()
+            && matches!(config.settings.key.0, Source::Header(_))
+            && !reads_powertools(&config.settings)
+        {
+            return keyless(&config.settings, inner, request, grpc).await;
+        }
+        let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
+            Ok(buffered) => buffered,
+            Err(error) => {
+                return refuse(HttpOutcome::BadBody, body_problem(&config.settings, error))
+            }
+        };
+        let key = match key_of(&config.settings, header_key, &request) {
+            Ok(key) => key,
+            Err(problem) => return refuse(HttpOutcome::BadKey, problem),
+        };
+        let Some(key) = key else {
+            // Powertools keyed its records on the request itself (a field of
+            // the body, say), with or without this crate's key: a retry of a
+            // request the old function ran must find its record first.
+            #[cfg(feature = "powertools")]
+            let takeover = match powertools_first(&config, &request, kind, None, grpc).await {
+                Ok(takeover) => takeover,
+                Err(answered) => return answered,
+            };
+            #[cfg(not(feature = "powertools"))]
+            let takeover = None;
+            let mut request = rebuild_request(request, kind);
+            // Unclaimed, but the handler is told all the same.
+            if let Some(takeover) = takeover {
+                request.extensions_mut().insert::<crate::Takeover>(takeover);
+            }
+            return keyless(&config.settings, inner, request, grpc).await;
+        };
+        let Some(scope) = scope_for(&config.settings.scope, &request) else {
+            return refuse(HttpOutcome::ScopeUnset, Problem::ScopeUnset);
+        };
+        #[cfg(feature = "powertools")]
+        let takeover =
+            match powertools_first(&config, &request, kind, Some((&scope, &key)), grpc).await {
+                Ok(takeover) => takeover,
+                Err(answered) => return answered,
+            };
         #[cfg(not(feature = "powertools"))]
         let takeover = None;
-        let mut request = rebuild_request(request, kind);
-        // Unclaimed, but the handler is told all the same.
-        if let Some(takeover) = takeover {
-            request.extensions_mut().insert::<crate::Takeover>(takeover);
+        // The bound on running work, checked last, just before the claim: a
+        // slow client that sends its body byte by byte holds no slot, and a
+        // request refused here has claimed nothing.
+        let Some(slot) = config.settings.in_flight.take() else {
+            return refuse(HttpOutcome::Overloaded, Problem::Overloaded);
+        };
+        tracing::Span::current().record("in_flight", config.settings.in_flight.running());
+        let (attempt, route_key) = attempt_for(&config.settings, &request, scope, key, takeover);
+        let request = rebuild_request(request, kind);
+        match run_detached(
+            Arc::clone(&config),
+            attempt,
+            route_key,
+            inner,
+            request,
+            slot,
+        )
+        .await
+        {
+            Ran::Answered(result, live) => respond(&config.settings, result, live, grpc),
+            // Its record completes when its body ends.
+            Ran::Streaming(response) => (HttpOutcome::Fresh, Ok(response)),
         }
-        return keyless(&config.settings, inner, request, grpc).await;
-    };
-    let Some(scope) = scope_for(&config.settings.scope, &request) else {
-        return refuse(HttpOutcome::ScopeUnset, Problem::ScopeUnset);
-    };
-    #[cfg(feature = "powertools")]
-    let takeover = match powertools_first(config, &request, kind, Some((&scope, &key)), grpc).await
-    {
-        Ok(takeover) => takeover,
-        Err(answered) => return answered,
-    };
-    #[cfg(not(feature = "powertools"))]
-    let takeover = None;
-    // The bound on running work, checked last, just before the claim: a
-    // slow client that sends its body byte by byte holds no slot, and a
-    // request refused here has claimed nothing.
-    let Some(slot) = config.settings.in_flight.take() else {
-        return refuse(HttpOutcome::Overloaded, Problem::Overloaded);
-    };
-    tracing::Span::current().record("in_flight", config.settings.in_flight.running());
-    let (attempt, route_key) = attempt_for(&config.settings, &request, scope, key, takeover);
-    let request = rebuild_request(request, kind);
-    match run_detached(Arc::clone(config), attempt, route_key, inner, request, slot).await {
-        Ran::Answered(result, live) => respond(&config.settings, result, live, grpc),
-        // Its record completes when its body ends.
-        Ran::Streaming(response) => (HttpOutcome::Fresh, Ok(response)),
     }
 }
 
@@ -242,12 +266,16 @@ enum Ran<E, R> {
 
 /// A request without a key: refused when one is required, otherwise
 /// passed to the handler as it is.
-async fn keyless<S, B, ResBody>(
+///
+/// A plain function: the handler's future is all the returned future holds
+/// (an `async fn` would keep the request beside it, in every request's
+/// future, since `handle` awaits this).
+fn keyless<S, B, ResBody>(
     settings: &Settings,
     mut inner: S,
     request: Request<B>,
     grpc: bool,
-) -> (HttpOutcome, Result<Response<ResBody>, S::Error>)
+) -> impl Future<Output = (HttpOutcome, Result<Response<ResBody>, S::Error>)>
 where
     S: Inner<B, ResBody>,
     B: LayerBody,
@@ -257,12 +285,16 @@ where
         let problem = Problem::KeyMissing {
             place: settings.key.place(),
         };
-        return (
+        return Either::Left(std::future::ready((
             HttpOutcome::BadKey,
             Ok(problem_response(settings, &problem, grpc)),
-        );
+        )));
     }
-    (HttpOutcome::PassThrough, inner.call(request).await)
+    Either::Right(
+        inner
+            .call(request)
+            .map(|result| (HttpOutcome::PassThrough, result)),
+    )
 }
 
 /// Whether requests are checked against Powertools' records first.
@@ -536,25 +568,33 @@ where
             let body = ResBody::from_stored(body, None);
             Some(Err(Failure::Released(Response::from_parts(parts, body))))
         };
-        let result = run_attempt(config, attempt, &config.settings.codec, refusal, operation).await;
-        if let Some(recorded) = recorded.take() {
-            recorded.done();
-        }
-        if let (Some(route), Ok(done)) = (route, &result) {
-            if done.kind() == OutcomeKind::Fresh {
-                let took_ms = config.engine.now_ms().saturating_sub(started_ms);
-                config.settings.durations.record(route, took_ms);
+        // The result is gone by the time this waits: a block of its own,
+        // so that the future does not keep room for it (some 280 bytes)
+        // beside the timer's.
+        let pause = {
+            let result =
+                run_attempt(config, attempt, &config.settings.codec, refusal, operation).await;
+            if let Some(recorded) = recorded.take() {
+                recorded.done();
             }
-        }
-        if let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until) {
+            if let (Some(route), Ok(done)) = (route, &result) {
+                if done.kind() == OutcomeKind::Fresh {
+                    let took_ms = config.engine.now_ms().saturating_sub(started_ms);
+                    config.settings.durations.record(route, took_ms);
+                }
+            }
+            let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until)
+            else {
+                return result;
+            };
             let now = tokio::time::Instant::now();
-            if now < until {
-                tokio::time::sleep(backoff.min(until - now).min(*retry_after)).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
+            if now >= until {
+                return result;
             }
-        }
-        return result;
+            backoff.min(until - now).min(*retry_after)
+        };
+        tokio::time::sleep(pause).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
