@@ -617,55 +617,64 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
-    let Some((mut inner, mut request)) = not_run_yet.take() else {
-        return Err(Failure::AlreadyRun);
-    };
-    // The handler can learn that it took over a lapsed claim
-    // (and reconcile first), and extend or watch its lease.
-    if let Some(takeover) = claim.takeover() {
-        request.extensions_mut().insert(takeover);
-    }
     let handle = claim.clone();
     #[cfg(feature = "postgres")]
     let transaction = claim.transaction().cloned();
-    #[cfg(feature = "postgres")]
-    if let Some(transaction) = &transaction {
-        request.extensions_mut().insert(transaction.clone());
-    }
-    request.extensions_mut().insert(claim);
-    let response = inner.call(request).await.map_err(Failure::Handler)?;
-    let (mut parts, body) = response.into_parts();
-    // Inside the transaction, a refusal is stored without the
-    // handler's writes (a released response rolls back whole).
-    #[cfg(feature = "postgres")]
-    if let Some(transaction) = &transaction {
-        if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
-            parts.extensions.remove::<CommitWith<St::Write>>();
-            if let Err(error) = transaction.roll_back_writes().await {
-                tracing::warn!(%error, "the refused request's writes could not be rolled back");
-                return Err(Failure::Released(Response::from_parts(parts, body)));
+    // The handler and its request in a block of their own, gone once it
+    // answers: this future keeps no room for them (some 260 bytes) while
+    // the response is read.
+    let response = {
+        let Some((mut inner, mut request)) = not_run_yet.take() else {
+            return Err(Failure::AlreadyRun);
+        };
+        // The handler can learn that it took over a lapsed claim
+        // (and reconcile first), and extend or watch its lease.
+        if let Some(takeover) = claim.takeover() {
+            request.extensions_mut().insert(takeover);
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(transaction) = &transaction {
+            request.extensions_mut().insert(transaction.clone());
+        }
+        request.extensions_mut().insert(claim);
+        inner.call(request).await.map_err(Failure::Handler)?
+    };
+    // The response's head in a block of its own too: gone once the
+    // reading of its body (which takes it) begins.
+    let recording = {
+        let (mut parts, body) = response.into_parts();
+        // Inside the transaction, a refusal is stored without the
+        // handler's writes (a released response rolls back whole).
+        #[cfg(feature = "postgres")]
+        if let Some(transaction) = &transaction {
+            if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
+                parts.extensions.remove::<CommitWith<St::Write>>();
+                if let Err(error) = transaction.roll_back_writes().await {
+                    tracing::warn!(%error, "the refused request's writes could not be rolled back");
+                    return Err(Failure::Released(Response::from_parts(parts, body)));
+                }
             }
         }
-    }
-    let writes = parts
-        .extensions
-        .remove::<CommitWith<St::Write>>()
-        .map(|commit| commit.0)
-        .unwrap_or_default();
-    if !(config.settings.store_when)(parts.status) {
-        return Err(Failure::Released(Response::from_parts(parts, body)));
-    }
-    record_response(
-        config,
-        &handle,
-        parts,
-        body,
-        writes,
-        live,
-        early,
-        recorded_slot,
-    )
-    .await
+        let writes = parts
+            .extensions
+            .remove::<CommitWith<St::Write>>()
+            .map(|commit| commit.0)
+            .unwrap_or_default();
+        if !(config.settings.store_when)(parts.status) {
+            return Err(Failure::Released(Response::from_parts(parts, body)));
+        }
+        record_response(
+            config,
+            &handle,
+            parts,
+            body,
+            writes,
+            live,
+            early,
+            recorded_slot,
+        )
+    };
+    recording.await
 }
 
 /// The handler's response read for its record: stored whole, teed to the
