@@ -94,7 +94,7 @@ where
     B::Error: Into<BoxError>,
 {
     // Taken apart before the `async` block, which then holds the parts
-    // once: an `async fn` would keep the whole request besides.
+    // once (see the note on plain functions in `pipeline`).
     let (parts, body) = request.into_parts();
     async move {
         #[cfg(feature = "lambda")]

@@ -1,6 +1,17 @@
 //! The request pipeline: the key and the body read, the scope, then the
 //! attempt, claimed detached from the request's future, waiting for a
 //! duplicate's result where configured.
+//!
+//! # Plain functions that return futures
+//!
+//! Every request allocates and moves the futures made here, so their size
+//! is a cost of every request (BENCHMARKS.md, "A sharper instrument").
+//! rustc keeps an `async fn`'s arguments for the whole of its future, beside
+//! the locals and callee futures they are moved into: the request (some 240
+//! bytes) would be held twice. So the levels on a request's way (`answer`,
+//! `handle`, `keyless`, `run_detached`, and `buffer_request` in `body`) are
+//! plain functions that take their arguments apart, or move them into an
+//! `async` block, before returning a future.
 
 #[cfg(feature = "powertools")]
 use super::respond;
@@ -111,12 +122,8 @@ where
 }
 
 /// The request's answer, and what the layer did recorded in `span` and
-/// the metrics.
-///
-/// A plain function that maps `handle`'s future, not an `async` one that
-/// awaits it: an `async fn` keeps its arguments for the whole of its
-/// future, so the request (some 240 bytes) would be held in this level's
-/// state beside the copy `handle`'s future holds.
+/// the metrics: `handle`'s future, mapped (see the module's note on plain
+/// functions).
 fn answer<S, St, B, ResBody>(
     config: Arc<Config<St>>,
     inner: S,
@@ -146,7 +153,7 @@ where
     })
 }
 
-// The `async` block is the point: see the comment inside.
+// An `async` block rather than an `async fn`: see the module's note.
 #[allow(clippy::manual_async_fn)]
 fn handle<S, St, B, ResBody>(
     config: Arc<Config<St>>,
@@ -159,9 +166,6 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
-    // An `async` block, not an `async fn`: an `async fn` binds each
-    // argument again as a local of its own, and both are kept in its
-    // future (the request twice over).
     async move {
         if !config.settings.methods.contains(request.method()) {
             return (HttpOutcome::PassThrough, inner.call(request).await);
@@ -267,9 +271,8 @@ enum Ran<E, R> {
 /// A request without a key: refused when one is required, otherwise
 /// passed to the handler as it is.
 ///
-/// A plain function: the handler's future is all the returned future holds
-/// (an `async fn` would keep the request beside it, in every request's
-/// future, since `handle` awaits this).
+/// A plain function (see the module's note): the handler's future is all
+/// the returned future holds.
 fn keyless<S, B, ResBody>(
     settings: &Settings,
     mut inner: S,
@@ -380,9 +383,9 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
-    // A plain function, not an `async` one: what the work takes moves into
-    // it here, and the future returned holds only the work's box and the
-    // channel, not room for every argument besides.
+    // A plain function (see the module's note): what the work takes moves
+    // into it here, and the future returned holds only the work's box and
+    // the channel.
     //
     // Where the handler's response goes as soon as its body streams.
     let (early, streaming) = match tokio::runtime::Handle::try_current() {
