@@ -57,6 +57,13 @@ impl MemoryWrite {
 /// It evaluates the same conditions as the DynamoDB store, and (feature
 /// `testing`) can be told to fail, so the engine's behaviour can be tested
 /// without DynamoDB. Clones share the same records.
+///
+/// It never removes a record: an expired one counts as absent, as
+/// DynamoDB's does, but stays in memory (and in `records()`, feature
+/// `testing`) until the store is dropped. A long-running server that uses it grows
+/// with every key it is sent: there, use a store whose expired records go
+/// (DynamoDB's TTL, Redis's expiry, or PostgreSQL with
+/// `PostgresStore::purge_expired` scheduled).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
