@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-copies bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -218,6 +218,14 @@ bench-instructions:
 	@command -v valgrind >/dev/null || { echo "bench-instructions needs valgrind (apt-get install valgrind)"; exit 1; }
 	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release --bin inproc
 	python3 comparison/instructions.py $(if $(BENCH_AGAINST),against=$(BENCH_AGAINST)) now=target/server-bench/release/inproc
+
+## The memory copies a new request makes, by call site (counted, not timed;
+## BENCHMARKS.md, "Copies, counted"): the bare app's and the layer's, and
+## the layer's largest sites with the source lines inlined at each. A copy of
+## kilobytes is a future moved whole. Needs a C compiler and addr2line.
+bench-copies:
+	cd comparison/server && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_TARGET_DIR=$(abspath target/server-bench-dbg) $(CARGO) build --release --bin inproc
+	python3 comparison/copies.py target/server-bench-dbg/release/inproc
 
 ## The reference function's release binary (the size profile of Cargo.toml):
 ## its size, and its cold start to the first event request against a stub of
