@@ -139,10 +139,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             (app(layer.clone()), layer.in_flight())
         }
         Err(_) => {
-            eprintln!(
-                "IDEMPOTENCY_TABLE is not set: records are kept in this process's memory, \
-                 never removed (for a try, not a service)"
-            );
+            eprintln!("IDEMPOTENCY_TABLE is not set: records are kept in this process's memory");
             let layer = idempotency(Engine::builder(MemoryStore::new()).heartbeat(true).build());
             (app(layer.clone()), layer.in_flight())
         }

@@ -626,6 +626,36 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 }
             }
         }
+        // The store drops the expired records of a table of 1,024 or more
+        // that a new record would grow: only in a claim or a commit, and
+        // only those expired at its time. The model follows.
+        let made_at = match *op {
+            Op::Claim { now, .. } | Op::Commit { now, .. } | Op::Bulk { now, .. } => Some(now),
+            _ => None,
+        };
+        let kept: std::collections::BTreeSet<String> = store
+            .records()
+            .into_iter()
+            .map(|record| record.id.as_str().to_owned())
+            .collect();
+        let dropped: Vec<String> = model
+            .records
+            .keys()
+            .filter(|id| !kept.contains(*id))
+            .cloned()
+            .collect();
+        let held = model.records.len();
+        for id in dropped {
+            let record = model.records.remove(&id).expect("listed");
+            prop_assert!(
+                held >= 1024 && made_at.is_some_and(|now| record.expiration_s < now / 1000),
+                "{:?} dropped at step {} {:?}, {} records held",
+                record,
+                step,
+                op,
+                held
+            );
+        }
         // The whole state, after every step (read without injected faults).
         if model.failures == 0 {
             let mut records = store.records();

@@ -58,12 +58,12 @@ impl MemoryWrite {
 /// `testing`) can be told to fail, so the engine's behaviour can be tested
 /// without DynamoDB. Clones share the same records.
 ///
-/// It never removes a record: an expired one counts as absent, as
-/// DynamoDB's does, but stays in memory (and in `records()`, feature
-/// `testing`) until the store is dropped. A long-running server that uses it grows
-/// with every key it is sent: there, use a store whose expired records go
-/// (DynamoDB's TTL, Redis's expiry, or PostgreSQL with
-/// `PostgresStore::purge_expired` scheduled).
+/// An expired record counts as absent, as DynamoDB's does, and stays in
+/// memory (and in `records()`, feature `testing`) until the store holds
+/// 1,024 records or more and a new one would grow its table: expired
+/// records are dropped then, as DynamoDB's TTL drops them some time after
+/// they expire. A long-running server on it holds about one expiry
+/// period's records.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -183,6 +183,7 @@ impl Store for MemoryStore {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
+        state.records.make_room(claim.now_ms);
         let slot = state.records.slot(claim.id.as_str());
         if let Some(existing) = slot.get() {
             if !existing.is_expired(claim.now_ms) {
@@ -270,6 +271,7 @@ impl Store for MemoryStore {
         for write in commit.writes {
             state.items.insert(write.key, write.value);
         }
+        state.records.make_room(commit.now_ms);
         state.records.put(Packed::new(Record {
             id: commit.id,
             status: Status::Completed,
@@ -326,5 +328,48 @@ impl Store for MemoryStore {
             .get(id.as_str())
             .filter(|r| !r.is_expired(now_ms))
             .map(Packed::record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{store::OwnerToken, Fingerprint};
+
+    fn claim(i: usize, now_s: u64, expiration_s: u64) -> Claim {
+        Claim {
+            id: RecordId::from_stored(format!("charges#{i}")),
+            owner: OwnerToken::from_stored("o"),
+            fingerprint: Fingerprint::from_stored("f"),
+            now_ms: now_s * 1000,
+            lease_until_ms: now_s * 1000 + 1,
+            expiration_s,
+            attempt: 1,
+            first_started_ms: now_s * 1000,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_on_the_store_holds_about_one_expiry_period_of_records() {
+        let store = MemoryStore::new();
+        // Each second, 1,000 new keys whose records expire 3 s later.
+        for second in 0..20u64 {
+            for i in 0..1000 {
+                let id = second as usize * 1000 + i;
+                let claimed = store.claim(&claim(id, 100 + second, 103 + second)).await;
+                assert!(matches!(claimed, Ok(Conditional::Applied)));
+            }
+        }
+        let kept = store.records().len();
+        assert!(kept <= 8000, "{kept} records kept of 20,000, 4,000 live");
+        // The live ones are all there, and an expired key is claimed anew.
+        for id in 16_000..20_000 {
+            let found = store.record(&RecordId::from_stored(format!("charges#{id}")));
+            assert!(found.is_some(), "charges#{id}");
+        }
+        assert!(matches!(
+            store.claim(&claim(0, 200, 300)).await,
+            Ok(Conditional::Applied)
+        ));
     }
 }
