@@ -1324,3 +1324,47 @@ async fn lost_resolves_for_waiters_before_and_after_the_loss() {
         .await
         .expect("ran");
 }
+
+/// The clock steps two hours ahead for one request (a wall clock corrected
+/// back, or one engine's clock ahead of another's sharing the store), at
+/// the moment the memory store's table is full and rebuilt: the keys
+/// completed a second before are live for an hour, and replay.
+#[tokio::test]
+async fn a_clock_ahead_at_the_memory_store_s_rebuild_runs_no_key_again() {
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .retention(Duration::from_secs(3600))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let run = |runs: Arc<AtomicUsize>| {
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failed>(1u32)
+        }
+    };
+    // 1,792 records fill the table exactly: the next claim rebuilds it.
+    for n in 0..1792 {
+        let key = format!("k{n}");
+        let attempt = Attempt::new("s", &key, fingerprint(1));
+        engine
+            .execute(&attempt, run(runs.clone()))
+            .await
+            .expect("runs");
+    }
+    clock.advance(Duration::from_secs(7200));
+    let ahead = Attempt::new("s", "ahead", fingerprint(1));
+    engine
+        .execute(&ahead, run(runs.clone()))
+        .await
+        .expect("runs");
+    clock.set(1_700_000_001_000);
+    let again = engine
+        .execute(&Attempt::new("s", "k0", fingerprint(1)), run(runs.clone()))
+        .await
+        .expect("replays");
+    assert_eq!(again.kind(), OutcomeKind::Replay);
+    assert_eq!(runs.load(Ordering::SeqCst), 1793, "k0 ran once");
+    assert_eq!(store.records().len(), 1793, "no record dropped");
+}

@@ -9,7 +9,7 @@ use super::{
     Status, Store,
 };
 use crate::{StoreError, StoreErrorKind};
-use packed::Packed;
+use packed::{monotonic_ms, Packed};
 use records::Records;
 use std::{
     collections::HashMap,
@@ -60,10 +60,15 @@ impl MemoryWrite {
 ///
 /// An expired record counts as absent, as DynamoDB's does, and stays in
 /// memory (and in `records()`, feature `testing`) until the store holds
-/// 1,024 records or more and a new one would grow its table: expired
-/// records are dropped then, as DynamoDB's TTL drops them some time after
-/// they expire. A long-running server on it holds about one expiry
-/// period's records.
+/// 1,024 records or more and a new one would grow its table. Its table is
+/// rebuilt then, without the records that have expired both by the clock
+/// of the write that finds the table full and by this process's monotonic
+/// clock (measured from the completion, extension or single write that set
+/// the record's expiry; a record in progress, held by its claim, is not
+/// dropped): a wall clock stepped ahead, or one engine's clock ahead of
+/// another's, drops nothing live, so no key runs again. It is rebuilt with room for twice
+/// its live records, so it grows under load and shrinks after a peak; a
+/// peak's records stay until the table has filled again.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -142,18 +147,21 @@ impl MemoryStore {
         self.inner.failures.store(n, Ordering::SeqCst);
     }
 
-    /// The record stored under `id`, expired or not.
+    /// The record stored under `id`, expired or not (an expired one may
+    /// have been dropped: see [`MemoryStore`]).
     pub fn record(&self, id: &RecordId) -> Option<Record> {
         self.state().records.get(id.as_str()).map(Packed::record)
     }
 
-    /// Every record, expired or not.
+    /// Every record, expired or not (expired ones may have been dropped:
+    /// see [`MemoryStore`]).
     pub fn records(&self) -> Vec<Record> {
         self.state().records.iter().map(Packed::record).collect()
     }
 
     /// Replaces or inserts a record as it is, bypassing every condition: for
-    /// tests that need a record in a given state.
+    /// tests that need a record in a given state. It has no time of its
+    /// own, so it is never dropped, expired or not.
     pub fn insert_record(&self, record: Record) {
         self.state().records.put(Packed::new(record));
     }
@@ -183,7 +191,7 @@ impl Store for MemoryStore {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        state.records.make_room(claim.now_ms);
+        state.records.make_room(claim.now_ms, monotonic_ms);
         let slot = state.records.slot(claim.id.as_str());
         if let Some(existing) = slot.get() {
             if !existing.is_expired(claim.now_ms) {
@@ -219,7 +227,7 @@ impl Store for MemoryStore {
         match state.records.get_mut(extension.id.as_str()) {
             Some(record) if record.held_by(&extension.owner) => {
                 record.lease_until_ms = Some(extension.lease_until_ms);
-                record.expiration_s = extension.expiration_s;
+                record.expire_at(extension.expiration_s, extension.now_ms, monotonic_ms());
                 Ok(Conditional::Applied)
             }
             found => Ok(Conditional::Refused(found.map(|found| found.record()))),
@@ -239,7 +247,7 @@ impl Store for MemoryStore {
         check_writes(&state.items, &completion.writes)?;
         record.status = Status::Completed;
         record.set_response(&completion.response);
-        record.expiration_s = completion.expiration_s;
+        record.expire_at(completion.expiration_s, completion.now_ms, monotonic_ms());
         record.lease_until_ms = None;
         record.completed_at_ms = Some(completion.now_ms);
         for write in completion.writes {
@@ -271,8 +279,8 @@ impl Store for MemoryStore {
         for write in commit.writes {
             state.items.insert(write.key, write.value);
         }
-        state.records.make_room(commit.now_ms);
-        state.records.put(Packed::new(Record {
+        state.records.make_room(commit.now_ms, monotonic_ms);
+        let mut committed = Packed::new(Record {
             id: commit.id,
             status: Status::Completed,
             owner: commit.owner,
@@ -284,7 +292,9 @@ impl Store for MemoryStore {
             attempt: 1,
             first_started_ms: Some(commit.now_ms),
             completed_at_ms: Some(commit.now_ms),
-        }));
+        });
+        committed.expire_at(commit.expiration_s, commit.now_ms, monotonic_ms());
+        state.records.put(committed);
         Ok(Conditional::Applied)
     }
 
@@ -335,41 +345,88 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
     use crate::{store::OwnerToken, Fingerprint};
+    use records::SWEPT_FROM;
 
-    fn claim(i: usize, now_s: u64, expiration_s: u64) -> Claim {
+    fn claim(i: usize, now_ms: u64, expiration_s: u64) -> Claim {
         Claim {
             id: RecordId::from_stored(format!("charges#{i}")),
             owner: OwnerToken::from_stored("o"),
             fingerprint: Fingerprint::from_stored("f"),
-            now_ms: now_s * 1000,
-            lease_until_ms: now_s * 1000 + 1,
+            now_ms,
+            lease_until_ms: now_ms + 1,
             expiration_s,
             attempt: 1,
-            first_started_ms: now_s * 1000,
+            first_started_ms: now_ms,
         }
     }
 
+    /// Claims and completes `id`'s record at `now_ms`, to expire at
+    /// `expiration_s`.
+    async fn run(store: &MemoryStore, id: usize, now_ms: u64, expiration_s: u64) {
+        let claimed = store.claim(&claim(id, now_ms, expiration_s)).await;
+        assert!(matches!(claimed, Ok(Conditional::Applied)), "{claimed:?}");
+        let completion = Completion {
+            id: RecordId::from_stored(format!("charges#{id}")),
+            owner: OwnerToken::from_stored("o"),
+            response: b"{}".to_vec(),
+            now_ms,
+            expiration_s,
+            writes: Vec::new(),
+        };
+        let completed = store.complete(completion).await;
+        assert!(
+            matches!(completed, Ok(Conditional::Applied)),
+            "{completed:?}"
+        );
+    }
+
     #[tokio::test]
-    async fn a_server_on_the_store_holds_about_one_expiry_period_of_records() {
+    async fn records_expired_when_written_are_dropped_as_new_ones_come() {
+        // Each record has expired by its writer's clock already, so both
+        // clocks agree at once: the store keeps at most a table's worth,
+        // not all 20,000.
         let store = MemoryStore::new();
-        // Each second, 1,000 new keys whose records expire 3 s later.
-        for second in 0..20u64 {
-            for i in 0..1000 {
-                let id = second as usize * 1000 + i;
-                let claimed = store.claim(&claim(id, 100 + second, 103 + second)).await;
-                assert!(matches!(claimed, Ok(Conditional::Applied)));
-            }
+        for id in 0..20_000 {
+            run(&store, id, 100_000, 50).await;
         }
         let kept = store.records().len();
-        assert!(kept <= 8000, "{kept} records kept of 20,000, 4,000 live");
-        // The live ones are all there, and an expired key is claimed anew.
-        for id in 16_000..20_000 {
-            let found = store.record(&RecordId::from_stored(format!("charges#{id}")));
-            assert!(found.is_some(), "charges#{id}");
+        assert!(
+            kept < 4 * SWEPT_FROM,
+            "{kept} records kept of 20,000, none live"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_with_its_clock_ahead_drops_no_live_record() {
+        // A table filled by records completed at t0, live for an hour; then
+        // one claim
+        // whose clock reads two hours later (stepped ahead, or another
+        // engine's), then a retry of the first key at t0 + 1 s.
+        let store = MemoryStore::new();
+        let t0 = 1_700_000_000_000;
+        let live_until_s = t0 / 1000 + 3600;
+        let full = || {
+            let state = store.state();
+            state.records.len() >= SWEPT_FROM && state.records.len() == state.records.capacity()
+        };
+        let mut id = 0;
+        while !full() {
+            run(&store, id, t0, live_until_s).await;
+            id += 1;
         }
+        let ahead = Claim {
+            id: RecordId::from_stored("ahead"),
+            ..claim(0, t0 + 7_200_000, live_until_s + 7200)
+        };
         assert!(matches!(
-            store.claim(&claim(0, 200, 300)).await,
+            store.claim(&ahead).await,
             Ok(Conditional::Applied)
         ));
+        assert_eq!(store.records().len(), id + 1, "no record dropped");
+        let retry = store.claim(&claim(0, t0 + 1000, live_until_s)).await;
+        assert!(
+            matches!(retry, Ok(Conditional::Refused(Some(_)))),
+            "the first key's record is live: {retry:?}"
+        );
     }
 }

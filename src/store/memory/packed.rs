@@ -27,6 +27,14 @@ pub(super) struct Packed {
     has_response: bool,
     pub(super) status: Status,
     pub(super) expiration_s: u64,
+    /// When `expiration_s` passes by this process's monotonic clock
+    /// ([`monotonic_ms`]), as the write that set it (a completion, an
+    /// extension, a single write) measured the time left; `u64::MAX` for a
+    /// claim's record, in progress (its claim holds it), and for a record
+    /// put without a time of its own (`MemoryStore::insert_record`). A
+    /// record is dropped only once both clocks say it expired
+    /// ([`Packed::can_be_dropped`]).
+    lapses_at_ms: u64,
     pub(super) lease_until_ms: Option<u64>,
     created_at_ms: Option<u64>,
     attempt: u32,
@@ -42,6 +50,26 @@ fn pack(id: &str, owner: &str, fingerprint: &str) -> Box<[u8]> {
     data.extend_from_slice(owner.as_bytes());
     data.extend_from_slice(fingerprint.as_bytes());
     data.into_boxed_slice()
+}
+
+/// Milliseconds on this process's monotonic clock, which no change of the
+/// wall clock moves.
+pub(super) fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let elapsed = START.get_or_init(std::time::Instant::now).elapsed();
+    u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// When a record that expires at `expiration_s`, written at `now_ms`,
+/// expires by the monotonic clock, read as `monotonic_ms` at the write:
+/// the time its writer left it (to the end of its expiry's second, as
+/// [`Packed::is_expired`] counts), from then.
+fn lapses_at(expiration_s: u64, now_ms: u64, monotonic_ms: u64) -> u64 {
+    let left_ms = expiration_s
+        .saturating_add(1)
+        .saturating_mul(1000)
+        .saturating_sub(now_ms);
+    monotonic_ms.saturating_add(left_ms)
 }
 
 impl Packed {
@@ -84,6 +112,8 @@ impl Packed {
             has_response: false,
             status: Status::InProgress,
             expiration_s: claim.expiration_s,
+            // No clock is read for it: every new request claims.
+            lapses_at_ms: u64::MAX,
             lease_until_ms: Some(claim.lease_until_ms),
             created_at_ms: Some(claim.now_ms),
             attempt: claim.attempt,
@@ -128,6 +158,22 @@ impl Packed {
     /// As [`Record::is_expired`].
     pub(super) fn is_expired(&self, now_ms: u64) -> bool {
         self.expiration_s < now_ms / 1000
+    }
+
+    /// Sets the record's expiry, written at `now_ms` (the writer's clock)
+    /// and `monotonic_ms`.
+    pub(super) fn expire_at(&mut self, expiration_s: u64, now_ms: u64, monotonic_ms: u64) {
+        self.expiration_s = expiration_s;
+        self.lapses_at_ms = lapses_at(expiration_s, now_ms, monotonic_ms);
+    }
+
+    /// Whether the record may be dropped: expired at `now_ms` (the
+    /// caller's clock), and as long after its write by the monotonic clock
+    /// as its writer's clock gave it. A clock stepped ahead, or one
+    /// engine's clock ahead of another's, finds records expired that are
+    /// not: alone, it would drop them, and their keys would run again.
+    pub(super) fn can_be_dropped(&self, now_ms: u64, monotonic_ms: u64) -> bool {
+        self.is_expired(now_ms) && monotonic_ms >= self.lapses_at_ms
     }
 
     /// Whether the record's id is `id` (its bytes compared, not checked

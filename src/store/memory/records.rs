@@ -2,14 +2,15 @@
 //! hash.
 //!
 //! A server keeps every record until it expires, so the table grows with
-//! the requests, and each time it grows every record is placed again.
-//! Before a large table grows, it is rebuilt without its expired records
-//! ([`Records::make_room`]): a long-running server's table holds about one
-//! expiry period's records, not every key of its life. A
+//! the requests, and each time it grows every record is placed again. A
 //! set of records hashed its ids again for that (SipHash over some 80
 //! bytes each: about 0.5 µs of every new request of the server benchmark,
 //! amortised); here the hash is computed once, when the record is put, and
 //! an update is made in place rather than by a removal and an insertion.
+//!
+//! Before a large table grows, it is rebuilt without the records that have
+//! expired ([`Records::make_room`]), so a long-running server's table does
+//! not hold every key of its life.
 
 use super::packed::Packed;
 use hashbrown::{hash_table::Entry, HashTable};
@@ -59,33 +60,28 @@ impl Records {
 
     /// Room for a new record: a table of [`SWEPT_FROM`] records or more
     /// that is full (a new record would grow it) is first rebuilt without
-    /// the records expired at `now_ms`, which count as absent. It is
-    /// rebuilt twice as large if more than three quarters of it are still
-    /// live, so that the next rebuild comes only after as many new records
-    /// again: each record is looked at a bounded number of times, as each
-    /// is placed again when a table grows. Rebuilt rather than swept in
-    /// place: a table's removals leave marks that its capacity counts as
-    /// taken, and it would fill again at once.
-    pub(super) fn make_room(&mut self, now_ms: u64) {
+    /// the records that may be dropped ([`Packed::can_be_dropped`]: expired
+    /// at `now_ms`, and by the monotonic clock, which `monotonic_ms` reads
+    /// only when the table is rebuilt).
+    /// It is rebuilt with room for twice its live records (at least
+    /// [`SWEPT_FROM`]): larger when few expired, smaller after a peak, and
+    /// a rebuild comes only after at least as many new records as it kept,
+    /// so that its cost, like a growth's, is spread over them. Rebuilt
+    /// rather than swept in place: a table's removals leave marks that its
+    /// capacity counts as taken, and it would fill again at once.
+    pub(super) fn make_room(&mut self, now_ms: u64, monotonic_ms: impl FnOnce() -> u64) {
         let (len, capacity) = (self.table.len(), self.table.capacity());
         if len < SWEPT_FROM || len < capacity {
             return;
         }
+        let monotonic_ms = monotonic_ms();
         #[cfg(test)]
         tests::REBUILDS.with(|rebuilds| rebuilds.set(rebuilds.get() + 1));
-        let live = self
-            .table
-            .iter()
-            .filter(|(_, record)| !record.is_expired(now_ms))
-            .count();
-        let room = if live * 4 > capacity * 3 {
-            capacity * 2
-        } else {
-            capacity
-        };
-        let mut table = HashTable::with_capacity(room);
+        let kept = |record: &Packed| !record.can_be_dropped(now_ms, monotonic_ms);
+        let live = self.table.iter().filter(|(_, record)| kept(record)).count();
+        let mut table = HashTable::with_capacity((live * 2).max(SWEPT_FROM));
         for (hash, record) in std::mem::take(&mut self.table) {
-            if !record.is_expired(now_ms) {
+            if kept(&record) {
                 table.insert_unique(hash, (hash, record), |(hash, _)| *hash);
             }
         }
@@ -102,6 +98,16 @@ impl Records {
         if let Ok(found) = self.table.find_entry(hash, |(_, record)| record.is(id)) {
             found.remove();
         }
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.table.capacity()
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Packed> {
@@ -168,9 +174,13 @@ mod tests {
     /// Puts `count` new records from `first` on, expiring at
     /// `expiration_s`, at `now_s`, as `MemoryStore::claim` does.
     fn claim_new(records: &mut Records, first: usize, count: usize, now_s: u64, expiration_s: u64) {
+        // The writer's clock and the monotonic one agree here.
+        let (now_ms, monotonic_ms) = (now_s * 1000, now_s * 1000);
         for i in first..first + count {
-            records.make_room(now_s * 1000);
-            records.put(record(&format!("charges#{i}"), expiration_s));
+            records.make_room(now_ms, || monotonic_ms);
+            let mut written = record(&format!("charges#{i}"), 0);
+            written.expire_at(expiration_s, now_ms, monotonic_ms);
+            records.put(written);
         }
     }
 
@@ -189,8 +199,44 @@ mod tests {
             "every expired record went"
         );
         assert_eq!(records.iter().count(), 5000);
-        assert_eq!(records.table.capacity(), capacity, "the table did not grow");
+        assert!(
+            records.table.capacity() <= capacity,
+            "the table did not grow"
+        );
         assert!((5000..10_000).all(|i| records.get(&format!("charges#{i}")).is_some()));
+    }
+
+    #[test]
+    fn a_clock_ahead_alone_drops_nothing() {
+        // 5,000 records written at 10 s, live until 100 s; then a write
+        // whose clock reads 10,000 s (stepped ahead, or another engine's)
+        // one millisecond later by the monotonic clock, at a full table.
+        let mut records = Records::default();
+        claim_new(&mut records, 0, 5000, 10, 100);
+        while records.table.len() < records.table.capacity() {
+            let i = records.table.len();
+            claim_new(&mut records, i, 1, 10, 100);
+        }
+        let held = records.table.len();
+        records.make_room(10_000_000, || 10_001);
+        assert_eq!(records.iter().count(), held, "no record dropped");
+    }
+
+    #[test]
+    fn a_table_is_rebuilt_smaller_after_a_peak() {
+        let mut records = Records::default();
+        claim_new(&mut records, 0, 50_000, 10, 11);
+        let peak = records.table.capacity();
+        // Well after: new records until the table is full and rebuilt
+        // with room for the live ones only.
+        let mut i = 50_000;
+        while records.table.capacity() >= peak {
+            claim_new(&mut records, i, 1, 100, 200);
+            i += 1;
+        }
+        assert!(i - 50_000 <= peak - 50_000 + 1, "rebuilt when it was full");
+        assert!(records.iter().all(|r| r.expiration_s == 200));
+        assert_eq!(records.iter().count(), i - 50_000);
     }
 
     #[test]
@@ -222,8 +268,10 @@ mod tests {
         let mut records = Records::default();
         for i in 0..20_000 {
             let expiration_s = if i % 100 == 0 { 1 } else { 1_000 };
-            records.make_room(50_000);
-            records.put(record(&format!("charges#{i}"), expiration_s));
+            records.make_room(50_000, || 50_000);
+            let mut written = record(&format!("charges#{i}"), 0);
+            written.expire_at(expiration_s, 0, 0);
+            records.put(written);
         }
         let rebuilds = REBUILDS.with(std::cell::Cell::get);
         assert!(rebuilds <= 6, "{rebuilds} rebuilds for 20,000 records");
