@@ -30,6 +30,17 @@ fn setup() -> (Engine<MemoryStore>, MemoryStore, ManualClock) {
     (engine, store, clock)
 }
 
+/// As [`setup`], with records kept for `retention`.
+fn setup_retaining(retention: Duration) -> (Engine<MemoryStore>, MemoryStore, ManualClock) {
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .retention(retention)
+        .build();
+    (engine, store, clock)
+}
+
 #[derive(Debug, PartialEq)]
 struct Failed;
 
@@ -114,12 +125,7 @@ async fn lease_defaults_without_deadline_and_has_a_floor_when_the_deadline_passe
 
 #[tokio::test]
 async fn a_short_retention_never_expires_a_record_before_its_lease() {
-    let store = MemoryStore::new();
-    let clock = ManualClock::new(1_700_000_000_000);
-    let engine = Engine::builder(store.clone())
-        .clock(clock.clone())
-        .retention(Duration::from_secs(1))
-        .build();
+    let (engine, store, clock) = setup_retaining(Duration::from_secs(1));
     let attempt = Attempt::new("s", "k", fingerprint(1)).deadline_ms(clock.now_ms() + 120_000);
     engine
         .execute(&attempt, || {
@@ -1331,12 +1337,7 @@ async fn lost_resolves_for_waiters_before_and_after_the_loss() {
 /// completed a second before are live for an hour, and replay.
 #[tokio::test]
 async fn a_clock_ahead_at_the_memory_store_s_rebuild_runs_no_key_again() {
-    let store = MemoryStore::new();
-    let clock = ManualClock::new(1_700_000_000_000);
-    let engine = Engine::builder(store.clone())
-        .clock(clock.clone())
-        .retention(Duration::from_secs(3600))
-        .build();
+    let (engine, store, clock) = setup_retaining(Duration::from_secs(3600));
     let runs = Arc::new(AtomicUsize::new(0));
     let run = |runs: Arc<AtomicUsize>| {
         move || async move {

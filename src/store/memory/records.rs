@@ -145,15 +145,15 @@ impl Slot<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        store::{OwnerToken, Record, RecordId, Status},
+        Fingerprint,
+    };
 
     thread_local! {
         /// The rebuilds made on this thread.
         pub(super) static REBUILDS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
-    use crate::{
-        store::{OwnerToken, Record, RecordId, Status},
-        Fingerprint,
-    };
 
     fn record(id: &str, expiration_s: u64) -> Packed {
         Packed::new(Record {
@@ -171,8 +171,9 @@ mod tests {
         })
     }
 
-    /// Puts `count` new records from `first` on, expiring at
-    /// `expiration_s`, at `now_s`, as `MemoryStore::claim` does.
+    /// Puts `count` new records from `first` on, written at `now_s` to
+    /// expire at `expiration_s`, making room first as `MemoryStore::claim`
+    /// does.
     fn claim_new(records: &mut Records, first: usize, count: usize, now_s: u64, expiration_s: u64) {
         // The writer's clock and the monotonic one agree here.
         let (now_ms, monotonic_ms) = (now_s * 1000, now_s * 1000);
