@@ -633,15 +633,17 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Claim { now, .. } | Op::Commit { now, .. } | Op::Bulk { now, .. } => Some(now),
             _ => None,
         };
-        let kept: std::collections::BTreeSet<String> = store
-            .records()
-            .into_iter()
-            .map(|record| record.id.as_str().to_owned())
-            .collect();
+        // Read once, for this and for the comparison below.
+        let mut records = store.records();
+        records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
         let dropped: Vec<String> = model
             .records
             .keys()
-            .filter(|id| !kept.contains(*id))
+            .filter(|id| {
+                records
+                    .binary_search_by(|record| record.id.as_str().cmp(id.as_str()))
+                    .is_err()
+            })
             .cloned()
             .collect();
         let held = model.records.len();
@@ -658,8 +660,6 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         }
         // The whole state, after every step (read without injected faults).
         if model.failures == 0 {
-            let mut records = store.records();
-            records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
             let expected: Vec<Record> = model.records.values().cloned().collect();
             prop_assert_eq!(records, expected, "records after step {} {:?}", step, op);
             for i in 0..IDS.len() + model.bulk {
