@@ -63,12 +63,13 @@ impl MemoryWrite {
 /// 1,024 records or more and a new one would grow its table. Its table is
 /// rebuilt then, without the records that have expired both by the clock
 /// of the write that finds the table full and by this process's monotonic
-/// clock (measured from the completion, extension or single write that set
-/// the record's expiry; a record in progress, held by its claim, is not
-/// dropped): a wall clock stepped ahead, or one engine's clock ahead of
-/// another's, drops nothing live, so no key runs again. It is rebuilt with room for twice
-/// its live records, so it grows under load and shrinks after a peak; a
-/// peak's records stay until the table has filled again.
+/// clock, measured from the completion, extension or single write that set
+/// the record's expiry (a claim's record is not dropped before one of
+/// those sets it). A wall clock stepped ahead, or one engine's clock ahead
+/// of another's, so drops nothing live, and no key runs again. It is
+/// rebuilt with room for twice its live records, so it grows under load
+/// and shrinks after a peak; a peak's records stay until the table has
+/// filled again.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -394,6 +395,18 @@ mod tests {
             kept < 4 * SWEPT_FROM,
             "{kept} records kept of 20,000, none live"
         );
+    }
+
+    #[tokio::test]
+    async fn a_claim_s_record_is_not_dropped_before_its_expiry_is_set_again() {
+        // In progress and expired by its writer's clock, never completed:
+        // held by its claim, whatever the clocks say.
+        let store = MemoryStore::new();
+        for id in 0..5000 {
+            let claimed = store.claim(&claim(id, 100_000, 50)).await;
+            assert!(matches!(claimed, Ok(Conditional::Applied)));
+        }
+        assert_eq!(store.records().len(), 5000);
     }
 
     #[tokio::test]

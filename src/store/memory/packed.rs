@@ -30,7 +30,7 @@ pub(super) struct Packed {
     /// When `expiration_s` passes by this process's monotonic clock
     /// ([`monotonic_ms`]), as the write that set it (a completion, an
     /// extension, a single write) measured the time left; `u64::MAX` for a
-    /// claim's record, in progress (its claim holds it), and for a record
+    /// claim's record until one of those sets it, and for a record
     /// put without a time of its own (`MemoryStore::insert_record`). A
     /// record is dropped only once both clocks say it expired
     /// ([`Packed::can_be_dropped`]).
