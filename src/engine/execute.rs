@@ -13,6 +13,7 @@ use super::{
     outcome::Outcome,
 };
 use crate::{store::Store, Error, StoreError, StoreErrorKind};
+use futures_util::FutureExt;
 use serde::{de::DeserializeOwned, Serialize};
 use std::future::Future;
 
@@ -191,24 +192,27 @@ impl<St: Store> Engine<St> {
     /// any write) and replayed like any other; `Some(Err(error))`: the claim
     /// is released and the caller gets [`Error::Operation`]; `None`: a
     /// fault, as with `run` ([`Error::Store`], claim released).
-    pub async fn run_with_refusals<T, E, C, R, F, Fut>(
-        &self,
-        attempt: &Attempt<'_>,
+    //
+    // A plain function: the run's future, with the alert as it resolves,
+    // is what it returns, not a level of its own that every request's
+    // future would nest (and copy the run's whole into as it awaits it).
+    pub fn run_with_refusals<'a, T, E, C, R, F, Fut>(
+        &'a self,
+        attempt: &'a Attempt<'_>,
         mode: Mode,
-        codec: &C,
+        codec: &'a C,
         refusal: R,
         operation: F,
-    ) -> Result<Outcome<T>, Error<E>>
+    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + 'a
     where
+        T: 'a,
+        E: 'a,
         C: Codec<T>,
-        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
-        F: FnOnce(ClaimHandle) -> Fut,
-        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+        R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>> + 'a,
+        F: FnOnce(ClaimHandle) -> Fut + 'a,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>> + 'a,
     {
-        let result = self
-            .run_unreported(attempt, mode, codec, refusal, operation)
-            .await;
-        alert::operator_must_act(&result);
-        result
+        self.run_unreported(attempt, mode, codec, refusal, operation)
+            .inspect(alert::operator_must_act)
     }
 }

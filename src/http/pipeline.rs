@@ -870,35 +870,51 @@ fn log_not_stored(why: WhyNotStored) {
 
 /// One attempt through the engine, as the layer is configured: inside the
 /// PostgreSQL transaction, in a single write, or claimed in its mode.
-async fn run_attempt<St, T, E, C, R, F, Fut>(
-    config: &Config<St>,
-    attempt: &Attempt<'_>,
-    codec: &C,
+///
+/// A plain function (see the module's note): the engine's future is what
+/// it returns, not a level that would hold it (and copy it whole into its
+/// own as it awaits it).
+fn run_attempt<'a, St, T, E, C, R, F, Fut>(
+    config: &'a Config<St>,
+    attempt: &'a Attempt<'a>,
+    codec: &'a C,
     refusal: R,
     operation: F,
-) -> Result<crate::Outcome<T>, Error<E>>
+) -> impl Future<Output = Result<crate::Outcome<T>, Error<E>>> + 'a
 where
     St: Store,
+    T: 'a,
+    E: 'a,
     C: crate::Codec<T>,
-    R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>>,
-    F: FnOnce(ClaimHandle) -> Fut,
-    Fut: std::future::Future<Output = Result<(T, Vec<St::Write>), E>>,
+    R: FnOnce(&crate::WriteRefusal) -> Option<Result<T, E>> + 'a,
+    F: FnOnce(ClaimHandle) -> Fut + 'a,
+    Fut: std::future::Future<Output = Result<(T, Vec<St::Write>), E>> + 'a,
 {
+    // Set only by `IdempotencyLayer<PostgresStore>::in_transaction`.
     #[cfg(feature = "postgres")]
-    if let Some(limits) = config.settings.in_transaction {
-        // Set only by `IdempotencyLayer<PostgresStore>::in_transaction`.
-        if let Some(engine) = config.engine.as_postgres() {
-            return engine
-                .transaction_run_for_adapter(attempt, limits, codec, refusal, operation)
-                .await;
-        }
+    let in_transaction = config
+        .settings
+        .in_transaction
+        .and_then(|limits| Some((limits, config.engine.as_postgres()?)));
+    #[cfg(feature = "postgres")]
+    if let Some((limits, engine)) = in_transaction {
+        return Either::Left(
+            engine.transaction_run_for_adapter(attempt, limits, codec, refusal, operation),
+        );
     }
-    if config.settings.single_write {
-        config.engine.single_write(attempt, codec, operation).await
+    let claimed = if config.settings.single_write {
+        Either::Left(config.engine.single_write(attempt, codec, operation))
     } else {
-        config
-            .engine
-            .run_with_refusals(attempt, config.settings.mode, codec, refusal, operation)
-            .await
-    }
+        Either::Right(config.engine.run_with_refusals(
+            attempt,
+            config.settings.mode,
+            codec,
+            refusal,
+            operation,
+        ))
+    };
+    #[cfg(feature = "postgres")]
+    return Either::Right(claimed);
+    #[cfg(not(feature = "postgres"))]
+    claimed
 }
