@@ -599,12 +599,12 @@ impl<'a> Writer<'a> {
             if let Err(refused) = insertion_sort(entries, |a, b| key_order(key(a), key(b))) {
                 return Some(Err(refused));
             }
-            self.out.extend_from_slice(&bytes[self.copied..=open]);
+            append(&mut self.out, bytes, self.copied, open + 1);
             for (i, &(start, _, end)) in entries.iter().enumerate() {
                 if i > 0 {
                     self.out.push(b',');
                 }
-                self.out.extend_from_slice(&bytes[start..end]);
+                append(&mut self.out, bytes, start, end);
             }
             // The `}` is still to copy.
             self.copied = at;
@@ -687,6 +687,28 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 }
+
+/// Appends `bytes[start..end]` to `out`. A short run (a row's entry, the
+/// bytes between two rows) is copied as a fixed window of [`SHORT_RUN`]
+/// bytes, which the compiler writes inline, and the bytes past its end
+/// cut off again: a flat object out of order is written in a few such
+/// runs, and a call to `memcpy` for each, with its length to dispatch on,
+/// cost more than the copy.
+#[inline(always)]
+fn append(out: &mut Vec<u8>, bytes: &[u8], start: usize, end: usize) {
+    if end - start <= SHORT_RUN {
+        if let Some(window) = bytes.get(start..start + SHORT_RUN) {
+            let len = out.len() + (end - start);
+            out.extend_from_slice(window);
+            out.truncate(len);
+            return;
+        }
+    }
+    out.extend_from_slice(&bytes[start..end]);
+}
+
+/// The longest run [`append`] copies as a fixed window.
+const SHORT_RUN: usize = 32;
 
 /// A key's text, unescaped: in the document, or in the writer's `keys`.
 #[inline(always)]
