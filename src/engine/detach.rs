@@ -2,10 +2,10 @@
 
 use futures_util::task::AtomicWaker;
 use std::{
-    future::{poll_fn, Future},
+    future::Future,
     pin::Pin,
     sync::Arc,
-    task::{Poll, Wake, Waker},
+    task::{Context, Poll, Wake, Waker},
 };
 use tokio::{runtime::Handle, task::JoinHandle};
 
@@ -15,50 +15,99 @@ use tokio::{runtime::Handle, task::JoinHandle};
 /// The work is polled once in place first: work that needs no I/O (a
 /// replay or a whole request on an in-process store) is done by then, and
 /// costs no task and no hop between threads. Work still pending after that
-/// poll is handed, in the same poll of this future, to a task of its own,
-/// which `spawn` starts on the current runtime: there is no moment at which
-/// dropping this future could cut it short. A panic in the work, in place
-/// or on its task, is raised here, so the caller's panic handling (a
-/// `CatchPanicLayer`) sees it. `None` when the runtime cancelled the task
-/// (it is shutting down). Without a tokio runtime (a caller on another
-/// executor) the work runs in place.
+/// poll is handed, in the same poll of this future, to a task of its own
+/// on the current runtime: there is no moment at which dropping this future
+/// could cut it short. A panic in the work, in place or on its task, is
+/// raised here, so the caller's panic handling (a `CatchPanicLayer`) sees
+/// it. `None` when the runtime cancelled the task (it is shutting down).
+/// Without a tokio runtime (a caller on another executor) the work runs in
+/// place.
 ///
 /// The work comes boxed: a future of the request's whole pipeline (some
 /// kilobytes) held by value here would be held twice in the caller's.
-pub(crate) async fn detached<F, S>(mut work: Pin<Box<F>>, spawn: S) -> Option<F::Output>
+pub(crate) fn detached<F>(work: Pin<Box<F>>) -> Detached<F>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
-    S: FnOnce(Owned<F>, &Handle) -> JoinHandle<F::Output>,
 {
-    let Ok(runtime) = Handle::try_current() else {
-        return Some(work.await);
-    };
-    // The work is polled in place with a waker that wakes whoever polls it
-    // now: a future that keeps the first waker it was given (a hand-written
-    // one often does) still wakes the work's task after the move.
-    let owner = Arc::new(Owner(AtomicWaker::new()));
-    let forwarding = Waker::from(Arc::clone(&owner));
-    // Matched by value: the output's room (some hundreds of bytes) is not
-    // kept in this future while it waits for the task.
-    match poll_fn(|cx| {
-        owner.0.register(cx.waker());
-        Poll::Ready(
-            work.as_mut()
-                .poll(&mut std::task::Context::from_waker(&forwarding)),
-        )
-    })
-    .await
-    {
-        Poll::Ready(output) => return Some(output),
-        Poll::Pending => {}
+    Detached::NotPolled(work)
+}
+
+/// The future [`detached`] returns. Written out rather than an `async`
+/// block: the work's output (some hundreds of bytes for a request) goes
+/// straight from the work's poll to this one's, where an `async` block's
+/// matches and returns moved it three times, and the future is the size of
+/// a box, not of its states' union.
+pub(crate) enum Detached<F: Future> {
+    /// Not polled yet.
+    NotPolled(Pin<Box<F>>),
+    /// Running in place, without a runtime to hand it to.
+    InPlace(Pin<Box<F>>),
+    /// On a task of its own.
+    OnItsTask(JoinHandle<F::Output>),
+    /// Its output given.
+    Done,
+}
+
+impl<F> Future for Detached<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every variant is `Unpin` (boxes and a handle).
+        let this = &mut *self;
+        loop {
+            match std::mem::replace(this, Detached::Done) {
+                Detached::NotPolled(work) => {
+                    let Ok(runtime) = Handle::try_current() else {
+                        *this = Detached::InPlace(work);
+                        continue;
+                    };
+                    match first_poll(work, cx) {
+                        Ok(output) => return Poll::Ready(Some(output)),
+                        Err(owned) => *this = Detached::OnItsTask(runtime.spawn(owned)),
+                    }
+                }
+                Detached::InPlace(mut work) => {
+                    let Poll::Ready(output) = work.as_mut().poll(cx) else {
+                        *this = Detached::InPlace(work);
+                        return Poll::Pending;
+                    };
+                    return Poll::Ready(Some(output));
+                }
+                Detached::OnItsTask(mut task) => {
+                    let Poll::Ready(joined) = Pin::new(&mut task).poll(cx) else {
+                        *this = Detached::OnItsTask(task);
+                        return Poll::Pending;
+                    };
+                    return Poll::Ready(match joined {
+                        Ok(output) => Some(output),
+                        Err(error) => match error.try_into_panic() {
+                            Ok(panic) => std::panic::resume_unwind(panic),
+                            Err(_) => None,
+                        },
+                    });
+                }
+                Detached::Done => panic!("`detached` polled after it completed"),
+            }
+        }
     }
-    match spawn(Owned { work, owner }, &runtime).await {
-        Ok(output) => Some(output),
-        Err(error) => match error.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => None,
-        },
+}
+
+/// The work's first poll, in place, with a waker that wakes whoever polls
+/// it now: a future that keeps the first waker it was given (a
+/// hand-written one often does) still wakes the work's task after the
+/// move. Its output, or the work as its task will own it.
+fn first_poll<F: Future>(mut work: Pin<Box<F>>, cx: &Context<'_>) -> Result<F::Output, Owned<F>> {
+    let owner = Arc::new(Owner(AtomicWaker::new()));
+    owner.0.register(cx.waker());
+    let forwarding = Waker::from(Arc::clone(&owner));
+    match work.as_mut().poll(&mut Context::from_waker(&forwarding)) {
+        Poll::Ready(output) => Ok(output),
+        Poll::Pending => Err(Owned { work, owner }),
     }
 }
 
@@ -86,7 +135,7 @@ pub(crate) struct Owned<F: Future> {
 impl<F: Future> Future for Owned<F> {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         self.owner.0.register(cx.waker());
         self.work.as_mut().poll(cx)
     }

@@ -100,7 +100,7 @@ impl<St: Store> Engine<St> {
         let engine = self.clone();
         let owned = OwnedAttempt::from(attempt);
         let work = async move { engine.execute(&owned.attempt(), operation).await };
-        detached(Box::pin(work), |work, runtime| runtime.spawn(work))
+        detached(Box::pin(work))
             .await
             .unwrap_or_else(|| {
                 Err(Error::Store(StoreError::new(

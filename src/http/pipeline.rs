@@ -415,7 +415,7 @@ where
         (result, live)
     }
     .in_current_span();
-    let done = detached(Box::pin(work), |work, runtime| runtime.spawn(work));
+    let done = detached(Box::pin(work));
     async move {
         let answered = |done: Option<_>| {
             let (result, live) = done.unwrap_or_else(|| {
