@@ -251,8 +251,13 @@ impl RecordCopy {
         Ok(())
     }
 
-    /// The chunks copied, as one body.
-    fn into_body(self) -> StoredBody {
+    /// The chunks copied, as one body. A body of one chunk (most whole
+    /// ones) keeps its allocation when nothing else holds it, rather than
+    /// being copied into a new one.
+    fn into_body(mut self) -> StoredBody {
+        if self.chunks.len() == 1 {
+            return StoredBody::from_bytes(Vec::from(self.chunks.swap_remove(0)));
+        }
         let mut bytes = Vec::with_capacity(self.len);
         for chunk in self.chunks {
             bytes.extend_from_slice(&chunk);
