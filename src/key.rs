@@ -2,9 +2,9 @@
 //! key is never stored and one scope can never reach another's records.
 
 use crate::fingerprint::hash_part;
-use crate::lower_hex::{lower_hex, push_lower_hex};
+use crate::lower_hex::{lower_hex, shared_lower_hex};
 use sha2::{Digest, Sha256};
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 /// The partition key of one idempotency record:
 /// `<prefix>#<hex sha256 of scope and key>`.
@@ -12,7 +12,7 @@ use std::fmt;
 /// The scope is length-prefixed before hashing, so `("ab", "c")` and
 /// `("a", "bc")` never share a record.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RecordId(String);
+pub struct RecordId(Arc<str>);
 
 impl RecordId {
     /// The id of `key` inside `scope`, under `prefix`.
@@ -20,17 +20,12 @@ impl RecordId {
         let mut hasher = Sha256::new();
         hash_part(&mut hasher, scope.as_bytes());
         hasher.update(key.as_bytes());
-        let digest = hasher.finalize();
-        let mut id = String::with_capacity(prefix.len() + 1 + 64);
-        id.push_str(prefix);
-        id.push('#');
-        push_lower_hex(&mut id, &digest);
-        Self(id)
+        Self(shared_lower_hex(&[prefix, "#"], &hasher.finalize()))
     }
 
     /// Wraps an id read back from a store.
-    pub fn from_stored(id: impl Into<String>) -> Self {
-        Self(id.into())
+    pub fn from_stored(id: impl AsRef<str>) -> Self {
+        Self(Arc::from(id.as_ref()))
     }
 
     /// The id as stored.

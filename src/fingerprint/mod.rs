@@ -11,22 +11,22 @@ pub(crate) use canonical::select;
 pub(crate) use canonical::{pointed, Pointed};
 pub(crate) use streaming::{canonical, write_canonical};
 
-use crate::lower_hex::lower_hex;
+use crate::lower_hex::shared_lower_hex;
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 /// The sha256 of a request payload, stored with the record and compared on
 /// every retry: a key reused with another payload is a mismatch, never a
 /// replay of the other request's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Fingerprint(String);
+pub struct Fingerprint(Arc<str>);
 
 impl Fingerprint {
     /// The fingerprint of raw bytes.
     pub fn of_bytes(payload: &[u8]) -> Self {
-        Self(lower_hex(&Sha256::digest(payload)))
+        Self(shared_lower_hex(&[], &Sha256::digest(payload)))
     }
 
     /// The fingerprint of a serialisable value, as canonical JSON: object
@@ -48,14 +48,14 @@ impl Fingerprint {
             hasher = Sha256::new();
             hasher.update(&serialised);
         }
-        Ok(Self(lower_hex(&hasher.finalize())))
+        Ok(Self(shared_lower_hex(&[], &hasher.finalize())))
     }
 
     /// Builds a fingerprint from parts hashed one after another, each
     /// length-prefixed so that part boundaries cannot shift (`"ab" + "c"` and
     /// `"a" + "bc"` differ).
     pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        Self(lower_hex(&hash_parts(parts).finalize()))
+        Self(shared_lower_hex(&[], &hash_parts(parts).finalize()))
     }
 
     /// The fingerprint of `parts` (each length-prefixed, as in
@@ -70,7 +70,7 @@ impl Fingerprint {
     ) -> Option<Self> {
         let mut hasher = hash_parts(parts);
         write_canonical(json, &mut HashWriter(&mut hasher)).ok()?;
-        Some(Self(lower_hex(&hasher.finalize())))
+        Some(Self(shared_lower_hex(&[], &hasher.finalize())))
     }
 
     /// The fingerprint of the values at `pointers` in the JSON document
@@ -94,12 +94,12 @@ impl Fingerprint {
     /// # Ok::<(), lambda_idempotency::InvalidJsonPointer>(())
     /// ```
     pub fn of_json_pointers(json: &[u8], pointers: &[JsonPointer]) -> Self {
-        Self(lower_hex(&selection(json, pointers).finalize()))
+        Self(shared_lower_hex(&[], &selection(json, pointers).finalize()))
     }
 
     /// Wraps a fingerprint read back from a store.
-    pub fn from_stored(hex: impl Into<String>) -> Self {
-        Self(hex.into())
+    pub fn from_stored(hex: impl AsRef<str>) -> Self {
+        Self(Arc::from(hex.as_ref()))
     }
 
     /// The fingerprint as stored (lowercase hex).

@@ -1,9 +1,9 @@
 //! The fencing token a claim is minted with.
 
-use crate::lower_hex::lower_hex;
+use crate::lower_hex::shared_lower_hex;
 use crate::{StoreError, StoreErrorKind};
 use rand::{rngs::StdRng, rngs::SysRng, Rng, SeedableRng};
-use std::cell::RefCell;
+use std::{cell::RefCell, sync::Arc};
 
 /// The fencing token of one claim: 128 random bits, minted per claim.
 ///
@@ -11,7 +11,7 @@ use std::cell::RefCell;
 /// lease passed and was taken over (a zombie) cannot touch its successor's
 /// record.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct OwnerToken(String);
+pub struct OwnerToken(Arc<str>);
 
 /// Tokens a thread's generator mints before it is seeded again from the
 /// operating system (64 KiB of its output, as `rand`'s `ThreadRng`).
@@ -66,12 +66,12 @@ impl OwnerToken {
             generator.rng.fill_bytes(&mut bytes);
             Ok(())
         })?;
-        Ok(Self(lower_hex(&bytes)))
+        Ok(Self(shared_lower_hex(&[], &bytes)))
     }
 
     /// Wraps a token read back from a store.
-    pub fn from_stored(token: impl Into<String>) -> Self {
-        Self(token.into())
+    pub fn from_stored(token: impl AsRef<str>) -> Self {
+        Self(Arc::from(token.as_ref()))
     }
 
     /// The token as stored.
