@@ -175,15 +175,9 @@ where
         // A key in a header is read before the body: a request without one is
         // answered, or passed through, unread (unless Powertools' key may be
         // in the body).
-        let refuse = |outcome, problem: Problem| {
-            (
-                outcome,
-                Ok(problem_response(&config.settings, &problem, grpc)),
-            )
-        };
         let header_key = match read_header_key(&config.settings, &request) {
             Ok(key) => key,
-            Err(problem) => return refuse(HttpOutcome::BadKey, problem),
+            Err(problem) => return refused(&config.settings, grpc, HttpOutcome::BadKey, problem),
         };
         if header_key.is_none()
             && matches!(config.settings.key.0, Source::Header(_))
@@ -191,69 +185,103 @@ where
         {
             return keyless(&config.settings, inner, request, grpc).await;
         }
-        let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
-            Ok(buffered) => buffered,
-            Err(error) => {
-                return refuse(HttpOutcome::BadBody, body_problem(&config.settings, error))
-            }
-        };
-        let key = match key_of(&config.settings, header_key, &request) {
-            Ok(key) => key,
-            Err(problem) => return refuse(HttpOutcome::BadKey, problem),
-        };
-        let Some(key) = key else {
-            // Powertools keyed its records on the request itself (a field of
-            // the body, say), with or without this crate's key: a retry of a
-            // request the old function ran must find its record first.
-            #[cfg(feature = "powertools")]
-            let takeover = match powertools_first(&config, &request, kind, None, grpc).await {
-                Ok(takeover) => takeover,
-                Err(answered) => return answered,
+        // The attempt's future, made in a block of its own: the buffered
+        // request is gone by the time it is awaited, so this future keeps
+        // no room for it beside the attempt's (nor beside the body's read).
+        let ran = {
+            let (request, kind) = match buffer_request(request, config.settings.body_limit).await {
+                Ok(buffered) => buffered,
+                Err(error) => {
+                    return refused(
+                        &config.settings,
+                        grpc,
+                        HttpOutcome::BadBody,
+                        body_problem(&config.settings, error),
+                    )
+                }
             };
+            let key = match key_of(&config.settings, header_key, &request) {
+                Ok(key) => key,
+                Err(problem) => {
+                    return refused(&config.settings, grpc, HttpOutcome::BadKey, problem)
+                }
+            };
+            let Some(key) = key else {
+                // Powertools keyed its records on the request itself (a field of
+                // the body, say), with or without this crate's key: a retry of a
+                // request the old function ran must find its record first.
+                #[cfg(feature = "powertools")]
+                let takeover = match powertools_first(&config, &request, kind, None, grpc).await {
+                    Ok(takeover) => takeover,
+                    Err(answered) => return answered,
+                };
+                #[cfg(not(feature = "powertools"))]
+                let takeover = None;
+                let mut request = rebuild_request(request, kind);
+                // Unclaimed, but the handler is told all the same.
+                if let Some(takeover) = takeover {
+                    request.extensions_mut().insert::<crate::Takeover>(takeover);
+                }
+                // Boxed: only a key read from the body reaches this await, and
+                // held here it would set this future's size (the request twice
+                // and the handler's future) for every request.
+                return Box::pin(keyless(&config.settings, inner, request, grpc)).await;
+            };
+            let Some(scope) = scope_for(&config.settings.scope, &request) else {
+                return refused(
+                    &config.settings,
+                    grpc,
+                    HttpOutcome::ScopeUnset,
+                    Problem::ScopeUnset,
+                );
+            };
+            #[cfg(feature = "powertools")]
+            let takeover =
+                match powertools_first(&config, &request, kind, Some((&scope, &key)), grpc).await {
+                    Ok(takeover) => takeover,
+                    Err(answered) => return answered,
+                };
             #[cfg(not(feature = "powertools"))]
             let takeover = None;
-            let mut request = rebuild_request(request, kind);
-            // Unclaimed, but the handler is told all the same.
-            if let Some(takeover) = takeover {
-                request.extensions_mut().insert::<crate::Takeover>(takeover);
-            }
-            return keyless(&config.settings, inner, request, grpc).await;
-        };
-        let Some(scope) = scope_for(&config.settings.scope, &request) else {
-            return refuse(HttpOutcome::ScopeUnset, Problem::ScopeUnset);
-        };
-        #[cfg(feature = "powertools")]
-        let takeover =
-            match powertools_first(&config, &request, kind, Some((&scope, &key)), grpc).await {
-                Ok(takeover) => takeover,
-                Err(answered) => return answered,
+            // The bound on running work, checked last, just before the claim: a
+            // slow client that sends its body byte by byte holds no slot, and a
+            // request refused here has claimed nothing.
+            let Some(slot) = config.settings.in_flight.take() else {
+                return refused(
+                    &config.settings,
+                    grpc,
+                    HttpOutcome::Overloaded,
+                    Problem::Overloaded,
+                );
             };
-        #[cfg(not(feature = "powertools"))]
-        let takeover = None;
-        // The bound on running work, checked last, just before the claim: a
-        // slow client that sends its body byte by byte holds no slot, and a
-        // request refused here has claimed nothing.
-        let Some(slot) = config.settings.in_flight.take() else {
-            return refuse(HttpOutcome::Overloaded, Problem::Overloaded);
+            tracing::Span::current().record("in_flight", config.settings.in_flight.running());
+            let (attempt, route_key) =
+                attempt_for(&config.settings, &request, scope, key, takeover);
+            run_detached(
+                Arc::clone(&config),
+                attempt,
+                route_key,
+                inner,
+                rebuild_request(request, kind),
+                slot,
+            )
         };
-        tracing::Span::current().record("in_flight", config.settings.in_flight.running());
-        let (attempt, route_key) = attempt_for(&config.settings, &request, scope, key, takeover);
-        let request = rebuild_request(request, kind);
-        match run_detached(
-            Arc::clone(&config),
-            attempt,
-            route_key,
-            inner,
-            request,
-            slot,
-        )
-        .await
-        {
+        match ran.await {
             Ran::Answered(result, live) => respond(&config.settings, result, live, grpc),
             // Its record completes when its body ends.
             Ran::Streaming(response) => (HttpOutcome::Fresh, Ok(response)),
         }
     }
+}
+
+/// The layer's own answer to a request it refuses.
+fn refused<E, R: RebuildBody>(
+    settings: &Settings,
+    grpc: bool,
+    outcome: HttpOutcome,
+    problem: Problem,
+) -> (HttpOutcome, Result<Response<R>, E>) {
+    (outcome, Ok(problem_response(settings, &problem, grpc)))
 }
 
 /// How the detached work answered the request.
