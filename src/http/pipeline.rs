@@ -9,9 +9,14 @@
 //! rustc keeps an `async fn`'s arguments for the whole of its future, beside
 //! the locals and callee futures they are moved into: the request (some 240
 //! bytes) would be held twice. So the levels on a request's way (`answer`,
-//! `handle`, `keyless`, `run_detached`, and `buffer_request` in `body`) are
-//! plain functions that take their arguments apart, or move them into an
-//! `async` block, before returning a future.
+//! `handle`, `keyless`, `run_detached`, `run_attempt`, `record_response`,
+//! and `buffer_request` in `body`) are plain functions that take their
+//! arguments apart, or move them into an `async` block, before returning a
+//! future. Awaits that only rare requests reach (a body that streams, a
+//! request keyed in its body that has no key) are boxed, so that the
+//! futures every request allocates keep no room for them (in the server
+//! benchmark's axum app, the request's future and the operation's are 912
+//! bytes each, within glibc's per-thread cache of chunks up to 1,032).
 
 #[cfg(feature = "powertools")]
 use super::respond;
@@ -712,69 +717,78 @@ where
 /// The handler's response read for its record: stored whole, teed to the
 /// client as it streams (its record completing when it ends), or passed
 /// through not stored, as the response and the settings say.
-#[allow(clippy::too_many_arguments)]
-async fn record_response<St, E, ResBody>(
-    config: &Config<St>,
-    handle: &ClaimHandle,
+// An `async` block rather than an `async fn` (see the module's note): its
+// arguments are held once, where the `async fn` held them again as locals.
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+fn record_response<'a, St, E, ResBody>(
+    config: &'a Config<St>,
+    handle: &'a ClaimHandle,
     parts: http::response::Parts,
     body: ResBody,
     writes: Vec<St::Write>,
-    live: &mut Live<ResBody>,
-    early: &mut Option<oneshot::Sender<Response<ResBody>>>,
-    recorded_slot: &mut Option<Recorded>,
-) -> Result<(StoredResponse, Vec<St::Write>), Failure<E, ResBody>>
+    live: &'a mut Live<ResBody>,
+    early: &'a mut Option<oneshot::Sender<Response<ResBody>>>,
+    recorded_slot: &'a mut Option<Recorded>,
+) -> impl Future<Output = Result<(StoredResponse, Vec<St::Write>), Failure<E, ResBody>>> + 'a
 where
     St: Store,
+    E: 'a,
     ResBody: LayerBody,
 {
-    let grpc = grpc_wire::is_grpc(&parts.headers);
-    let (body, why) = if streams(&parts, config.settings.stream_when.as_ref()) {
-        (body, WhyNotStored::Stream)
-    } else {
-        // Read to be stored, but never more than can be (a
-        // lambda_http body is whole already), nor a gRPC stream,
-        // and never waited for: a body that would wait goes on to
-        // the client as it comes, copied as it passes. Unless
-        // writes commit with the record: the client must not see
-        // an answer whose writes may still fail.
-        let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
-        let tee = early.is_some() && writes.is_empty() && !commits_with_record(&config.settings);
-        match read_bounded(body, limit, grpc, tee).await {
-            Ok(Read::Whole(body, trailers)) => {
-                let stored = whole(&config.settings, parts, body, trailers, grpc)?;
-                return Ok((stored, writes));
-            }
-            Ok(Read::Teed(body, copied)) => {
-                let head = StoredHead::of(&parts);
-                if let Some(early) = early.take() {
-                    // A client that left already drops the body,
-                    // which is then read here to its end.
-                    let _ = early.send(Response::from_parts(parts, body));
+    async move {
+        let grpc = grpc_wire::is_grpc(&parts.headers);
+        let (body, why) = if streams(&parts, config.settings.stream_when.as_ref()) {
+            (body, WhyNotStored::Stream)
+        } else {
+            // Read to be stored, but never more than can be (a
+            // lambda_http body is whole already), nor a gRPC stream,
+            // and never waited for: a body that would wait goes on to
+            // the client as it comes, copied as it passes. Unless
+            // writes commit with the record: the client must not see
+            // an answer whose writes may still fail.
+            let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
+            let tee =
+                early.is_some() && writes.is_empty() && !commits_with_record(&config.settings);
+            match read_bounded(body, limit, grpc, tee).await {
+                Ok(Read::Whole(body, trailers)) => {
+                    let stored = whole(&config.settings, parts, body, trailers, grpc)?;
+                    return Ok((stored, writes));
                 }
-                let stored = teed(
-                    &config.settings,
-                    &config.engine,
-                    handle,
-                    head,
-                    copied,
-                    grpc,
-                    recorded_slot,
-                )
-                .await?;
-                return Ok((stored, writes));
+                Ok(Read::Teed(body, copied)) => {
+                    let head = StoredHead::of(&parts);
+                    if let Some(early) = early.take() {
+                        // A client that left already drops the body,
+                        // which is then read here to its end.
+                        let _ = early.send(Response::from_parts(parts, body));
+                    }
+                    // Boxed: a response read whole (most) never waits here, and
+                    // this future, which every stored response's read holds,
+                    // then keeps no room for it.
+                    let stored = Box::pin(teed(
+                        &config.settings,
+                        &config.engine,
+                        handle,
+                        head,
+                        copied,
+                        grpc,
+                        recorded_slot,
+                    ))
+                    .await?;
+                    return Ok((stored, writes));
+                }
+                Ok(Read::Streams(body, why)) => (body, why),
+                Err(error) => return Err(Failure::ResponseUnreadable(error)),
             }
-            Ok(Read::Streams(body, why)) => (body, why),
-            Err(error) => return Err(Failure::ResponseUnreadable(error)),
-        }
-    };
-    log_not_stored(why);
-    let head = StoredResponse::NotStored {
-        status: parts.status,
-        headers: parts.headers.clone(),
-        why,
-    };
-    *live = Some(Response::from_parts(parts, body));
-    Ok((head, writes))
+        };
+        log_not_stored(why);
+        let head = StoredResponse::NotStored {
+            status: parts.status,
+            headers: parts.headers.clone(),
+            why,
+        };
+        *live = Some(Response::from_parts(parts, body));
+        Ok((head, writes))
+    }
 }
 
 /// The stored response of a body read whole: the gRPC status decides, for

@@ -129,9 +129,12 @@ where
         } else {
             Poll::Ready(rest.frame().await.map(owned))
         };
+        // The ways on that a body read whole (most) never takes are awaited
+        // boxed: this future, which every stored response's read holds, then
+        // keeps no room for them.
         let Poll::Ready(frame) = polled else {
             // It would wait: on to the client, copied as it goes.
-            return Ok(tee_on(copy, rest).await);
+            return Ok(Box::pin(tee_on(copy, rest)).await);
         };
         let Some(frame) = frame else {
             return Ok(Read::Whole(copy.into_body(), None));
@@ -155,12 +158,12 @@ where
             match B::from_stream(prefixed) {
                 Ok(body) => return Ok(Read::Streams(body, why)),
                 // This type cannot hold a stream: read whole.
-                Err(body) => return read_whole(body).await,
+                Err(body) => return Box::pin(read_whole(body)).await,
             }
         }
         if tee && copy.len > READ_IN_PLACE {
             // Long, and ready: the client gets it from here on as it comes.
-            return Ok(tee_on(copy, rest).await);
+            return Ok(Box::pin(tee_on(copy, rest)).await);
         }
     }
 }
