@@ -647,7 +647,7 @@ async fn run_handler<S, St, B, ResBody>(
     live: &mut Live<ResBody>,
     early: &mut Option<oneshot::Sender<Response<ResBody>>>,
     recorded_slot: &mut Option<Recorded>,
-) -> Result<(StoredResponse, Vec<St::Write>), Failure<S::Error, ResBody>>
+) -> Recording<St::Write, S::Error, ResBody>
 where
     S: Inner<B, ResBody>,
     St: Store,
@@ -714,6 +714,11 @@ where
     recording.await
 }
 
+/// What the handler's run under its claim gives: the response as its
+/// record stores it and the writes to commit with it, or why there is no
+/// record.
+type Recording<W, E, R> = Result<(StoredResponse, Vec<W>), Failure<E, R>>;
+
 /// The handler's response read for its record: stored whole, teed to the
 /// client as it streams (its record completing when it ends), or passed
 /// through not stored, as the response and the settings say.
@@ -729,7 +734,7 @@ fn record_response<'a, St, E, ResBody>(
     live: &'a mut Live<ResBody>,
     early: &'a mut Option<oneshot::Sender<Response<ResBody>>>,
     recorded_slot: &'a mut Option<Recorded>,
-) -> impl Future<Output = Result<(StoredResponse, Vec<St::Write>), Failure<E, ResBody>>> + 'a
+) -> impl Future<Output = Recording<St::Write, E, ResBody>> + 'a
 where
     St: Store,
     E: 'a,
