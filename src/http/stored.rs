@@ -471,6 +471,25 @@ mod tests {
         }
     }
 
+    /// A name listed twice, or a body header listed too, is stored once:
+    /// every value of it, in its order, and no value twice.
+    #[test]
+    fn a_header_listed_twice_replays_each_of_its_values_once() {
+        let codec = ResponseCodec {
+            stored_headers: vec![header::LINK, header::CONTENT_TYPE, header::LINK],
+            ..codec()
+        };
+        let mut first = response(StoredBody::Empty);
+        let headers = first.headers_mut();
+        headers.append(header::LINK, HeaderValue::from_static("</a>; rel=next"));
+        headers.append(header::LINK, HeaderValue::from_static("</b>; rel=prev"));
+        let replay = replay(&codec, &store(&codec, first));
+        let links: Vec<_> = replay.headers().get_all(header::LINK).iter().collect();
+        assert_eq!(links, ["</a>; rel=next", "</b>; rel=prev"]);
+        let types: Vec<_> = replay.headers().get_all(header::CONTENT_TYPE).iter().collect();
+        assert_eq!(types, ["application/json"]);
+    }
+
     #[test]
     fn large_bodies_are_compressed() {
         let body = "{\"item\":\"repeated\"},".repeat(5_000);
