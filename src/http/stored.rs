@@ -486,7 +486,11 @@ mod tests {
         let replay = replay(&codec, &store(&codec, first));
         let links: Vec<_> = replay.headers().get_all(header::LINK).iter().collect();
         assert_eq!(links, ["</a>; rel=next", "</b>; rel=prev"]);
-        let types: Vec<_> = replay.headers().get_all(header::CONTENT_TYPE).iter().collect();
+        let types: Vec<_> = replay
+            .headers()
+            .get_all(header::CONTENT_TYPE)
+            .iter()
+            .collect();
         assert_eq!(types, ["application/json"]);
     }
 
