@@ -24,8 +24,14 @@ impl RecordId {
     }
 
     /// Wraps an id read back from a store.
-    pub fn from_stored(id: impl AsRef<str>) -> Self {
-        Self(Arc::from(id.as_ref()))
+    pub fn from_stored(id: impl Into<String>) -> Self {
+        Self(Arc::from(id.into()))
+    }
+
+    /// Wraps one read back as text the store keeps: allocated once, where
+    /// [`from_stored`](Self::from_stored) would make a `String` first.
+    pub(crate) fn from_stored_text(id: &str) -> Self {
+        Self(Arc::from(id))
     }
 
     /// The id as stored.

@@ -98,8 +98,14 @@ impl Fingerprint {
     }
 
     /// Wraps a fingerprint read back from a store.
-    pub fn from_stored(hex: impl AsRef<str>) -> Self {
-        Self(Arc::from(hex.as_ref()))
+    pub fn from_stored(hex: impl Into<String>) -> Self {
+        Self(Arc::from(hex.into()))
+    }
+
+    /// Wraps one read back as text the store keeps: allocated once, where
+    /// [`from_stored`](Self::from_stored) would make a `String` first.
+    pub(crate) fn from_stored_text(hex: &str) -> Self {
+        Self(Arc::from(hex))
     }
 
     /// The fingerprint as stored (lowercase hex).

@@ -70,8 +70,14 @@ impl OwnerToken {
     }
 
     /// Wraps a token read back from a store.
-    pub fn from_stored(token: impl AsRef<str>) -> Self {
-        Self(Arc::from(token.as_ref()))
+    pub fn from_stored(token: impl Into<String>) -> Self {
+        Self(Arc::from(token.into()))
+    }
+
+    /// Wraps one read back as text the store keeps: allocated once, where
+    /// [`from_stored`](Self::from_stored) would make a `String` first.
+    pub(crate) fn from_stored_text(token: &str) -> Self {
+        Self(Arc::from(token))
     }
 
     /// The token as stored.

@@ -137,10 +137,10 @@ impl Packed {
     /// The record, unpacked.
     pub(super) fn record(&self) -> Record {
         Record {
-            id: RecordId::from_stored(self.id()),
+            id: RecordId::from_stored_text(self.id()),
             status: self.status,
-            owner: OwnerToken::from_stored(self.owner()),
-            fingerprint: Fingerprint::from_stored(self.fingerprint()),
+            owner: OwnerToken::from_stored_text(self.owner()),
+            fingerprint: Fingerprint::from_stored_text(self.fingerprint()),
             expiration_s: self.expiration_s,
             lease_until_ms: self.lease_until_ms,
             response: self.response().map(<[u8]>::to_vec),
