@@ -140,3 +140,51 @@ impl<F: Future> Future for Owned<F> {
         self.work.as_mut().poll(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    /// Without a tokio runtime, the work runs in place, to its end.
+    #[test]
+    fn without_a_runtime_the_work_runs_in_place() {
+        let done = detached(Box::pin(async { 7 })).now_or_never();
+        assert_eq!(done, Some(Some(7)));
+    }
+
+    /// Work still pending after its first poll goes to a task; a runtime
+    /// that shuts down cancels that task, and the caller, polled after,
+    /// gets `None` rather than a panic or a wait for ever.
+    #[test]
+    fn a_runtime_that_shuts_down_gives_none() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let mut waiting = detached(Box::pin(std::future::pending::<u8>()));
+        runtime.block_on(async {
+            assert!(futures_util::poll!(&mut waiting).is_pending());
+            assert!(matches!(waiting, Detached::OnItsTask(_)), "on its task");
+        });
+        runtime.shutdown_background();
+        assert_eq!(waiting.now_or_never(), Some(None));
+    }
+
+    /// Work that panics on its task has its panic raised in the caller,
+    /// where a `CatchPanicLayer` sees it.
+    #[test]
+    fn a_panic_on_the_task_is_raised_in_the_caller() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let caught = runtime.block_on(
+            std::panic::AssertUnwindSafe(detached(Box::pin(async {
+                tokio::task::yield_now().await;
+                panic!("the work's own panic");
+            })))
+            .catch_unwind(),
+        );
+        let panic = caught.expect_err("raised in the caller");
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"the work's own panic"));
+    }
+}
