@@ -19,7 +19,7 @@
 //! still use: property tests hold the two to the same bytes, and to the
 //! same refusals on damaged documents.
 
-use super::canonical::{deeper, string_of, write_number, NotCanonical};
+use super::canonical::{deeper, string_of, write_number, NotCanonical, MAX_DEPTH};
 use std::io::Write;
 
 /// One object entry already written: its key (unescaped, for ordering)
@@ -463,6 +463,13 @@ impl<'a> Writer<'a> {
         match self.peek() {
             Some(b'"') => self.string(),
             Some(b'-' | b'0'..=b'9') => self.number(),
+            // A flat object (a row of a list) read from here, without the
+            // two calls that reach it through `value` and `object`. Within
+            // the depth limit only: one level deeper is refused there.
+            Some(b'{') if depth < MAX_DEPTH => match self.flat_object() {
+                Some(read) => read,
+                None => self.value(depth),
+            },
             _ => self.value(depth),
         }
     }
@@ -858,6 +865,34 @@ mod tests {
     /// same bytes and refusals as the tree writer, outermost or nested, in
     /// reverse, shuffled and nearly sorted orders, with a key repeated
     /// anywhere.
+    /// A flat object read from a list's member is refused one level past
+    /// the depth limit, as any object there is, and read within it.
+    #[test]
+    fn a_flat_object_at_the_depth_limit_is_read_and_past_it_refused() {
+        let nested = |arrays: usize| {
+            format!(
+                "{}{{\"b\":1,\"a\":2}}{}",
+                "[".repeat(arrays),
+                "]".repeat(arrays)
+            )
+        };
+        let within = nested(MAX_DEPTH - 1);
+        assert_eq!(
+            canonical(within.as_bytes()).map_err(|_| ()),
+            tree_canonical(within.as_bytes()).map_err(|_| ())
+        );
+        assert!(canonical(within.as_bytes()).is_ok());
+        let past = nested(MAX_DEPTH);
+        assert!(matches!(
+            canonical(past.as_bytes()),
+            Err(NotCanonical::TooDeep)
+        ));
+        assert!(matches!(
+            tree_canonical(past.as_bytes()),
+            Err(NotCanonical::TooDeep)
+        ));
+    }
+
     #[test]
     fn large_objects_are_sorted_and_refused_as_the_tree_writer_does() {
         for keys in [15, 16, 17, 18, 33, 100, 257] {
