@@ -31,31 +31,32 @@ pub(crate) fn shared_lower_hex(prefix: &[&str], bytes: &[u8]) -> Arc<str> {
         text[at..at + part.len()].copy_from_slice(part.as_bytes());
         at += part.len();
     }
-    for (pair, byte) in text[at..].chunks_exact_mut(2).zip(bytes) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0xf)];
-    }
+    write_digits(&mut text[at..], bytes);
     // Strings, then ASCII digits: the check cannot fail.
     Arc::from(std::str::from_utf8(text).unwrap_or_default())
 }
 
-/// The digits, by value.
-const DIGITS: &[u8; 16] = b"0123456789abcdef";
-
-/// Appends `bytes` in lowercase hex to `out`.
+/// Writes `bytes` in lowercase hex to the start of `digits` (twice as
+/// long, or the rest is left as it is).
 ///
 /// A nibble at a time from a table: `hex::encode_to_slice` walks its
 /// output through iterator adapters, some twenty instructions a byte
 /// (counted: about 1,600 a request, for the fingerprint, record id and
 /// owner token together), where this takes a few.
+fn write_digits(digits: &mut [u8], bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, byte) in digits.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
+    }
+}
+
+/// Appends `bytes` in lowercase hex to `out`.
 pub(crate) fn push_lower_hex(out: &mut String, bytes: &[u8]) {
     let mut buffer = [0; 64];
     for chunk in bytes.chunks(buffer.len() / 2) {
         let digits = &mut buffer[..chunk.len() * 2];
-        for (pair, byte) in digits.chunks_exact_mut(2).zip(chunk) {
-            pair[0] = DIGITS[usize::from(byte >> 4)];
-            pair[1] = DIGITS[usize::from(byte & 0xf)];
-        }
+        write_digits(digits, chunk);
         // Hex digits are ASCII: the check cannot fail.
         out.push_str(std::str::from_utf8(digits).unwrap_or_default());
     }

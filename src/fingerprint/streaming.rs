@@ -19,7 +19,7 @@
 //! still use: property tests hold the two to the same bytes, and to the
 //! same refusals on damaged documents.
 
-use super::canonical::{deeper, string_of, write_number, NotCanonical, MAX_DEPTH};
+use super::canonical::{deeper, string_of, write_number, NotCanonical};
 use std::io::Write;
 
 /// One object entry already written: its key (unescaped, for ordering)
@@ -463,13 +463,18 @@ impl<'a> Writer<'a> {
         match self.peek() {
             Some(b'"') => self.string(),
             Some(b'-' | b'0'..=b'9') => self.number(),
-            // A flat object (a row of a list) read from here, without the
-            // two calls that reach it through `value` and `object`. Within
-            // the depth limit only: one level deeper is refused there.
-            Some(b'{') if depth < MAX_DEPTH => match self.flat_object() {
-                Some(read) => read,
-                None => self.value(depth),
-            },
+            // An object within another value: flat ones (a row of a list,
+            // a struct's fields) are read here, without the call through
+            // `value`, and any other by the general path. The outermost
+            // object is not a member: its order is noted rather than
+            // written (see `Written`).
+            Some(b'{') => {
+                let depth = deeper(depth)?;
+                match self.flat_object() {
+                    Some(read) => read,
+                    None => self.object(depth),
+                }
+            }
             _ => self.value(depth),
         }
     }
@@ -495,14 +500,9 @@ impl<'a> Writer<'a> {
         }
     }
 
+    /// An object at `{`, by the general path (a flat one within another
+    /// value is read by [`Writer::member`] first).
     fn object(&mut self, depth: usize) -> Result<(), NotCanonical> {
-        // The outermost object's order is noted rather than written (see
-        // `Written`): only the objects within it are flat.
-        if depth > 1 {
-            if let Some(read) = self.flat_object() {
-                return read;
-            }
-        }
         self.at += 1;
         let body = self.written();
         let first = self.entries.len();
@@ -831,7 +831,7 @@ fn key_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 
 #[cfg(test)]
 mod tests {
-    use super::super::canonical::tree_canonical;
+    use super::super::canonical::{tree_canonical, MAX_DEPTH};
     use super::*;
     use proptest::prelude::*;
 
@@ -861,10 +861,6 @@ mod tests {
         format!("{{{}}}", entries.join(","))
     }
 
-    /// Objects past the insertion sort's size go to the library's sort: the
-    /// same bytes and refusals as the tree writer, outermost or nested, in
-    /// reverse, shuffled and nearly sorted orders, with a key repeated
-    /// anywhere.
     /// A flat object read from a list's member is refused one level past
     /// the depth limit, as any object there is, and read within it.
     #[test]
@@ -893,6 +889,10 @@ mod tests {
         ));
     }
 
+    /// Objects past the insertion sort's size go to the library's sort: the
+    /// same bytes and refusals as the tree writer, outermost or nested, in
+    /// reverse, shuffled and nearly sorted orders, with a key repeated
+    /// anywhere.
     #[test]
     fn large_objects_are_sorted_and_refused_as_the_tree_writer_does() {
         for keys in [15, 16, 17, 18, 33, 100, 257] {

@@ -592,8 +592,9 @@ where
             let (not_run_yet, live, early, recorded) = slots;
             run_handler(config, claim, not_run_yet, live, early, recorded)
         };
-        // Read only for a route measured (a clock read is some tens of ns).
-        let started_ms = route.map(|_| config.engine.now_ms());
+        // The clock is read only for a route measured (a read is some tens
+        // of ns).
+        let measured = route.map(|route| (route, config.engine.now_ms()));
         // The application's answer to a refused write, stored or not by
         // the outcome policy like any response.
         let refusal = |refused: &crate::WriteRefusal| {
@@ -614,7 +615,7 @@ where
             if let Some(recorded) = recorded.take() {
                 recorded.done();
             }
-            if let (Some(route), Some(started_ms), Ok(done)) = (route, started_ms, &result) {
+            if let (Some((route, started_ms)), Ok(done)) = (measured, &result) {
                 if done.kind() == OutcomeKind::Fresh {
                     let took_ms = config.engine.now_ms().saturating_sub(started_ms);
                     config.settings.durations.record(route, took_ms);
