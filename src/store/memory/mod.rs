@@ -213,7 +213,7 @@ impl Store for MemoryStore {
             Some(existing)
                 if existing.held_by(lapsed)
                     && existing
-                        .lease_until_ms
+                        .lease_until_ms()
                         .is_some_and(|lease| lease < claim.now_ms) =>
             {
                 state.records.put(Packed::claimed_from(claim));
@@ -227,8 +227,11 @@ impl Store for MemoryStore {
         let mut state = self.enter()?;
         match state.records.get_mut(extension.id.as_str()) {
             Some(record) if record.held_by(&extension.owner) => {
-                record.lease_until_ms = Some(extension.lease_until_ms);
-                record.expire_at(extension.expiration_s, extension.now_ms, monotonic_ms());
+                record.extend(
+                    extension.lease_until_ms,
+                    extension.expiration_s,
+                    extension.now_ms,
+                );
                 Ok(Conditional::Applied)
             }
             found => Ok(Conditional::Refused(found.map(|found| found.record()))),
@@ -246,11 +249,11 @@ impl Store for MemoryStore {
             found => return Ok(Conditional::Refused(found.map(|found| found.record()))),
         };
         check_writes(&state.items, &completion.writes)?;
-        record.status = Status::Completed;
-        record.set_response(&completion.response);
-        record.expire_at(completion.expiration_s, completion.now_ms, monotonic_ms());
-        record.lease_until_ms = None;
-        record.completed_at_ms = Some(completion.now_ms);
+        record.complete(
+            &completion.response,
+            completion.now_ms,
+            completion.expiration_s,
+        );
         for write in completion.writes {
             state.items.insert(write.key, write.value);
         }
@@ -303,7 +306,8 @@ impl Store for MemoryStore {
         let mut state = self.enter()?;
         match state.records.get(id.as_str()) {
             Some(record)
-                if removal == Removal::UnlessInProgress && record.status == Status::InProgress =>
+                if removal == Removal::UnlessInProgress
+                    && record.status() == Status::InProgress =>
             {
                 Ok(Conditional::Refused(Some(record.record())))
             }
@@ -324,7 +328,7 @@ impl Store for MemoryStore {
         let mut records: Vec<Record> = state
             .records
             .iter()
-            .filter(|r| r.status == Status::InProgress && r.id().starts_with(prefix))
+            .filter(|r| r.status() == Status::InProgress && r.id().starts_with(prefix))
             .map(Packed::record)
             .collect();
         records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));

@@ -6,9 +6,17 @@
 //! map's key, the id, the owner, the fingerprint, the response), and those
 //! small long-lived chunks, scattered through the heap, cost the allocator
 //! about 3 µs of every later request of the server benchmark (glibc walks
-//! fragmented bins). Packed, it holds one: its strings, then its response.
-//! A completion writes the record again with its response (the claim's
-//! allocation, freed, is the size the next claim asks for).
+//! fragmented bins). Packed, it holds one: a header of its fixed fields,
+//! its strings, then its response. A completion writes the record again
+//! with its response (the claim's allocation, freed, is the size the next
+//! claim asks for).
+//!
+//! The fixed fields are in the allocation, not beside it: the table holds
+//! each record as its hash and a pointer (24 bytes, where the fields beside
+//! the pointer made 136). A growing table is written again at each growth,
+//! and every page of it is new memory the kernel must fault in and zero:
+//! at 136 bytes a record, the table's pages were four of every ten page
+//! faults of a server on the memory store.
 
 use crate::{
     store::{Claim, OwnerToken, Record, RecordId, Status},
@@ -18,38 +26,51 @@ use crate::{
 /// A record, found in a set by its id (`Borrow<str>`).
 #[derive(Debug)]
 pub(super) struct Packed {
-    /// The id, the owner and the fingerprint (text), one after the other,
-    /// then the response, if there is one.
+    /// The [header](Header), then the id, the owner and the fingerprint
+    /// (text), one after the other, then the response, if there is one.
     data: Box<[u8]>,
-    id_end: usize,
-    owner_end: usize,
-    fingerprint_end: usize,
-    has_response: bool,
-    pub(super) status: Status,
-    pub(super) expiration_s: u64,
+}
+
+/// Where each fixed field is in a packed record's header. Numbers are
+/// little-endian; an optional time is present when its flag is set.
+struct Header;
+
+impl Header {
+    /// The [flags](Flag).
+    const FLAGS: usize = 0;
+    const ATTEMPT: usize = 4;
+    /// The ends of the id, the owner and the fingerprint, from the start
+    /// of the record (the header's end is the id's start).
+    const ID_END: usize = 8;
+    const OWNER_END: usize = 16;
+    const FINGERPRINT_END: usize = 24;
+    const EXPIRATION_S: usize = 32;
     /// When `expiration_s` passes by this process's monotonic clock
     /// ([`monotonic_ms`]), as the write that set it (a completion, an
     /// extension, a single write) measured the time left; `u64::MAX` for a
-    /// claim's record until one of those sets it, and for a record
-    /// put without a time of its own (`MemoryStore::insert_record`). A
-    /// record is dropped only once both clocks say it expired
+    /// claim's record until one of those sets it, and for a record put
+    /// without a time of its own (`MemoryStore::insert_record`). A record
+    /// is dropped only once both clocks say it expired
     /// ([`Packed::can_be_dropped`]).
-    lapses_at_ms: u64,
-    pub(super) lease_until_ms: Option<u64>,
-    created_at_ms: Option<u64>,
-    attempt: u32,
-    first_started_ms: Option<u64>,
-    pub(super) completed_at_ms: Option<u64>,
+    const LAPSES_AT_MS: usize = 40;
+    const LEASE_UNTIL_MS: usize = 48;
+    const CREATED_AT_MS: usize = 56;
+    const FIRST_STARTED_MS: usize = 64;
+    const COMPLETED_AT_MS: usize = 72;
+    /// The header's length.
+    const LEN: usize = 80;
 }
 
-/// The strings, one after the other, in one allocation (a completion
-/// adds the response after them: [`Packed::set_response`]).
-fn pack(id: &str, owner: &str, fingerprint: &str) -> Box<[u8]> {
-    let mut data = Vec::with_capacity(id.len() + owner.len() + fingerprint.len());
-    data.extend_from_slice(id.as_bytes());
-    data.extend_from_slice(owner.as_bytes());
-    data.extend_from_slice(fingerprint.as_bytes());
-    data.into_boxed_slice()
+/// The bits of a header's flags.
+struct Flag;
+
+impl Flag {
+    const COMPLETED: u8 = 1;
+    const HAS_RESPONSE: u8 = 1 << 1;
+    const LEASE_UNTIL_MS: u8 = 1 << 2;
+    const CREATED_AT_MS: u8 = 1 << 3;
+    const FIRST_STARTED_MS: u8 = 1 << 4;
+    const COMPLETED_AT_MS: u8 = 1 << 5;
 }
 
 /// Milliseconds on this process's monotonic clock, which no change of the
@@ -87,11 +108,27 @@ impl Packed {
         if let Some(response) = &record.response {
             packed.set_response(response);
         }
-        packed.status = record.status;
-        packed.lease_until_ms = record.lease_until_ms;
-        packed.created_at_ms = record.created_at_ms;
-        packed.first_started_ms = record.first_started_ms;
-        packed.completed_at_ms = record.completed_at_ms;
+        packed.set_flag(Flag::COMPLETED, record.status == Status::Completed);
+        packed.set_time(
+            Header::LEASE_UNTIL_MS,
+            Flag::LEASE_UNTIL_MS,
+            record.lease_until_ms,
+        );
+        packed.set_time(
+            Header::CREATED_AT_MS,
+            Flag::CREATED_AT_MS,
+            record.created_at_ms,
+        );
+        packed.set_time(
+            Header::FIRST_STARTED_MS,
+            Flag::FIRST_STARTED_MS,
+            record.first_started_ms,
+        );
+        packed.set_time(
+            Header::COMPLETED_AT_MS,
+            Flag::COMPLETED_AT_MS,
+            record.completed_at_ms,
+        );
         packed
     }
 
@@ -104,67 +141,125 @@ impl Packed {
             claim.owner.as_str(),
             claim.fingerprint.as_str(),
         );
-        Self {
-            data: pack(id, owner, fingerprint),
-            id_end: id.len(),
-            owner_end: id.len() + owner.len(),
-            fingerprint_end: id.len() + owner.len() + fingerprint.len(),
-            has_response: false,
-            status: Status::InProgress,
-            expiration_s: claim.expiration_s,
-            // No clock is read for it: every new request claims.
-            lapses_at_ms: u64::MAX,
-            lease_until_ms: Some(claim.lease_until_ms),
-            created_at_ms: Some(claim.now_ms),
-            attempt: claim.attempt,
-            first_started_ms: Some(claim.first_started_ms),
-            completed_at_ms: None,
-        }
+        let id_end = Header::LEN + id.len();
+        let owner_end = id_end + owner.len();
+        let fingerprint_end = owner_end + fingerprint.len();
+        let mut data = Vec::with_capacity(fingerprint_end);
+        data.resize(Header::LEN, 0);
+        data.extend_from_slice(id.as_bytes());
+        data.extend_from_slice(owner.as_bytes());
+        data.extend_from_slice(fingerprint.as_bytes());
+        let mut packed = Self {
+            data: data.into_boxed_slice(),
+        };
+        packed.set_u32(Header::ATTEMPT, claim.attempt);
+        packed.set_u64(Header::ID_END, id_end as u64);
+        packed.set_u64(Header::OWNER_END, owner_end as u64);
+        packed.set_u64(Header::FINGERPRINT_END, fingerprint_end as u64);
+        packed.set_u64(Header::EXPIRATION_S, claim.expiration_s);
+        // No clock is read for it: every new request claims.
+        packed.set_u64(Header::LAPSES_AT_MS, u64::MAX);
+        packed.set_time(
+            Header::LEASE_UNTIL_MS,
+            Flag::LEASE_UNTIL_MS,
+            Some(claim.lease_until_ms),
+        );
+        packed.set_time(
+            Header::CREATED_AT_MS,
+            Flag::CREATED_AT_MS,
+            Some(claim.now_ms),
+        );
+        packed.set_time(
+            Header::FIRST_STARTED_MS,
+            Flag::FIRST_STARTED_MS,
+            Some(claim.first_started_ms),
+        );
+        packed
     }
 
     /// Packs the record again, with `response` after its strings.
     pub(super) fn set_response(&mut self, response: &[u8]) {
-        // The strings are packed already: copied as they stand, in one
-        // piece, rather than read back as text one by one.
-        let strings = &self.data[..self.fingerprint_end];
-        let mut data = Vec::with_capacity(strings.len() + response.len());
-        data.extend_from_slice(strings);
+        // The header and the strings are packed already: copied as they
+        // stand, in one piece, rather than read back one by one.
+        let kept = &self.data[..self.end(Header::FINGERPRINT_END)];
+        let mut data = Vec::with_capacity(kept.len() + response.len());
+        data.extend_from_slice(kept);
         data.extend_from_slice(response);
         self.data = data.into_boxed_slice();
-        self.has_response = true;
+        self.set_flag(Flag::HAS_RESPONSE, true);
+    }
+
+    /// Completes the record held by a claim, at `now_ms`, to expire at
+    /// `expiration_s`, with `response`.
+    pub(super) fn complete(&mut self, response: &[u8], now_ms: u64, expiration_s: u64) {
+        self.set_response(response);
+        self.set_flag(Flag::COMPLETED, true);
+        self.expire_at(expiration_s, now_ms, monotonic_ms());
+        self.set_time(Header::LEASE_UNTIL_MS, Flag::LEASE_UNTIL_MS, None);
+        self.set_time(Header::COMPLETED_AT_MS, Flag::COMPLETED_AT_MS, Some(now_ms));
+    }
+
+    /// Extends the lease of the claim that holds the record to
+    /// `lease_until_ms`, and its expiry to `expiration_s`, at `now_ms`.
+    pub(super) fn extend(&mut self, lease_until_ms: u64, expiration_s: u64, now_ms: u64) {
+        self.set_time(
+            Header::LEASE_UNTIL_MS,
+            Flag::LEASE_UNTIL_MS,
+            Some(lease_until_ms),
+        );
+        self.expire_at(expiration_s, now_ms, monotonic_ms());
     }
 
     /// The record, unpacked.
     pub(super) fn record(&self) -> Record {
         Record {
             id: RecordId::from_stored_text(self.id()),
-            status: self.status,
+            status: self.status(),
             owner: OwnerToken::from_stored_text(self.owner()),
             fingerprint: Fingerprint::from_stored_text(self.fingerprint()),
-            expiration_s: self.expiration_s,
-            lease_until_ms: self.lease_until_ms,
+            expiration_s: self.expiration_s(),
+            lease_until_ms: self.lease_until_ms(),
             response: self.response().map(<[u8]>::to_vec),
-            created_at_ms: self.created_at_ms,
-            attempt: self.attempt,
-            first_started_ms: self.first_started_ms,
-            completed_at_ms: self.completed_at_ms,
+            created_at_ms: self.time(Header::CREATED_AT_MS, Flag::CREATED_AT_MS),
+            attempt: self.u32_at(Header::ATTEMPT),
+            first_started_ms: self.time(Header::FIRST_STARTED_MS, Flag::FIRST_STARTED_MS),
+            completed_at_ms: self.time(Header::COMPLETED_AT_MS, Flag::COMPLETED_AT_MS),
         }
     }
 
     pub(super) fn id(&self) -> &str {
-        self.part(0, self.id_end)
+        self.part(Header::LEN, self.end(Header::ID_END))
+    }
+
+    pub(super) fn status(&self) -> Status {
+        if self.flag(Flag::COMPLETED) {
+            Status::Completed
+        } else {
+            Status::InProgress
+        }
+    }
+
+    pub(super) fn expiration_s(&self) -> u64 {
+        self.u64_at(Header::EXPIRATION_S)
+    }
+
+    pub(super) fn lease_until_ms(&self) -> Option<u64> {
+        self.time(Header::LEASE_UNTIL_MS, Flag::LEASE_UNTIL_MS)
     }
 
     /// As [`Record::is_expired`].
     pub(super) fn is_expired(&self, now_ms: u64) -> bool {
-        self.expiration_s < now_ms / 1000
+        self.expiration_s() < now_ms / 1000
     }
 
     /// Sets the record's expiry, written at `now_ms` (the writer's clock)
     /// and `monotonic_ms`.
     pub(super) fn expire_at(&mut self, expiration_s: u64, now_ms: u64, monotonic_ms: u64) {
-        self.expiration_s = expiration_s;
-        self.lapses_at_ms = lapses_at(expiration_s, now_ms, monotonic_ms);
+        self.set_u64(Header::EXPIRATION_S, expiration_s);
+        self.set_u64(
+            Header::LAPSES_AT_MS,
+            lapses_at(expiration_s, now_ms, monotonic_ms),
+        );
     }
 
     /// Whether the record may be dropped: expired at `now_ms` (the
@@ -173,41 +268,96 @@ impl Packed {
     /// engine's clock ahead of another's, finds records expired that are
     /// not: alone, it would drop them, and their keys would run again.
     pub(super) fn can_be_dropped(&self, now_ms: u64, monotonic_ms: u64) -> bool {
-        self.is_expired(now_ms) && monotonic_ms >= self.lapses_at_ms
+        self.is_expired(now_ms) && monotonic_ms >= self.u64_at(Header::LAPSES_AT_MS)
     }
 
     /// Whether the record's id is `id` (its bytes compared, not checked
     /// for UTF-8 again: a look-up compares ids).
     pub(super) fn is(&self, id: &str) -> bool {
-        self.data.get(..self.id_end) == Some(id.as_bytes())
+        self.data.get(Header::LEN..self.end(Header::ID_END)) == Some(id.as_bytes())
     }
 
     /// Whether `owner`'s claim holds the record: in progress, under its token.
     pub(super) fn held_by(&self, owner: &OwnerToken) -> bool {
-        self.status == Status::InProgress
-            && self.data.get(self.id_end..self.owner_end) == Some(owner.as_str().as_bytes())
+        self.status() == Status::InProgress
+            && self
+                .data
+                .get(self.end(Header::ID_END)..self.end(Header::OWNER_END))
+                == Some(owner.as_str().as_bytes())
     }
 
     fn owner(&self) -> &str {
-        self.part(self.id_end, self.owner_end)
+        self.part(self.end(Header::ID_END), self.end(Header::OWNER_END))
     }
 
     fn fingerprint(&self) -> &str {
-        self.part(self.owner_end, self.fingerprint_end)
+        self.part(
+            self.end(Header::OWNER_END),
+            self.end(Header::FINGERPRINT_END),
+        )
     }
 
     fn response(&self) -> Option<&[u8]> {
-        self.has_response
-            .then(|| self.data.get(self.fingerprint_end..).unwrap_or_default())
+        self.flag(Flag::HAS_RESPONSE).then(|| {
+            self.data
+                .get(self.end(Header::FINGERPRINT_END)..)
+                .unwrap_or_default()
+        })
     }
 
-    /// The offsets are the lengths of the strings packed in `pack`, so they
-    /// bound whole UTF-8 strings.
+    /// The offsets are those of the strings packed in `claimed_from`, so
+    /// they bound whole UTF-8 strings.
     fn part(&self, start: usize, end: usize) -> &str {
         self.data
             .get(start..end)
             .and_then(|bytes| std::str::from_utf8(bytes).ok())
             .unwrap_or_default()
+    }
+
+    /// The end of a string (`field`: one of the header's ends).
+    fn end(&self, field: usize) -> usize {
+        usize::try_from(self.u64_at(field)).unwrap_or(usize::MAX)
+    }
+
+    fn flag(&self, flag: u8) -> bool {
+        self.data[Header::FLAGS] & flag != 0
+    }
+
+    fn set_flag(&mut self, flag: u8, set: bool) {
+        if set {
+            self.data[Header::FLAGS] |= flag;
+        } else {
+            self.data[Header::FLAGS] &= !flag;
+        }
+    }
+
+    fn time(&self, field: usize, flag: u8) -> Option<u64> {
+        self.flag(flag).then(|| self.u64_at(field))
+    }
+
+    fn set_time(&mut self, field: usize, flag: u8, time: Option<u64>) {
+        self.set_flag(flag, time.is_some());
+        self.set_u64(field, time.unwrap_or_default());
+    }
+
+    fn u64_at(&self, field: usize) -> u64 {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(&self.data[field..field + 8]);
+        u64::from_le_bytes(bytes)
+    }
+
+    fn set_u64(&mut self, field: usize, value: u64) {
+        self.data[field..field + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    fn u32_at(&self, field: usize) -> u32 {
+        let mut bytes = [0; 4];
+        bytes.copy_from_slice(&self.data[field..field + 4]);
+        u32::from_le_bytes(bytes)
+    }
+
+    fn set_u32(&mut self, field: usize, value: u32) {
+        self.data[field..field + 4].copy_from_slice(&value.to_le_bytes());
     }
 }
 
@@ -252,5 +402,77 @@ mod tests {
         claimed.set_response(b"{}");
         assert_eq!(claimed.record(), record);
         assert_eq!(packed.id(), "charges#é1");
+    }
+
+    /// Each fixed field keeps its own value at the edges of its type, and
+    /// each time is present or absent on its own (absent apart from zero).
+    #[test]
+    fn fixed_fields_unpack_at_the_edges_of_their_types() {
+        for (value, attempt) in [(0, 0), (1, 1), (u64::MAX, u32::MAX)] {
+            for present in 0..16 {
+                let time =
+                    |bit: u32, divisor: u64| (present & (1 << bit) != 0).then_some(value / divisor);
+                let record = Record {
+                    id: RecordId::from_stored(""),
+                    status: Status::InProgress,
+                    owner: OwnerToken::from_stored(""),
+                    fingerprint: Fingerprint::from_stored(""),
+                    expiration_s: value,
+                    lease_until_ms: time(0, 1),
+                    response: None,
+                    created_at_ms: time(1, 2),
+                    attempt,
+                    first_started_ms: time(2, 3),
+                    completed_at_ms: time(3, 5),
+                };
+                assert_eq!(Packed::new(record.clone()).record(), record);
+            }
+        }
+    }
+
+    /// A completion sets what a completed record holds, and keeps the rest.
+    #[test]
+    fn a_completion_clears_the_lease_and_keeps_the_claim_s_fields() {
+        let claim = Claim {
+            id: RecordId::from_stored("charges#1"),
+            owner: OwnerToken::from_stored("owner"),
+            fingerprint: Fingerprint::from_stored("f"),
+            now_ms: 1_000,
+            lease_until_ms: 31_000,
+            expiration_s: 60,
+            attempt: 2,
+            first_started_ms: 500,
+        };
+        let mut packed = Packed::claimed_from(&claim);
+        assert!(packed.held_by(&claim.owner));
+        assert!(
+            !packed.can_be_dropped(u64::MAX, u64::MAX - 1),
+            "held until a write sets its expiry"
+        );
+        packed.complete(b"done", 2_000, 3_600);
+        assert_eq!(
+            packed.record(),
+            Record {
+                id: claim.id.clone(),
+                status: Status::Completed,
+                owner: claim.owner.clone(),
+                fingerprint: claim.fingerprint.clone(),
+                expiration_s: 3_600,
+                lease_until_ms: None,
+                response: Some(b"done".to_vec()),
+                created_at_ms: Some(1_000),
+                attempt: 2,
+                first_started_ms: Some(500),
+                completed_at_ms: Some(2_000),
+            }
+        );
+        assert!(!packed.held_by(&claim.owner), "completed");
+    }
+
+    /// The table holds a record as its hash and a pointer: the fixed
+    /// fields are in the record's own allocation (see the module's note).
+    #[test]
+    fn the_table_holds_a_record_as_its_hash_and_a_pointer() {
+        assert_eq!(std::mem::size_of::<(u64, Packed)>(), 24);
     }
 }

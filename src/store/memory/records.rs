@@ -196,7 +196,7 @@ mod tests {
         let capacity = records.table.capacity();
         claim_new(&mut records, 5000, 5000, 200, 300);
         assert!(
-            records.iter().all(|r| r.expiration_s == 300),
+            records.iter().all(|r| r.expiration_s() == 300),
             "every expired record went"
         );
         assert_eq!(records.iter().count(), 5000);
@@ -236,7 +236,7 @@ mod tests {
             i += 1;
         }
         assert!(i - 50_000 <= peak - 50_000 + 1, "rebuilt when it was full");
-        assert!(records.iter().all(|r| r.expiration_s == 200));
+        assert!(records.iter().all(|r| r.expiration_s() == 200));
         assert_eq!(records.iter().count(), i - 50_000);
     }
 
@@ -287,20 +287,32 @@ mod tests {
         }
         records.put(record("charges#é7", 70));
         assert_eq!(records.iter().count(), 1000, "replaced, not added");
-        assert_eq!(records.get("charges#é7").map(|r| r.expiration_s), Some(70));
+        assert_eq!(
+            records.get("charges#é7").map(|r| r.expiration_s()),
+            Some(70)
+        );
         assert!(records.get("charges#é").is_none());
         if let Some(kept) = records.get_mut("charges#é999") {
-            kept.expiration_s = 1;
+            kept.expire_at(1, 0, 0);
         }
-        assert_eq!(records.get("charges#é999").map(|r| r.expiration_s), Some(1));
+        assert_eq!(
+            records.get("charges#é999").map(|r| r.expiration_s()),
+            Some(1)
+        );
         let slot = records.slot("charges#é8");
-        assert_eq!(slot.get().map(|r| r.expiration_s), Some(8));
+        assert_eq!(slot.get().map(|r| r.expiration_s()), Some(8));
         slot.put(record("charges#é8", 80));
-        assert_eq!(records.get("charges#é8").map(|r| r.expiration_s), Some(80));
+        assert_eq!(
+            records.get("charges#é8").map(|r| r.expiration_s()),
+            Some(80)
+        );
         let slot = records.slot("charges#new");
         assert!(slot.get().is_none());
         slot.put(record("charges#new", 5));
-        assert_eq!(records.get("charges#new").map(|r| r.expiration_s), Some(5));
+        assert_eq!(
+            records.get("charges#new").map(|r| r.expiration_s()),
+            Some(5)
+        );
         records.remove("charges#new");
         records.remove("charges#é0");
         records.remove("charges#é0");
