@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-copies bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -226,6 +226,14 @@ bench-instructions:
 bench-copies:
 	cd comparison/server && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_TARGET_DIR=$(abspath target/server-bench-dbg) $(CARGO) build --release --bin inproc
 	python3 comparison/copies.py target/server-bench-dbg/release/inproc
+
+## A MemoryStore that keeps every record, as a server's does for the hour
+## they live (BENCHMARKS.md, "The memory store's table"): resident memory a
+## record kept, and the longest claim and completion, the one that rebuilt
+## the table under the store's lock. BENCH_RECORDS sets how many (2,000,000).
+bench-memory-store:
+	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release --bin store_growth
+	target/server-bench/release/store_growth $(BENCH_RECORDS)
 
 ## The reference function's release binary (the size profile of Cargo.toml):
 ## its size, and its cold start to the first event request against a stub of

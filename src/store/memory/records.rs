@@ -66,9 +66,12 @@ impl Records {
     /// It is rebuilt with room for twice its live records (at least
     /// [`SWEPT_FROM`]): larger when few expired, smaller after a peak, and
     /// a rebuild comes only after at least as many new records as it kept,
-    /// so that its cost, like a growth's, is spread over them. Rebuilt
-    /// rather than swept in place: a table's removals leave marks that its
-    /// capacity counts as taken, and it would fill again at once.
+    /// so that its cost, like a growth's, is spread over them. Swept in
+    /// place first, each record read once (its fields are in its own
+    /// allocation: a read per record is a cache miss in a large table),
+    /// then moved into the new table by its kept hash: a sweep alone would
+    /// not do, as a table's removals leave marks that its capacity counts
+    /// as taken, and it would fill again at once.
     pub(super) fn make_room(&mut self, now_ms: u64, monotonic_ms: impl FnOnce() -> u64) {
         let (len, capacity) = (self.table.len(), self.table.capacity());
         if len < SWEPT_FROM || len < capacity {
@@ -77,13 +80,12 @@ impl Records {
         let monotonic_ms = monotonic_ms();
         #[cfg(test)]
         tests::REBUILDS.with(|rebuilds| rebuilds.set(rebuilds.get() + 1));
-        let kept = |record: &Packed| !record.can_be_dropped(now_ms, monotonic_ms);
-        let live = self.table.iter().filter(|(_, record)| kept(record)).count();
+        self.table
+            .retain(|(_, record)| !record.can_be_dropped(now_ms, monotonic_ms));
+        let live = self.table.len();
         let mut table = HashTable::with_capacity((live * 2).max(SWEPT_FROM));
         for (hash, record) in std::mem::take(&mut self.table) {
-            if kept(&record) {
-                table.insert_unique(hash, (hash, record), |(hash, _)| *hash);
-            }
+            table.insert_unique(hash, (hash, record), |(hash, _)| *hash);
         }
         self.table = table;
     }
