@@ -152,7 +152,7 @@ impl Packed {
         let mut packed = Self {
             data: data.into_boxed_slice(),
         };
-        packed.set_u32(Header::ATTEMPT, claim.attempt);
+        packed.set_bytes_at(Header::ATTEMPT, claim.attempt.to_le_bytes());
         packed.set_u64(Header::ID_END, id_end as u64);
         packed.set_u64(Header::OWNER_END, owner_end as u64);
         packed.set_u64(Header::FINGERPRINT_END, fingerprint_end as u64);
@@ -221,7 +221,7 @@ impl Packed {
             lease_until_ms: self.lease_until_ms(),
             response: self.response().map(<[u8]>::to_vec),
             created_at_ms: self.time(Header::CREATED_AT_MS, Flag::CREATED_AT_MS),
-            attempt: self.u32_at(Header::ATTEMPT),
+            attempt: u32::from_le_bytes(self.bytes_at(Header::ATTEMPT)),
             first_started_ms: self.time(Header::FIRST_STARTED_MS, Flag::FIRST_STARTED_MS),
             completed_at_ms: self.time(Header::COMPLETED_AT_MS, Flag::COMPLETED_AT_MS),
         }
@@ -341,23 +341,22 @@ impl Packed {
     }
 
     fn u64_at(&self, field: usize) -> u64 {
-        let mut bytes = [0; 8];
-        bytes.copy_from_slice(&self.data[field..field + 8]);
-        u64::from_le_bytes(bytes)
+        u64::from_le_bytes(self.bytes_at(field))
     }
 
     fn set_u64(&mut self, field: usize, value: u64) {
-        self.data[field..field + 8].copy_from_slice(&value.to_le_bytes());
+        self.set_bytes_at(field, value.to_le_bytes());
     }
 
-    fn u32_at(&self, field: usize) -> u32 {
-        let mut bytes = [0; 4];
-        bytes.copy_from_slice(&self.data[field..field + 4]);
-        u32::from_le_bytes(bytes)
+    /// The header's `N` bytes at `field`.
+    fn bytes_at<const N: usize>(&self, field: usize) -> [u8; N] {
+        let mut bytes = [0; N];
+        bytes.copy_from_slice(&self.data[field..field + N]);
+        bytes
     }
 
-    fn set_u32(&mut self, field: usize, value: u32) {
-        self.data[field..field + 4].copy_from_slice(&value.to_le_bytes());
+    fn set_bytes_at<const N: usize>(&mut self, field: usize, bytes: [u8; N]) {
+        self.data[field..field + N].copy_from_slice(&bytes);
     }
 }
 
