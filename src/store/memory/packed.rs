@@ -24,11 +24,17 @@ use crate::{
 };
 
 /// A record, found in a set by its id (`Borrow<str>`).
-#[derive(Debug)]
 pub(super) struct Packed {
     /// The [header](Header), then the id, the owner and the fingerprint
     /// (text), one after the other, then the response, if there is one.
     data: Box<[u8]>,
+}
+
+/// As the record it holds, not as its bytes.
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.record().fmt(f)
+    }
 }
 
 /// Where each fixed field is in a packed record's header. Numbers are
@@ -401,6 +407,11 @@ mod tests {
         claimed.set_response(b"{}");
         assert_eq!(claimed.record(), record);
         assert_eq!(packed.id(), "charges#é1");
+        assert_eq!(
+            format!("{packed:?}"),
+            format!("{record:?}"),
+            "shown as its record"
+        );
     }
 
     /// Each fixed field keeps its own value at the edges of its type, and
