@@ -16,7 +16,8 @@
 //! the pointer made 136). A growing table is written again at each growth,
 //! and every page of it is new memory the kernel must fault in and zero:
 //! at 136 bytes a record, the table's pages were four of every ten page
-//! faults of a server on the memory store.
+//! faults of the server benchmark's app on the memory store, new keys
+//! (BENCHMARKS.md, "The memory store's table").
 
 use crate::{
     store::{Claim, OwnerToken, Record, RecordId, Status},
