@@ -1,6 +1,7 @@
 //! An in-memory store with the DynamoDB store's semantics, for unit tests
 //! and examples.
 
+mod arena;
 mod packed;
 mod records;
 
@@ -151,13 +152,20 @@ impl MemoryStore {
     /// The record stored under `id`, expired or not (an expired one may
     /// have been dropped: see [`MemoryStore`]).
     pub fn record(&self, id: &RecordId) -> Option<Record> {
-        self.state().records.get(id.as_str()).map(Packed::record)
+        self.state()
+            .records
+            .get(id.as_str())
+            .map(|record| record.record())
     }
 
     /// Every record, expired or not (expired ones may have been dropped:
     /// see [`MemoryStore`]).
     pub fn records(&self) -> Vec<Record> {
-        self.state().records.iter().map(Packed::record).collect()
+        self.state()
+            .records
+            .iter()
+            .map(|record| record.record())
+            .collect()
     }
 
     /// Replaces or inserts a record as it is, bypassing every condition: for
@@ -219,23 +227,24 @@ impl Store for MemoryStore {
                 state.records.put(Packed::claimed_from(claim));
                 Ok(Conditional::Applied)
             }
-            found => Ok(Conditional::Refused(found.map(Packed::record))),
+            found => Ok(Conditional::Refused(found.map(|found| found.record()))),
         }
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get_mut(extension.id.as_str()) {
-            Some(record) if record.held_by(&extension.owner) => {
-                record.extend(
-                    extension.lease_until_ms,
-                    extension.expiration_s,
-                    extension.now_ms,
-                );
-                Ok(Conditional::Applied)
-            }
-            found => Ok(Conditional::Refused(found.map(|found| found.record()))),
+        let Some(mut found) = state.records.found(extension.id.as_str()) else {
+            return Ok(Conditional::Refused(None));
+        };
+        if !found.get().held_by(&extension.owner) {
+            return Ok(Conditional::Refused(Some(found.get().record())));
         }
+        found.get_mut().extend(
+            extension.lease_until_ms,
+            extension.expiration_s,
+            extension.now_ms,
+        );
+        Ok(Conditional::Applied)
     }
 
     async fn complete(
@@ -244,12 +253,14 @@ impl Store for MemoryStore {
     ) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
         let state = &mut *state;
-        let record = match state.records.get_mut(completion.id.as_str()) {
-            Some(record) if record.held_by(&completion.owner) => record,
-            found => return Ok(Conditional::Refused(found.map(|found| found.record()))),
+        let Some(found) = state.records.found(completion.id.as_str()) else {
+            return Ok(Conditional::Refused(None));
         };
+        if !found.get().held_by(&completion.owner) {
+            return Ok(Conditional::Refused(Some(found.get().record())));
+        }
         check_writes(&state.items, &completion.writes)?;
-        record.complete(
+        found.complete(
             &completion.response,
             completion.now_ms,
             completion.expiration_s,
@@ -262,12 +273,14 @@ impl Store for MemoryStore {
 
     async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
         let mut state = self.enter()?;
-        match state.records.get(id.as_str()) {
-            Some(existing) if existing.held_by(owner) => {
-                state.records.remove(id.as_str());
+        match state.records.found(id.as_str()) {
+            Some(found) if found.get().held_by(owner) => {
+                found.remove();
                 Ok(Conditional::Applied)
             }
-            found => Ok(Conditional::Refused(found.map(Packed::record))),
+            found => Ok(Conditional::Refused(
+                found.map(|found| found.get().record()),
+            )),
         }
     }
 
@@ -329,7 +342,7 @@ impl Store for MemoryStore {
             .records
             .iter()
             .filter(|r| r.status() == Status::InProgress && r.id().starts_with(prefix))
-            .map(Packed::record)
+            .map(|record| record.record())
             .collect();
         records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
         records.truncate(limit);
@@ -342,7 +355,7 @@ impl Store for MemoryStore {
             .records
             .get(id.as_str())
             .filter(|r| !r.is_expired(now_ms))
-            .map(Packed::record))
+            .map(|record| record.record()))
     }
 }
 

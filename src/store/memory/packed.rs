@@ -1,38 +1,37 @@
-//! A record as the memory store keeps it: in one allocation.
+//! A record as the memory store keeps it: its bytes, in one piece.
 //!
-//! A server keeps every completed record until it expires, so each one is
-//! memory retained among the short-lived allocations of every request.
-//! Kept as a [`Record`] under its id, a record held five allocations (the
-//! map's key, the id, the owner, the fingerprint, the response), and those
-//! small long-lived chunks, scattered through the heap, cost the allocator
-//! about 3 µs of every later request of the server benchmark (glibc walks
-//! fragmented bins). Packed, it holds one: a header of its fixed fields,
-//! its strings, then its response. A completion writes the record again
-//! with its response (the claim's allocation, freed, is the size the next
-//! claim asks for).
+//! A header of its fixed fields, its strings, then its response. Kept as a
+//! [`Record`] under its id, a record held five allocations (the map's key,
+//! the id, the owner, the fingerprint, the response); packed, it is one
+//! run of bytes: a claim's allocation, or a completed record's place in a
+//! block ([`super::arena`]). A completion writes the record again with its
+//! response ([`Packed::completed`]), and the claim's allocation, freed, is
+//! the size the next claim asks for.
 //!
-//! The fixed fields are in the allocation, not beside it: the table holds
-//! each record as its hash and a pointer (24 bytes, where the fields beside
-//! the pointer made 136). A growing table is written again at each growth,
-//! and every page of it is new memory the kernel must fault in and zero:
-//! at 136 bytes a record, the table's pages were four of every ten page
-//! faults of the server benchmark's app on the memory store, new keys
-//! (BENCHMARKS.md, "The memory store's table").
+//! The fixed fields are in the record's bytes, not beside them: the table
+//! holds each record as its hash and where its bytes are (24 bytes, where
+//! the fields beside a pointer made 136). A growing table is written again
+//! at each growth, and every page of it is new memory the kernel must
+//! fault in and zero: at 136 bytes a record, the table's pages were four
+//! of every ten page faults of the server benchmark's app on the memory
+//! store, new keys (BENCHMARKS.md, "The memory store's table").
 
 use crate::{
     store::{Claim, OwnerToken, Record, RecordId, Status},
     Fingerprint,
 };
 
-/// A record, found in a set by its id (`Borrow<str>`).
-pub(super) struct Packed {
+/// A record's bytes: in an allocation of its own (`Box<[u8]>`: a claim's
+/// record, a large one), or where the store keeps them (`&[u8]`,
+/// `&mut [u8]`: a completed record in its block).
+pub(super) struct Packed<D = Box<[u8]>> {
     /// The [header](Header), then the id, the owner and the fingerprint
     /// (text), one after the other, then the response, if there is one.
-    data: Box<[u8]>,
+    data: D,
 }
 
 /// As the record it holds, not as its bytes.
-impl std::fmt::Debug for Packed {
+impl<D: AsRef<[u8]>> std::fmt::Debug for Packed<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.record().fmt(f)
     }
@@ -184,8 +183,13 @@ impl Packed {
         packed
     }
 
+    /// Its bytes, to change in place.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.data
+    }
+
     /// Packs the record again, with `response` after its strings.
-    pub(super) fn set_response(&mut self, response: &[u8]) {
+    fn set_response(&mut self, response: &[u8]) {
         // The header and the strings are packed already: copied as they
         // stand, in one piece, rather than read back one by one.
         let kept = &self.data[..self.end(Header::FINGERPRINT_END)];
@@ -195,17 +199,46 @@ impl Packed {
         self.data = data.into_boxed_slice();
         self.set_flag(Flag::HAS_RESPONSE, true);
     }
+}
 
-    /// Completes the record held by a claim, at `now_ms`, to expire at
-    /// `expiration_s`, with `response`.
-    pub(super) fn complete(&mut self, response: &[u8], now_ms: u64, expiration_s: u64) {
-        self.set_response(response);
-        self.set_flag(Flag::COMPLETED, true);
-        self.expire_at(expiration_s, now_ms, monotonic_ms());
-        self.set_time(Header::LEASE_UNTIL_MS, Flag::LEASE_UNTIL_MS, None);
-        self.set_time(Header::COMPLETED_AT_MS, Flag::COMPLETED_AT_MS, Some(now_ms));
+impl<'a> Packed<&'a [u8]> {
+    /// The record whose bytes, as a [`Packed`] record wrote them, are `data`.
+    pub(super) fn of(data: &'a [u8]) -> Self {
+        Self { data }
+    }
+}
+
+impl<'a> Packed<&'a mut [u8]> {
+    /// The record whose bytes, as a [`Packed`] record wrote them, are
+    /// `data`, to change in place.
+    pub(super) fn of_mut(data: &'a mut [u8]) -> Self {
+        Self { data }
+    }
+}
+
+/// A claim's record as its completion writes it: its header, then its
+/// strings, then the response.
+pub(super) struct Completed<'a> {
+    header: [u8; Header::LEN],
+    strings: &'a [u8],
+    response: &'a [u8],
+}
+
+impl Completed<'_> {
+    /// Its parts, in order.
+    pub(super) fn parts(&self) -> [&[u8]; 3] {
+        [&self.header[..], self.strings, self.response]
     }
 
+    /// In an allocation of its own.
+    pub(super) fn packed(&self) -> Packed {
+        Packed {
+            data: self.parts().concat().into_boxed_slice(),
+        }
+    }
+}
+
+impl<D: AsRef<[u8]> + AsMut<[u8]>> Packed<D> {
     /// Extends the lease of the claim that holds the record to
     /// `lease_until_ms`, and its expiry to `expiration_s`, at `now_ms`.
     pub(super) fn extend(&mut self, lease_until_ms: u64, expiration_s: u64, now_ms: u64) {
@@ -215,6 +248,75 @@ impl Packed {
             Some(lease_until_ms),
         );
         self.expire_at(expiration_s, now_ms, monotonic_ms());
+    }
+
+    /// Sets the record's expiry, written at `now_ms` (the writer's clock)
+    /// and `monotonic_ms`.
+    pub(super) fn expire_at(&mut self, expiration_s: u64, now_ms: u64, monotonic_ms: u64) {
+        self.set_u64(Header::EXPIRATION_S, expiration_s);
+        self.set_u64(
+            Header::LAPSES_AT_MS,
+            lapses_at(expiration_s, now_ms, monotonic_ms),
+        );
+    }
+
+    fn set_flag(&mut self, flag: u8, set: bool) {
+        let flags = &mut self.data.as_mut()[Header::FLAGS];
+        if set {
+            *flags |= flag;
+        } else {
+            *flags &= !flag;
+        }
+    }
+
+    fn set_time(&mut self, field: usize, flag: u8, time: Option<u64>) {
+        self.set_flag(flag, time.is_some());
+        self.set_u64(field, time.unwrap_or_default());
+    }
+
+    fn set_u64(&mut self, field: usize, value: u64) {
+        self.set_bytes_at(field, value.to_le_bytes());
+    }
+
+    fn set_bytes_at<const N: usize>(&mut self, field: usize, bytes: [u8; N]) {
+        self.data.as_mut()[field..field + N].copy_from_slice(&bytes);
+    }
+}
+
+impl<D: AsRef<[u8]>> Packed<D> {
+    /// The record as the completion of the claim that holds it writes it,
+    /// at `now_ms`, to expire at `expiration_s`, with `response`.
+    pub(super) fn completed<'a>(
+        &'a self,
+        response: &'a [u8],
+        now_ms: u64,
+        expiration_s: u64,
+    ) -> Completed<'a> {
+        let mut header = Packed {
+            data: self.bytes_at::<{ Header::LEN }>(0),
+        };
+        header.set_flag(Flag::HAS_RESPONSE, true);
+        header.set_flag(Flag::COMPLETED, true);
+        header.expire_at(expiration_s, now_ms, monotonic_ms());
+        header.set_time(Header::LEASE_UNTIL_MS, Flag::LEASE_UNTIL_MS, None);
+        header.set_time(Header::COMPLETED_AT_MS, Flag::COMPLETED_AT_MS, Some(now_ms));
+        Completed {
+            header: header.data,
+            strings: &self.data.as_ref()[Header::LEN..self.end(Header::FINGERPRINT_END)],
+            response,
+        }
+    }
+
+    /// Its bytes, as written.
+    pub(super) fn bytes(&self) -> &[u8] {
+        self.data.as_ref()
+    }
+
+    /// The record, in an allocation of its own.
+    pub(super) fn copied(&self) -> Packed {
+        Packed {
+            data: self.bytes().into(),
+        }
     }
 
     /// The record, unpacked.
@@ -259,16 +361,6 @@ impl Packed {
         self.expiration_s() < now_ms / 1000
     }
 
-    /// Sets the record's expiry, written at `now_ms` (the writer's clock)
-    /// and `monotonic_ms`.
-    pub(super) fn expire_at(&mut self, expiration_s: u64, now_ms: u64, monotonic_ms: u64) {
-        self.set_u64(Header::EXPIRATION_S, expiration_s);
-        self.set_u64(
-            Header::LAPSES_AT_MS,
-            lapses_at(expiration_s, now_ms, monotonic_ms),
-        );
-    }
-
     /// Whether the record may be dropped: expired at `now_ms` (the
     /// caller's clock), and as long after its write by the monotonic clock
     /// as its writer's clock gave it. A clock stepped ahead, or one
@@ -281,7 +373,10 @@ impl Packed {
     /// Whether the record's id is `id` (its bytes compared, not checked
     /// for UTF-8 again: a look-up compares ids).
     pub(super) fn is(&self, id: &str) -> bool {
-        self.data.get(Header::LEN..self.end(Header::ID_END)) == Some(id.as_bytes())
+        self.data
+            .as_ref()
+            .get(Header::LEN..self.end(Header::ID_END))
+            == Some(id.as_bytes())
     }
 
     /// Whether `owner`'s claim holds the record: in progress, under its token.
@@ -289,6 +384,7 @@ impl Packed {
         self.status() == Status::InProgress
             && self
                 .data
+                .as_ref()
                 .get(self.end(Header::ID_END)..self.end(Header::OWNER_END))
                 == Some(owner.as_str().as_bytes())
     }
@@ -307,6 +403,7 @@ impl Packed {
     fn response(&self) -> Option<&[u8]> {
         self.flag(Flag::HAS_RESPONSE).then(|| {
             self.data
+                .as_ref()
                 .get(self.end(Header::FINGERPRINT_END)..)
                 .unwrap_or_default()
         })
@@ -316,6 +413,7 @@ impl Packed {
     /// they bound whole UTF-8 strings.
     fn part(&self, start: usize, end: usize) -> &str {
         self.data
+            .as_ref()
             .get(start..end)
             .and_then(|bytes| std::str::from_utf8(bytes).ok())
             .unwrap_or_default()
@@ -327,43 +425,22 @@ impl Packed {
     }
 
     fn flag(&self, flag: u8) -> bool {
-        self.data[Header::FLAGS] & flag != 0
-    }
-
-    fn set_flag(&mut self, flag: u8, set: bool) {
-        if set {
-            self.data[Header::FLAGS] |= flag;
-        } else {
-            self.data[Header::FLAGS] &= !flag;
-        }
+        self.data.as_ref()[Header::FLAGS] & flag != 0
     }
 
     fn time(&self, field: usize, flag: u8) -> Option<u64> {
         self.flag(flag).then(|| self.u64_at(field))
     }
 
-    fn set_time(&mut self, field: usize, flag: u8, time: Option<u64>) {
-        self.set_flag(flag, time.is_some());
-        self.set_u64(field, time.unwrap_or_default());
-    }
-
     fn u64_at(&self, field: usize) -> u64 {
         u64::from_le_bytes(self.bytes_at(field))
-    }
-
-    fn set_u64(&mut self, field: usize, value: u64) {
-        self.set_bytes_at(field, value.to_le_bytes());
     }
 
     /// The header's `N` bytes at `field`.
     fn bytes_at<const N: usize>(&self, field: usize) -> [u8; N] {
         let mut bytes = [0; N];
-        bytes.copy_from_slice(&self.data[field..field + N]);
+        bytes.copy_from_slice(&self.data.as_ref()[field..field + N]);
         bytes
-    }
-
-    fn set_bytes_at<const N: usize>(&mut self, field: usize, bytes: [u8; N]) {
-        self.data[field..field + N].copy_from_slice(&bytes);
     }
 }
 
@@ -454,13 +531,13 @@ mod tests {
             attempt: 2,
             first_started_ms: 500,
         };
-        let mut packed = Packed::claimed_from(&claim);
+        let packed = Packed::claimed_from(&claim);
         assert!(packed.held_by(&claim.owner));
         assert!(
             !packed.can_be_dropped(u64::MAX, u64::MAX - 1),
             "held until a write sets its expiry"
         );
-        packed.complete(b"done", 2_000, 3_600);
+        let packed = packed.completed(b"done", 2_000, 3_600).packed();
         assert_eq!(
             packed.record(),
             Record {
@@ -478,12 +555,5 @@ mod tests {
             }
         );
         assert!(!packed.held_by(&claim.owner), "completed");
-    }
-
-    /// The table holds a record as its hash and a pointer: the fixed
-    /// fields are in the record's own allocation (see the module's note).
-    #[test]
-    fn the_table_holds_a_record_as_its_hash_and_a_pointer() {
-        assert_eq!(std::mem::size_of::<(u64, Packed)>(), 24);
     }
 }

@@ -8,25 +8,109 @@
 //! amortised); here the hash is computed once, when the record is put, and
 //! an update is made in place rather than by a removal and an insertion.
 //!
+//! A record in progress has an allocation of its own, given back when it
+//! completes, soon after; a completed record is written into a block of
+//! [`Arena`] with some two hundred others (see [`super::arena`]), unless it
+//! is large.
+//!
 //! Before a large table grows, it is rebuilt without the records that have
 //! expired ([`Records::make_room`]), so a long-running server's table does
 //! not hold every key of its life.
 
-use super::packed::Packed;
-use hashbrown::{hash_table::Entry, HashTable};
+use super::{
+    arena::{Arena, Place},
+    packed::{Completed, Packed},
+};
+use crate::store::Status;
+use hashbrown::{
+    hash_table::{Entry, OccupiedEntry},
+    HashTable,
+};
 use std::hash::{BuildHasher, RandomState};
 
 /// The fewest records a table is rebuilt without its expired ones at: a
 /// small table (a test's) keeps every record it was given.
 pub(super) const SWEPT_FROM: usize = 1024;
 
-#[derive(Debug, Default)]
+/// Where a record's bytes are.
+#[derive(Debug)]
+enum Kept {
+    /// In an allocation of its own: a record in progress, or a large one.
+    Own(Packed),
+    /// In the arena: a completed record.
+    InArena(Place),
+}
+
+impl Kept {
+    /// `record`, in the arena if it is completed and not large.
+    fn of(record: Packed, arena: &mut Arena) -> Self {
+        if record.status() != Status::Completed {
+            return Kept::Own(record);
+        }
+        match arena.push(&[record.bytes()]) {
+            Some(place) => Kept::InArena(place),
+            None => Kept::Own(record),
+        }
+    }
+
+    /// The completed record `completed`, where [`Kept::of`] puts one.
+    fn completed(completed: &Completed<'_>, arena: &mut Arena) -> Self {
+        match arena.push(&completed.parts()) {
+            Some(place) => Kept::InArena(place),
+            None => Kept::Own(completed.packed()),
+        }
+    }
+
+    fn view<'a>(&'a self, arena: &'a Arena) -> Packed<&'a [u8]> {
+        match self {
+            Kept::Own(record) => Packed::of(record.bytes()),
+            Kept::InArena(place) => Packed::of(arena.get(*place)),
+        }
+    }
+
+    fn view_mut<'a>(&'a mut self, arena: &'a mut Arena) -> Packed<&'a mut [u8]> {
+        match self {
+            Kept::Own(record) => Packed::of_mut(record.bytes_mut()),
+            Kept::InArena(place) => Packed::of_mut(arena.get_mut(*place)),
+        }
+    }
+
+    /// If it is in `from`, writes it into `to`.
+    fn move_to(&mut self, from: &Arena, to: &mut Arena) {
+        if let Kept::InArena(place) = self {
+            let bytes = from.get(*place);
+            match to.push(&[bytes]) {
+                Some(moved) => *place = moved,
+                None => *self = Kept::Own(Packed::of(bytes).copied()),
+            }
+        }
+    }
+
+    /// Gives back its room in the arena, if it has some: it is no longer
+    /// kept.
+    fn forget(&self, arena: &mut Arena) {
+        if let Kept::InArena(place) = self {
+            arena.remove(*place);
+        }
+    }
+}
+
+#[derive(Default)]
 pub(super) struct Records {
     /// Each record with its id's hash.
-    table: HashTable<(u64, Packed)>,
+    table: HashTable<(u64, Kept)>,
+    /// The completed records' bytes.
+    arena: Arena,
     /// Keyed per store: ids come from requests, so their hashes must not
     /// be guessable (SipHash with a random key, as `HashMap`'s).
     hasher: RandomState,
+}
+
+/// As its records.
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 impl Records {
@@ -34,28 +118,31 @@ impl Records {
         self.hasher.hash_one(id.as_bytes())
     }
 
-    pub(super) fn get(&self, id: &str) -> Option<&Packed> {
+    pub(super) fn get(&self, id: &str) -> Option<Packed<&[u8]>> {
         let hash = self.hash(id);
         self.table
-            .find(hash, |(_, record)| record.is(id))
-            .map(|(_, record)| record)
+            .find(hash, |(_, kept)| kept.view(&self.arena).is(id))
+            .map(|(_, kept)| kept.view(&self.arena))
     }
 
-    pub(super) fn get_mut(&mut self, id: &str) -> Option<&mut Packed> {
+    /// The record under `id` if it is there: held by its claim or not (the
+    /// caller asks).
+    pub(super) fn found(&mut self, id: &str) -> Option<Found<'_>> {
         let hash = self.hash(id);
-        self.table
-            .find_mut(hash, |(_, record)| record.is(id))
-            .map(|(_, record)| record)
+        let Self { table, arena, .. } = self;
+        let entry = table
+            .find_entry(hash, |(_, kept)| kept.view(arena).is(id))
+            .ok()?;
+        Some(Found { entry, arena })
     }
 
     /// The place of the record under `id`, found once: to read what is
     /// there, then put a record in its place (a claim).
     pub(super) fn slot<'a>(&'a mut self, id: &str) -> Slot<'a> {
         let hash = self.hash(id);
-        let entry = self
-            .table
-            .entry(hash, |(_, record)| record.is(id), |(hash, _)| *hash);
-        Slot { hash, entry }
+        let Self { table, arena, .. } = self;
+        let entry = table.entry(hash, |(_, kept)| kept.view(arena).is(id), |(hash, _)| *hash);
+        Slot { hash, entry, arena }
     }
 
     /// Room for a new record: a table of [`SWEPT_FROM`] records or more
@@ -80,8 +167,26 @@ impl Records {
         let monotonic_ms = monotonic_ms();
         #[cfg(test)]
         tests::REBUILDS.with(|rebuilds| rebuilds.set(rebuilds.get() + 1));
-        self.table
-            .retain(|(_, record)| !record.can_be_dropped(now_ms, monotonic_ms));
+        let arena = &mut self.arena;
+        self.table.retain(|(_, kept)| {
+            let dropped = kept.view(arena).can_be_dropped(now_ms, monotonic_ms);
+            if dropped {
+                kept.forget(arena);
+            }
+            !dropped
+        });
+        // Blocks the dropped records left mostly empty, each kept by a few
+        // records that outlive their neighbours (a longer expiry than
+        // theirs): those few are written again, together, and the old
+        // blocks given back, so that the blocks held stay within twice
+        // the records' bytes.
+        if self.arena.is_sparse() {
+            let mut arena = Arena::default();
+            for (_, kept) in self.table.iter_mut() {
+                kept.move_to(&self.arena, &mut arena);
+            }
+            self.arena = arena;
+        }
         let live = self.table.len();
         let mut table = HashTable::with_capacity((live * 2).max(SWEPT_FROM));
         for (hash, record) in std::mem::take(&mut self.table) {
@@ -92,12 +197,13 @@ impl Records {
 
     /// Puts `record` in place of the one under its id, if there is one.
     pub(super) fn put(&mut self, record: Packed) {
-        self.slot(record.id()).put(record);
+        // The id copied out: the record moves into the table.
+        let id = record.id().to_owned();
+        self.slot(&id).put(record);
     }
 
     pub(super) fn remove(&mut self, id: &str) {
-        let hash = self.hash(id);
-        if let Ok(found) = self.table.find_entry(hash, |(_, record)| record.is(id)) {
+        if let Some(found) = self.found(id) {
             found.remove();
         }
     }
@@ -112,22 +218,75 @@ impl Records {
         self.table.capacity()
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Packed> {
-        self.table.iter().map(|(_, record)| record)
+    pub(super) fn iter(&self) -> impl Iterator<Item = Packed<&[u8]>> {
+        self.table.iter().map(|(_, kept)| kept.view(&self.arena))
+    }
+
+    /// The blocks of the arena that hold an allocation.
+    #[cfg(test)]
+    pub(super) fn blocks(&self) -> usize {
+        self.arena.blocks()
+    }
+}
+
+/// A record found in [`Records`] by its id.
+pub(super) struct Found<'a> {
+    entry: OccupiedEntry<'a, (u64, Kept)>,
+    arena: &'a mut Arena,
+}
+
+impl Found<'_> {
+    /// The record.
+    pub(super) fn get(&self) -> Packed<&[u8]> {
+        self.entry.get().1.view(self.arena)
+    }
+
+    /// The record, to change its fixed fields in place.
+    pub(super) fn get_mut(&mut self) -> Packed<&mut [u8]> {
+        self.entry.get_mut().1.view_mut(self.arena)
+    }
+
+    /// Completes the record, at `now_ms`, to expire at `expiration_s`,
+    /// with `response` (see [`Packed::completed`]).
+    pub(super) fn complete(mut self, response: &[u8], now_ms: u64, expiration_s: u64) {
+        let kept = &mut self.entry.get_mut().1;
+        let completed = match kept {
+            Kept::Own(record) => Kept::completed(
+                &record.completed(response, now_ms, expiration_s),
+                self.arena,
+            ),
+            // A record in progress has an allocation of its own; one in
+            // the arena (completed already) is copied out first.
+            Kept::InArena(place) => {
+                let copied = Packed::of(self.arena.get(*place))
+                    .completed(response, now_ms, expiration_s)
+                    .packed();
+                Kept::of(copied, self.arena)
+            }
+        };
+        kept.forget(self.arena);
+        *kept = completed;
+    }
+
+    /// Removes the record.
+    pub(super) fn remove(self) {
+        let ((_, kept), _) = self.entry.remove();
+        kept.forget(self.arena);
     }
 }
 
 /// The place of a record in [`Records`], whether one is there or not.
 pub(super) struct Slot<'a> {
     hash: u64,
-    entry: Entry<'a, (u64, Packed)>,
+    entry: Entry<'a, (u64, Kept)>,
+    arena: &'a mut Arena,
 }
 
 impl Slot<'_> {
     /// The record there.
-    pub(super) fn get(&self) -> Option<&Packed> {
+    pub(super) fn get(&self) -> Option<Packed<&[u8]>> {
         match &self.entry {
-            Entry::Occupied(kept) => Some(&kept.get().1),
+            Entry::Occupied(kept) => Some(kept.get().1.view(self.arena)),
             Entry::Vacant(_) => None,
         }
     }
@@ -135,8 +294,13 @@ impl Slot<'_> {
     /// Puts `record` there, in place of the one there if there is one.
     /// `record` must have the id the slot was found by.
     pub(super) fn put(self, record: Packed) {
+        let record = Kept::of(record, self.arena);
         match self.entry {
-            Entry::Occupied(mut kept) => kept.get_mut().1 = record,
+            Entry::Occupied(mut there) => {
+                let there = &mut there.get_mut().1;
+                there.forget(self.arena);
+                *there = record;
+            }
             Entry::Vacant(free) => {
                 free.insert((self.hash, record));
             }
@@ -146,9 +310,12 @@ impl Slot<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{
+        super::arena::{BLOCK, LARGEST},
+        *,
+    };
     use crate::{
-        store::{OwnerToken, Record, RecordId, Status},
+        store::{Claim, OwnerToken, Record, RecordId, Status},
         Fingerprint,
     };
 
@@ -207,6 +374,131 @@ mod tests {
             "the table did not grow"
         );
         assert!((5000..10_000).all(|i| records.get(&format!("charges#{i}")).is_some()));
+        assert!(
+            records.blocks() <= blocks_for(&records),
+            "the expired records' blocks were given back: {} blocks",
+            records.blocks()
+        );
+    }
+
+    /// The blocks that the records kept fill, and the one being written.
+    fn blocks_for(records: &Records) -> usize {
+        let bytes: usize = records.iter().map(|record| record.bytes().len()).sum();
+        bytes.div_ceil(BLOCK) + 1
+    }
+
+    fn claim_of(i: usize) -> Packed {
+        Packed::claimed_from(&Claim {
+            id: RecordId::from_stored(format!("charges#{i}")),
+            owner: OwnerToken::from_stored("o"),
+            fingerprint: Fingerprint::from_stored("f"),
+            now_ms: 1_000,
+            lease_until_ms: 31_000,
+            expiration_s: 3_600,
+            attempt: 1,
+            first_started_ms: 1_000,
+        })
+    }
+
+    /// A record in progress has an allocation of its own; completed, it is
+    /// written into a block with others, unless it is large. A record
+    /// replaced or removed no longer holds its block.
+    #[test]
+    fn completed_records_are_kept_in_blocks_and_in_progress_ones_apart() {
+        let mut records = Records::default();
+        let id = |i: usize| format!("charges#{i}");
+        for i in 0..1000 {
+            records.put(claim_of(i));
+        }
+        assert_eq!(records.blocks(), 0, "claims are not in blocks");
+        for i in 0..1000 {
+            let found = records.found(&id(i)).expect("claimed");
+            found.complete(format!("{{\"n\":{i}}}").as_bytes(), 2_000, 7_200);
+        }
+        let blocks = records.blocks();
+        assert!(
+            (1..=blocks_for(&records)).contains(&blocks),
+            "{blocks} blocks for 1,000 small records"
+        );
+        for i in 0..1000 {
+            let record = records.get(&id(i)).expect("kept").record();
+            assert_eq!(record.status, Status::Completed);
+            assert_eq!(record.response, Some(format!("{{\"n\":{i}}}").into_bytes()));
+            assert_eq!(
+                (record.expiration_s, record.completed_at_ms),
+                (7_200, Some(2_000))
+            );
+        }
+        // A large response keeps an allocation of its own.
+        records.put(claim_of(1000));
+        let large = vec![b'x'; LARGEST];
+        records
+            .found(&id(1000))
+            .expect("claimed")
+            .complete(&large, 2_000, 7_200);
+        assert_eq!(records.blocks(), blocks, "not in a block");
+        assert_eq!(
+            records
+                .get(&id(1000))
+                .and_then(|record| record.record().response),
+            Some(large)
+        );
+        // Claimed again (a key whose record expired) or removed: the
+        // blocks are given back but the one being written.
+        for i in 0..500 {
+            records.put(claim_of(i));
+        }
+        for i in 500..1000 {
+            records.remove(&id(i));
+        }
+        assert_eq!(records.blocks(), 1);
+        assert!((0..500).all(|i| records
+            .get(&id(i))
+            .is_some_and(|r| r.status() == Status::InProgress)));
+    }
+
+    /// Records that outlive their neighbours in a block (one in four,
+    /// with a longer expiry) do not each keep a block mostly empty: the
+    /// rebuild that drops the others writes them again, together.
+    #[test]
+    fn a_rebuild_gathers_the_records_left_in_blocks_mostly_given_back() {
+        REBUILDS.with(|rebuilds| rebuilds.set(0));
+        let mut records = Records::default();
+        for i in 0..20_000 {
+            let expiration_s = if i % 4 == 0 { 10_000 } else { 100 };
+            claim_new(&mut records, i, 1, 10, expiration_s);
+        }
+        let blocks = records.blocks();
+        assert!(blocks > 20, "{blocks} blocks");
+        // Later, new records until the table is rebuilt without the
+        // expired three in four.
+        let rebuilds = REBUILDS.with(std::cell::Cell::get);
+        let mut i = 20_000;
+        while REBUILDS.with(std::cell::Cell::get) == rebuilds {
+            claim_new(&mut records, i, 1, 200, 10_000);
+            i += 1;
+        }
+        assert_eq!(records.iter().count(), 5_000 + (i - 20_000));
+        assert!(
+            records.blocks() <= blocks_for(&records),
+            "{} blocks for {} bytes of records (were {blocks})",
+            records.blocks(),
+            records
+                .iter()
+                .map(|record| record.bytes().len())
+                .sum::<usize>()
+        );
+        assert!((0..20_000).step_by(4).all(|i| records
+            .get(&format!("charges#{i}"))
+            .is_some_and(|r| r.expiration_s() == 10_000)));
+    }
+
+    /// The table holds a record as its hash and where its bytes are: a
+    /// pointer and a length, or a block and a range in it, in the same 16
+    /// bytes.
+    #[test]
+    fn the_table_holds_a_record_as_its_hash_and_its_place() {
+        assert_eq!(std::mem::size_of::<(u64, Kept)>(), 24);
     }
 
     #[test]
@@ -299,8 +591,8 @@ mod tests {
             Some(70)
         );
         assert!(records.get("charges#é").is_none());
-        if let Some(kept) = records.get_mut("charges#é999") {
-            kept.expire_at(1, 0, 0);
+        if let Some(mut found) = records.found("charges#é999") {
+            found.get_mut().expire_at(1, 0, 0);
         }
         assert_eq!(
             records.get("charges#é999").map(|r| r.expiration_s()),
