@@ -58,6 +58,8 @@ pub(super) struct Arena {
     blocks: Vec<Vec<u8>>,
     /// The bytes of each block's records still kept.
     kept: Vec<usize>,
+    /// The least mark of each block's records (`u64::MAX` for none).
+    least_mark: Vec<u64>,
     /// The indexes of blocks given back.
     free: Vec<usize>,
     /// The block being written, if there is one.
@@ -77,8 +79,11 @@ impl std::fmt::Debug for Arena {
 impl Arena {
     /// Writes a record made of `parts`, one after the other, if it is at
     /// most [`LARGEST`] bytes in all (and the arena has fewer than 2^32
-    /// blocks); `None` otherwise, for the caller to keep it apart.
-    pub(super) fn push(&mut self, parts: &[&[u8]]) -> Option<Place> {
+    /// blocks); `None` otherwise, for the caller to keep it apart. Its
+    /// block keeps the least `mark` of its records (the store's: when a
+    /// record may be dropped), so that a block none of whose records may
+    /// be dropped yet is passed over whole, its records not read.
+    pub(super) fn push(&mut self, parts: &[&[u8]], mark: u64) -> Option<Place> {
         let len: usize = parts.iter().map(|part| part.len()).sum();
         if len > LARGEST {
             return None;
@@ -99,7 +104,13 @@ impl Arena {
             bytes.extend_from_slice(part);
         }
         self.kept[block] += len;
+        self.least_mark[block] = self.least_mark[block].min(mark);
         Some(place)
+    }
+
+    /// The least mark of the records written into `place`'s block.
+    pub(super) fn least_mark(&self, place: Place) -> u64 {
+        self.least_mark[place.block()]
     }
 
     /// The record at `place`.
@@ -107,8 +118,11 @@ impl Arena {
         &self.blocks[place.block()][place.range()]
     }
 
-    /// The record at `place`, to change in place (its fixed fields).
+    /// The record at `place`, to change in place (its fixed fields): its
+    /// block's mark is then the least there is, since the change may
+    /// have lowered the record's.
     pub(super) fn get_mut(&mut self, place: Place) -> &mut [u8] {
+        self.least_mark[place.block()] = 0;
         &mut self.blocks[place.block()][place.range()]
     }
 
@@ -143,6 +157,7 @@ impl Arena {
         let block = match self.free.pop() {
             Some(block) => {
                 self.blocks[block] = Vec::with_capacity(BLOCK);
+                self.least_mark[block] = u64::MAX;
                 block
             }
             None => {
@@ -150,6 +165,7 @@ impl Arena {
                 u32::try_from(self.blocks.len()).ok()?;
                 self.blocks.push(Vec::with_capacity(BLOCK));
                 self.kept.push(0);
+                self.least_mark.push(u64::MAX);
                 self.blocks.len() - 1
             }
         };
@@ -174,15 +190,17 @@ mod tests {
     #[test]
     fn records_are_read_and_changed_where_they_were_written() {
         let mut arena = Arena::default();
-        let first = arena.push(&[b"head", b"", b"tail"]).expect("small");
-        let second = arena.push(&[b"x"]).expect("small");
+        let first = arena.push(&[b"head", b"", b"tail"], 0).expect("small");
+        let second = arena.push(&[b"x"], 0).expect("small");
         assert_eq!(arena.get(first), b"headtail");
         assert_eq!(arena.get(second), b"x");
         arena.get_mut(first)[0] = b'H';
         assert_eq!(arena.get(first), b"Headtail");
         assert_eq!(arena.get(second), b"x", "its neighbour unchanged");
         assert_eq!(arena.blocks(), 1, "one block for both");
-        assert_eq!(arena.push(&[&[0; LARGEST], b"1"]), None, "too large");
+        assert_eq!(arena.push(&[&[0; LARGEST], b"1"], 0), None, "too large");
+        let third = arena.push(&[b"y"], 5).expect("small");
+        assert_eq!(arena.least_mark(third), 0, "the block's least");
         assert_eq!(arena.get(second), b"x");
     }
 
@@ -192,7 +210,7 @@ mod tests {
         let record = [7u8; LARGEST];
         let per_block = BLOCK / LARGEST;
         let places: Vec<Place> = (0..3 * per_block)
-            .map(|_| arena.push(&[&record]).expect("at most LARGEST"))
+            .map(|_| arena.push(&[&record], 0).expect("at most LARGEST"))
             .collect();
         assert_eq!(arena.blocks(), 3);
         assert!(places.iter().all(|&place| arena.get(place) == record));
@@ -210,7 +228,7 @@ mod tests {
             arena.remove(place);
         }
         assert_eq!(arena.blocks(), 2, "the block being written stays");
-        let next = arena.push(&[b"next"]).expect("small");
+        let next = arena.push(&[b"next"], 0).expect("small");
         assert_eq!(arena.get(next), b"next");
         assert_eq!(arena.blocks(), 2, "the full, empty block given back");
         assert_eq!(next.block, places[2 * per_block].block, "its index again");
@@ -220,7 +238,7 @@ mod tests {
         assert_eq!(arena.blocks(), 1, "only the block being written");
         // No more block indexes than blocks ever held at once.
         for _ in 0..4 * per_block {
-            let place = arena.push(&[&record]).expect("at most LARGEST");
+            let place = arena.push(&[&record], 0).expect("at most LARGEST");
             arena.remove(place);
         }
         assert!(

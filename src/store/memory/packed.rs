@@ -230,6 +230,11 @@ impl Completed<'_> {
         [&self.header[..], self.strings, self.response]
     }
 
+    /// When it lapses by the monotonic clock (see [`Packed::can_be_dropped`]).
+    pub(super) fn lapses_at_ms(&self) -> u64 {
+        Packed { data: self.header }.lapses_at_ms()
+    }
+
     /// In an allocation of its own.
     pub(super) fn packed(&self) -> Packed {
         Packed {
@@ -367,7 +372,13 @@ impl<D: AsRef<[u8]>> Packed<D> {
     /// engine's clock ahead of another's, finds records expired that are
     /// not: alone, it would drop them, and their keys would run again.
     pub(super) fn can_be_dropped(&self, now_ms: u64, monotonic_ms: u64) -> bool {
-        self.is_expired(now_ms) && monotonic_ms >= self.u64_at(Header::LAPSES_AT_MS)
+        self.is_expired(now_ms) && monotonic_ms >= self.lapses_at_ms()
+    }
+
+    /// When the record's expiry passes by the monotonic clock: it is not
+    /// dropped before.
+    pub(super) fn lapses_at_ms(&self) -> u64 {
+        self.u64_at(Header::LAPSES_AT_MS)
     }
 
     /// Whether the record's id is `id` (its bytes compared, not checked

@@ -47,7 +47,7 @@ impl Kept {
         if record.status() != Status::Completed {
             return Kept::Own(record);
         }
-        match arena.push(&[record.bytes()]) {
+        match arena.push(&[record.bytes()], record.lapses_at_ms()) {
             Some(place) => Kept::InArena(place),
             None => Kept::Own(record),
         }
@@ -55,7 +55,7 @@ impl Kept {
 
     /// The completed record `completed`, where [`Kept::of`] puts one.
     fn completed(completed: &Completed<'_>, arena: &mut Arena) -> Self {
-        match arena.push(&completed.parts()) {
+        match arena.push(&completed.parts(), completed.lapses_at_ms()) {
             Some(place) => Kept::InArena(place),
             None => Kept::Own(completed.packed()),
         }
@@ -79,7 +79,7 @@ impl Kept {
     fn move_to(&mut self, from: &Arena, to: &mut Arena) {
         if let Kept::InArena(place) = self {
             let bytes = from.get(*place);
-            match to.push(&[bytes]) {
+            match to.push(&[bytes], Packed::of(bytes).lapses_at_ms()) {
                 Some(moved) => *place = moved,
                 None => *self = Kept::Own(Packed::of(bytes).copied()),
             }
@@ -169,7 +169,11 @@ impl Records {
         tests::REBUILDS.with(|rebuilds| rebuilds.set(rebuilds.get() + 1));
         let arena = &mut self.arena;
         self.table.retain(|(_, kept)| {
-            let dropped = kept.view(arena).can_be_dropped(now_ms, monotonic_ms);
+            let dropped = match kept {
+                // None of its block's records has lapsed: not read.
+                Kept::InArena(place) if arena.least_mark(*place) > monotonic_ms => false,
+                _ => kept.view(arena).can_be_dropped(now_ms, monotonic_ms),
+            };
             if dropped {
                 kept.forget(arena);
             }
