@@ -16,8 +16,9 @@
 //! (a store's requests share an expiry), expire in about the order they
 //! were written: a block's records go together, and the rebuild of the
 //! table that drops them frees the whole block. Records that outlive their
-//! neighbours (a longer expiry) are written again, together, by the
-//! rebuild that finds the blocks held more than twice the records' bytes.
+//! neighbours (a longer expiry, or neighbours whose keys came again) are
+//! written again, together, by the first write that finds the blocks held
+//! more than twice the records' bytes.
 
 /// The bytes of a block.
 pub(super) const BLOCK: usize = 64 * 1024;
@@ -58,6 +59,8 @@ pub(super) struct Arena {
     blocks: Vec<Vec<u8>>,
     /// The bytes of each block's records still kept.
     kept: Vec<usize>,
+    /// The bytes of every record kept.
+    kept_bytes: usize,
     /// The least mark of each block's records (`u64::MAX` for none).
     least_mark: Vec<u64>,
     /// The indexes of blocks given back.
@@ -71,7 +74,7 @@ impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Arena")
             .field("blocks", &(self.blocks.len() - self.free.len()))
-            .field("kept_bytes", &self.kept.iter().sum::<usize>())
+            .field("kept_bytes", &self.kept_bytes)
             .finish()
     }
 }
@@ -104,6 +107,7 @@ impl Arena {
             bytes.extend_from_slice(part);
         }
         self.kept[block] += len;
+        self.kept_bytes += len;
         self.least_mark[block] = self.least_mark[block].min(mark);
         Some(place)
     }
@@ -131,6 +135,7 @@ impl Arena {
     pub(super) fn remove(&mut self, place: Place) {
         let block = place.block();
         self.kept[block] -= usize::from(place.len);
+        self.kept_bytes -= usize::from(place.len);
         if self.kept[block] == 0 && self.filling != Some(block) {
             self.blocks[block] = Vec::new();
             self.free.push(block);
@@ -141,8 +146,7 @@ impl Arena {
     /// records kept in them (and more than two).
     pub(super) fn is_sparse(&self) -> bool {
         let held = self.blocks.len() - self.free.len();
-        let kept: usize = self.kept.iter().sum();
-        held > 2 && kept * 2 < held * BLOCK
+        held > 2 && self.kept_bytes * 2 < held * BLOCK
     }
 
     /// A block to write into, in place of the one being written (which
