@@ -61,6 +61,8 @@ pub(super) struct Arena {
     kept: Vec<usize>,
     /// The bytes of every record kept.
     kept_bytes: usize,
+    /// The bytes of the records no longer kept, since the arena was made.
+    given_back: usize,
     /// The least mark of each block's records (`u64::MAX` for none).
     least_mark: Vec<u64>,
     /// The indexes of blocks given back.
@@ -136,6 +138,7 @@ impl Arena {
         let block = place.block();
         self.kept[block] -= usize::from(place.len);
         self.kept_bytes -= usize::from(place.len);
+        self.given_back += usize::from(place.len);
         if self.kept[block] == 0 && self.filling != Some(block) {
             self.blocks[block] = Vec::new();
             self.free.push(block);
@@ -147,6 +150,16 @@ impl Arena {
     pub(super) fn is_sparse(&self) -> bool {
         let held = self.blocks.len() - self.free.len();
         held > 2 && self.kept_bytes * 2 < held * BLOCK
+    }
+
+    /// The bytes of every record kept.
+    pub(super) fn kept_bytes(&self) -> usize {
+        self.kept_bytes
+    }
+
+    /// The bytes of the records no longer kept, since the arena was made.
+    pub(super) fn given_back(&self) -> usize {
+        self.given_back
     }
 
     /// A block to write into, in place of the one being written (which
