@@ -163,8 +163,9 @@ impl Records {
     /// [`SWEPT_FROM`]): larger when few expired, smaller after a peak, and
     /// a rebuild comes only after at least as many new records as it kept,
     /// so that its cost, like a growth's, is spread over them. Swept in
-    /// place first, each record read once (its fields are in its own
-    /// allocation: a read per record is a cache miss in a large table),
+    /// place first, each record read at most once (its fields are in its
+    /// bytes, not in the table: a read per record is a cache miss in a
+    /// large table), and none of a block whose records have not lapsed,
     /// then moved into the new table by its kept hash: a sweep alone would
     /// not do, as a table's removals leave marks that its capacity counts
     /// as taken, and it would fill again at once.
@@ -238,9 +239,7 @@ impl Records {
 
     /// Puts `record` in place of the one under its id, if there is one.
     pub(super) fn put(&mut self, record: Packed) {
-        // The id copied out: the record moves into the table.
-        let id = record.id().to_owned();
-        self.slot(&id).put(record);
+        self.slot(record.id()).put(record);
     }
 
     pub(super) fn remove(&mut self, id: &str) {
