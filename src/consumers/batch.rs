@@ -143,7 +143,15 @@ impl<Src: Source> Batch<Src, crate::store::postgres::PostgresStore> {
     /// a first attempt. A duplicate being handled elsewhere waits at most
     /// `limits`' claim wait, then counts as in progress (failed, delivered
     /// again); a handler past the time limit is rolled back and fails.
+    ///
+    /// Each record being handled holds one of the pool's connections until
+    /// its commit: up to [`concurrency`](Batch::concurrency) of them per
+    /// invocation, times the invocations served at once under Lambda
+    /// Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY`). A warning is
+    /// logged (here, and when the concurrency is set) when the pool is
+    /// smaller.
     pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
+        self.engine.store().warn_if_pool_short(self.concurrency);
         self.in_transaction = Some(limits);
         self
     }
@@ -227,6 +235,12 @@ impl<Src: Source, St: Store> Batch<Src, St> {
     /// by side.
     pub fn concurrency(mut self, concurrency: usize) -> Self {
         self.concurrency = concurrency.max(1);
+        #[cfg(feature = "postgres")]
+        if self.in_transaction.is_some() {
+            if let Some(engine) = self.engine.as_postgres() {
+                engine.store().warn_if_pool_short(self.concurrency);
+            }
+        }
         self
     }
 

@@ -112,6 +112,7 @@ impl<E> IdempotentEventLayer<crate::store::postgres::PostgresStore, E> {
     /// is in progress after at most `limits`' claim wait; past the time
     /// limit, the handler is stopped and rolled back.
     pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
+        self.config.engine.store().warn_if_pool_short(1);
         self.config.in_transaction = Some(limits);
         self
     }

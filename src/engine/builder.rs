@@ -71,6 +71,21 @@ pub fn default_key_prefix() -> String {
     }
 }
 
+/// Whether an engine whose heartbeat was not set has one: where invocations
+/// outlive their deadlines (Lambda Managed Instances), logged once per
+/// engine.
+fn heartbeat_by_default() -> bool {
+    let Some(concurrency) = super::managed_instances_concurrency() else {
+        return false;
+    };
+    tracing::debug!(
+        concurrency,
+        "Lambda Managed Instances (AWS_LAMBDA_MAX_CONCURRENCY is set): invocations are not \
+         stopped at their deadlines, so the heartbeat keeps each claim while its work runs"
+    );
+    true
+}
+
 /// Builds an [`Engine`]; start from [`Engine::builder`].
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
@@ -82,7 +97,9 @@ pub struct EngineBuilder<St> {
     default_lease: Duration,
     cache_capacity: Option<NonZeroUsize>,
     fail_open: bool,
-    heartbeat: bool,
+    /// `None` until set: then on exactly where invocations outlive their
+    /// deadlines (Lambda Managed Instances).
+    heartbeat: Option<bool>,
     read_before_claim: bool,
     clock: Arc<dyn Clock>,
 }
@@ -104,7 +121,7 @@ impl<St: Store> EngineBuilder<St> {
             default_lease: DEFAULT_LEASE,
             cache_capacity: None,
             fail_open: false,
-            heartbeat: false,
+            heartbeat: None,
             read_before_claim: false,
             clock: Arc::new(SystemClock),
         }
@@ -203,17 +220,42 @@ impl<St: Store> EngineBuilder<St> {
         self
     }
 
-    /// Keeps every claim alive while its operation runs (default `false`):
-    /// every third of the claim's lease, the lease is extended by its
-    /// length again (a fenced write, one store call), until the operation
-    /// ends. For operations that may outlive any lease worth guessing (long
-    /// jobs, work outside Lambda); if the process dies, the heartbeat stops
-    /// with it and the claim lapses one lease later. An extension that finds
-    /// the claim lost tells the operation ([`ClaimHandle::lost`](crate::ClaimHandle::lost))
-    /// and stops. Operations can also extend by hand with
+    /// Keeps every claim alive while its operation runs: every third of the
+    /// claim's lease, the lease is extended by its length again (a fenced
+    /// write, one store call), until the operation ends. An extension that
+    /// finds the claim lost tells the operation
+    /// ([`ClaimHandle::lost`](crate::ClaimHandle::lost)) and stops.
+    /// Operations can also extend by hand with
     /// [`ClaimHandle::extend`](crate::ClaimHandle::extend).
+    ///
+    /// **Default: on in a Lambda Managed Instance, off elsewhere.** A
+    /// claim's lease ends at its invocation's deadline (capped by
+    /// [`max_lease`](EngineBuilder::max_lease)). In a Lambda function of the
+    /// default kind the invocation is stopped there, with its execution
+    /// environment, so the lease ends with the work. Under Managed
+    /// Instances ([`managed_instances_concurrency`](crate::managed_instances_concurrency):
+    /// `AWS_LAMBDA_MAX_CONCURRENCY` is set) Lambda does not stop an
+    /// invocation at its deadline: its code runs on while Lambda reports the
+    /// timeout, and the retry that follows would take over a lease that
+    /// ended at the deadline and run beside it. With the heartbeat the
+    /// retry finds the key in progress (a `409`, or the replay once the
+    /// first completes) for as long as the first run goes on.
+    ///
+    /// Set it either way to decide yourself. Turn it on for operations that
+    /// may outlive any lease worth guessing (long jobs, work outside
+    /// Lambda, where the lease is [`default_lease`](EngineBuilder::default_lease)).
+    /// Turning it off under Managed Instances brings back the second run
+    /// beside a late first; to stop work at its deadline instead, bound it
+    /// yourself (`tokio::time::timeout` with the time the Lambda context
+    /// says is left), knowing that whatever it did before the cut is
+    /// repeated by the retry.
+    ///
+    /// If the process dies, the heartbeat stops with it and the claim lapses
+    /// one lease later (at most the function's timeout, in Lambda): the
+    /// retry after that takes it over and is told so
+    /// ([`ClaimHandle::takeover`](crate::ClaimHandle::takeover)).
     pub fn heartbeat(mut self, heartbeat: bool) -> Self {
-        self.heartbeat = heartbeat;
+        self.heartbeat = Some(heartbeat);
         self
     }
 
@@ -312,7 +354,7 @@ impl<St: Store> EngineBuilder<St> {
                 default_lease: self.default_lease.min(self.max_lease),
                 cache: self.cache_capacity.map(RecordCache::new),
                 fail_open: self.fail_open,
-                heartbeat: self.heartbeat,
+                heartbeat: self.heartbeat.unwrap_or_else(heartbeat_by_default),
                 read_before_claim: self.read_before_claim,
                 disabled,
                 clock: self.clock,

@@ -66,9 +66,19 @@ impl<St: Store> Engine<St> {
                 Ok(OutcomeKind::Fresh)
             }
             Ok(false) => {
-                warn!(record = %claim.id, outcome = "lease_lost", transactional,
-                    "the lease passed and the key was taken over before completion; \
-                     this outcome is not stored (raise the lease or the function timeout)");
+                if inner.heartbeat {
+                    warn!(record = %claim.id, outcome = "lease_lost", transactional,
+                        "the key was taken over before completion although the heartbeat ran \
+                         (its extensions failed, or the process was paused past the lease); \
+                         this outcome is not stored");
+                } else {
+                    warn!(record = %claim.id, outcome = "lease_lost", transactional,
+                        "the operation outlived its claim's lease and the key was taken over \
+                         before completion; this outcome is not stored and a retry may have \
+                         run beside it: turn the heartbeat on (EngineBuilder::heartbeat(true), \
+                         the default under Lambda Managed Instances), or raise the lease \
+                         (max_lease, default_lease) above the longest the operation takes");
+                }
                 if transactional {
                     Err(Error::LeaseLost)
                 } else {

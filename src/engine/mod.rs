@@ -11,7 +11,8 @@
 //!    hands back the record that holds the key, which [`replay`] turns into
 //!    a replay, a 422-style mismatch or an in-progress answer;
 //! 3. **run** ([`lease`]): the operation, with its [`ClaimHandle`] and the
-//!    optional heartbeat that extends the lease;
+//!    heartbeat that extends the lease (optional, on by default where
+//!    invocations outlive their deadlines: [`managed_instances`]);
 //! 4. **complete or release** ([`completion`]): both fenced on the owner
 //!    token, both retried on a conflict ([`conflicts`]).
 //!
@@ -39,6 +40,7 @@ mod durable;
 mod execute;
 mod fence;
 mod lease;
+mod managed_instances;
 mod mode;
 mod operator;
 mod orchestrator;
@@ -62,6 +64,7 @@ pub use claim_handle::{ClaimHandle, Takeover};
 pub(crate) use conflicts::{CLAIM_TRIES, CONFLICT_TRIES};
 #[cfg(feature = "postgres")]
 pub(crate) use fence::{fence, takeover_of, Fence};
+pub use managed_instances::{managed_instances_concurrency, MAX_CONCURRENCY_VARIABLE};
 
 #[cfg(feature = "postgres")]
 pub(crate) use codec::unserialisable;

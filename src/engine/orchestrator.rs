@@ -62,6 +62,13 @@ impl<St: Store> Engine<St> {
         (now_ms / 1000).saturating_add(self.inner.retention.as_secs())
     }
 
+    /// Whether the heartbeat keeps each claim while its operation runs
+    /// ([`EngineBuilder::heartbeat`](crate::EngineBuilder::heartbeat): as
+    /// set, or on by default under Lambda Managed Instances).
+    pub fn has_heartbeat(&self) -> bool {
+        self.inner.heartbeat
+    }
+
     /// Whether idempotency is turned off (`IDEMPOTENCY_DISABLED=true`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn is_disabled(&self) -> bool {

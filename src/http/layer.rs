@@ -522,9 +522,13 @@ impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
     /// [`CommitWith`](super::CommitWith) writes: all of it commits, or none.
     ///
     /// - A response the [outcome policy](IdempotencyLayer::store_when)
-    ///   releases (a 5xx, a 409), a handler error, a panic, or a client that
-    ///   leaves and a crash roll everything back: the key is free, and the
-    ///   retry runs as a first request.
+    ///   releases (a 5xx, a 409), a handler error, a panic or a crash rolls
+    ///   everything back: the key is free, and the retry runs as a first
+    ///   request.
+    /// - A client that leaves does not: as for every claimed request
+    ///   ([When the client leaves](super#when-the-client-leaves)), the
+    ///   handler runs on, its transaction commits with the record, and the
+    ///   retry gets the replay.
     /// - A stored 4xx (a business-rule refusal, say a 422 for a balance too
     ///   low) is stored **without** the handler's writes (its SQL and its
     ///   `CommitWith`): they are rolled back to the claim first
@@ -540,11 +544,17 @@ impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
     ///   is stopped and rolled back: a 503
     ///   `idempotency-time-limit-exceeded` with `Retry-After`.
     ///
+    /// Each request holds one of the pool's connections from its claim to
+    /// its commit: size the pool for the requests served at once (under
+    /// Lambda Managed Instances, `AWS_LAMBDA_MAX_CONCURRENCY`; a warning is
+    /// logged here when the pool is smaller).
+    ///
     /// Supersedes [`mode`](IdempotencyLayer::mode) and
     /// [`single_write`](IdempotencyLayer::single_write). See
     /// `examples/postgres_balance.rs` for an axum server with a balance
     /// check inside the transaction.
     pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
+        self.config.engine.store().warn_if_pool_short(1);
         self.config.settings.in_transaction = Some(limits);
         self
     }

@@ -62,6 +62,37 @@ where
         })
 }
 
+impl super::PostgresStore {
+    /// Whether the pool can hold every transaction of the in-transaction
+    /// form that may be open at once in this process: `per_invocation` of
+    /// them for each invocation it serves at once (one in a Lambda function
+    /// of the default kind, `AWS_LAMBDA_MAX_CONCURRENCY` in a Managed
+    /// Instance). A handler inside its transaction holds its connection
+    /// until it commits, so with fewer connections the others wait for one,
+    /// one after another, and answer `503` after the pool's wait (5 s).
+    /// Warns when it cannot, saying what to set; the shortfall is returned.
+    pub(crate) fn warn_if_pool_short(&self, per_invocation: usize) -> Option<usize> {
+        let invocations = crate::managed_instances_concurrency().unwrap_or(1) as usize;
+        let needed = invocations.saturating_mul(per_invocation.max(1));
+        let max_size = self.inner.pool.status().max_size;
+        if max_size >= needed {
+            return None;
+        }
+        tracing::warn!(
+            pool_max_size = max_size,
+            needed,
+            concurrent_invocations = invocations,
+            transactions_per_invocation = per_invocation,
+            "the PostgreSQL pool is smaller than the transactions the in-transaction form may hold \
+             open at once (concurrent invocations, AWS_LAMBDA_MAX_CONCURRENCY under Lambda Managed \
+             Instances, times the transactions each runs): handlers will wait for a connection, \
+             one after another, and answer 503 once the pool's wait runs out; make the pool's \
+             max_size at least {needed}"
+        );
+        Some(needed - max_size)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
