@@ -7,8 +7,8 @@
 //! nothing is set for Managed Instances but what Lambda sets
 //! (`AWS_LAMBDA_MAX_CONCURRENCY`).
 //!
-//! The in-transaction form with the documented pool is in
-//! `tests/postgres.rs` (it needs the PostgreSQL server `make test` starts).
+//! The in-transaction form's tests need the PostgreSQL server `make test`
+//! starts (`IDEMPOTENCY_TEST_POSTGRES_URL`).
 
 mod runtime_api;
 
@@ -446,4 +446,69 @@ async fn an_sqs_batch_past_its_deadline_is_not_run_again_by_its_redelivery() {
         assert_eq!(ledger.started(id), 1, "{id}");
     }
     assert_eq!(ledger.most_at_once("slow"), 1);
+}
+
+/// The in-transaction form under `lambda_http::run_concurrent`: eight
+/// invocations of eight keys, each handler two seconds inside its
+/// transaction, with a pool of `pool` connections. Their statuses.
+async fn eight_in_transaction(pool: usize) -> Vec<u64> {
+    use lambda_idempotency::store::postgres::{PgTransaction, PostgresStore, TransactionLimits};
+    lambda_environment();
+    let url = std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!(
+            "IDEMPOTENCY_TEST_POSTGRES_URL is not set: run with `make test`, or \
+             `scripts/with-postgres cargo test --test managed_instances`"
+        )
+    });
+    let table = format!("managed_{}_{pool}", std::process::id());
+    let store = PostgresStore::connect(&url, table, pool).expect("pool");
+    store.create_table().await.expect("create table");
+    let layer = IdempotencyLayer::new(Engine::builder(store).build())
+        .in_transaction(TransactionLimits::new().time_limit(Duration::from_secs(8)));
+    let handler = service_fn(|request: Request| async move {
+        let transaction = request
+            .extensions()
+            .get::<PgTransaction>()
+            .cloned()
+            .expect("the layer hands the handler its transaction");
+        transaction.batch_execute("SELECT pg_sleep(2)").await?;
+        Ok::<_, lambda_http::Error>(
+            Response::builder()
+                .status(201)
+                .body(Body::from("{}"))
+                .expect("a response"),
+        )
+    });
+    let service = tower::ServiceBuilder::new().layer(layer).service(handler);
+    let api = RuntimeApi::start().await;
+    let _runtime = start(&api, move || lambda_http::run_concurrent(service)).await;
+    let answers = futures::future::join_all((0..WORKERS).map(|n| {
+        api.invoke(
+            charge_event(&format!("pool-{pool}-{n}"), Duration::ZERO),
+            Duration::from_secs(12),
+        )
+    }))
+    .await;
+    answers
+        .iter()
+        .map(|answer| status_of(answer).expect("answered").0)
+        .collect()
+}
+
+/// With the pool the docs ask for (one connection per invocation served at
+/// once), the eight handlers run side by side and all answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_transaction_form_with_the_documented_pool_serves_every_invocation() {
+    let statuses = eight_in_transaction(WORKERS).await;
+    assert_eq!(statuses, [201; WORKERS]);
+}
+
+/// The control: with a pool of two (the advice for a Lambda function of
+/// the default kind), they run two at a time, and those still waiting for
+/// a connection after the pool's 5 s wait answer 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_transaction_form_with_a_pool_of_two_turns_invocations_away() {
+    let statuses = eight_in_transaction(2).await;
+    assert!(statuses.contains(&503), "{statuses:?}");
+    assert!(statuses.contains(&201), "{statuses:?}");
 }

@@ -73,11 +73,9 @@ impl super::PostgresStore {
     /// Warns when it cannot, saying what to set; the shortfall is returned.
     pub(crate) fn warn_if_pool_short(&self, per_invocation: usize) -> Option<usize> {
         let invocations = crate::managed_instances_concurrency().unwrap_or(1) as usize;
-        let needed = invocations.saturating_mul(per_invocation.max(1));
         let max_size = self.inner.pool.status().max_size;
-        if max_size >= needed {
-            return None;
-        }
+        let short = shortfall(max_size, invocations, per_invocation)?;
+        let needed = max_size + short;
         tracing::warn!(
             pool_max_size = max_size,
             needed,
@@ -89,13 +87,34 @@ impl super::PostgresStore {
              one after another, and answer 503 once the pool's wait runs out; make the pool's \
              max_size at least {needed}"
         );
-        Some(needed - max_size)
+        Some(short)
     }
+}
+
+/// How many connections a pool of `max_size` lacks for `invocations` at once
+/// running `per_invocation` transactions each; `None` when it has enough.
+fn shortfall(max_size: usize, invocations: usize, per_invocation: usize) -> Option<usize> {
+    let needed = invocations.saturating_mul(per_invocation.max(1));
+    needed.checked_sub(max_size).filter(|short| *short > 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_is_short_when_the_invocations_at_once_need_more_transactions() {
+        // A function of the default kind: one invocation, one transaction.
+        assert_eq!(shortfall(2, 1, 1), None);
+        // Managed Instances: eight invocations at once.
+        assert_eq!(shortfall(2, 8, 1), Some(6));
+        assert_eq!(shortfall(8, 8, 1), None);
+        // A batch of eight records at once, in each of eight invocations.
+        assert_eq!(shortfall(8, 8, 8), Some(56));
+        assert_eq!(shortfall(64, 8, 8), None);
+        assert_eq!(shortfall(1, 1, 0), None, "a batch counts at least one");
+        assert_eq!(shortfall(1, usize::MAX, 2), Some(usize::MAX - 1));
+    }
 
     #[test]
     fn a_url_that_cannot_connect_is_refused_at_construction() {
