@@ -45,11 +45,14 @@ pub async fn open(url: &str, postgres_table: &str, create: bool) -> Result<Other
     #[cfg(feature = "postgres")]
     if matches!(scheme, "postgres" | "postgresql") {
         use lambda_idempotency::store::postgres::PostgresStore;
-        // One invocation at a time per execution environment: two
-        // connections are plenty.
+        // Two connections for each invocation served at once: one in a
+        // function of the default kind, AWS_LAMBDA_MAX_CONCURRENCY under
+        // Lambda Managed Instances.
+        let invocations = lambda_idempotency::managed_instances_concurrency().unwrap_or(1);
+        let max_size = 2 * invocations as usize;
         let store = match &root_certificate {
-            Some(root) => PostgresStore::connect_tls(url, postgres_table, 2, root)?,
-            None => PostgresStore::connect(url, postgres_table, 2)?,
+            Some(root) => PostgresStore::connect_tls(url, postgres_table, max_size, root)?,
+            None => PostgresStore::connect(url, postgres_table, max_size)?,
         };
         if create {
             store.create_table().await?;

@@ -92,6 +92,13 @@
 //!   unless set; make it the function's `ExecutionTimeout`). An execution
 //!   that outlives it can be taken over by a duplicate, which then runs
 //!   too; its own completion is then refused (and logged).
+//!   An invocation's deadline does not end it, so an invocation that runs
+//!   past its deadline (Lambda Managed Instances do not stop one there)
+//!   does not free the key either. A [`step`](DurableIdempotency::step)'s
+//!   claim is the engine's, leased until the invocation's deadline: under
+//!   Managed Instances the engine's heartbeat (on by default there, see
+//!   [`EngineBuilder::heartbeat`](lambda_idempotency::EngineBuilder::heartbeat))
+//!   keeps it while the body runs.
 //! - The key comes from the input event, which is the same in every
 //!   invocation (the envelope around it changes). The fingerprint is the
 //!   whole input event, canonical JSON.

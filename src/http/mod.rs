@@ -49,7 +49,10 @@
 //! A's key never reaches tenant B's record. Requests are fingerprinted by
 //! method, path, query and body ([`request_fingerprint`]). The lease of a
 //! claim runs until the Lambda invocation's deadline (outside Lambda, the
-//! engine's [default lease](crate::EngineBuilder::default_lease)). Once a
+//! engine's [default lease](crate::EngineBuilder::default_lease)); under
+//! Lambda Managed Instances, which do not stop an invocation at its
+//! deadline, the engine's [heartbeat](crate::EngineBuilder::heartbeat)
+//! extends it while the handler runs, by default. Once a
 //! request has claimed its key, its handler runs to the end on a task of
 //! its own, even if the request's future is dropped (see [When the client
 //! leaves](#when-the-client-leaves)). Record ids carry the function's name

@@ -237,9 +237,12 @@ fn required_env(name: &str) -> Result<String, Error> {
     std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
 }
 
-// One invocation at a time per execution environment: the single-threaded
-// runtime saves a hop between threads on every store round trip (about a
-// third of a Redis new key's latency; BENCHMARKS.md).
+// One invocation at a time per execution environment of a function of the
+// default kind: the single-threaded runtime saves a hop between threads on
+// every store round trip (about a third of a Redis new key's latency;
+// BENCHMARKS.md). run_concurrent serves them one at a time there, and
+// AWS_LAMBDA_MAX_CONCURRENCY at once under Lambda Managed Instances (on this
+// one thread: I/O-bound work; a CPU-bound handler wants #[tokio::main]).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     // JSON logs when AWS_LAMBDA_LOG_FORMAT=JSON (set by the template).
@@ -304,7 +307,7 @@ async fn serve<St: Store>(layer: IdempotencyLayer<St>, charges: Charges) -> Resu
     let service = ServiceBuilder::new()
         .layer(layer)
         .service(service_fn(move |request| charges.clone().handle(request)));
-    lambda_http::run(service).await
+    lambda_http::run_concurrent(service).await
 }
 
 #[cfg(test)]

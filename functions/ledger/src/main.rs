@@ -92,9 +92,12 @@ fn required_env(name: &str) -> Result<String, Error> {
     std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
 }
 
-// One invocation at a time per execution environment: the single-threaded
-// runtime saves a hop between threads on every store round trip (about a
-// third of a Redis new key's latency; BENCHMARKS.md).
+// One invocation at a time per execution environment of a function of the
+// default kind: the single-threaded runtime saves a hop between threads on
+// every store round trip (about a third of a Redis new key's latency;
+// BENCHMARKS.md). run_concurrent serves them one at a time there, and
+// AWS_LAMBDA_MAX_CONCURRENCY at once under Lambda Managed Instances (on this
+// one thread: I/O-bound work; a CPU-bound handler wants #[tokio::main]).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
@@ -107,7 +110,7 @@ async fn main() -> Result<(), Error> {
     // record: one DynamoDB call per new record.
     let batch = DynamoDbStreamBatch::new(Engine::builder(store).build(), "charges-stream/ledger")
         .single_write();
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Event>| {
+    lambda_runtime::run_concurrent(service_fn(move |event: LambdaEvent<Event>| {
         let batch = batch.clone();
         let ledger = Arc::clone(&ledger);
         async move {

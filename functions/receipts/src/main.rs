@@ -109,9 +109,12 @@ fn batch<St: Store>(engine: Engine<St>) -> SqsBatch<St> {
         })
 }
 
-// One invocation at a time per execution environment: the single-threaded
-// runtime saves a hop between threads on every store round trip (about a
-// third of a Redis new key's latency; BENCHMARKS.md).
+// One invocation at a time per execution environment of a function of the
+// default kind: the single-threaded runtime saves a hop between threads on
+// every store round trip (about a third of a Redis new key's latency;
+// BENCHMARKS.md). run_concurrent serves them one at a time there, and
+// AWS_LAMBDA_MAX_CONCURRENCY at once under Lambda Managed Instances (on this
+// one thread: I/O-bound work; a CPU-bound handler wants #[tokio::main]).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
@@ -129,7 +132,7 @@ async fn main() -> Result<(), Error> {
     // The handler's only effect is the write it returns, so each new record
     // costs one DynamoDB call.
     let batch = batch(Engine::builder(store).build()).single_write();
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+    lambda_runtime::run_concurrent(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let batch = batch.clone();
         let table = Arc::clone(&table);
         async move {
@@ -172,7 +175,7 @@ async fn serve<St: Store>(
     client: aws_sdk_dynamodb::Client,
     table: Arc<str>,
 ) -> Result<(), Error> {
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+    lambda_runtime::run_concurrent(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let (batch, client, table) = (batch.clone(), client.clone(), Arc::clone(&table));
         async move {
             let handler = |message: SqsMessage| {
