@@ -123,6 +123,53 @@ async fn rows(state: web::Data<State>) -> HttpResponse {
         .streaming(rows)
 }
 
+/// `POST /v1/broken`: a first row at once, then the stream breaks as the
+/// `x-break` header says: `panic` (the stream panics while polled),
+/// `error` (an error item), `short` (a body of 100 000 declared bytes that
+/// ends after the first row: its producer went away).
+async fn broken(state: web::Data<State>, request: HttpRequest) -> HttpResponse {
+    state.runs.fetch_add(1, Ordering::SeqCst);
+    let how = request
+        .headers()
+        .get("x-break")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let rows = futures::stream::unfold(0, move |written| {
+        let how = how.clone();
+        async move {
+            if written == 1 {
+                // The head and the first row reach the client first.
+                actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+            }
+            match (written, how.as_str()) {
+                (0, _) => Some((Ok::<_, actix_web::Error>(Bytes::from("{\"row\":1}\n")), 1)),
+                (1, "panic") => panic!("the export's source panicked part-way"),
+                (1, "error") => Some((
+                    Err(actix_web::error::ErrorInternalServerError(
+                        "the export's source failed part-way",
+                    )),
+                    2,
+                )),
+                _ => None,
+            }
+        }
+    });
+    let response = HttpResponse::Ok()
+        .content_type("application/x-ndjson")
+        .take();
+    if request
+        .headers()
+        .get("x-break")
+        .is_some_and(|v| v == "short")
+    {
+        let mut response = response;
+        return response.body(actix_web::body::SizedStream::new(100_000, rows));
+    }
+    let mut response = response;
+    response.streaming(rows)
+}
+
 struct Server {
     addr: SocketAddr,
     handle: ServerHandle,
@@ -163,7 +210,8 @@ fn serve(idempotency: Idempotency<MemoryStore>, timeout: Option<Duration>) -> Se
                             .route("/charges", web::get().to(|| async { "[]" }))
                             .route("/events", web::post().to(events))
                             .route("/exports", web::post().to(export))
-                            .route("/rows", web::post().to(rows)),
+                            .route("/rows", web::post().to(rows))
+                            .route("/broken", web::post().to(broken)),
                     )
                     .wrap_fn(|request, service| {
                         if let Some(token) = request
@@ -684,6 +732,16 @@ async fn a_long_response_is_stored_and_replayed_whole() {
     ];
     let first = send(server.addr, "/v1/exports", &headers, "{}").await;
     assert_eq!((first.status, first.body.len()), (200, 100_000));
+    assert_eq!(
+        first
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .map(|v| v.as_bytes()),
+        Some(&b"100000"[..]),
+        "the length actix knew is kept on the first answer: {:?}",
+        first.headers
+    );
+    assert!(!first.headers.contains_key(header::TRANSFER_ENCODING));
     let retry = send(server.addr, "/v1/exports", &headers, "{}").await;
     assert!(retry.replayed(), "{:?}", retry.headers);
     assert_eq!(retry.body, first.body);
@@ -786,4 +844,75 @@ fn under_app_wrap_the_route_template_scopes_and_commit_with_commits_with_the_rec
         );
         assert_eq!(store.item("charge-b"), None);
     });
+}
+
+/// A response stream that breaks part-way, however it breaks: the client
+/// sees the cut (the body ends in an error, never as complete), and every
+/// retry is told that the response was not stored, without running the
+/// handler again.
+async fn a_broken_stream(how: &str) {
+    let server = serve(by_tenant(), None);
+    let key = format!("k-broken-{how}");
+    let headers = [
+        ("idempotency-key", key.as_str()),
+        ("authorization", "Bearer t1"),
+        ("x-break", how),
+    ];
+    let stream = TcpStream::connect(server.addr).await.expect("connects");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let mut request = hyper::Request::builder()
+        .method("POST")
+        .uri("/v1/broken")
+        .header(header::HOST, server.addr.to_string());
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let response = sender
+        .send_request(request.body(Full::new(Bytes::new())).expect("request"))
+        .await
+        .expect("the head");
+    assert_eq!(response.status(), 200);
+    let cut = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect())
+        .await
+        .expect("the body ends");
+    assert!(
+        cut.is_err(),
+        "{how}: the client sees the stream cut, not a complete body: {:?}",
+        cut.map(|body| body.to_bytes())
+    );
+    let started = Instant::now();
+    let retry = loop {
+        let retry = send(server.addr, "/v1/broken", &headers, "").await;
+        if retry.status != 409 || started.elapsed() > Duration::from_secs(10) {
+            break retry;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        retry
+            .problem_type()
+            .ends_with("idempotency-response-not-stored"),
+        "{how}: {retry:?}"
+    );
+    assert_ne!(retry.body.as_ref(), b"{\"row\":1}\n", "{how}");
+    assert_eq!(server.state.runs(), 1, "{how}: never run again");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_that_panics_part_way_is_cut_and_never_replayed_as_whole() {
+    a_broken_stream("panic").await;
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_part_way_is_cut_and_never_replayed_as_whole() {
+    a_broken_stream("error").await;
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_short_of_its_length_is_cut_and_never_replayed_as_whole() {
+    a_broken_stream("short").await;
 }

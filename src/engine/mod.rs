@@ -76,7 +76,7 @@ pub use mode::Mode;
 pub use operator::Forgotten;
 pub use orchestrator::Engine;
 pub use outcome::{Outcome, OutcomeKind, Replayed};
-#[cfg(any(feature = "consumers", test))]
+#[cfg(any(feature = "consumers", feature = "http", test))]
 pub(crate) use panic::panic_message;
 // Hints other than the lease come from the HTTP layer's route estimates.
 #[cfg_attr(not(feature = "http"), allow(unused_imports))]

@@ -866,6 +866,12 @@ async fn teed<St: Store, E, R>(
         ending = ending => ending,
         () = lease_near_end(engine, claim) => Ending::NotStored(WhyNotStored::StreamOutlivedLease),
     };
+    let ending = match ending {
+        Ending::Whole(body, _) if !declared_length_holds(&head, body.as_ref().len()) => {
+            Ending::NotStored(WhyNotStored::StreamFailed)
+        }
+        ending => ending,
+    };
     match ending {
         Ending::Whole(body, trailers) => {
             if grpc
@@ -887,6 +893,24 @@ async fn teed<St: Store, E, R>(
             })
         }
     }
+}
+
+/// Whether a streamed body that came to its end holds as many bytes as its
+/// head's `content-length` says (when it says). One that ended short had its
+/// producer stop part-way (a task dropped, a source gone): the server cuts
+/// the client off, and the record must not keep those bytes as the whole
+/// response.
+fn declared_length_holds(head: &StoredHead, length: usize) -> bool {
+    let declared = head
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    let bodiless = matches!(
+        head.status,
+        http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+    );
+    bodiless || declared.is_none_or(|declared| declared == length as u64)
 }
 
 /// Resolves when the claim's lease (as last extended) is within a quarter

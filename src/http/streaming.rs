@@ -343,7 +343,7 @@ impl Copied {
 /// Reads the rest of a body the client left, into its copy.
 async fn read_rest(mut rest: UnsyncBoxBody<Bytes, BoxError>, mut copy: RecordCopy) -> Ending {
     loop {
-        match rest.frame().await {
+        match poll_fn(|cx| poll_unwinding(Pin::new(&mut rest), cx)).await {
             None => return Ending::Whole(copy.into_body(), None),
             Some(Err(_)) => return Ending::NotStored(WhyNotStored::StreamFailed),
             Some(Ok(frame)) => match frame.into_data() {
@@ -362,10 +362,34 @@ async fn read_rest(mut rest: UnsyncBoxBody<Bytes, BoxError>, mut copy: RecordCop
     }
 }
 
+/// The body's next frame; a panic while polling it is an error frame. A
+/// response body is polled where the server writes it (hyper's connection
+/// task), after the handler returned: a panic there, unguarded, left the
+/// teed body to its drop, which handed the panicked body on to be read
+/// again, and a body resumed after its panic panics once more, on the
+/// task completing the record. As an error, the client's connection is cut
+/// (as hyper cuts it for any body error) and the record says why.
+fn poll_unwinding<B>(
+    body: Pin<&mut B>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: HttpBody<Data = Bytes, Error = BoxError> + ?Sized,
+{
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body.poll_frame(cx))).unwrap_or_else(
+        |panic| {
+            let message = crate::engine::panic_message(&*panic);
+            Poll::Ready(Some(Err(BoxError::from(format!(
+                "the response body panicked: {message}"
+            )))))
+        },
+    )
+}
+
 /// The client's side of a teed body: every frame as it comes, copied for
 /// the record until the body ends or no longer fits.
 struct Tee {
-    /// `None` only once dropped.
+    /// `None` once dropped, or once it failed (it may have panicked).
     body: Option<UnsyncBoxBody<Bytes, BoxError>>,
     /// The copy and where its ending goes; `None` once sent, or once no
     /// one waits for it.
@@ -405,7 +429,12 @@ impl HttpBody for Tee {
         let Some(body) = this.body.as_mut() else {
             return Poll::Ready(None);
         };
-        let frame = std::task::ready!(Pin::new(body).poll_frame(cx));
+        let frame = std::task::ready!(poll_unwinding(Pin::new(body), cx));
+        if matches!(frame, Some(Err(_))) {
+            // Never polled again, nor handed on when dropped: it may have
+            // panicked.
+            this.body = None;
+        }
         if this
             .copy
             .as_ref()

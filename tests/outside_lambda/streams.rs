@@ -12,7 +12,9 @@ const SECOND_ROW: &[u8] = b"{\"row\":2}\n";
 
 /// `POST /v1/exports`: an NDJSON body without a length, whose first row
 /// comes at once and whose second waits for `more`; with an
-/// `x-fail-part-way` header, the stream fails instead of the second row.
+/// `x-fail-part-way` header, the stream fails instead of the second row;
+/// with `x-panic-part-way`, it panics there; with `x-short`, it declares a
+/// `content-length` of 100 000 and ends there (its producer gone).
 fn exports_app(
     engine: Engine<DynamoDbStore>,
     runs: &Arc<AtomicUsize>,
@@ -28,19 +30,39 @@ fn exports_app(
                 let more = Arc::clone(&more);
                 async move {
                     let fail = headers.contains_key("x-fail-part-way");
+                    let panics = headers.contains_key("x-panic-part-way");
+                    let short = headers.contains_key("x-short");
                     let first = futures::stream::once(async { Ok(Bytes::from_static(FIRST_ROW)) });
+                    let more_for_short = Arc::clone(&more);
                     let rest = futures::stream::once(async move {
                         more.notified().await;
+                        if panics {
+                            panic!("the export's source panicked part-way");
+                        }
                         if fail {
                             Err(std::io::Error::other("the export's source went away"))
                         } else {
                             Ok(Bytes::from_static(SECOND_ROW))
                         }
                     });
-                    (
+                    let body = if short {
+                        Body::from_stream(first.chain(futures::stream::once(async move {
+                            more_for_short.notified().await;
+                            Ok::<_, std::io::Error>(Bytes::new())
+                        })))
+                    } else {
+                        Body::from_stream(first.chain(rest))
+                    };
+                    let mut response = axum::response::IntoResponse::into_response((
                         [(header::CONTENT_TYPE, "application/x-ndjson")],
-                        Body::from_stream(first.chain(rest)),
-                    )
+                        body,
+                    ));
+                    if short {
+                        response
+                            .headers_mut()
+                            .insert(header::CONTENT_LENGTH, header::HeaderValue::from(100_000));
+                    }
+                    response
                 }
             }),
         )
@@ -153,13 +175,27 @@ async fn an_export_without_a_length_streams_from_its_first_row_and_is_stored_whe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_fails_part_way_is_not_stored_and_never_runs_again() {
+    a_broken_stream("x-fail-part-way").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_panics_part_way_is_not_stored_and_never_runs_again() {
+    a_broken_stream("x-panic-part-way").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ends_short_of_its_length_is_not_stored_and_never_runs_again() {
+    a_broken_stream("x-short").await;
+}
+
+/// The stream breaks after its first row as `how` says: the client sees
+/// the cut, every retry the not-stored answer, and the export runs once.
+async fn a_broken_stream(how: &str) {
     let runs = Arc::new(AtomicUsize::new(0));
     let more = Arc::new(Notify::new());
     let addr = serve(exports_app(engine().await, &runs, &more)).await;
-    let headers = [
-        ("idempotency-key", "ndjson-failing"),
-        ("x-fail-part-way", "1"),
-    ];
+    let key = format!("ndjson-broken-{how}");
+    let headers = [("idempotency-key", key.as_str()), (how, "1")];
     let response = head_of(request(addr, "POST", "/v1/exports", &headers, "{}")).await;
     let mut body = response.into_body();
     assert_eq!(next_event(&mut body).await.as_ref(), FIRST_ROW);
@@ -169,7 +205,7 @@ async fn a_stream_that_fails_part_way_is_not_stored_and_never_runs_again() {
         .expect("the stream ends");
     assert!(cut.is_err(), "the client sees the stream cut short");
 
-    let retry = export_once_done(addr, "ndjson-failing").await;
+    let retry = export_once_done(addr, &key).await;
     assert_eq!(retry.status, 200, "the original status: {}", retry.json);
     assert_eq!(
         retry.json["type"],

@@ -40,8 +40,31 @@ const READ_WHOLE: u64 = 64 * 1024;
 #[derive(Clone, Debug)]
 pub(super) struct Caller(pub(super) Option<String>);
 
-/// A body whose bytes a local task sends.
-struct Channel(mpsc::Receiver<Result<Bytes, BoxError>>);
+/// What the local task reading a body sends: its chunks, then how it
+/// ended. A channel that closes without saying (the task panicked while
+/// polling the body, or was dropped with its runtime) is a failure, never
+/// an end: read as one, the rows before a panic were a whole response.
+enum Sent {
+    Data(Bytes),
+    Failed(BoxError),
+    Ended,
+}
+
+/// A body whose bytes a local task sends, of `remaining` bytes more when
+/// actix knew its length (kept, so that the response keeps its
+/// `content-length`, and checked: a body that ends short of it failed).
+struct Channel {
+    receiver: mpsc::Receiver<Sent>,
+    remaining: Option<u64>,
+    done: bool,
+}
+
+impl Channel {
+    fn fail(&mut self, error: impl Into<BoxError>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.done = true;
+        Poll::Ready(Some(Err(error.into())))
+    }
+}
 
 impl http_body::Body for Channel {
     type Data = Bytes;
@@ -51,15 +74,53 @@ impl http_body::Body for Channel {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|item| item.map(|bytes| bytes.map(Frame::data)))
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match std::task::ready!(self.receiver.poll_recv(cx)) {
+            Some(Sent::Data(bytes)) => {
+                let length = bytes.len() as u64;
+                match self.remaining {
+                    Some(remaining) if length > remaining => {
+                        self.fail("the response body is longer than its declared length")
+                    }
+                    remaining => {
+                        self.remaining = remaining.map(|r| r - length);
+                        Poll::Ready(Some(Ok(Frame::data(bytes))))
+                    }
+                }
+            }
+            Some(Sent::Failed(error)) => self.fail(error),
+            Some(Sent::Ended) => match self.remaining {
+                Some(short) if short > 0 => self.fail(format!(
+                    "the response body ended {short} bytes short of its declared length"
+                )),
+                _ => {
+                    self.done = true;
+                    Poll::Ready(None)
+                }
+            },
+            None => self
+                .fail("the body stopped without ending: what produced it panicked or was dropped"),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self.remaining {
+            Some(remaining) => http_body::SizeHint::with_exact(remaining),
+            None => http_body::SizeHint::default(),
+        }
     }
 }
 
-/// `stream`'s bytes as a `Send` body: read on a local task, one chunk
-/// ahead of the reader, until the reader drops the body.
-fn sent_body<S, E>(stream: S) -> Body
+/// `stream`'s bytes as a `Send` body of `length` bytes if known: read on a
+/// local task, one chunk ahead of the reader, until the reader drops the
+/// body.
+fn sent_body<S, E>(stream: S, length: Option<u64>) -> Body
 where
     S: Stream<Item = Result<Bytes, E>> + 'static,
     E: Display,
@@ -67,15 +128,25 @@ where
     let (sender, receiver) = mpsc::channel(1);
     actix_web::rt::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            let item = item.map_err(|error| BoxError::from(error.to_string()));
-            let failed = item.is_err();
-            if sender.send(item).await.is_err() || failed {
-                break;
+        let ending = loop {
+            match stream.next().await {
+                Some(Ok(bytes)) => {
+                    if sender.send(Sent::Data(bytes)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Err(error)) => break Sent::Failed(BoxError::from(error.to_string())),
+                None => break Sent::Ended,
             }
-        }
+        };
+        let _ = sender.send(ending).await;
     });
-    Channel(receiver).boxed_unsync()
+    Channel {
+        receiver,
+        remaining: length,
+        done: false,
+    }
+    .boxed_unsync()
 }
 
 fn empty() -> Body {
@@ -92,7 +163,7 @@ fn whole(bytes: Bytes) -> Body {
 pub(super) fn request_body(payload: Payload) -> Body {
     match payload {
         Payload::None => empty(),
-        payload => sent_body(payload),
+        payload => sent_body(payload, None),
     }
 }
 
@@ -161,10 +232,15 @@ where
             }
         }
         BodySize::Sized(_) | BodySize::Stream => {
+            let length = match body.size() {
+                BodySize::Sized(length) => Some(length),
+                _ => None,
+            };
             let mut body = Box::pin(body);
-            sent_body(futures_util::stream::poll_fn(move |cx| {
-                body.as_mut().poll_next(cx)
-            }))
+            sent_body(
+                futures_util::stream::poll_fn(move |cx| body.as_mut().poll_next(cx)),
+                length,
+            )
         }
     };
     let mut response = Response::new(body);
