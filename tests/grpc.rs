@@ -109,11 +109,14 @@ impl ServerStreamingService<ChargeRequest> for Export {
     type ResponseStream = BoxStream<Charge>;
     type Future = BoxFuture<Response<BoxStream<Charge>>, Status>;
 
-    fn call(&mut self, _request: Request<ChargeRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<ChargeRequest>) -> Self::Future {
         let charges = self.0.clone();
         Box::pin(async move {
             charges.runs.fetch_add(1, Ordering::SeqCst);
-            let stream = async_stream(charges.go_on.clone());
+            let stream = match request.into_inner().behaviour.as_str() {
+                "" => async_stream(charges.go_on.clone()),
+                breaks => broken_stream(breaks.to_owned()),
+            };
             Ok(Response::new(stream))
         })
     }
@@ -131,6 +134,25 @@ fn async_stream(go_on: Arc<tokio::sync::Notify>) -> BoxStream<Charge> {
         Ok(charge(3))
     });
     Box::pin(futures::StreamExt::chain(first, third))
+}
+
+/// A first charge, then the stream breaks as `how` says: `panic` (the
+/// stream panics while polled) or `error` (an error status part-way).
+fn broken_stream(how: String) -> BoxStream<Charge> {
+    let first = futures::stream::once(async {
+        Ok(Charge {
+            id: "ch_1".into(),
+            amount: 1,
+        })
+    });
+    let breaks = futures::stream::once(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if how == "panic" {
+            panic!("the export's source panicked part-way");
+        }
+        Err(Status::internal("the export's source failed part-way"))
+    });
+    Box::pin(futures::StreamExt::chain(first, breaks))
 }
 
 impl Service<http::Request<Body>> for ChargesServer {
@@ -484,4 +506,81 @@ async fn a_server_stream_passes_through_and_is_not_stored() {
     assert!(retry.message().contains("not stored"), "{retry:?}");
     assert_eq!(server.charges.runs(), 1);
     server.stop().await;
+}
+
+/// A server stream that breaks part-way: the client sees the failure (an
+/// error, never a clean end). A panic cuts the stream, and the retry is told
+/// the call was processed and not stored, without running it again.
+async fn a_broken_server_stream(how: &str) {
+    let server = Running::start(layer()).await;
+    let key = format!("k-broken-{how}");
+    let export = |server: &Running| {
+        let mut grpc = tonic::client::Grpc::new(server.channel.clone());
+        let request = Running::request(Some(&key), charge(0, how));
+        async move {
+            grpc.ready().await.expect("ready");
+            let path = http::uri::PathAndQuery::from_static(EXPORT);
+            grpc.server_streaming(
+                request,
+                path,
+                ProstCodec::<ChargeRequest, Charge>::default(),
+            )
+            .await
+        }
+    };
+    let mut stream = export(&server).await.expect("streams").into_inner();
+    let first = stream
+        .message()
+        .await
+        .expect("the first")
+        .expect("a message");
+    assert_eq!(first.amount, 1);
+    let broken = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("the stream ends");
+    assert!(
+        broken.is_err(),
+        "{how}: a failure, not a clean end: {broken:?}"
+    );
+    if how == "error" {
+        // The handler's own status, in the trailers: the outcome policy
+        // decides on it as on a unary call's (INTERNAL is released), so
+        // the retry runs the call again, as the handler asked.
+        assert_eq!(broken.expect_err("failed").code(), Code::Internal);
+        let mut retry = export(&server).await.expect("runs again").into_inner();
+        assert_eq!(
+            retry
+                .message()
+                .await
+                .expect("first")
+                .expect("a message")
+                .amount,
+            1
+        );
+        assert_eq!(server.charges.runs(), 2);
+        server.stop().await;
+        return;
+    }
+    let started = std::time::Instant::now();
+    let retry = loop {
+        let retry = export(&server).await.expect_err("not replayed");
+        if retry.code() != Code::Aborted || started.elapsed() > Duration::from_secs(10) {
+            break retry;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(retry.code(), Code::AlreadyExists, "{how}: {retry:?}");
+    assert!(retry.message().contains("not stored"), "{how}: {retry:?}");
+    assert_eq!(server.charges.runs(), 1, "{how}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_stream_that_panics_part_way_fails_for_the_client_and_is_not_stored() {
+    a_broken_server_stream("panic").await;
+}
+
+#[tokio::test]
+async fn a_server_stream_that_fails_part_way_fails_for_the_client_and_its_status_decides() {
+    a_broken_server_stream("error").await;
 }
