@@ -876,9 +876,13 @@ mod in_transaction {
 
     /// A handler waiting on a row lock that another connection holds past
     /// the time limit is answered with the time limit, every time: the
-    /// server's own statement timeout used to be the same and raced the
-    /// engine's timer (a 500 carrying `57014` in 1 to 4 of 8 tries; 20 tries here fail
-    /// about one run in three with the old bound).
+    /// server's own statement timeout (the same limit) raced the engine's
+    /// timer, and its `57014` came back as the handler's own error (1 to 4
+    /// of 8 tries once; 20 tries here fail about one run in three without
+    /// the engine deciding by the limit). The abandoned statement ends at
+    /// the limit too, and with it its locks (a server bound a second past
+    /// the limit kept it waiting, and a retry within that second was told
+    /// the key was in progress).
     async fn a_handler_waiting_on_a_lock_always_gets_the_time_limit(url: &str) {
         let bank = bank(url, 2).await;
         let holder = tokio_postgres_client().await;
@@ -904,11 +908,24 @@ mod in_transaction {
                 other => panic!("try {try_}: expected the time limit, got {other:?}"),
             }
         }
+        // The last try's statement ended at the limit: no backend still
+        // waits on the holder's lock 300 ms after the 503.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waiting: i64 = holder
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()",
+                &[&bank.accounts],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        assert_eq!(waiting, 0, "an abandoned statement outlived its limit");
         holder.batch_execute("ROLLBACK").await.expect("released");
         assert_eq!(bank.balance().await, 100);
         assert_eq!(bank.runs(), 20);
         let paid = bank
-            .pay("locked-0", 10, limits(), Duration::ZERO)
+            .pay("locked", 10, limits(), Duration::ZERO)
             .await
             .expect("runs once the lock is gone");
         assert_eq!(paid.kind(), OutcomeKind::Fresh, "the key was left free");

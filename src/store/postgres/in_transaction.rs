@@ -44,17 +44,7 @@ const HANDLER_SAVEPOINT: &str = "lambda_idempotency_handler";
 /// The longest timeout PostgreSQL takes (`INT_MAX` milliseconds, about 24
 /// days); the claim wait and the time limit are capped to it, and
 /// the idle timeout a second later stays within it too.
-const LONGEST_MS: u64 = i32::MAX as u64 - 2 * SERVER_TRAILS_MS;
-
-/// How long after the engine's time limit the server's own bounds fall
-/// (`statement_timeout` at the limit plus this, the idle timeout at twice
-/// this): the engine stops the handler first, every time, and answers as
-/// documented. At the same instant the two raced: a statement the server
-/// cancelled a few milliseconds before the engine's timer came back to the
-/// handler as an error of its own (a 500 carrying `57014`) rather than the
-/// engine's `TimeLimitExceeded` (a 503). The server's bounds are for a
-/// process that stopped answering.
-const SERVER_TRAILS_MS: u64 = 1_000;
+const LONGEST_MS: u64 = i32::MAX as u64 - 1_000;
 
 /// How long before the invocation's deadline the transaction ends, to
 /// leave time to roll back and answer.
@@ -114,13 +104,15 @@ impl TransactionLimits {
 
     /// How long the transaction may take from `BEGIN` to `COMMIT` (from 1
     /// ms to about 24 days, PostgreSQL's longest timeout). Past it the handler is stopped, everything is rolled back,
-    /// and the caller gets [`Error::TimeLimitExceeded`], every time: a
-    /// statement still running then (waiting on a lock, say) is cut off
-    /// with its connection. The server bounds it too, a second later
-    /// (`statement_timeout` on each statement) and two seconds later
-    /// (`idle_in_transaction_session_timeout`), so a process that stops
-    /// answering (a Lambda frozen after its timeout) holds no lock for much
-    /// longer either. With an invocation deadline
+    /// and the caller gets [`Error::TimeLimitExceeded`], every time (a
+    /// handler that answers once the limit has passed is rolled back too,
+    /// whatever it answered: its statement may have been cancelled by the
+    /// server's bound). The server enforces the limit too
+    /// (`statement_timeout` on each statement, and
+    /// `idle_in_transaction_session_timeout` a second later), so a
+    /// statement still running at the limit ends there and releases its
+    /// locks, and a process that stops answering (a Lambda frozen after
+    /// its timeout) holds no lock for longer either. With an invocation deadline
     /// ([`Attempt::deadline`](crate::Attempt::deadline), the Lambda
     /// context's), the limit ends 250 ms before it at the latest.
     #[must_use]
@@ -280,8 +272,8 @@ impl PostgresStore {
              SET LOCAL statement_timeout = {statement}; \
              SET LOCAL idle_in_transaction_session_timeout = {idle}",
             claim_wait = bounded_ms(limits.claim_wait),
-            statement = time_limit_ms + SERVER_TRAILS_MS,
-            idle = time_limit_ms + 2 * SERVER_TRAILS_MS,
+            statement = time_limit_ms,
+            idle = time_limit_ms + 1_000,
         );
         let transaction = PgTransaction {
             held: Arc::new(Held {
@@ -809,6 +801,23 @@ impl Engine<PostgresStore> {
             .catch_unwind()
             .await;
         match ran {
+            // Answered once the limit had passed: the server's own
+            // statement_timeout (the same limit, counted from the
+            // statement's start, so never earlier) may be what ended it,
+            // and the handler may have turned its `57014` into an answer
+            // of its own (a 500) before the engine's timer was polled. The
+            // limit decides, whatever the handler made of it.
+            Ok(Ok(_)) if remaining(started, limits).is_zero() => {
+                transaction.roll_back().await;
+                warn!(
+                    limit_ms = limits.time_limit.as_millis() as u64,
+                    outcome = "time_limit_exceeded",
+                    "the operation answered past its transaction's time limit; rolled back"
+                );
+                Err(Error::TimeLimitExceeded {
+                    limit: limits.time_limit,
+                })
+            }
             Ok(Ok(Ok(value))) => Ok(value),
             Ok(Ok(Err(error))) => {
                 transaction.roll_back().await;
@@ -909,7 +918,7 @@ mod tests {
             .time_limit(Duration::MAX);
         assert_eq!(limits.claim_wait_value(), Duration::from_millis(1));
         assert_eq!(limits.time_limit_value(), Duration::from_millis(LONGEST_MS));
-        assert!(LONGEST_MS + 2 * SERVER_TRAILS_MS <= i32::MAX as u64);
+        assert!(LONGEST_MS + 1_000 <= i32::MAX as u64);
         let defaults = TransactionLimits::default();
         assert_eq!(defaults.claim_wait_value(), DEFAULT_CLAIM_WAIT);
         assert_eq!(defaults.time_limit_value(), DEFAULT_TIME_LIMIT);
