@@ -220,10 +220,12 @@ impl<St: Store> EngineBuilder<St> {
         self
     }
 
-    /// Keeps every claim alive while its operation runs: every third of the
-    /// claim's lease, the lease is extended by its length again (a fenced
-    /// write, one store call), until the operation ends. An extension that
-    /// finds the claim lost tells the operation
+    /// Keeps every claim alive while its operation runs: the claim's lease
+    /// is at least 10 seconds (capped by [`max_lease`](EngineBuilder::max_lease)),
+    /// and every third of it the lease is extended by its length again (a
+    /// fenced write, one store call), until the operation ends; an
+    /// extension that fails is tried again within a tenth of a second. An
+    /// extension that finds the claim lost tells the operation
     /// ([`ClaimHandle::lost`](crate::ClaimHandle::lost)) and stops.
     /// Operations can also extend by hand with
     /// [`ClaimHandle::extend`](crate::ClaimHandle::extend).
@@ -251,8 +253,9 @@ impl<St: Store> EngineBuilder<St> {
     /// repeated by the retry.
     ///
     /// If the process dies, the heartbeat stops with it and the claim lapses
-    /// one lease later (at most the function's timeout, in Lambda): the
-    /// retry after that takes it over and is told so
+    /// one lease later (10 seconds, or what was left to the invocation's
+    /// deadline when it claimed, if longer): the retry after that takes it
+    /// over and is told so
     /// ([`ClaimHandle::takeover`](crate::ClaimHandle::takeover)).
     pub fn heartbeat(mut self, heartbeat: bool) -> Self {
         self.heartbeat = Some(heartbeat);

@@ -192,6 +192,17 @@ impl<St: Store> Engine<St> {
                 |deadline| deadline.min(capped),
             )
             .max(now_ms.saturating_add(MIN_LEASE_MS));
+        // With the heartbeat the lease follows the work, not the deadline:
+        // it starts at the heartbeat's floor, so that a store that fails
+        // or answers slowly for a moment does not let it lapse under a run
+        // that goes on (under Lambda Managed Instances, past its deadline).
+        let lease_until_ms = if inner.heartbeat {
+            let floor =
+                super::lease::heartbeat_extension(std::time::Duration::ZERO, inner.max_lease);
+            lease_until_ms.max(now_ms.saturating_add(duration_ms(floor)))
+        } else {
+            lease_until_ms
+        };
         // The record must outlive its lease, or it would count as absent (and
         // be taken over) while its owner still runs.
         let expiration_s = self.expiration_s(now_ms).max(lease_until_ms / 1000 + 1);

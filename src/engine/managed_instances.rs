@@ -24,8 +24,11 @@ pub const MAX_CONCURRENCY_VARIABLE: &str = "AWS_LAMBDA_MAX_CONCURRENCY";
 /// `None` elsewhere (a Lambda function of the default kind, a server, a
 /// test).
 ///
-/// A value that is not a positive whole number still marks a Managed
-/// Instance (Lambda sets the variable only there), counted as one.
+/// The count is read as `lambda_runtime` reads it (a positive whole number,
+/// nothing around it), so that it is the number of invocations its
+/// `run_concurrent` serves at once; any other value still marks a Managed
+/// Instance (Lambda sets the variable only there), counted as one, as the
+/// runtime then serves one at a time.
 ///
 /// ```
 /// // Outside a Managed Instance (as in this doc test):
@@ -36,11 +39,8 @@ pub fn managed_instances_concurrency() -> Option<u32> {
 }
 
 fn concurrency_of(value: Option<&str>) -> Option<u32> {
-    let value = value?.trim();
-    if value.is_empty() {
-        return None;
-    }
-    Some(value.parse::<u32>().unwrap_or(1).max(1))
+    let value = value.filter(|value| !value.is_empty())?;
+    Some(value.parse::<u32>().ok().filter(|n| *n > 0).unwrap_or(1))
 }
 
 #[cfg(test)]
@@ -51,9 +51,11 @@ mod tests {
     fn a_managed_instance_is_told_by_its_variable_alone() {
         assert_eq!(concurrency_of(None), None);
         assert_eq!(concurrency_of(Some("")), None);
-        assert_eq!(concurrency_of(Some("  ")), None);
         assert_eq!(concurrency_of(Some("8")), Some(8));
-        assert_eq!(concurrency_of(Some(" 64 ")), Some(64));
+        assert_eq!(concurrency_of(Some("64")), Some(64));
+        // As lambda_runtime reads it: with spaces, it serves one at a time.
+        assert_eq!(concurrency_of(Some(" 8 ")), Some(1));
+        assert_eq!(concurrency_of(Some("  ")), Some(1));
         assert_eq!(concurrency_of(Some("1")), Some(1));
         // Set, but not a count the runtime would use: still a Managed
         // Instance, whose invocations outlive their deadlines.

@@ -10,6 +10,7 @@
 //! The in-transaction form's tests need the PostgreSQL server `make test`
 //! starts (`IDEMPOTENCY_TEST_POSTGRES_URL`).
 
+mod heartbeat_faults;
 mod runtime_api;
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};

@@ -1,0 +1,283 @@
+//! The heartbeat under Managed Instances when the store misbehaves: a
+//! blip of failed extensions, extensions answered slowly, and a
+//! `max_lease` under the shortest lease. A handler runs past its 1 s
+//! deadline while retries keep coming; none may run beside it. (Found by
+//! an outside review: each ran a retry beside the late first run while a
+//! claim with the heartbeat was leased to its deadline, extended by what
+//! was left then, and a failed beat was tried again only a third of that
+//! later. Now its lease starts at and keeps the heartbeat's floor, 10 s.)
+
+use super::*;
+use lambda_idempotency::{
+    store::{
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+        Store,
+    },
+    testing::CountingStore,
+    StoreError, StoreErrorKind,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A store whose `extend` fails (a transient outage) or is slow while the
+/// test says so; every other call goes straight through.
+#[derive(Clone)]
+struct Flaky<St> {
+    inner: St,
+    /// Extensions fail while this is set.
+    failing: Arc<std::sync::atomic::AtomicBool>,
+    /// Extensions take this long (ms) before they are made.
+    slow_ms: Arc<std::sync::atomic::AtomicU64>,
+    extends: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+}
+
+impl<St> Flaky<St> {
+    fn new(inner: St) -> Self {
+        Self {
+            inner,
+            failing: Arc::default(),
+            slow_ms: Arc::default(),
+            extends: Arc::default(),
+            failed: Arc::default(),
+        }
+    }
+}
+
+impl<St: Store> Store for Flaky<St> {
+    type Write = St::Write;
+    const SINGLE_WRITE: bool = St::SINGLE_WRITE;
+
+    async fn commit(&self, commit: Commit<St::Write>) -> Result<Conditional, StoreError> {
+        self.inner.commit(commit).await
+    }
+    async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
+        self.inner.claim(claim).await
+    }
+    async fn take_over(
+        &self,
+        claim: &Claim,
+        lapsed: &OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        self.inner.take_over(claim, lapsed).await
+    }
+    async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        let slow = self.slow_ms.load(Ordering::SeqCst);
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+        }
+        if self.failing.load(Ordering::SeqCst) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::new(
+                StoreErrorKind::Throttled,
+                "review: throttled",
+            ));
+        }
+        self.inner.extend(extension).await
+    }
+    async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+        self.inner.remove(id, removal).await
+    }
+    async fn complete(&self, completion: Completion<St::Write>) -> Result<Conditional, StoreError> {
+        self.inner.complete(completion).await
+    }
+    async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
+        self.inner.release(id, owner).await
+    }
+    async fn list_in_progress(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_in_progress(prefix, limit).await
+    }
+    async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        self.inner.get(id, now_ms).await
+    }
+}
+
+/// `start_http` for any store, and any layer.
+async fn start_layer<St: Store>(
+    api: &RuntimeApi,
+    layer: IdempotencyLayer<St>,
+    ledger: &Ledger,
+) -> Running {
+    let ledger = ledger.clone();
+    let handler = service_fn(move |request: Request| {
+        let ledger = ledger.clone();
+        async move {
+            let key = request
+                .headers()
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body: Value = serde_json::from_slice(request.body().as_ref()).unwrap_or_default();
+            let work = Duration::from_millis(body["work_ms"].as_u64().unwrap_or(0));
+            ledger.begin(&key);
+            tokio::time::sleep(work).await;
+            ledger.end(&key);
+            let run = ledger.started(&key);
+            Ok::<_, lambda_http::Error>(
+                Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .body(Body::from(json!({ "key": key, "run": run }).to_string()))
+                    .expect("a response"),
+            )
+        }
+    });
+    let service = tower::ServiceBuilder::new().layer(layer).service(handler);
+    start(api, move || lambda_http::run_concurrent(service)).await
+}
+
+/// Retries of `key` every `every`, from `from` after now until `until`,
+/// each with a 1 s deadline; their statuses.
+async fn retries(
+    api: &RuntimeApi,
+    key: &str,
+    work: Duration,
+    from: Duration,
+    every: Duration,
+    until: Duration,
+) -> Vec<Option<(u64, bool)>> {
+    let mut calls = Vec::new();
+    let mut at = from;
+    while at < until {
+        calls.push(async move {
+            tokio::time::sleep(at).await;
+            api.invoke(charge_event(key, work), Duration::from_secs(1))
+                .await
+        });
+        at += every;
+    }
+    futures::future::join_all(calls)
+        .await
+        .iter()
+        .map(|r| match r {
+            Reported::TimedOut => None,
+            other => status_of(other),
+        })
+        .collect()
+}
+
+/// A store blip of one lease (extensions throttled for 1.1 s) while a
+/// handler runs past its 1 s deadline: retries keep coming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_blip_past_the_deadline_does_not_let_a_retry_run_beside_it() {
+    lambda_environment();
+    let store = Flaky::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone()).build();
+    assert!(engine.has_heartbeat());
+    let api = RuntimeApi::start().await;
+    let ledger = Ledger::default();
+    let _runtime = start_layer(&api, IdempotencyLayer::new(engine), &ledger).await;
+    let key = "blip";
+    let work = Duration::from_millis(4_000);
+    let first = api.invoke(charge_event(key, work), Duration::from_secs(1));
+    let blip = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        store.failing.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        store.failing.store(false, Ordering::SeqCst);
+    };
+    let retried = retries(
+        &api,
+        key,
+        work,
+        Duration::from_millis(1_050),
+        Duration::from_millis(100),
+        Duration::from_millis(3_500),
+    );
+    let (_, _, statuses) = tokio::join!(first, blip, retried);
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    eprintln!(
+        "blip: extends {} (failed {}), runs {}, most at once {}, retries {statuses:?}",
+        store.extends.load(Ordering::SeqCst),
+        store.failed.load(Ordering::SeqCst),
+        ledger.started(key),
+        ledger.most_at_once(key)
+    );
+    assert_eq!(
+        ledger.most_at_once(key),
+        1,
+        "a retry ran beside the late first run"
+    );
+}
+
+/// No error at all: extensions that take 0.7 s each (a store slow
+/// under load, an SDK retrying a throttle) while a handler runs past its
+/// 1 s deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_answered_slowly_do_not_let_a_retry_run_beside_it() {
+    lambda_environment();
+    let store = Flaky::new(MemoryStore::new());
+    store.slow_ms.store(700, Ordering::SeqCst);
+    let engine = Engine::builder(store.clone()).build();
+    let api = RuntimeApi::start().await;
+    let ledger = Ledger::default();
+    let _runtime = start_layer(&api, IdempotencyLayer::new(engine), &ledger).await;
+    let key = "slow-extensions";
+    let work = Duration::from_millis(4_000);
+    let first = api.invoke(charge_event(key, work), Duration::from_secs(1));
+    let retried = retries(
+        &api,
+        key,
+        work,
+        Duration::from_millis(1_050),
+        Duration::from_millis(100),
+        Duration::from_millis(3_500),
+    );
+    let (_, statuses) = tokio::join!(first, retried);
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    eprintln!(
+        "slow: extends {}, runs {}, most at once {}, retries {statuses:?}",
+        store.extends.load(Ordering::SeqCst),
+        ledger.started(key),
+        ledger.most_at_once(key)
+    );
+    assert_eq!(
+        ledger.most_at_once(key),
+        1,
+        "a retry ran beside the late first run"
+    );
+}
+
+/// `max_lease` under a third of the 1 s lease floor: the heartbeat
+/// beats every 333 ms but each beat extends by `max_lease` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_lease_under_a_second_does_not_defeat_the_heartbeat() {
+    lambda_environment();
+    let store = CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone())
+        .max_lease(Duration::from_millis(200))
+        .build();
+    assert!(engine.has_heartbeat());
+    let api = RuntimeApi::start().await;
+    let ledger = Ledger::default();
+    let _runtime = start_layer(&api, IdempotencyLayer::new(engine), &ledger).await;
+    let key = "short-max-lease";
+    let work = Duration::from_millis(3_000);
+    let first = api.invoke(charge_event(key, work), Duration::from_secs(1));
+    let retried = retries(
+        &api,
+        key,
+        work,
+        Duration::from_millis(1_050),
+        Duration::from_millis(50),
+        Duration::from_millis(2_500),
+    );
+    let (_, statuses) = tokio::join!(first, retried);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    eprintln!(
+        "short max_lease: calls {:?}, runs {}, most at once {}, retries {statuses:?}",
+        store.calls(),
+        ledger.started(key),
+        ledger.most_at_once(key)
+    );
+    assert_eq!(
+        ledger.most_at_once(key),
+        1,
+        "a retry ran beside the late first run"
+    );
+}
