@@ -3,7 +3,7 @@
 
 use super::retry_after::RetryHint;
 use crate::{clock::epoch_ms, Fingerprint, Takeover};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// One attempt at an idempotent operation, as a client may retry it.
 ///
@@ -21,6 +21,7 @@ pub struct Attempt<'a> {
     pub(crate) taking_over: Option<Takeover>,
     /// What a duplicate that finds the key in progress is told to wait.
     pub(crate) retry_hint: RetryHint,
+    pub(crate) wait_in_process: Option<Duration>,
 }
 
 impl<'a> Attempt<'a> {
@@ -35,6 +36,7 @@ impl<'a> Attempt<'a> {
             caution: Caution::default(),
             taking_over: None,
             retry_hint: RetryHint::Lease,
+            wait_in_process: None,
         }
     }
 
@@ -76,6 +78,23 @@ impl<'a> Attempt<'a> {
     /// timeout, `600000`), means no deadline.
     pub fn deadline_ms(mut self, epoch_ms: u64) -> Self {
         self.deadline_ms = crate::clock::invocation_deadline_ms(epoch_ms);
+        self
+    }
+
+    /// While another attempt at this key runs **in this process** (a
+    /// duplicate that reached the same server, or another worker of a
+    /// Lambda Managed Instance), wait up to `budget` for its outcome, on
+    /// the run itself: its replay as soon as it completes (or this attempt
+    /// runs, if it released the key), [`Error::InProgress`](crate::Error::InProgress)
+    /// if it still runs when the budget is spent. No store call is made
+    /// while it waits. Without this (the default), such a duplicate is
+    /// answered `Error::InProgress` at once, without a store call either. A
+    /// run in another process is found in the store as before: this attempt
+    /// is answered `Error::InProgress` at once (ask again as its
+    /// `retry_after` says; the HTTP layer's `wait_for_result` does both).
+    #[must_use]
+    pub fn wait_in_process(mut self, budget: Duration) -> Self {
+        self.wait_in_process = Some(budget);
         self
     }
 
@@ -178,6 +197,7 @@ impl OwnedAttempt {
             caution: self.caution,
             taking_over: self.taking_over,
             retry_hint: self.retry_hint,
+            wait_in_process: None,
         }
     }
 }

@@ -361,6 +361,7 @@ impl<St: Store> EngineBuilder<St> {
                 read_before_claim: self.read_before_claim,
                 disabled,
                 clock: self.clock,
+                local_runs: Default::default(),
             }),
         }
     }

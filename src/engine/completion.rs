@@ -8,7 +8,9 @@ use super::{
     outcome::OutcomeKind,
 };
 use crate::{
-    store::{Claim, Completion, Conditional, Extension, OwnerToken, RecordId, Store},
+    store::{
+        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Status, Store,
+    },
     Error, StoreError,
 };
 use tracing::{debug, warn};
@@ -62,6 +64,19 @@ impl<St: Store> Engine<St> {
                     Some(now_ms),
                     claim.attempt,
                 );
+                self.local_runs().completed(claim, || Record {
+                    id: claim.id.clone(),
+                    status: Status::Completed,
+                    owner: claim.owner.clone(),
+                    fingerprint: claim.fingerprint.clone(),
+                    expiration_s,
+                    lease_until_ms: None,
+                    response: Some(response.clone()),
+                    created_at_ms: Some(claim.now_ms),
+                    attempt: claim.attempt,
+                    first_started_ms: Some(claim.first_started_ms),
+                    completed_at_ms: Some(now_ms),
+                });
                 debug!(record = %claim.id, outcome = "fresh", "idempotency");
                 Ok(OutcomeKind::Fresh)
             }

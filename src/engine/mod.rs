@@ -40,6 +40,7 @@ mod durable;
 mod execute;
 mod fence;
 mod lease;
+mod local_runs;
 mod managed_instances;
 mod mode;
 mod operator;

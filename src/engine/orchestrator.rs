@@ -1,7 +1,7 @@
 //! The engine: its configuration and state, shared by every step of the
 //! protocol (each step is a file beside this one, adding its methods).
 
-use super::cache::RecordCache;
+use super::{cache::RecordCache, local_runs::LocalRuns};
 use crate::{
     store::{RecordId, Store},
     Clock,
@@ -42,6 +42,7 @@ pub(super) struct Inner<St> {
     pub(super) read_before_claim: bool,
     pub(super) disabled: bool,
     pub(super) clock: Arc<dyn Clock>,
+    pub(super) local_runs: LocalRuns,
 }
 
 /// The shortest lease a claim gets, even when its deadline has passed.

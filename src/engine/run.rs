@@ -7,6 +7,7 @@ use super::{
     claim_handle::ClaimHandle,
     codec::{self, Codec},
     lease::run_unclaimed,
+    local_runs::{Ended, LocalRun},
     mode::Mode,
     orchestrator::{Engine, MIN_LEASE_MS},
     outcome::{Outcome, OutcomeKind},
@@ -71,23 +72,52 @@ impl<St: Store> Engine<St> {
         if self.inner.disabled {
             return self.run_disabled(operation).await;
         }
-        // How long the claim takes, measured apart from `clock`, which
-        // gives the wall-clock instants that leases are written in.
-        let began = tokio::time::Instant::now();
         let mut claim = match self.claim_unless_cached(attempt, codec) {
             Ok(claim) => claim,
             Err(answer) => return answer,
         };
-        let claimed = self.claim(&mut claim).await;
-        match self.claim_step(&claim, claimed, attempt, mode, codec) {
-            ClaimStep::Ours => {}
-            ClaimStep::Answered(answer) => return answer,
-            ClaimStep::Unprotected(error) => {
-                return self
-                    .run_unprotected(&claim, attempt, error, operation)
-                    .await
+        let waits_until = attempt
+            .wait_in_process
+            .map(|budget| tokio::time::Instant::now() + budget);
+        let began = loop {
+            // A run of the key under way in this process answers a
+            // duplicate here, without a store call (or after waiting on
+            // it, in memory). One that ended without completing here
+            // leaves the key to be claimed, from now.
+            if let Some(run) = self.local_runs().get(&claim.id) {
+                let budget = waits_until
+                    .map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
+                let answered = Box::pin(self.after_local_run(&run, attempt, budget, codec)).await;
+                if let Some(answer) = answered {
+                    return answer;
+                }
+                claim = match self.claim_unless_cached(attempt, codec) {
+                    Ok(claim) => claim,
+                    Err(answer) => return answer,
+                };
             }
-        }
+            // How long the claim takes, measured apart from `clock`, which
+            // gives the wall-clock instants that leases are written in.
+            let began = tokio::time::Instant::now();
+            let claimed = self.claim(&mut claim).await;
+            match self.claim_step(&claim, claimed, attempt, mode, codec) {
+                ClaimStep::Ours => break began,
+                // Another duplicate of this process took the key as the run
+                // this one waited on ended: wait on that one in turn.
+                ClaimStep::Answered(Err(Error::InProgress { .. }))
+                    if waits_until.is_some_and(|until| tokio::time::Instant::now() < until)
+                        && self.local_runs().get(&claim.id).is_some() =>
+                {
+                    continue
+                }
+                ClaimStep::Answered(answer) => return answer,
+                ClaimStep::Unprotected(error) => {
+                    return self
+                        .run_unprotected(&claim, attempt, error, operation)
+                        .await
+                }
+            }
+        };
         self.started_in_time(&claim, began).await?;
         // The operation runs here, not in a function of its own, whose
         // level every operation's future would nest one deeper, against
@@ -98,6 +128,8 @@ impl<St: Store> Engine<St> {
         // response, some kilobytes) would otherwise be copied whole at each
         // of the moves below, and this future would hold room for it.
         let handle = self.handle(&claim);
+        // Until this returns: its duplicates in this process wait on it.
+        let _running = self.local_runs().start(&claim, &handle);
         let started = catch_unwind(AssertUnwindSafe(|| {
             Box::pin(handle.clone().scope(operation(handle.clone())))
         }));
@@ -137,6 +169,36 @@ impl<St: Store> Engine<St> {
             }
             Err(error) => Err(error),
         }
+    }
+
+    /// A duplicate of a run under way in this process: answered as the
+    /// store would answer its claim (a mismatch, in progress) without
+    /// asking it; with a wait in process, once the run has ended (its
+    /// replay), or when the wait is spent (in progress). `None` when the
+    /// store must decide: the run ended without completing here (the key
+    /// may be free), or its lease has passed (the key may be taken over, as
+    /// from a run elsewhere that outlived its lease).
+    async fn after_local_run<T, E, C: Codec<T>>(
+        &self,
+        run: &LocalRun,
+        attempt: &Attempt<'_>,
+        wait: Option<Duration>,
+        codec: &C,
+    ) -> Option<Result<Outcome<T>, Error<E>>> {
+        let lease_left_ms = run.lease_until_ms().checked_sub(self.now_ms())?;
+        let budget = wait.filter(|_| *run.fingerprint() == attempt.fingerprint);
+        if let Some(budget) = budget {
+            let lease_left = Duration::from_millis(lease_left_ms);
+            match run.wait(budget.min(lease_left)).await {
+                Some(Ended::Completed(record)) => {
+                    return Some(self.existing(record, codec, attempt, self.now_ms()))
+                }
+                Some(Ended::Other) => return None,
+                None if self.now_ms() >= run.lease_until_ms() => return None,
+                None => {}
+            }
+        }
+        Some(self.existing(run.in_progress(), codec, attempt, self.now_ms()))
     }
 
     /// What the claim decided for the attempt: run; an answer without

@@ -1238,7 +1238,11 @@ async fn a_read_before_the_claim_answers_only_from_a_completed_record() {
     };
     started_rx.await.expect("started");
     let claims = store.calls().claim;
-    let duplicate = engine
+    // A duplicate in another process (an engine of its own).
+    let elsewhere = Engine::builder(store.clone())
+        .read_before_claim(true)
+        .build();
+    let duplicate = elsewhere
         .execute(&held, || async { Ok::<_, Failed>(5u8) })
         .await;
     assert!(
@@ -1246,6 +1250,14 @@ async fn a_read_before_the_claim_answers_only_from_a_completed_record() {
         "{duplicate:?}"
     );
     assert_eq!(store.calls().claim, claims + 1, "the claim was made");
+    // One in this process is answered by the run itself: neither read nor
+    // claim.
+    let calls = store.calls();
+    let here = engine
+        .execute(&held, || async { Ok::<_, Failed>(5u8) })
+        .await;
+    assert!(matches!(here, Err(Error::InProgress { .. })), "{here:?}");
+    assert_eq!(store.calls(), calls, "no store call");
     let _ = finish_tx.send(());
     running.await.expect("joined").expect("ran");
 
@@ -1368,4 +1380,153 @@ async fn a_clock_ahead_at_the_memory_store_s_rebuild_runs_no_key_again() {
     assert_eq!(again.kind(), OutcomeKind::Replay);
     assert_eq!(runs.load(Ordering::SeqCst), 1793, "k0 ran once");
     assert_eq!(store.records().len(), 1793, "no record dropped");
+}
+
+/// The first of twenty concurrent duplicates in one process, and the
+/// twenty: each of them waits on the first's run in memory (no store call
+/// of theirs while it runs) and replays its value as it completes.
+async fn twenty_duplicates_in_one_process(
+    finish: impl FnOnce() -> Result<u8, Failed> + Send + 'static,
+) -> (
+    CountingStore<MemoryStore>,
+    Vec<Result<Outcome<u8>, Error<Failed>>>,
+    usize,
+) {
+    let store = CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (engine, runs) = (engine.clone(), Arc::clone(&runs));
+        tokio::spawn(async move {
+            let attempt = Attempt::new("s", "k", fingerprint(1));
+            engine
+                .execute(&attempt, || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    finish()
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("the first runs");
+    let before = store.calls();
+    let duplicates: Vec<_> = (0..20)
+        .map(|_| {
+            let (engine, runs) = (engine.clone(), Arc::clone(&runs));
+            tokio::spawn(async move {
+                let attempt =
+                    Attempt::new("s", "k", fingerprint(1)).wait_in_process(Duration::from_secs(30));
+                engine
+                    .execute(&attempt, || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Failed>(2u8)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.calls(), before, "no store call while the first runs");
+    let _ = finish_tx.send(());
+    let mut outcomes = vec![first.await.expect("joined")];
+    for duplicate in duplicates {
+        outcomes.push(duplicate.await.expect("joined"));
+    }
+    (store, outcomes, runs.load(Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn duplicates_in_one_process_wait_on_the_run_and_replay_it_without_a_store_call() {
+    let (store, outcomes, runs) = twenty_duplicates_in_one_process(|| Ok(1)).await;
+    assert_eq!(runs, 1);
+    assert_eq!(
+        outcomes[0].as_ref().map(Outcome::kind).ok(),
+        Some(OutcomeKind::Fresh)
+    );
+    for outcome in &outcomes[1..] {
+        let outcome = outcome.as_ref().expect("answered");
+        assert_eq!((outcome.kind(), *outcome.value()), (OutcomeKind::Replay, 1));
+    }
+    let calls = store.calls();
+    assert_eq!(
+        (calls.claim, calls.complete, calls.total()),
+        (1, 1, 2),
+        "one claim in the process, one completion: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn when_the_run_releases_its_key_one_waiting_duplicate_runs_and_the_rest_replay_it() {
+    let (_, outcomes, runs) = twenty_duplicates_in_one_process(|| Err(Failed)).await;
+    assert!(matches!(outcomes[0], Err(Error::Operation(Failed))));
+    assert_eq!(runs, 2, "the first, then one duplicate");
+    let kinds: Vec<_> = outcomes[1..]
+        .iter()
+        .map(|o| {
+            o.as_ref()
+                .map(|o| (o.kind(), *o.value()))
+                .map_err(|e| e.kind())
+        })
+        .collect();
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == Ok((OutcomeKind::Fresh, 2)))
+            .count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(
+        kinds
+            .iter()
+            .all(|k| *k == Ok((OutcomeKind::Fresh, 2)) || *k == Ok((OutcomeKind::Replay, 2))),
+        "{kinds:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_in_this_process_with_another_payload_or_no_wait_is_answered_at_once() {
+    let store = CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone()).build();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, Failed>(1u8)
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("the first runs");
+    let before = store.calls();
+    let other = engine
+        .execute(
+            &Attempt::new("s", "k", fingerprint(2)).wait_in_process(Duration::from_secs(30)),
+            || async { Ok::<_, Failed>(2u8) },
+        )
+        .await;
+    assert!(matches!(other, Err(Error::KeyReused)), "{other:?}");
+    let impatient = engine
+        .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
+            Ok::<_, Failed>(2u8)
+        })
+        .await;
+    match impatient {
+        Err(Error::InProgress { retry_after }) => assert!(retry_after >= Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.calls(), before, "answered by the run, not the store");
+    let _ = finish_tx.send(());
+    first.await.expect("joined").expect("ran");
 }

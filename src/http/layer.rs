@@ -134,11 +134,16 @@ impl<St: Store> IdempotencyLayer<St> {
 
     /// While another request with the key is in progress, wait up to
     /// `budget` for its result and replay it, instead of answering 409 at
-    /// once: the store is asked again after 50 ms, then after twice as
-    /// long each time up to 1 s (never longer than the `Retry-After` the
+    /// once, never past the invocation's deadline less 500 ms. When that
+    /// request runs in this process (a duplicate that reached the same
+    /// server, or another worker of a Lambda Managed Instance), the wait is
+    /// on the request itself, in memory: no store call until it ends, and
+    /// its replay as soon as it completes. When it runs elsewhere, the
+    /// store is asked again after 50 ms, then after twice as long each time
+    /// up to 1 s (never longer than the `Retry-After` the
     /// [`in_progress_retry_after`](Self::in_progress_retry_after) setting
-    /// gives), and never past the invocation's deadline less 500 ms. Once
-    /// the budget is spent, the answer is the `409` with its `Retry-After`.
+    /// gives). Once the budget is spent, the answer is the `409` with its
+    /// `Retry-After`.
     /// The waiting request holds its connection and its place in
     /// [`max_in_flight`](Self::max_in_flight) meanwhile; without this
     /// setting (the default) the client waits instead, as `Retry-After`

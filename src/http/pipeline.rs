@@ -550,8 +550,9 @@ fn attempt_for(
 }
 
 /// Runs the attempt; while another request holds the key, waits for its
-/// result (with backoff, within the configured budget and the invocation's
-/// deadline) and asks again. A run that completes its record counts, on
+/// result (within the configured budget and the invocation's deadline): on
+/// the run itself when it is this process's, in memory; otherwise with
+/// backoff, asking the store again. A run that completes its record counts, on
 /// the engine's clock, for its `route`'s typical duration. `pending` holds
 /// the handler and its request until an attempt runs them.
 async fn run_waiting<S, St, B, ResBody>(
@@ -610,9 +611,26 @@ where
         // The result is gone by the time this waits: a block of its own,
         // so that the future does not keep room for it (some 280 bytes)
         // beside the timer's.
+        // With a wait, a duplicate of a run in this process waits on that
+        // run, in memory, for what is left of the budget.
+        let waiting;
+        let this_attempt = match wait_until {
+            Some(until) => {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                waiting = attempt.clone().wait_in_process(left);
+                &waiting
+            }
+            None => attempt,
+        };
         let pause = {
-            let result =
-                run_attempt(config, attempt, &config.settings.codec, refusal, operation).await;
+            let result = run_attempt(
+                config,
+                this_attempt,
+                &config.settings.codec,
+                refusal,
+                operation,
+            )
+            .await;
             if let Some(recorded) = recorded.take() {
                 recorded.done();
             }

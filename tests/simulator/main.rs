@@ -42,12 +42,14 @@ fn simulated_histories_keep_every_invariant() {
     let began = Instant::now();
     let mut runs = 0u64;
     let mut events = 0u64;
+    let mut replayed_in_process = 0usize;
     for seed in start..start.saturating_add(budget) {
         if deadline.is_some_and(|d| runs.is_multiple_of(256) && Instant::now() >= d) {
             break;
         }
         let history = sim::run(seed);
         events += history.entries.len() as u64;
+        replayed_in_process += replays_in_process(&history);
         runs += 1;
         if let Err(broken) = check::check(&history) {
             panic!(
@@ -58,10 +60,46 @@ fn simulated_histories_keep_every_invariant() {
     }
     let elapsed = began.elapsed().as_secs_f64();
     println!(
-        "{runs} histories (seeds {start}..{}), {events} events, in {elapsed:.1} s: {:.0} histories a minute; every invariant held",
+        "{runs} histories (seeds {start}..{}), {events} events, in {elapsed:.1} s: {:.0} histories a minute; {replayed_in_process} replays waited for in process; every invariant held",
         start + runs,
         runs as f64 * 60.0 / elapsed
     );
+    if runs >= 1_000 {
+        assert!(
+            replayed_in_process > 0,
+            "some duplicates waited on a run in their process"
+        );
+    }
+}
+
+/// Attempts of `history` replayed without a store call of their own: they
+/// waited on a run of their key in their process.
+fn replays_in_process(history: &History) -> usize {
+    let asked: std::collections::HashSet<usize> = history
+        .entries
+        .iter()
+        .filter_map(|entry| match &entry.event {
+            Event::Landed { att, .. } => Some(*att),
+            _ => None,
+        })
+        .collect();
+    history
+        .entries
+        .iter()
+        .filter(|entry| {
+            matches!(
+                &entry.event,
+                Event::Done {
+                    att,
+                    ending: Ending::Ok {
+                        kind: lambda_idempotency::OutcomeKind::Replay,
+                        ..
+                    },
+                    ..
+                } if !asked.contains(att)
+            )
+        })
+        .count()
 }
 
 /// The same, with every engine reading before it claims

@@ -22,6 +22,10 @@
 //!   by up to [`SKEW_MS`] either way. The engine's backoff is random (up to
 //!   160 ms): shorter than a quantum, it always ends at the next step, so
 //!   the history stays the seed's.
+//! - **Waiting in a process.** Several attempts of one process share its
+//!   engine: a duplicate of a run under way there is answered by that run,
+//!   and three in ten wait on it (`Attempt::wait_in_process`) for up to 40
+//!   quanta, its replay when it completes, or the claim when it does not.
 
 use crate::rng::Rng;
 use futures::FutureExt;
@@ -550,6 +554,9 @@ struct Plan {
     /// Extends its lease by hand between waits, by this much.
     extend_by: Option<u64>,
     fails: bool,
+    /// Waits this long on a run of its key in the same process
+    /// (`Attempt::wait_in_process`), in milliseconds.
+    wait_in_process: Option<u64>,
 }
 
 struct TaskWaker(AtomicBool);
@@ -713,6 +720,7 @@ pub fn run_with(seed: u64, read_before_claim: bool) -> History {
                         .collect(),
                     extend_by: rng.chance(15).then(|| 1_000 * rng.range(1, 4)),
                     fails: rng.chance(10),
+                    wait_in_process: rng.chance(30).then(|| QUANTUM_MS * rng.range(1, 40)),
                 };
                 let clock_ms = (lock(&world).now_ms as i64 + skew) as u64;
                 let deadline_ms = rng.chance(30).then(|| clock_ms + 1_000 * rng.range(1, 6));
@@ -916,6 +924,9 @@ async fn attempt_future(
     let mut attempt = Attempt::new("scope", &key_text, Fingerprint::of_bytes(&[payload]));
     if let Some(deadline) = deadline_ms {
         attempt = attempt.deadline_ms(deadline);
+    }
+    if let Some(wait) = plan.wait_in_process {
+        attempt = attempt.wait_in_process(Duration::from_millis(wait));
     }
     let operation_world = Arc::clone(&world);
     // The clock the engine reads first, with no await before its read.

@@ -1,0 +1,172 @@
+//! The runs of this process under their claims, by record: a duplicate
+//! that arrives while the same process runs its key is answered from here,
+//! without a store call, and one that may wait for the outcome waits on the
+//! run itself, in memory, rather than asking the store again and again.
+//!
+//! Duplicates in other processes are not seen here: they find the claim in
+//! the store, as before.
+
+use super::{claim_handle::ClaimHandle, orchestrator::Engine};
+use crate::store::{Claim, Record, RecordId, Status, Store};
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, OnceLock, PoisonError,
+    },
+    time::Duration,
+};
+use tokio::sync::watch;
+
+/// The runs under way in this process, by record id.
+#[derive(Debug, Default)]
+pub(super) struct LocalRuns {
+    runs: Mutex<HashMap<RecordId, Arc<LocalRun>>>,
+}
+
+/// One run under its claim, as its duplicates see it.
+#[derive(Debug)]
+pub(super) struct LocalRun {
+    /// The claim it runs under: what a duplicate would find in the store.
+    claim: Claim,
+    /// The run's handle to it: its lease as last extended.
+    handle: ClaimHandle,
+    /// Its completed record, set as it completes, when a duplicate waits.
+    completed: OnceLock<Record>,
+    /// Duplicates waiting for it: its completion is kept for them only.
+    waiting: AtomicUsize,
+    /// Closed when the run ends, however it ends (completed, released,
+    /// failed, its future dropped): its sender is the [`Running`] guard's.
+    ended: watch::Receiver<()>,
+}
+
+/// A run registered for as long as this lives; dropped, it is gone, and
+/// its waiting duplicates wake.
+pub(super) struct Running<'a> {
+    runs: &'a LocalRuns,
+    run: Arc<LocalRun>,
+    _ends: watch::Sender<()>,
+}
+
+impl LocalRuns {
+    /// Registers the run of `claim` (which this process holds), whose
+    /// operation has `handle`.
+    pub(super) fn start(&self, claim: &Claim, handle: &ClaimHandle) -> Running<'_> {
+        let (ends, ended) = watch::channel(());
+        let run = Arc::new(LocalRun {
+            claim: claim.clone(),
+            handle: handle.clone(),
+            completed: OnceLock::new(),
+            waiting: AtomicUsize::new(0),
+            ended,
+        });
+        self.lock().insert(claim.id.clone(), Arc::clone(&run));
+        Running {
+            runs: self,
+            run,
+            _ends: ends,
+        }
+    }
+
+    /// The run of `id` under way in this process, if any.
+    pub(super) fn get(&self, id: &RecordId) -> Option<Arc<LocalRun>> {
+        self.lock().get(id).cloned()
+    }
+
+    /// Keeps the completed record of the run of `claim` for the duplicates
+    /// waiting on it (built only if one waits).
+    pub(super) fn completed(&self, claim: &Claim, record: impl FnOnce() -> Record) {
+        let Some(run) = self.get(&claim.id) else {
+            return;
+        };
+        if run.claim.owner == claim.owner && run.waiting.load(Ordering::Acquire) > 0 {
+            let _ = run.completed.set(record());
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Arc<LocalRun>>> {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut runs = self.runs.lock();
+        // Only this run's entry: a later run of the key (after this one
+        // released it) may have registered since.
+        if runs
+            .get(&self.run.claim.id)
+            .is_some_and(|run| Arc::ptr_eq(run, &self.run))
+        {
+            runs.remove(&self.run.claim.id);
+        }
+    }
+}
+
+impl LocalRun {
+    /// Until when its claim is leased, as last extended: past it, the
+    /// store decides (a retry may take the key over, as from a run
+    /// elsewhere), even though the run goes on here.
+    pub(super) fn lease_until_ms(&self) -> u64 {
+        self.handle
+            .lease_until_ms()
+            .unwrap_or(self.claim.lease_until_ms)
+    }
+
+    /// The payload's fingerprint the run claimed with.
+    pub(super) fn fingerprint(&self) -> &crate::Fingerprint {
+        &self.claim.fingerprint
+    }
+
+    /// The claim as a record in progress, as the store would hand it to a
+    /// duplicate's claim.
+    pub(super) fn in_progress(&self) -> Record {
+        let claim = &self.claim;
+        Record {
+            id: claim.id.clone(),
+            status: Status::InProgress,
+            owner: claim.owner.clone(),
+            fingerprint: claim.fingerprint.clone(),
+            expiration_s: claim.expiration_s,
+            lease_until_ms: Some(self.lease_until_ms()),
+            response: None,
+            created_at_ms: Some(claim.now_ms),
+            attempt: claim.attempt,
+            first_started_ms: Some(claim.first_started_ms),
+            completed_at_ms: None,
+        }
+    }
+
+    /// Waits at most `budget` for the run to end: `Ended::Completed` with
+    /// its record, `Ended::Other` if it ended without completing here (the
+    /// key may be free: claim it), `None` if it still runs.
+    pub(super) async fn wait(&self, budget: Duration) -> Option<Ended> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let mut ended = self.ended.clone();
+        // Nothing is ever sent: `changed` answers once the sender is gone.
+        let waited = tokio::time::timeout(budget, ended.changed()).await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        if waited.is_err() {
+            return None;
+        }
+        Some(match self.completed.get() {
+            Some(record) => Ended::Completed(record.clone()),
+            None => Ended::Other,
+        })
+    }
+}
+
+/// How a run a duplicate waited on ended.
+pub(super) enum Ended {
+    /// Completed: its record.
+    Completed(Record),
+    /// Released, failed, or gone without a word here.
+    Other,
+}
+
+impl<St: Store> Engine<St> {
+    /// The runs under way in this process.
+    pub(super) fn local_runs(&self) -> &LocalRuns {
+        &self.inner.local_runs
+    }
+}
