@@ -12,6 +12,7 @@
 
 mod heartbeat_faults;
 mod runtime_api;
+mod streams;
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_http::{service_fn, Body, Request, Response};
@@ -192,6 +193,7 @@ fn status_of(reported: &Reported) -> Option<(u64, bool)> {
         )),
         Reported::Error(error) => panic!("the function failed: {error}"),
         Reported::TimedOut => None,
+        Reported::Streamed(_) => panic!("a streamed response where none streams"),
     }
 }
 

@@ -37,6 +37,11 @@ pub enum Reported {
     /// The deadline passed first: Lambda reports a timeout (the code may
     /// still be running).
     TimedOut,
+    /// A streamed response (`Lambda-Runtime-Function-Response-Mode:
+    /// streaming`), whole: its metadata prelude, the eight NUL bytes, the
+    /// body, and the error lambda_runtime writes after it when the stream
+    /// failed part-way (`Lambda-Runtime-Function-Error-Type: …`).
+    Streamed(Bytes),
 }
 
 struct Queued {
@@ -230,8 +235,15 @@ fn report(shared: &Shared, id: &str, reported: Reported) -> StatusCode {
 async fn response(
     State(shared): State<Arc<Shared>>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> StatusCode {
+    let streamed = headers
+        .get("lambda-runtime-function-response-mode")
+        .is_some_and(|mode| mode == "streaming");
+    if streamed {
+        return report(&shared, &id, Reported::Streamed(body));
+    }
     let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     report(&shared, &id, Reported::Response(value))
 }
