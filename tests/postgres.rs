@@ -932,6 +932,49 @@ mod in_transaction {
         assert_eq!(bank.balance().await, 90);
     }
 
+    /// Duplicates in this process of a payment under way in its
+    /// transaction wait on it in memory, holding no connection (the pool
+    /// has two; the payment holds one), and replay it as it commits; the
+    /// handler runs once.
+    async fn duplicates_in_this_process_wait_on_the_transaction_in_memory(url: &str) {
+        let bank = bank(url, 2).await;
+        let first = {
+            let bank = Arc::clone(&bank);
+            tokio::spawn(async move {
+                bank.pay("dup", 10, limits(), Duration::from_millis(600))
+                    .await
+            })
+        };
+        while bank.runs() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let duplicates: Vec<_> = (0..8)
+            .map(|_| {
+                let bank = Arc::clone(&bank);
+                tokio::spawn(async move {
+                    let attempt = Attempt::new("t", "dup", payload(10))
+                        .wait_in_process(Duration::from_secs(10));
+                    let runs = Arc::clone(&bank.runs);
+                    bank.engine
+                        .run_in_transaction(&attempt, limits(), |_| async move {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, BoxError>(json!({ "ran": "again" }))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let first = first.await.expect("joined").expect("paid");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        for duplicate in duplicates {
+            let replay = duplicate.await.expect("joined").expect("replayed");
+            assert_eq!(replay.kind(), OutcomeKind::Replay);
+            assert_eq!(replay.value(), first.value());
+        }
+        assert_eq!(bank.runs(), 1);
+        assert_eq!(bank.balance().await, 90);
+    }
+
     async fn a_long_handler_is_stopped_at_its_time_limit(url: &str) {
         let bank = bank(url, 2).await;
         let bounded = limits().time_limit(Duration::from_millis(500));
@@ -1220,6 +1263,7 @@ mod in_transaction {
         a_crash_mid_handler_rolls_back_and_leaves_the_pool_clean,
         a_long_handler_is_stopped_at_its_time_limit,
         a_handler_waiting_on_a_lock_always_gets_the_time_limit,
+        duplicates_in_this_process_wait_on_the_transaction_in_memory,
         a_refusal_by_constraint_is_stored_without_its_writes,
     );
 

@@ -8,9 +8,7 @@ use super::{
     outcome::OutcomeKind,
 };
 use crate::{
-    store::{
-        Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Status, Store,
-    },
+    store::{Claim, Completion, Conditional, Extension, OwnerToken, RecordId, Store},
     Error, StoreError,
 };
 use tracing::{debug, warn};
@@ -64,19 +62,8 @@ impl<St: Store> Engine<St> {
                     Some(now_ms),
                     claim.attempt,
                 );
-                self.local_runs().completed(claim, || Record {
-                    id: claim.id.clone(),
-                    status: Status::Completed,
-                    owner: claim.owner.clone(),
-                    fingerprint: claim.fingerprint.clone(),
-                    expiration_s,
-                    lease_until_ms: None,
-                    response: Some(response.clone()),
-                    created_at_ms: Some(claim.now_ms),
-                    attempt: claim.attempt,
-                    first_started_ms: Some(claim.first_started_ms),
-                    completed_at_ms: Some(now_ms),
-                });
+                self.local_runs()
+                    .completed(claim, &response, expiration_s, now_ms);
                 debug!(record = %claim.id, outcome = "fresh", "idempotency");
                 Ok(OutcomeKind::Fresh)
             }

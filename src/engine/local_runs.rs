@@ -20,13 +20,13 @@ use tokio::sync::watch;
 
 /// The runs under way in this process, by record id.
 #[derive(Debug, Default)]
-pub(super) struct LocalRuns {
+pub(crate) struct LocalRuns {
     runs: Mutex<HashMap<RecordId, Arc<LocalRun>>>,
 }
 
 /// One run under its claim, as its duplicates see it.
 #[derive(Debug)]
-pub(super) struct LocalRun {
+pub(crate) struct LocalRun {
     /// The claim it runs under: what a duplicate would find in the store.
     claim: Claim,
     /// The run's handle to it: its lease as last extended.
@@ -42,7 +42,7 @@ pub(super) struct LocalRun {
 
 /// A run registered for as long as this lives; dropped, it is gone, and
 /// its waiting duplicates wake.
-pub(super) struct Running<'a> {
+pub(crate) struct Running<'a> {
     runs: &'a LocalRuns,
     run: Arc<LocalRun>,
     _ends: watch::Sender<()>,
@@ -51,7 +51,7 @@ pub(super) struct Running<'a> {
 impl LocalRuns {
     /// Registers the run of `claim` (which this process holds), whose
     /// operation has `handle`.
-    pub(super) fn start(&self, claim: &Claim, handle: &ClaimHandle) -> Running<'_> {
+    pub(crate) fn start(&self, claim: &Claim, handle: &ClaimHandle) -> Running<'_> {
         let (ends, ended) = watch::channel(());
         let run = Arc::new(LocalRun {
             claim: claim.clone(),
@@ -69,19 +69,34 @@ impl LocalRuns {
     }
 
     /// The run of `id` under way in this process, if any.
-    pub(super) fn get(&self, id: &RecordId) -> Option<Arc<LocalRun>> {
+    pub(crate) fn get(&self, id: &RecordId) -> Option<Arc<LocalRun>> {
         self.lock().get(id).cloned()
     }
 
-    /// Keeps the completed record of the run of `claim` for the duplicates
-    /// waiting on it (built only if one waits).
-    pub(super) fn completed(&self, claim: &Claim, record: impl FnOnce() -> Record) {
+    /// Keeps the record of the run of `claim`, completed with `response`
+    /// at `now_ms`, for the duplicates waiting on it (built only if one
+    /// waits). Called once the completion landed in the store, never
+    /// before: a waiter replays only what is stored.
+    pub(crate) fn completed(&self, claim: &Claim, response: &[u8], expiration_s: u64, now_ms: u64) {
         let Some(run) = self.get(&claim.id) else {
             return;
         };
-        if run.claim.owner == claim.owner && run.waiting.load(Ordering::Acquire) > 0 {
-            let _ = run.completed.set(record());
+        if run.claim.owner != claim.owner || run.waiting.load(Ordering::Acquire) == 0 {
+            return;
         }
+        let _ = run.completed.set(Record {
+            id: claim.id.clone(),
+            status: Status::Completed,
+            owner: claim.owner.clone(),
+            fingerprint: claim.fingerprint.clone(),
+            expiration_s,
+            lease_until_ms: None,
+            response: Some(response.to_vec()),
+            created_at_ms: Some(claim.now_ms),
+            attempt: claim.attempt,
+            first_started_ms: Some(claim.first_started_ms),
+            completed_at_ms: Some(now_ms),
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Arc<LocalRun>>> {
@@ -157,7 +172,7 @@ impl LocalRun {
 }
 
 /// How a run a duplicate waited on ended.
-pub(super) enum Ended {
+pub(crate) enum Ended {
     /// Completed: its record.
     Completed(Record),
     /// Released, failed, or gone without a word here.
@@ -166,7 +181,7 @@ pub(super) enum Ended {
 
 impl<St: Store> Engine<St> {
     /// The runs under way in this process.
-    pub(super) fn local_runs(&self) -> &LocalRuns {
+    pub(crate) fn local_runs(&self) -> &LocalRuns {
         &self.inner.local_runs
     }
 }

@@ -178,7 +178,7 @@ impl<St: Store> Engine<St> {
     /// store must decide: the run ended without completing here (the key
     /// may be free), or its lease has passed (the key may be taken over, as
     /// from a run elsewhere that outlived its lease).
-    async fn after_local_run<T, E, C: Codec<T>>(
+    pub(crate) async fn after_local_run<T, E, C: Codec<T>>(
         &self,
         run: &LocalRun,
         attempt: &Attempt<'_>,

@@ -71,6 +71,7 @@ impl super::PostgresStore {
     /// until it commits, so with fewer connections the others wait for one,
     /// one after another, and answer `503` after the pool's wait (5 s).
     /// Warns when it cannot, saying what to set; the shortfall is returned.
+    #[cfg_attr(not(any(feature = "http", feature = "consumers")), allow(dead_code))]
     pub(crate) fn warn_if_pool_short(&self, per_invocation: usize) -> Option<usize> {
         let invocations = crate::managed_instances_concurrency().unwrap_or(1) as usize;
         let max_size = self.inner.pool.status().max_size;

@@ -603,6 +603,19 @@ impl Engine<PostgresStore> {
             Ok(claim) => claim,
             Err(answer) => return answer,
         };
+        // A duplicate of a transaction under way in this process waits on it
+        // in memory (as long as it would wait on its lock, or as the attempt
+        // says), holding no connection: its replay, or the key once free.
+        if let Some(run) = self.local_runs().get(&claim.id) {
+            let wait = attempt.wait_in_process.or(Some(limits.claim_wait_value()));
+            if let Some(answer) = Box::pin(self.after_local_run(&run, attempt, wait, codec)).await {
+                return answer;
+            }
+            claim = match self.claim_unless_cached(attempt, codec) {
+                Ok(claim) => claim,
+                Err(answer) => return answer,
+            };
+        }
         let mut transaction = match self
             .claim_in_transaction(&mut claim, &limits, attempt, codec)
             .await
@@ -615,6 +628,8 @@ impl Engine<PostgresStore> {
             first_started_at_ms: claim.first_started_ms,
         });
         let handle = ClaimHandle::in_transaction(transaction.takeover, transaction.clone());
+        // Until this returns: its duplicates in this process wait on it.
+        let _running = self.local_runs().start(&claim, &handle);
         let run = handle.clone().scope(operation(handle, transaction.clone()));
         let (value, writes) = match self.bounded(&transaction, started, &limits, run).await {
             Ok(ran) => ran,
@@ -781,6 +796,8 @@ impl Engine<PostgresStore> {
             Some(now_ms),
             claim.attempt,
         );
+        self.local_runs()
+            .completed(claim, &response, expiration_s, now_ms);
         debug!(record = %claim.id, outcome = "fresh", in_transaction = true, "idempotency");
         Ok(Outcome::new(value, OutcomeKind::Fresh))
     }
