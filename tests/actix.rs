@@ -126,7 +126,8 @@ async fn rows(state: web::Data<State>) -> HttpResponse {
 /// `POST /v1/broken`: a first row at once, then the stream breaks as the
 /// `x-break` header says: `panic` (the stream panics while polled),
 /// `error` (an error item), `short` (a body of 100 000 declared bytes that
-/// ends after the first row: its producer went away).
+/// ends after the first row: its producer went away), `short-small` (the
+/// same with 1,000 declared bytes, which the middleware reads whole).
 async fn broken(state: web::Data<State>, request: HttpRequest) -> HttpResponse {
     state.runs.fetch_add(1, Ordering::SeqCst);
     let how = request
@@ -165,6 +166,15 @@ async fn broken(state: web::Data<State>, request: HttpRequest) -> HttpResponse {
     {
         let mut response = response;
         return response.body(actix_web::body::SizedStream::new(100_000, rows));
+    }
+    if request
+        .headers()
+        .get("x-break")
+        .is_some_and(|v| v == "short-small")
+    {
+        // Read whole by the middleware (at most 64 KiB), 10 bytes of 1,000.
+        let mut response = response;
+        return response.body(actix_web::body::SizedStream::new(1_000, rows));
     }
     let mut response = response;
     response.streaming(rows)
@@ -915,4 +925,30 @@ async fn a_stream_that_fails_part_way_is_cut_and_never_replayed_as_whole() {
 #[tokio::test]
 async fn a_stream_that_ends_short_of_its_length_is_cut_and_never_replayed_as_whole() {
     a_broken_stream("short").await;
+}
+
+/// A body of a known length under 64 KiB (read whole by the middleware)
+/// that ends short: a response that failed while read (500, not stored),
+/// never a shorter whole one (an outside review found it answered 200 with
+/// a content-length of 10 and replayed so).
+#[tokio::test]
+async fn a_small_body_that_ends_short_of_its_length_is_never_a_whole_response() {
+    let server = serve(by_tenant(), None);
+    let headers = [
+        ("idempotency-key", "k-short-small"),
+        ("authorization", "Bearer t1"),
+        ("x-break", "short-small"),
+    ];
+    for attempt in 1..=2 {
+        let answer = send(server.addr, "/v1/broken", &headers, "").await;
+        assert_eq!(answer.status, 500, "attempt {attempt}: {answer:?}");
+        assert!(!answer.replayed(), "attempt {attempt}");
+        assert!(
+            answer
+                .problem_type()
+                .ends_with("idempotency-response-unreadable"),
+            "{answer:?}"
+        );
+    }
+    server.stop().await;
 }

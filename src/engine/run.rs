@@ -104,9 +104,14 @@ impl<St: Store> Engine<St> {
                 ClaimStep::Ours => break began,
                 // Another duplicate of this process took the key as the run
                 // this one waited on ended: wait on that one in turn.
+                // Only a run whose lease stands: one past it has just sent
+                // this attempt to the store, and would again at once.
                 ClaimStep::Answered(Err(Error::InProgress { .. }))
                     if waits_until.is_some_and(|until| tokio::time::Instant::now() < until)
-                        && self.local_runs().get(&claim.id).is_some() =>
+                        && self
+                            .local_runs()
+                            .get(&claim.id)
+                            .is_some_and(|run| run.lease_until_ms() > self.now_ms()) =>
                 {
                     continue
                 }
@@ -185,20 +190,34 @@ impl<St: Store> Engine<St> {
         wait: Option<Duration>,
         codec: &C,
     ) -> Option<Result<Outcome<T>, Error<E>>> {
-        let lease_left_ms = run.lease_until_ms().checked_sub(self.now_ms())?;
-        let budget = wait.filter(|_| *run.fingerprint() == attempt.fingerprint);
-        if let Some(budget) = budget {
-            let lease_left = Duration::from_millis(lease_left_ms);
-            match run.wait(budget.min(lease_left)).await {
+        let until = wait
+            .filter(|_| *run.fingerprint() == attempt.fingerprint)
+            .map(|budget| tokio::time::Instant::now() + budget);
+        loop {
+            // Past its lease (as last extended), the store decides.
+            let lease_left_ms = run
+                .lease_until_ms()
+                .checked_sub(self.now_ms())
+                .filter(|left| *left > 0)?;
+            let budget = until
+                .map(|until| until.saturating_duration_since(tokio::time::Instant::now()))
+                .filter(|left| !left.is_zero());
+            let Some(budget) = budget else {
+                return Some(self.existing(run.in_progress(), codec, attempt, self.now_ms()));
+            };
+            // Within the lease as it stands: the heartbeat may extend it,
+            // and the wait goes on as long as it does, within the budget.
+            match run
+                .wait(budget.min(Duration::from_millis(lease_left_ms)))
+                .await
+            {
                 Some(Ended::Completed(record)) => {
                     return Some(self.existing(record, codec, attempt, self.now_ms()))
                 }
                 Some(Ended::Other) => return None,
-                None if self.now_ms() >= run.lease_until_ms() => return None,
                 None => {}
             }
         }
-        Some(self.existing(run.in_progress(), codec, attempt, self.now_ms()))
     }
 
     /// What the claim decided for the attempt: run; an answer without

@@ -1530,3 +1530,347 @@ async fn a_duplicate_in_this_process_with_another_payload_or_no_wait_is_answered
     let _ = finish_tx.send(());
     first.await.expect("joined").expect("ran");
 }
+
+// Found by an outside review: a waiter must never spin on the store, must wait
+// its whole budget while the run's lease is extended, and must never replay
+// the value of a run whose completion was refused.
+
+/// Extensions land, but their answer is lost (an SDK timeout after the
+/// write landed): the store holds the extended lease, the handle the old.
+#[derive(Debug, Clone)]
+struct ExtensionAnswersLost<St>(St);
+
+impl<St: Store> Store for ExtensionAnswersLost<St> {
+    type Write = St::Write;
+    const SINGLE_WRITE: bool = St::SINGLE_WRITE;
+    async fn commit(&self, c: crate::store::Commit<St::Write>) -> Result<Conditional, StoreError> {
+        self.0.commit(c).await
+    }
+    async fn claim(&self, c: &crate::store::Claim) -> Result<Conditional, StoreError> {
+        self.0.claim(c).await
+    }
+    async fn take_over(
+        &self,
+        c: &crate::store::Claim,
+        l: &crate::store::OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        self.0.take_over(c, l).await
+    }
+    async fn extend(&self, e: &crate::store::Extension) -> Result<Conditional, StoreError> {
+        self.0.extend(e).await?;
+        Err(StoreError::new(StoreErrorKind::Unavailable, "answer lost"))
+    }
+    async fn remove(
+        &self,
+        id: &RecordId,
+        r: crate::store::Removal,
+    ) -> Result<Conditional, StoreError> {
+        self.0.remove(id, r).await
+    }
+    async fn complete(
+        &self,
+        c: crate::store::Completion<St::Write>,
+    ) -> Result<Conditional, StoreError> {
+        self.0.complete(c).await
+    }
+    async fn release(
+        &self,
+        id: &RecordId,
+        o: &crate::store::OwnerToken,
+    ) -> Result<Conditional, StoreError> {
+        self.0.release(id, o).await
+    }
+    async fn list_in_progress(
+        &self,
+        p: &str,
+        l: usize,
+    ) -> Result<Vec<crate::store::Record>, StoreError> {
+        self.0.list_in_progress(p, l).await
+    }
+    async fn get(&self, id: &RecordId, n: u64) -> Result<Option<crate::store::Record>, StoreError> {
+        self.0.get(id, n).await
+    }
+    async fn peek(
+        &self,
+        id: &RecordId,
+        n: u64,
+    ) -> Result<Option<crate::store::Record>, StoreError> {
+        self.0.peek(id, n).await
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_does_not_spin_on_the_store_when_the_local_lease_lags_the_stored_one() {
+    let store = CountingStore::new(ExtensionAnswersLost(MemoryStore::new()));
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(2))
+        .build();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run(
+                    &Attempt::new("s", "k", fingerprint(1)),
+                    Mode::default(),
+                    &codec::Json,
+                    |handle: ClaimHandle| async move {
+                        // Lands in the store (lease +60 s), its answer lost.
+                        let extended = handle.extend(Duration::from_secs(60)).await;
+                        let _ = started_tx.send(extended.is_err());
+                        let _ = finish_rx.await;
+                        Ok::<_, Failed>((1u8, Vec::new()))
+                    },
+                )
+                .await
+        })
+    };
+    assert!(
+        started_rx.await.expect("the first runs"),
+        "the extension's answer was lost"
+    );
+    // Past the lease the handle knows, well within the one stored.
+    clock.advance(Duration::from_secs(3));
+    let before = store.calls();
+    let began = std::time::Instant::now();
+    let duplicate = engine
+        .execute(
+            &Attempt::new("s", "k", fingerprint(1)).wait_in_process(Duration::from_millis(300)),
+            || async { Ok::<_, Failed>(2u8) },
+        )
+        .await;
+    let calls = store.calls();
+    eprintln!(
+        "duplicate: {duplicate:?} after {:?}; claims meanwhile: {}",
+        began.elapsed(),
+        calls.claim - before.claim
+    );
+    let _ = finish_tx.send(());
+    first.await.expect("joined").expect("ran");
+    assert!(
+        calls.claim - before.claim <= 10,
+        "{} claims in 300 ms",
+        calls.claim - before.claim
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_waits_its_budget_while_the_run_extends_its_lease() {
+    let engine = Engine::builder(MemoryStore::new())
+        .default_lease(Duration::from_secs(1))
+        .build();
+    let first = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run(
+                    &Attempt::new("s", "k", fingerprint(1)),
+                    Mode::default(),
+                    &codec::Json,
+                    |handle: ClaimHandle| async move {
+                        // Extended once the duplicate waits (as a heartbeat does).
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        handle
+                            .extend(Duration::from_secs(30))
+                            .await
+                            .expect("extended");
+                        tokio::time::sleep(Duration::from_millis(2200)).await;
+                        Ok::<_, Failed>((1u8, Vec::new()))
+                    },
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let began = std::time::Instant::now();
+    let duplicate = engine
+        .execute(
+            &Attempt::new("s", "k", fingerprint(1)).wait_in_process(Duration::from_secs(10)),
+            || async { Ok::<_, Failed>(2u8) },
+        )
+        .await;
+    eprintln!("duplicate: {duplicate:?} after {:?}", began.elapsed());
+    first.await.expect("joined").expect("ran");
+    let duplicate = duplicate.expect("the run's replay within the budget");
+    assert_eq!(
+        (duplicate.kind(), *duplicate.value()),
+        (OutcomeKind::Replay, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_lease_lost_run_never_hands_its_value_to_waiters() {
+    // Two engines on one store: the second takes the key over while the
+    // first (past its lease) still runs with a duplicate waiting on it.
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(2))
+        .build();
+    let other = Engine::builder(store.clone()).clock(clock.clone()).build();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, Failed>(1u8)
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("runs");
+    let waiter = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .execute(
+                    &Attempt::new("s", "k", fingerprint(1))
+                        .wait_in_process(Duration::from_secs(30)),
+                    || async { Ok::<_, Failed>(3u8) },
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    clock.advance(Duration::from_secs(3));
+    let took = other
+        .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
+            Ok::<_, Failed>(9u8)
+        })
+        .await
+        .expect("takes over");
+    assert_eq!(took.kind(), OutcomeKind::Fresh);
+    let _ = finish_tx.send(());
+    let first = first.await.expect("joined").expect("answered");
+    assert_eq!(first.kind(), OutcomeKind::LeaseLost);
+    let waited = waiter.await.expect("joined");
+    eprintln!("waiter: {waited:?}");
+    let waited = waited.expect("a replay");
+    assert_eq!(*waited.value(), 9, "the stored value, never the lost run's");
+}
+
+#[tokio::test]
+async fn dropped_waiters_and_a_dropped_first_run_leave_nothing_registered() {
+    let store = CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone()).build();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let first = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
+                    let _ = started_tx.send(());
+                    std::future::pending::<()>().await;
+                    Ok::<_, Failed>(1u8)
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("runs");
+    // A waiter dropped mid-wait.
+    let dropped = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .execute(
+                    &Attempt::new("s", "k", fingerprint(1))
+                        .wait_in_process(Duration::from_secs(30)),
+                    || async { Ok::<_, Failed>(3u8) },
+                )
+                .await
+        })
+    };
+    let waiting = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let began = std::time::Instant::now();
+            let r = engine
+                .execute(
+                    &Attempt::new("s", "k", fingerprint(1)).wait_in_process(Duration::from_secs(5)),
+                    || async { Ok::<_, Failed>(4u8) },
+                )
+                .await;
+            (r, began.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    dropped.abort();
+    let _ = dropped.await;
+    let id = engine.record_id("s", "k");
+    assert!(engine.local_runs().get(&id).is_some());
+    first.abort();
+    let _ = first.await;
+    assert!(
+        engine.local_runs().get(&id).is_none(),
+        "gone with the run's future"
+    );
+    let (r, after) = waiting.await.expect("joined");
+    eprintln!("waiter after the first run's future was dropped: {r:?} after {after:?}");
+}
+
+#[tokio::test]
+async fn a_waiter_does_not_spin_when_a_lapsed_local_run_was_taken_over_elsewhere() {
+    let store = CountingStore::new(MemoryStore::new());
+    let clock = ManualClock::new(1_700_000_000_000);
+    let here = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(2))
+        .build();
+    // Another process on the same table.
+    let elsewhere = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .default_lease(Duration::from_secs(30))
+        .build();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let here = here.clone();
+        tokio::spawn(async move {
+            here.execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
+                let _ = started_tx.send(());
+                let _ = finish_rx.await;
+                Ok::<_, Failed>(1u8)
+            })
+            .await
+        })
+    };
+    started_rx.await.expect("runs");
+    clock.advance(Duration::from_secs(3)); // the local run outlives its lease
+    let (took_tx, took_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let takeover = {
+        let elsewhere = elsewhere.clone();
+        tokio::spawn(async move {
+            elsewhere
+                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
+                    let _ = took_tx.send(());
+                    let _ = done_rx.await;
+                    Ok::<_, Failed>(9u8)
+                })
+                .await
+        })
+    };
+    took_rx.await.expect("taken over elsewhere");
+    let before = store.calls();
+    let duplicate = here
+        .execute(
+            &Attempt::new("s", "k", fingerprint(1)).wait_in_process(Duration::from_millis(300)),
+            || async { Ok::<_, Failed>(2u8) },
+        )
+        .await;
+    let claims = store.calls().claim - before.claim;
+    eprintln!("duplicate: {duplicate:?}; claims in its 300 ms: {claims}");
+    let _ = done_tx.send(());
+    let _ = finish_tx.send(());
+    let _ = takeover.await;
+    let _ = first.await;
+    assert!(claims <= 10, "{claims} claims in 300 ms");
+}

@@ -138,7 +138,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// request runs in this process (a duplicate that reached the same
     /// server, or another worker of a Lambda Managed Instance), the wait is
     /// on the request itself, in memory: no store call until it ends, and
-    /// its replay as soon as it completes. When it runs elsewhere, the
+    /// its replay as soon as it completes (not in
+    /// [`single_write`](Self::single_write) mode, which holds no claim
+    /// while the handler runs). When it runs elsewhere, the
     /// store is asked again after 50 ms, then after twice as long each time
     /// up to 1 s (never longer than the `Retry-After` the
     /// [`in_progress_retry_after`](Self::in_progress_retry_after) setting

@@ -775,9 +775,20 @@ where
             let tee =
                 early.is_some() && writes.is_empty() && !commits_with_record(&config.settings);
             match read_bounded(body, limit, grpc, tee).await {
-                Ok(Read::Whole(body, trailers)) => {
+                Ok(Read::Whole(body, trailers))
+                    if declared_length_holds(parts.status, &parts.headers, body.as_ref().len()) =>
+                {
                     let stored = whole(&config.settings, parts, body, trailers, grpc)?;
                     return Ok((stored, writes));
+                }
+                // Whole, but not the length it declares (its producer
+                // stopped, or lied): nothing reached the client, and it is
+                // not stored, as any body that fails while read whole.
+                Ok(Read::Whole(..)) => {
+                    return Err(Failure::ResponseUnreadable(
+                        "the response body does not hold the length its content-length declares"
+                            .into(),
+                    ))
                 }
                 Ok(Read::Teed(body, copied)) => {
                     let head = StoredHead::of(&parts);
@@ -885,7 +896,9 @@ async fn teed<St: Store, E, R>(
         () = lease_near_end(engine, claim) => Ending::NotStored(WhyNotStored::StreamOutlivedLease),
     };
     let ending = match ending {
-        Ending::Whole(body, _) if !declared_length_holds(&head, body.as_ref().len()) => {
+        Ending::Whole(body, _)
+            if !declared_length_holds(head.status, &head.headers, body.as_ref().len()) =>
+        {
             Ending::NotStored(WhyNotStored::StreamFailed)
         }
         ending => ending,
@@ -913,19 +926,22 @@ async fn teed<St: Store, E, R>(
     }
 }
 
-/// Whether a streamed body that came to its end holds as many bytes as its
-/// head's `content-length` says (when it says). One that ended short had its
-/// producer stop part-way (a task dropped, a source gone): the server cuts
-/// the client off, and the record must not keep those bytes as the whole
-/// response.
-fn declared_length_holds(head: &StoredHead, length: usize) -> bool {
-    let declared = head
-        .headers
+/// Whether a body that came to its end holds as many bytes as its head's
+/// `content-length` says (when it says). One that ended short (or ran
+/// long) had its producer stop part-way or lie (a task dropped, a source
+/// gone): the server cuts the client off, and the record must not keep
+/// those bytes as the whole response.
+fn declared_length_holds(
+    status: http::StatusCode,
+    headers: &http::HeaderMap,
+    length: usize,
+) -> bool {
+    let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<u64>().ok());
     let bodiless = matches!(
-        head.status,
+        status,
         http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
     );
     bodiless || declared.is_none_or(|declared| declared == length as u64)

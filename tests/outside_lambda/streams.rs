@@ -281,3 +281,63 @@ async fn a_stream_still_going_near_the_end_of_its_lease_is_recorded_and_never_ru
     assert_eq!(rest_of(body).await.as_ref(), SECOND_ROW);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// `POST /v1/mislabelled`: a body whose frames are all ready at once but
+/// which does not hold the `content-length` it declares (`x-length`): its
+/// producer stopped short, or it lies.
+fn mislabelled_app(engine: Engine<DynamoDbStore>, runs: &Arc<AtomicUsize>) -> Router {
+    let runs = Arc::clone(runs);
+    Router::new()
+        .route(
+            "/v1/mislabelled",
+            post(move |headers: HeaderMap| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let declared: u64 = headers
+                    .get("x-length")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                async move {
+                    let rows = futures::stream::iter([Ok::<_, std::io::Error>(
+                        Bytes::from_static(FIRST_ROW),
+                    )]);
+                    let mut response = axum::response::Response::new(Body::from_stream(rows));
+                    response
+                        .headers_mut()
+                        .insert(header::CONTENT_LENGTH, header::HeaderValue::from(declared));
+                    response
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(engine).shared_scope())
+}
+
+/// A body read whole that its `content-length` contradicts (shorter: its
+/// producer stopped; longer: it lies) is a response that failed while
+/// read: never stored, never replayed as a whole one (an outside review
+/// found the shorter one replayed as complete, marked a replay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_contradicts_its_content_length_is_never_replayed_as_whole() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let addr = serve(mislabelled_app(engine().await, &runs)).await;
+    for (n, declared) in ["1000", "5"].into_iter().enumerate() {
+        let key = format!("mislabelled-{declared}");
+        let headers = [("idempotency-key", key.as_str()), ("x-length", declared)];
+        for attempt in 1..=2 {
+            let answer = send(addr, "POST", "/v1/mislabelled", &headers, "{}").await;
+            assert_eq!(
+                answer.status, 500,
+                "{declared}, attempt {attempt}: {}",
+                answer.json
+            );
+            assert!(!answer.replayed(), "{declared}, attempt {attempt}");
+            assert_eq!(
+                answer.json["type"],
+                "urn:lambda-idempotency:problem:idempotency-response-unreadable"
+            );
+        }
+        // Released, as any response that fails while read whole: the
+        // retry processes it again.
+        assert_eq!(runs.load(Ordering::SeqCst), 2 * (n + 1));
+    }
+}

@@ -222,13 +222,19 @@ where
     let body = match body.size() {
         BodySize::None => empty(),
         BodySize::Sized(length) if length <= READ_WHOLE => {
+            let failed = |error: BoxError| {
+                http_body_util::StreamBody::new(futures_util::stream::iter([Err(error)]))
+                    .boxed_unsync()
+            };
             match actix_web::body::to_bytes(body).await {
-                Ok(bytes) => whole(bytes),
-                Err(error) => {
-                    let error = BoxError::from(error.to_string());
-                    http_body_util::StreamBody::new(futures_util::stream::iter([Err(error)]))
-                        .boxed_unsync()
-                }
+                Ok(bytes) if bytes.len() as u64 == length => whole(bytes),
+                // Its producer stopped part-way (or lied): a failure, never
+                // a shorter whole body.
+                Ok(bytes) => failed(BoxError::from(format!(
+                    "the response body holds {} bytes, not the {length} it declares",
+                    bytes.len()
+                ))),
+                Err(error) => failed(BoxError::from(error.to_string())),
             }
         }
         BodySize::Sized(_) | BodySize::Stream => {
