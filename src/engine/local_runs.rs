@@ -5,23 +5,35 @@
 //!
 //! Duplicates in other processes are not seen here: they find the claim in
 //! the store, as before.
+//!
+//! Every claimed run registers here, so the registry is kept cheap on the
+//! path of a request that meets no duplicate: one allocation a run, the
+//! record id hashed by its own last bytes (a SHA-256 in hex), and no lock
+//! at all to look up a key while nothing runs, nor to publish a completion
+//! nobody waits for.
 
 use super::{claim_handle::ClaimHandle, orchestrator::Engine};
 use crate::store::{Claim, Record, RecordId, Status, Store};
 use std::{
     collections::HashMap,
+    hash::{BuildHasherDefault, Hasher},
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc, Mutex, OnceLock, PoisonError,
     },
     time::Duration,
 };
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// The runs under way in this process, by record id.
 #[derive(Debug, Default)]
 pub(crate) struct LocalRuns {
-    runs: Mutex<HashMap<RecordId, Arc<LocalRun>>>,
+    runs: Mutex<HashMap<RecordId, Arc<LocalRun>, BuildHasherDefault<IdHasher>>>,
+    /// How many runs are registered: none, and a look-up takes no lock.
+    registered: AtomicUsize,
+    /// How many duplicates wait, on any run: none, and a completion is not
+    /// looked up.
+    waiting: AtomicUsize,
 }
 
 /// One run under its claim, as its duplicates see it.
@@ -35,9 +47,11 @@ pub(crate) struct LocalRun {
     completed: OnceLock<Record>,
     /// Duplicates waiting for it: its completion is kept for them only.
     waiting: AtomicUsize,
-    /// Closed when the run ends, however it ends (completed, released,
-    /// failed, its future dropped): its sender is the [`Running`] guard's.
-    ended: watch::Receiver<()>,
+    /// Set when the run ends, however it ends (completed, released,
+    /// failed, its future dropped: the [`Running`] guard's drop), and its
+    /// waiters are woken.
+    ended: AtomicBool,
+    woken: Notify,
 }
 
 /// A run registered for as long as this lives; dropped, it is gone, and
@@ -45,31 +59,55 @@ pub(crate) struct LocalRun {
 pub(crate) struct Running<'a> {
     runs: &'a LocalRuns,
     run: Arc<LocalRun>,
-    _ends: watch::Sender<()>,
+}
+
+/// Hashes a record id by its last 16 bytes: the end of a SHA-256 in hex
+/// (64 bits of it), which no key can aim at, and which every id of one
+/// engine has (its prefix is the same for all).
+#[derive(Debug, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let tail = &bytes[bytes.len().saturating_sub(16)..];
+        for chunk in tail.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(29) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl LocalRuns {
     /// Registers the run of `claim` (which this process holds), whose
     /// operation has `handle`.
     pub(crate) fn start(&self, claim: &Claim, handle: &ClaimHandle) -> Running<'_> {
-        let (ends, ended) = watch::channel(());
         let run = Arc::new(LocalRun {
             claim: claim.clone(),
             handle: handle.clone(),
             completed: OnceLock::new(),
             waiting: AtomicUsize::new(0),
-            ended,
+            ended: AtomicBool::new(false),
+            woken: Notify::new(),
         });
-        self.lock().insert(claim.id.clone(), Arc::clone(&run));
-        Running {
-            runs: self,
-            run,
-            _ends: ends,
+        let mut runs = self.lock();
+        if runs.insert(claim.id.clone(), Arc::clone(&run)).is_none() {
+            self.registered.fetch_add(1, Ordering::Release);
         }
+        drop(runs);
+        Running { runs: self, run }
     }
 
     /// The run of `id` under way in this process, if any.
     pub(crate) fn get(&self, id: &RecordId) -> Option<Arc<LocalRun>> {
+        if self.registered.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         self.lock().get(id).cloned()
     }
 
@@ -78,6 +116,9 @@ impl LocalRuns {
     /// waits). Called once the completion landed in the store, never
     /// before: a waiter replays only what is stored.
     pub(crate) fn completed(&self, claim: &Claim, response: &[u8], expiration_s: u64, now_ms: u64) {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let Some(run) = self.get(&claim.id) else {
             return;
         };
@@ -99,7 +140,10 @@ impl LocalRuns {
         });
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Arc<LocalRun>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<RecordId, Arc<LocalRun>, BuildHasherDefault<IdHasher>>>
+    {
         self.runs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -114,7 +158,11 @@ impl Drop for Running<'_> {
             .is_some_and(|run| Arc::ptr_eq(run, &self.run))
         {
             runs.remove(&self.run.claim.id);
+            self.runs.registered.fetch_sub(1, Ordering::Release);
         }
+        drop(runs);
+        self.run.ended.store(true, Ordering::Release);
+        self.run.woken.notify_waiters();
     }
 }
 
@@ -155,11 +203,22 @@ impl LocalRun {
     /// Waits at most `budget` for the run to end: `Ended::Completed` with
     /// its record, `Ended::Other` if it ended without completing here (the
     /// key may be free: claim it), `None` if it still runs.
-    pub(super) async fn wait(&self, budget: Duration) -> Option<Ended> {
+    pub(super) async fn wait(&self, runs: &LocalRuns, budget: Duration) -> Option<Ended> {
         self.waiting.fetch_add(1, Ordering::AcqRel);
-        let mut ended = self.ended.clone();
-        // Nothing is ever sent: `changed` answers once the sender is gone.
-        let waited = tokio::time::timeout(budget, ended.changed()).await;
+        runs.waiting.fetch_add(1, Ordering::AcqRel);
+        let waited = {
+            let woken = self.woken.notified();
+            tokio::pin!(woken);
+            // Registered before the flag is read: an end in between still
+            // wakes it.
+            woken.as_mut().enable();
+            if self.ended.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                tokio::time::timeout(budget, woken).await
+            }
+        };
+        runs.waiting.fetch_sub(1, Ordering::AcqRel);
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         if waited.is_err() {
             return None;

@@ -207,10 +207,8 @@ impl<St: Store> Engine<St> {
             };
             // Within the lease as it stands: the heartbeat may extend it,
             // and the wait goes on as long as it does, within the budget.
-            match run
-                .wait(budget.min(Duration::from_millis(lease_left_ms)))
-                .await
-            {
+            let budget = budget.min(Duration::from_millis(lease_left_ms));
+            match run.wait(self.local_runs(), budget).await {
                 Some(Ended::Completed(record)) => {
                     return Some(self.existing(record, codec, attempt, self.now_ms()))
                 }
