@@ -1382,6 +1382,31 @@ async fn a_clock_ahead_at_the_memory_store_s_rebuild_runs_no_key_again() {
     assert_eq!(store.records().len(), 1793, "no record dropped");
 }
 
+/// A run of key `k` (payload 1) on `engine`, answering `value` once the
+/// returned sender is sent or dropped: its outcome's task, once it runs.
+async fn a_run_held_open<St: Store>(
+    engine: &Engine<St>,
+    value: u8,
+) -> (
+    tokio::task::JoinHandle<Result<Outcome<u8>, Error<Failed>>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let engine = engine.clone();
+    let run = tokio::spawn(async move {
+        engine
+            .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
+                let _ = started_tx.send(());
+                let _ = finish_rx.await;
+                Ok::<_, Failed>(value)
+            })
+            .await
+    });
+    started_rx.await.expect("the run starts");
+    (run, finish_tx)
+}
+
 /// The first of twenty concurrent duplicates in one process, and the
 /// twenty: each of them waits on the first's run in memory (no store call
 /// of theirs while it runs) and replays its value as it completes.
@@ -1494,21 +1519,7 @@ async fn when_the_run_releases_its_key_one_waiting_duplicate_runs_and_the_rest_r
 async fn a_duplicate_in_this_process_with_another_payload_or_no_wait_is_answered_at_once() {
     let store = CountingStore::new(MemoryStore::new());
     let engine = Engine::builder(store.clone()).build();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            engine
-                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
-                    let _ = started_tx.send(());
-                    let _ = finish_rx.await;
-                    Ok::<_, Failed>(1u8)
-                })
-                .await
-        })
-    };
-    started_rx.await.expect("the first runs");
+    let (first, finish_tx) = a_run_held_open(&engine, 1).await;
     let before = store.calls();
     let other = engine
         .execute(
@@ -1712,21 +1723,7 @@ async fn a_lease_lost_run_never_hands_its_value_to_waiters() {
         .default_lease(Duration::from_secs(2))
         .build();
     let other = Engine::builder(store.clone()).clock(clock.clone()).build();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            engine
-                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
-                    let _ = started_tx.send(());
-                    let _ = finish_rx.await;
-                    Ok::<_, Failed>(1u8)
-                })
-                .await
-        })
-    };
-    started_rx.await.expect("runs");
+    let (first, finish_tx) = a_run_held_open(&engine, 1).await;
     let waiter = {
         let engine = engine.clone();
         tokio::spawn(async move {
@@ -1829,36 +1826,10 @@ async fn a_waiter_does_not_spin_when_a_lapsed_local_run_was_taken_over_elsewhere
         .clock(clock.clone())
         .default_lease(Duration::from_secs(30))
         .build();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = {
-        let here = here.clone();
-        tokio::spawn(async move {
-            here.execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
-                let _ = started_tx.send(());
-                let _ = finish_rx.await;
-                Ok::<_, Failed>(1u8)
-            })
-            .await
-        })
-    };
-    started_rx.await.expect("runs");
+    let (first, finish_tx) = a_run_held_open(&here, 1).await;
     clock.advance(Duration::from_secs(3)); // the local run outlives its lease
-    let (took_tx, took_rx) = tokio::sync::oneshot::channel();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let takeover = {
-        let elsewhere = elsewhere.clone();
-        tokio::spawn(async move {
-            elsewhere
-                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
-                    let _ = took_tx.send(());
-                    let _ = done_rx.await;
-                    Ok::<_, Failed>(9u8)
-                })
-                .await
-        })
-    };
-    took_rx.await.expect("taken over elsewhere");
+                                           // Taken over elsewhere, still running there.
+    let (takeover, done_tx) = a_run_held_open(&elsewhere, 9).await;
     let before = store.calls();
     let duplicate = here
         .execute(

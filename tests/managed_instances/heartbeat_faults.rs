@@ -96,41 +96,6 @@ impl<St: Store> Store for Flaky<St> {
     }
 }
 
-/// `start_http` for any store, and any layer.
-async fn start_layer<St: Store>(
-    api: &RuntimeApi,
-    layer: IdempotencyLayer<St>,
-    ledger: &Ledger,
-) -> Running {
-    let ledger = ledger.clone();
-    let handler = service_fn(move |request: Request| {
-        let ledger = ledger.clone();
-        async move {
-            let key = request
-                .headers()
-                .get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
-            let body: Value = serde_json::from_slice(request.body().as_ref()).unwrap_or_default();
-            let work = Duration::from_millis(body["work_ms"].as_u64().unwrap_or(0));
-            ledger.begin(&key);
-            tokio::time::sleep(work).await;
-            ledger.end(&key);
-            let run = ledger.started(&key);
-            Ok::<_, lambda_http::Error>(
-                Response::builder()
-                    .status(201)
-                    .header("content-type", "application/json")
-                    .body(Body::from(json!({ "key": key, "run": run }).to_string()))
-                    .expect("a response"),
-            )
-        }
-    });
-    let service = tower::ServiceBuilder::new().layer(layer).service(handler);
-    start(api, move || lambda_http::run_concurrent(service)).await
-}
-
 /// Retries of `key` every `every`, from `from` after now until `until`,
 /// each with a 1 s deadline; their statuses.
 async fn retries(
@@ -161,123 +126,112 @@ async fn retries(
         .collect()
 }
 
-/// A store blip of one lease (extensions throttled for 1.1 s) while a
-/// handler runs past its 1 s deadline: retries keep coming.
+/// A handler that works `work` past its 1 s deadline on `store`'s engine
+/// (built by `engine`), retried every `every` from 1.05 s until `until`,
+/// while `meanwhile` runs: the most runs of the key at once, after both end.
+async fn late_run_retried<St, F>(
+    store: St,
+    engine: impl FnOnce(St) -> Engine<St>,
+    key: &str,
+    work: Duration,
+    every: Duration,
+    until: Duration,
+    meanwhile: F,
+) -> usize
+where
+    St: Store,
+    F: std::future::Future<Output = ()>,
+{
+    lambda_environment();
+    let engine = engine(store);
+    assert!(
+        engine.has_heartbeat(),
+        "on by default in a Managed Instance"
+    );
+    let api = RuntimeApi::start().await;
+    let ledger = Ledger::default();
+    let _runtime = start_layer(&api, IdempotencyLayer::new(engine), &ledger).await;
+    let first = api.invoke(charge_event(key, work), Duration::from_secs(1));
+    let retried = retries(&api, key, work, Duration::from_millis(1_050), every, until);
+    let (_, (), statuses) = tokio::join!(first, meanwhile, retried);
+    // Let a run that began late end before counting.
+    tokio::time::sleep(work).await;
+    eprintln!(
+        "{key}: runs {}, most at once {}, retries {statuses:?}",
+        ledger.started(key),
+        ledger.most_at_once(key)
+    );
+    ledger.most_at_once(key)
+}
+
+/// A store blip of a second and a half (extensions throttled from 3 s to
+/// 4.5 s, over the heartbeat's first beat at 3.3 s) while a handler runs
+/// past its 1 s deadline: retries keep coming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_blip_past_the_deadline_does_not_let_a_retry_run_beside_it() {
-    lambda_environment();
     let store = Flaky::new(MemoryStore::new());
-    let engine = Engine::builder(store.clone()).build();
-    assert!(engine.has_heartbeat());
-    let api = RuntimeApi::start().await;
-    let ledger = Ledger::default();
-    let _runtime = start_layer(&api, IdempotencyLayer::new(engine), &ledger).await;
-    let key = "blip";
-    let work = Duration::from_millis(4_000);
-    let first = api.invoke(charge_event(key, work), Duration::from_secs(1));
-    let blip = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        store.failing.store(true, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
-        store.failing.store(false, Ordering::SeqCst);
+    let failing = Arc::clone(&store.failing);
+    let blip = async move {
+        tokio::time::sleep(Duration::from_millis(3_000)).await;
+        failing.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        failing.store(false, Ordering::SeqCst);
     };
-    let retried = retries(
-        &api,
-        key,
-        work,
-        Duration::from_millis(1_050),
-        Duration::from_millis(100),
-        Duration::from_millis(3_500),
-    );
-    let (_, _, statuses) = tokio::join!(first, blip, retried);
-    tokio::time::sleep(Duration::from_millis(4_000)).await;
-    eprintln!(
-        "blip: extends {} (failed {}), runs {}, most at once {}, retries {statuses:?}",
-        store.extends.load(Ordering::SeqCst),
-        store.failed.load(Ordering::SeqCst),
-        ledger.started(key),
-        ledger.most_at_once(key)
-    );
-    assert_eq!(
-        ledger.most_at_once(key),
-        1,
-        "a retry ran beside the late first run"
-    );
+    let most = late_run_retried(
+        store.clone(),
+        |store| Engine::builder(store).build(),
+        "blip",
+        Duration::from_millis(5_000),
+        Duration::from_millis(200),
+        Duration::from_millis(5_000),
+        blip,
+    )
+    .await;
+    assert!(store.failed.load(Ordering::SeqCst) > 0, "extensions failed");
+    assert_eq!(most, 1, "a retry ran beside the late first run");
 }
 
-/// No error at all: extensions that take 0.7 s each (a store slow
-/// under load, an SDK retrying a throttle) while a handler runs past its
-/// 1 s deadline.
+/// No error at all: extensions that take 0.7 s each (a store slow under
+/// load, an SDK retrying a throttle) while a handler runs past its 1 s
+/// deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extensions_answered_slowly_do_not_let_a_retry_run_beside_it() {
-    lambda_environment();
     let store = Flaky::new(MemoryStore::new());
     store.slow_ms.store(700, Ordering::SeqCst);
-    let engine = Engine::builder(store.clone()).build();
-    let api = RuntimeApi::start().await;
-    let ledger = Ledger::default();
-    let _runtime = start_layer(&api, IdempotencyLayer::new(engine), &ledger).await;
-    let key = "slow-extensions";
-    let work = Duration::from_millis(4_000);
-    let first = api.invoke(charge_event(key, work), Duration::from_secs(1));
-    let retried = retries(
-        &api,
-        key,
-        work,
-        Duration::from_millis(1_050),
+    let most = late_run_retried(
+        store.clone(),
+        |store| Engine::builder(store).build(),
+        "slow-extensions",
+        Duration::from_millis(4_000),
         Duration::from_millis(100),
         Duration::from_millis(3_500),
+        async {},
+    )
+    .await;
+    assert!(
+        store.extends.load(Ordering::SeqCst) > 0,
+        "extensions were made"
     );
-    let (_, statuses) = tokio::join!(first, retried);
-    tokio::time::sleep(Duration::from_millis(4_000)).await;
-    eprintln!(
-        "slow: extends {}, runs {}, most at once {}, retries {statuses:?}",
-        store.extends.load(Ordering::SeqCst),
-        ledger.started(key),
-        ledger.most_at_once(key)
-    );
-    assert_eq!(
-        ledger.most_at_once(key),
-        1,
-        "a retry ran beside the late first run"
-    );
+    assert_eq!(most, 1, "a retry ran beside the late first run");
 }
 
-/// `max_lease` under a third of the 1 s lease floor: the heartbeat
-/// beats every 333 ms but each beat extends by `max_lease` only.
+/// `max_lease` under a third of the 1 s lease floor: each extension was
+/// capped by it, under the lease the claim already had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_max_lease_under_a_second_does_not_defeat_the_heartbeat() {
-    lambda_environment();
-    let store = CountingStore::new(MemoryStore::new());
-    let engine = Engine::builder(store.clone())
-        .max_lease(Duration::from_millis(200))
-        .build();
-    assert!(engine.has_heartbeat());
-    let api = RuntimeApi::start().await;
-    let ledger = Ledger::default();
-    let _runtime = start_layer(&api, IdempotencyLayer::new(engine), &ledger).await;
-    let key = "short-max-lease";
-    let work = Duration::from_millis(3_000);
-    let first = api.invoke(charge_event(key, work), Duration::from_secs(1));
-    let retried = retries(
-        &api,
-        key,
-        work,
-        Duration::from_millis(1_050),
+    let most = late_run_retried(
+        CountingStore::new(MemoryStore::new()),
+        |store| {
+            Engine::builder(store)
+                .max_lease(Duration::from_millis(200))
+                .build()
+        },
+        "short-max-lease",
+        Duration::from_millis(3_000),
         Duration::from_millis(50),
         Duration::from_millis(2_500),
-    );
-    let (_, statuses) = tokio::join!(first, retried);
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
-    eprintln!(
-        "short max_lease: calls {:?}, runs {}, most at once {}, retries {statuses:?}",
-        store.calls(),
-        ledger.started(key),
-        ledger.most_at_once(key)
-    );
-    assert_eq!(
-        ledger.most_at_once(key),
-        1,
-        "a retry ran beside the late first run"
-    );
+        async {},
+    )
+    .await;
+    assert_eq!(most, 1, "a retry ran beside the late first run");
 }

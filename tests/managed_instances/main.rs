@@ -152,6 +152,15 @@ fn charge_event(key: &str, work: Duration) -> Value {
 /// over a handler that works as long as its request says, recording its
 /// runs in `ledger`.
 async fn start_http(api: &RuntimeApi, engine: Engine<MemoryStore>, ledger: &Ledger) -> Running {
+    start_layer(api, IdempotencyLayer::new(engine), ledger).await
+}
+
+/// [`start_http`] with any layer, on any store.
+async fn start_layer<St: lambda_idempotency::store::Store>(
+    api: &RuntimeApi,
+    layer: IdempotencyLayer<St>,
+    ledger: &Ledger,
+) -> Running {
     let ledger = ledger.clone();
     let handler = service_fn(move |request: Request| {
         let ledger = ledger.clone();
@@ -177,9 +186,7 @@ async fn start_http(api: &RuntimeApi, engine: Engine<MemoryStore>, ledger: &Ledg
             )
         }
     });
-    let service = tower::ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(engine))
-        .service(handler);
+    let service = tower::ServiceBuilder::new().layer(layer).service(handler);
     start(api, move || lambda_http::run_concurrent(service)).await
 }
 

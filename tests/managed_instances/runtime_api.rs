@@ -189,7 +189,9 @@ async fn next(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let queued = shared.queue.lock().await.recv().await;
     shared.polling.fetch_sub(1, Ordering::SeqCst);
     let Some(queued) = queued else {
-        return (StatusCode::GONE, HeaderMap::new(), Vec::new());
+        // The stub is going away: the poll is never answered (an answer
+        // without an invocation would make the worker panic).
+        return std::future::pending().await;
     };
     let mut headers = HeaderMap::new();
     headers.insert(
