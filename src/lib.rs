@@ -179,7 +179,7 @@
 //! | --- | --- | --- |
 //! | `dynamodb` | yes | [`DynamoDbStore`] and `store::dynamodb`, on `aws-sdk-dynamodb` and `serde_dynamo`. The library turns off the SDK's default features; your own `aws-sdk-dynamodb` dependency brings the HTTPS client. |
 //! | `http` | yes | [`http`]: the tower layer for HTTP services on any `http_body::Body`: axum, hyper, `lambda_http`. Needs none of Lambda's crates. |
-//! | `lambda` | yes | The HTTP layer in Lambda, on `lambda_http`: the caller, the API and the route from the request context, the lease until the invocation's deadline, the event's path and query, `lambda_http` bodies kept text or binary. An axum server outside Lambda turns the default features off and leaves it out. |
+//! | `lambda` | yes | The HTTP layer in Lambda, on `lambda_http`: the caller, the API and the route from the request context, the lease until the invocation's deadline (kept by the heartbeat while the handler runs under Lambda Managed Instances), the event's path and query, `lambda_http` bodies kept text or binary. An axum server outside Lambda turns the default features off and leaves it out. |
 //! | `axum` | no | In the HTTP layer, axum's route template (`MatchedPath`) in the scope and the path before `Router::nest` stripped it (`OriginalUri`) in the fingerprint, and axum bodies streamed on. Turn it on in an axum application. |
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer`, and `Batch` for SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS and EventBridge, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |

@@ -1175,6 +1175,65 @@ mod in_transaction {
     /// a duplicate in the batch runs once, a failing record rolls back its
     /// debit and its claim and is reported for redelivery, and the
     /// redelivery of the batch replays what completed.
+    /// A batch inside transactions checks its pool once, at its first
+    /// batch, with the concurrency it ends up with (set after
+    /// `in_transaction` here): one warning when the pool is smaller, none
+    /// when it holds enough. (An outside review found a warning for each
+    /// setter, the first with the default concurrency.)
+    #[tokio::test]
+    async fn a_batch_warns_once_when_its_pool_is_smaller_than_its_concurrency() {
+        use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+        use lambda_idempotency::consumers::SqsBatch;
+        use lambda_runtime::{Context, LambdaEvent};
+        let captured = support::Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        // This test's thread only (a current-thread runtime): the check
+        // runs in `process`, polled here.
+        let _only_here = tracing::subscriber::set_default(subscriber);
+        let warnings = || {
+            captured
+                .text()
+                .matches("the PostgreSQL pool is smaller")
+                .count()
+        };
+        for (pool, concurrency, expected) in [(2, 8, 1), (2, 1, 0), (8, 8, 0)] {
+            let before = warnings();
+            let bank = bank(&url(), pool).await;
+            let batch = SqsBatch::new(bank.engine.clone(), "debits")
+                .in_transaction(limits())
+                .concurrency(concurrency);
+            assert_eq!(warnings(), before, "nothing logged while it is configured");
+            for _ in 0..2 {
+                let mut message = SqsMessage::default();
+                message.message_id = Some("m1".to_owned());
+                message.body = Some("{}".to_owned());
+                let mut event = SqsEvent::default();
+                event.records = vec![message];
+                let _ = batch
+                    .process(LambdaEvent::new(event, Context::default()), |_| async {
+                        Ok::<_, BoxError>(())
+                    })
+                    .await;
+            }
+            assert_eq!(
+                warnings() - before,
+                expected,
+                "pool {pool}, concurrency {concurrency}: {}",
+                captured.text()
+            );
+        }
+        assert!(
+            captured.text().contains("max_size at least 8"),
+            "it says what to set: {}",
+            captured.text()
+        );
+    }
+
     async fn a_batch_handler_runs_each_record_inside_its_transaction(url: &str) {
         use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
         use lambda_idempotency::consumers::SqsBatch;

@@ -84,6 +84,10 @@ pub struct Batch<Src: Source, St> {
     /// Set only on a PostgreSQL batch ([`Batch::in_transaction`]).
     #[cfg(feature = "postgres")]
     in_transaction: Option<crate::store::postgres::TransactionLimits>,
+    /// Whether the pool was checked against the transactions this batch
+    /// may hold open (once, at the first batch, with its settings final).
+    #[cfg(feature = "postgres")]
+    pool_checked: Arc<std::sync::Once>,
     #[cfg(feature = "powertools")]
     powertools: Option<(
         Arc<crate::powertools::PowertoolsCompat>,
@@ -107,6 +111,8 @@ impl<Src: Source, St> Clone for Batch<Src, St> {
             metrics: self.metrics.clone(),
             #[cfg(feature = "postgres")]
             in_transaction: self.in_transaction,
+            #[cfg(feature = "postgres")]
+            pool_checked: Arc::clone(&self.pool_checked),
             #[cfg(feature = "powertools")]
             powertools: self.powertools.clone(),
             source: PhantomData,
@@ -148,10 +154,8 @@ impl<Src: Source> Batch<Src, crate::store::postgres::PostgresStore> {
     /// its commit: up to [`concurrency`](Batch::concurrency) of them per
     /// invocation, times the invocations served at once under Lambda
     /// Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY`). A warning is
-    /// logged (here, and when the concurrency is set) when the pool is
-    /// smaller.
+    /// logged, once, at the first batch, when the pool is smaller.
     pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
-        self.engine.store().warn_if_pool_short(self.concurrency);
         self.in_transaction = Some(limits);
         self
     }
@@ -176,6 +180,8 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             metrics: None,
             #[cfg(feature = "postgres")]
             in_transaction: None,
+            #[cfg(feature = "postgres")]
+            pool_checked: Arc::new(std::sync::Once::new()),
             #[cfg(feature = "powertools")]
             powertools: None,
             source: PhantomData,
@@ -235,12 +241,6 @@ impl<Src: Source, St: Store> Batch<Src, St> {
     /// by side.
     pub fn concurrency(mut self, concurrency: usize) -> Self {
         self.concurrency = concurrency.max(1);
-        #[cfg(feature = "postgres")]
-        if self.in_transaction.is_some() {
-            if let Some(engine) = self.engine.as_postgres() {
-                engine.store().warn_if_pool_short(self.concurrency);
-            }
-        }
         self
     }
 
@@ -459,6 +459,14 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         F: Fn(Src::Record) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
+        #[cfg(feature = "postgres")]
+        if self.in_transaction.is_some() {
+            self.pool_checked.call_once(|| {
+                if let Some(engine) = self.engine.as_postgres() {
+                    engine.store().warn_if_pool_short(self.concurrency);
+                }
+            });
+        }
         let deadline_ms = event.context.deadline;
         let deliveries = Src::deliveries(event.payload);
         let total = deliveries.len();

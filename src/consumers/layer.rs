@@ -11,7 +11,9 @@ use tower::Layer;
 /// replayed to every redelivery.
 ///
 /// The key and the fingerprinted part of the event are chosen by closures.
-/// The lease runs until the invocation's deadline. A handler error releases
+/// The lease runs until the invocation's deadline (under Lambda Managed
+/// Instances, which do not stop an invocation there, the engine's
+/// heartbeat keeps it while the handler runs). A handler error releases
 /// the claim, so the next delivery runs it again.
 ///
 /// A redelivery while the first delivery still runs, a key reused with

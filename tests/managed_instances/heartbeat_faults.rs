@@ -235,3 +235,77 @@ async fn a_max_lease_under_a_second_does_not_defeat_the_heartbeat() {
     .await;
     assert_eq!(most, 1, "a retry ran beside the late first run");
 }
+
+/// A process that dies mid-run: its heartbeat stops (every extension fails
+/// from 2 s on, and the run never ends), and a retry in another process
+/// finds the key in progress until the lease lapses, 10 s after the claim
+/// (the heartbeat's floor), then takes it over and is told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_process_dies_its_claim_lapses_one_lease_later_and_is_taken_over() {
+    lambda_environment();
+    let store = Flaky::new(MemoryStore::new());
+    let dying = Engine::builder(store.clone()).build();
+    let elsewhere = Engine::builder(store.inner.clone()).build();
+    // An invocation's attempt: a deadline a second away.
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(1);
+    let attempt = move || {
+        lambda_idempotency::Attempt::new(
+            "managed",
+            "dies",
+            lambda_idempotency::Fingerprint::of_bytes(b"dies"),
+        )
+        .deadline(deadline)
+    };
+    let claimed = Instant::now();
+    let _dead = {
+        let dying = dying.clone();
+        tokio::spawn(async move {
+            dying
+                .execute(&attempt(), || async {
+                    std::future::pending::<Result<u32, std::io::Error>>().await
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    store.failing.store(true, Ordering::SeqCst);
+    let taken_over = loop {
+        let retry = elsewhere
+            .run(
+                &attempt(),
+                lambda_idempotency::Mode::Plain,
+                &lambda_idempotency::Json,
+                |handle: lambda_idempotency::ClaimHandle| async move {
+                    let takeover = handle.takeover().map(|t| t.attempt);
+                    Ok::<_, std::io::Error>((takeover, Vec::new()))
+                },
+            )
+            .await;
+        match retry {
+            Err(lambda_idempotency::Error::InProgress { .. }) => {
+                assert!(
+                    claimed.elapsed() < Duration::from_secs(11),
+                    "still in progress 11 s after the claim"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Ok(outcome) => break outcome,
+            Err(other) => panic!("{other:?}"),
+        }
+    };
+    let at = claimed.elapsed();
+    assert!(
+        at >= Duration::from_millis(9_500),
+        "taken over {at:?} after the claim, before its lease lapsed"
+    );
+    assert_eq!(taken_over.kind(), lambda_idempotency::OutcomeKind::Fresh);
+    assert_eq!(
+        *taken_over.value(),
+        Some(2),
+        "told it takes over the dead process's claim"
+    );
+    assert!(
+        store.failed.load(Ordering::SeqCst) > 0,
+        "the heartbeat tried"
+    );
+}

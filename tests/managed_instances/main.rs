@@ -324,6 +324,39 @@ async fn an_invocation_past_its_deadline_never_runs_beside_its_retry() {
     );
 }
 
+/// The retry reaches another execution environment (another process: an
+/// engine of its own, on the same store) while the first invocation runs
+/// past its deadline: it is told the key is in progress there too, then
+/// gets the replay; one run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_in_another_execution_environment_never_runs_beside_the_late_first_run() {
+    lambda_environment();
+    let store = MemoryStore::new();
+    let (here, there) = (RuntimeApi::start().await, RuntimeApi::start().await);
+    let ledger = Ledger::default();
+    let _here = start_http(&here, Engine::builder(store.clone()).build(), &ledger).await;
+    let _there = start_http(&there, Engine::builder(store).build(), &ledger).await;
+    let key = "another-environment";
+    let work = Duration::from_millis(2_500);
+    let first = here.invoke(charge_event(key, work), Duration::from_secs(1));
+    let retries = async {
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+        let during = there
+            .invoke(charge_event(key, work), Duration::from_secs(1))
+            .await;
+        tokio::time::sleep(Duration::from_millis(1_700)).await;
+        let after = there
+            .invoke(charge_event(key, work), Duration::from_secs(5))
+            .await;
+        (during, after)
+    };
+    let (first, (during, after)) = tokio::join!(first, retries);
+    assert!(matches!(first, Reported::TimedOut), "{first:?}");
+    assert_eq!(status_of(&during).map(|s| s.0), Some(409));
+    assert_eq!(status_of(&after), Some((201, true)));
+    assert_eq!(ledger.started(key), 1);
+}
+
 /// The control: the lease ending at the deadline (the heartbeat turned off
 /// by hand) lets the retry run beside the late first run. This is what the
 /// default prevents, and what the test above would see if it did not.
