@@ -136,6 +136,13 @@ async fn broken(state: web::Data<State>, request: HttpRequest) -> HttpResponse {
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default()
         .to_owned();
+    // A length actix knows, if any: past 64 KiB the middleware streams the
+    // body; at most that, it reads it whole.
+    let declared = match how.as_str() {
+        "short" => Some(100_000),
+        "short-small" => Some(1_000),
+        _ => None,
+    };
     let rows = futures::stream::unfold(0, move |written| {
         let how = how.clone();
         async move {
@@ -156,28 +163,12 @@ async fn broken(state: web::Data<State>, request: HttpRequest) -> HttpResponse {
             }
         }
     });
-    let response = HttpResponse::Ok()
-        .content_type("application/x-ndjson")
-        .take();
-    if request
-        .headers()
-        .get("x-break")
-        .is_some_and(|v| v == "short")
-    {
-        let mut response = response;
-        return response.body(actix_web::body::SizedStream::new(100_000, rows));
+    let mut response = HttpResponse::Ok();
+    response.content_type("application/x-ndjson");
+    match declared {
+        Some(length) => response.body(actix_web::body::SizedStream::new(length, rows)),
+        None => response.streaming(rows),
     }
-    if request
-        .headers()
-        .get("x-break")
-        .is_some_and(|v| v == "short-small")
-    {
-        // Read whole by the middleware (at most 64 KiB), 10 bytes of 1,000.
-        let mut response = response;
-        return response.body(actix_web::body::SizedStream::new(1_000, rows));
-    }
-    let mut response = response;
-    response.streaming(rows)
 }
 
 struct Server {

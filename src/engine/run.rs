@@ -85,9 +85,8 @@ impl<St: Store> Engine<St> {
             // it, in memory). One that ended without completing here
             // leaves the key to be claimed, from now.
             if let Some(run) = self.local_runs().get(&claim.id) {
-                let budget = waits_until
-                    .map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
-                let answered = Box::pin(self.after_local_run(&run, attempt, budget, codec)).await;
+                let answered =
+                    Box::pin(self.after_local_run(&run, attempt, waits_until, codec)).await;
                 if let Some(answer) = answered {
                     return answer;
                 }
@@ -178,8 +177,8 @@ impl<St: Store> Engine<St> {
 
     /// A duplicate of a run under way in this process: answered as the
     /// store would answer its claim (a mismatch, in progress) without
-    /// asking it; with a wait in process, once the run has ended (its
-    /// replay), or when the wait is spent (in progress). `None` when the
+    /// asking it; when it may wait `until` then, once the run has ended
+    /// (its replay), or when the wait is spent (in progress). `None` when the
     /// store must decide: the run ended without completing here (the key
     /// may be free), or its lease has passed (the key may be taken over, as
     /// from a run elsewhere that outlived its lease).
@@ -187,12 +186,10 @@ impl<St: Store> Engine<St> {
         &self,
         run: &LocalRun,
         attempt: &Attempt<'_>,
-        wait: Option<Duration>,
+        until: Option<tokio::time::Instant>,
         codec: &C,
     ) -> Option<Result<Outcome<T>, Error<E>>> {
-        let until = wait
-            .filter(|_| *run.fingerprint() == attempt.fingerprint)
-            .map(|budget| tokio::time::Instant::now() + budget);
+        let until = until.filter(|_| *run.fingerprint() == attempt.fingerprint);
         loop {
             // Past its lease (as last extended), the store decides.
             let lease_left_ms = run

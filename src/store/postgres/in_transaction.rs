@@ -607,8 +607,10 @@ impl Engine<PostgresStore> {
         // in memory (as long as it would wait on its lock, or as the attempt
         // says), holding no connection: its replay, or the key once free.
         if let Some(run) = self.local_runs().get(&claim.id) {
-            let wait = attempt.wait_in_process.or(Some(limits.claim_wait_value()));
-            if let Some(answer) = Box::pin(self.after_local_run(&run, attempt, wait, codec)).await {
+            let wait = attempt.wait_in_process.unwrap_or(limits.claim_wait_value());
+            let until = Some(tokio::time::Instant::now() + wait);
+            if let Some(answer) = Box::pin(self.after_local_run(&run, attempt, until, codec)).await
+            {
                 return answer;
             }
             claim = match self.claim_unless_cached(attempt, codec) {
@@ -826,14 +828,7 @@ impl Engine<PostgresStore> {
             // limit decides, whatever the handler made of it.
             Ok(Ok(_)) if remaining(started, limits).is_zero() => {
                 transaction.roll_back().await;
-                warn!(
-                    limit_ms = limits.time_limit.as_millis() as u64,
-                    outcome = "time_limit_exceeded",
-                    "the operation answered past its transaction's time limit; rolled back"
-                );
-                Err(Error::TimeLimitExceeded {
-                    limit: limits.time_limit,
-                })
+                Err(time_limit_exceeded(limits, "answered"))
             }
             Ok(Ok(Ok(value))) => Ok(value),
             Ok(Ok(Err(error))) => {
@@ -843,21 +838,25 @@ impl Engine<PostgresStore> {
             // A statement of the operation's may still run on the server
             // (until its statement_timeout): the connection is closed
             // rather than waited for, and the server rolls back.
-            Ok(Err(_elapsed)) => {
-                warn!(
-                    limit_ms = limits.time_limit.as_millis() as u64,
-                    outcome = "time_limit_exceeded",
-                    "the operation ran past its transaction's time limit; rolled back"
-                );
-                Err(Error::TimeLimitExceeded {
-                    limit: limits.time_limit,
-                })
-            }
+            Ok(Err(_elapsed)) => Err(time_limit_exceeded(limits, "ran")),
             Err(panic) => {
                 transaction.roll_back().await;
                 std::panic::resume_unwind(panic);
             }
         }
+    }
+}
+
+/// The operation `ran` (or `answered`) past its transaction's time limit:
+/// logged, and the error the caller gets.
+fn time_limit_exceeded<E>(limits: &TransactionLimits, how: &str) -> Error<E> {
+    warn!(
+        limit_ms = limits.time_limit.as_millis() as u64,
+        outcome = "time_limit_exceeded",
+        "the operation {how} past its transaction's time limit; rolled back"
+    );
+    Error::TimeLimitExceeded {
+        limit: limits.time_limit,
     }
 }
 
