@@ -80,6 +80,20 @@ impl<E> Error<E> {
         }
     }
 
+    /// This error with the operation's own error made by `f`, which may
+    /// turn it into another kind.
+    pub(crate) fn map_operation<F>(self, f: impl FnOnce(E) -> Error<F>) -> Error<F> {
+        match self {
+            Error::InProgress { retry_after } => Error::InProgress { retry_after },
+            Error::KeyReused => Error::KeyReused,
+            Error::Store(error) => Error::Store(error),
+            Error::LeaseLost => Error::LeaseLost,
+            Error::WritesNotCommitted(error) => Error::WritesNotCommitted(error),
+            Error::TimeLimitExceeded { limit } => Error::TimeLimitExceeded { limit },
+            Error::Operation(error) => f(error),
+        }
+    }
+
     /// The operation's own error, if that is what this is.
     pub fn into_operation_error(self) -> Option<E> {
         match self {

@@ -81,13 +81,12 @@ pub struct Batch<Src: Source, St> {
     fail_on_entire_batch_failure: bool,
     unprocessable: Unprocessable,
     metrics: Option<EmfMetrics>,
-    /// Set only on a PostgreSQL batch ([`Batch::in_transaction`]).
-    #[cfg(feature = "postgres")]
-    in_transaction: Option<crate::store::postgres::TransactionLimits>,
-    /// Whether the pool was checked against the transactions this batch
-    /// may hold open (once, at the first batch, with its settings final).
-    #[cfg(feature = "postgres")]
-    pool_checked: Arc<std::sync::Once>,
+    /// Set only on a batch whose store has transactions
+    /// ([`Batch::in_transaction`]).
+    in_transaction: Option<crate::store::TransactionLimits>,
+    /// Whether the store was told the transactions this batch may hold
+    /// open (once, at the first batch, with its settings final).
+    store_told: Arc<std::sync::Once>,
     #[cfg(feature = "powertools")]
     powertools: Option<(
         Arc<crate::powertools::PowertoolsCompat>,
@@ -109,10 +108,8 @@ impl<Src: Source, St> Clone for Batch<Src, St> {
             fail_on_entire_batch_failure: self.fail_on_entire_batch_failure,
             unprocessable: self.unprocessable,
             metrics: self.metrics.clone(),
-            #[cfg(feature = "postgres")]
             in_transaction: self.in_transaction,
-            #[cfg(feature = "postgres")]
-            pool_checked: Arc::clone(&self.pool_checked),
+            store_told: Arc::clone(&self.store_told),
             #[cfg(feature = "powertools")]
             powertools: self.powertools.clone(),
             source: PhantomData,
@@ -137,12 +134,12 @@ impl<Src: Source, St: fmt::Debug> fmt::Debug for Batch<Src, St> {
     }
 }
 
-#[cfg(feature = "postgres")]
-impl<Src: Source> Batch<Src, crate::store::postgres::PostgresStore> {
-    /// Runs each record's handler inside the PostgreSQL transaction that
-    /// claims its key and completes its record
-    /// ([`Engine::run_in_transaction`]): the handler takes the transaction
-    /// from [`PgTransaction::current`](crate::store::postgres::PgTransaction::current)
+impl<Src: Source, St: crate::store::TransactionalStore> Batch<Src, St> {
+    /// Runs each record's handler inside the store transaction that claims
+    /// its key and completes its record ([`Engine::run_in_transaction`];
+    /// PostgreSQL's): the handler takes the transaction from its store's
+    /// `current()` (PostgreSQL's
+    /// [`PgTransaction::current`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/postgres/struct.PgTransaction.html#method.current))
     /// and reads, locks and writes in it; its result completes the record in
     /// that same transaction. A handler error, a panic or a crash rolls back
     /// its writes and its claim: the record fails and is delivered again, as
@@ -155,7 +152,7 @@ impl<Src: Source> Batch<Src, crate::store::postgres::PostgresStore> {
     /// invocation, times the invocations served at once under Lambda
     /// Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY`). A warning is
     /// logged, once, at the first batch, when the pool is smaller.
-    pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
+    pub fn in_transaction(mut self, limits: crate::store::TransactionLimits) -> Self {
         self.in_transaction = Some(limits);
         self
     }
@@ -178,10 +175,8 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             fail_on_entire_batch_failure: false,
             unprocessable: Unprocessable::default(),
             metrics: None,
-            #[cfg(feature = "postgres")]
             in_transaction: None,
-            #[cfg(feature = "postgres")]
-            pool_checked: Arc::new(std::sync::Once::new()),
+            store_told: Arc::new(std::sync::Once::new()),
             #[cfg(feature = "powertools")]
             powertools: None,
             source: PhantomData,
@@ -459,11 +454,11 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         F: Fn(Src::Record) -> Fut,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
-        #[cfg(feature = "postgres")]
         if self.in_transaction.is_some() {
-            self.pool_checked.call_once(|| {
-                if let Some(engine) = self.engine.as_postgres() {
-                    engine.store().warn_if_pool_short(self.concurrency);
+            self.store_told.call_once(|| {
+                if let Some(transactions) = self.engine.store().transactions() {
+                    let at_once = crate::engine::transactions_at_once(self.concurrency);
+                    transactions.expect_open_at_once(at_once);
                 }
             });
         }
@@ -587,17 +582,13 @@ impl<Src: Source, St: Store> Batch<Src, St> {
         };
         let record = prepared.record;
         let operation = |_| handler(record);
-        #[cfg(feature = "postgres")]
-        let in_transaction = self
-            .in_transaction
-            .and_then(|limits| Some((self.engine.as_postgres()?, limits)));
         // Awaited here, not in a helper, so that the handler's future
         // nests no deeper under the batch's.
-        #[cfg(feature = "postgres")]
-        if let Some((engine, limits)) = in_transaction {
+        if let Some(limits) = self.in_transaction {
             let no_refusals = |_: &crate::WriteRefusal| None;
-            let result = engine
-                .transaction_run_for_adapter(&attempt, limits, &Json, no_refusals, operation)
+            let result = self
+                .engine
+                .transaction_run(&attempt, limits, &Json, no_refusals, operation)
                 .await;
             return self.status_of(result, record_id);
         }

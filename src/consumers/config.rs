@@ -14,9 +14,9 @@ pub(crate) struct Config<St, E> {
     pub(crate) key: Option<KeyFn<E>>,
     pub(crate) fingerprint: FingerprintFn<E>,
     pub(crate) require_key: bool,
-    /// The handler inside the PostgreSQL transaction, within these bounds.
-    #[cfg(feature = "postgres")]
-    pub(crate) in_transaction: Option<crate::store::postgres::TransactionLimits>,
+    /// The handler inside the store transaction that holds its claim,
+    /// within these bounds.
+    pub(crate) in_transaction: Option<crate::store::TransactionLimits>,
 }
 
 impl<St, E: serde::Serialize + 'static> Config<St, E> {
@@ -32,7 +32,6 @@ impl<St, E: serde::Serialize + 'static> Config<St, E> {
             // such event would share.
             fingerprint: Arc::new(|event: &E| Fingerprint::of_json(event)),
             require_key: true,
-            #[cfg(feature = "postgres")]
             in_transaction: None,
         }
     }
@@ -46,7 +45,6 @@ impl<St, E> Clone for Config<St, E> {
             key: self.key.clone(),
             fingerprint: Arc::clone(&self.fingerprint),
             require_key: self.require_key,
-            #[cfg(feature = "postgres")]
             in_transaction: self.in_transaction,
         }
     }

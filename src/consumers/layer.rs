@@ -100,21 +100,20 @@ impl<St, E> IdempotentEventLayer<St, E> {
     }
 }
 
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-impl<E> IdempotentEventLayer<crate::store::postgres::PostgresStore, E> {
-    /// Runs the handler **inside the PostgreSQL transaction** that holds
-    /// the event's claim ([`Engine::run_in_transaction`]): the handler
-    /// takes it with
-    /// [`PgTransaction::current`](crate::store::postgres::PgTransaction::current)
+impl<St: crate::store::TransactionalStore, E> IdempotentEventLayer<St, E> {
+    /// Runs the handler **inside the store transaction** that holds the
+    /// event's claim ([`Engine::run_in_transaction`]; PostgreSQL's): the
+    /// handler takes it with its store's `current()` (PostgreSQL's
+    /// [`PgTransaction::current`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/postgres/struct.PgTransaction.html#method.current))
     /// and reads, locks and writes through it; its result completes the
     /// record in that transaction. An error, a panic or a crash rolls
     /// everything back and leaves the key free (the redelivery runs it as
     /// a first attempt); a duplicate delivery while it runs is told the key
     /// is in progress after at most `limits`' claim wait; past the time
     /// limit, the handler is stopped and rolled back.
-    pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
-        self.config.engine.store().warn_if_pool_short(1);
+    pub fn in_transaction(mut self, limits: crate::store::TransactionLimits) -> Self {
+        let store = self.config.engine.store();
+        store.expect_open_at_once(crate::engine::transactions_at_once(1));
         self.config.in_transaction = Some(limits);
         self
     }

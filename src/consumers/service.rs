@@ -85,17 +85,21 @@ where
             };
             let attempt =
                 Attempt::new(&config.scope, &key, fingerprint).deadline_ms(event.context.deadline);
-            #[cfg(feature = "postgres")]
-            let result = match in_transaction(&config, &attempt) {
-                Some((engine, limits)) => {
-                    engine
-                        .run_in_transaction(&attempt, limits, |_| inner.call(event))
+            // Set only on a store with transactions (`TransactionalStore`).
+            let result = match config.in_transaction {
+                Some(limits) => {
+                    let no_refusals = |_: &crate::WriteRefusal| None;
+                    let operation = |_| async {
+                        let value = inner.call(event).await?;
+                        Ok((value, Vec::new()))
+                    };
+                    config
+                        .engine
+                        .transaction_run(&attempt, limits, &crate::Json, no_refusals, operation)
                         .await
                 }
                 None => config.engine.execute(&attempt, || inner.call(event)).await,
             };
-            #[cfg(not(feature = "postgres"))]
-            let result = config.engine.execute(&attempt, || inner.call(event)).await;
             match result {
                 Ok(outcome) => {
                     tracing::debug!(
@@ -115,22 +119,6 @@ where
             }
         })
     }
-}
-
-/// The PostgreSQL engine and the bounds of its transaction, when the
-/// layer runs handlers inside it (only `IdempotentEventLayer<PostgresStore,
-/// _>::in_transaction` sets them).
-#[cfg(feature = "postgres")]
-fn in_transaction<'a, St: Store, E>(
-    config: &'a Config<St, E>,
-    _: &Attempt<'_>,
-) -> Option<(
-    &'a crate::Engine<crate::store::postgres::PostgresStore>,
-    crate::store::postgres::TransactionLimits,
-)> {
-    let limits = config.in_transaction?;
-    let engine = (&config.engine as &dyn std::any::Any).downcast_ref()?;
-    Some((engine, limits))
 }
 
 /// The engine's refusals as errors Lambda reports (and, for asynchronous

@@ -2,7 +2,7 @@
 //! keeps it.
 
 use crate::{
-    store::{Conditional, Extension, OwnerToken, RecordId},
+    store::{Conditional, Extension, OpenTransaction, OwnerToken, RecordId, Takeover},
     Error, StoreError, StoreErrorKind,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,23 +21,6 @@ tokio::task_local! {
     static CURRENT: ClaimHandle;
 }
 
-/// This attempt took over a claim whose lease passed: an earlier attempt
-/// began the operation and did not finish it (its invocation crashed or
-/// timed out), **and may have acted** before it died.
-///
-/// An operation with an effect outside the store (a payment provider call)
-/// should reconcile before acting: look the effect up at the provider by a
-/// key derived from the idempotency key
-/// ([`derive_key`](crate::derive_key)), and act only if it is not there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Takeover {
-    /// This attempt's number: 2 for the first takeover, and so on.
-    pub attempt: u32,
-    /// When the first attempt began, epoch milliseconds.
-    pub first_started_at_ms: u64,
-}
-
 /// An operation's handle to its claim: whether it took over a lapsed
 /// claim, its lease, extending it, and learning that it was lost.
 ///
@@ -47,8 +30,7 @@ pub struct Takeover {
 pub struct ClaimHandle {
     takeover: Option<Takeover>,
     held: Option<Arc<Held>>,
-    #[cfg(feature = "postgres")]
-    transaction: Option<crate::store::postgres::PgTransaction>,
+    transaction: Option<Arc<dyn OpenTransaction>>,
 }
 
 pub(super) struct Held {
@@ -106,18 +88,16 @@ impl ClaimHandle {
                 lost: AtomicBool::new(false),
                 lost_now: Notify::new(),
             })),
-            #[cfg(feature = "postgres")]
             transaction: None,
         }
     }
 
-    /// The handle of an operation inside the PostgreSQL transaction that
-    /// holds its claim: no lease to extend (the claim lives as long as the
-    /// transaction), the transaction to run its SQL in.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn in_transaction(
+    /// The handle of an operation inside the store transaction that holds
+    /// its claim: no lease to extend (the claim lives as long as the
+    /// transaction), the transaction to run its own statements in.
+    pub(super) fn in_transaction(
         takeover: Option<Takeover>,
-        transaction: crate::store::postgres::PgTransaction,
+        transaction: Arc<dyn OpenTransaction>,
     ) -> Self {
         Self {
             takeover,
@@ -126,12 +106,19 @@ impl ClaimHandle {
         }
     }
 
-    /// The PostgreSQL transaction the operation runs in, when it runs
-    /// inside one (`Engine::run_in_transaction`, the HTTP layer's
-    /// `in_transaction`): its statements commit with the completed record.
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub fn transaction(&self) -> Option<&crate::store::postgres::PgTransaction> {
+    /// The store transaction the operation runs in, as its store's type
+    /// `X` (a [`PgTransaction`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/postgres/struct.PgTransaction.html)),
+    /// when it runs inside one (`Engine::run_in_transaction`, the
+    /// adapters' `in_transaction`): its statements commit with the
+    /// completed record.
+    pub fn transaction<X: OpenTransaction>(&self) -> Option<&X> {
+        let open: &dyn std::any::Any = &**self.transaction.as_ref()?;
+        open.downcast_ref()
+    }
+
+    /// The store transaction the operation runs in, whatever its store.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn open_transaction(&self) -> Option<&Arc<dyn OpenTransaction>> {
         self.transaction.as_ref()
     }
 
@@ -142,7 +129,6 @@ impl ClaimHandle {
         Self {
             takeover,
             held: None,
-            #[cfg(feature = "postgres")]
             transaction: None,
         }
     }
@@ -179,14 +165,10 @@ impl ClaimHandle {
 
     /// Whether the operation runs under a claim; `false` for a single
     /// write, a disabled engine, and an unprotected run (fail-open during a
-    /// store outage); `true` inside the PostgreSQL transaction that holds
+    /// store outage); `true` inside the store transaction that holds
     /// the claim.
     pub fn is_claimed(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        if self.transaction.is_some() {
-            return true;
-        }
-        self.held.is_some()
+        self.held.is_some() || self.transaction.is_some()
     }
 
     /// The end of the claim's lease, epoch milliseconds, as last written by

@@ -2,12 +2,12 @@
 //! heartbeat that extends it.
 
 use super::{
-    claim_handle::{self, ClaimHandle, Takeover},
+    claim_handle::{self, ClaimHandle},
     orchestrator::{Engine, Inner, MIN_LEASE_MS},
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Conditional, Extension, Store},
+    store::{Claim, Conditional, Extension, Store, Takeover},
     Error, StoreError,
 };
 use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
@@ -16,10 +16,7 @@ use tracing::warn;
 impl<St: Store> Engine<St> {
     /// The operation's handle to the claim it runs under.
     pub(super) fn handle(&self, claim: &Claim) -> ClaimHandle {
-        let takeover = (claim.attempt > 1).then_some(Takeover {
-            attempt: claim.attempt,
-            first_started_at_ms: claim.first_started_ms,
-        });
+        let takeover = claim.takeover();
         ClaimHandle::held(
             // The engine's own allocation, shared: no new one per claim.
             Arc::clone(&self.inner) as Arc<dyn claim_handle::Extender>,

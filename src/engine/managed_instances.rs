@@ -38,6 +38,20 @@ pub fn managed_instances_concurrency() -> Option<u32> {
     concurrency_of(std::env::var(MAX_CONCURRENCY_VARIABLE).ok().as_deref())
 }
 
+/// How many store transactions this process may hold open at once when
+/// each invocation runs `per_invocation` of them (at least one): one
+/// invocation at a time, or a Managed Instance's count.
+#[cfg_attr(not(any(feature = "http", feature = "consumers")), allow(dead_code))]
+pub(crate) fn transactions_at_once(per_invocation: usize) -> usize {
+    at_once(managed_instances_concurrency(), per_invocation)
+}
+
+#[cfg_attr(not(any(feature = "http", feature = "consumers")), allow(dead_code))]
+fn at_once(invocations: Option<u32>, per_invocation: usize) -> usize {
+    let invocations = invocations.map_or(1, |n| n as usize);
+    invocations.saturating_mul(per_invocation.max(1))
+}
+
 fn concurrency_of(value: Option<&str>) -> Option<u32> {
     let value = value.filter(|value| !value.is_empty())?;
     Some(value.parse::<u32>().ok().filter(|n| *n > 0).unwrap_or(1))
@@ -45,7 +59,19 @@ fn concurrency_of(value: Option<&str>) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::concurrency_of;
+    use super::{at_once, concurrency_of};
+
+    #[test]
+    fn the_transactions_open_at_once_are_the_invocations_times_each_ones() {
+        // A function of the default kind: one invocation, one transaction.
+        assert_eq!(at_once(None, 1), 1);
+        // Managed Instances: eight invocations at once.
+        assert_eq!(at_once(Some(8), 1), 8);
+        // A batch of eight records at once, in each of eight invocations.
+        assert_eq!(at_once(Some(8), 8), 64);
+        assert_eq!(at_once(None, 0), 1, "a batch counts at least one");
+        assert_eq!(at_once(Some(u32::MAX), usize::MAX), usize::MAX);
+    }
 
     #[test]
     fn a_managed_instance_is_told_by_its_variable_alone() {

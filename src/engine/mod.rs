@@ -39,6 +39,7 @@ mod detach;
 mod durable;
 mod execute;
 mod fence;
+mod in_transaction;
 mod lease;
 mod local_runs;
 mod managed_instances;
@@ -52,6 +53,7 @@ mod retry_after;
 mod run;
 mod single_write;
 
+pub use crate::store::Takeover;
 pub use attempt::Attempt;
 #[cfg(feature = "http")]
 pub(crate) use attempt::OwnedAttempt;
@@ -60,15 +62,13 @@ pub use builder::{
     DEFAULT_MAX_LEASE, DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE,
     MAX_DURATION,
 };
-pub use claim_handle::{ClaimHandle, Takeover};
+pub use claim_handle::ClaimHandle;
 #[cfg(test)]
 pub(crate) use conflicts::{CLAIM_TRIES, CONFLICT_TRIES};
-#[cfg(feature = "postgres")]
-pub(crate) use fence::{fence, takeover_of, Fence};
+#[cfg(any(feature = "http", feature = "consumers"))]
+pub(crate) use managed_instances::transactions_at_once;
 pub use managed_instances::{managed_instances_concurrency, MAX_CONCURRENCY_VARIABLE};
 
-#[cfg(feature = "postgres")]
-pub(crate) use codec::unserialisable;
 pub use codec::{Codec, Json};
 #[cfg(feature = "http")]
 pub(crate) use detach::detached;

@@ -71,7 +71,6 @@ impl<St: Store> Engine<St> {
     }
 
     /// Whether idempotency is turned off (`IDEMPOTENCY_DISABLED=true`).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn is_disabled(&self) -> bool {
         self.inner.disabled
     }

@@ -133,11 +133,36 @@ pub(crate) struct Settings {
     pub(crate) problem_base: String,
     #[cfg(feature = "powertools")]
     pub(crate) powertools: Option<Arc<crate::powertools::PowertoolsCompat>>,
-    /// The handler inside the PostgreSQL transaction, within these bounds.
-    #[cfg(feature = "postgres")]
-    pub(crate) in_transaction: Option<crate::store::postgres::TransactionLimits>,
+    /// The handler inside the store transaction that holds its claim.
+    pub(crate) in_transaction: Option<InTransaction>,
     /// The application's answers to refusals of its `CommitWith` writes.
     pub(crate) on_write_refusal: Option<RefusalFn>,
+}
+
+/// The handler inside the store transaction that holds its claim
+/// ([`IdempotencyLayer::in_transaction`](super::IdempotencyLayer::in_transaction)):
+/// its bounds, and how the request is handed the transaction.
+#[derive(Clone, Copy)]
+pub(crate) struct InTransaction {
+    pub(crate) limits: crate::store::TransactionLimits,
+    /// Puts the claim's transaction into the request's extensions as its
+    /// store's own type (axum: `Extension<PgTransaction>`).
+    pub(crate) hand_over: fn(&crate::ClaimHandle, &mut http::Extensions),
+}
+
+impl InTransaction {
+    pub(crate) fn of<St: crate::store::TransactionalStore>(
+        limits: crate::store::TransactionLimits,
+    ) -> Self {
+        Self {
+            limits,
+            hand_over: |claim, extensions| {
+                if let Some(transaction) = claim.transaction::<St::Transaction>() {
+                    extensions.insert(transaction.clone());
+                }
+            },
+        }
+    }
 }
 
 impl Default for Settings {
@@ -168,7 +193,6 @@ impl Default for Settings {
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             #[cfg(feature = "powertools")]
             powertools: None,
-            #[cfg(feature = "postgres")]
             in_transaction: None,
             on_write_refusal: None,
         }

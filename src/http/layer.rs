@@ -517,12 +517,11 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 }
 
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
-    /// Runs each claimed handler **inside the PostgreSQL transaction** that
-    /// holds its claim ([`Engine::run_in_transaction`]): the handler takes
-    /// the [`PgTransaction`](crate::store::postgres::PgTransaction) from
+impl<St: crate::store::TransactionalStore> IdempotencyLayer<St> {
+    /// Runs each claimed handler **inside the store transaction** that
+    /// holds its claim ([`Engine::run_in_transaction`]; PostgreSQL's): the
+    /// handler takes the store's transaction (PostgreSQL's
+    /// [`PgTransaction`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/postgres/struct.PgTransaction.html)) from
     /// its request's extensions (axum: `Extension<PgTransaction>`), reads,
     /// locks (`SELECT … FOR UPDATE`) and writes through it, and its
     /// response completes the record in that transaction, with any
@@ -539,15 +538,15 @@ impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
     /// - A stored 4xx (a business-rule refusal, say a 422 for a balance too
     ///   low) is stored **without** the handler's writes (its SQL and its
     ///   `CommitWith`): they are rolled back to the claim first
-    ///   ([`roll_back_writes`](crate::store::postgres::PgTransaction::roll_back_writes)),
+    ///   ([`OpenTransaction::roll_back_writes`](crate::store::OpenTransaction::roll_back_writes)),
     ///   and the refusal is replayed to every retry.
     /// - A duplicate waits at most `limits`'
-    ///   [`claim_wait`](crate::store::postgres::TransactionLimits::claim_wait)
+    ///   [`claim_wait`](crate::store::TransactionLimits::claim_wait)
     ///   (it then replays the committed response) before its 409; with
     ///   [`wait_for_result`](IdempotencyLayer::wait_for_result) it asks
     ///   again within that budget.
     /// - A handler past the
-    ///   [`time_limit`](crate::store::postgres::TransactionLimits::time_limit)
+    ///   [`time_limit`](crate::store::TransactionLimits::time_limit)
     ///   is stopped and rolled back: a 503
     ///   `idempotency-time-limit-exceeded` with `Retry-After`.
     ///
@@ -560,9 +559,10 @@ impl IdempotencyLayer<crate::store::postgres::PostgresStore> {
     /// [`single_write`](IdempotencyLayer::single_write). See
     /// `examples/postgres_balance.rs` for an axum server with a balance
     /// check inside the transaction.
-    pub fn in_transaction(mut self, limits: crate::store::postgres::TransactionLimits) -> Self {
-        self.config.engine.store().warn_if_pool_short(1);
-        self.config.settings.in_transaction = Some(limits);
+    pub fn in_transaction(mut self, limits: crate::store::TransactionLimits) -> Self {
+        let store = self.config.engine.store();
+        store.expect_open_at_once(crate::engine::transactions_at_once(1));
+        self.config.settings.in_transaction = Some(super::config::InTransaction::of::<St>(limits));
         self
     }
 }

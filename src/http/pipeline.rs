@@ -675,8 +675,6 @@ where
     ResBody: LayerBody,
 {
     let handle = claim.clone();
-    #[cfg(feature = "postgres")]
-    let transaction = claim.transaction().cloned();
     // The handler and its request in a block of their own, gone once it
     // answers: this future keeps no room for them (some 260 bytes) while
     // the response is read.
@@ -689,9 +687,8 @@ where
         if let Some(takeover) = claim.takeover() {
             request.extensions_mut().insert(takeover);
         }
-        #[cfg(feature = "postgres")]
-        if let Some(transaction) = &transaction {
-            request.extensions_mut().insert(transaction.clone());
+        if let Some(in_transaction) = &config.settings.in_transaction {
+            (in_transaction.hand_over)(&claim, request.extensions_mut());
         }
         request.extensions_mut().insert(claim);
         inner.call(request).await.map_err(Failure::Handler)?
@@ -702,8 +699,7 @@ where
         let (mut parts, body) = response.into_parts();
         // Inside the transaction, a refusal is stored without the
         // handler's writes (a released response rolls back whole).
-        #[cfg(feature = "postgres")]
-        if let Some(transaction) = &transaction {
+        if let Some(transaction) = handle.open_transaction() {
             if parts.status.is_client_error() && (config.settings.store_when)(parts.status) {
                 parts.extensions.remove::<CommitWith<St::Write>>();
                 if let Err(error) = transaction.roll_back_writes().await {
@@ -854,11 +850,7 @@ fn whole<E, R: RebuildBody>(
 /// (a single write, or inside the PostgreSQL transaction), so that none
 /// may reach the client before its commit.
 fn commits_with_record(settings: &Settings) -> bool {
-    #[cfg(feature = "postgres")]
-    if settings.in_transaction.is_some() {
-        return true;
-    }
-    settings.single_write
+    settings.in_transaction.is_some() || settings.single_write
 }
 
 /// A response's head, kept for its record while its body streams.
@@ -998,17 +990,15 @@ where
     F: FnOnce(ClaimHandle) -> Fut + 'a,
     Fut: std::future::Future<Output = Result<(T, Vec<St::Write>), E>> + 'a,
 {
-    // Set only by `IdempotencyLayer<PostgresStore>::in_transaction`.
-    #[cfg(feature = "postgres")]
-    let in_transaction = config
-        .settings
-        .in_transaction
-        .and_then(|limits| Some((limits, config.engine.as_postgres()?)));
-    #[cfg(feature = "postgres")]
-    if let Some((limits, engine)) = in_transaction {
-        return Either::Left(
-            engine.transaction_run_for_adapter(attempt, limits, codec, refusal, operation),
-        );
+    // Set only on a store with transactions (`TransactionalStore`).
+    if let Some(in_transaction) = &config.settings.in_transaction {
+        return Either::Left(config.engine.transaction_run(
+            attempt,
+            in_transaction.limits,
+            codec,
+            refusal,
+            operation,
+        ));
     }
     let claimed = if config.settings.single_write {
         Either::Left(config.engine.single_write(attempt, codec, operation))
@@ -1021,8 +1011,5 @@ where
             operation,
         ))
     };
-    #[cfg(feature = "postgres")]
-    return Either::Right(claimed);
-    #[cfg(not(feature = "postgres"))]
-    claimed
+    Either::Right(claimed)
 }

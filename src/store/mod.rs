@@ -130,10 +130,14 @@ mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub mod transaction;
 
 pub use crate::key::RecordId;
 pub use owner::OwnerToken;
 pub use record::{Record, Status, UnknownStatus};
+pub use transaction::{
+    OpenTransaction, Transaction, TransactionLimits, TransactionalStore, Transactions,
+};
 
 /// A request to claim a key: write a fresh `IN_PROGRESS` record where there
 /// is none ([`Store::claim`]), or in place of a lapsed claim
@@ -157,6 +161,34 @@ pub struct Claim {
     /// When the first attempt began, epoch milliseconds: `now_ms`, or the
     /// lapsed claim's.
     pub first_started_ms: u64,
+}
+
+impl Claim {
+    /// `Some` when this claim takes over a lapsed one (its attempt is past
+    /// the first).
+    pub fn takeover(&self) -> Option<Takeover> {
+        (self.attempt > 1).then_some(Takeover {
+            attempt: self.attempt,
+            first_started_at_ms: self.first_started_ms,
+        })
+    }
+}
+
+/// This attempt took over a claim whose lease passed: an earlier attempt
+/// began the operation and did not finish it (its invocation crashed or
+/// timed out), **and may have acted** before it died.
+///
+/// An operation with an effect outside the store (a payment provider call)
+/// should reconcile before acting: look the effect up at the provider by a
+/// key derived from the idempotency key
+/// ([`derive_key`](crate::derive_key)), and act only if it is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Takeover {
+    /// This attempt's number: 2 for the first takeover, and so on.
+    pub attempt: u32,
+    /// When the first attempt began, epoch milliseconds.
+    pub first_started_at_ms: u64,
 }
 
 /// A request to write a completed record and the operation's writes in one
@@ -397,5 +429,12 @@ pub trait Store: Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
         self.get(id, now_ms)
+    }
+
+    /// The store's transactions, when it can run an operation inside one
+    /// with its claim ([`transaction`](mod@transaction)); `None`, the
+    /// default, when it cannot. A [`TransactionalStore`] returns itself.
+    fn transactions(&self) -> Option<&dyn Transactions<Self::Write>> {
+        None
     }
 }

@@ -64,24 +64,22 @@ where
 
 impl super::PostgresStore {
     /// Whether the pool can hold every transaction of the in-transaction
-    /// form that may be open at once in this process: `per_invocation` of
-    /// them for each invocation it serves at once (one in a Lambda function
-    /// of the default kind, `AWS_LAMBDA_MAX_CONCURRENCY` in a Managed
-    /// Instance). A handler inside its transaction holds its connection
-    /// until it commits, so with fewer connections the others wait for one,
-    /// one after another, and answer `503` after the pool's wait (5 s).
-    /// Warns when it cannot, saying what to set; the shortfall is returned.
-    #[cfg_attr(not(any(feature = "http", feature = "consumers")), allow(dead_code))]
-    pub(crate) fn warn_if_pool_short(&self, per_invocation: usize) -> Option<usize> {
-        let invocations = crate::managed_instances_concurrency().unwrap_or(1) as usize;
+    /// form that may be open at once in this process (the adapters count
+    /// them: the invocations served at once, one in a Lambda function of
+    /// the default kind and `AWS_LAMBDA_MAX_CONCURRENCY` in a Managed
+    /// Instance, times the transactions each runs). A handler inside its
+    /// transaction holds its connection until it commits, so with fewer
+    /// connections the others wait for one, one after another, and answer
+    /// `503` after the pool's wait (5 s). Warns when it cannot, saying what
+    /// to set; the shortfall is returned.
+    pub(crate) fn warn_if_pool_short(&self, at_once: usize) -> Option<usize> {
         let max_size = self.inner.pool.status().max_size;
-        let short = shortfall(max_size, invocations, per_invocation)?;
+        let short = shortfall(max_size, at_once)?;
         let needed = max_size + short;
         tracing::warn!(
             pool_max_size = max_size,
             needed,
-            concurrent_invocations = invocations,
-            transactions_per_invocation = per_invocation,
+            transactions_at_once = at_once,
             "the PostgreSQL pool is smaller than the transactions the in-transaction form may hold \
              open at once (concurrent invocations, AWS_LAMBDA_MAX_CONCURRENCY under Lambda Managed \
              Instances, times the transactions each runs): handlers will wait for a connection, \
@@ -92,11 +90,13 @@ impl super::PostgresStore {
     }
 }
 
-/// How many connections a pool of `max_size` lacks for `invocations` at once
-/// running `per_invocation` transactions each; `None` when it has enough.
-fn shortfall(max_size: usize, invocations: usize, per_invocation: usize) -> Option<usize> {
-    let needed = invocations.saturating_mul(per_invocation.max(1));
-    needed.checked_sub(max_size).filter(|short| *short > 0)
+/// How many connections a pool of `max_size` lacks for `at_once`
+/// transactions; `None` when it has enough.
+fn shortfall(max_size: usize, at_once: usize) -> Option<usize> {
+    at_once
+        .max(1)
+        .checked_sub(max_size)
+        .filter(|short| *short > 0)
 }
 
 #[cfg(test)]
@@ -104,17 +104,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pool_is_short_when_the_invocations_at_once_need_more_transactions() {
-        // A function of the default kind: one invocation, one transaction.
-        assert_eq!(shortfall(2, 1, 1), None);
-        // Managed Instances: eight invocations at once.
-        assert_eq!(shortfall(2, 8, 1), Some(6));
-        assert_eq!(shortfall(8, 8, 1), None);
-        // A batch of eight records at once, in each of eight invocations.
-        assert_eq!(shortfall(8, 8, 8), Some(56));
-        assert_eq!(shortfall(64, 8, 8), None);
-        assert_eq!(shortfall(1, 1, 0), None, "a batch counts at least one");
-        assert_eq!(shortfall(1, usize::MAX, 2), Some(usize::MAX - 1));
+    fn a_pool_is_short_when_more_transactions_may_be_open_at_once() {
+        assert_eq!(shortfall(2, 1), None);
+        assert_eq!(shortfall(2, 8), Some(6));
+        assert_eq!(shortfall(8, 8), None);
+        assert_eq!(shortfall(8, 64), Some(56));
+        assert_eq!(shortfall(1, 0), None, "one at least");
+        assert_eq!(shortfall(1, usize::MAX), Some(usize::MAX - 1));
     }
 
     #[test]

@@ -30,18 +30,17 @@
 mod codec;
 mod connection;
 mod errors;
-mod in_transaction;
 mod refusal;
 mod statements;
 mod table;
 mod tls;
+mod transaction;
 mod write;
 
-pub use in_transaction::{
-    PgTransaction, TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT,
-};
+pub use super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
 pub use refusal::{Refusal, RefusalRules};
 pub use tls::{tls_connector, TlsConnector};
+pub use transaction::PgTransaction;
 pub use write::{PgValue, PgWrite};
 /// The pool and driver crates, for building a pool of your own (TLS, other
 /// settings).
@@ -387,5 +386,9 @@ impl Store for PostgresStore {
             .map(decode)
             .transpose()?
             .filter(|record| !record.is_expired(now_ms)))
+    }
+
+    fn transactions(&self) -> Option<&dyn super::Transactions<PgWrite>> {
+        Some(self)
     }
 }
