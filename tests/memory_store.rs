@@ -11,3 +11,283 @@ lambda_idempotency::store_conformance! {
     },
     single_write,
 }
+
+/// The engine's run inside a store transaction, on the memory store's
+/// transactions: what PostgreSQL's tests check against a server, here
+/// with no server, each check failing if the capability or the run
+/// breaks it.
+mod in_transaction {
+    use lambda_idempotency::{
+        store::{
+            memory::{MemoryTransaction, MemoryWrite},
+            OwnerToken, Record, Status, Store, TransactionLimits,
+        },
+        Attempt, Engine, Error, Fingerprint, MemoryStore, OutcomeKind, StoreErrorKind,
+    };
+    use std::{
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc,
+        },
+        time::Duration,
+    };
+
+    fn attempt(key: &str) -> Attempt<'_> {
+        Attempt::new("charges", key, Fingerprint::of_bytes(b"1250"))
+    }
+
+    fn limits() -> TransactionLimits {
+        TransactionLimits::new()
+            .claim_wait(Duration::from_millis(100))
+            .time_limit(Duration::from_secs(5))
+    }
+
+    /// The operation: writes the charge in the transaction, counts its runs.
+    async fn charge(tx: MemoryTransaction, runs: &AtomicUsize) -> Result<String, String> {
+        runs.fetch_add(1, Ordering::SeqCst);
+        tx.write(MemoryWrite::put("charge", "ch_1"))
+            .map_err(|e| e.to_string())?;
+        Ok("paid".to_owned())
+    }
+
+    #[tokio::test]
+    async fn the_operation_s_writes_commit_with_its_record_and_replay() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let runs = AtomicUsize::new(0);
+        let first = engine
+            .run_in_transaction(&attempt("k"), limits(), |tx| charge(tx, &runs))
+            .await
+            .expect("first");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        assert_eq!(store.item("charge").as_deref(), Some(&b"ch_1"[..]));
+        let id = engine.record_id("charges", "k");
+        let record = store.get(&id, engine.now_ms()).await.unwrap().unwrap();
+        assert_eq!(record.status, Status::Completed);
+        // Another engine (no cache of this one's) replays from the store.
+        let other = Engine::builder(store.clone()).build();
+        let again = other
+            .run_in_transaction(&attempt("k"), limits(), |tx| charge(tx, &runs))
+            .await
+            .expect("replay");
+        assert_eq!(again.kind(), OutcomeKind::Replay);
+        assert_eq!(again.into_value(), "paid");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_error_a_panic_or_a_dropped_run_leaves_nothing_and_frees_the_key() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let failed = engine
+            .run_in_transaction(&attempt("k"), limits(), |tx| async move {
+                tx.write(MemoryWrite::put("charge", "ch_1")).unwrap();
+                Err::<String, _>("declined")
+            })
+            .await;
+        assert!(matches!(failed, Err(Error::Operation("declined"))));
+        let panicked = tokio::spawn({
+            let engine = engine.clone();
+            async move {
+                engine
+                    .run_in_transaction(&attempt("k"), limits(), |tx| async move {
+                        tx.write(MemoryWrite::put("charge", "ch_2")).unwrap();
+                        if tx.item("charge").is_some() {
+                            panic!("the handler's own panic");
+                        }
+                        Ok::<_, String>("paid".to_owned())
+                    })
+                    .await
+            }
+        })
+        .await;
+        assert!(panicked.is_err_and(|e| e.is_panic()));
+        // A run dropped while its operation waits: a crash, a client gone.
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(50),
+            engine.run_in_transaction(&attempt("k"), limits(), |tx| async move {
+                tx.write(MemoryWrite::put("charge", "ch_3")).unwrap();
+                std::future::pending::<Result<String, String>>().await
+            }),
+        )
+        .await;
+        assert!(dropped.is_err());
+        assert_eq!(store.item("charge"), None, "nothing committed");
+        assert!(store.records().is_empty(), "no claim left");
+        let runs = AtomicUsize::new(0);
+        let retry = engine
+            .run_in_transaction(&attempt("k"), limits(), |tx| {
+                assert_eq!(
+                    tx.takeover(),
+                    None,
+                    "nothing of the first attempts survived"
+                );
+                charge(tx, &runs)
+            })
+            .await
+            .expect("the retry runs");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_waits_on_the_transaction_then_replays_or_is_in_progress() {
+        let store = MemoryStore::new();
+        // Two processes: the second's duplicate meets the first's
+        // transaction in the store, not in the first's memory.
+        let (first, second) = (
+            Engine::builder(store.clone()).build(),
+            Engine::builder(store.clone()).build(),
+        );
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (started, started_rx) = tokio::sync::oneshot::channel();
+        let holding = tokio::spawn({
+            let runs = Arc::clone(&runs);
+            async move {
+                first
+                    .run_in_transaction(&attempt("k"), limits(), |tx| async move {
+                        let _ = started.send(());
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        charge(tx, &runs).await
+                    })
+                    .await
+            }
+        });
+        started_rx.await.unwrap();
+        // Its wait (100 ms) ends before the transaction: in progress, at
+        // once, without running.
+        let busy = second
+            .run_in_transaction(&attempt("k"), limits(), |tx| charge(tx, &runs))
+            .await;
+        assert!(matches!(busy, Err(Error::InProgress { .. })), "{busy:?}");
+        // A write outside a transaction to the key it holds waits too (a
+        // conflict, as the row lock in a database).
+        let held = store
+            .release(
+                &second.record_id("charges", "k"),
+                &OwnerToken::from_stored("x"),
+            )
+            .await;
+        assert_eq!(held.unwrap_err().kind(), StoreErrorKind::Conflict);
+        // A longer wait sees it commit: its replay.
+        let patient = limits().claim_wait(Duration::from_secs(2));
+        let replay = second
+            .run_in_transaction(&attempt("k"), patient, |tx| charge(tx, &runs))
+            .await
+            .expect("replay");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert!(holding.await.unwrap().is_ok());
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_duplicates_never_both_run() {
+        let store = MemoryStore::new();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..32 {
+            // Each its own engine: the store alone keeps them apart.
+            let engine = Engine::builder(store.clone()).build();
+            let runs = Arc::clone(&runs);
+            tasks.push(tokio::spawn(async move {
+                let patient = limits().claim_wait(Duration::from_secs(5));
+                engine
+                    .run_in_transaction(&attempt("k"), patient, |tx| async move {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        charge(tx, &runs).await
+                    })
+                    .await
+                    .map(|outcome| outcome.kind())
+            }));
+        }
+        let mut fresh = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(OutcomeKind::Fresh) => fresh += 1,
+                Ok(OutcomeKind::Replay | OutcomeKind::CachedReplay) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((fresh, runs.load(Ordering::SeqCst)), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn past_its_time_limit_the_operation_is_stopped_and_nothing_commits() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let short = limits().time_limit(Duration::from_millis(50));
+        let late = engine
+            .run_in_transaction(&attempt("k"), short, |tx| async move {
+                tx.write(MemoryWrite::put("charge", "ch_1")).unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, String>("paid".to_owned())
+            })
+            .await;
+        assert!(
+            matches!(late, Err(Error::TimeLimitExceeded { .. })),
+            "{late:?}"
+        );
+        assert_eq!(store.item("charge"), None);
+        assert!(store.records().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_stored_without_the_operation_s_writes() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let refused = engine
+            .run_in_transaction(&attempt("k"), limits(), |tx| async move {
+                tx.write(MemoryWrite::put("hold", "h_1")).unwrap();
+                // A balance too low: undo, and store the refusal.
+                tx.roll_back_writes();
+                Ok::<_, String>("insufficient funds".to_owned())
+            })
+            .await
+            .expect("stored");
+        assert_eq!(refused.kind(), OutcomeKind::Fresh);
+        assert_eq!(store.item("hold"), None);
+        let replay = Engine::builder(store.clone())
+            .build()
+            .run_in_transaction(&attempt("k"), limits(), |_| async {
+                Ok::<_, String>("ran again".to_owned())
+            })
+            .await
+            .expect("replay");
+        assert_eq!(replay.into_value(), "insufficient funds");
+    }
+
+    #[tokio::test]
+    async fn a_lapsed_claim_is_taken_over_and_the_operation_told() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let now_ms = engine.now_ms();
+        store.insert_record(Record {
+            id: engine.record_id("charges", "k"),
+            status: Status::InProgress,
+            owner: OwnerToken::from_stored("crashed"),
+            fingerprint: Fingerprint::of_bytes(b"1250"),
+            expiration_s: now_ms / 1000 + 3600,
+            lease_until_ms: Some(now_ms - 1),
+            response: None,
+            created_at_ms: Some(now_ms - 60_000),
+            attempt: 1,
+            first_started_ms: Some(now_ms - 60_000),
+            completed_at_ms: None,
+        });
+        let told = engine
+            .run_in_transaction(&attempt("k"), limits(), |tx| async move {
+                Ok::<_, String>(tx.takeover().map(|takeover| takeover.attempt))
+            })
+            .await
+            .expect("taken over");
+        assert_eq!(told.into_value(), Some(2));
+        // Another payload under the key: refused, not run.
+        let other = Attempt::new("charges", "k", Fingerprint::of_bytes(b"9999"));
+        let reused = engine
+            .run_in_transaction(&other, limits(), |_| async {
+                Ok::<Option<u32>, String>(None)
+            })
+            .await;
+        assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+    }
+}

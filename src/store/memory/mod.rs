@@ -4,6 +4,7 @@
 mod arena;
 mod packed;
 mod records;
+mod transaction;
 
 use super::{
     Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
@@ -13,12 +14,13 @@ use crate::{StoreError, StoreErrorKind};
 use packed::{monotonic_ms, Packed};
 use records::Records;
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard,
     },
 };
+pub use transaction::MemoryTransaction;
 
 /// A business write committed by [`MemoryStore`] together with a
 /// completion: an item stored under a key in a side table that tests can
@@ -81,12 +83,16 @@ struct Inner {
     state: Mutex<State>,
     failures: AtomicUsize,
     failure_kind: Mutex<Option<StoreErrorKind>>,
+    key_locks: transaction::KeyLocks,
 }
 
 #[derive(Debug, Default)]
 struct State {
     records: Records,
     items: HashMap<String, Vec<u8>>,
+    /// The keys transactions hold ([`MemoryTransaction`]): a write outside
+    /// them is a conflict.
+    held: HashSet<String>,
 }
 
 impl MemoryStore {
@@ -127,6 +133,20 @@ impl MemoryStore {
             ));
         }
         Ok(self.state())
+    }
+
+    /// [`enter`](Self::enter) for a write to `id`'s record outside a
+    /// transaction: a conflict while a transaction holds the key (as a
+    /// database's write would wait on the transaction's row lock).
+    fn enter_key(&self, id: &str) -> Result<MutexGuard<'_, State>, StoreError> {
+        let state = self.enter()?;
+        if !state.held.is_empty() && state.held.contains(id) {
+            return Err(StoreError::new(
+                StoreErrorKind::Conflict,
+                "memory store: a transaction holds the key",
+            ));
+        }
+        Ok(state)
     }
 }
 
@@ -177,7 +197,7 @@ impl MemoryStore {
 }
 
 /// Rejects the whole transaction if one of its writes' conditions fails.
-fn check_writes(
+pub(super) fn check_writes(
     items: &HashMap<String, Vec<u8>>,
     writes: &[MemoryWrite],
 ) -> Result<(), StoreError> {
@@ -199,7 +219,7 @@ impl Store for MemoryStore {
     const SINGLE_WRITE: bool = true;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
-        let mut state = self.enter()?;
+        let mut state = self.enter_key(claim.id.as_str())?;
         state.records.make_room(claim.now_ms, monotonic_ms);
         let slot = state.records.slot(claim.id.as_str());
         if let Some(existing) = slot.get() {
@@ -216,7 +236,7 @@ impl Store for MemoryStore {
         claim: &Claim,
         lapsed: &OwnerToken,
     ) -> Result<Conditional, StoreError> {
-        let mut state = self.enter()?;
+        let mut state = self.enter_key(claim.id.as_str())?;
         match state.records.get(claim.id.as_str()) {
             Some(existing)
                 if existing.held_by(lapsed)
@@ -232,7 +252,7 @@ impl Store for MemoryStore {
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
-        let mut state = self.enter()?;
+        let mut state = self.enter_key(extension.id.as_str())?;
         let Some(mut found) = state.records.found(extension.id.as_str()) else {
             return Ok(Conditional::Refused(None));
         };
@@ -251,7 +271,7 @@ impl Store for MemoryStore {
         &self,
         completion: Completion<MemoryWrite>,
     ) -> Result<Conditional, StoreError> {
-        let mut state = self.enter()?;
+        let mut state = self.enter_key(completion.id.as_str())?;
         let state = &mut *state;
         let Some(found) = state.records.found(completion.id.as_str()) else {
             return Ok(Conditional::Refused(None));
@@ -272,7 +292,7 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
-        let mut state = self.enter()?;
+        let mut state = self.enter_key(id.as_str())?;
         match state.records.found(id.as_str()) {
             Some(found) if found.get().held_by(owner) => {
                 found.remove();
@@ -285,7 +305,7 @@ impl Store for MemoryStore {
     }
 
     async fn commit(&self, commit: Commit<MemoryWrite>) -> Result<Conditional, StoreError> {
-        let mut state = self.enter()?;
+        let mut state = self.enter_key(commit.id.as_str())?;
         if let Some(existing) = state.records.get(commit.id.as_str()) {
             let existing = existing.record();
             if existing.is_live(commit.now_ms) {
@@ -316,7 +336,7 @@ impl Store for MemoryStore {
     }
 
     async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
-        let mut state = self.enter()?;
+        let mut state = self.enter_key(id.as_str())?;
         match state.records.get(id.as_str()) {
             Some(record)
                 if removal == Removal::UnlessInProgress
@@ -356,6 +376,10 @@ impl Store for MemoryStore {
             .get(id.as_str())
             .filter(|r| !r.is_expired(now_ms))
             .map(|record| record.record()))
+    }
+
+    fn transactions(&self) -> Option<&dyn super::Transactions<MemoryWrite>> {
+        Some(self)
     }
 }
 
