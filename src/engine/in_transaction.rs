@@ -25,12 +25,11 @@ use crate::{
 };
 use futures_util::FutureExt;
 use serde::{de::DeserializeOwned, Serialize};
-use std::{
-    future::Future,
-    panic::AssertUnwindSafe,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+// The time limit is measured on tokio's clock, as every wait of the
+// engine's: the same as the machine's, but under a paused test clock (the
+// simulator's), which moves it.
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 /// How long before the invocation's deadline the transaction ends, to

@@ -88,11 +88,29 @@ pub fn check(history: &History) -> Result<(), String> {
     let mut completed_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
     // Where a claim replaced an in-progress record whose retention passed.
     let mut expired_at: Vec<Vec<usize>> = vec![Vec::new(); config.keys];
+    // The transactions that held each key: whose, from, and until (`None`
+    // while open). A transaction's end may be logged twice (its client's,
+    // and its COMMIT's landing): the last one counts.
+    let mut holds: Vec<Vec<(usize, u64, Option<u64>)>> = vec![Vec::new(); config.keys];
 
     for (seq, entry) in history.entries.iter().enumerate() {
         let at = entry.at_ms;
         match &entry.event {
             Event::Arrive { .. } | Event::Advance | Event::Crash { .. } => {}
+            Event::Held { att, key } => {
+                let Some(&key) = keys.get(key.as_str()) else {
+                    return Err(format!("a transaction held an unknown record {key}"));
+                };
+                holds[key].push((*att, at, None));
+            }
+            Event::Unheld { att, key } => {
+                let Some(&key) = keys.get(key.as_str()) else {
+                    return Err(format!("a transaction held an unknown record {key}"));
+                };
+                for hold in holds[key].iter_mut().filter(|hold| hold.0 == *att) {
+                    hold.2 = Some(hold.2.map_or(at, |until| until.max(at)));
+                }
+            }
             Event::Begin { att, clock_ms } => {
                 attempts[*att].begin_clock_ms = Some(*clock_ms);
                 attempts[*att].begin_at_ms = at;
@@ -272,6 +290,30 @@ pub fn check(history: &History) -> Result<(), String> {
                             att,
                         )?;
                     }
+                    Op::CommitTransaction(c) => {
+                        // The claim, made in the transaction, and its
+                        // completion land together: on no live record (the
+                        // transaction held the key since its claim).
+                        completed_at[key].push(seq);
+                        if before.as_ref().is_some_and(|b| b.is_live(c.claim.now_ms)) {
+                            return Err(format!(
+                                "no fenced-out write lands: a{att}'s COMMIT replaced a live record"
+                            ));
+                        }
+                        landed(
+                            &mut completions[key],
+                            Landed {
+                                at_ms: at,
+                                value: value_of(&c.completion.response)?,
+                                fingerprint: c.claim.fingerprint.clone(),
+                                expiration_s: c.completion.expiration_s,
+                                skew,
+                                // The operation wrote its effect in it.
+                                effects: true,
+                            },
+                            att,
+                        )?;
+                    }
                     Op::Get(..) | Op::Peek(..) => {}
                 }
             }
@@ -305,7 +347,20 @@ pub fn check(history: &History) -> Result<(), String> {
                             .and_then(|o| leases.get(o))
                             .map_or(0, |l| (*l as i64 - history.attempts[a].skew) as u64)
                     };
-                    if at > lease_true(*att) + TOLERANCE_MS {
+                    // Inside a transaction the key is held by the
+                    // transaction's lock, not by a lease: no other claim
+                    // lands while it is open, whatever the lease says.
+                    let in_transaction = history.attempts[*att].way == Way::InTransaction;
+                    if in_transaction {
+                        let holding = holds[*key]
+                            .iter()
+                            .any(|(holder, _, until)| holder == att && until.is_none());
+                        if !holding {
+                            return Err(format!(
+                                "an operation in a transaction runs while its transaction holds the key: a{att} does not"
+                            ));
+                        }
+                    } else if at > lease_true(*att) + TOLERANCE_MS {
                         return Err(format!(
                             "an operation starts on a live lease: a{att} starts at {}, its lease ended at {}",
                             crate::sim::ms(at),
@@ -460,9 +515,17 @@ pub fn check(history: &History) -> Result<(), String> {
                             }
                         }
                         let since = me.begin_at_ms.saturating_sub(max_lease_ms + TOLERANCE_MS);
-                        let backed = lease_writes[key].iter().any(|(t, owner)| {
-                            *t >= since && owners.get(owner) != Some(att)
+                        // Or a transaction of another attempt's held the key
+                        // while this one ran.
+                        let held = holds[key].iter().any(|(holder, from, until)| {
+                            holder != att
+                                && *from <= at
+                                && until.is_none_or(|until| until + TOLERANCE_MS >= me.begin_at_ms)
                         });
+                        let backed = held
+                            || lease_writes[key].iter().any(|(t, owner)| {
+                                *t >= since && owners.get(owner) != Some(att)
+                            });
                         if !backed {
                             return Err(format!(
                                 "a key in progress is held by a live lease: a{att} was told k{key} is in progress, and no lease was written since {}",
@@ -475,7 +538,15 @@ pub fn check(history: &History) -> Result<(), String> {
                             "a{att}: writes not committed, from an engine that never fails open"
                         ))
                     }
-                    Ending::InProgress | Ending::KeyReused | Ending::LeaseLost => {}
+                    Ending::TimeLimitExceeded if info.way != Way::InTransaction => {
+                        return Err(format!(
+                            "a{att}: a time limit exceeded, outside a transaction"
+                        ))
+                    }
+                    Ending::InProgress
+                    | Ending::KeyReused
+                    | Ending::LeaseLost
+                    | Ending::TimeLimitExceeded => {}
                 }
                 attempts[*att].ended = Some(ending.clone());
             }

@@ -43,6 +43,7 @@ fn simulated_histories_keep_every_invariant() {
     let mut runs = 0u64;
     let mut events = 0u64;
     let mut replayed_in_process = 0usize;
+    let mut committed = 0usize;
     for seed in start..start.saturating_add(budget) {
         if deadline.is_some_and(|d| runs.is_multiple_of(256) && Instant::now() >= d) {
             break;
@@ -50,6 +51,7 @@ fn simulated_histories_keep_every_invariant() {
         let history = sim::run(seed);
         events += history.entries.len() as u64;
         replayed_in_process += replays_in_process(&history);
+        committed += transactions_committed(&history);
         runs += 1;
         if let Err(broken) = check::check(&history) {
             panic!(
@@ -60,7 +62,7 @@ fn simulated_histories_keep_every_invariant() {
     }
     let elapsed = began.elapsed().as_secs_f64();
     println!(
-        "{runs} histories (seeds {start}..{}), {events} events, in {elapsed:.1} s: {:.0} histories a minute; {replayed_in_process} replays waited for in process; every invariant held",
+        "{runs} histories (seeds {start}..{}), {events} events, in {elapsed:.1} s: {:.0} histories a minute; {replayed_in_process} replays waited for in process; {committed} transactions committed; every invariant held",
         start + runs,
         runs as f64 * 60.0 / elapsed
     );
@@ -69,7 +71,26 @@ fn simulated_histories_keep_every_invariant() {
             replayed_in_process > 0,
             "some duplicates waited on a run in their process"
         );
+        assert!(committed > 0, "some runs inside a transaction committed");
     }
+}
+
+/// The transactions of `history` whose COMMIT landed.
+fn transactions_committed(history: &History) -> usize {
+    history
+        .entries
+        .iter()
+        .filter(|entry| {
+            matches!(
+                &entry.event,
+                Event::Landed {
+                    op: Op::CommitTransaction(_),
+                    answer: Answer::Write(_),
+                    ..
+                }
+            )
+        })
+        .count()
 }
 
 /// Attempts of `history` replayed without a store call of their own: they
@@ -224,8 +245,14 @@ fn render(seed: u64, history: &History) -> String {
                     ),
                     (_, None) => "  [k now absent]".to_owned(),
                 };
+                // A claim in a transaction crosses no simulated network.
+                let req = if *req == usize::MAX {
+                    "in its transaction".to_owned()
+                } else {
+                    format!("#{req}")
+                };
                 format!(
-                    "a{att} #{req} {}{detail} -> {}{lost}{state}",
+                    "a{att} {req} {}{detail} -> {}{lost}{state}",
                     op.name(),
                     answer.short()
                 )
@@ -245,6 +272,8 @@ fn render(seed: u64, history: &History) -> String {
                 format!("e{exec} {}", if *crashed { "dropped" } else { "returns" })
             }
             Event::Crash { att } => format!("a{att} CRASHES"),
+            Event::Held { att, key } => format!("a{att}'s transaction holds {key}"),
+            Event::Unheld { att, key } => format!("a{att}'s transaction ends: {key} free"),
             Event::Done {
                 att,
                 ending,

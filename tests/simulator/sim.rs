@@ -22,6 +22,14 @@
 //!   by up to [`SKEW_MS`] either way. The engine's backoff is random (up to
 //!   160 ms): shorter than a quantum, it always ends at the next step, so
 //!   the history stays the seed's.
+//! - **Inside a store transaction.** An attempt of the transactional way
+//!   (`Engine::run_in_transaction`) runs in one of the memory store's
+//!   transactions: its claim locks the key (a claim of another
+//!   transaction's waits, at most its claim wait, on tokio's paused clock;
+//!   a write outside to the key is a conflict), and nothing it wrote is
+//!   seen until its `COMMIT`, which crosses the simulated network as the
+//!   other writes do (faults, an answer lost after it landed). A crash
+//!   drops the transaction: everything rolls back.
 //! - **Waiting in a process.** Several attempts of one process share its
 //!   engine: a duplicate of a run under way there is answered by that run,
 //!   and three in ten wait on it (`Attempt::wait_in_process`) for up to 40
@@ -29,11 +37,12 @@
 
 use crate::rng::Rng;
 use futures::FutureExt;
-use lambda_idempotency::store::memory::MemoryWrite;
+use lambda_idempotency::store::memory::{MemoryTransaction, MemoryWrite};
 use lambda_idempotency::{
     store::{
-        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-        Store,
+        transaction::TransactionFuture, Claim, Commit, Completion, Conditional, Extension,
+        OpenTransaction, OwnerToken, Record, RecordId, Removal, Store, Transaction,
+        TransactionLimits, TransactionalStore, Transactions,
     },
     Attempt, ClaimHandle, Clock, Engine, Error, Fingerprint, Json, MemoryStore, Mode, OutcomeKind,
     StoreError, StoreErrorKind,
@@ -78,6 +87,9 @@ pub enum Way {
     Transactional,
     /// `Engine::run_single_write`.
     SingleWrite,
+    /// `Engine::run_in_transaction`: the operation's effect written in the
+    /// transaction that holds the claim.
+    InTransaction,
 }
 
 /// A write or read as the store saw it, with the record before and after.
@@ -93,6 +105,26 @@ pub enum Op {
     /// A read that may be stale (`Store::peek`): it may miss a record
     /// that is there.
     Peek(RecordId, u64),
+    /// A transaction's `COMMIT`: its claim and its completion (with the
+    /// operation's effect) land together, or nothing does.
+    CommitTransaction(Box<Committing>),
+}
+
+/// What a transaction commits, and the transaction.
+#[derive(Clone)]
+pub struct Committing {
+    pub claim: Claim,
+    pub completion: Completion<MemoryWrite>,
+    transaction: Arc<dyn Transaction<MemoryWrite>>,
+}
+
+impl std::fmt::Debug for Committing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Committing")
+            .field("claim", &self.claim)
+            .field("completion", &self.completion)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Op {
@@ -106,6 +138,7 @@ impl Op {
             Op::Commit(_) => "commit",
             Op::Get(..) => "get",
             Op::Peek(..) => "peek",
+            Op::CommitTransaction(_) => "COMMIT",
         }
     }
 
@@ -116,6 +149,7 @@ impl Op {
             Op::Complete(c) => &c.id,
             Op::Release(id, _) | Op::Get(id, _) | Op::Peek(id, _) => id,
             Op::Commit(c) => &c.id,
+            Op::CommitTransaction(c) => &c.claim.id,
         }
     }
 
@@ -170,6 +204,7 @@ pub enum Ending {
     Store(StoreErrorKind),
     LeaseLost,
     WritesNotCommitted,
+    TimeLimitExceeded,
     Operation,
 }
 
@@ -213,6 +248,11 @@ pub enum Event {
     End { exec: u64, crashed: bool },
     /// The attempt's future was dropped.
     Crash { att: usize },
+    /// A transaction of the attempt's holds the key: from its claim in the
+    /// transaction to its end.
+    Held { att: usize, key: RecordId },
+    /// The transaction ended (committed, rolled back, or dropped).
+    Unheld { att: usize, key: RecordId },
     /// The attempt returned.
     Done {
         att: usize,
@@ -347,10 +387,12 @@ impl Clock for SimClock {
     }
 }
 
-/// The simulated store: every call goes through the network.
+/// The simulated store: every call goes through the network (in a
+/// transaction, its `COMMIT`).
 #[derive(Clone)]
 pub struct SimStore {
     world: Shared,
+    memory: MemoryStore,
 }
 
 struct Reply {
@@ -459,6 +501,176 @@ impl Store for SimStore {
             Answer::Write(_) => unreachable!("a read answered as a write"),
         }
     }
+
+    fn transactions(&self) -> Option<&dyn Transactions<MemoryWrite>> {
+        Some(self)
+    }
+}
+
+impl Transactions<MemoryWrite> for SimStore {
+    fn begin<'a>(
+        &'a self,
+        limits: &'a TransactionLimits,
+    ) -> TransactionFuture<'a, Arc<dyn Transaction<MemoryWrite>>> {
+        Box::pin(async move {
+            let inner = self.memory.begin(limits).await?;
+            let transaction: Arc<dyn Transaction<MemoryWrite>> = Arc::new(SimTransaction {
+                store: self.clone(),
+                att: CURRENT.with(Cell::get),
+                inner,
+                held: Mutex::new(None),
+                completion: Mutex::new(None),
+            });
+            Ok(transaction)
+        })
+    }
+}
+
+impl TransactionalStore for SimStore {
+    type Transaction = MemoryTransaction;
+}
+
+/// A memory store transaction, its claim logged when it applies (the key
+/// is then held) and its `COMMIT` sent over the simulated network.
+struct SimTransaction {
+    store: SimStore,
+    att: usize,
+    inner: Arc<dyn Transaction<MemoryWrite>>,
+    /// The claim this transaction holds the key with, until it ends.
+    held: Mutex<Option<Claim>>,
+    completion: Mutex<Option<Completion<MemoryWrite>>>,
+}
+
+impl SimTransaction {
+    /// Logs a claim (or a takeover) that applied in the transaction: its
+    /// record, as the transaction sees it, and the key held.
+    fn claimed(&self, op: Op, claim: &Claim, before: Option<Record>) {
+        let after = Record {
+            id: claim.id.clone(),
+            status: lambda_idempotency::store::Status::InProgress,
+            owner: claim.owner.clone(),
+            fingerprint: claim.fingerprint.clone(),
+            expiration_s: claim.expiration_s,
+            lease_until_ms: Some(claim.lease_until_ms),
+            response: None,
+            created_at_ms: Some(claim.now_ms),
+            attempt: claim.attempt,
+            first_started_ms: Some(claim.first_started_ms),
+            completed_at_ms: None,
+        };
+        let mut world = lock(&self.store.world);
+        world.log(Event::Landed {
+            req: usize::MAX,
+            att: self.att,
+            op,
+            before,
+            after: Some(after),
+            answer: Answer::Write(Conditional::Applied),
+            lost: None,
+        });
+        world.log(Event::Held {
+            att: self.att,
+            key: claim.id.clone(),
+        });
+        *self.held.lock().unwrap() = Some(claim.clone());
+    }
+
+    /// The key is no longer held: logged once.
+    fn unheld(&self) {
+        if let Some(claim) = self.held.lock().unwrap().take() {
+            lock(&self.store.world).log(Event::Unheld {
+                att: self.att,
+                key: claim.id,
+            });
+        }
+    }
+}
+
+impl Drop for SimTransaction {
+    fn drop(&mut self) {
+        self.unheld();
+    }
+}
+
+impl OpenTransaction for SimTransaction {
+    fn roll_back_writes(&self) -> TransactionFuture<'_, ()> {
+        self.inner.roll_back_writes()
+    }
+}
+
+impl Transaction<MemoryWrite> for SimTransaction {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> TransactionFuture<'a, Conditional> {
+        Box::pin(async move {
+            let before = self.store.memory.record(&claim.id);
+            let claimed = self.inner.claim(claim).await;
+            if matches!(claimed, Ok(Conditional::Applied)) {
+                self.claimed(Op::Claim(claim.clone()), claim, before);
+            }
+            claimed
+        })
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        claim: &'a Claim,
+        lapsed: &'a OwnerToken,
+    ) -> TransactionFuture<'a, Conditional> {
+        Box::pin(async move {
+            let before = self.store.memory.record(&claim.id);
+            let taken = self.inner.take_over(claim, lapsed).await;
+            if matches!(taken, Ok(Conditional::Applied)) {
+                self.claimed(Op::TakeOver(claim.clone(), lapsed.clone()), claim, before);
+            }
+            taken
+        })
+    }
+
+    fn hold(&self) -> TransactionFuture<'_, ()> {
+        self.inner.hold()
+    }
+
+    fn write(&self, writes: Vec<MemoryWrite>) -> TransactionFuture<'_, ()> {
+        self.inner.write(writes)
+    }
+
+    fn complete(&self, completion: Completion<MemoryWrite>) -> TransactionFuture<'_, Conditional> {
+        *self.completion.lock().unwrap() = Some(completion.clone());
+        self.inner.complete(completion)
+    }
+
+    fn commit(&self) -> TransactionFuture<'_, ()> {
+        Box::pin(async move {
+            let claim = self.held.lock().unwrap().clone();
+            let completion = self.completion.lock().unwrap().clone();
+            let (Some(claim), Some(completion)) = (claim, completion) else {
+                // Nothing claimed (idempotency off): nothing to simulate.
+                return self.inner.commit().await;
+            };
+            let op = Op::CommitTransaction(Box::new(Committing {
+                claim,
+                completion,
+                transaction: Arc::clone(&self.inner),
+            }));
+            match self.store.write(op).await {
+                Ok(_) => {
+                    self.unheld();
+                    Ok(())
+                }
+                Err(error) => Err(error),
+            }
+        })
+    }
+
+    fn roll_back(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            self.inner.roll_back().await;
+            self.unheld();
+        })
+    }
+
+    fn handed(&self) -> Arc<dyn OpenTransaction> {
+        self.inner.handed()
+    }
 }
 
 /// Applies `op` to the memory store, which never waits.
@@ -489,6 +701,11 @@ fn apply(memory: &MemoryStore, op: &Op) -> Answer {
             .get(id, *now)
             .now_or_never()
             .map(|r| r.map(Answer::Read)),
+        Op::CommitTransaction(c) => c
+            .transaction
+            .commit()
+            .now_or_never()
+            .map(|r| r.map(|()| Answer::Write(Conditional::Applied))),
     };
     match answer.expect("the memory store never waits") {
         Ok(answer) => answer,
@@ -557,6 +774,9 @@ struct Plan {
     /// Waits this long on a run of its key in the same process
     /// (`Attempt::wait_in_process`), in milliseconds.
     wait_in_process: Option<u64>,
+    /// Inside a transaction: how long its claim waits on another's, and
+    /// how long it may last.
+    limits: TransactionLimits,
 }
 
 struct TaskWaker(AtomicBool);
@@ -615,6 +835,7 @@ pub fn run_with(seed: u64, read_before_claim: bool) -> History {
         .map(|process| {
             Engine::builder(SimStore {
                 world: Arc::clone(&world),
+                memory: memory.clone(),
             })
             .key_prefix(PREFIX)
             .retention(Duration::from_secs(config.retention_s))
@@ -708,9 +929,10 @@ pub fn run_with(seed: u64, read_before_claim: bool) -> History {
                 let key = rng.below(config.keys);
                 let payload = u8::from(rng.chance(10));
                 let process = rng.below(engines.len());
-                let way = match rng.below(10) {
+                let way = match rng.below(12) {
                     0..=5 => Way::Plain,
                     6..=7 => Way::Transactional,
+                    8..=9 => Way::InTransaction,
                     _ => Way::SingleWrite,
                 };
                 let skew = config.processes[process].skew;
@@ -721,6 +943,9 @@ pub fn run_with(seed: u64, read_before_claim: bool) -> History {
                     extend_by: rng.chance(15).then(|| 1_000 * rng.range(1, 4)),
                     fails: rng.chance(10),
                     wait_in_process: rng.chance(30).then(|| QUANTUM_MS * rng.range(1, 40)),
+                    limits: TransactionLimits::new()
+                        .claim_wait(Duration::from_millis(QUANTUM_MS * rng.range(0, 6)))
+                        .time_limit(Duration::from_millis(QUANTUM_MS * rng.range(2, 60))),
                 };
                 let clock_ms = (lock(&world).now_ms as i64 + skew) as u64;
                 let deadline_ms = rng.chance(30).then(|| clock_ms + 1_000 * rng.range(1, 6));
@@ -863,6 +1088,13 @@ fn land(
                 info.faults += 1;
             }
         }
+        // A COMMIT that fails before it lands: the connection is lost, and
+        // the server rolls the transaction back.
+        if let Op::CommitTransaction(c) = &op {
+            c.transaction.roll_back().now_or_never();
+            let key = c.claim.id.clone();
+            world.log(Event::Unheld { att, key });
+        }
         let answer = Answer::Fault(kind, why);
         world.requests[r].answer = Some(answer.clone());
         world.log(Event::Landed {
@@ -883,8 +1115,22 @@ fn land(
         answer => answer,
     };
     let after = memory.record(op.id());
+    // A write refused because a transaction holds its key: a conflict the
+    // store made, not one the network injected.
+    if let (Answer::Fault(StoreErrorKind::Conflict, _), Some(info)) =
+        (&answer, attempts.get_mut(att))
+    {
+        info.conflicts += 1;
+    }
+    let committing = matches!(op, Op::CommitTransaction(_));
+    if let Op::CommitTransaction(c) = &op {
+        let key = c.claim.id.clone();
+        world.log(Event::Unheld { att, key });
+    }
+    // A COMMIT whose answer is lost is not sent again (the transaction has
+    // ended either way): the client times out.
     let lost = (op.is_write() && !world.requests[r].resent && rng.chance(config.p_lost))
-        .then(|| rng.chance(60));
+        .then(|| !committing && rng.chance(60));
     match lost {
         // The SDK sends it again, later.
         Some(true) => world.requests[r].resent = true,
@@ -935,7 +1181,10 @@ async fn attempt_future(
         att,
         clock_ms: begin_ms,
     });
-    let operation = move |handle: ClaimHandle| async move {
+    let limits = plan.limits;
+    // The operation's work under its claim: its execution's number, or its
+    // failure.
+    let work = move |handle: ClaimHandle| async move {
         let exec = {
             let mut world = lock(&operation_world);
             let exec = world.next_exec;
@@ -971,23 +1220,47 @@ async fn attempt_future(
         if plan.fails {
             return Err("the operation failed");
         }
-        let writes = match way {
-            Way::Plain => Vec::new(),
-            _ => vec![MemoryWrite::put(
-                format!("effect/k{key}/{exec}"),
-                Vec::new(),
-            )],
-        };
-        Ok((Receipt { exec }, writes))
+        Ok(exec)
     };
+    let effect = move |exec: u64| MemoryWrite::put(format!("effect/k{key}/{exec}"), Vec::new());
     let result = match way {
-        Way::Plain => engine.run(&attempt, Mode::Plain, &Json, operation).await,
-        Way::Transactional => {
+        Way::InTransaction => {
             engine
-                .run(&attempt, Mode::Transactional, &Json, operation)
+                .run_in_transaction(
+                    &attempt,
+                    limits,
+                    |transaction: MemoryTransaction| async move {
+                        let handle = ClaimHandle::current().ok_or("run outside its claim")?;
+                        let exec = work(handle).await?;
+                        // The effect, written in the transaction that holds the
+                        // claim: it commits with the record, or not at all.
+                        transaction
+                            .write(effect(exec))
+                            .map_err(|_| "the effect was refused")?;
+                        Ok::<_, &str>(Receipt { exec })
+                    },
+                )
                 .await
         }
-        Way::SingleWrite => engine.run_single_write(&attempt, &Json, operation).await,
+        _ => {
+            let operation = move |handle: ClaimHandle| async move {
+                let exec = work(handle).await?;
+                let writes = match way {
+                    Way::Plain => Vec::new(),
+                    _ => vec![effect(exec)],
+                };
+                Ok((Receipt { exec }, writes))
+            };
+            match way {
+                Way::Plain => engine.run(&attempt, Mode::Plain, &Json, operation).await,
+                Way::Transactional => {
+                    engine
+                        .run(&attempt, Mode::Transactional, &Json, operation)
+                        .await
+                }
+                _ => engine.run_single_write(&attempt, &Json, operation).await,
+            }
+        }
     };
     let ending = match result {
         Ok(outcome) => Ending::Ok {
@@ -999,6 +1272,7 @@ async fn attempt_future(
         Err(Error::Store(error)) => Ending::Store(error.kind()),
         Err(Error::LeaseLost) => Ending::LeaseLost,
         Err(Error::WritesNotCommitted(_)) => Ending::WritesNotCommitted,
+        Err(Error::TimeLimitExceeded { .. }) => Ending::TimeLimitExceeded,
         Err(Error::Operation(_)) => Ending::Operation,
         Err(_) => Ending::Operation,
     };

@@ -69,6 +69,8 @@ struct Staged {
     writes: Vec<MemoryWrite>,
     /// Where the operation's writes begin ([`Transaction::hold`]).
     savepoint: usize,
+    /// Committed or rolled back: nothing more is written.
+    ended: bool,
 }
 
 impl MemoryTransaction {
@@ -243,6 +245,12 @@ impl Open {
 
     fn commit(&self) -> Result<(), StoreError> {
         let mut staged = self.staged();
+        if staged.ended {
+            return Err(StoreError::new(
+                StoreErrorKind::Other,
+                "memory store: the transaction has ended",
+            ));
+        }
         let mut state = self.store.state();
         let state = &mut *state;
         check_writes(&state.items, &staged.writes)?;
@@ -265,6 +273,7 @@ impl Open {
     fn end(&self) {
         let held = {
             let mut staged = self.staged();
+            staged.ended = true;
             staged.writes.clear();
             staged.held.take()
         };
