@@ -58,14 +58,14 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,redis-tls,testing,powertools
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-mysql,redis-tls,testing,powertools
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-durable
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
 	@# Every feature compiled alone, as a user who turns on only it does.
-	for features in "" dynamodb http lambda axum actix tonic consumers postgres redis redis-tls testing powertools; do \
+	for features in "" dynamodb http lambda axum actix tonic consumers postgres sqlx-mysql redis redis-tls testing powertools; do \
 	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
 	done
 	@# And the combinations the docs show: a Lambda consumer, a server on
@@ -76,7 +76,7 @@ lint:
 	@# The redis feature alone has no TLS, so no C code.
 	! $(CARGO) tree -p lambda-idempotency --no-default-features --features redis -e normal | grep aws-lc-sys
 	@# And the sets users pick: each store alone, a server, a Lambda consumer.
-	for features in "" powertools http tonic actix dynamodb postgres redis dynamodb,http,axum lambda,dynamodb,consumers; do \
+	for features in "" powertools http tonic actix dynamodb postgres sqlx-mysql redis dynamodb,http,axum lambda,dynamodb,consumers; do \
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
 	done
 
@@ -108,7 +108,7 @@ unit:
 ## TypeScript on Node) writes the records the compatibility test reads
 ## (tests/powertools/).
 integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
-	scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis bash -c 'python3 comparison/test_dynamodb_cost.py && $(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
+	scripts/with-dynamodb-local scripts/with-postgres scripts/with-mysql scripts/with-redis bash -c 'python3 comparison/test_dynamodb_cost.py && $(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover

@@ -1884,3 +1884,7 @@ mod http_in_transaction {
         a_client_that_leaves_mid_handler_is_charged_once,
     );
 }
+
+/// The MySQL store on sqlx, in this binary of the SQL stores' tests.
+#[path = "sql/mysql.rs"]
+mod mysql;

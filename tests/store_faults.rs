@@ -1,13 +1,14 @@
-//! PostgreSQL and Redis behind a TCP fault proxy: an outage, answers lost
-//! after the server acted (the connection reset after the write), delays.
+//! PostgreSQL, MySQL and Redis behind a TCP fault proxy: an outage, answers
+//! lost after the server acted (the connection reset after the write),
+//! delays.
 //!
-//! Needs `IDEMPOTENCY_TEST_POSTGRES_URL` and `IDEMPOTENCY_TEST_REDIS_URL`;
-//! `make test` provides them.
+//! Needs `IDEMPOTENCY_TEST_POSTGRES_URL`, `IDEMPOTENCY_TEST_MYSQL_URL` and
+//! `IDEMPOTENCY_TEST_REDIS_URL`; `make test` provides them.
 
 mod support;
 
 use lambda_idempotency::{
-    store::{postgres::PostgresStore, redis::RedisStore, Store},
+    store::{postgres::PostgresStore, redis::RedisStore, sqlx::mysql::SqlxMySqlStore, Store},
     testing::{
         scenarios::{charge, payload, Charge, Declined},
         ManualClock,
@@ -61,6 +62,33 @@ async fn postgres(proxy: &TcpFaultProxy) -> PostgresStore {
     PostgresStore::connect(&through(&url, proxy), table, 4).expect("pool")
 }
 
+async fn mysql(proxy: &TcpFaultProxy) -> SqlxMySqlStore {
+    let url = variable("IDEMPOTENCY_TEST_MYSQL_URL");
+    let table = format!(
+        "faults_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    // No ping before each statement (sqlx's default): the proxy's lost
+    // answer is then the write's, as for the other stores, not the ping's
+    // (whose failure sqlx answers by opening another connection).
+    let pool = |url: &str| {
+        sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(4)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy(url)
+            .expect("pool")
+    };
+    // The table is made directly; the store reaches the server through the proxy.
+    SqlxMySqlStore::new(pool(&url), table.clone())
+        .expect("store")
+        .create_table()
+        .await
+        .expect("table");
+    SqlxMySqlStore::new(pool(&through(&url, proxy)), table).expect("store")
+}
+
 fn redis(proxy: &TcpFaultProxy) -> RedisStore {
     let url = variable("IDEMPOTENCY_TEST_REDIS_URL");
     RedisStore::open(&through(&url, proxy))
@@ -76,8 +104,19 @@ async fn postgres_proxy() -> TcpFaultProxy {
     TcpFaultProxy::start(&upstream(&variable("IDEMPOTENCY_TEST_POSTGRES_URL"))).await
 }
 
+async fn mysql_proxy() -> TcpFaultProxy {
+    TcpFaultProxy::start(&upstream(&variable("IDEMPOTENCY_TEST_MYSQL_URL"))).await
+}
+
 async fn redis_proxy() -> TcpFaultProxy {
     TcpFaultProxy::start(&upstream(&variable("IDEMPOTENCY_TEST_REDIS_URL"))).await
+}
+
+/// Lets the connections just used go back to their pool: sqlx pings each
+/// as it goes back, and the answers a test means to lose are the next
+/// statement's, not a ping's.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
 /// An outage: nothing runs, the error says the store is unavailable; once
@@ -134,6 +173,7 @@ async fn lost_claim_answer<St: Store>(store: St, proxy: &TcpFaultProxy) {
         .expect("up");
 
     let recognised = Attempt::new("t", "read", payload(1));
+    settle().await;
     proxy.lose_answers(1);
     let ours = engine
         .execute(&recognised, charge(&runs, 1))
@@ -151,6 +191,7 @@ async fn lost_claim_answer<St: Store>(store: St, proxy: &TcpFaultProxy) {
     // The claim's answer, the read's, and those of whatever the client
     // sends on reconnecting (Redis's INFO check): all lost.
     let attempt = Attempt::new("t", "k", payload(1));
+    settle().await;
     proxy.lose_answers(5);
     let result = engine.execute(&attempt, charge(&runs, 1)).await;
     assert!(matches!(result, Err(Error::Store(_))), "{result:?}");
@@ -189,6 +230,7 @@ async fn lost_completion_answer<St: Store>(store: St, proxy: &TcpFaultProxy) {
     let proxy_ref = proxy;
     let outcome = engine
         .execute(&attempt, || async {
+            settle().await;
             proxy_ref.lose_answers(1); // the completion's
             Ok::<_, Declined>(Charge {
                 id: "ch_1".into(),
@@ -245,7 +287,7 @@ async fn delays<St: Store>(store: St, proxy: &TcpFaultProxy) {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once");
 }
 
-macro_rules! on_both {
+macro_rules! on_each_store {
     ($($scenario:ident),*) => {
         mod on_postgres {
             use super::*;
@@ -254,6 +296,16 @@ macro_rules! on_both {
                 async fn $scenario() {
                     let proxy = postgres_proxy().await;
                     super::$scenario(postgres(&proxy).await, &proxy).await;
+                }
+            )*
+        }
+        mod on_mysql {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = mysql_proxy().await;
+                    super::$scenario(mysql(&proxy).await, &proxy).await;
                 }
             )*
         }
@@ -270,4 +322,4 @@ macro_rules! on_both {
     };
 }
 
-on_both!(outage, lost_claim_answer, lost_completion_answer, delays);
+on_each_store!(outage, lost_claim_answer, lost_completion_answer, delays);

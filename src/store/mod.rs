@@ -130,6 +130,9 @@ mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "sqlx-mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-mysql")))]
+pub mod sqlx;
 pub mod transaction;
 
 pub use crate::key::RecordId;

@@ -1,0 +1,151 @@
+//! Every SQL statement the MySQL store sends, built once per table name.
+//! MySQL returns nothing from a write (no `RETURNING`): a write answers by
+//! the rows it changed, and a refused one is followed by a read of the
+//! record it found.
+
+/// The record's columns, in the order every query returns them.
+pub(super) const COLUMNS: &str =
+    "id, status, owner, fingerprint, expiration_s, lease_until_ms, response, \
+     created_at_ms, completed_at_ms, attempt, first_started_ms";
+
+/// The longest record id the table holds (a key prefix of up to some 440
+/// characters with its hash): a `VARCHAR` primary key within InnoDB's 3,072
+/// bytes of index in `utf8mb4`.
+pub(super) const ID_CHARS: usize = 512;
+
+/// Every statement, with the table name in it, built once.
+pub(super) struct Statements {
+    pub(super) create: String,
+    /// A fresh claim where there is no record.
+    pub(super) claim: String,
+    /// A fresh claim in place of an expired record.
+    pub(super) reclaim: String,
+    pub(super) take_over: String,
+    pub(super) extend: String,
+    pub(super) complete: String,
+    pub(super) release: String,
+    pub(super) remove_any: String,
+    pub(super) remove_unless_in_progress: String,
+    pub(super) get: String,
+    pub(super) list_in_progress: String,
+    pub(super) purge: String,
+}
+
+impl Statements {
+    pub(super) fn new(t: &str) -> Self {
+        let fence = "id = ? AND status = 'IN_PROGRESS' AND owner = ?";
+        Self {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS `{t}` (\
+                   id VARCHAR({ID_CHARS}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                   status VARCHAR(16) NOT NULL, \
+                   owner VARCHAR(1024) NOT NULL, \
+                   fingerprint VARCHAR(1024) NOT NULL, \
+                   expiration_s BIGINT NOT NULL, \
+                   lease_until_ms BIGINT NULL, \
+                   response LONGBLOB NULL, \
+                   created_at_ms BIGINT NULL, \
+                   completed_at_ms BIGINT NULL, \
+                   attempt INT NOT NULL DEFAULT 1, \
+                   first_started_ms BIGINT NULL, \
+                   PRIMARY KEY (id), \
+                   KEY `{t}_expiration_s` (expiration_s), \
+                   CONSTRAINT `{t}_status` CHECK (status IN ('IN_PROGRESS', 'COMPLETED'))\
+                 ) ENGINE=InnoDB"
+            ),
+            claim: format!(
+                "INSERT INTO `{t}` ({COLUMNS}) \
+                 VALUES (?, 'IN_PROGRESS', ?, ?, ?, ?, NULL, ?, NULL, ?, ?)"
+            ),
+            reclaim: format!(
+                "UPDATE `{t}` SET status = 'IN_PROGRESS', owner = ?, fingerprint = ?, \
+                 expiration_s = ?, lease_until_ms = ?, response = NULL, created_at_ms = ?, \
+                 completed_at_ms = NULL, attempt = ?, first_started_ms = ? \
+                 WHERE id = ? AND expiration_s < ?"
+            ),
+            take_over: format!(
+                "UPDATE `{t}` SET owner = ?, fingerprint = ?, expiration_s = ?, \
+                 lease_until_ms = ?, created_at_ms = ?, attempt = ?, first_started_ms = ? \
+                 WHERE id = ? AND status = 'IN_PROGRESS' AND owner = ? AND lease_until_ms < ?"
+            ),
+            extend: format!("UPDATE `{t}` SET lease_until_ms = ?, expiration_s = ? WHERE {fence}"),
+            complete: format!(
+                "UPDATE `{t}` SET status = 'COMPLETED', response = ?, expiration_s = ?, \
+                 completed_at_ms = ?, lease_until_ms = NULL WHERE {fence}"
+            ),
+            release: format!("DELETE FROM `{t}` WHERE {fence}"),
+            remove_any: format!("DELETE FROM `{t}` WHERE id = ?"),
+            remove_unless_in_progress: format!(
+                "DELETE FROM `{t}` WHERE id = ? AND status <> 'IN_PROGRESS'"
+            ),
+            get: format!("SELECT {COLUMNS} FROM `{t}` WHERE id = ?"),
+            list_in_progress: format!(
+                "SELECT {COLUMNS} FROM `{t}` WHERE status = 'IN_PROGRESS' \
+                 AND LEFT(id, CHAR_LENGTH(?)) = ? ORDER BY id LIMIT ?"
+            ),
+            purge: format!("DELETE FROM `{t}` WHERE expiration_s < ? LIMIT ?"),
+        }
+    }
+}
+
+/// A value written into a statement as a literal.
+pub(super) enum Literal<'a> {
+    /// Text, written as a `utf8mb4` hex literal: any character, in any SQL
+    /// mode, with nothing to escape.
+    Text(&'a str),
+    /// Bytes, as a hex literal.
+    Bytes(&'a [u8]),
+    Int(i64),
+    UInt(u64),
+}
+
+/// `template` with each `?` replaced by the next of `values`, written as
+/// a literal: the store's statements go as one text query each (MySQL's
+/// `COM_QUERY`), one round trip, with no statement prepared on the
+/// connection (a prepare is a round trip of its own, and RDS Proxy pins a
+/// session that prepares one). The templates hold no `?` but their
+/// parameters: table names are letters, digits and `_`.
+pub(super) fn fill(template: &str, values: &[Literal<'_>]) -> String {
+    let mut filled = String::with_capacity(template.len() + 64 * values.len());
+    let mut values = values.iter();
+    for (index, part) in template.split('?').enumerate() {
+        if index > 0 {
+            match values.next() {
+                Some(Literal::Text(text)) => {
+                    filled.push_str("_utf8mb4 X'");
+                    filled.push_str(&crate::lower_hex::lower_hex(text.as_bytes()));
+                    filled.push('\'');
+                }
+                Some(Literal::Bytes(bytes)) => {
+                    filled.push_str("X'");
+                    filled.push_str(&crate::lower_hex::lower_hex(bytes));
+                    filled.push('\'');
+                }
+                Some(Literal::Int(value)) => filled.push_str(&value.to_string()),
+                Some(Literal::UInt(value)) => filled.push_str(&value.to_string()),
+                // Fewer values than parameters: a mistake of this module's,
+                // which the server refuses as a syntax error.
+                None => filled.push('?'),
+            }
+        }
+        filled.push_str(part);
+    }
+    filled
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fill, Literal::*};
+
+    #[test]
+    fn values_are_written_as_literals_that_need_no_escaping() {
+        assert_eq!(
+            fill(
+                "UPDATE t SET a = ?, b = ? WHERE id = ? AND n < ?",
+                &[Bytes(b"\x00'\\"), Int(-5), Text("k'; DROP TABLE t; --"), UInt(u64::MAX)]
+            ),
+            "UPDATE t SET a = X'00275c', b = -5 WHERE id = _utf8mb4 X'6b273b2044524f50205441424c4520743b202d2d' AND n < 18446744073709551615"
+        );
+        assert_eq!(fill("SELECT ?", &[Bytes(b"")]), "SELECT X''");
+    }
+}

@@ -1,0 +1,433 @@
+//! The MySQL store (sqlx) against a real server (MariaDB, Debian's MySQL):
+//! the whole conformance kit, transactional writes and their refusals, and
+//! the handler inside the transaction (a balance check under a row lock,
+//! refusals, rollbacks, the claim wait, the time limit, storms).
+//!
+//! Needs `IDEMPOTENCY_TEST_MYSQL_URL`; `make test` starts a server
+//! (`scripts/with-mysql`) and provides it.
+
+use lambda_idempotency::{
+    store::{
+        sqlx::mysql::{SqlxMySqlStore, SqlxMySqlTransaction, SqlxMySqlWrite},
+        Store, TransactionLimits,
+    },
+    testing::scenarios::{payload, Charge, Declined},
+    Attempt, Engine, Error, OutcomeKind, StoreErrorKind,
+};
+use sqlx::{mysql::MySqlPoolOptions, MySqlPool};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+fn charge(amount: u64) -> Charge {
+    Charge {
+        id: format!("ch_{amount}"),
+        amount,
+    }
+}
+
+fn url() -> String {
+    std::env::var("IDEMPOTENCY_TEST_MYSQL_URL").unwrap_or_else(|_| {
+        panic!(
+            "IDEMPOTENCY_TEST_MYSQL_URL is not set: run these tests with `make test`, or \
+             `scripts/with-mysql cargo test --test postgres mysql` (it starts a throwaway server)"
+        )
+    })
+}
+
+static TABLES: AtomicUsize = AtomicUsize::new(0);
+
+fn pool(max: u32) -> MySqlPool {
+    MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy(&url())
+        .expect("pool")
+}
+
+/// A store over a fresh table of its own.
+async fn store() -> SqlxMySqlStore {
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let table = format!("idem_{}_{n}", std::process::id());
+    let store = SqlxMySqlStore::new(pool(16), table).expect("store");
+    store.create_table().await.expect("create table");
+    store
+}
+
+async fn run(pool: &MySqlPool, sql: &str) {
+    sqlx::raw_sql(sql).execute(pool).await.expect(sql);
+}
+
+async fn scalar(pool: &MySqlPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+lambda_idempotency::store_conformance! {
+    store: store(),
+    unavailable: async {
+        // A closed port: every call fails fast as unavailable.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let pool = MySqlPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy(&format!("mysql://root@127.0.0.1:{port}/idempotency"))
+            .expect("pool");
+        SqlxMySqlStore::new(pool, "idempotency").expect("store")
+    },
+}
+
+#[tokio::test]
+async fn a_table_name_the_store_cannot_use_is_refused() {
+    for name in ["", "a-b", "a;DROP TABLE x", &"x".repeat(65)] {
+        let error = SqlxMySqlStore::new(pool(1), name).expect_err(name);
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_table_is_misconfigured_not_an_outage() {
+    let store = SqlxMySqlStore::new(pool(1), "no_such_table").expect("store");
+    let engine = Engine::builder(store).build();
+    let outcome = engine
+        .execute(&Attempt::new("t", "k", payload(1)), || async {
+            Ok::<_, Declined>(charge(1))
+        })
+        .await;
+    match outcome {
+        Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Misconfigured),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn transactional_writes_commit_with_the_record_and_refusals_name_their_code() {
+    let store = store().await;
+    let charges = format!("{}_charges", store.table());
+    run(
+        store.pool(),
+        &format!("CREATE TABLE {charges} (id VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL)"),
+    )
+    .await;
+    let engine = Engine::builder(store.clone()).build();
+    let insert = |id: &str| {
+        SqlxMySqlWrite::new(format!("INSERT INTO {charges} (id, amount) VALUES (?, ?)"))
+            .bind(id)
+            .bind(1250_i64)
+    };
+    let first = engine
+        .execute_transactional(&Attempt::new("t", "k", payload(1250)), || async {
+            Ok::<_, Declined>((charge(1250), vec![insert("ch_1")]))
+        })
+        .await
+        .expect("committed");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    assert_eq!(
+        scalar(store.pool(), &format!("SELECT COUNT(*) FROM {charges}")).await,
+        1
+    );
+    // Another key whose write is refused (the charge exists): nothing of
+    // it committed, its claim released, the refusal named.
+    let refused = engine
+        .execute_transactional(&Attempt::new("t", "k2", payload(1250)), || async {
+            Ok::<_, Declined>((charge(1250), vec![insert("ch_1")]))
+        })
+        .await;
+    let Err(Error::Store(error)) = refused else {
+        panic!("{refused:?}")
+    };
+    let refusal = error.write_refusal().expect("a refusal");
+    assert_eq!(refusal.code, "1062");
+    assert_eq!(refusal.constraint.as_deref(), Some("PRIMARY"));
+    let id = engine.record_id("t", "k2");
+    assert_eq!(store.get(&id, engine.now_ms()).await.expect("read"), None);
+}
+
+/// An account with a balance of 100, paid from inside the transaction that
+/// holds each payment's claim.
+struct Bank {
+    engine: Engine<SqlxMySqlStore>,
+    accounts: String,
+    runs: Arc<AtomicUsize>,
+}
+
+impl Bank {
+    async fn new() -> Self {
+        let store = store().await;
+        let accounts = format!("{}_accounts", store.table());
+        run(
+            store.pool(),
+            &format!(
+                "CREATE TABLE {accounts} (id VARCHAR(16) PRIMARY KEY, balance BIGINT NOT NULL, \
+                 CONSTRAINT {accounts}_not_negative CHECK (balance >= 0)); \
+                 INSERT INTO {accounts} VALUES ('acct', 100)"
+            ),
+        )
+        .await;
+        Self {
+            engine: Engine::builder(store).build(),
+            accounts,
+            runs: Arc::default(),
+        }
+    }
+
+    async fn balance(&self) -> i64 {
+        let sql = format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts);
+        scalar(self.engine.store().pool(), &sql).await
+    }
+
+    /// Pays `amount` under key `key`: the balance read under a row lock,
+    /// `pause`, then the debit; too little is a refusal, stored.
+    async fn pay(
+        &self,
+        key: &str,
+        amount: i64,
+        pause: Duration,
+        limits: TransactionLimits,
+    ) -> Result<lambda_idempotency::Outcome<String>, Error<sqlx::Error>> {
+        let (accounts, runs) = (self.accounts.clone(), Arc::clone(&self.runs));
+        let attempt = Attempt::new("bank", key, payload(amount as u64));
+        self.engine
+            .run_in_transaction(&attempt, limits, |tx: SqlxMySqlTransaction| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let mut connection = tx.connection().await;
+                let balance: i64 = sqlx::query_scalar(&format!(
+                    "SELECT balance FROM {accounts} WHERE id = 'acct' FOR UPDATE"
+                ))
+                .fetch_one(&mut *connection)
+                .await?;
+                tokio::time::sleep(pause).await;
+                if balance < amount {
+                    drop(connection);
+                    tx.roll_back_writes().await.expect("roll back");
+                    return Ok("insufficient funds".to_owned());
+                }
+                sqlx::query(&format!(
+                    "UPDATE {accounts} SET balance = balance - ? WHERE id = 'acct'"
+                ))
+                .bind(amount)
+                .execute(&mut *connection)
+                .await?;
+                Ok(format!("paid, {} left", balance - amount))
+            })
+            .await
+    }
+}
+
+fn limits() -> TransactionLimits {
+    TransactionLimits::new()
+        .claim_wait(Duration::from_millis(200))
+        .time_limit(Duration::from_secs(5))
+}
+
+#[tokio::test]
+async fn a_payment_inside_the_transaction_commits_once_and_replays() {
+    let bank = Bank::new().await;
+    let paid = bank
+        .pay("p1", 30, Duration::ZERO, limits())
+        .await
+        .expect("paid");
+    assert_eq!(paid.kind(), OutcomeKind::Fresh);
+    assert_eq!(paid.value(), "paid, 70 left");
+    let again = bank
+        .pay("p1", 30, Duration::ZERO, limits())
+        .await
+        .expect("replay");
+    assert!(again.is_replay(), "{:?}", again.kind());
+    assert_eq!(bank.balance().await, 70);
+    assert_eq!(bank.runs.load(Ordering::SeqCst), 1);
+    // Too little: the refusal is stored, nothing debited, and replayed.
+    let refused = bank
+        .pay("p2", 500, Duration::ZERO, limits())
+        .await
+        .expect("stored");
+    assert_eq!(refused.value(), "insufficient funds");
+    let other = Engine::builder(bank.engine.store().clone()).build();
+    let attempt = Attempt::new("bank", "p2", payload(500));
+    let replay = other
+        .run_in_transaction(&attempt, limits(), |_| async {
+            Ok::<_, sqlx::Error>("ran again".to_owned())
+        })
+        .await
+        .expect("replay");
+    assert_eq!(replay.value(), "insufficient funds");
+    assert_eq!(bank.balance().await, 70);
+    // Another payload under a key: refused, not run.
+    let reused = bank.pay("p1", 31, Duration::ZERO, limits()).await;
+    assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+}
+
+#[tokio::test]
+async fn an_error_a_panic_or_a_drop_rolls_back_and_frees_the_key() {
+    let bank = Bank::new().await;
+    let accounts = bank.accounts.clone();
+    let attempt = Attempt::new("bank", "p", payload(10));
+    let failed = bank
+        .engine
+        .run_in_transaction(&attempt, limits(), |tx: SqlxMySqlTransaction| async move {
+            let mut connection = tx.connection().await;
+            sqlx::query(&format!("UPDATE {accounts} SET balance = balance - 10"))
+                .execute(&mut *connection)
+                .await?;
+            // The provider declined after the debit.
+            Err::<String, _>(sqlx::Error::RowNotFound)
+        })
+        .await;
+    assert!(matches!(failed, Err(Error::Operation(_))), "{failed:?}");
+    assert_eq!(bank.balance().await, 100, "the debit was rolled back");
+    // A run dropped mid-way (a client gone, a crash): nothing of it stays.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        bank.pay("p", 10, Duration::from_secs(30), limits()),
+    )
+    .await;
+    assert!(dropped.is_err());
+    let engine = bank.engine.clone();
+    let accounts = bank.accounts.clone();
+    let panicked = tokio::spawn(async move {
+        engine
+            .run_in_transaction(&attempt, limits(), |tx: SqlxMySqlTransaction| async move {
+                let mut connection = tx.connection().await;
+                sqlx::query(&format!("UPDATE {accounts} SET balance = balance - 10"))
+                    .execute(&mut *connection)
+                    .await?;
+                if sqlx::Connection::ping(&mut *connection).await.is_ok() {
+                    panic!("the handler's own panic");
+                }
+                Ok::<_, sqlx::Error>("unreachable".to_owned())
+            })
+            .await
+    })
+    .await;
+    assert!(panicked.is_err_and(|e| e.is_panic()));
+    assert_eq!(bank.balance().await, 100);
+    let retry = bank
+        .pay("p", 10, Duration::ZERO, limits())
+        .await
+        .expect("runs");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+    assert_eq!(bank.balance().await, 90);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_waits_the_claim_wait_then_replays_or_is_in_progress() {
+    let bank = Arc::new(Bank::new().await);
+    let holding = tokio::spawn({
+        let bank = Arc::clone(&bank);
+        async move {
+            bank.pay("p", 10, Duration::from_millis(1500), limits())
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another process's duplicate: the store's lock keeps it out, for the
+    // claim wait (200 ms, under MySQL's whole second), then in progress.
+    let other = Bank {
+        engine: Engine::builder(bank.engine.store().clone()).build(),
+        accounts: bank.accounts.clone(),
+        runs: Arc::clone(&bank.runs),
+    };
+    let started = std::time::Instant::now();
+    let busy = other.pay("p", 10, Duration::ZERO, limits()).await;
+    let waited = started.elapsed();
+    assert!(matches!(busy, Err(Error::InProgress { .. })), "{busy:?}");
+    assert!(waited < Duration::from_millis(900), "waited {waited:?}");
+    // A longer wait sees it commit: the replay.
+    let patient = limits().claim_wait(Duration::from_secs(5));
+    let replay = other
+        .pay("p", 10, Duration::ZERO, patient)
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    assert!(holding.await.unwrap().is_ok());
+    assert_eq!(bank.balance().await, 90);
+    assert_eq!(bank.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn past_its_time_limit_the_handler_is_stopped_and_rolled_back() {
+    let bank = Bank::new().await;
+    let short = limits().time_limit(Duration::from_millis(300));
+    let late = bank.pay("p", 10, Duration::from_secs(3), short).await;
+    assert!(
+        matches!(late, Err(Error::TimeLimitExceeded { .. })),
+        "{late:?}"
+    );
+    assert_eq!(bank.balance().await, 100);
+    // The key is free, and the row lock was let go.
+    let paid = bank
+        .pay("p", 10, Duration::ZERO, limits())
+        .await
+        .expect("paid");
+    assert_eq!(paid.kind(), OutcomeKind::Fresh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_concurrent_duplicates_inside_transactions_pay_once() {
+    let bank = Arc::new(Bank::new().await);
+    let patient = limits().claim_wait(Duration::from_secs(10));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            // Each its own engine: only the database keeps them apart.
+            let other = Bank {
+                engine: Engine::builder(bank.engine.store().clone()).build(),
+                accounts: bank.accounts.clone(),
+                runs: Arc::clone(&bank.runs),
+            };
+            tokio::spawn(async move {
+                other
+                    .pay("storm", 10, Duration::from_millis(5), patient)
+                    .await
+            })
+        })
+        .collect();
+    let mut fresh = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(outcome) if outcome.kind() == OutcomeKind::Fresh => fresh += 1,
+            Ok(outcome) => assert!(outcome.is_replay()),
+            Err(Error::InProgress { .. }) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(bank.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(bank.balance().await, 90);
+}
+
+#[tokio::test]
+async fn a_claim_outside_a_transaction_is_taken_over_inside_one_and_told() {
+    let bank = Bank::new().await;
+    let store = bank.engine.store().clone();
+    // A claim made outside a transaction, whose lease passed (a crash).
+    let short = Engine::builder(store.clone())
+        .default_lease(Duration::from_secs(1))
+        .build();
+    let crashed = tokio::time::timeout(
+        Duration::from_millis(100),
+        short.execute(&Attempt::new("bank", "p", payload(10)), || async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<_, Declined>(Charge {
+                id: "x".into(),
+                amount: 10,
+            })
+        }),
+    )
+    .await;
+    assert!(crashed.is_err());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let told = bank
+        .engine
+        .run_in_transaction(
+            &Attempt::new("bank", "p", payload(10)),
+            limits(),
+            |tx: SqlxMySqlTransaction| async move {
+                Ok::<_, sqlx::Error>(tx.takeover().map(|t| t.attempt))
+            },
+        )
+        .await
+        .expect("taken over");
+    assert_eq!(told.into_value(), Some(2));
+}
