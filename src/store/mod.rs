@@ -5,10 +5,14 @@
 //! [`Engine`](crate::Engine): `dynamodb::DynamoDbStore` (feature
 //! `dynamodb`, the default), `postgres::PostgresStore` (feature `postgres`:
 //! the handler's SQL writes commit with the completion),
-//! `redis::RedisStore` (feature `redis`: the lowest latency, no
-//! transactional writes), or [`MemoryStore`](memory::MemoryStore) for
-//! tests. Every one passes the same conformance kit. This module is for
-//! those who write a store:
+//! `sqlx::mysql::SqlxMySqlStore` (feature `sqlx-mysql`: MySQL, Aurora
+//! MySQL and MariaDB over your sqlx pool), `redis::RedisStore` (feature
+//! `redis`: the lowest latency, no transactional writes), or
+//! [`MemoryStore`](memory::MemoryStore) for tests. Every one passes the
+//! same conformance kit. The SQL stores and the memory store also run the
+//! handler inside the transaction that holds its claim: the capability of
+//! [`transaction`](mod@transaction), which the engine drives. This module
+//! is for those who write a store:
 //!
 //! - A store does the protocol's conditional writes (claim, take over a
 //!   lapsed claim, extend, complete, release; optionally a single-write
