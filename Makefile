@@ -132,7 +132,7 @@ sam-local: $(SAM_VENV)/.installed $(VENV)/.installed
 ## than make test runs, with their counts.
 stress:
 	STRESS_KEYS=2000 STRESS_CLIENTS=64 STRESS_REQUESTS=30000 STRESS_SHARDS=8 STRESS_RECORDS=1000 \
-	  scripts/with-dynamodb-local scripts/with-postgres scripts/with-redis \
+	  scripts/with-dynamodb-local scripts/with-postgres scripts/with-mysql scripts/with-redis \
 	  $(CARGO) test --test stress --test stress_consumers -- --nocapture
 
 SIM_SECONDS ?= $(if $(SIM_SEEDS)$(SIM_SEED),,60)

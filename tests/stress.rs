@@ -1,19 +1,22 @@
 //! Randomised stress with an invariant checker, on every store: DynamoDB
 //! Local behind the fault proxy (random throttling and lost answers), a
-//! real PostgreSQL and a real redis-server: many keys, concurrent clients,
+//! real PostgreSQL, a real MySQL (MariaDB) and a real redis-server: many
+//! keys, concurrent clients,
 //! random delays, operations that outlive their lease, dropped futures,
 //! operation errors, reused keys with other payloads.
 //!
 //! Size from the environment: `STRESS_KEYS` (200), `STRESS_CLIENTS` (32),
 //! `STRESS_REQUESTS` (3000), `STRESS_SEED`. `make stress` runs a larger one
 //! and prints the counts. Needs `AWS_ENDPOINT_URL_DYNAMODB`,
-//! `IDEMPOTENCY_TEST_POSTGRES_URL` and `IDEMPOTENCY_TEST_REDIS_URL` (`make
-//! test` provides them).
+//! `IDEMPOTENCY_TEST_POSTGRES_URL`, `IDEMPOTENCY_TEST_MYSQL_URL` and
+//! `IDEMPOTENCY_TEST_REDIS_URL` (`make test` provides them).
 
 mod support;
 
 use lambda_idempotency::{
-    store::{postgres::PostgresStore, redis::RedisStore, Status, Store},
+    store::{
+        postgres::PostgresStore, redis::RedisStore, sqlx::mysql::SqlxMySqlStore, Status, Store,
+    },
     Attempt, Clock, Codec, DynamoDbStore, Engine, Error, Fingerprint, Json, OutcomeKind,
     SystemClock,
 };
@@ -116,6 +119,20 @@ async fn randomised_stress_keeps_every_invariant_on_postgres() {
     let store = PostgresStore::connect(&url, table, 16).expect("pool");
     store.create_table().await.expect("table");
     stress("PostgreSQL", Engine::builder(store).build(), String::new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_stress_keeps_every_invariant_on_mysql() {
+    let url = std::env::var("IDEMPOTENCY_TEST_MYSQL_URL").expect(
+        "IDEMPOTENCY_TEST_MYSQL_URL is not set: run with make test, or under scripts/with-mysql",
+    );
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(16)
+        .connect_lazy(&url)
+        .expect("pool");
+    let store = SqlxMySqlStore::new(pool, format!("stress_{}", std::process::id())).expect("store");
+    store.create_table().await.expect("table");
+    stress("MySQL", Engine::builder(store).build(), String::new).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
