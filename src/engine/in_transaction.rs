@@ -427,8 +427,12 @@ impl<St: Store> Engine<St> {
                 if !matches!(error, Error::TimeLimitExceeded { .. }) {
                     transaction.roll_back().await;
                 }
-                warn!(record = %claim.id, outcome = error.kind().as_str(),
-                    "the transaction could not complete its record; nothing was committed, the key is free");
+                // A refusal the application answered with an error of its
+                // own is its answer, not a failure.
+                if !matches!(error, Error::Operation(_)) {
+                    warn!(record = %claim.id, outcome = error.kind().as_str(),
+                        "the transaction could not complete its record; nothing was committed, the key is free");
+                }
                 return Err(error);
             }
         };
