@@ -225,6 +225,7 @@
 #![warn(rust_2018_idioms, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod child_key;
 mod clock;
 #[cfg(feature = "consumers")]
 #[cfg_attr(docsrs, doc(cfg(feature = "consumers")))]
@@ -234,18 +235,19 @@ mod error;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
-mod key;
 mod lower_hex;
 mod metrics;
 #[cfg(feature = "powertools")]
 #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
 pub mod powertools;
+mod record_id;
 pub mod split;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
+pub use child_key::derive_key;
 pub use clock::{Clock, SystemClock};
 pub use engine::{
     default_key_prefix, managed_instances_concurrency, Attempt, BuildError, ClaimHandle, Codec,
@@ -255,7 +257,6 @@ pub use engine::{
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind, WriteRefusal};
 pub use fingerprint::{Fingerprint, InvalidJsonPointer, JsonPointer};
-pub use key::derive_key;
 pub use metrics::EmfMetrics;
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]

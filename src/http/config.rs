@@ -4,8 +4,8 @@
 use super::stored_body::StoredBody;
 use super::{
     body::DEFAULT_BODY_LIMIT, fingerprint::FingerprintSource, grpc::default_grpc_store_policy,
-    in_flight::Slots, key::KeySource, problem::DEFAULT_PROBLEM_BASE, retry_after::Durations,
-    retry_after::RetryAfter, stored::ResponseCodec, EmfMetrics,
+    idempotency_key::KeySource, in_flight::Slots, problem::DEFAULT_PROBLEM_BASE,
+    retry_after::Durations, retry_after::RetryAfter, stored::ResponseCodec, EmfMetrics,
 };
 use crate::{Engine, Mode, Replayed};
 use bytes::Bytes;

@@ -4,8 +4,8 @@ use super::stored_body::StoredBody;
 use super::{
     config::{Config, ScopeRule},
     fingerprint::FingerprintSource,
+    idempotency_key::KeySource,
     in_flight::InFlight,
-    key::KeySource,
     retry_after::RetryAfter,
     service::Idempotency,
     stored::MAX_STORED_RESPONSE,

@@ -160,8 +160,8 @@ mod fingerprint;
 mod future;
 mod grpc;
 mod grpc_wire;
+mod idempotency_key;
 mod in_flight;
-mod key;
 #[cfg(feature = "lambda")]
 mod lambda_context;
 #[cfg(not(feature = "lambda"))]
@@ -189,8 +189,8 @@ pub use config::{default_store_policy, DEFAULT_HEADER, REPLAYED_HEADER};
 pub use fingerprint::{request_fingerprint, FingerprintSource};
 pub use future::ResponseFuture;
 pub use grpc::default_grpc_store_policy;
+pub use idempotency_key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use in_flight::{InFlight, DEFAULT_MAX_IN_FLIGHT};
-pub use key::{check_key, parse_key, KeyError, KeySource, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use metrics::HttpOutcome;
 pub use problem::DEFAULT_PROBLEM_BASE;

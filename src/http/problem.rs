@@ -1,7 +1,7 @@
 //! The layer's own error responses: RFC 9457 `application/problem+json`,
 //! with a stable `type` per error.
 
-use super::key::KeyError;
+use super::idempotency_key::KeyError;
 use super::{stored::WhyNotStored, stored_body::StoredBody};
 use crate::{Error, StoreErrorKind};
 use http::{header, HeaderValue, Response, StatusCode};

@@ -139,7 +139,7 @@ pub mod redis;
 pub mod sqlx;
 pub mod transaction;
 
-pub use crate::key::RecordId;
+pub use crate::record_id::RecordId;
 pub use owner::OwnerToken;
 pub use record::{Record, Status, UnknownStatus};
 pub use transaction::{

@@ -11,7 +11,7 @@ use crate::{
     http::{
         body::{rebuild_request, BodyError, Kind},
         config::{Config, Settings},
-        key::{parse_key, KeyError, Source},
+        idempotency_key::{parse_key, KeyError, Source},
         lambda_context,
         metrics::HttpOutcome,
         problem::{KeyPlace, Problem},

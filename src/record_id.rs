@@ -1,8 +1,10 @@
 //! Record ids: the scope and the client's key hashed together, so the raw
 //! key is never stored and one scope can never reach another's records.
+//! (The key a request brings is the HTTP layer's `idempotency_key`; a key
+//! derived from another is `child_key`.)
 
 use crate::fingerprint::hash_part;
-use crate::lower_hex::{lower_hex, shared_lower_hex};
+use crate::lower_hex::shared_lower_hex;
 use sha2::{Digest, Sha256};
 use std::{fmt, sync::Arc};
 
@@ -46,30 +48,6 @@ impl fmt::Display for RecordId {
     }
 }
 
-/// A child key for one downstream operation of a fan-out: deterministic, so
-/// a retry of the parent (same key) reaches every downstream call with the
-/// same child key, and distinct per `purpose`, so two downstream calls never
-/// share one.
-///
-/// The result is 64 lowercase hex characters: a valid key for this crate,
-/// for Stripe (at most 255 characters) and for the IETF header.
-///
-/// ```
-/// use lambda_idempotency::derive_key;
-///
-/// let charge = derive_key("order-77", "charge-card");
-/// let email = derive_key("order-77", "send-receipt");
-/// assert_ne!(charge, email);
-/// assert_eq!(charge, derive_key("order-77", "charge-card"));
-/// ```
-pub fn derive_key(parent: &str, purpose: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(b"lambda-idempotency child key\0");
-    hash_part(&mut hasher, parent.as_bytes());
-    hasher.update(purpose.as_bytes());
-    lower_hex(&hasher.finalize())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,14 +67,5 @@ mod tests {
         assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()));
         assert!(!id.as_str().contains("order-1234"));
         assert_eq!(id, RecordId::new("charges", "tenant-a", "order-1234"));
-    }
-
-    #[test]
-    fn child_keys_are_stable_distinct_and_unambiguous() {
-        assert_eq!(derive_key("p", "a"), derive_key("p", "a"));
-        assert_ne!(derive_key("p", "a"), derive_key("p", "b"));
-        assert_ne!(derive_key("p", "a"), derive_key("q", "a"));
-        assert_ne!(derive_key("ab", "c"), derive_key("a", "bc"));
-        assert_eq!(derive_key("p", "a").len(), 64);
     }
 }
