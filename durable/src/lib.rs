@@ -182,8 +182,10 @@ pub const STEP_SCOPE: &str = "durable-step";
 pub const DEFAULT_EXECUTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// The longest wait between two checks of a duplicate in progress.
 const MAX_POLL: Duration = Duration::from_secs(15 * 60);
-/// How many times the claim step is tried through a store outage.
-const CLAIM_TRIES: u32 = 5;
+/// How many times a call to the store is tried through an outage of it
+/// (the claim step, a release, a step's body whose store call failed).
+/// Not the engine's `CLAIM_TRIES`, which counts a claim's refusals.
+const OUTAGE_TRIES: u32 = 5;
 /// How many times a step's body is tried while another run holds its key.
 const IN_PROGRESS_TRIES: u32 = 10;
 /// The longest wait for another run's claim on a step: Lambda's longest
@@ -436,10 +438,10 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     /// times; a claim that cannot be released holds the key until it
     /// expires.
     async fn release(&self, attempt: &SplitAttempt) {
-        for tries in 0..CLAIM_TRIES {
+        for tries in 0..OUTAGE_TRIES {
             match split::release(&self.engine, attempt).await {
                 Ok(()) => return,
-                Err(error) if error.kind().is_transient() && tries + 1 < CLAIM_TRIES => {
+                Err(error) if error.kind().is_transient() && tries + 1 < OUTAGE_TRIES => {
                     tokio::time::sleep(Duration::from_millis(100 << tries)).await;
                 }
                 Err(error) => {
@@ -576,7 +578,7 @@ fn execution_owner(execution_arn: &str, scope: &str, key: &str) -> OwnerToken {
 fn retry_store_outages(error: &StepError, attempt: u32) -> RetryDecision {
     match DurableError::find(error) {
         Some(DurableError::Store(store))
-            if store.kind().is_transient() && attempt < CLAIM_TRIES =>
+            if store.kind().is_transient() && attempt < OUTAGE_TRIES =>
         {
             RetryDecision::Retry {
                 delay: backoff(attempt),
@@ -606,7 +608,7 @@ fn retry_step(error: &StepError, attempt: u32) -> RetryDecision {
         Some(DurableError::InProgress { retry_after }) => (attempt < IN_PROGRESS_TRIES)
             .then(|| (*retry_after).clamp(Duration::from_secs(1), MAX_CLAIM_WAIT)),
         Some(DurableError::Store(store)) if store.kind().is_transient() => {
-            (attempt < CLAIM_TRIES).then(|| backoff(attempt))
+            (attempt < OUTAGE_TRIES).then(|| backoff(attempt))
         }
         Some(_) => None,
         None => (attempt < OPERATION_TRIES).then(|| {
