@@ -47,7 +47,7 @@ type Returned<T, W, E> = Result<(T, Vec<W>), E>;
 
 /// What running the operation under its claim gave: its value, its writes
 /// and the value encoded for the store.
-type Ran<T, W> = (T, Vec<W>, Result<Vec<u8>, crate::error::BoxError>);
+type Settled<T, W> = (T, Vec<W>, Result<Vec<u8>, crate::error::BoxError>);
 
 impl<St: Store> Engine<St> {
     pub(super) async fn run_unreported<T, E, C, R, F, Fut>(
@@ -316,7 +316,7 @@ impl<St: Store> Engine<St> {
         attempt: &Attempt<'_>,
         codec: &C,
         ran: std::thread::Result<Returned<T, St::Write, E>>,
-    ) -> Result<Ran<T, St::Write>, Error<E>> {
+    ) -> Result<Settled<T, St::Write>, Error<E>> {
         let ran = ran.and_then(|ran| match ran {
             Ok((value, writes)) => catch_unwind(AssertUnwindSafe(|| codec.encode(&value)))
                 .map(|response| Ok((value, writes, response))),

@@ -21,7 +21,7 @@ use tracing::Instrument;
 // Returned once a request and matched at once: boxing the common variant
 // would cost an allocation a request to save a move.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Ran<E, R> {
+pub(super) enum DetachedAnswer<E, R> {
     /// With the attempt's result (the response, or why there is none).
     Answered(Attempted<E, R>, Live<R>),
     /// With the handler's response as it streams, before its record is
@@ -41,7 +41,7 @@ pub(super) enum Ran<E, R> {
 /// own future, so an outer `CatchPanicLayer` still answers it.
 ///
 /// A response body that would wait for more goes to the client at once
-/// (`Ran::Streaming`), while the work copies it for the record
+/// (`DetachedAnswer::Streaming`), while the work copies it for the record
 /// and completes the record when it ends. Without a tokio runtime (a
 /// caller on another executor) it runs in place, and such a body is read
 /// whole first.
@@ -56,7 +56,7 @@ pub(super) fn run_detached<S, St, B, ResBody>(
     inner: S,
     request: Request<B>,
     slot: TaskTrackerToken,
-) -> impl Future<Output = Ran<S::Error, ResBody>>
+) -> impl Future<Output = DetachedAnswer<S::Error, ResBody>>
 where
     S: Inner<B, ResBody>,
     St: Store,
@@ -103,7 +103,7 @@ where
                 // future goes with it: answered, should it be polled.
                 (Err(Error::Operation(Failure::Cancelled)), None)
             });
-            Ran::Answered(result, live)
+            DetachedAnswer::Answered(result, live)
         };
         let Some(streaming) = streaming else {
             return answered(done.await);
@@ -113,7 +113,7 @@ where
             biased;
             done = &mut done => answered(done),
             // Dropping `done` leaves the work running on its task.
-            Ok(response) = streaming => Ran::Streaming(response),
+            Ok(response) = streaming => DetachedAnswer::Streaming(response),
         }
     }
 }

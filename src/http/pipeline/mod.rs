@@ -50,7 +50,7 @@ use self::{
         attempt_for, body_problem, key_of, key_only_in_header, keyless, read_header_key, refused,
         take_slot, unkeyed_after_body,
     },
-    detach::{run_detached, Ran},
+    detach::{run_detached, DetachedAnswer},
 };
 use super::{
     body::{buffer_request, rebuild_request, Kind},
@@ -247,9 +247,9 @@ where
             ran
         };
         match ran.await {
-            Ran::Answered(result, live) => respond(&config.settings, result, live, grpc),
+            DetachedAnswer::Answered(result, live) => respond(&config.settings, result, live, grpc),
             // Its record completes when its body ends.
-            Ran::Streaming(response) => (HttpOutcome::Fresh, Ok(response)),
+            DetachedAnswer::Streaming(response) => (HttpOutcome::Fresh, Ok(response)),
         }
     }
 }
@@ -265,7 +265,7 @@ fn start_detached<S, St, B, ResBody>(
     scope: String,
     key: String,
     takeover: Option<crate::Takeover>,
-) -> Option<impl Future<Output = Ran<S::Error, ResBody>>>
+) -> Option<impl Future<Output = DetachedAnswer<S::Error, ResBody>>>
 where
     S: Inner<B, ResBody>,
     St: Store,
