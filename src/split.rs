@@ -69,7 +69,6 @@
 //! ```
 
 use crate::{
-    engine::{DurableAttempt, DurableClaim},
     store::{OwnerToken, Store},
     Codec, Engine, Error, Fingerprint, OutcomeKind, StoreError,
 };
@@ -81,11 +80,13 @@ use std::{convert::Infallible, sync::Arc, time::Duration};
 /// Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SplitAttempt {
-    scope: Arc<str>,
-    key: Arc<str>,
-    fingerprint: Fingerprint,
-    owner: OwnerToken,
-    lease: Duration,
+    pub(crate) scope: Arc<str>,
+    pub(crate) key: Arc<str>,
+    pub(crate) fingerprint: Fingerprint,
+    /// The same in every invocation of the caller's work.
+    pub(crate) owner: OwnerToken,
+    /// How long the claim holds: nothing renews it.
+    pub(crate) lease: Duration,
 }
 
 impl SplitAttempt {
@@ -135,16 +136,6 @@ impl SplitAttempt {
     pub fn owner(&self) -> &OwnerToken {
         &self.owner
     }
-
-    fn engine_attempt(&self) -> DurableAttempt<'_> {
-        DurableAttempt {
-            scope: &self.scope,
-            key: &self.key,
-            fingerprint: self.fingerprint.clone(),
-            owner: self.owner.clone(),
-            lease: self.lease,
-        }
-    }
 }
 
 /// What [`claim`] decided.
@@ -185,14 +176,7 @@ pub async fn claim<St: Store, T>(
     attempt: &SplitAttempt,
     codec: &impl Codec<T>,
 ) -> Result<SplitClaim<T>, Error<Infallible>> {
-    let claimed = engine
-        .claim_durable(&attempt.engine_attempt(), codec)
-        .await?;
-    Ok(match claimed {
-        DurableClaim::Ours => SplitClaim::Ours,
-        DurableClaim::Replay(value) => SplitClaim::Replay(value),
-        DurableClaim::Disabled => SplitClaim::Disabled,
-    })
+    engine.claim_split(attempt, codec).await
 }
 
 /// Completes `attempt`'s claim with `response` (the value encoded as the
@@ -218,9 +202,7 @@ pub async fn complete<St: Store>(
     attempt: &SplitAttempt,
     response: Vec<u8>,
 ) -> Result<OutcomeKind, StoreError> {
-    engine
-        .complete_durable(&attempt.engine_attempt(), response)
-        .await
+    engine.complete_split(attempt, response).await
 }
 
 /// Releases `attempt`'s claim, so that another owner may run the key (the
@@ -236,5 +218,5 @@ pub async fn release<St: Store>(
     engine: &Engine<St>,
     attempt: &SplitAttempt,
 ) -> Result<(), StoreError> {
-    engine.release_durable(&attempt.engine_attempt()).await
+    engine.release_split(attempt).await
 }

@@ -2,7 +2,7 @@
 
 use super::{
     cache::RecordCache,
-    orchestrator::{Engine, Inner},
+    state::{Engine, Inner},
 };
 use crate::{store::Store, Clock, SystemClock};
 use std::{num::NonZeroUsize, sync::Arc, time::Duration};

@@ -5,8 +5,8 @@ use super::{
     codec::Codec,
     conflicts::Contention,
     fence::{fence, takeover_of, Fence},
-    orchestrator::{Engine, MIN_LEASE_MS},
     outcome::Outcome,
+    state::{Engine, MIN_LEASE_MS},
 };
 use crate::{
     clock::duration_ms,

@@ -4,8 +4,8 @@
 use super::{
     conflicts::retry_conflicts,
     fence::{fence, Fence},
-    orchestrator::Engine,
     outcome::OutcomeKind,
+    state::Engine,
 };
 use crate::{
     store::{Claim, Completion, Conditional, Extension, OwnerToken, RecordId, Store},

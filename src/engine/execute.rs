@@ -9,8 +9,8 @@ use super::{
     codec::{Codec, Json},
     detach::detached,
     mode::Mode,
-    orchestrator::Engine,
     outcome::Outcome,
+    state::Engine,
 };
 use crate::{store::Store, Error, StoreError, StoreErrorKind};
 use futures_util::FutureExt;

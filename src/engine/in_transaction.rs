@@ -13,8 +13,8 @@ use super::{
     claim_handle::ClaimHandle,
     codec::{unserialisable, Codec, Json},
     fence::{fence, takeover_of, Fence},
-    orchestrator::Engine,
     outcome::{Outcome, OutcomeKind},
+    state::Engine,
 };
 use crate::{
     store::{

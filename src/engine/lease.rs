@@ -3,7 +3,7 @@
 
 use super::{
     claim_handle::{self, ClaimHandle},
-    orchestrator::{Engine, Inner, MIN_LEASE_MS},
+    state::{Engine, Inner, MIN_LEASE_MS},
 };
 use crate::{
     clock::duration_ms,

@@ -12,7 +12,7 @@
 //! at all to look up a key while nothing runs, nor to publish a completion
 //! nobody waits for.
 
-use super::{claim_handle::ClaimHandle, orchestrator::Engine};
+use super::{claim_handle::ClaimHandle, state::Engine};
 use crate::store::{Claim, Record, RecordId, Status, Store};
 use std::{
     collections::HashMap,

@@ -1,4 +1,4 @@
-//! The orchestrator: claim, run, then complete or release.
+//! The engine: claim, run, then complete or release.
 //!
 //! It decides everything from what the [`Store`](crate::store::Store) returns and never touches a
 //! backend itself, so the same protocol runs on DynamoDB, PostgreSQL, Redis
@@ -19,12 +19,14 @@
 //! Every step that meets a record asks [`fence`](mod@fence) whose it is and whether
 //! it may act on it, and every retry of a contended write counts against
 //! the one policy in [`conflicts`]. The entry points are in [`execute`];
-//! the loop they share is [`run`]; the engine's state is in
-//! [`orchestrator`].
+//! the loop they share is [`run`]; the engine's state is in [`state`].
 //!
 //! [`single_write`] is the protocol without a claim, for operations whose
-//! only effects are the writes they return; [`operator`] holds what
-//! operators call outside any request.
+//! only effects are the writes they return; [`in_transaction`] the run
+//! inside a store's transaction; [`split`] the protocol split across
+//! invocations; [`local_runs`] the runs of this process, which answer (or
+//! keep waiting) a duplicate in memory; [`operator`] holds what operators
+//! call outside any request.
 
 mod alert;
 mod attempt;
@@ -36,7 +38,6 @@ mod codec;
 mod completion;
 mod conflicts;
 mod detach;
-mod durable;
 mod execute;
 mod fence;
 mod in_transaction;
@@ -45,13 +46,14 @@ mod local_runs;
 mod managed_instances;
 mod mode;
 mod operator;
-mod orchestrator;
 mod outcome;
 mod panic;
 mod replay;
 mod retry_after;
 mod run;
 mod single_write;
+mod split;
+mod state;
 
 pub use crate::store::Takeover;
 pub use attempt::Attempt;
@@ -72,13 +74,12 @@ pub use managed_instances::{managed_instances_concurrency, MAX_CONCURRENCY_VARIA
 pub use codec::{Codec, Json};
 #[cfg(feature = "http")]
 pub(crate) use detach::detached;
-pub(crate) use durable::{DurableAttempt, DurableClaim};
 pub use mode::Mode;
 pub use operator::Forgotten;
-pub use orchestrator::Engine;
 pub use outcome::{Outcome, OutcomeKind, Replayed};
 #[cfg(any(feature = "consumers", feature = "http", test))]
 pub(crate) use panic::panic_message;
+pub use state::Engine;
 // Hints other than the lease come from the HTTP layer's route estimates.
 #[cfg_attr(not(feature = "http"), allow(unused_imports))]
 pub(crate) use retry_after::RetryHint;

@@ -1,6 +1,6 @@
 //! What operators call: read, list and delete records, outside any request.
 
-use super::orchestrator::Engine;
+use super::state::Engine;
 use crate::{
     store::{Conditional, Record, Removal, Store},
     StoreError,

@@ -4,9 +4,9 @@
 use super::{
     cache::CachedRecord,
     codec::Codec,
-    orchestrator::Engine,
     outcome::{Outcome, Replayed},
     retry_after::{in_progress_retry_after, RetryHint},
+    state::Engine,
 };
 use crate::{
     store::{Record, RecordId, Status, Store},

@@ -9,9 +9,9 @@ use super::{
     lease::run_unclaimed,
     local_runs::{Ended, LocalRun},
     mode::Mode,
-    orchestrator::{Engine, MIN_LEASE_MS},
     outcome::{Outcome, OutcomeKind},
     panic::panic_message,
+    state::{Engine, MIN_LEASE_MS},
 };
 use crate::{
     store::{Claim, Store},

@@ -8,8 +8,8 @@ use super::{
     conflicts::Contention,
     fence::{fence, Fence},
     lease::run_unclaimed,
-    orchestrator::Engine,
     outcome::{Outcome, OutcomeKind},
+    state::Engine,
 };
 use crate::{
     store::{Commit, Conditional, OwnerToken, RecordId, Store},

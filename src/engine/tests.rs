@@ -1,7 +1,7 @@
 //! The engine's branches on the memory store: failures at each step,
 //! leases, the cache, fail-open, transactional writes.
 
-use super::{orchestrator::MIN_LEASE_MS, run::START_MARGIN_MS, *};
+use super::{run::START_MARGIN_MS, state::MIN_LEASE_MS, *};
 use crate::{
     store::{memory::MemoryWrite, Conditional, RecordId, Status, Store},
     testing::{CountingStore, ManualClock},

@@ -1,7 +1,8 @@
-//! The protocol split across invocations, for durable executions: the claim
-//! is made in one invocation and completed in a later one, by the same
-//! owner, which a replay proves by its execution rather than by a token it
-//! would have had to keep.
+//! The engine's side of the protocol split across invocations
+//! ([`crate::split`], which durable executions are built on): the claim is
+//! made in one invocation and completed in a later one, by the same owner,
+//! which a replay proves by its execution rather than by a token it would
+//! have had to keep.
 
 use super::{
     builder::MAX_DURATION,
@@ -10,57 +11,36 @@ use super::{
     completion::{landed, Lapsing},
     conflicts::retry_conflicts,
     fence::{fence, Fence},
-    orchestrator::{Engine, MIN_LEASE_MS},
     outcome::OutcomeKind,
     retry_after::RetryHint,
+    state::{Engine, MIN_LEASE_MS},
 };
 use crate::{
     clock::duration_ms,
-    store::{Claim, Completion, OwnerToken, Store},
-    Attempt, Error, Fingerprint, StoreError,
+    split::{SplitAttempt, SplitClaim},
+    store::{Claim, Completion, Store},
+    Attempt, Error, StoreError,
 };
-use std::{convert::Infallible, time::Duration};
+use std::convert::Infallible;
 use tracing::warn;
-
-/// What a durable claim decided.
-pub(crate) enum DurableClaim<T> {
-    /// The key is this execution's: run.
-    Ours,
-    /// An execution completed the key with this value.
-    Replay(T),
-    /// Idempotency is off: run, and store nothing.
-    Disabled,
-}
-
-/// The claim of one durable execution on one key.
-pub(crate) struct DurableAttempt<'a> {
-    pub(crate) scope: &'a str,
-    pub(crate) key: &'a str,
-    pub(crate) fingerprint: Fingerprint,
-    /// The execution's own token: the same in every invocation of it.
-    pub(crate) owner: OwnerToken,
-    /// How long the claim holds without a renewal: nothing runs while an
-    /// execution is suspended, so it must cover the whole execution.
-    pub(crate) lease: Duration,
-}
 
 impl<St: Store> Engine<St> {
     /// Claims the key for the execution. The execution's own record (its
     /// claim, landed in an invocation that crashed before the claim was
     /// checkpointed) is its to run; a completed one replays; a live one of
     /// another execution is [`Error::InProgress`].
-    pub(crate) async fn claim_durable<T>(
+    pub(crate) async fn claim_split<T>(
         &self,
-        attempt: &DurableAttempt<'_>,
+        attempt: &SplitAttempt,
         codec: &impl Codec<T>,
-    ) -> Result<DurableClaim<T>, Error<Infallible>> {
+    ) -> Result<SplitClaim<T>, Error<Infallible>> {
         let inner = &*self.inner;
         if inner.disabled {
-            return Ok(DurableClaim::Disabled);
+            return Ok(SplitClaim::Disabled);
         }
-        let mut claim = self.durable_claim(attempt).map_err(Error::Store)?;
+        let mut claim = self.split_claim(attempt).map_err(Error::Store)?;
         match self.claim(&mut claim).await {
-            Ok(Claimed::Ours) => Ok(DurableClaim::Ours),
+            Ok(Claimed::Ours) => Ok(SplitClaim::Ours),
             Ok(Claimed::Held(record)) => self
                 .existing_with(
                     record,
@@ -69,7 +49,7 @@ impl<St: Store> Engine<St> {
                     RetryHint::Lease,
                     claim.now_ms,
                 )
-                .map(|outcome| DurableClaim::Replay(outcome.into_value())),
+                .map(|outcome| SplitClaim::Replay(outcome.into_value())),
             Err(ClaimError::Outage(error) | ClaimError::Failed(error)) => Err(Error::Store(error)),
         }
     }
@@ -79,12 +59,12 @@ impl<St: Store> Engine<St> {
     /// was lost) is done; one that finds the claim taken over is
     /// [`OutcomeKind::LeaseLost`]; a store failure is returned, for the
     /// durable step to try again.
-    pub(crate) async fn complete_durable(
+    pub(crate) async fn complete_split(
         &self,
-        attempt: &DurableAttempt<'_>,
+        attempt: &SplitAttempt,
         response: Vec<u8>,
     ) -> Result<OutcomeKind, StoreError> {
-        let id = self.record_id(attempt.scope, attempt.key);
+        let id = self.record_id(&attempt.scope, &attempt.key);
         let now_ms = self.inner.clock.now_ms();
         let completion = Completion {
             id: id.clone(),
@@ -111,11 +91,8 @@ impl<St: Store> Engine<St> {
     /// attempt count across invocations), and a takeover's lease is ended
     /// instead, so that the next execution runs at once, told that earlier
     /// attempts may have acted.
-    pub(crate) async fn release_durable(
-        &self,
-        attempt: &DurableAttempt<'_>,
-    ) -> Result<(), StoreError> {
-        let id = self.record_id(attempt.scope, attempt.key);
+    pub(crate) async fn release_split(&self, attempt: &SplitAttempt) -> Result<(), StoreError> {
+        let id = self.record_id(&attempt.scope, &attempt.key);
         let now_ms = self.inner.clock.now_ms();
         let found = self.inner.store.get(&id, now_ms).await?;
         match found {
@@ -145,10 +122,10 @@ impl<St: Store> Engine<St> {
         }
     }
 
-    fn durable_claim(&self, attempt: &DurableAttempt<'_>) -> Result<Claim, StoreError> {
+    fn split_claim(&self, attempt: &SplitAttempt) -> Result<Claim, StoreError> {
         let now_ms = self.inner.clock.now_ms();
-        let id = self.record_id(attempt.scope, attempt.key);
-        let generic = Attempt::new(attempt.scope, attempt.key, attempt.fingerprint.clone());
+        let id = self.record_id(&attempt.scope, &attempt.key);
+        let generic = Attempt::new(&attempt.scope, &attempt.key, attempt.fingerprint.clone());
         let mut claim = self.claim_for(id, &generic, now_ms)?;
         claim.owner = attempt.owner.clone();
         // Not capped by max_lease: no heartbeat can run while the

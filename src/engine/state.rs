@@ -1,5 +1,6 @@
-//! The engine: its configuration and state, shared by every step of the
-//! protocol (each step is a file beside this one, adding its methods).
+//! The engine's state: its configuration and what its clones share, read
+//! by every step of the protocol (each step is a file beside this one,
+//! adding its methods to [`Engine`]).
 
 use super::{cache::RecordCache, local_runs::LocalRuns};
 use crate::{
