@@ -1,4 +1,5 @@
-//! Idempotent AWS Lambda handlers on DynamoDB conditional writes.
+//! Idempotent AWS Lambda handlers, with their records in DynamoDB,
+//! PostgreSQL, Redis or memory.
 //!
 //! Clients, gateways, queues and SDKs retry. With an idempotency key, this
 //! crate makes an operation run **at most once per key**, replays its
@@ -6,9 +7,28 @@
 //! payload, keeps concurrent duplicates from both running, and recovers when
 //! an invocation crashes mid-flight.
 //!
+//! - **Stores**: [`DynamoDbStore`] (conditional writes), PostgreSQL
+//!   ([`store::postgres`]), Redis and Valkey ([`store::redis`]: one Lua
+//!   script a step), and [`MemoryStore`] (tests, one process). A store
+//!   with transactions (PostgreSQL) offers the transactional capability
+//!   ([`store::transaction`]): the handler runs inside the transaction that
+//!   claims its key and commits with its record.
+//! - **Adapters**: [`http`] (a tower layer for `lambda_http`, axum, hyper
+//!   and tonic; actix-web middleware), [`consumers`] (SQS, Kinesis,
+//!   DynamoDB Streams, Kafka, Amazon MQ, SNS, EventBridge, any
+//!   `lambda_runtime` handler), and [`split`], on which
+//!   [`lambda-idempotency-durable`](https://docs.rs/lambda-idempotency-durable)
+//!   builds Lambda durable functions.
+//! - **Where a request goes**: an adapter turns it into an [`Attempt`]; the
+//!   [`Engine`] claims its key, runs it under a lease, and completes or
+//!   releases the record; the store makes each of those writes atomically
+//!   ([`Store`](store::Store)). Folder by folder, with the decisions each
+//!   holds: the
+//!   [code map](https://github.com/lambda-idempotency/lambda-idempotency/blob/main/CONTRIBUTING.md#code-map).
+//!
 //! # How it works
 //!
-//! One record per scoped key, in a DynamoDB table:
+//! One record per scoped key, in the store; on DynamoDB:
 //!
 //! 1. **claim**: a conditional `PutItem` writes an `IN_PROGRESS` record with
 //!    a lease and a fresh owner token, unless a live record holds the key. If
@@ -44,12 +64,12 @@
 //! - when the store cannot be reached the operation does not run (fail
 //!   closed), unless [`EngineBuilder::fail_open`] says otherwise.
 //!
-//! **Not guaranteed:** a side effect *outside* DynamoDB that happened before
-//! a crash, and before completion, is repeated by a retry once the lease
-//! passes; the retry is told so ([`ClaimHandle::takeover`]) and can
+//! **Not guaranteed:** a side effect *outside* the store that happened
+//! before a crash, and before completion, is repeated by a retry once the
+//! lease passes; the retry is told so ([`ClaimHandle::takeover`]) and can
 //! reconcile first. [`Engine::execute_transactional`] closes that gap for
-//! effects written to DynamoDB: they commit in one transaction with the
-//! completion.
+//! effects written to the store (DynamoDB, PostgreSQL): they commit in one
+//! transaction with the completion.
 //!
 //! # Example
 //!
@@ -115,7 +135,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # The table
+//! # The DynamoDB table
 //!
 //! A partition key `id` of type `S`, TTL enabled on `expiration`, on-demand
 //! capacity. The names are configurable with [`AttributeNames`]. The raw key
@@ -125,7 +145,7 @@
 //!
 //! # Costs
 //!
-//! A first call makes two DynamoDB calls (claim, complete), a replay one
+//! On DynamoDB, a first call makes two calls (claim, complete), a replay one
 //! (the failed claim returns the record), a replay from the optional local
 //! cache ([`EngineBuilder::cache`]) none. An operation whose only effects
 //! are its DynamoDB writes can skip the claim:
@@ -214,6 +234,16 @@
     not(feature = "consumers"),
     doc = "",
     doc = "[`consumers`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/consumers/index.html"
+)]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "",
+    doc = "[`store::postgres`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/postgres/index.html"
+)]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "",
+    doc = "[`store::redis`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/redis/index.html"
 )]
 #![cfg_attr(
     not(feature = "powertools"),
