@@ -2,6 +2,8 @@
 //!
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB`; `make test` provides it.
 
+#[path = "support/replays.rs"]
+mod replays;
 mod support;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
@@ -235,9 +237,7 @@ async fn binary_bodies_round_trip_exactly() {
             .body(Body::Binary(bytes.clone()))
             .unwrap()
     };
-    service.clone().oneshot(request()).await.unwrap();
-    let replay = service.clone().oneshot(request()).await.unwrap();
-    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    let (_, replay) = replays::sent_twice(|| service.clone().oneshot(request())).await;
     assert!(
         replay.body() == &Body::Binary(bytes),
         "binary body differs after the round trip"
@@ -258,17 +258,8 @@ async fn large_bodies_are_compressed_or_explained_never_run_twice() {
     let service = IdempotencyLayer::new(engine().await)
         .shared_scope()
         .layer(handler.clone());
-    service
-        .clone()
-        .oneshot(post("big", json("{}")))
-        .await
-        .unwrap();
-    let replay = service
-        .clone()
-        .oneshot(post("big", json("{}")))
-        .await
-        .unwrap();
-    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    let (_, replay) =
+        replays::sent_twice(|| service.clone().oneshot(post("big", json("{}")))).await;
     assert!(
         replay.body() == &Body::Text(expected),
         "the large body replays exactly"
@@ -281,22 +272,13 @@ async fn large_bodies_are_compressed_or_explained_never_run_twice() {
     let service = IdempotencyLayer::new(engine().await)
         .shared_scope()
         .layer(handler.clone());
-    let first = service
-        .clone()
-        .oneshot(post("huge", json("{}")))
-        .await
-        .unwrap();
+    let (first, retry) =
+        replays::sent_twice(|| service.clone().oneshot(post("huge", json("{}")))).await;
     assert!(
         matches!(first.body(), Body::Binary(b) if b.len() == 600 * 1024),
         "the caller gets it all"
     );
-    let retry = service
-        .clone()
-        .oneshot(post("huge", json("{}")))
-        .await
-        .unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);
-    assert_eq!(retry.headers()[REPLAYED_HEADER], "true");
     assert_eq!(retry.headers()[header::LOCATION], "/v1/charges/ch_1");
     assert!(problem_type(&retry).ends_with("idempotency-response-not-stored"));
     assert_eq!(handler.runs(), 1);
@@ -314,17 +296,8 @@ async fn bodies_at_the_item_limit_are_stored_and_over_it_are_explained() {
     let service = IdempotencyLayer::new(engine().await)
         .shared_scope()
         .layer(handler.clone());
-    service
-        .clone()
-        .oneshot(post("at-limit", json("{}")))
-        .await
-        .unwrap();
-    let replay = service
-        .clone()
-        .oneshot(post("at-limit", json("{}")))
-        .await
-        .unwrap();
-    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    let (_, replay) =
+        replays::sent_twice(|| service.clone().oneshot(post("at-limit", json("{}")))).await;
     assert!(
         replay.body() == &Body::Binary(expected),
         "a body at the limit replays exactly"
@@ -674,20 +647,11 @@ async fn a_refused_business_condition_is_the_applications_answer() {
         .await
         .unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
-    let refused = answering
-        .clone()
-        .oneshot(post("o-2", json("\"42\"")))
-        .await
-        .unwrap();
+    let (refused, replay) =
+        replays::sent_twice(|| answering.clone().oneshot(post("o-2", json("\"42\"")))).await;
     assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(problem_type(&refused), "order-exists");
-    let replay = answering
-        .clone()
-        .oneshot(post("o-2", json("\"42\"")))
-        .await
-        .unwrap();
     assert_eq!(replay.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
     assert_eq!(
         runs.load(Ordering::SeqCst),
         2,
