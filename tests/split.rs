@@ -30,12 +30,12 @@ async fn ddb() -> DynamoDbStore {
     DynamoDbStore::new(client, table)
 }
 
-/// Before the refactor, `complete_durable` took any completed record under
-/// its own token as its own landed completion (Fresh); `landed()` now asks
-/// the fence, which counts an expired record as absent: a retry of the
-/// completion step after the record expired reports LeaseLost ("the key
-/// was taken over; its output is not stored") although the output was
-/// stored and nobody took anything over.
+/// Before the refactor, `complete_durable` (now `complete_split`) took any
+/// completed record under its own token as its own landed completion
+/// (Fresh); `landed()` now asks the fence, which counts an expired record
+/// as absent: a retry of the completion step after the record expired
+/// reports LeaseLost ("the key was taken over; its output is not stored")
+/// although the output was stored and nobody took anything over.
 async fn completion_retry_after_expiry<St: Store + Clone>(store: St) {
     let clock = ManualClock::new(1_800_000_000_000);
     let engine = Engine::builder(store)
