@@ -1,5 +1,5 @@
 //! Idempotent AWS Lambda handlers, with their records in DynamoDB,
-//! PostgreSQL, Redis or memory.
+//! PostgreSQL, MySQL, Redis or memory.
 //!
 //! Clients, gateways, queues and SDKs retry. With an idempotency key, this
 //! crate makes an operation run **at most once per key**, replays its
@@ -8,9 +8,10 @@
 //! an invocation crashes mid-flight.
 //!
 //! - **Stores**: [`DynamoDbStore`] (conditional writes), PostgreSQL
-//!   ([`store::postgres`]), Redis and Valkey ([`store::redis`]: one Lua
-//!   script a step), and [`MemoryStore`] (tests, one process). A store
-//!   with transactions (PostgreSQL) offers the transactional capability
+//!   ([`store::postgres`]), MySQL, Aurora MySQL and MariaDB on sqlx
+//!   ([`store::sqlx`]), Redis and Valkey ([`store::redis`]: one Lua
+//!   script a step), and [`MemoryStore`] (tests, one process). The SQL
+//!   stores and the memory store offer the transactional capability
 //!   ([`store::transaction`]): the handler runs inside the transaction that
 //!   claims its key and commits with its record.
 //! - **Adapters**: [`http`] (a tower layer for `lambda_http`, axum, hyper
@@ -68,8 +69,8 @@
 //! before a crash, and before completion, is repeated by a retry once the
 //! lease passes; the retry is told so ([`ClaimHandle::takeover`]) and can
 //! reconcile first. [`Engine::execute_transactional`] closes that gap for
-//! effects written to the store (DynamoDB, PostgreSQL): they commit in one
-//! transaction with the completion.
+//! effects written to the store (DynamoDB, PostgreSQL, MySQL): they commit
+//! in one transaction with the completion.
 //!
 //! # Example
 //!
@@ -166,9 +167,9 @@
 //! - The crate root: what an application uses. [`Engine`] (built with
 //!   [`Engine::builder`]), [`Attempt`], [`Outcome`], [`Error`],
 //!   [`Fingerprint`], [`derive_key`], and the two stores an application
-//!   picks, [`DynamoDbStore`] and [`MemoryStore`] (the PostgreSQL and
-//!   Redis stores are in `store::postgres` and `store::redis`, behind their
-//!   features).
+//!   picks, [`DynamoDbStore`] and [`MemoryStore`] (the PostgreSQL, MySQL
+//!   and Redis stores are in `store::postgres`, `store::sqlx::mysql` and
+//!   `store::redis`, behind their features).
 //! - [`http`]: the tower layer for HTTP services: `lambda_http` (API
 //!   Gateway REST and HTTP APIs, ALB, Function URLs), axum and hyper, in
 //!   Lambda or on a server.
@@ -203,6 +204,7 @@
 //! | `axum` | no | In the HTTP layer, axum's route template (`MatchedPath`) in the scope and the path before `Router::nest` stripped it (`OriginalUri`) in the fingerprint, and axum bodies streamed on. Turn it on in an axum application. |
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer`, and `Batch` for SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS and EventBridge, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
+//! | `sqlx-mysql` | no | `store::sqlx::mysql::SqlxMySqlStore`, over your own `sqlx::MySqlPool`: MySQL 8, Aurora MySQL and MariaDB, the handler inside the transaction too. No TLS here: your sqlx dependency picks it. |
 //! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |
 //! | `redis-tls` | no | `redis`, and TLS to Redis (`rediss://`: ElastiCache and MemoryDB with in-transit encryption) with rustls on aws-lc-rs. Without it, `redis` compiles no C code and refuses `rediss://` URLs with a [`Misconfigured`](StoreErrorKind::Misconfigured) error that names this feature. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
@@ -239,6 +241,11 @@
     not(feature = "postgres"),
     doc = "",
     doc = "[`store::postgres`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/postgres/index.html"
+)]
+#![cfg_attr(
+    not(feature = "sqlx-mysql"),
+    doc = "",
+    doc = "[`store::sqlx`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/store/sqlx/index.html"
 )]
 #![cfg_attr(
     not(feature = "redis"),
