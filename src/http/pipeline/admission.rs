@@ -73,9 +73,9 @@ where
 /// records, which may be keyed on the request itself (a field of the body,
 /// say), had their say.
 ///
-/// A plain function (see the pipeline's note); its future is boxed where
-/// it is awaited, as only a key read from the body reaches it.
-// An `async` block rather than an `async fn`: see the pipeline's note.
+/// A plain function that returns an `async` block (see the pipeline's
+/// note); its future is boxed where it is awaited, as only a key read from
+/// the body reaches it.
 #[allow(clippy::manual_async_fn)]
 pub(super) fn unkeyed_after_body<'a, S, St, B, ResBody>(
     config: &'a Config<St>,
