@@ -4,7 +4,8 @@
 //! Applications only pick a store and hand it to the
 //! [`Engine`](crate::Engine): `dynamodb::DynamoDbStore` (feature
 //! `dynamodb`, the default), `postgres::PostgresStore` (feature `postgres`:
-//! the handler's SQL writes commit with the completion),
+//! the handler's SQL writes commit with the completion; or the same on
+//! sqlx, `sqlx::postgres::SqlxPostgresStore`, feature `sqlx-postgres`),
 //! `sqlx::mysql::SqlxMySqlStore` (feature `sqlx-mysql`: MySQL, Aurora
 //! MySQL and MariaDB over your sqlx pool), `redis::RedisStore` (feature
 //! `redis`: the lowest latency, no transactional writes), or
@@ -127,6 +128,8 @@ use std::future::Future;
 pub mod dynamodb;
 pub mod memory;
 mod owner;
+#[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+mod pg;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -134,8 +137,8 @@ mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
-#[cfg(feature = "sqlx-mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-mysql")))]
+#[cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres"))))]
 pub mod sqlx;
 pub mod transaction;
 

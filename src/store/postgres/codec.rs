@@ -2,24 +2,14 @@
 //! rows decoded without trusting what the table holds.
 
 use crate::{
-    store::{Claim, OwnerToken, Record, RecordId, Status},
-    Fingerprint, StoreError, StoreErrorKind,
+    store::{
+        pg::int8,Claim, OwnerToken, Record, RecordId, Status},
+    Fingerprint, StoreError,
 };
 use tokio_postgres::{
     types::{ToSql, Type},
     Row,
 };
-
-/// A time or count as PostgreSQL's `bigint`, refused before any statement
-/// when it does not fit.
-pub(super) fn int8(value: u64) -> Result<i64, StoreError> {
-    i64::try_from(value).map_err(|_| {
-        StoreError::new(
-            StoreErrorKind::Rejected,
-            format!("{value} does not fit PostgreSQL's bigint; nothing was written"),
-        )
-    })
-}
 
 /// A claim as the parameters of the claim and take-over statements: its
 /// numbers as PostgreSQL's integers, refused before any statement when one

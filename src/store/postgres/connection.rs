@@ -73,45 +73,13 @@ impl super::PostgresStore {
     /// `503` after the pool's wait (5 s). Warns when it cannot, saying what
     /// to set; the shortfall is returned.
     pub(crate) fn warn_if_pool_short(&self, at_once: usize) -> Option<usize> {
-        let max_size = self.inner.pool.status().max_size;
-        let short = shortfall(max_size, at_once)?;
-        let needed = max_size + short;
-        tracing::warn!(
-            pool_max_size = max_size,
-            needed,
-            transactions_at_once = at_once,
-            "the PostgreSQL pool is smaller than the transactions the in-transaction form may hold \
-             open at once (concurrent invocations, AWS_LAMBDA_MAX_CONCURRENCY under Lambda Managed \
-             Instances, times the transactions each runs): handlers will wait for a connection, \
-             one after another, and answer 503 once the pool's wait runs out; make the pool's \
-             max_size at least {needed}"
-        );
-        Some(short)
+        crate::store::pg::warn_if_pool_short(self.inner.pool.status().max_size, at_once)
     }
-}
-
-/// How many connections a pool of `max_size` lacks for `at_once`
-/// transactions; `None` when it has enough.
-fn shortfall(max_size: usize, at_once: usize) -> Option<usize> {
-    at_once
-        .max(1)
-        .checked_sub(max_size)
-        .filter(|short| *short > 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_pool_is_short_when_more_transactions_may_be_open_at_once() {
-        assert_eq!(shortfall(2, 1), None);
-        assert_eq!(shortfall(2, 8), Some(6));
-        assert_eq!(shortfall(8, 8), None);
-        assert_eq!(shortfall(8, 64), Some(56));
-        assert_eq!(shortfall(1, 0), None, "one at least");
-        assert_eq!(shortfall(1, usize::MAX), Some(usize::MAX - 1));
-    }
 
     #[test]
     fn a_url_that_cannot_connect_is_refused_at_construction() {

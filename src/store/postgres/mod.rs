@@ -14,7 +14,7 @@
 //! # The table
 //!
 //! ```sql
-#![doc = include_str!("table.sql")]
+#![doc = include_str!("../pg/table.sql")]
 //! ```
 //!
 //! [`PostgresStore::create_table`] runs it (`IF NOT EXISTS`). Nothing in
@@ -30,15 +30,13 @@
 mod codec;
 mod connection;
 mod errors;
-mod refusal;
-mod statements;
 mod table;
 mod tls;
 mod transaction;
 mod write;
 
 pub use super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
-pub use refusal::{Refusal, RefusalRules};
+pub use super::pg::refusal::{Refusal, RefusalRules, RefusalSource};
 pub use tls::{tls_connector, TlsConnector};
 pub use transaction::PgTransaction;
 pub use write::{PgValue, PgWrite};
@@ -50,12 +48,11 @@ use super::{
     Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
 };
 use crate::{StoreError, StoreErrorKind};
-use codec::{decode, decode_optional, int8, ClaimValues};
+use super::pg::{int8, statements::Statements, table::table_name_error};
+use codec::{decode, decode_optional, ClaimValues};
 use connection::{config, pool};
 use deadpool_postgres::{Object, Pool};
-use statements::Statements;
 use std::sync::Arc;
-use table::table_name_error;
 use tokio_postgres::types::{ToSql, Type};
 
 /// Records in a PostgreSQL table. Cheap to clone.

@@ -4,12 +4,13 @@
 //! ([`Engine::run_in_transaction`](crate::Engine::run_in_transaction)).
 
 use super::{
-    codec::{decode, decode_optional, int8, ClaimValues},
+    codec::{decode, decode_optional, ClaimValues},
     errors, PgValue, PgWrite, PostgresStore,
 };
 use crate::{
     store::{
-        transaction::{self, bounded_ms, TransactionFuture},
+        pg::{self, int8},
+        transaction::{self, TransactionFuture},
         Claim, Completion, Conditional, OpenTransaction, OwnerToken, Record, RecordId, Takeover,
         Transaction, TransactionLimits, TransactionalStore, Transactions,
     },
@@ -28,10 +29,6 @@ use std::{
 };
 use tokio_postgres::types::{ToSql, Type};
 use tracing::warn;
-
-/// The savepoint after the claim: [`PgTransaction::roll_back_writes`]
-/// returns to it.
-const HANDLER_SAVEPOINT: &str = "lambda_idempotency_handler";
 
 /// The open transaction an in-transaction handler runs its SQL in: a
 /// [`tokio_postgres::Client`] (it dereferences to one) on which `BEGIN`
@@ -121,7 +118,7 @@ impl PgTransaction {
     /// returning the refusal, then return the refusal as the handler's
     /// value (an `Ok`). It can be called more than once.
     pub async fn roll_back_writes(&self) -> Result<(), StoreError> {
-        self.batch_execute(&format!("ROLLBACK TO SAVEPOINT {HANDLER_SAVEPOINT}"))
+        self.batch_execute(&pg::roll_back_writes_statement())
             .await
             .map_err(|e| errors::from_pg("ROLLBACK TO SAVEPOINT", e))
     }
@@ -154,18 +151,7 @@ impl PostgresStore {
     /// Takes a connection and begins a transaction bounded by `limits`.
     async fn begin(&self, limits: &TransactionLimits) -> Result<PgTransaction, StoreError> {
         let object = self.client().await?;
-        let time_limit_ms = bounded_ms(limits.time_limit_value());
-        // Numbers, formatted into the SQL: SET takes no parameters. All of
-        // it LOCAL, so nothing outlives the transaction (PgBouncer in
-        // transaction mode hands the server connection on at COMMIT).
-        let begin = format!(
-            "BEGIN; SET LOCAL lock_timeout = {claim_wait}; \
-             SET LOCAL statement_timeout = {statement}; \
-             SET LOCAL idle_in_transaction_session_timeout = {idle}",
-            claim_wait = bounded_ms(limits.claim_wait_value()),
-            statement = time_limit_ms,
-            idle = time_limit_ms + 1_000,
-        );
+        let begin = pg::begin_bounded(limits);
         let transaction = PgTransaction {
             held: Arc::new(Held {
                 object: Some(object),
@@ -242,9 +228,7 @@ impl Open {
         // The claim waited as long as a duplicate may; the operation's own
         // locks wait as the server's setting says (within the time limit).
         self.transaction
-            .batch_execute(&format!(
-                "SET LOCAL lock_timeout TO DEFAULT; SAVEPOINT {HANDLER_SAVEPOINT}"
-            ))
+            .batch_execute(&pg::hold_statement())
             .await
             .map_err(|e| errors::from_pg("SAVEPOINT", e))
     }
@@ -271,7 +255,7 @@ impl Open {
         match answer {
             // A statement of the operation failed and nothing rolled it
             // back: the transaction accepts no other statement.
-            Err(error) if error.code().map(|c| c.code()) == Some("25P02") => Err(StoreError::new(
+            Err(error) if error.code().map(|c| c.code()) == Some(pg::FAILED_TRANSACTION) => Err(StoreError::new(
                 StoreErrorKind::WriteRejected,
                 "a statement of the operation failed and the operation returned a value anyway; \
                      nothing was committed (after a refusal, call PgTransaction::roll_back_writes \

@@ -1,5 +1,7 @@
 //! Business-rule refusals: the SQLSTATEs and constraints an application
-//! expects its own SQL to fail with, told apart from the unexpected.
+//! expects its own SQL to fail with, told apart from the unexpected. One
+//! set of rules for both PostgreSQL stores: each driver's error says its
+//! SQLSTATE, constraint and message through [`RefusalSource`].
 
 use std::fmt;
 
@@ -67,17 +69,16 @@ impl RefusalRules {
     }
 
     /// The refusal `error` is, if these rules name it; `None` for anything
-    /// else (a fault).
-    pub fn refusal(&self, error: &tokio_postgres::Error) -> Option<Refusal> {
-        let db = error.as_db_error()?;
-        let sqlstate = db.code().code();
-        let constraint = db.constraint();
+    /// else (a fault). `error` is a `tokio_postgres::Error` (feature
+    /// `postgres`) or a `sqlx::Error` (feature `sqlx-postgres`).
+    pub fn refusal<E: RefusalSource + ?Sized>(&self, error: &E) -> Option<Refusal> {
+        let (sqlstate, constraint, message) = error.server_error()?;
         let named = self.sqlstates.iter().any(|code| code == sqlstate)
             || constraint.is_some_and(|name| self.constraints.iter().any(|c| c == name));
         named.then(|| Refusal {
             sqlstate: sqlstate.to_owned(),
             constraint: constraint.map(str::to_owned),
-            message: db.message().to_owned(),
+            message: message.to_owned(),
         })
     }
 }
@@ -101,5 +102,42 @@ impl fmt::Display for Refusal {
             Some(constraint) => write!(f, "{} ({constraint}): {}", self.sqlstate, self.message),
             None => write!(f, "{}: {}", self.sqlstate, self.message),
         }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A PostgreSQL driver's error, as [`RefusalRules::refusal`] reads it:
+/// implemented for `tokio_postgres::Error` (feature `postgres`) and
+/// `sqlx::Error` (feature `sqlx-postgres`). Sealed.
+pub trait RefusalSource: sealed::Sealed {
+    /// The server's SQLSTATE, the constraint it names, and its message;
+    /// `None` when the server did not refuse (the connection failed).
+    fn server_error(&self) -> Option<(&str, Option<&str>, &str)>;
+}
+
+#[cfg(feature = "postgres")]
+impl sealed::Sealed for tokio_postgres::Error {}
+
+#[cfg(feature = "postgres")]
+impl RefusalSource for tokio_postgres::Error {
+    fn server_error(&self) -> Option<(&str, Option<&str>, &str)> {
+        let db = self.as_db_error()?;
+        Some((db.code().code(), db.constraint(), db.message()))
+    }
+}
+
+#[cfg(feature = "sqlx-postgres")]
+impl sealed::Sealed for sqlx::Error {}
+
+#[cfg(feature = "sqlx-postgres")]
+impl RefusalSource for sqlx::Error {
+    fn server_error(&self) -> Option<(&str, Option<&str>, &str)> {
+        let db = self
+            .as_database_error()?
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
+        Some((db.code(), db.constraint(), db.message()))
     }
 }

@@ -1,33 +1,33 @@
 //! Every SQL statement the store sends, built once per table name.
 
 /// The record's columns, in the order every query returns them.
-pub(super) const COLUMNS: &str =
+pub(crate) const COLUMNS: &str =
     "id, status, owner, fingerprint, expiration_s, lease_until_ms, response, \
      created_at_ms, completed_at_ms, attempt, first_started_ms";
 
 /// Every statement, with the table name in it, built once.
-pub(super) struct Statements {
-    pub(super) claim: String,
-    pub(super) take_over: String,
-    pub(super) extend: String,
-    pub(super) complete: String,
-    pub(super) fenced_complete: String,
-    pub(super) release: String,
-    pub(super) commit: String,
-    pub(super) remove_any: String,
-    pub(super) remove_unless_in_progress: String,
-    pub(super) get: String,
-    pub(super) list_in_progress: String,
-    pub(super) purge: String,
+pub(crate) struct Statements {
+    pub(crate) claim: String,
+    pub(crate) take_over: String,
+    pub(crate) extend: String,
+    pub(crate) complete: String,
+    pub(crate) fenced_complete: String,
+    pub(crate) release: String,
+    pub(crate) commit: String,
+    pub(crate) remove_any: String,
+    pub(crate) remove_unless_in_progress: String,
+    pub(crate) get: String,
+    pub(crate) list_in_progress: String,
+    pub(crate) purge: String,
 }
 
 /// The name of the answered write's common table expression: it hides a
 /// table of the same name inside the statement, so no table may have it.
-pub(super) const WRITE_CTE: &str = "lambda_idempotency_write";
+pub(crate) const WRITE_CTE: &str = "lambda_idempotency_write";
 
 /// Wraps a conditional write so that one round trip answers it: whether it
 /// applied, and else the record as the statement found it.
-pub(super) fn answered(write: &str, table: &str) -> String {
+pub(crate) fn answered(write: &str, table: &str) -> String {
     format!(
         "WITH {WRITE_CTE} AS ({write} RETURNING 1) \
          SELECT EXISTS (SELECT 1 FROM {WRITE_CTE}) AS applied, {r} \
@@ -41,7 +41,7 @@ pub(super) fn answered(write: &str, table: &str) -> String {
 }
 
 impl Statements {
-    pub(super) fn new(t: &str) -> Self {
+    pub(crate) fn new(t: &str) -> Self {
         let fence = "id = $1 AND status = 'IN_PROGRESS' AND owner = $2";
         let claim_values = "($1, 'IN_PROGRESS', $2, $3, $4, $5, NULL, $6, NULL, $7, $8)";
         let replace = "status = excluded.status, owner = excluded.owner, \
