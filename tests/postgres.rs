@@ -9,6 +9,11 @@
 mod replays;
 mod support;
 
+/// The sqlx store: its tests live beside this binary's (one binary for
+/// both PostgreSQL stores: CI's disk).
+#[path = "postgres/sqlx.rs"]
+mod sqlx_store;
+
 use lambda_idempotency::{
     store::{
         postgres::{PgWrite, PostgresStore},
@@ -334,7 +339,7 @@ async fn a_schema_qualified_table_is_created_and_used() {
 /// with the same kind of error, and nothing runs.
 #[tokio::test]
 async fn a_table_of_another_shape_is_refused_at_start_up_and_left_alone() {
-    let ddl = include_str!("../src/store/postgres/table.sql");
+    let ddl = include_str!("../src/store/pg/table.sql");
     let record_columns = &ddl[ddl.find('(').expect("(") + 1..ddl.find(");").expect(");")];
     let cases = [
         (

@@ -1,0 +1,700 @@
+//! The sqlx store (feature `sqlx-postgres`) against the same server, in
+//! this binary: the conformance kit (directly, with prepared statements,
+//! and through PgBouncer in transaction mode), transactional writes, the
+//! handler inside the transaction, and records shared with the
+//! tokio-postgres store on one table.
+
+use super::*;
+use lambda_idempotency::{
+    store::sqlx::postgres::{
+        sqlx::{self, postgres::PgPoolOptions, PgPool},
+        RefusalRules, SqlxPgTransaction, SqlxPgWrite, SqlxPostgresStore, TransactionLimits,
+    },
+    Outcome,
+};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn pool(url: &str, size: u32) -> PgPool {
+    let mut options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
+    if url == pgbouncer_url() {
+        // PgBouncer refuses a startup parameter it does not know, and sqlx
+        // sends `extra_float_digits` (the store's docs say so; a
+        // PgBouncer with `ignore_startup_parameters = extra_float_digits`
+        // takes it).
+        options = options.extra_float_digits(None);
+    }
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options)
+}
+
+/// A sqlx store over a fresh table of its own.
+async fn store_on(url: &str, size: u32) -> SqlxPostgresStore {
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let table = format!("sqlx_{}_{n}", std::process::id());
+    let store = SqlxPostgresStore::new(pool(url, size), table).expect("store");
+    store.create_table().await.expect("create table");
+    store
+}
+
+async fn store() -> SqlxPostgresStore {
+    store_on(&url(), 8).await
+}
+
+/// A store whose every call fails fast as unavailable (a closed port).
+async fn unavailable() -> SqlxPostgresStore {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .expect("pool");
+    SqlxPostgresStore::new(pool, "idempotency").expect("store")
+}
+
+lambda_idempotency::store_conformance! {
+    store: store(),
+    unavailable: unavailable(),
+    single_write,
+}
+
+/// The kit with the store's statements prepared and cached per
+/// connection (for direct connections).
+mod prepared {
+    use super::*;
+
+    async fn store() -> SqlxPostgresStore {
+        super::store().await.prepared_statements(true)
+    }
+
+    lambda_idempotency::store_conformance! {
+        store: store(),
+        unavailable: super::unavailable(),
+        single_write,
+    }
+}
+
+/// The kit through PgBouncer in transaction mode: a statement sqlx parses
+/// and binds in two exchanges must not lose its server connection between
+/// them.
+mod through_pgbouncer {
+    use super::*;
+
+    lambda_idempotency::store_conformance! {
+        store: store_on(&pgbouncer_url(), 8),
+        unavailable: super::unavailable(),
+        single_write,
+    }
+}
+
+#[tokio::test]
+async fn a_table_name_that_is_not_an_identifier_is_refused() {
+    let error =
+        SqlxPostgresStore::new(pool(&url(), 1), "t; DROP TABLE x").expect_err("refused");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
+}
+
+#[tokio::test]
+async fn deferred_writes_commit_with_the_record_or_not_at_all() {
+    let store = store().await;
+    let charges = format!("{}_charges", store.table());
+    tokio_postgres_client()
+        .await
+        .batch_execute(&format!(
+            "CREATE TABLE {charges} (id text PRIMARY KEY, amount bigint NOT NULL)"
+        ))
+        .await
+        .expect("charges");
+    let engine = Engine::builder(store.clone()).build();
+    let insert = |id: &str| {
+        SqlxPgWrite::new(format!("INSERT INTO {charges} (id, amount) VALUES ($1, $2)"))
+            .bind(id.to_owned())
+            .bind(1250_i64)
+    };
+    let attempt = Attempt::new("t", "k", payload(1250));
+    let first = engine
+        .execute_transactional(&attempt, || async {
+            Ok::<_, Declined>((charge("ch_1"), vec![insert("ch_1")]))
+        })
+        .await
+        .expect("committed");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    let replay = engine
+        .execute_transactional(&attempt, || async {
+            Ok::<_, Declined>((charge("ch_2"), vec![insert("ch_2")]))
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(count(&charges).await, 1, "one charge row");
+
+    // A write that fails (a duplicate id) rolls everything back, records
+    // the refusal, and releases the claim.
+    let other = Attempt::new("t", "k2", payload(1250));
+    let failed = engine
+        .execute_transactional(&other, || async {
+            Ok::<_, Declined>((charge("ch_1"), vec![insert("ch_3"), insert("ch_1")]))
+        })
+        .await;
+    match failed {
+        Err(Error::Store(error)) => {
+            assert_eq!(error.kind(), StoreErrorKind::WriteRejected, "{error}");
+            let refusal = error.write_refusal().expect("a refusal");
+            assert_eq!(refusal.index, 1);
+            assert_eq!(refusal.code, "23505");
+        }
+        other => panic!("expected a rejected write, got {other:?}"),
+    }
+    assert_eq!(count(&charges).await, 1, "ch_3 rolled back with the rest");
+    assert!(engine.inspect("t", "k2").await.expect("read").is_none());
+}
+
+fn charge(id: &str) -> Charge {
+    Charge {
+        id: id.into(),
+        amount: 1250,
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_an_error_never_a_replay() {
+    let store = store().await;
+    let engine = Engine::builder(store.clone()).build();
+    let attempt = Attempt::new("t", "k", payload(1));
+    engine
+        .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+        .await
+        .expect("first");
+    tokio_postgres_client()
+        .await
+        .batch_execute(&format!(
+            "UPDATE {} SET response = NULL, lease_until_ms = -5",
+            store.table()
+        ))
+        .await
+        .expect("a row with its response gone");
+    let result = engine
+        .execute(&attempt, || async { Ok::<_, Declined>(2u8) })
+        .await;
+    assert_eq!(result.map_err(|e| e.kind()), Err(ErrorKind::CorruptRecord));
+}
+
+#[tokio::test]
+async fn expired_rows_are_purged_in_batches() {
+    let store = store().await;
+    let engine = Engine::builder(store.clone()).build();
+    for n in 0..5 {
+        let key = format!("k{n}");
+        let attempt = Attempt::new("t", &key, payload(1));
+        engine
+            .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+            .await
+            .expect("run");
+    }
+    let far = u64::MAX / 4_000;
+    assert_eq!(store.purge_expired(0, 2).await.expect("none yet"), 0);
+    assert_eq!(store.purge_expired(far, 2).await.expect("purged"), 5);
+    assert_eq!(count(store.table()).await, 0);
+}
+
+/// Both stores on one table: what either completes, the other replays (or
+/// refuses as a reused key), in both directions and both forms.
+#[tokio::test]
+async fn both_drivers_share_one_table() {
+    let sqlx_store = store().await;
+    let pg_store = PostgresStore::connect(&url(), sqlx_store.table(), 2).expect("pool");
+    let on_sqlx = Engine::builder(sqlx_store.clone()).build();
+    let on_pg = Engine::builder(pg_store).build();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let run = |n: u8| {
+        let ran = ran.clone();
+        move || async move {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Declined>(n)
+        }
+    };
+    let a = Attempt::new("t", "by-sqlx", payload(1));
+    let first = on_sqlx.execute(&a, run(1)).await.expect("ran");
+    let replay = on_pg.execute(&a, run(2)).await.expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value(), first.value());
+    let b = Attempt::new("t", "by-tokio-postgres", payload(1));
+    let first = on_pg.execute(&b, run(3)).await.expect("ran");
+    let replay = on_sqlx.execute(&b, run(4)).await.expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(*replay.value(), *first.value());
+    let reused = on_sqlx
+        .execute(&Attempt::new("t", "by-tokio-postgres", payload(2)), run(5))
+        .await;
+    assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+    // The in-transaction form's records too.
+    let c = Attempt::new("t", "in-transaction", payload(1));
+    on_sqlx
+        .run_in_transaction(&c, TransactionLimits::new(), |_| async {
+            Ok::<_, BoxError>(json!({ "paid": true }))
+        })
+        .await
+        .expect("ran");
+    let replay = on_pg
+        .execute(&c, || async { Ok::<_, Declined>(json!({ "paid": false })) })
+        .await
+        .expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value()["paid"], true);
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+}
+
+mod in_transaction {
+    use super::*;
+
+    /// A store, an engine, and an account with a balance of 100 that may
+    /// never go below 0.
+    struct Bank {
+        engine: Engine<SqlxPostgresStore>,
+        /// Another engine on the same store, as in another execution
+        /// environment: its duplicates meet the first's on the server (an
+        /// engine answers its own duplicates in memory).
+        elsewhere: Engine<SqlxPostgresStore>,
+        pool: PgPool,
+        accounts: String,
+        runs: Arc<AtomicUsize>,
+    }
+
+    async fn bank(url: &str, size: u32) -> Arc<Bank> {
+        let store = store_on(url, size).await;
+        let accounts = format!("{}_accounts", store.table());
+        tokio_postgres_client()
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {accounts} (id text PRIMARY KEY, balance bigint NOT NULL \
+                 CONSTRAINT {accounts}_not_negative CHECK (balance >= 0)); \
+                 INSERT INTO {accounts} VALUES ('acct', 100)"
+            ))
+            .await
+            .expect("accounts");
+        Arc::new(Bank {
+            pool: store.pool().clone(),
+            elsewhere: Engine::builder(store.clone()).build(),
+            engine: Engine::builder(store).build(),
+            accounts,
+            runs: Arc::default(),
+        })
+    }
+
+    fn limits() -> TransactionLimits {
+        TransactionLimits::new()
+    }
+
+    impl Bank {
+        async fn balance(&self) -> i64 {
+            tokio_postgres_client()
+                .await
+                .query_one(
+                    &format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts),
+                    &[],
+                )
+                .await
+                .expect("balance")
+                .get(0)
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+
+        /// Pays `amount` with sqlx queries: reads the balance under a row
+        /// lock, waits `pause`, refuses (a stored 409) when it is too low,
+        /// else debits.
+        async fn pay(
+            &self,
+            key: &str,
+            amount: i64,
+            limits: TransactionLimits,
+            pause: Duration,
+        ) -> Result<Outcome<Value>, Error<BoxError>> {
+            self.pay_through(&self.engine, key, amount, limits, pause)
+                .await
+        }
+
+        async fn pay_through(
+            &self,
+            engine: &Engine<SqlxPostgresStore>,
+            key: &str,
+            amount: i64,
+            limits: TransactionLimits,
+            pause: Duration,
+        ) -> Result<Outcome<Value>, Error<BoxError>> {
+            let (accounts, runs) = (self.accounts.clone(), self.runs.clone());
+            let attempt = Attempt::new("t", key, payload(amount as u64));
+            engine
+                .run_in_transaction(&attempt, limits, |tx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    // Unnamed statements: PgBouncer before 1.21 keeps no
+                    // named one from one transaction to the next.
+                    let balance: i64 = sqlx::query_scalar(&format!(
+                        "SELECT balance FROM {accounts} WHERE id = $1 FOR UPDATE"
+                    ))
+                    .bind("acct")
+                    .persistent(false)
+                    .fetch_one(&mut *tx.lock().await)
+                    .await?;
+                    tokio::time::sleep(pause).await;
+                    if balance < amount {
+                        return Ok(json!({ "status": 409, "refused": "insufficient funds" }));
+                    }
+                    debit(&mut *tx.lock().await, &accounts, amount).await?;
+                    Ok::<_, BoxError>(json!({ "status": 201, "balance": balance - amount }))
+                })
+                .await
+        }
+
+        /// Debits 10 first, then runs `then` (which fails, hangs or
+        /// panics).
+        async fn debit_then<F, Fut>(
+            &self,
+            key: &str,
+            limits: TransactionLimits,
+            then: F,
+        ) -> Result<Outcome<Value>, Error<BoxError>>
+        where
+            F: FnOnce(SqlxPgTransaction) -> Fut,
+            Fut: std::future::Future<Output = Result<Value, BoxError>>,
+        {
+            let (accounts, runs) = (self.accounts.clone(), self.runs.clone());
+            let attempt = Attempt::new("t", key, payload(10));
+            self.engine
+                .run_in_transaction(&attempt, limits, |tx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    debit(&mut *tx.lock().await, &accounts, 10).await?;
+                    then(tx).await
+                })
+                .await
+        }
+    }
+
+    /// A function of the application's own, taking `&mut PgConnection`.
+    async fn debit(
+        connection: &mut sqlx::PgConnection,
+        accounts: &str,
+        amount: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&format!(
+            "UPDATE {accounts} SET balance = balance - $1 WHERE id = 'acct'"
+        ))
+        .bind(amount)
+        .persistent(false)
+        .execute(connection)
+        .await?;
+        Ok(())
+    }
+
+    async fn a_balance_check_commits_with_its_record_and_is_replayed(url: &str) {
+        let bank = bank(url, 2).await;
+        let first = bank
+            .pay("k", 30, limits(), Duration::ZERO)
+            .await
+            .expect("paid");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        assert_eq!(first.value()["balance"], 70);
+        assert_eq!(bank.balance().await, 70);
+        let replay = bank
+            .pay("k", 30, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), first.value());
+        assert_eq!(bank.runs(), 1, "a replay runs nothing");
+        let reused = bank.pay("k", 31, limits(), Duration::ZERO).await;
+        assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+        // The balance check refuses, and its answer is stored.
+        let refused = bank
+            .pay("big", 500, limits(), Duration::ZERO)
+            .await
+            .expect("answered");
+        assert_eq!(refused.value()["status"], 409);
+        let replay = bank
+            .pay("big", 500, limits(), Duration::ZERO)
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(bank.balance().await, 70);
+        assert_eq!(bank.runs(), 2);
+    }
+
+    async fn concurrent_duplicates_run_once(url: &str) {
+        let bank = bank(url, 8).await;
+        // Half through each engine: the server's row lock decides between
+        // the two environments.
+        let burst: Vec<_> = (0..40)
+            .map(|n| {
+                let bank = bank.clone();
+                tokio::spawn(async move {
+                    let engine = if n % 2 == 0 { &bank.engine } else { &bank.elsewhere };
+                    bank.pay_through(engine, "burst", 10, limits(), Duration::from_millis(50))
+                        .await
+                })
+            })
+            .collect();
+        let mut fresh = 0;
+        for result in futures::future::join_all(burst).await {
+            match result.expect("joined") {
+                Ok(outcome) if outcome.kind() == OutcomeKind::Fresh => fresh += 1,
+                Ok(_) | Err(Error::InProgress { .. }) => {}
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(fresh, 1);
+        assert_eq!(bank.runs(), 1);
+        assert_eq!(bank.balance().await, 90);
+
+        // A duplicate of a running payment, from elsewhere, is answered
+        // within the claim wait (the server's lock_timeout), not when the
+        // payment ends.
+        let first = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.pay("slow", 10, limits(), Duration::from_millis(1500))
+                    .await
+            }
+        });
+        while bank.runs() == 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        let duplicate = bank
+            .pay_through(
+                &bank.elsewhere,
+                "slow",
+                10,
+                limits().claim_wait(Duration::from_millis(100)),
+                Duration::ZERO,
+            )
+            .await;
+        let took = started.elapsed();
+        assert!(
+            matches!(duplicate, Err(Error::InProgress { .. })),
+            "{duplicate:?}"
+        );
+        assert!(took < Duration::from_millis(800), "answered after {took:?}");
+        first.await.expect("joined").expect("paid");
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn an_error_rolls_everything_back_and_frees_the_key(url: &str) {
+        let bank = bank(url, 1).await;
+        let failed = bank
+            .debit_then("k", limits(), |_| async {
+                Err::<Value, BoxError>("declined".into())
+            })
+            .await;
+        assert!(matches!(failed, Err(Error::Operation(_))), "{failed:?}");
+        assert_eq!(bank.balance().await, 100, "the debit was rolled back");
+        assert!(bank.engine.inspect("t", "k").await.expect("read").is_none());
+        let retry = bank
+            .pay("k", 10, limits(), Duration::ZERO)
+            .await
+            .expect("ran");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(bank.balance().await, 90);
+    }
+
+    async fn a_dropped_future_or_a_panic_rolls_back_and_leaves_the_pool_clean(url: &str) {
+        // One connection: a transaction left open on it would be the next
+        // request's.
+        let bank = bank(url, 1).await;
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(300),
+            bank.debit_then("k", limits(), |_| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(json!({}))
+            }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the caller gave up");
+        // Nothing of the dropped run is visible, and the pool's next
+        // connection is not inside its transaction.
+        // One simple query: outside a transaction, it starts its own, so
+        // the transaction's start is the statement's.
+        let row = sqlx::raw_sql("SELECT now() <> statement_timestamp()")
+            .fetch_one(&bank.pool)
+            .await
+            .expect("a query on the pool");
+        let in_transaction: bool = sqlx::Row::get(&row, 0);
+        assert!(!in_transaction, "the pool handed out a connection mid-transaction");
+        assert_eq!(bank.balance().await, 100, "the debit was rolled back");
+        assert!(bank.engine.inspect("t", "k").await.expect("read").is_none());
+        let retry_with_wait = || limits().claim_wait(Duration::from_secs(5));
+        let retry = bank
+            .pay("k", 10, retry_with_wait(), Duration::ZERO)
+            .await
+            .expect("the retry runs");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(bank.balance().await, 90);
+
+        let panicked = tokio::spawn({
+            let bank = bank.clone();
+            async move {
+                bank.debit_then("p", limits(), |_| async { panic!("the handler crashed") })
+                    .await
+            }
+        })
+        .await;
+        assert!(panicked.expect_err("panicked").is_panic());
+        assert_eq!(bank.balance().await, 90, "the panicked debit was rolled back");
+        let retry = bank
+            .pay("p", 10, retry_with_wait(), Duration::ZERO)
+            .await
+            .expect("the retry runs");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_long_handler_is_stopped_at_its_time_limit(url: &str) {
+        let bank = bank(url, 2).await;
+        let bounded = limits().time_limit(Duration::from_millis(500));
+        for hang in ["sql", "rust"] {
+            let started = Instant::now();
+            let result = bank
+                .debit_then(hang, bounded, move |tx| async move {
+                    if hang == "sql" {
+                        sqlx::raw_sql("SELECT pg_sleep(30)")
+                            .execute(&mut *tx.lock().await)
+                            .await?;
+                    } else {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                    Ok(json!({}))
+                })
+                .await;
+            let took = started.elapsed();
+            match result {
+                Err(Error::TimeLimitExceeded { limit }) => {
+                    assert_eq!(limit, Duration::from_millis(500))
+                }
+                other => panic!("{hang}: expected the time limit, got {other:?}"),
+            }
+            assert!(took < Duration::from_secs(2), "{hang}: stopped after {took:?}");
+            let retry = bank
+                .pay(
+                    hang,
+                    10,
+                    limits().claim_wait(Duration::from_secs(5)),
+                    Duration::ZERO,
+                )
+                .await
+                .expect("the retry runs");
+            assert_eq!(retry.kind(), OutcomeKind::Fresh, "{hang}");
+        }
+        assert_eq!(bank.balance().await, 80);
+    }
+
+    async fn a_refusal_by_constraint_is_stored_without_its_writes(url: &str) {
+        let bank = bank(url, 1).await;
+        let rules = RefusalRules::new().constraint(format!("{}_not_negative", bank.accounts));
+        let accounts = bank.accounts.clone();
+        let attempt = Attempt::new("t", "k", payload(500));
+        let refuse = |rules: RefusalRules, accounts: String| {
+            move |tx: SqlxPgTransaction| async move {
+                debit(&mut *tx.lock().await, &accounts, 1).await?;
+                let refused = debit(&mut *tx.lock().await, &accounts, 500).await;
+                match refused {
+                    Err(error) => match rules.refusal(&error) {
+                        Some(refusal) => {
+                            tx.roll_back_writes().await?;
+                            Ok(json!({ "status": 422, "constraint": refusal.constraint }))
+                        }
+                        None => Err(BoxError::from(error)),
+                    },
+                    Ok(()) => Ok(json!({ "status": 201 })),
+                }
+            }
+        };
+        let refused = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), refuse(rules.clone(), accounts.clone()))
+            .await
+            .expect("answered");
+        assert_eq!(refused.kind(), OutcomeKind::Fresh);
+        assert_eq!(refused.value()["status"], 422);
+        assert_eq!(bank.balance().await, 100, "no write of the refused request");
+        let replay = bank
+            .engine
+            .run_in_transaction(&attempt, limits(), refuse(rules, accounts.clone()))
+            .await
+            .expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(replay.value(), refused.value());
+
+        // A refusal not rolled back: nothing commits, and the key is free.
+        let other = Attempt::new("t", "unhandled", payload(500));
+        let result = bank
+            .engine
+            .run_in_transaction(&other, limits(), |tx| async move {
+                let _ = debit(&mut *tx.lock().await, &accounts, 500).await;
+                Ok::<_, BoxError>(json!({ "status": 201 }))
+            })
+            .await;
+        match result {
+            Err(Error::Store(error)) => {
+                assert_eq!(error.kind(), StoreErrorKind::WriteRejected, "{error}")
+            }
+            other => panic!("expected a rejected write, got {other:?}"),
+        }
+        assert!(bank
+            .engine
+            .inspect("t", "unhandled")
+            .await
+            .expect("read")
+            .is_none());
+        assert_eq!(bank.balance().await, 100);
+    }
+
+    /// The handler takes the transaction from the task
+    /// (`SqlxPgTransaction::current`), as an event consumer's does.
+    async fn the_current_transaction_is_the_handlers(url: &str) {
+        let bank = bank(url, 2).await;
+        let accounts = bank.accounts.clone();
+        let attempt = Attempt::new("t", "current", payload(10));
+        bank.engine
+            .run_in_transaction(&attempt, limits(), |_| async move {
+                let tx = SqlxPgTransaction::current().ok_or("no current transaction")?;
+                debit(&mut *tx.lock().await, &accounts, 10).await?;
+                Ok::<_, BoxError>(json!({ "status": 201 }))
+            })
+            .await
+            .expect("paid");
+        assert!(SqlxPgTransaction::current().is_none());
+        assert_eq!(bank.balance().await, 90);
+    }
+
+    macro_rules! on_both {
+        ($($scenario:ident),* $(,)?) => {
+            mod on_the_server {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::url()).await })*
+            }
+            mod through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
+            }
+        };
+    }
+
+    on_both!(
+        a_balance_check_commits_with_its_record_and_is_replayed,
+        concurrent_duplicates_run_once,
+        an_error_rolls_everything_back_and_frees_the_key,
+        a_dropped_future_or_a_panic_rolls_back_and_leaves_the_pool_clean,
+        a_long_handler_is_stopped_at_its_time_limit,
+        a_refusal_by_constraint_is_stored_without_its_writes,
+        the_current_transaction_is_the_handlers,
+    );
+}
