@@ -168,8 +168,8 @@
 //!   [`Engine::builder`]), [`Attempt`], [`Outcome`], [`Error`],
 //!   [`Fingerprint`], [`derive_key`], and the two stores an application
 //!   picks, [`DynamoDbStore`] and [`MemoryStore`] (the PostgreSQL, MySQL
-//!   and Redis stores are in `store::postgres`, `store::sqlx::mysql` and
-//!   `store::redis`, behind their features).
+//!   and Redis stores are in `store::postgres`, `store::sqlx::postgres`,
+//!   `store::sqlx::mysql` and `store::redis`, behind their features).
 //! - [`http`]: the tower layer for HTTP services: `lambda_http` (API
 //!   Gateway REST and HTTP APIs, ALB, Function URLs), axum and hyper, in
 //!   Lambda or on a server.
@@ -204,6 +204,7 @@
 //! | `axum` | no | In the HTTP layer, axum's route template (`MatchedPath`) in the scope and the path before `Router::nest` stripped it (`OriginalUri`) in the fingerprint, and axum bodies streamed on. Turn it on in an axum application. |
 //! | `consumers` | yes | [`consumers`]: `IdempotentEventLayer`, and `Batch` for SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ, SNS and EventBridge, on `lambda_runtime` and `aws_lambda_events`. |
 //! | `postgres` | no | `store::postgres::PostgresStore`, on tokio-postgres and deadpool-postgres: works through RDS Proxy and PgBouncer (transaction mode); the handler's SQL writes commit with the completion. |
+//! | `sqlx-postgres` | no | `store::sqlx::postgres::SqlxPostgresStore`, the same store on the application's own sqlx `PgPool` (the same table and statements). |
 //! | `sqlx-mysql` | no | `store::sqlx::mysql::SqlxMySqlStore`, over your own `sqlx::MySqlPool`: MySQL 8, Aurora MySQL and MariaDB, the handler inside the transaction too. No TLS here: your sqlx dependency picks it. |
 //! | `redis` | no | `store::redis::RedisStore` (Redis 7, Valkey), on the redis crate: one Lua script per step, fenced like the others; no transactional writes. |
 //! | `redis-tls` | no | `redis`, and TLS to Redis (`rediss://`: ElastiCache and MemoryDB with in-transit encryption) with rustls on aws-lc-rs. Without it, `redis` compiles no C code and refuses `rediss://` URLs with a [`Misconfigured`](StoreErrorKind::Misconfigured) error that names this feature. |

@@ -97,8 +97,7 @@ mod through_pgbouncer {
 
 #[tokio::test]
 async fn a_table_name_that_is_not_an_identifier_is_refused() {
-    let error =
-        SqlxPostgresStore::new(pool(&url(), 1), "t; DROP TABLE x").expect_err("refused");
+    let error = SqlxPostgresStore::new(pool(&url(), 1), "t; DROP TABLE x").expect_err("refused");
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
 }
 
@@ -115,9 +114,11 @@ async fn deferred_writes_commit_with_the_record_or_not_at_all() {
         .expect("charges");
     let engine = Engine::builder(store.clone()).build();
     let insert = |id: &str| {
-        SqlxPgWrite::new(format!("INSERT INTO {charges} (id, amount) VALUES ($1, $2)"))
-            .bind(id.to_owned())
-            .bind(1250_i64)
+        SqlxPgWrite::new(format!(
+            "INSERT INTO {charges} (id, amount) VALUES ($1, $2)"
+        ))
+        .bind(id.to_owned())
+        .bind(1250_i64)
     };
     let attempt = Attempt::new("t", "k", payload(1250));
     let first = engine
@@ -437,7 +438,11 @@ mod in_transaction {
             .map(|n| {
                 let bank = bank.clone();
                 tokio::spawn(async move {
-                    let engine = if n % 2 == 0 { &bank.engine } else { &bank.elsewhere };
+                    let engine = if n % 2 == 0 {
+                        &bank.engine
+                    } else {
+                        &bank.elsewhere
+                    };
                     bank.pay_through(engine, "burst", 10, limits(), Duration::from_millis(50))
                         .await
                 })
@@ -528,7 +533,10 @@ mod in_transaction {
             .await
             .expect("a query on the pool");
         let in_transaction: bool = sqlx::Row::get(&row, 0);
-        assert!(!in_transaction, "the pool handed out a connection mid-transaction");
+        assert!(
+            !in_transaction,
+            "the pool handed out a connection mid-transaction"
+        );
         assert_eq!(bank.balance().await, 100, "the debit was rolled back");
         assert!(bank.engine.inspect("t", "k").await.expect("read").is_none());
         let retry_with_wait = || limits().claim_wait(Duration::from_secs(5));
@@ -548,7 +556,11 @@ mod in_transaction {
         })
         .await;
         assert!(panicked.expect_err("panicked").is_panic());
-        assert_eq!(bank.balance().await, 90, "the panicked debit was rolled back");
+        assert_eq!(
+            bank.balance().await,
+            90,
+            "the panicked debit was rolled back"
+        );
         let retry = bank
             .pay("p", 10, retry_with_wait(), Duration::ZERO)
             .await
@@ -581,7 +593,10 @@ mod in_transaction {
                 }
                 other => panic!("{hang}: expected the time limit, got {other:?}"),
             }
-            assert!(took < Duration::from_secs(2), "{hang}: stopped after {took:?}");
+            assert!(
+                took < Duration::from_secs(2),
+                "{hang}: stopped after {took:?}"
+            );
             let retry = bank
                 .pay(
                     hang,

@@ -6,7 +6,10 @@
 //! other (or both serve one table) without a migration.
 
 // Each item is used by one store or both: with one feature, some are not.
-#![cfg_attr(not(all(feature = "postgres", feature = "sqlx-postgres")), allow(dead_code))]
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "sqlx-postgres")),
+    allow(dead_code)
+)]
 
 pub(crate) mod refusal;
 pub(crate) mod sqlstate;

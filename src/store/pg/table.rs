@@ -193,7 +193,10 @@ const COLUMN_TYPES: [(&str, &str); 11] = [
 
 /// How a table's columns (name, type, required without a default) and its
 /// `id` index differ from what the store reads and writes.
-pub(crate) fn table_differences(found: &[(String, String, bool)], id_is_unique: bool) -> Vec<String> {
+pub(crate) fn table_differences(
+    found: &[(String, String, bool)],
+    id_is_unique: bool,
+) -> Vec<String> {
     let mut differences = Vec::new();
     for (name, expected) in COLUMN_TYPES {
         match found.iter().find(|(column, _, _)| column == name) {
@@ -227,8 +230,7 @@ pub(crate) const COLUMNS_QUERY: &str =
 
 /// Whether `$1`'s `id` is unique on its own (the primary key, or a unique
 /// index without a predicate).
-pub(crate) const ID_IS_UNIQUE_QUERY: &str =
-    "SELECT EXISTS (SELECT 1 FROM pg_index i \
+pub(crate) const ID_IS_UNIQUE_QUERY: &str = "SELECT EXISTS (SELECT 1 FROM pg_index i \
        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
        WHERE i.indrelid = to_regclass($1) AND i.indisunique \
          AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'id')";

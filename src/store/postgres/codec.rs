@@ -2,8 +2,7 @@
 //! rows decoded without trusting what the table holds.
 
 use crate::{
-    store::{
-        pg::int8,Claim, OwnerToken, Record, RecordId, Status},
+    store::{pg::int8, Claim, OwnerToken, Record, RecordId, Status},
     Fingerprint, StoreError,
 };
 use tokio_postgres::{

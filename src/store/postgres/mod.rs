@@ -35,8 +35,8 @@ mod tls;
 mod transaction;
 mod write;
 
-pub use super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
 pub use super::pg::refusal::{Refusal, RefusalRules, RefusalSource};
+pub use super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
 pub use tls::{tls_connector, TlsConnector};
 pub use transaction::PgTransaction;
 pub use write::{PgValue, PgWrite};
@@ -44,11 +44,11 @@ pub use write::{PgValue, PgWrite};
 /// settings).
 pub use {deadpool_postgres, tokio_postgres};
 
+use super::pg::{int8, statements::Statements, table::table_name_error};
 use super::{
     Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
 };
 use crate::{StoreError, StoreErrorKind};
-use super::pg::{int8, statements::Statements, table::table_name_error};
 use codec::{decode, decode_optional, ClaimValues};
 use connection::{config, pool};
 use deadpool_postgres::{Object, Pool};

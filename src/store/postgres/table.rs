@@ -38,17 +38,11 @@ impl PostgresStore {
     async fn check_table(&self, client: &Object) -> Result<(), StoreError> {
         let table = &self.inner.table;
         let columns = client
-            .query_typed(
-                COLUMNS_QUERY,
-                &[(table, Type::TEXT)],
-            )
+            .query_typed(COLUMNS_QUERY, &[(table, Type::TEXT)])
             .await
             .map_err(|e| errors::from_pg("read the table's columns", e))?;
         let id_is_unique: bool = client
-            .query_typed(
-                ID_IS_UNIQUE_QUERY,
-                &[(table, Type::TEXT)],
-            )
+            .query_typed(ID_IS_UNIQUE_QUERY, &[(table, Type::TEXT)])
             .await
             .map_err(|e| errors::from_pg("read the table's indexes", e))?
             .first()

@@ -126,10 +126,22 @@ mod tests {
             (sqlx::Error::Io(io()), StoreErrorKind::Unavailable),
             (sqlx::Error::PoolTimedOut, StoreErrorKind::Unavailable),
             (sqlx::Error::PoolClosed, StoreErrorKind::Misconfigured),
-            (sqlx::Error::Tls("untrusted".into()), StoreErrorKind::Misconfigured),
-            (sqlx::Error::Encode("too long".into()), StoreErrorKind::Rejected),
-            (sqlx::Error::Decode("bad".into()), StoreErrorKind::CorruptRecord),
-            (sqlx::Error::Protocol("out of order".into()), StoreErrorKind::Other),
+            (
+                sqlx::Error::Tls("untrusted".into()),
+                StoreErrorKind::Misconfigured,
+            ),
+            (
+                sqlx::Error::Encode("too long".into()),
+                StoreErrorKind::Rejected,
+            ),
+            (
+                sqlx::Error::Decode("bad".into()),
+                StoreErrorKind::CorruptRecord,
+            ),
+            (
+                sqlx::Error::Protocol("out of order".into()),
+                StoreErrorKind::Other,
+            ),
         ] {
             let text = error.to_string();
             assert_eq!(from_sqlx("SELECT", error).kind(), kind, "{text}");

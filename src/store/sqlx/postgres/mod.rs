@@ -41,10 +41,10 @@ mod write;
 
 pub use super::super::pg::refusal::{Refusal, RefusalRules, RefusalSource};
 pub use super::super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
-pub use transaction::{SqlxPgConnection, SqlxPgTransaction};
-pub use write::SqlxPgWrite;
 /// The driver crate, for building a pool (`sqlx::postgres::PgPoolOptions`).
 pub use sqlx;
+pub use transaction::{SqlxPgConnection, SqlxPgTransaction};
+pub use write::SqlxPgWrite;
 
 use crate::{
     store::{
@@ -385,8 +385,12 @@ impl Store for SqlxPostgresStore {
     const SINGLE_WRITE: bool = true;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
-        self.answer(&self.inner.sql.claim, codec::claim(claim)?, "INSERT (claim)")
-            .await
+        self.answer(
+            &self.inner.sql.claim,
+            codec::claim(claim)?,
+            "INSERT (claim)",
+        )
+        .await
     }
 
     async fn take_over(
