@@ -713,3 +713,78 @@ mod in_transaction {
         the_current_transaction_is_the_handlers,
     );
 }
+
+/// The two PostgreSQL stores side by side (BENCHMARKS.md, "PostgreSQL:
+/// tokio-postgres and sqlx"): interleaved rounds of sequential new keys
+/// and replays on one server, each store on its own table and pool of 4,
+/// the order of the stores rotated each round. Not a test:
+/// `scripts/with-postgres cargo test --profile bench --test postgres
+/// stores_side_by_side -- --ignored --nocapture` (BENCH_ROUNDS, default 5;
+/// BENCH_N keys a round, default 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run it by name with --ignored"]
+async fn stores_side_by_side() {
+    let rounds: usize =
+        std::env::var("BENCH_ROUNDS").map_or(5, |v| v.parse().expect("BENCH_ROUNDS"));
+    let n: usize = std::env::var("BENCH_N").map_or(500, |v| v.parse().expect("BENCH_N"));
+    let tokio_pg = {
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let store =
+            PostgresStore::connect(&url(), format!("bench_pg_{}_{n}", std::process::id()), 4)
+                .expect("pool");
+        store.create_table().await.expect("table");
+        Engine::builder(store).build()
+    };
+    let sqlx_default = Engine::builder(store_on(&url(), 4).await).build();
+    let sqlx_prepared =
+        Engine::builder(store_on(&url(), 4).await.prepared_statements(true)).build();
+    async fn run<S: lambda_idempotency::store::Store>(
+        engine: &Engine<S>,
+        round: usize,
+        n: usize,
+    ) -> (f64, f64) {
+        let mut new = Vec::with_capacity(n);
+        let mut replay = Vec::with_capacity(n);
+        for (times, _) in [(&mut new, "new"), (&mut replay, "replay")] {
+            for i in 0..n {
+                let key = format!("r{round}-{i}");
+                let attempt = Attempt::new("t", &key, payload(1));
+                let started = Instant::now();
+                engine
+                    .execute(&attempt, || async { Ok::<_, Declined>(1u8) })
+                    .await
+                    .expect("ran");
+                times.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let median = |times: &mut Vec<f64>| {
+            times.sort_by(f64::total_cmp);
+            times[times.len() / 2]
+        };
+        (median(&mut new), median(&mut replay))
+    }
+    // Warm-up: connections opened, statements cached.
+    run(&tokio_pg, 1000, 50).await;
+    run(&sqlx_default, 1000, 50).await;
+    run(&sqlx_prepared, 1000, 50).await;
+    println!("round | tokio-postgres new / replay (ms) | sqlx new / replay | sqlx prepared new / replay | ratio sqlx / tokio-postgres new, replay | prepared / tokio-postgres new, replay");
+    for round in 0..rounds {
+        let mut results = [(0.0, 0.0); 3];
+        for turn in 0..3 {
+            let which = (round + turn) % 3;
+            results[which] = match which {
+                0 => run(&tokio_pg, round, n).await,
+                1 => run(&sqlx_default, round, n).await,
+                _ => run(&sqlx_prepared, round, n).await,
+            };
+        }
+        let [(pn, pr), (sn, sr), (qn, qr)] = results;
+        println!(
+            "{round} | {pn:.3} / {pr:.3} | {sn:.3} / {sr:.3} | {qn:.3} / {qr:.3} | {:.2}, {:.2} | {:.2}, {:.2}",
+            sn / pn,
+            sr / pr,
+            qn / pn,
+            qr / pr
+        );
+    }
+}
