@@ -62,7 +62,7 @@ pub(crate) fn is_write_refusal(code: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::kind_of_sqlstate;
+    use super::{is_write_refusal, kind_of_sqlstate};
     use crate::StoreErrorKind::*;
 
     #[test]
@@ -95,6 +95,16 @@ mod tests {
             ("25P02", Other),
         ] {
             assert_eq!(kind_of_sqlstate(code), kind, "{code}");
+        }
+    }
+
+    #[test]
+    fn the_operations_own_statements_are_refused_by_class() {
+        for code in ["23505", "23514", "42P01", "22003", "P0001"] {
+            assert!(is_write_refusal(code), "{code}");
+        }
+        for code in ["40001", "55P03", "08006", "57014", "XX000", "25P02"] {
+            assert!(!is_write_refusal(code), "{code}");
         }
     }
 
