@@ -681,7 +681,13 @@ mod in_transaction {
         bank.engine
             .run_in_transaction(&attempt, limits(), |_| async move {
                 let tx = SqlxPgTransaction::current().ok_or("no current transaction")?;
-                debit(&mut *tx.lock().await, &accounts, 10).await?;
+                let mut connection = tx.lock().await;
+                debit(&mut connection, &accounts, 10).await?;
+                // Rolling back while the connection is lent is an error at
+                // once, not a wait on itself until the time limit.
+                let lent = tx.roll_back_writes().await.expect_err("lent");
+                assert_eq!(lent.kind(), StoreErrorKind::Misconfigured, "{lent}");
+                drop(connection);
                 Ok::<_, BoxError>(json!({ "status": 201 }))
             })
             .await

@@ -136,7 +136,9 @@ impl SqlxPgTransaction {
     /// The transaction's connection, for the handler's queries:
     /// `sqlx::query(…).execute(&mut *tx.lock().await)`. Waits while another
     /// clone holds it; hold it no longer than the queries need (the
-    /// completion waits for it too).
+    /// completion waits for it too, and
+    /// [`roll_back_writes`](SqlxPgTransaction::roll_back_writes) refuses to
+    /// run while it is lent).
     pub async fn lock(&self) -> SqlxPgConnection<'_> {
         SqlxPgConnection {
             guard: self.held.connection.lock().await,
@@ -167,9 +169,29 @@ impl SqlxPgTransaction {
     /// refuses every other until this runs (`25P02`), so call it before
     /// returning the refusal, then return the refusal as the handler's
     /// value (an `Ok`). It can be called more than once.
+    ///
+    /// Drop the guard [`lock`](SqlxPgTransaction::lock) gave first: while
+    /// the connection is lent, this is an error
+    /// ([`Misconfigured`](StoreErrorKind::Misconfigured)) rather than a
+    /// wait that would last until the time limit (the guard's holder is
+    /// usually the caller itself).
     pub async fn roll_back_writes(&self) -> Result<(), StoreError> {
-        self.simple(&pg::roll_back_writes_statement(), "ROLLBACK TO SAVEPOINT")
-            .await
+        let Ok(guard) = self.held.connection.try_lock() else {
+            return Err(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                "SqlxPgTransaction::roll_back_writes was called while the transaction's \
+                 connection is lent (a guard from SqlxPgTransaction::lock is alive): drop it \
+                 first",
+            ));
+        };
+        let mut connection = SqlxPgConnection { guard };
+        Executor::execute(
+            &mut *connection,
+            sqlx::raw_sql(&pg::roll_back_writes_statement()),
+        )
+        .await
+        .map_err(|e| from_sqlx("ROLLBACK TO SAVEPOINT", e))?;
+        Ok(())
     }
 
     /// Runs statements without parameters (sqlx's simple query: one
