@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use lambda_idempotency::{store::sqlx::postgres::SqlxPostgresStore, Engine};
-//! use sqlx::postgres::PgPoolOptions;
+//! use lambda_idempotency::store::sqlx::postgres::sqlx::postgres::PgPoolOptions;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! // Once, in `main`: the application's pool, shared with its own queries.
