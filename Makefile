@@ -28,7 +28,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-powertools bench-cost validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -264,6 +264,13 @@ bench-single-write: $(VENV)/.installed
 bench-cost: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) build --profile bench --example bench_driver
 	BENCH_ONLY=cost scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
+
+## The two PostgreSQL stores, tokio-postgres and sqlx (by default and with
+## prepared statements), in interleaved rounds of new keys and replays on
+## one server (BENCH_ROUNDS, default 5; BENCH_N, default 500; see
+## BENCHMARKS.md).
+bench-postgres:
+	scripts/with-postgres $(CARGO) test --profile bench --test postgres stores_side_by_side -- --ignored --nocapture
 
 ## The Powertools compatibility mode's cost on a first request: the same new
 ## requests with the mode off and on, interleaved, against DynamoDB Local, in
