@@ -138,7 +138,10 @@ mod record;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres")))
+)]
 pub mod sqlx;
 pub mod transaction;
 
