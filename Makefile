@@ -17,6 +17,7 @@ CARGO_LAMBDA_VERSION := 1.9.2
 PYYAML_VERSION := 6.0.3
 SAM_CLI_VERSION := 1.170.0
 CARGO_FUZZ_VERSION := 0.13.2
+CARGO_MUTANTS_VERSION := 27.1.0
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := key_parse json_fingerprint record_decode stored_response http_event
 EVENT ?= events/http-api-create-charge.json
@@ -28,7 +29,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -161,6 +162,47 @@ fuzz: $(TOOLS)/cargo/bin/cargo-fuzz
 
 $(TOOLS)/cargo/bin/cargo-fuzz:
 	$(CARGO) install --locked --root $(TOOLS)/cargo cargo-fuzz@$(CARGO_FUZZ_VERSION)
+
+# What make mutants mutates: the engine's decisions, the stores' decision
+# code and the durable crate (see CONTRIBUTING.md, "Mutation testing").
+MUTANTS_SCOPE := $(addprefix src/engine/,fence.rs claim.rs run.rs completion.rs lease.rs \
+  conflicts.rs local_runs.rs in_transaction.rs replay.rs single_write.rs durable.rs) \
+  src/store/record.rs src/store/owner.rs src/store/memory/records.rs src/store/memory/mod.rs \
+  durable/src/lib.rs durable/src/output.rs
+MUTANTS_FILES ?= $(MUTANTS_SCOPE)
+MUTANTS_LIB_FILES := $(filter-out durable/%,$(MUTANTS_FILES))
+MUTANTS_DURABLE_FILES := $(filter durable/%,$(MUTANTS_FILES))
+# One build job: the mutants are built one after another anyway, and the
+# machine stays usable. (The simulator keeps make test's budget: its 12,000
+# histories take 3 s unoptimised.)
+MUTANTS_ENV := CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-1}
+MUTANTS_ARGS := --jobs 1 --no-shuffle $(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD)) $(MUTANTS_OPTIONS)
+
+## Mutation testing (cargo-mutants, one mutant at a time; about an hour on 2
+## cores; not part of make test): mutates the engine's decisions, the stores'
+## decision code and the durable crate, and runs on each mutant the library's
+## unit tests, the conformance kit on the memory store and the simulator,
+## or the durable crate's tests (not its DynamoDB ones).
+## MUTANTS_FILES="src/engine/fence.rs" runs one file (or several), MUTANTS_SHARD=0/4
+## a quarter; MUTANTS_OPTIONS passes more (--list, --iterate). Results in
+## target/mutants/{lib,durable}/mutants.out/. Every survivor is killed by a
+## test or named equivalent in RELIABILITY.md, "Mutation testing".
+mutants: $(TOOLS)/cargo/bin/cargo-mutants
+	@# The library's run, then the durable crate's, whatever the first found:
+	@# each has its output directory and its tests.
+	mkdir -p target/mutants/lib target/mutants/durable
+	status=0; \
+	$(if $(MUTANTS_LIB_FILES),$(MUTANTS_ENV) $(TOOLS)/cargo/bin/cargo-mutants mutants \
+	  --package lambda-idempotency $(addprefix --file ,$(MUTANTS_LIB_FILES)) \
+	  --cargo-arg=--lib --cargo-arg=--test=memory_store --cargo-arg=--test=simulator \
+	  --output target/mutants/lib $(MUTANTS_ARGS) || status=$$?;) \
+	$(if $(MUTANTS_DURABLE_FILES),$(MUTANTS_ENV) $(TOOLS)/cargo/bin/cargo-mutants mutants \
+	  --package lambda-idempotency-durable $(addprefix --file ,$(MUTANTS_DURABLE_FILES)) \
+	  --output target/mutants/durable $(MUTANTS_ARGS) -- -- --skip on_dynamodb || status=$$?;) \
+	exit $$status
+
+$(TOOLS)/cargo/bin/cargo-mutants:
+	$(CARGO) install --locked --root $(TOOLS)/cargo cargo-mutants@$(CARGO_MUTANTS_VERSION)
 
 ## Criterion micro benchmarks, then the side-by-side benchmark: this crate,
 ## raw DynamoDB calls (the floor), the handler alone, Powertools Python and
