@@ -1008,6 +1008,56 @@ async fn a_takeover_whose_answer_was_lost_is_told_it_took_over() {
     assert_eq!(record.attempt, 2);
 }
 
+/// The log lines written while `body` runs on this thread.
+async fn logged<F: Future>(body: F) -> (F::Output, String) {
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let output = {
+        let _guard = tracing::subscriber::set_default(subscriber);
+        body.await
+    };
+    let logs = String::from_utf8_lossy(&captured.0.lock().expect("log")).into_owned();
+    (output, logs)
+}
+
+/// A takeover is said in the log (`outcome="takeover"`, a warning: the
+/// attempt it took over may have acted), and a first claim is not.
+#[tokio::test(flavor = "current_thread")]
+async fn a_takeover_is_logged_and_a_first_claim_is_not() {
+    let (engine, store, clock) = unlucky();
+    let (_, first) = logged(abandon(&engine, &store, &clock, "k")).await;
+    assert!(!first.contains("takeover"), "a first claim: {first}");
+    let (outcome, logs) = logged(told(&engine, "k", false)).await;
+    assert_eq!(
+        *outcome.expect("ran").value(),
+        Some(2),
+        "told it is attempt 2, a takeover"
+    );
+    let line = logs
+        .lines()
+        .find(|line| line.contains(r#"outcome="takeover""#))
+        .unwrap_or_else(|| panic!("no takeover logged: {logs}"));
+    assert!(
+        line.contains("WARN") && line.contains("attempt=2"),
+        "{line}"
+    );
+}
+
 /// Simulator, engine bug 3 (seed 12): a claim answered after its lease has
 /// passed does not run its operation: the caller is told to retry
 /// (`LeaseLost`), and the claim is given back, so the retry runs at once.
