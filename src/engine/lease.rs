@@ -137,6 +137,212 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        store::{memory::MemoryWrite, Completion, OwnerToken, Record, RecordId, Removal, Status},
+        Attempt, Clock, Fingerprint, MemoryStore,
+    };
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    const EPOCH_MS: u64 = 1_700_000_000_000;
+
+    /// The engine's clock on tokio's, paused in these tests: it moves only
+    /// as the runtime's timers do.
+    #[derive(Debug)]
+    struct TokioClock(Instant);
+
+    impl Clock for TokioClock {
+        fn now_ms(&self) -> u64 {
+            EPOCH_MS + duration_ms(self.0.elapsed())
+        }
+    }
+
+    /// What the next extension meets.
+    #[derive(Debug, Clone, Copy)]
+    enum Next {
+        /// It fails (a timeout, say).
+        Fails,
+        /// It lands, and its answer arrives this much later.
+        AnsweredAfter(Duration),
+    }
+
+    /// The memory store, with every extension written down as asked (when,
+    /// by tokio's clock, and to what lease), and the next ones failing or
+    /// answered late as told.
+    #[derive(Clone, Default)]
+    struct Beats {
+        store: MemoryStore,
+        /// (ms since the claim, lease asked for until, ms since the claim).
+        asked: Arc<Mutex<Vec<(u64, u64)>>>,
+        next: Arc<Mutex<Vec<Next>>>,
+    }
+
+    impl Beats {
+        fn asked(&self) -> Vec<(u64, u64)> {
+            self.asked.lock().expect("beats").clone()
+        }
+    }
+
+    impl Store for Beats {
+        type Write = MemoryWrite;
+
+        async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
+            self.store.claim(claim).await
+        }
+
+        async fn take_over(
+            &self,
+            claim: &Claim,
+            lapsed: &OwnerToken,
+        ) -> Result<Conditional, StoreError> {
+            self.store.take_over(claim, lapsed).await
+        }
+
+        async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+            let at = extension.now_ms - EPOCH_MS;
+            let beats = {
+                let mut asked = self.asked.lock().expect("beats");
+                asked.push((at, extension.lease_until_ms - EPOCH_MS));
+                asked.len()
+            };
+            // A heartbeat that never rests would hang the test.
+            assert!(beats <= 50, "{beats} extensions: the heartbeat spins");
+            let next = {
+                let mut next = self.next.lock().expect("next");
+                (!next.is_empty()).then(|| next.remove(0))
+            };
+            match next {
+                Some(Next::Fails) => Err(StoreError::new(
+                    crate::StoreErrorKind::Unavailable,
+                    "timed out",
+                )),
+                Some(Next::AnsweredAfter(late)) => {
+                    let answer = self.store.extend(extension).await;
+                    tokio::time::sleep(late).await;
+                    answer
+                }
+                None => self.store.extend(extension).await,
+            }
+        }
+
+        async fn complete(
+            &self,
+            completion: Completion<MemoryWrite>,
+        ) -> Result<Conditional, StoreError> {
+            self.store.complete(completion).await
+        }
+
+        async fn release(
+            &self,
+            id: &RecordId,
+            owner: &OwnerToken,
+        ) -> Result<Conditional, StoreError> {
+            self.store.release(id, owner).await
+        }
+
+        async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+            self.store.remove(id, removal).await
+        }
+
+        async fn list_in_progress(
+            &self,
+            prefix: &str,
+            limit: usize,
+        ) -> Result<Vec<Record>, StoreError> {
+            self.store.list_in_progress(prefix, limit).await
+        }
+
+        async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+            self.store.get(id, now_ms).await
+        }
+    }
+
+    /// Runs an operation of `runs_for` under a claim with the heartbeat,
+    /// whose lease is the heartbeat's floor (10 s), on `store`; `during`
+    /// is called once the claim is made (to take the key over, say). The
+    /// extensions asked for.
+    async fn beats(
+        store: &Beats,
+        next: &[Next],
+        runs_for: Duration,
+        during: impl FnOnce(&Beats, &RecordId),
+    ) -> Vec<(u64, u64)> {
+        let engine = Engine::builder(store.clone())
+            .clock(TokioClock(Instant::now()))
+            .default_lease(HEARTBEAT_LEASE_FLOOR)
+            .heartbeat(true)
+            .build();
+        *store.next.lock().expect("next") = next.to_vec();
+        let id = engine.record_id("s", "k");
+        let attempt = Attempt::new("s", "k", Fingerprint::of_bytes(b"{}"));
+        let _ = engine
+            .execute(&attempt, || async {
+                let claimed = store.store.record(&id).expect("claimed");
+                assert_eq!(claimed.lease_until_ms, Some(EPOCH_MS + 10_000));
+                during(store, &id);
+                tokio::time::sleep(runs_for).await;
+                Ok::<_, std::convert::Infallible>(0u8)
+            })
+            .await;
+        store.asked()
+    }
+
+    /// The extensions asked for were at `when` (ms since the claim, within
+    /// the few ms that tokio's timer rounds a sleep up to), each for the
+    /// 10 s lease from then.
+    fn assert_beats(asked: &[(u64, u64)], when: &[u64]) {
+        let at: Vec<u64> = asked.iter().map(|&(at, _)| at).collect();
+        assert!(
+            at.len() == when.len() && at.iter().zip(when).all(|(&a, &w)| a.abs_diff(w) <= 5),
+            "extensions at {at:?} ms, not {when:?}"
+        );
+        for &(at, until) in asked {
+            assert_eq!(until, at + 10_000, "the lease asked for at {at} ms");
+        }
+    }
+
+    /// Every third of the lease (3.33 s of 10 s), each to 10 s from then.
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_extends_the_lease_every_third_of_it() {
+        let store = Beats::default();
+        let asked = beats(&store, &[], Duration::from_secs(12), |_, _| {}).await;
+        assert_beats(&asked, &[3_333, 6_667, 10_000]);
+    }
+
+    /// An extension that fails is tried again 100 ms later, not a third of
+    /// a lease later; the beats go on from the one that landed.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_extension_is_tried_again_soon() {
+        let store = Beats::default();
+        let asked = beats(&store, &[Next::Fails], Duration::from_secs(8), |_, _| {}).await;
+        assert_beats(&asked, &[3_333, 3_433, 6_767]);
+    }
+
+    /// An extension answered 2 s late brings the next forward: a third of
+    /// what is left of the lease when the answer came (8 s), not of 10 s.
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_answered_late_brings_the_next_one_forward() {
+        let store = Beats::default();
+        let late = Next::AnsweredAfter(Duration::from_secs(2));
+        let asked = beats(&store, &[late], Duration::from_secs(9), |_, _| {}).await;
+        // Answered at 5.333 s; the next at 5.333 + 8/3 s.
+        assert_beats(&asked, &[3_333, 8_000]);
+    }
+
+    /// A claim taken over is lost: the extension refused, the heartbeat
+    /// stops (it does not keep asking for a lease that is another's).
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_stops_once_the_claim_is_lost() {
+        let store = Beats::default();
+        let asked = beats(&store, &[], Duration::from_secs(12), |store, id| {
+            let mut record = store.store.record(id).expect("claimed");
+            record.owner = OwnerToken::from_stored("another");
+            record.status = Status::InProgress;
+            store.store.insert_record(record);
+        })
+        .await;
+        assert_beats(&asked, &[3_333]);
+    }
 
     #[test]
     fn the_heartbeat_keeps_a_lease_of_at_least_its_floor_within_max_lease() {
