@@ -1058,6 +1058,63 @@ async fn a_takeover_is_logged_and_a_first_claim_is_not() {
     );
 }
 
+/// With `read_before_claim`, a completed record read more than
+/// `READ_EXPIRY_MARGIN_S` (5 s) before its expiry answers without the
+/// claim; one read at the margin is left to the claim.
+#[tokio::test]
+async fn a_completed_record_read_at_the_expiry_margin_is_left_to_the_claim() {
+    let store = CountingStore::new(MemoryStore::new());
+    let clock = ManualClock::new(1_700_000_000_500);
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .read_before_claim(true)
+        .build();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let run = || async { Ok::<_, Failed>(1u8) };
+    engine.execute(&attempt, run).await.expect("ran");
+    let expiration_s = store
+        .inner()
+        .record(&engine.record_id("s", "k"))
+        .expect("completed")
+        .expiration_s;
+    // Half a second into a second: the margin is counted from its start.
+    for (seconds_before, claims) in [(5, 1), (6, 0)] {
+        clock.set((expiration_s - seconds_before) * 1_000 + 500);
+        let before = store.calls().claim;
+        let replay = engine.execute(&attempt, run).await.expect("replayed");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert_eq!(
+            store.calls().claim - before,
+            claims,
+            "read {seconds_before} s before its expiry"
+        );
+    }
+}
+
+/// A read before the claim refused for a missing permission is a warning:
+/// every request pays its round trip for nothing. Another failed read is
+/// not (the claim decides, as without the read).
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_before_the_claim_refused_for_a_permission_is_a_warning() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone())
+        .read_before_claim(true)
+        .build();
+    for (key, kind, warned) in [
+        ("a", StoreErrorKind::Misconfigured, true),
+        ("b", StoreErrorKind::Unavailable, false),
+    ] {
+        store.fail_next_with(1, kind); // the read
+        let attempt = Attempt::new("s", key, fingerprint(1));
+        let (ran, logs) = logged(engine.execute(&attempt, || async { Ok::<_, Failed>(1u8) })).await;
+        assert_eq!(ran.expect("the claim decides").kind(), OutcomeKind::Fresh);
+        let warning = logs
+            .lines()
+            .any(|line| line.contains("WARN") && line.contains("read_before_claim"));
+        assert_eq!(warning, warned, "{kind:?}: {logs}");
+    }
+}
+
 /// Simulator, engine bug 3 (seed 12): a claim answered after its lease has
 /// passed does not run its operation: the caller is told to retry
 /// (`LeaseLost`), and the claim is given back, so the retry runs at once.
