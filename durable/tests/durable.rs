@@ -310,6 +310,76 @@ async fn a_failed_execution_releases_its_claim() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// The release of a failed execution's claim is tried again through a
+/// store outage (four failed tries, the fifth lands: the key is free), and
+/// not when the store refuses it for good (a missing permission: the claim
+/// stays until it expires).
+#[tokio::test]
+async fn a_release_is_tried_again_through_an_outage_only() {
+    for (failures, kind, released) in [
+        (4, StoreErrorKind::Unavailable, true),
+        (1, StoreErrorKind::Misconfigured, false),
+    ] {
+        let (store, idempotency) = memory_idempotency();
+        let handler = {
+            let store = store.clone();
+            idempotency.handler(
+                |order: &Order| Some(order.order_id.clone()),
+                move |_order: Order, _ctx: DurableContext| {
+                    let store = store.clone();
+                    async move {
+                        store.fail_next_with(failures, kind); // the releases
+                        Err::<String, BoxError>("card declined".into())
+                    }
+                },
+            )
+        };
+        let failed = LocalRunner::new().run(handler, order(100)).await;
+        assert!(failed.is_failure());
+        assert_eq!(
+            store.records().is_empty(),
+            released,
+            "{failures} × {kind:?}: {:?}",
+            store.records()
+        );
+    }
+}
+
+/// An execution's claim is leased for `DEFAULT_EXECUTION_TIMEOUT`, a day,
+/// unless told otherwise.
+#[tokio::test]
+async fn an_execution_claims_its_key_for_a_day_by_default() {
+    let (store, idempotency) = memory_idempotency();
+    let leased = Arc::new(std::sync::Mutex::new(None));
+    let handler = {
+        let (store, leased) = (store.clone(), Arc::clone(&leased));
+        idempotency.handler(
+            |order: &Order| Some(order.order_id.clone()),
+            move |_order: Order, _ctx: DurableContext| {
+                let (store, leased) = (store.clone(), Arc::clone(&leased));
+                async move {
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .expect("after 1970")
+                        .as_millis() as u64;
+                    let record = store.records().pop().expect("claimed");
+                    *leased.lock().expect("leased") =
+                        Some(record.lease_until_ms.expect("a lease") - now_ms);
+                    Ok::<_, BoxError>("ch_1".to_owned())
+                }
+            },
+        )
+    };
+    let ran = LocalRunner::new().run(handler, order(100)).await;
+    assert!(ran.is_success(), "{:?}", ran.error_message());
+    let leased = leased.lock().expect("leased").expect("ran");
+    let day_ms = 24 * 3600 * 1000;
+    assert!(
+        leased <= day_ms && leased > day_ms - 60_000,
+        "leased for {leased} ms"
+    );
+}
+
 #[tokio::test]
 async fn a_key_missing_fails_and_a_store_outage_is_retried_by_the_claim_step() {
     let (store, idempotency) = memory_idempotency();
