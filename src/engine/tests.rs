@@ -1115,6 +1115,28 @@ async fn a_read_before_the_claim_refused_for_a_permission_is_a_warning() {
     }
 }
 
+/// A claim's record outlives its lease, by a second at least, however
+/// short the retention: a record that expired first would count as absent,
+/// and be claimed again while its owner still runs.
+#[tokio::test]
+async fn a_claim_outlives_its_lease_when_the_retention_is_shorter() {
+    let (engine, store, clock) = setup_retaining(Duration::from_secs(10));
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    engine
+        .execute(&attempt, || async {
+            store.fail_next(1); // the completion: the claim stays
+            Ok::<_, Failed>(1u8)
+        })
+        .await
+        .expect("ran");
+    let record = store
+        .record(&engine.record_id("s", "k"))
+        .expect("claim left behind");
+    let lease_until_ms = clock.now_ms() + 60_000; // DEFAULT_LEASE
+    assert_eq!(record.lease_until_ms, Some(lease_until_ms));
+    assert_eq!(record.expiration_s, lease_until_ms / 1000 + 1);
+}
+
 /// Simulator, engine bug 3 (seed 12): a claim answered after its lease has
 /// passed does not run its operation: the caller is told to retry
 /// (`LeaseLost`), and the claim is given back, so the retry runs at once.
