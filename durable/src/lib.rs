@@ -576,7 +576,13 @@ fn execution_owner(execution_arn: &str, scope: &str, key: &str) -> OwnerToken {
 
 /// The claim step is tried again through a store outage, and only then.
 fn retry_store_outages(error: &StepError, attempt: u32) -> RetryDecision {
-    match DurableError::find(error) {
+    claim_retry(DurableError::find(error), attempt)
+}
+
+/// [`retry_store_outages`] of what the step's error holds (testable: the SDK
+/// makes the `StepError`).
+fn claim_retry(error: Option<&DurableError>, attempt: u32) -> RetryDecision {
+    match error {
         Some(DurableError::Store(store))
             if store.kind().is_transient() && attempt < OUTAGE_TRIES =>
         {
@@ -591,7 +597,12 @@ fn retry_store_outages(error: &StepError, attempt: u32) -> RetryDecision {
 /// The completion step is tried through a store outage for about an hour
 /// (the execution suspended between tries), and only then.
 fn retry_completion(error: &StepError, attempt: u32) -> RetryDecision {
-    match DurableError::find(error) {
+    completion_retry(DurableError::find(error), attempt)
+}
+
+/// [`retry_completion`] of what the step's error holds.
+fn completion_retry(error: Option<&DurableError>, attempt: u32) -> RetryDecision {
+    match error {
         Some(DurableError::Store(store)) if store.kind().is_transient() && attempt < 12 => {
             RetryDecision::Retry {
                 delay: Duration::from_secs(1 << attempt.min(9)).min(MAX_POLL),
@@ -604,7 +615,12 @@ fn retry_completion(error: &StepError, attempt: u32) -> RetryDecision {
 /// A step's body: another run's claim is waited out, an outage backed off,
 /// the body's own errors retried as the SDK's default strategy would.
 fn retry_step(error: &StepError, attempt: u32) -> RetryDecision {
-    let retry = match DurableError::find(error) {
+    step_retry(DurableError::find(error), attempt)
+}
+
+/// [`retry_step`] of what the step's error holds: `None`, the body's own.
+fn step_retry(error: Option<&DurableError>, attempt: u32) -> RetryDecision {
+    let retry = match error {
         Some(DurableError::InProgress { retry_after }) => (attempt < IN_PROGRESS_TRIES)
             .then(|| (*retry_after).clamp(Duration::from_secs(1), MAX_CLAIM_WAIT)),
         Some(DurableError::Store(store)) if store.kind().is_transient() => {
@@ -629,6 +645,89 @@ fn backoff(attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lambda_idempotency::{StoreError, StoreErrorKind};
+
+    fn store(kind: StoreErrorKind) -> DurableError {
+        DurableError::Store(StoreError::new(kind, "store"))
+    }
+
+    /// The decisions for attempts 1, 2, …: `Some(seconds)` to retry after.
+    fn decisions(
+        retry: fn(Option<&DurableError>, u32) -> RetryDecision,
+        error: Option<&DurableError>,
+        attempts: u32,
+    ) -> Vec<Option<u64>> {
+        (1..=attempts)
+            .map(|attempt| match retry(error, attempt) {
+                RetryDecision::Retry { delay } => Some(delay.as_secs()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_claim_step_retries_a_store_outage_four_times_backing_off() {
+        let outage = store(StoreErrorKind::Unavailable);
+        assert_eq!(
+            decisions(claim_retry, Some(&outage), 5),
+            [Some(2), Some(4), Some(8), Some(16), None]
+        );
+        let refused = store(StoreErrorKind::Misconfigured);
+        assert_eq!(decisions(claim_retry, Some(&refused), 2), [None, None]);
+        assert_eq!(
+            decisions(claim_retry, Some(&DurableError::KeyReused), 1),
+            [None]
+        );
+        assert_eq!(decisions(claim_retry, None, 1), [None]);
+    }
+
+    #[test]
+    fn the_completion_step_retries_a_store_outage_for_about_an_hour() {
+        let outage = store(StoreErrorKind::Unavailable);
+        assert_eq!(
+            decisions(completion_retry, Some(&outage), 12),
+            [2, 4, 8, 16, 32, 64, 128, 256, 512, 512, 512]
+                .map(Some)
+                .into_iter()
+                .chain([None])
+                .collect::<Vec<_>>()
+        );
+        let refused = store(StoreErrorKind::Misconfigured);
+        assert_eq!(decisions(completion_retry, Some(&refused), 1), [None]);
+        assert_eq!(decisions(completion_retry, None, 1), [None]);
+    }
+
+    #[test]
+    fn a_step_waits_out_a_claim_backs_off_an_outage_and_retries_its_own_errors() {
+        // Another run's claim: waited out as long as it has left, between
+        // a second and 15 minutes, nine times.
+        let held = |secs| DurableError::InProgress {
+            retry_after: Duration::from_secs(secs),
+        };
+        assert_eq!(decisions(step_retry, Some(&held(0)), 1), [Some(1)]);
+        assert_eq!(decisions(step_retry, Some(&held(30)), 1), [Some(30)]);
+        assert_eq!(
+            decisions(step_retry, Some(&held(3600)), 10),
+            [Some(900); 9].into_iter().chain([None]).collect::<Vec<_>>()
+        );
+        let outage = store(StoreErrorKind::Unavailable);
+        assert_eq!(
+            decisions(step_retry, Some(&outage), 5),
+            [Some(2), Some(4), Some(8), Some(16), None]
+        );
+        let refused = store(StoreErrorKind::Misconfigured);
+        assert_eq!(decisions(step_retry, Some(&refused), 1), [None]);
+        assert_eq!(
+            decisions(step_retry, Some(&DurableError::KeyReused), 1),
+            [None]
+        );
+        // The body's own error, as the SDK's default strategy: 5 s doubling,
+        // at most a minute, six tries.
+        assert_eq!(
+            decisions(step_retry, None, 6),
+            [Some(5), Some(10), Some(20), Some(40), Some(60), None]
+        );
+    }
 
     #[test]
     fn owners_differ_by_execution_and_key_and_not_by_invocation() {
