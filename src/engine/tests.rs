@@ -1137,6 +1137,32 @@ async fn a_claim_outlives_its_lease_when_the_retention_is_shorter() {
     assert_eq!(record.expiration_s, lease_until_ms / 1000 + 1);
 }
 
+/// A release that finds the key taken over by another owner says so (a
+/// `lease_lost` warning): the operation outlived its lease.
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_that_finds_the_key_taken_over_says_so() {
+    let (engine, store, _) = setup();
+    let id = engine.record_id("s", "k");
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let (failed, logs) = logged(engine.execute(&attempt, || async {
+        let mut record = store.record(&id).expect("claimed");
+        record.owner = crate::store::OwnerToken::from_stored("another");
+        store.insert_record(record);
+        Err::<u8, _>(Failed)
+    }))
+    .await;
+    assert!(
+        matches!(failed, Err(Error::Operation(Failed))),
+        "{failed:?}"
+    );
+    assert!(
+        logs.lines().any(|line| line.contains("WARN")
+            && line.contains(r#"outcome="lease_lost""#)
+            && line.contains("taken over before it could be released")),
+        "{logs}"
+    );
+}
+
 /// Simulator, engine bug 3 (seed 12): a claim answered after its lease has
 /// passed does not run its operation: the caller is told to retry
 /// (`LeaseLost`), and the claim is given back, so the retry runs at once.
