@@ -178,13 +178,14 @@ MUTANTS_DURABLE_FILES := $(filter durable/%,$(MUTANTS_FILES))
 MUTANTS_ENV := CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-1}
 MUTANTS_ARGS := --jobs 1 --no-shuffle $(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD)) $(MUTANTS_OPTIONS)
 
-## Mutation testing (cargo-mutants, one mutant at a time; about an hour on 2
-## cores; not part of make test): mutates the engine's decisions, the stores'
+## Mutation testing (cargo-mutants, one mutant at a time; not part of make
+## test; the whole scope, some 600 mutants, takes hours on 2 cores: run a
+## file, or a shard of about an hour): mutates the engine's decisions, the stores'
 ## decision code and the durable crate, and runs on each mutant the library's
 ## unit tests, the conformance kit on the memory store and the simulator,
 ## or the durable crate's tests (not its DynamoDB ones).
-## MUTANTS_FILES="src/engine/fence.rs" runs one file (or several), MUTANTS_SHARD=0/4
-## a quarter; MUTANTS_OPTIONS passes more (--list, --iterate). Results in
+## MUTANTS_FILES="src/engine/fence.rs" runs one file (or several), MUTANTS_SHARD=0/8
+## an eighth; MUTANTS_OPTIONS passes more (--list, --iterate). Results in
 ## target/mutants/{lib,durable}/mutants.out/. Every survivor is killed by a
 ## test or named equivalent in RELIABILITY.md, "Mutation testing".
 mutants: $(TOOLS)/cargo/bin/cargo-mutants
