@@ -166,8 +166,9 @@ $(TOOLS)/cargo/bin/cargo-fuzz:
 # What make mutants mutates: the engine's decisions, the stores' decision
 # code and the durable crate (see CONTRIBUTING.md, "Mutation testing").
 MUTANTS_SCOPE := $(addprefix src/engine/,fence.rs claim.rs run.rs completion.rs lease.rs \
-  conflicts.rs local_runs.rs in_transaction.rs replay.rs single_write.rs durable.rs) \
+  conflicts.rs local_runs.rs in_transaction.rs replay.rs single_write.rs split.rs) \
   src/store/record.rs src/store/owner.rs src/store/memory/records.rs src/store/memory/mod.rs \
+  src/store/memory/transaction.rs \
   durable/src/lib.rs durable/src/output.rs
 MUTANTS_FILES ?= $(MUTANTS_SCOPE)
 MUTANTS_LIB_FILES := $(filter-out durable/%,$(MUTANTS_FILES))

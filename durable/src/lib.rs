@@ -441,8 +441,8 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
         for tries in 0..OUTAGE_TRIES {
             match split::release(&self.engine, attempt).await {
                 Ok(()) => return,
-                Err(error) if error.kind().is_transient() && tries + 1 < OUTAGE_TRIES => {
-                    tokio::time::sleep(Duration::from_millis(100 << tries)).await;
+                Err(error) if error.kind().is_transient() && release_backoff(tries).is_some() => {
+                    tokio::time::sleep(release_backoff(tries).unwrap_or_default()).await;
                 }
                 Err(error) => {
                     warn!(key = %attempt.key(), %error,
@@ -541,12 +541,9 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
                 let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint)
                     .fail_closed()
                     .keep_claim_on_panic();
-                // LocalRunner's context has no deadline (0): the engine's
-                // default lease then.
-                let attempt = if deadline_ms > 0 {
-                    attempt.deadline_ms(deadline_ms)
-                } else {
-                    attempt
+                let attempt = match invocation_deadline(deadline_ms) {
+                    Some(deadline_ms) => attempt.deadline_ms(deadline_ms),
+                    None => attempt,
                 };
                 match engine
                     .execute_with(&attempt, &StorableJson, operation)
@@ -638,6 +635,19 @@ fn step_retry(error: Option<&DurableError>, attempt: u32) -> RetryDecision {
     }
 }
 
+/// The invocation's deadline, epoch milliseconds, as the context gives it:
+/// `None` for none (LocalRunner's context gives 0), and the engine's
+/// default lease then.
+fn invocation_deadline(deadline_ms: u64) -> Option<u64> {
+    (deadline_ms > 0).then_some(deadline_ms)
+}
+
+/// How long a release waits after its try `tries` (from 0) failed as an
+/// outage, before the next; `None` after the last, when it gives up.
+fn release_backoff(tries: u32) -> Option<Duration> {
+    (tries + 1 < OUTAGE_TRIES).then(|| Duration::from_millis(100 << tries))
+}
+
 fn backoff(attempt: u32) -> Duration {
     Duration::from_secs(1 << attempt.min(5))
 }
@@ -646,6 +656,32 @@ fn backoff(attempt: u32) -> Duration {
 mod tests {
     use super::*;
     use lambda_idempotency::{StoreError, StoreErrorKind};
+
+    #[test]
+    fn a_step_s_lease_ends_at_the_invocation_s_deadline_when_there_is_one() {
+        assert_eq!(invocation_deadline(0), None);
+        assert_eq!(invocation_deadline(1), Some(1));
+        assert_eq!(
+            invocation_deadline(1_700_000_000_000),
+            Some(1_700_000_000_000)
+        );
+    }
+
+    #[test]
+    fn a_release_tries_five_times_doubling_its_wait() {
+        let waits: Vec<_> = (0..OUTAGE_TRIES).map(release_backoff).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            waits,
+            vec![
+                Some(ms(100)),
+                Some(ms(200)),
+                Some(ms(400)),
+                Some(ms(800)),
+                None
+            ]
+        );
+    }
 
     fn store(kind: StoreErrorKind) -> DurableError {
         DurableError::Store(StoreError::new(kind, "store"))

@@ -1982,3 +1982,51 @@ async fn a_waiter_does_not_spin_when_a_lapsed_local_run_was_taken_over_elsewhere
     let _ = first.await;
     assert!(claims <= 10, "{claims} claims in 300 ms");
 }
+
+/// A refused write the application answers is answered with its claim
+/// still held: the answer is stored and replayed, and the item the write
+/// would have replaced is untouched. (Releasing the claim on the refusal,
+/// before the answer is stored, leaves the answer no claim to complete.)
+#[tokio::test]
+async fn a_refused_write_the_application_answers_is_stored_under_its_claim() {
+    let (engine, store, _) = setup();
+    let taken = MemoryWrite::put("charge/ch_1", "someone else's");
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let first = engine
+        .run(&attempt, Mode::Transactional, &Json, |_| async {
+            Ok::<_, ()>((0u32, vec![taken.clone()]))
+        })
+        .await
+        .expect("the item is written");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    let other = Attempt::new("s", "k2", fingerprint(1));
+    let refusal = |refused: &crate::WriteRefusal| {
+        assert_eq!(refused.code, "ConditionalCheckFailed");
+        Some(Ok(409u32))
+    };
+    let answered = engine
+        .run_with_refusals(&other, Mode::Transactional, &Json, refusal, |_| async {
+            Ok::<_, ()>((
+                201u32,
+                vec![MemoryWrite::put_if_absent("charge/ch_1", "mine")],
+            ))
+        })
+        .await
+        .expect("the refusal's answer is the outcome");
+    assert_eq!(
+        (answered.kind(), *answered.value()),
+        (OutcomeKind::Fresh, 409)
+    );
+    assert_eq!(
+        store.item("charge/ch_1").as_deref(),
+        Some(&b"someone else's"[..])
+    );
+    let replay = engine
+        .run(&other, Mode::Transactional, &Json, |_| async {
+            Ok::<_, ()>((201u32, Vec::new()))
+        })
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    assert_eq!(*replay.value(), 409);
+}

@@ -203,12 +203,19 @@ pub(super) fn check_writes(
 ) -> Result<(), StoreError> {
     match writes
         .iter()
-        .find(|w| w.if_absent && items.contains_key(&w.key))
+        .enumerate()
+        .find(|(_, w)| w.if_absent && items.contains_key(&w.key))
     {
-        Some(taken) => Err(StoreError::new(
-            StoreErrorKind::WriteRejected,
-            format!("memory store: an item already exists under {:?}", taken.key),
-        )),
+        // Refused as DynamoDB refuses a condition: a refusal the
+        // application can answer (`run_with_refusals`).
+        Some((index, taken)) => {
+            let message = format!("memory store: an item already exists under {:?}", taken.key);
+            Err(
+                StoreError::new(StoreErrorKind::WriteRejected, message.clone()).with_write_refusal(
+                    crate::WriteRefusal::new(index, "ConditionalCheckFailed", message),
+                ),
+            )
+        }
         None => Ok(()),
     }
 }
