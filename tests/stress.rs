@@ -1,6 +1,7 @@
 //! Randomised stress with an invariant checker, on every store: DynamoDB
 //! Local behind the fault proxy (random throttling and lost answers), a
-//! real PostgreSQL, a real MySQL (MariaDB) and a real redis-server: many
+//! real PostgreSQL (through tokio-postgres and sqlx), a real MySQL
+//! (MariaDB) and a real redis-server: many
 //! keys, concurrent clients,
 //! random delays, operations that outlive their lease, dropped futures,
 //! operation errors, reused keys with other payloads.
@@ -119,6 +120,29 @@ async fn randomised_stress_keeps_every_invariant_on_postgres() {
     let store = PostgresStore::connect(&url, table, 16).expect("pool");
     store.create_table().await.expect("table");
     stress("PostgreSQL", Engine::builder(store).build(), String::new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_stress_keeps_every_invariant_on_postgres_through_sqlx() {
+    use lambda_idempotency::store::sqlx::postgres::{
+        sqlx::postgres::PgPoolOptions, SqlxPostgresStore,
+    };
+    let url = std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL").expect(
+        "IDEMPOTENCY_TEST_POSTGRES_URL is not set: run with make test, or under scripts/with-postgres",
+    );
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect_lazy(&url)
+        .expect("pool");
+    let table = format!("stress_sqlx_{}", std::process::id());
+    let store = SqlxPostgresStore::new(pool, table).expect("store");
+    store.create_table().await.expect("table");
+    stress(
+        "PostgreSQL (sqlx)",
+        Engine::builder(store).build(),
+        String::new,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
