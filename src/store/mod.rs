@@ -137,6 +137,12 @@ mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlx-postgres",
+    feature = "sqlx-mysql"
+))]
+mod sql_columns;
 #[cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres"))]
 #[cfg_attr(
     docsrs,

@@ -2,8 +2,8 @@
 //! rows decoded without trusting what the table holds.
 
 use crate::{
-    store::{pg::int8, Claim, OwnerToken, Record, RecordId, Status},
-    Fingerprint, StoreError,
+    store::{pg::int8, sql_columns::SqlColumns, Claim, Record},
+    StoreError,
 };
 use tokio_postgres::{
     types::{ToSql, Type},
@@ -92,34 +92,21 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     })
 }
 
-fn unsigned(value: i64, name: &str) -> Result<u64, StoreError> {
-    u64::try_from(value).map_err(|_| StoreError::corrupt(format!("column `{name}` is negative")))
-}
-
-fn optional_unsigned(value: Option<i64>, name: &str) -> Result<Option<u64>, StoreError> {
-    value.map(|value| unsigned(value, name)).transpose()
-}
-
 /// Decodes a row; never panics on what the table holds.
 pub(super) fn decode(row: &Row) -> Result<Record, StoreError> {
-    let id: String = column(row, "id")?;
-    let status: String = column(row, "status")?;
-    let status = status
-        .parse::<Status>()
-        .map_err(|_| StoreError::corrupt(format!("record {id}: unknown status {status:?}")))?;
-    let record = Record {
-        status,
-        owner: OwnerToken::from_stored(column::<String>(row, "owner")?),
-        fingerprint: Fingerprint::from_stored(column::<String>(row, "fingerprint")?),
-        expiration_s: unsigned(column(row, "expiration_s")?, "expiration_s")?,
-        lease_until_ms: optional_unsigned(column(row, "lease_until_ms")?, "lease_until_ms")?,
+    let id = column(row, "id")?;
+    SqlColumns {
+        id,
+        status: column(row, "status")?,
+        owner: column(row, "owner")?,
+        fingerprint: column(row, "fingerprint")?,
+        expiration_s: column(row, "expiration_s")?,
+        lease_until_ms: column(row, "lease_until_ms")?,
         response: column(row, "response")?,
-        created_at_ms: optional_unsigned(column(row, "created_at_ms")?, "created_at_ms")?,
-        completed_at_ms: optional_unsigned(column(row, "completed_at_ms")?, "completed_at_ms")?,
-        attempt: u32::try_from(column::<i32>(row, "attempt")?)
-            .map_err(|_| StoreError::corrupt(format!("record {id}: negative attempt")))?,
-        first_started_ms: optional_unsigned(column(row, "first_started_ms")?, "first_started_ms")?,
-        id: RecordId::from_stored(id),
-    };
-    record.checked()
+        created_at_ms: column(row, "created_at_ms")?,
+        completed_at_ms: column(row, "completed_at_ms")?,
+        attempt: column(row, "attempt")?,
+        first_started_ms: column(row, "first_started_ms")?,
+    }
+    .record()
 }
