@@ -35,7 +35,7 @@ use crate::{StoreError, StoreErrorKind};
 use codec::{decode, int8};
 use errors::{from_sqlx, from_write, number};
 use sqlx::{pool::PoolConnection, Executor, MySql, MySqlConnection, MySqlPool};
-use statements::{fill, Literal::*, Statements, ID_CHARS};
+use statements::{fill, Literal, Literal::*, Statements, ID_CHARS};
 use std::sync::Arc;
 
 /// The MySQL error number of a duplicate key: the claim's record is there.
@@ -201,6 +201,21 @@ impl<'a> ClaimValues<'a> {
             first_started: int8(claim.first_started_ms)?,
         })
     }
+
+    /// The claim's own columns, in the order each claim statement sets
+    /// them: owner, fingerprint, expiration, lease, creation, attempt,
+    /// first start.
+    fn columns(&self) -> [Literal<'a>; 7] {
+        [
+            Text(self.owner),
+            Text(self.fingerprint),
+            Int(self.expiration),
+            Int(self.lease),
+            Int(self.now),
+            Int(self.attempt.into()),
+            Int(self.first_started),
+        ]
+    }
 }
 
 /// A claim on `connection` (the pool's, or a transaction's): a fresh
@@ -212,19 +227,7 @@ async fn claim_on(
     claim: &Claim,
 ) -> Result<bool, StoreError> {
     let v = ClaimValues::of(claim)?;
-    let insert = fill(
-        &sql.claim,
-        &[
-            Text(v.id),
-            Text(v.owner),
-            Text(v.fingerprint),
-            Int(v.expiration),
-            Int(v.lease),
-            Int(v.now),
-            Int(v.attempt.into()),
-            Int(v.first_started),
-        ],
-    );
+    let insert = fill(&sql.claim, &[&[Text(v.id)][..], &v.columns()].concat());
     let inserted = connection.execute(insert.as_str()).await;
     match inserted {
         Ok(_) => return Ok(true),
@@ -234,17 +237,7 @@ async fn claim_on(
     // A record is there: replaced only if it has expired.
     let reclaim = fill(
         &sql.reclaim,
-        &[
-            Text(v.owner),
-            Text(v.fingerprint),
-            Int(v.expiration),
-            Int(v.lease),
-            Int(v.now),
-            Int(v.attempt.into()),
-            Int(v.first_started),
-            Text(v.id),
-            Int(v.now_s),
-        ],
+        &[&v.columns()[..], &[Text(v.id), Int(v.now_s)]].concat(),
     );
     let replaced = connection
         .execute(reclaim.as_str())
@@ -265,17 +258,10 @@ async fn take_over_on(
     let take_over = fill(
         &sql.take_over,
         &[
-            Text(v.owner),
-            Text(v.fingerprint),
-            Int(v.expiration),
-            Int(v.lease),
-            Int(v.now),
-            Int(v.attempt.into()),
-            Int(v.first_started),
-            Text(v.id),
-            Text(lapsed.as_str()),
-            Int(v.now),
-        ],
+            &v.columns()[..],
+            &[Text(v.id), Text(lapsed.as_str()), Int(v.now)],
+        ]
+        .concat(),
     );
     let taken = connection
         .execute(take_over.as_str())

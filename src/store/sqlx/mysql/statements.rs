@@ -89,6 +89,7 @@ impl Statements {
 }
 
 /// A value written into a statement as a literal.
+#[derive(Clone, Copy)]
 pub(super) enum Literal<'a> {
     /// Text, written as a `utf8mb4` hex literal: any character, in any SQL
     /// mode, with nothing to escape.
