@@ -14,6 +14,21 @@ use crate::{
 use tracing::{debug, warn};
 
 impl<St: Store> Engine<St> {
+    /// A completion that landed, told to this process: its cache replays
+    /// it, and the duplicates waiting on its run get it.
+    pub(super) fn completed(&self, claim: &Claim, response: &[u8], expiration_s: u64, now_ms: u64) {
+        self.remember(
+            &claim.id,
+            &claim.fingerprint,
+            response,
+            expiration_s,
+            Some(now_ms),
+            claim.attempt,
+        );
+        self.local_runs()
+            .completed(claim, response, expiration_s, now_ms);
+    }
+
     pub(crate) async fn complete<E>(
         &self,
         claim: &Claim,
@@ -54,16 +69,7 @@ impl<St: Store> Engine<St> {
         let applied = completed.map(|found| landed(found, &claim.owner, now_ms));
         match applied {
             Ok(true) => {
-                self.remember(
-                    &claim.id,
-                    &claim.fingerprint,
-                    &response,
-                    expiration_s,
-                    Some(now_ms),
-                    claim.attempt,
-                );
-                self.local_runs()
-                    .completed(claim, &response, expiration_s, now_ms);
+                self.completed(claim, &response, expiration_s, now_ms);
                 debug!(record = %claim.id, outcome = "fresh", "idempotency");
                 Ok(OutcomeKind::Fresh)
             }

@@ -436,16 +436,7 @@ impl<St: Store> Engine<St> {
                 return Err(error);
             }
         };
-        self.remember(
-            &claim.id,
-            &claim.fingerprint,
-            &response,
-            expiration_s,
-            Some(now_ms),
-            claim.attempt,
-        );
-        self.local_runs()
-            .completed(claim, &response, expiration_s, now_ms);
+        self.completed(claim, &response, expiration_s, now_ms);
         debug!(record = %claim.id, outcome = "fresh", in_transaction = true, "idempotency");
         Ok(Outcome::new(value, OutcomeKind::Fresh))
     }
