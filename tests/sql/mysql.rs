@@ -431,3 +431,115 @@ async fn a_claim_outside_a_transaction_is_taken_over_inside_one_and_told() {
         .expect("taken over");
     assert_eq!(told.into_value(), Some(2));
 }
+
+/// Server settings other than the defaults, as managed MySQL often runs
+/// them: `ANSI_QUOTES` and `NO_BACKSLASH_ESCAPES` in `sql_mode`, and
+/// `READ COMMITTED`. A key prefix with quotes, backslashes and non-ASCII
+/// text is written and read as it is; duplicates still run once, and the
+/// handler inside its transaction still pays once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn other_server_settings_change_nothing() {
+    use sqlx::Executor;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(16)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                connection
+                    .execute(
+                        "SET SESSION sql_mode = 'ANSI_QUOTES,NO_BACKSLASH_ESCAPES,STRICT_ALL_TABLES'",
+                    )
+                    .await?;
+                connection
+                    .execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_lazy(&url())
+        .expect("pool");
+    let table = format!("idem_{}_settings", std::process::id());
+    let store = SqlxMySqlStore::new(pool, table).expect("store");
+    store.create_table().await.expect("create table");
+    let prefix = r#"it's "quoted" \ été"#;
+    let engine = Engine::builder(store.clone()).key_prefix(prefix).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (engine, runs) = (
+                Engine::builder(store.clone()).key_prefix(prefix).build(),
+                Arc::clone(&runs),
+            );
+            tokio::spawn(async move {
+                engine
+                    .execute(&Attempt::new("t", "k", payload(1)), || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, Declined>(charge(1))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(_) | Err(Error::InProgress { .. }) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once");
+    let id = engine.record_id("t", "k");
+    assert!(id.as_str().starts_with(prefix));
+    let record = store
+        .get(&id, engine.now_ms())
+        .await
+        .expect("read")
+        .expect("a record");
+    assert_eq!(record.id, id, "the id read back as written");
+    let replay = engine
+        .execute(&Attempt::new("t", "k", payload(1)), || async {
+            Ok::<_, Declined>(charge(2))
+        })
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    let in_progress = store.list_in_progress(prefix, 10).await.expect("list");
+    assert!(in_progress.is_empty());
+}
+
+/// A record id longer than the table holds (a long key prefix) is refused
+/// before any write, as a value out of the store's range, and nothing runs:
+/// on a server that is not strict (an empty `sql_mode`), MySQL would cut
+/// the id to fit, and two keys would share a record.
+#[tokio::test]
+async fn an_id_longer_than_the_table_holds_is_rejected_before_any_write() {
+    use sqlx::Executor;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                connection.execute("SET SESSION sql_mode = ''").await?;
+                Ok(())
+            })
+        })
+        .connect_lazy(&url())
+        .expect("pool");
+    let table = format!("idem_{}_lax", std::process::id());
+    let store = SqlxMySqlStore::new(pool, table).expect("store");
+    store.create_table().await.expect("create table");
+    let engine = Engine::builder(store.clone())
+        .key_prefix("p".repeat(500))
+        .build();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&ran);
+    let outcome = engine
+        .execute(&Attempt::new("t", "k", payload(1)), || async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Declined>(charge(1))
+        })
+        .await;
+    match outcome {
+        Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Rejected, "{error}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
