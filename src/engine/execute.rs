@@ -8,6 +8,7 @@ use super::{
     claim_handle::ClaimHandle,
     codec::{Codec, Json},
     detach::detached,
+    holding::Holding,
     mode::Mode,
     outcome::Outcome,
     state::Engine,
@@ -212,7 +213,7 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut + 'a,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>> + 'a,
     {
-        self.run_unreported(attempt, mode, codec, refusal, operation)
+        self.run_unreported(attempt, mode, codec, refusal, Holding::Lease, operation)
             .inspect(alert::operator_must_act)
     }
 }

@@ -1,18 +1,26 @@
-//! The run inside a store transaction ([`Engine::run_in_transaction`]):
-//! begin; claim the key in the transaction; run the operation, bounded by
-//! the transaction's time limit, with the transaction; complete the
-//! record in it; commit. Everything else (the cache, the duplicates of this
-//! process, the fence, the replay) is the other runs'.
+//! The run inside a store transaction ([`Engine::run_in_transaction`]),
+//! and what holding a key in a transaction means: begin; claim the key in
+//! the transaction; run the operation, bounded by the transaction's time
+//! limit, with the transaction; complete the record in it; commit; roll
+//! back to give the key back. The loop is every run's
+//! ([`run`](super::run)), with the key held this way
+//! ([`Holding::Transaction`]): the cache, the duplicates of this process,
+//! the claim's answers, the replay, the errors and the refusals are
+//! decided there once.
 //!
 //! The store offers the transaction ([`Transactions`]); what each of its
-//! answers means is decided here, as [`run`](super::run) decides for the
-//! claims outside a transaction.
+//! answers means is decided here, as [`claim`](super::claim) and
+//! [`completion`](super::completion) decide for a key held under a
+//! lease.
 
 use super::{
     attempt::Attempt,
+    claim::{ClaimError, Claimed},
     claim_handle::ClaimHandle,
-    codec::{unserialisable, Codec, Json},
+    codec::{Codec, Json},
     fence::{fence, takeover_of, Fence},
+    holding::Holding,
+    mode::Mode,
     outcome::{Outcome, OutcomeKind},
     state::Engine,
 };
@@ -35,17 +43,6 @@ use tracing::{debug, warn};
 /// How long before the invocation's deadline the transaction ends, to
 /// leave time to roll back and answer.
 const DEADLINE_MARGIN_MS: u64 = 250;
-
-/// What the claim inside the transaction found.
-enum Claimed {
-    /// The key is this transaction's.
-    Ours,
-    /// A committed, live record holds the key.
-    Held(Record),
-    /// Another transaction holds the key and did not end within the claim
-    /// wait (or a concurrent write won).
-    Busy,
-}
 
 /// Why the typed operation did not answer: its own error, or a store
 /// whose transaction is not the one it names (never, for a store that
@@ -185,7 +182,9 @@ impl<St: Store> Engine<St> {
     /// [`Store::transactions`]): the operation gets its [`ClaimHandle`],
     /// which holds the transaction, and returns its value and the writes to
     /// run in the transaction before the completion; a refused write is
-    /// answered as `refusal` says, stored without any of the writes.
+    /// answered as `refusal` says, stored without any of the writes. The
+    /// loop is every run's ([`run`](super::run)), with the key held in the
+    /// transaction.
     pub(crate) async fn transaction_run<T, E, C, R, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
@@ -206,60 +205,22 @@ impl<St: Store> Engine<St> {
                 "this store cannot run an operation inside its transactions",
             )));
         };
-        let started = Instant::now();
-        let limits = self.within_deadline(attempt, limits);
-        if self.is_disabled() {
-            return self
-                .run_disabled_in_transaction(transactions, started, &limits, operation)
-                .await;
-        }
-        let mut claim = match self.claim_unless_cached(attempt, codec) {
-            Ok(claim) => claim,
-            Err(answer) => return answer,
+        let held = InTransaction {
+            transactions,
+            started: Instant::now(),
+            limits: self.within_deadline(attempt, limits),
+            open: None,
         };
-        // A duplicate of a transaction under way in this process waits on it
-        // in memory (as long as it would wait on its lock, or as the attempt
-        // says), holding no connection: its replay, or the key once free.
-        if let Some(run) = self.local_runs().get(&claim.id) {
-            let wait = attempt.wait_in_process.unwrap_or(limits.claim_wait_value());
-            let until = Some(tokio::time::Instant::now() + wait);
-            if let Some(answer) = Box::pin(self.after_local_run(&run, attempt, until, codec)).await
-            {
-                return answer;
-            }
-            claim = match self.claim_unless_cached(attempt, codec) {
-                Ok(claim) => claim,
-                Err(answer) => return answer,
-            };
-        }
-        let transaction = match self
-            .claim_in_transaction(transactions, &mut claim, &limits, attempt, codec)
-            .await
-        {
-            Ok(transaction) => transaction,
-            Err(answer) => return answer,
-        };
-        let handed = transaction.handed();
-        let handle = ClaimHandle::in_transaction(claim.takeover(), Arc::clone(&handed));
-        // Until this returns: its duplicates in this process wait on it.
-        let _running = self.local_runs().start(&claim, &handle);
-        let run = transaction::scope(handed, handle.clone().scope(operation(handle)));
-        let (value, writes) = match self.bounded(&*transaction, started, &limits, run).await {
-            Ok(ran) => ran,
-            Err(error) => {
-                debug!(record = %claim.id, outcome = error.kind().as_str(), in_transaction = true,
-                    "idempotency: the transaction was rolled back; the key is free");
-                return Err(error);
-            }
-        };
-        let completing = Completing {
-            transaction: &*transaction,
-            claim: &claim,
-            started,
-            limits: &limits,
-        };
-        self.complete_in_transaction(completing, codec, value, writes, refusal)
-            .await
+        let holding = Holding::Transaction(Box::new(held));
+        self.run_unreported(
+            attempt,
+            Mode::Transactional,
+            codec,
+            refusal,
+            holding,
+            operation,
+        )
+        .await
     }
 
     /// The limits, never past the invocation's deadline: a Lambda stopped
@@ -280,180 +241,160 @@ impl<St: Store> Engine<St> {
         }
     }
 
-    /// Idempotency is off: the operation still runs in its transaction,
-    /// with its writes, and nothing is recorded.
-    async fn run_disabled_in_transaction<T, E, F, Fut>(
+    /// Completes the record in the transaction with the operation's
+    /// response and writes, and commits, within what is left of the time
+    /// limit. A refused write leaves the transaction open, its claim
+    /// held, for the refusal's answer; any other failure commits nothing,
+    /// and the key is free.
+    pub(super) async fn complete_in_transaction<E>(
         &self,
-        transactions: &dyn Transactions<St::Write>,
-        started: Instant,
-        limits: &TransactionLimits,
-        operation: F,
-    ) -> Result<Outcome<T>, Error<E>>
-    where
-        F: FnOnce(ClaimHandle) -> Fut,
-        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
-    {
-        let transaction = transactions.begin(limits).await.map_err(Error::Store)?;
-        let handed = transaction.handed();
-        let handle = ClaimHandle::in_transaction(None, Arc::clone(&handed));
-        let run = transaction::scope(handed, handle.clone().scope(operation(handle)));
-        let (value, writes) = self.bounded(&*transaction, started, limits, run).await?;
-        if let Err(error) = transaction.write(writes).await {
-            transaction.roll_back().await;
-            return Err(Error::Store(error));
-        }
-        transaction.commit().await.map_err(Error::Store)?;
-        Ok(Outcome::new(value, OutcomeKind::Disabled))
-    }
-
-    /// Begins the transaction and claims the key in it; a key held by
-    /// another (a replay, a mismatch, in progress) or a failure answers the
-    /// attempt, the transaction rolled back.
-    async fn claim_in_transaction<T, E, C: Codec<T>>(
-        &self,
-        transactions: &dyn Transactions<St::Write>,
-        claim: &mut Claim,
-        limits: &TransactionLimits,
-        attempt: &Attempt<'_>,
-        codec: &C,
-    ) -> Result<Arc<dyn Transaction<St::Write>>, Result<Outcome<T>, Error<E>>> {
-        let transaction = transactions
-            .begin(limits)
-            .await
-            .map_err(|e| Err(Error::Store(e)))?;
-        let claimed = match claim_within(&*transaction, claim).await {
-            Ok(Claimed::Ours) => transaction.hold().await.map(|()| Claimed::Ours),
-            other => other,
-        };
-        let answer = match claimed {
-            Ok(Claimed::Ours) => return Ok(transaction),
-            Ok(Claimed::Held(record)) => self.existing(record, codec, attempt, claim.now_ms),
-            Ok(Claimed::Busy) => {
-                debug!(record = %claim.id, outcome = "in_progress", in_transaction = true, "idempotency");
-                Err(Error::InProgress {
-                    retry_after: Duration::from_secs(1),
-                })
-            }
-            Err(error) => {
-                warn!(record = %claim.id, outcome = "store_error", kind = error.kind().as_str(), %error,
-                    "idempotency claim in transaction failed");
-                Err(Error::Store(error))
-            }
-        };
-        transaction.roll_back().await;
-        Err(answer)
-    }
-
-    /// Completes the record in the transaction with the operation's value
-    /// and writes (or a refusal's answer without them), and commits, within
-    /// what is left of the time limit; on failure nothing is committed and
-    /// the key is free.
-    async fn complete_in_transaction<T, E, C, R>(
-        &self,
-        completing: Completing<'_, St::Write>,
-        codec: &C,
-        value: T,
+        held: &InTransaction<'_, St::Write>,
+        claim: &Claim,
+        response: Vec<u8>,
         writes: Vec<St::Write>,
-        refusal: R,
-    ) -> Result<Outcome<T>, Error<E>>
-    where
-        C: Codec<T>,
-        R: FnOnce(&WriteRefusal) -> Option<Result<T, E>>,
-    {
-        let Completing {
-            transaction,
-            claim,
-            started,
-            limits,
-        } = completing;
+    ) -> Result<OutcomeKind, Error<E>> {
         let now_ms = self.now_ms();
         let expiration_s = self.expiration_s(now_ms);
-        let completion = |response: Vec<u8>, writes| Completion {
-            id: claim.id.clone(),
-            owner: claim.owner.clone(),
-            response,
-            now_ms,
-            expiration_s,
-            writes,
-        };
+        let completion = completion(claim, response.clone(), writes, now_ms, expiration_s);
         let finishing = async {
-            let response = codec
-                .encode(&value)
-                .map_err(|error| Error::Store(unserialisable(error)))?;
-            let completed = transaction
-                .complete(completion(response.clone(), writes))
-                .await;
-            let (value, response) = match completed {
-                Ok(completed) => {
-                    applied(completed)?;
-                    (value, response)
+            let transaction = held.open().map_err(finish_failed)?;
+            match transaction.complete(completion).await {
+                Ok(completed) => applied(completed)?,
+                Err(error) if error.write_refusal().is_some() => {
+                    return Err(Finish::Refused(error))
                 }
-                Err(error) => match error.write_refusal().and_then(refusal) {
-                    // Stored without the writes: rolled back to the claim.
-                    Some(Ok(answer)) => {
-                        transaction.roll_back_writes().await.map_err(Error::Store)?;
-                        let response = codec
-                            .encode(&answer)
-                            .map_err(|error| Error::Store(unserialisable(error)))?;
-                        let completed = transaction
-                            .complete(completion(response.clone(), Vec::new()))
-                            .await
-                            .map_err(Error::Store)?;
-                        applied(completed)?;
-                        debug!(record = %claim.id, outcome = "refused", "a write was refused: its answer is stored");
-                        (answer, response)
-                    }
-                    Some(Err(answer)) => return Err(Error::Operation(answer)),
-                    None => return Err(Error::Store(error)),
-                },
-            };
-            transaction.commit().await.map_err(Error::Store)?;
-            Ok((value, response))
-        };
-        let finished = match tokio::time::timeout(remaining(started, limits), finishing).await {
-            Ok(finished) => finished,
-            Err(_) => Err(Error::TimeLimitExceeded {
-                limit: limits.time_limit_value(),
-            }),
-        };
-        let (value, response) = match finished {
-            Ok(finished) => finished,
-            Err(error) => {
-                if let Error::Store(error) = &error {
-                    warn!(record = %claim.id, %error, "the completion in transaction failed");
-                }
-                // Past the time limit, a statement may still run: the
-                // connection is closed instead of waited for.
-                if !matches!(error, Error::TimeLimitExceeded { .. }) {
-                    transaction.roll_back().await;
-                }
-                // A refusal the application answered with an error of its
-                // own is its answer, not a failure.
-                if !matches!(error, Error::Operation(_)) {
-                    warn!(record = %claim.id, outcome = error.kind().as_str(),
-                        "the transaction could not complete its record; nothing was committed, the key is free");
-                }
-                return Err(error);
+                Err(error) => return Err(Finish::Failed(Error::Store(error))),
             }
+            transaction.commit().await.map_err(finish_failed)
         };
-        self.completed(claim, &response, expiration_s, now_ms);
-        debug!(record = %claim.id, outcome = "fresh", in_transaction = true, "idempotency");
-        Ok(Outcome::new(value, OutcomeKind::Fresh))
+        match held.within_time_limit(finishing).await {
+            Ok(()) => Ok(self.committed(claim, &response, expiration_s, now_ms)),
+            Err(Finish::Refused(error)) => {
+                debug!(record = %claim.id, %error, "a write of the operation's was refused");
+                Err(Error::Store(error))
+            }
+            Err(Finish::Failed(error)) => Err(held.failed(claim, error).await),
+        }
     }
 
-    /// Runs the operation within what is left of the time limit; on its
-    /// error, its panic or the limit, rolls the transaction back.
-    async fn bounded<T, E, Fut>(
+    /// Completes the record in the transaction with a refusal's answer,
+    /// the operation's writes rolled back, and commits.
+    pub(super) async fn complete_refused_in_transaction<E>(
         &self,
-        transaction: &dyn Transaction<St::Write>,
-        started: Instant,
-        limits: &TransactionLimits,
+        held: &InTransaction<'_, St::Write>,
+        claim: &Claim,
+        response: Vec<u8>,
+    ) -> Result<OutcomeKind, Error<E>> {
+        let now_ms = self.now_ms();
+        let expiration_s = self.expiration_s(now_ms);
+        let completion = completion(claim, response.clone(), Vec::new(), now_ms, expiration_s);
+        let finishing = async {
+            let transaction = held.open().map_err(finish_failed)?;
+            transaction
+                .roll_back_writes()
+                .await
+                .map_err(finish_failed)?;
+            let completed = transaction
+                .complete(completion)
+                .await
+                .map_err(finish_failed)?;
+            applied(completed)?;
+            transaction.commit().await.map_err(finish_failed)
+        };
+        match held.within_time_limit(finishing).await {
+            Ok(()) => Ok(self.committed(claim, &response, expiration_s, now_ms)),
+            Err(Finish::Refused(error)) => Err(held.failed(claim, Error::Store(error)).await),
+            Err(Finish::Failed(error)) => Err(held.failed(claim, error).await),
+        }
+    }
+
+    /// A completion committed: told to this process.
+    fn committed(
+        &self,
+        claim: &Claim,
+        response: &[u8],
+        expiration_s: u64,
+        now_ms: u64,
+    ) -> OutcomeKind {
+        self.completed(claim, response, expiration_s, now_ms);
+        debug!(record = %claim.id, outcome = "fresh", in_transaction = true, "idempotency");
+        OutcomeKind::Fresh
+    }
+}
+
+/// A key held inside one of the store's transactions: what it is begun
+/// with, and, once its claim is this attempt's, the transaction.
+pub(super) struct InTransaction<'t, W> {
+    transactions: &'t dyn Transactions<W>,
+    limits: TransactionLimits,
+    /// When the run began, which the time limit counts from.
+    started: Instant,
+    /// The transaction that holds the claim; `None` until it does.
+    open: Option<Arc<dyn Transaction<W>>>,
+}
+
+impl<W: 'static> InTransaction<'_, W> {
+    /// How long a claim waits on another transaction's lock.
+    pub(super) fn claim_wait(&self) -> Duration {
+        self.limits.claim_wait_value()
+    }
+
+    /// Begins the transaction and claims the key in it. A key held by
+    /// another (a live record, or another transaction past the claim
+    /// wait) or a failure rolls the transaction back; another
+    /// transaction's is a [`Conflict`](StoreErrorKind::Conflict), a key in
+    /// progress.
+    pub(super) async fn claim(&mut self, claim: &mut Claim) -> Result<Claimed, ClaimError> {
+        let transaction = self
+            .transactions
+            .begin(&self.limits)
+            .await
+            .map_err(ClaimError::Failed)?;
+        let within = match claim_within(&*transaction, claim).await {
+            Ok(Within::Ours) => transaction.hold().await.map(|()| Within::Ours),
+            other => other,
+        };
+        let answer = match within {
+            Ok(Within::Ours) => {
+                self.open = Some(transaction);
+                return Ok(Claimed::Ours);
+            }
+            Ok(Within::Held(record)) => Ok(Claimed::Held(record)),
+            Ok(Within::Busy) => Err(ClaimError::Failed(StoreError::new(
+                StoreErrorKind::Conflict,
+                "another transaction holds the key",
+            ))),
+            Err(error) => Err(ClaimError::Failed(error)),
+        };
+        transaction.roll_back().await;
+        answer
+    }
+
+    /// The operation's handle: the takeover it is, if it is one, and the
+    /// transaction to run its statements in.
+    pub(super) fn handle(&self, claim: &Claim) -> ClaimHandle {
+        match &self.open {
+            Some(transaction) => {
+                ClaimHandle::in_transaction(claim.takeover(), transaction.handed())
+            }
+            // Never: the handle is made once the claim is this
+            // transaction's; `bounded` then refuses to run the operation.
+            None => ClaimHandle::unprotected(claim.takeover()),
+        }
+    }
+
+    /// Runs the operation, with the transaction as
+    /// [`current`](crate::store::transaction::current), within what is
+    /// left of the time limit; its panic is caught. Past the limit the
+    /// answer is [`Error::TimeLimitExceeded`], the transaction rolled back
+    /// (or its connection closed, when a statement may still run).
+    pub(super) async fn bounded<E, Fut: Future>(
+        &self,
         operation: Fut,
-    ) -> Result<T, Error<E>>
-    where
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let ran = AssertUnwindSafe(tokio::time::timeout(remaining(started, limits), operation))
+    ) -> Result<std::thread::Result<Fut::Output>, Error<E>> {
+        let transaction = self.open().map_err(Error::Store)?;
+        let operation = transaction::scope(transaction.handed(), operation);
+        let ran = AssertUnwindSafe(tokio::time::timeout(self.remaining(), operation))
             .catch_unwind()
             .await;
         match ran {
@@ -463,33 +404,168 @@ impl<St: Store> Engine<St> {
             // and the handler may have turned its `57014` into an answer
             // of its own (a 500) before the engine's timer was polled. The
             // limit decides, whatever the handler made of it.
-            Ok(Ok(_)) if remaining(started, limits).is_zero() => {
+            Ok(Ok(_)) if self.remaining().is_zero() => {
                 transaction.roll_back().await;
-                Err(time_limit_exceeded(limits, "answered"))
+                Err(self.time_limit_exceeded("answered"))
             }
-            Ok(Ok(Ok(value))) => Ok(value),
-            Ok(Ok(Err(error))) => {
-                transaction.roll_back().await;
-                Err(Error::Operation(error))
-            }
+            Ok(Ok(output)) => Ok(Ok(output)),
             // A statement of the operation's may still run on the server
             // (until its statement_timeout): the connection is closed
-            // rather than waited for, and the server rolls back.
-            Ok(Err(_elapsed)) => Err(time_limit_exceeded(limits, "ran")),
+            // rather than waited for (the transaction dropped), and the
+            // server rolls back.
+            Ok(Err(_elapsed)) => Err(self.time_limit_exceeded("ran")),
+            Err(panic) => Ok(Err(panic)),
+        }
+    }
+
+    /// Rolls the transaction back: nothing of the run stays, the key is
+    /// free.
+    pub(super) async fn roll_back(&self, claim: &Claim) {
+        if let Some(transaction) = &self.open {
+            transaction.roll_back().await;
+            debug!(record = %claim.id, in_transaction = true,
+                "idempotency: the transaction was rolled back; the key is free");
+        }
+    }
+
+    /// Idempotency is off: the operation still runs in its transaction,
+    /// with its writes, and nothing is recorded.
+    pub(super) async fn run_disabled<T, E, F, Fut>(
+        mut self: Box<Self>,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<W>), E>>,
+    {
+        let transaction = self
+            .transactions
+            .begin(&self.limits)
+            .await
+            .map_err(Error::Store)?;
+        self.open = Some(Arc::clone(&transaction));
+        let handle = ClaimHandle::in_transaction(None, transaction.handed());
+        let ran = self
+            .bounded(Box::pin(handle.clone().scope(operation(handle))))
+            .await?;
+        let (value, writes) = match ran {
+            Ok(Ok(ran)) => ran,
+            Ok(Err(error)) => {
+                transaction.roll_back().await;
+                return Err(Error::Operation(error));
+            }
             Err(panic) => {
                 transaction.roll_back().await;
                 std::panic::resume_unwind(panic);
             }
+        };
+        if let Err(error) = transaction.write(writes).await {
+            transaction.roll_back().await;
+            return Err(Error::Store(error));
         }
+        transaction.commit().await.map_err(Error::Store)?;
+        Ok(Outcome::new(value, OutcomeKind::Disabled))
+    }
+
+    /// The transaction that holds the claim.
+    fn open(&self) -> Result<&Arc<dyn Transaction<W>>, StoreError> {
+        self.open.as_ref().ok_or_else(not_open)
+    }
+
+    /// `finishing` within what is left of the time limit.
+    async fn within_time_limit<E>(
+        &self,
+        finishing: impl Future<Output = Result<(), Finish<Error<E>>>>,
+    ) -> Result<(), Finish<Error<E>>> {
+        match tokio::time::timeout(self.remaining(), finishing).await {
+            Ok(finished) => finished,
+            Err(_) => Err(Finish::Failed(Error::TimeLimitExceeded {
+                limit: self.limits.time_limit_value(),
+            })),
+        }
+    }
+
+    /// A completion that failed: nothing is committed, the key is free.
+    async fn failed<E>(&self, claim: &Claim, error: Error<E>) -> Error<E> {
+        if let Error::Store(error) = &error {
+            warn!(record = %claim.id, %error, "the completion in transaction failed");
+        }
+        // Past the time limit, a statement may still run: the connection
+        // is closed instead of waited for.
+        if !matches!(error, Error::TimeLimitExceeded { .. }) {
+            self.roll_back(claim).await;
+        }
+        warn!(record = %claim.id, outcome = error.kind().as_str(),
+            "the transaction could not complete its record; nothing was committed, the key is free");
+        error
+    }
+
+    /// The operation ran (or answered) past its transaction's time limit:
+    /// logged, and the error the caller gets.
+    fn time_limit_exceeded<E>(&self, how: &str) -> Error<E> {
+        let limit = self.limits.time_limit_value();
+        warn!(
+            limit_ms = limit.as_millis() as u64,
+            outcome = "time_limit_exceeded",
+            "the operation {how} past its transaction's time limit; rolled back"
+        );
+        Error::TimeLimitExceeded { limit }
+    }
+
+    fn remaining(&self) -> Duration {
+        self.limits
+            .time_limit_value()
+            .saturating_sub(self.started.elapsed())
     }
 }
 
-/// The transaction a completion is written in, its claim, and its bound.
-struct Completing<'a, W> {
-    transaction: &'a dyn Transaction<W>,
-    claim: &'a Claim,
-    started: Instant,
-    limits: &'a TransactionLimits,
+/// Why a completion in the transaction did not commit: a refused write,
+/// the transaction still open for the refusal's answer; or a failure.
+enum Finish<E> {
+    Refused(StoreError),
+    Failed(E),
+}
+
+fn finish_failed<E>(error: StoreError) -> Finish<Error<E>> {
+    Finish::Failed(Error::Store(error))
+}
+
+/// No transaction holds the claim: never, once a claim is this
+/// transaction's.
+fn not_open() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Other,
+        "no transaction of the store's holds this claim",
+    )
+}
+
+/// The completion of `claim` with `response` and `writes`.
+fn completion<W>(
+    claim: &Claim,
+    response: Vec<u8>,
+    writes: Vec<W>,
+    now_ms: u64,
+    expiration_s: u64,
+) -> Completion<W> {
+    Completion {
+        id: claim.id.clone(),
+        owner: claim.owner.clone(),
+        response,
+        now_ms,
+        expiration_s,
+        writes,
+    }
+}
+
+/// What the claim inside the transaction found.
+enum Within {
+    /// The key is this transaction's.
+    Ours,
+    /// A committed, live record holds the key.
+    Held(Record),
+    /// Another transaction holds the key and did not end within the claim
+    /// wait (or a concurrent write won).
+    Busy,
 }
 
 /// Claims `claim`'s key inside the transaction: a fresh claim, or the
@@ -501,19 +577,19 @@ struct Completing<'a, W> {
 async fn claim_within<W: 'static>(
     transaction: &dyn Transaction<W>,
     claim: &mut Claim,
-) -> Result<Claimed, StoreError> {
+) -> Result<Within, StoreError> {
     let found = match busy_if_conflict(transaction.claim(claim).await)? {
-        None => return Ok(Claimed::Busy),
-        Some(Conditional::Applied) => return Ok(Claimed::Ours),
-        Some(Conditional::Refused(None)) => return Ok(Claimed::Busy),
+        None => return Ok(Within::Busy),
+        Some(Conditional::Applied) => return Ok(Within::Ours),
+        Some(Conditional::Refused(None)) => return Ok(Within::Busy),
         Some(Conditional::Refused(Some(found))) => found,
     };
     match fence(Some(&found), &claim.owner, claim.now_ms) {
-        Fence::Held | Fence::OwnCompletion => return Ok(Claimed::Held(found)),
+        Fence::Held | Fence::OwnCompletion => return Ok(Within::Held(found)),
         // Expired meanwhile: the next attempt claims it.
-        Fence::Free => return Ok(Claimed::Busy),
+        Fence::Free => return Ok(Within::Busy),
         // This transaction's own claim: its token is new to the store.
-        Fence::OwnClaim => return Ok(Claimed::Ours),
+        Fence::OwnClaim => return Ok(Within::Ours),
         Fence::Lapsed => {}
     }
     let takeover = takeover_of(claim, &found);
@@ -522,14 +598,14 @@ async fn claim_within<W: 'static>(
             warn!(record = %takeover.id, outcome = "takeover", attempt = takeover.attempt,
                 "took over a claim whose lease passed: the previous attempt may have acted");
             *claim = takeover;
-            Ok(Claimed::Ours)
+            Ok(Within::Ours)
         }
         Some(Conditional::Refused(Some(record)))
             if fence(Some(&record), &takeover.owner, claim.now_ms) == Fence::Held =>
         {
-            Ok(Claimed::Held(record))
+            Ok(Within::Held(record))
         }
-        None | Some(Conditional::Refused(_)) => Ok(Claimed::Busy),
+        None | Some(Conditional::Refused(_)) => Ok(Within::Busy),
     }
 }
 
@@ -546,29 +622,12 @@ fn busy_if_conflict(
 
 /// The completion applied; a refusal cannot happen (the row is locked by
 /// this transaction since its claim), and is an error if it does.
-fn applied<E>(completed: Conditional) -> Result<(), Error<E>> {
+fn applied<E>(completed: Conditional) -> Result<(), Finish<Error<E>>> {
     match completed {
         Conditional::Applied => Ok(()),
-        Conditional::Refused(_) => Err(Error::Store(StoreError::new(
+        Conditional::Refused(_) => Err(finish_failed(StoreError::new(
             StoreErrorKind::Other,
             "the record claimed in this transaction refused its completion",
         ))),
     }
-}
-
-/// The operation `ran` (or `answered`) past its transaction's time limit:
-/// logged, and the error the caller gets.
-fn time_limit_exceeded<E>(limits: &TransactionLimits, how: &str) -> Error<E> {
-    warn!(
-        limit_ms = limits.time_limit_value().as_millis() as u64,
-        outcome = "time_limit_exceeded",
-        "the operation {how} past its transaction's time limit; rolled back"
-    );
-    Error::TimeLimitExceeded {
-        limit: limits.time_limit_value(),
-    }
-}
-
-fn remaining(started: Instant, limits: &TransactionLimits) -> Duration {
-    limits.time_limit_value().saturating_sub(started.elapsed())
 }

@@ -21,9 +21,10 @@
 //! the one policy in [`conflicts`]. The entry points are in [`execute`];
 //! the loop they share is [`run`]; the engine's state is in [`state`].
 //!
+//! The loop holds the key under a lease, or inside a store's transaction
+//! ([`holding`]; what the latter means is in [`in_transaction`]).
 //! [`single_write`] is the protocol without a claim, for operations whose
-//! only effects are the writes they return; [`in_transaction`] the run
-//! inside a store's transaction; [`split`] the protocol split across
+//! only effects are the writes they return; [`split`] the protocol split across
 //! invocations; [`local_runs`] the runs of this process, which answer (or
 //! keep waiting) a duplicate in memory; [`operator`] holds what operators
 //! call outside any request.
@@ -40,6 +41,7 @@ mod conflicts;
 mod detach;
 mod execute;
 mod fence;
+mod holding;
 mod in_transaction;
 mod lease;
 mod local_runs;

@@ -1,11 +1,13 @@
 //! The run loop behind every entry point: claim, run under the claim,
-//! then complete or release.
+//! then complete or release; the same whether the key is held under a
+//! lease or inside a store transaction ([`holding`](super::holding)).
 
 use super::{
     attempt::Attempt,
     claim::{ClaimError, Claimed},
     claim_handle::ClaimHandle,
     codec::{self, Codec},
+    holding::{Holding, Returned},
     lease::run_unclaimed,
     local_runs::{Ended, LocalRun},
     mode::Mode,
@@ -17,7 +19,6 @@ use crate::{
     store::{Claim, Store},
     Error, StoreError, StoreErrorKind,
 };
-use futures_util::FutureExt;
 use std::{
     future::Future,
     panic::{catch_unwind, AssertUnwindSafe},
@@ -42,9 +43,6 @@ enum ClaimStep<T, E> {
     Unprotected(StoreError),
 }
 
-/// What an operation returns: its value and its writes, or its error.
-type Returned<T, W, E> = Result<(T, Vec<W>), E>;
-
 /// What running the operation under its claim gave: its value, its writes
 /// and the value encoded for the store.
 type Settled<T, W> = (T, Vec<W>, Result<Vec<u8>, crate::error::BoxError>);
@@ -56,6 +54,7 @@ impl<St: Store> Engine<St> {
         mode: Mode,
         codec: &C,
         refusal: R,
+        mut holding: Holding<'_, St::Write>,
         operation: F,
     ) -> Result<Outcome<T>, Error<E>>
     where
@@ -70,14 +69,14 @@ impl<St: Store> Engine<St> {
         // run without a claim, idempotency off or failing open, is boxed
         // where it is made, in `run_unclaimed`.)
         if self.inner.disabled {
-            return self.run_disabled(operation).await;
+            return Box::pin(self.run_disabled(holding, operation)).await;
         }
         let mut claim = match self.claim_unless_cached(attempt, codec) {
             Ok(claim) => claim,
             Err(answer) => return answer,
         };
-        let waits_until = attempt
-            .wait_in_process
+        let waits_until = holding
+            .wait_in_process(attempt.wait_in_process)
             .map(|budget| tokio::time::Instant::now() + budget);
         let began = loop {
             // A run of the key under way in this process answers a
@@ -98,7 +97,7 @@ impl<St: Store> Engine<St> {
             // How long the claim takes, measured apart from `clock`, which
             // gives the wall-clock instants that leases are written in.
             let began = tokio::time::Instant::now();
-            let claimed = self.claim(&mut claim).await;
+            let claimed = self.claim_held(&mut holding, &mut claim).await;
             match self.claim_step(&claim, claimed, attempt, mode, codec) {
                 ClaimStep::Ours => break began,
                 // Another duplicate of this process took the key as the run
@@ -122,7 +121,9 @@ impl<St: Store> Engine<St> {
                 }
             }
         };
-        self.started_in_time(&claim, began).await?;
+        if holding.has_lease() {
+            self.started_in_time(&claim, began).await?;
+        }
         // The operation runs here, not in a function of its own, whose
         // level every operation's future would nest one deeper, against
         // the compiler's recursion limit. The closure is called inside the
@@ -131,21 +132,17 @@ impl<St: Store> Engine<St> {
         // operation's future (an HTTP handler's and the reading of its
         // response, some kilobytes) would otherwise be copied whole at each
         // of the moves below, and this future would hold room for it.
-        let handle = self.handle(&claim);
+        let handle = self.handle_held(&holding, &claim);
         // Until this returns: its duplicates in this process wait on it.
         let _running = self.local_runs().start(&claim, &handle);
         let started = catch_unwind(AssertUnwindSafe(|| {
             Box::pin(handle.clone().scope(operation(handle.clone())))
         }));
         let ran = match started {
-            Ok(operation) => {
-                AssertUnwindSafe(self.run_claimed(&handle, operation))
-                    .catch_unwind()
-                    .await
-            }
+            Ok(operation) => self.run_held(&holding, &handle, operation).await?,
             Err(panic) => Err(panic),
         };
-        let (value, writes, response) = self.settle(&claim, attempt, codec, ran).await?;
+        let (value, writes, response) = self.settle(&holding, &claim, attempt, codec, ran).await?;
         // Stored with its writes; awaited here too, as the deepest store
         // calls (a refusal's completion or release) would nest under a
         // function of its own.
@@ -153,7 +150,7 @@ impl<St: Store> Engine<St> {
         let response = match response {
             Ok(response) => response,
             Err(error) if transactional => {
-                Box::pin(self.release(&claim)).await;
+                Box::pin(self.give_back(&holding, &claim)).await;
                 return Err(Error::Store(codec::unserialisable(error)));
             }
             Err(error) => {
@@ -164,12 +161,12 @@ impl<St: Store> Engine<St> {
         };
         let refusable = !writes.is_empty();
         match self
-            .complete(&claim, response, writes, transactional, refusable)
+            .complete_held(&holding, &claim, response, writes, transactional, refusable)
             .await
         {
             Ok(kind) => Ok(Outcome::new(value, kind)),
             Err(Error::Store(error)) if refusable && error.write_refusal().is_some() => {
-                Box::pin(self.answer_refusal(claim, codec, refusal, error)).await
+                Box::pin(self.answer_refusal(&holding, claim, codec, refusal, error)).await
             }
             Err(error) => Err(error),
         }
@@ -312,6 +309,7 @@ impl<St: Store> Engine<St> {
     /// if the attempt asked to).
     async fn settle<T, E, C: Codec<T>>(
         &self,
+        holding: &Holding<'_, St::Write>,
         claim: &Claim,
         attempt: &Attempt<'_>,
         codec: &C,
@@ -325,11 +323,13 @@ impl<St: Store> Engine<St> {
         match ran {
             Ok(Ok(ran)) => Ok(ran),
             Ok(Err(error)) => {
-                Box::pin(self.release(claim)).await;
+                Box::pin(self.give_back(holding, claim)).await;
                 debug!(record = %claim.id, outcome = "operation_error", "idempotency");
                 Err(Error::Operation(error))
             }
-            Err(panic) if attempt.caution.keep_claim_on_panic => {
+            // A transaction cannot keep its claim: it rolls back as the
+            // invocation dies.
+            Err(panic) if attempt.caution.keep_claim_on_panic && holding.has_lease() => {
                 warn!(record = %claim.id, outcome = "panicked", panic = panic_message(&*panic),
                     "the operation panicked and may have acted; its claim is kept until its lease passes, and the next attempt is a takeover");
                 std::panic::resume_unwind(panic);
@@ -339,7 +339,7 @@ impl<St: Store> Engine<St> {
                 // its lease: Powertools deletes the claim on any exception.
                 warn!(record = %claim.id, outcome = "panicked", panic = panic_message(&*panic),
                     "the operation panicked; its claim is released so that a retry can run it");
-                Box::pin(self.release(claim)).await;
+                Box::pin(self.give_back(holding, claim)).await;
                 std::panic::resume_unwind(panic);
             }
         }
@@ -350,6 +350,7 @@ impl<St: Store> Engine<St> {
     /// released).
     async fn answer_refusal<T, E, C, R>(
         &self,
+        holding: &Holding<'_, St::Write>,
         claim: Claim,
         codec: &C,
         refusal: R,
@@ -364,46 +365,25 @@ impl<St: Store> Engine<St> {
             Some(Ok(answer)) => match codec.encode(&answer) {
                 Ok(response) => {
                     debug!(record = %claim.id, outcome = "refused", "a write was refused: its answer is stored");
-                    self.complete(&claim, response, Vec::new(), true, false)
+                    self.complete_refused(holding, &claim, response)
                         .await
                         .map(|kind| Outcome::new(answer, kind))
                 }
                 Err(encoding) => {
-                    Box::pin(self.release(&claim)).await;
+                    Box::pin(self.give_back(holding, &claim)).await;
                     Err(Error::Store(codec::unserialisable(encoding)))
                 }
             },
             Some(Err(answer)) => {
-                Box::pin(self.release(&claim)).await;
+                Box::pin(self.give_back(holding, &claim)).await;
                 Err(Error::Operation(answer))
             }
             None => {
                 warn!(record = %claim.id, outcome = "store_error", %error,
                     "transactional completion failed; releasing the claim");
-                Box::pin(self.release(&claim)).await;
+                Box::pin(self.give_back(holding, &claim)).await;
                 Err(Error::Store(error))
             }
         }
-    }
-
-    /// Idempotency is off: the operation runs, unprotected, and nothing is
-    /// stored.
-    pub(super) async fn run_disabled<T, E, F, Fut>(
-        &self,
-        operation: F,
-    ) -> Result<Outcome<T>, Error<E>>
-    where
-        F: FnOnce(ClaimHandle) -> Fut,
-        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
-    {
-        let (value, writes) = run_unclaimed(operation, None).await?;
-        if !writes.is_empty() {
-            return Err(Error::WritesNotCommitted(StoreError::new(
-                StoreErrorKind::Misconfigured,
-                "idempotency is disabled (IDEMPOTENCY_DISABLED=true): the operation ran, and none of its writes was committed",
-            )));
-        }
-        debug!(outcome = "disabled", "idempotency");
-        Ok(Outcome::new(value, OutcomeKind::Disabled))
     }
 }

@@ -7,6 +7,7 @@ use super::{
     codec::{self, Codec},
     conflicts::Contention,
     fence::{fence, Fence},
+    holding::Holding,
     lease::run_unclaimed,
     outcome::{Outcome, OutcomeKind},
     state::Engine,
@@ -82,7 +83,7 @@ impl<St: Store> Engine<St> {
     {
         let inner = &*self.inner;
         if inner.disabled {
-            return self.run_disabled(operation).await;
+            return self.run_disabled(Holding::Lease, operation).await;
         }
         let id = self.record_id(attempt.scope, attempt.key);
         if let Some(replay) = self.cached_replay(&id, attempt, codec, inner.clock.now_ms()) {

@@ -70,9 +70,4 @@ impl<St: Store> Engine<St> {
     pub fn has_heartbeat(&self) -> bool {
         self.inner.heartbeat
     }
-
-    /// Whether idempotency is turned off (`IDEMPOTENCY_DISABLED=true`).
-    pub(crate) fn is_disabled(&self) -> bool {
-        self.inner.disabled
-    }
 }
