@@ -137,6 +137,18 @@ impl Record {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_status_prints_as_it_is_stored_and_an_unknown_one_says_so() {
+        for status in [Status::InProgress, Status::Completed] {
+            assert_eq!(status.to_string(), status.as_str());
+            assert_eq!(status.to_string().parse::<Status>(), Ok(status));
+        }
+        // What an operator reads in the error a stored record's status
+        // fails with (the stores wrap it with the value found).
+        let unknown = "PENDING".parse::<Status>().unwrap_err();
+        assert_eq!(unknown.to_string(), "unknown record status");
+    }
+
     fn record(status: Status, expiration_s: u64, lease_until_ms: Option<u64>) -> Record {
         Record {
             id: RecordId::from_stored("p#1"),
