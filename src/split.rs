@@ -168,6 +168,10 @@ pub enum SplitClaim<T> {
 /// - [`Error::InProgress`]: another owner's claim is live; `retry_after`
 ///   is the time left on its lease.
 /// - [`Error::KeyReused`]: the key's record holds another fingerprint.
+/// - [`Error::LeaseLost`]: the claim was answered after its lease had
+///   passed (or with too little of it left): the work would have run as a
+///   zombie beside whoever takes the key over. The claim is given back:
+///   claim again.
 /// - [`Error::Store`]: the store failed, or a completed record does not
 ///   decode with `codec` (its kind, [`StoreErrorKind`](crate::StoreErrorKind),
 ///   says which, and whether trying again may help). Never failed open.

@@ -119,7 +119,8 @@
 //!   releases it.
 //! - Claims fail closed, on an engine built with
 //!   [`fail_open`](lambda_idempotency::EngineBuilder::fail_open) too: the claim step
-//!   tries a store outage again, five times in all, then fails the
+//!   tries a store outage (and a claim answered after its lease passed,
+//!   which the engine gives back) again, five times in all, then fails the
 //!   execution with `IdempotencyStoreError`; a [`step`](DurableIdempotency::step)'s
 //!   body never runs without its claim (the step tries the outage again
 //!   with backoff, five times in all, then fails with
@@ -587,6 +588,11 @@ fn claim_retry(error: Option<&DurableError>, attempt: u32) -> RetryDecision {
                 delay: backoff(attempt),
             }
         }
+        // A claim answered after its lease passed was given back: the
+        // next try claims anew.
+        Some(DurableError::LeaseLost) if attempt < OUTAGE_TRIES => RetryDecision::Retry {
+            delay: backoff(attempt),
+        },
         _ => RetryDecision::Stop,
     }
 }
@@ -715,6 +721,11 @@ mod tests {
             [None]
         );
         assert_eq!(decisions(claim_retry, None, 1), [None]);
+        // A claim answered after its lease passed, given back: claimed again.
+        assert_eq!(
+            decisions(claim_retry, Some(&DurableError::LeaseLost), 5),
+            [Some(2), Some(4), Some(8), Some(16), None]
+        );
     }
 
     #[test]

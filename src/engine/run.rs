@@ -286,7 +286,7 @@ impl<St: Store> Engine<St> {
     /// by a monotonic clock (tokio's, which paused tests move), so a wall
     /// clock stepped meanwhile, or a test clock that moves on every read,
     /// does not decide it.
-    async fn started_in_time<E>(
+    pub(super) async fn started_in_time<E>(
         &self,
         claim: &Claim,
         began: tokio::time::Instant,

@@ -28,7 +28,8 @@ impl<St: Store> Engine<St> {
     /// Claims the key for the execution. The execution's own record (its
     /// claim, landed in an invocation that crashed before the claim was
     /// checkpointed) is its to run; a completed one replays; a live one of
-    /// another execution is [`Error::InProgress`].
+    /// another execution is [`Error::InProgress`]; a claim answered after
+    /// its lease passed is given back, [`Error::LeaseLost`].
     pub(crate) async fn claim_split<T>(
         &self,
         attempt: &SplitAttempt,
@@ -39,8 +40,14 @@ impl<St: Store> Engine<St> {
             return Ok(SplitClaim::Disabled);
         }
         let mut claim = self.split_claim(attempt).map_err(Error::Store)?;
+        let began = tokio::time::Instant::now();
         match self.claim(&mut claim).await {
-            Ok(Claimed::Ours) => Ok(SplitClaim::Ours),
+            // Answered after its lease passed (or with too little left), as
+            // a run's claim: given back, and the caller claims again.
+            Ok(Claimed::Ours) => self
+                .started_in_time(&claim, began)
+                .await
+                .map(|()| SplitClaim::Ours),
             Ok(Claimed::Held(record)) => self
                 .existing_with(
                     record,

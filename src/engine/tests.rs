@@ -1204,6 +1204,32 @@ async fn a_claim_answered_after_its_lease_does_not_run() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Simulator (durable executions, seed 5): a durable execution's claim
+/// answered after its lease passed is given back and answered `LeaseLost`,
+/// as a run's is; the execution's next claim, under the same token, is its.
+#[tokio::test(start_paused = true)]
+async fn a_split_claim_answered_after_its_lease_is_given_back() {
+    use crate::split::{self, SplitAttempt, SplitClaim};
+    let (engine, store, _) = unlucky();
+    let execution = SplitAttempt::new(
+        "s",
+        "late",
+        fingerprint(1),
+        crate::store::OwnerToken::from_stored("execution-1"),
+        Duration::from_secs(10),
+    );
+    *store.claim_answered_after.lock().expect("lock") = Some(Duration::from_secs(11));
+    let late = split::claim::<_, u8>(&engine, &execution, &Json).await;
+    assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+    assert_eq!(
+        store.store.record(&engine.record_id("s", "late")),
+        None,
+        "given back"
+    );
+    let again = split::claim::<_, u8>(&engine, &execution, &Json).await;
+    assert!(matches!(again, Ok(SplitClaim::Ours)), "{again:?}");
+}
+
 /// Simulator, engine bug 2 (seed 362): a takeover whose operation fails
 /// gives its claim back without forgetting it: the attempt it took over
 /// may still run, so the retry (at once) is the next takeover, and told.

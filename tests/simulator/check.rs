@@ -330,8 +330,15 @@ pub fn check(history: &History) -> Result<(), String> {
                     let Some(landed_at) = me.claim_landed_at_ms else {
                         return Err(format!("a{att} ran under a claim that never landed"));
                     };
-                    // Told it took over, with the attempt it is.
-                    let takeover = *takeover;
+                    // Told it took over, with the attempt it is. A durable
+                    // execution is not told (`SplitClaim::Ours` says
+                    // nothing of a takeover): the attempt its claim wrote
+                    // stands for it.
+                    let takeover = if history.attempts[*att].way == Way::Split {
+                        (me.claim_attempt > 1).then_some(me.claim_attempt)
+                    } else {
+                        *takeover
+                    };
                     let told = takeover.unwrap_or(1);
                     if told != me.claim_attempt {
                         return Err(format!(

@@ -133,7 +133,13 @@ fn histories_with_a_read_before_each_claim_keep_every_invariant() {
     let start = env("SIM_START").unwrap_or(0);
     let mut peeks = 0usize;
     for seed in start..start.saturating_add(budget) {
-        let history = sim::run_with(seed, true);
+        let history = sim::run_with(
+            seed,
+            sim::Options {
+                read_before_claim: true,
+                ..Default::default()
+            },
+        );
         peeks += history
             .entries
             .iter()
@@ -156,6 +162,68 @@ fn histories_with_a_read_before_each_claim_keep_every_invariant() {
     }
     assert!(peeks > 0, "the engines read before their claims");
     println!("{budget} histories reading before each claim ({peeks} reads): every invariant held");
+}
+
+/// The same, with two attempts in five durable executions (`split::claim`,
+/// `split::complete`, `split::release`, each step tried again under the
+/// execution's token, as the durable crate's are) beside the engine's
+/// other runs: `SIM_SPLIT_SEEDS` seeds (2,000 by default) from
+/// `SIM_START`. `SIM_SEED` with `SIM_SPLIT=1` prints one.
+#[test]
+fn histories_with_durable_executions_keep_every_invariant() {
+    let options = sim::Options {
+        split_executions: true,
+        ..Default::default()
+    };
+    if let (Some(seed), Some(1)) = (env("SIM_SEED"), env("SIM_SPLIT")) {
+        let history = sim::run_with(seed, options);
+        println!("{}", render(seed, &history));
+        if let Err(broken) = check::check(&history) {
+            panic!("seed {seed} (durable executions): {broken}");
+        }
+        return;
+    }
+    let budget = env("SIM_SPLIT_SEEDS").unwrap_or(2_000);
+    let start = env("SIM_START").unwrap_or(0);
+    let (mut completed, mut taken_over) = (0usize, 0usize);
+    for seed in start..start.saturating_add(budget) {
+        let history = sim::run_with(seed, options);
+        let split = |att: &usize| history.attempts[*att].way == sim::Way::Split;
+        for entry in &history.entries {
+            match &entry.event {
+                Event::Done {
+                    att,
+                    ending:
+                        Ending::Ok {
+                            kind: lambda_idempotency::OutcomeKind::Fresh,
+                            ..
+                        },
+                    ..
+                } if split(att) => completed += 1,
+                Event::Landed {
+                    att,
+                    op: Op::TakeOver(..),
+                    answer: Answer::Write(lambda_idempotency::store::Conditional::Applied),
+                    ..
+                } if split(att) => taken_over += 1,
+                _ => {}
+            }
+        }
+        if let Err(broken) = check::check(&history) {
+            panic!(
+                "{}\nseed {seed} (durable executions) broke an invariant: {broken}\nreplay it: SIM_SEED={seed} SIM_SPLIT=1 cargo test --test simulator histories_with_durable",
+                render(seed, &history)
+            );
+        }
+    }
+    if budget >= 1_000 {
+        assert!(completed > 0, "some durable executions completed");
+        assert!(
+            taken_over > 0,
+            "some durable executions took a lapsed claim over"
+        );
+    }
+    println!("{budget} histories with durable executions ({completed} completed, {taken_over} takeovers): every invariant held");
 }
 
 #[test]

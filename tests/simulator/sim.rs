@@ -39,6 +39,7 @@ use crate::rng::Rng;
 use futures::FutureExt;
 use lambda_idempotency::store::memory::{MemoryTransaction, MemoryWrite};
 use lambda_idempotency::{
+    split::{self, SplitAttempt, SplitClaim},
     store::{
         transaction::TransactionFuture, Claim, Commit, Completion, Conditional, Extension,
         OpenTransaction, OwnerToken, Record, RecordId, Removal, Store, Transaction,
@@ -90,6 +91,11 @@ pub enum Way {
     /// `Engine::run_in_transaction`: the operation's effect written in the
     /// transaction that holds the claim.
     InTransaction,
+    /// A durable execution's use of the engine (`split::claim`, then
+    /// `split::complete`, or `split::release` when the work fails), under
+    /// an owner token of the execution's own, each step tried again on a
+    /// store error under the same token, as the durable crate's steps are.
+    Split,
 }
 
 /// A write or read as the store saw it, with the record before and after.
@@ -777,6 +783,8 @@ struct Plan {
     /// Inside a transaction: how long its claim waits on another's, and
     /// how long it may last.
     limits: TransactionLimits,
+    /// A durable execution's lease: nothing renews it.
+    split_lease_ms: u64,
 }
 
 struct TaskWaker(AtomicBool);
@@ -807,12 +815,25 @@ pub struct History {
 
 /// Runs the history of `seed`.
 pub fn run(seed: u64) -> History {
-    run_with(seed, false)
+    run_with(seed, Options::default())
 }
 
-/// The history of `seed`, with every process's engine reading before it
-/// claims (`EngineBuilder::read_before_claim`) or not.
-pub fn run_with(seed: u64, read_before_claim: bool) -> History {
+/// What a history's engines and attempts do beside the default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Every process's engine reads before it claims
+    /// (`EngineBuilder::read_before_claim`).
+    pub read_before_claim: bool,
+    /// Two attempts in five are durable executions ([`Way::Split`]).
+    pub split_executions: bool,
+}
+
+/// The history of `seed`, with `options`.
+pub fn run_with(seed: u64, options: Options) -> History {
+    let Options {
+        read_before_claim,
+        split_executions,
+    } = options;
     let mut rng = Rng::new(seed);
     let config = Config::draw(&mut rng);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -929,11 +950,17 @@ pub fn run_with(seed: u64, read_before_claim: bool) -> History {
                 let key = rng.below(config.keys);
                 let payload = u8::from(rng.chance(10));
                 let process = rng.below(engines.len());
-                let way = match rng.below(12) {
-                    0..=5 => Way::Plain,
-                    6..=7 => Way::Transactional,
-                    8..=9 => Way::InTransaction,
-                    _ => Way::SingleWrite,
+                // (Drawn only when asked: the default histories stay
+                // those their seeds always made.)
+                let way = if split_executions && rng.chance(40) {
+                    Way::Split
+                } else {
+                    match rng.below(12) {
+                        0..=5 => Way::Plain,
+                        6..=7 => Way::Transactional,
+                        8..=9 => Way::InTransaction,
+                        _ => Way::SingleWrite,
+                    }
                 };
                 let skew = config.processes[process].skew;
                 let plan = Plan {
@@ -946,6 +973,8 @@ pub fn run_with(seed: u64, read_before_claim: bool) -> History {
                     limits: TransactionLimits::new()
                         .claim_wait(Duration::from_millis(QUANTUM_MS * rng.range(0, 6)))
                         .time_limit(Duration::from_millis(QUANTUM_MS * rng.range(2, 60))),
+                    // Within max_lease, as every lease the checker sees.
+                    split_lease_ms: config.default_lease_ms,
                 };
                 let clock_ms = (lock(&world).now_ms as i64 + skew) as u64;
                 let deadline_ms = rng.chance(30).then(|| clock_ms + 1_000 * rng.range(1, 6));
@@ -1184,7 +1213,9 @@ async fn attempt_future(
     let limits = plan.limits;
     // The operation's work under its claim: its execution's number, or its
     // failure.
-    let work = move |handle: ClaimHandle| async move {
+    // (A durable execution has no handle: it runs only under its claim,
+    // and is not told of a takeover.)
+    let work = move |handle: Option<ClaimHandle>| async move {
         let exec = {
             let mut world = lock(&operation_world);
             let exec = world.next_exec;
@@ -1193,8 +1224,10 @@ async fn attempt_future(
                 att,
                 exec,
                 key,
-                takeover: handle.takeover().map(|t| t.attempt),
-                claimed: handle.is_claimed(),
+                takeover: handle
+                    .as_ref()
+                    .and_then(|handle| handle.takeover().map(|t| t.attempt)),
+                claimed: handle.as_ref().is_none_or(ClaimHandle::is_claimed),
             });
             exec
         };
@@ -1211,7 +1244,7 @@ async fn attempt_future(
                 fired: Arc::default(),
             }
             .await;
-            if let Some(by) = plan.extend_by {
+            if let (Some(by), Some(handle)) = (plan.extend_by, &handle) {
                 let _ = handle.extend(Duration::from_millis(by)).await;
             }
         }
@@ -1223,6 +1256,25 @@ async fn attempt_future(
         Ok(exec)
     };
     let effect = move |exec: u64| MemoryWrite::put(format!("effect/k{key}/{exec}"), Vec::new());
+    if way == Way::Split {
+        let owner = OwnerToken::from_stored(format!("execution-{att}"));
+        let lease = Duration::from_millis(plan.split_lease_ms);
+        let execution = SplitAttempt::new(
+            "scope",
+            key_text.as_str(),
+            attempt.fingerprint().clone(),
+            owner,
+            lease,
+        );
+        let ending = split_execution(&engine, &execution, work(None)).await;
+        let clock_ms = engine.now_ms();
+        lock(&world).log(Event::Done {
+            att,
+            ending,
+            clock_ms,
+        });
+        return;
+    }
     let result = match way {
         Way::InTransaction => {
             engine
@@ -1231,7 +1283,7 @@ async fn attempt_future(
                     limits,
                     |transaction: MemoryTransaction| async move {
                         let handle = ClaimHandle::current().ok_or("run outside its claim")?;
-                        let exec = work(handle).await?;
+                        let exec = work(Some(handle)).await?;
                         // The effect, written in the transaction that holds the
                         // claim: it commits with the record, or not at all.
                         transaction
@@ -1244,7 +1296,7 @@ async fn attempt_future(
         }
         _ => {
             let operation = move |handle: ClaimHandle| async move {
-                let exec = work(handle).await?;
+                let exec = work(Some(handle)).await?;
                 let writes = match way {
                     Way::Plain => Vec::new(),
                     _ => vec![effect(exec)],
@@ -1282,4 +1334,66 @@ async fn attempt_future(
         ending,
         clock_ms,
     });
+}
+
+/// How many times a durable step tries a store error in all (the durable
+/// crate's claim step: five).
+const SPLIT_TRIES: u32 = 5;
+
+/// A durable execution of the attempt's key: its claim step, its work, and
+/// its completion step (or its release when the work failed), each step
+/// tried again on a store error under the execution's one token (a claim
+/// whose answer was lost is found again as its own, a completion whose
+/// answer was lost as landed).
+async fn split_execution(
+    engine: &Engine<SimStore>,
+    execution: &SplitAttempt,
+    work: impl Future<Output = Result<u64, &'static str>>,
+) -> Ending {
+    let mut tries = 1;
+    let claimed = loop {
+        match split::claim(engine, execution, &Json).await {
+            Err(Error::Store(_) | Error::LeaseLost) if tries < SPLIT_TRIES => tries += 1,
+            claimed => break claimed,
+        }
+    };
+    match claimed {
+        Ok(SplitClaim::Ours) => {}
+        Ok(SplitClaim::Replay(Receipt { exec })) => {
+            return Ending::Ok {
+                kind: OutcomeKind::Replay,
+                value: exec,
+            }
+        }
+        Ok(SplitClaim::Disabled) => {
+            return Ending::Ok {
+                kind: OutcomeKind::Disabled,
+                value: 0,
+            }
+        }
+        Err(Error::InProgress { .. }) => return Ending::InProgress,
+        Err(Error::KeyReused) => return Ending::KeyReused,
+        Err(Error::Store(error)) => return Ending::Store(error.kind()),
+        Err(Error::LeaseLost) => return Ending::LeaseLost,
+        Err(_) => return Ending::Operation,
+    }
+    let exec = match work.await {
+        Ok(exec) => exec,
+        Err(_) => {
+            let mut tries = 1;
+            while split::release(engine, execution).await.is_err() && tries < SPLIT_TRIES {
+                tries += 1;
+            }
+            return Ending::Operation;
+        }
+    };
+    let response = serde_json::to_vec(&Receipt { exec }).unwrap_or_default();
+    let mut tries = 1;
+    loop {
+        match split::complete(engine, execution, response.clone()).await {
+            Ok(kind) => return Ending::Ok { kind, value: exec },
+            Err(_) if tries < SPLIT_TRIES => tries += 1,
+            Err(error) => return Ending::Store(error.kind()),
+        }
+    }
 }
