@@ -54,7 +54,13 @@ struct PerAttempt {
     told: Option<u32>,
     /// Where in the history its claim landed.
     claim_seq: usize,
+    /// Its completion landed, and the answer it got said so.
+    completion_confirmed: bool,
 }
+
+/// The heartbeat's lease floor (`engine::lease::HEARTBEAT_LEASE_FLOOR`,
+/// documented on `EngineBuilder::heartbeat`).
+const HEARTBEAT_LEASE_FLOOR_MS: u64 = 10_000;
 
 /// The first invariant `history` breaks, said in a sentence.
 pub fn check(history: &History) -> Result<(), String> {
@@ -122,11 +128,29 @@ pub fn check(history: &History) -> Result<(), String> {
                 before,
                 after,
                 answer,
-                ..
+                lost,
             } => {
                 let Some(&key) = keys.get(op.id().as_str()) else {
                     return Err(format!("a write to an unknown record {}", op.id()));
                 };
+                // A completion the attempt was told landed is never given
+                // back after it: the release would find nothing of its to
+                // give back (or, on a store that did not fence it, delete
+                // the completed record).
+                match op {
+                    Op::Release(..) if attempts[*att].completion_confirmed => {
+                        return Err(format!(
+                            "a claim is never given back after its completion landed: a{att} released k{key}"
+                        ));
+                    }
+                    Op::Complete(_)
+                        if lost.is_none()
+                            && matches!(answer, Answer::Write(Conditional::Applied)) =>
+                    {
+                        attempts[*att].completion_confirmed = true;
+                    }
+                    _ => {}
+                }
                 if matches!(answer, Answer::Fault(..)) {
                     continue;
                 }
@@ -197,6 +221,23 @@ pub fn check(history: &History) -> Result<(), String> {
                                 crate::sim::ms(true_clock),
                                 crate::sim::ms(c.lease_until_ms),
                                 max_lease_ms
+                            ));
+                        }
+                        // With the heartbeat, a claim's lease starts at the
+                        // heartbeat's floor (10 s, capped by max_lease),
+                        // however near its deadline: a store that fails for
+                        // a moment must not let it lapse under a run that
+                        // goes on. (A durable execution's lease is its own.)
+                        let info = &history.attempts[*att];
+                        let floor_ms = HEARTBEAT_LEASE_FLOOR_MS.min(config.max_lease_ms);
+                        if info.heartbeat
+                            && info.way != Way::Split
+                            && c.lease_until_ms < c.now_ms + floor_ms
+                        {
+                            return Err(format!(
+                                "a heartbeat's claim starts at its floor: a{att} claimed at {} until {}, under {floor_ms} ms",
+                                crate::sim::ms(c.now_ms),
+                                crate::sim::ms(c.lease_until_ms)
                             ));
                         }
                         let owner = c.owner.as_str().to_owned();

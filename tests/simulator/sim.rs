@@ -283,6 +283,8 @@ pub struct AttemptInfo {
     pub key: usize,
     pub payload: u8,
     pub skew: i64,
+    /// Its process's engine runs the heartbeat.
+    pub heartbeat: bool,
     pub way: Way,
     pub faults: u32,
     pub conflicts: u32,
@@ -990,6 +992,7 @@ pub fn run_with(seed: u64, options: Options) -> History {
                     key,
                     payload,
                     skew,
+                    heartbeat: config.processes[process].heartbeat,
                     way,
                     faults: 0,
                     conflicts: 0,
