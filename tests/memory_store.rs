@@ -180,6 +180,41 @@ mod in_transaction {
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
+    /// A claim in a transaction is held by the transaction's lock, not by
+    /// a lease: one that waited on another transaction longer than the
+    /// engine's whole lease still runs (a claim outside one, answered that
+    /// late, would be given back as `LeaseLost`).
+    #[tokio::test]
+    async fn a_claim_that_waited_past_the_lease_on_a_lock_still_runs() {
+        let store = MemoryStore::new();
+        let lease = Duration::from_secs(1);
+        let (first, second) = (
+            Engine::builder(store.clone()).default_lease(lease).build(),
+            Engine::builder(store.clone()).default_lease(lease).build(),
+        );
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (started, started_rx) = tokio::sync::oneshot::channel();
+        // Holds the key 1.5 s, then fails: rolled back, the key free.
+        let holding = tokio::spawn(async move {
+            first
+                .run_in_transaction(&attempt("k"), limits(), |_tx| async move {
+                    let _ = started.send(());
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    Err::<String, _>("declined".to_owned())
+                })
+                .await
+        });
+        started_rx.await.unwrap();
+        let patient = limits().claim_wait(Duration::from_secs(3));
+        let ran = second
+            .run_in_transaction(&attempt("k"), patient, |tx| charge(tx, &runs))
+            .await
+            .expect("ran after the wait");
+        assert_eq!(ran.kind(), OutcomeKind::Fresh);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(matches!(holding.await.unwrap(), Err(Error::Operation(_))));
+    }
+
     #[tokio::test]
     async fn concurrent_duplicates_never_both_run() {
         let store = MemoryStore::new();
