@@ -183,7 +183,8 @@ MUTANTS_ARGS := --jobs 1 --no-shuffle $(if $(MUTANTS_SHARD),--shard $(MUTANTS_SH
 ## test; the whole scope, some 600 mutants, takes hours on 2 cores: run a
 ## file, or a shard of about an hour): mutates the engine's decisions, the stores'
 ## decision code and the durable crate, and runs on each mutant the library's
-## unit tests, the conformance kit on the memory store and the simulator,
+## unit tests, the conformance kit on the memory store, the simulator and the
+## disabled switch,
 ## or the durable crate's tests (not its DynamoDB ones).
 ## MUTANTS_FILES="src/engine/fence.rs" runs one file (or several), MUTANTS_SHARD=0/8
 ## an eighth; MUTANTS_OPTIONS passes more (--list, --iterate). Results in
@@ -197,6 +198,7 @@ mutants: $(TOOLS)/cargo/bin/cargo-mutants
 	$(if $(MUTANTS_LIB_FILES),$(MUTANTS_ENV) $(TOOLS)/cargo/bin/cargo-mutants mutants \
 	  --package lambda-idempotency $(addprefix --file ,$(MUTANTS_LIB_FILES)) \
 	  --cargo-arg=--lib --cargo-arg=--test=memory_store --cargo-arg=--test=simulator \
+	  --cargo-arg=--test=disabled \
 	  --output target/mutants/lib $(MUTANTS_ARGS) || status=$$?;) \
 	$(if $(MUTANTS_DURABLE_FILES),$(MUTANTS_ENV) $(TOOLS)/cargo/bin/cargo-mutants mutants \
 	  --package lambda-idempotency-durable $(addprefix --file ,$(MUTANTS_DURABLE_FILES)) \

@@ -2,7 +2,10 @@
 //! refused inside Lambda unless forced. One test: it sets the process's
 //! environment.
 
-use lambda_idempotency::{Attempt, Engine, Fingerprint, MemoryStore, OutcomeKind};
+use lambda_idempotency::{
+    store::memory::MemoryWrite, Attempt, Engine, Error, Fingerprint, Json, MemoryStore, Mode,
+    OutcomeKind,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 async fn twice(engine: &Engine<MemoryStore>) -> (usize, OutcomeKind) {
@@ -32,6 +35,22 @@ async fn the_switch_turns_idempotency_off_outside_lambda_only() {
         off.inspect("t", "k").await.expect("read").is_none(),
         "nothing stored"
     );
+    // An operation whose effects are writes committed with its record: it
+    // runs, and since nothing is recorded its writes are not committed,
+    // which the caller is told.
+    let with_writes = off
+        .run(
+            &Attempt::new("t", "w", Fingerprint::of_bytes(b"body")),
+            Mode::Transactional,
+            &Json,
+            |_| async { Ok::<_, std::io::Error>((1u8, vec![MemoryWrite::put("charge", "ch_1")])) },
+        )
+        .await;
+    assert!(
+        matches!(with_writes, Err(Error::WritesNotCommitted(_))),
+        "{with_writes:?}"
+    );
+    assert_eq!(store.item("charge"), None);
 
     // Inside Lambda the switch is refused: idempotency stays on.
     std::env::set_var("AWS_LAMBDA_FUNCTION_NAME", "charges");

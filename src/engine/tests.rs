@@ -1189,7 +1189,9 @@ async fn a_claim_answered_after_its_lease_does_not_run() {
         "an attempt 1 that never ran gives its claim back"
     );
 
-    // With too little of the lease left, too.
+    // With too little of the lease left, too: under 100 ms (as
+    // `Error::LeaseLost` documents).
+    assert_eq!(START_MARGIN_MS, 100);
     *store.claim_answered_after.lock().expect("lock") =
         Some(Duration::from_millis(10_000 - START_MARGIN_MS + 1));
     let late = engine.execute(&attempt, run).await;
@@ -1710,6 +1712,70 @@ async fn when_the_run_releases_its_key_one_waiting_duplicate_runs_and_the_rest_r
             .all(|k| *k == Ok((OutcomeKind::Fresh, 2)) || *k == Ok((OutcomeKind::Replay, 2))),
         "{kinds:?}"
     );
+}
+
+/// Two duplicates wait on a run that then gives its key back; one claims
+/// it and runs (slowly), and the other, refused by that claim in the store,
+/// goes back to waiting on it in memory: it gets its replay, not a 409.
+#[tokio::test]
+async fn a_waiter_refused_by_another_waiter_s_claim_waits_on_that_run_in_turn() {
+    let store = CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone()).build();
+    let (first, finish_first) = {
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+        let engine = engine.clone();
+        let run = tokio::spawn(async move {
+            engine
+                .execute(&Attempt::new("s", "k", fingerprint(1)), || async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Err::<u8, _>(Failed)
+                })
+                .await
+        });
+        started_rx.await.expect("the first runs");
+        (run, finish_tx)
+    };
+    // Whichever duplicate runs waits for this before it answers.
+    let (release, released) = tokio::sync::watch::channel(false);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let duplicates: Vec<_> = [2u8, 3]
+        .into_iter()
+        .map(|value| {
+            let (engine, runs, mut released) =
+                (engine.clone(), Arc::clone(&runs), released.clone());
+            tokio::spawn(async move {
+                let attempt =
+                    Attempt::new("s", "k", fingerprint(1)).wait_in_process(Duration::from_secs(30));
+                engine
+                    .execute(&attempt, || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let _ = released.wait_for(|go| *go).await;
+                        Ok::<_, Failed>(value)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _ = finish_first.send(());
+    assert!(matches!(
+        first.await.expect("joined"),
+        Err(Error::Operation(Failed))
+    ));
+    // One duplicate holds the key now; the other was refused by it.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let _ = release.send(true);
+    let mut kinds = Vec::new();
+    for duplicate in duplicates {
+        let outcome = duplicate.await.expect("joined").expect("answered");
+        kinds.push(outcome.kind());
+    }
+    kinds.sort_by_key(|kind| kind.as_str());
+    assert_eq!(kinds, [OutcomeKind::Fresh, OutcomeKind::Replay]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
