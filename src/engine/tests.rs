@@ -44,6 +44,69 @@ fn setup_retaining(retention: Duration) -> (Engine<MemoryStore>, MemoryStore, Ma
 #[derive(Debug, PartialEq)]
 struct Failed;
 
+/// A value that cannot be stored (JSON has no map keyed by tuples): a
+/// plain run still returns it, not recorded, its claim kept (its effects
+/// happened); a transactional one is an error, its claim released (its
+/// writes were never committed).
+#[tokio::test]
+async fn an_unserialisable_value_is_not_recorded_or_releases_a_transactional_claim() {
+    let (engine, store, _) = setup();
+    let value = || std::collections::HashMap::from([((1u8, 2u8), 3u8)]);
+    let plain = engine
+        .run(
+            &Attempt::new("s", "plain", fingerprint(1)),
+            Mode::Plain,
+            &Json,
+            |_| async { Ok::<_, Failed>((value(), Vec::new())) },
+        )
+        .await
+        .expect("the value, not recorded");
+    assert_eq!(plain.kind(), OutcomeKind::NotRecorded);
+    let kept = store.record(&engine.record_id("s", "plain")).expect("kept");
+    assert_eq!(kept.status, crate::store::Status::InProgress);
+
+    let transactional = engine
+        .run(
+            &Attempt::new("s", "writes", fingerprint(1)),
+            Mode::Transactional,
+            &Json,
+            |_| async { Ok::<_, Failed>((value(), Vec::new())) },
+        )
+        .await;
+    match transactional {
+        Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Other, "{error}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        store.record(&engine.record_id("s", "writes")),
+        None,
+        "released"
+    );
+}
+
+/// A transactional completion that fails gives its claim back once: the
+/// store is not asked twice.
+#[tokio::test]
+async fn a_failed_transactional_completion_releases_its_claim_once() {
+    let memory = MemoryStore::new();
+    let store = CountingStore::new(memory.clone());
+    let engine = Engine::builder(store.clone()).build();
+    let failed = engine
+        .run(
+            &Attempt::new("s", "k", fingerprint(1)),
+            Mode::Transactional,
+            &Json,
+            |_| async {
+                memory.fail_next(1); // the completion
+                Ok::<_, Failed>((1u8, Vec::new()))
+            },
+        )
+        .await;
+    assert!(matches!(failed, Err(Error::Store(_))), "{failed:?}");
+    assert_eq!(store.calls().release, 1);
+    assert_eq!(memory.record(&engine.record_id("s", "k")), None);
+}
+
 #[tokio::test]
 async fn failed_completion_returns_the_value_and_keeps_the_claim() {
     let (engine, store, _) = setup();
