@@ -84,27 +84,30 @@ async fn an_unserialisable_value_is_not_recorded_or_releases_a_transactional_cla
     );
 }
 
-/// A transactional completion that fails gives its claim back once: the
-/// store is not asked twice.
+/// A transactional completion that fails (not a refusal) gives its claim
+/// back once, with writes or without: the store is not asked twice.
 #[tokio::test]
 async fn a_failed_transactional_completion_releases_its_claim_once() {
-    let memory = MemoryStore::new();
-    let store = CountingStore::new(memory.clone());
-    let engine = Engine::builder(store.clone()).build();
-    let failed = engine
-        .run(
-            &Attempt::new("s", "k", fingerprint(1)),
-            Mode::Transactional,
-            &Json,
-            |_| async {
-                memory.fail_next(1); // the completion
-                Ok::<_, Failed>((1u8, Vec::new()))
-            },
-        )
-        .await;
-    assert!(matches!(failed, Err(Error::Store(_))), "{failed:?}");
-    assert_eq!(store.calls().release, 1);
-    assert_eq!(memory.record(&engine.record_id("s", "k")), None);
+    for writes in [Vec::new(), vec![MemoryWrite::put("charge", "ch_1")]] {
+        let memory = MemoryStore::new();
+        let store = CountingStore::new(memory.clone());
+        let engine = Engine::builder(store.clone()).build();
+        let failed = engine
+            .run(
+                &Attempt::new("s", "k", fingerprint(1)),
+                Mode::Transactional,
+                &Json,
+                |_| async {
+                    memory.fail_next(1); // the completion
+                    Ok::<_, Failed>((1u8, writes))
+                },
+            )
+            .await;
+        assert!(matches!(failed, Err(Error::Store(_))), "{failed:?}");
+        assert_eq!(store.calls().release, 1);
+        assert_eq!(memory.record(&engine.record_id("s", "k")), None);
+        assert_eq!(memory.item("charge"), None);
+    }
 }
 
 #[tokio::test]
