@@ -215,6 +215,119 @@ mod in_transaction {
         assert!(matches!(holding.await.unwrap(), Err(Error::Operation(_))));
     }
 
+    /// A duplicate in the process of a transaction under way waits on it
+    /// in memory as long as it would wait on its lock (the claim wait),
+    /// unless the attempt says otherwise: it gets the replay.
+    #[tokio::test]
+    async fn a_duplicate_in_the_same_process_waits_the_claim_wait_in_memory() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (started, started_rx) = tokio::sync::oneshot::channel();
+        let holding = tokio::spawn({
+            let (engine, runs) = (engine.clone(), Arc::clone(&runs));
+            async move {
+                engine
+                    .run_in_transaction(&attempt("k"), limits(), |tx| async move {
+                        let _ = started.send(());
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        charge(tx, &runs).await
+                    })
+                    .await
+            }
+        });
+        started_rx.await.unwrap();
+        let patient = limits().claim_wait(Duration::from_secs(2));
+        let replay = engine
+            .run_in_transaction(&attempt("k"), patient, |tx| charge(tx, &runs))
+            .await
+            .expect("replay");
+        assert_eq!(replay.kind(), OutcomeKind::Replay);
+        assert!(holding.await.unwrap().is_ok());
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    /// An operation that answers the very instant its time limit passes is
+    /// past it: rolled back, nothing committed.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_at_the_time_limit_is_past_it() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let limit = Duration::from_secs(1);
+        let late = engine
+            .run_in_transaction(&attempt("k"), limits().time_limit(limit), |tx| async move {
+                tokio::time::sleep(limit).await;
+                tx.write(MemoryWrite::put("charge", "ch_1"))
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>("paid".to_owned())
+            })
+            .await;
+        assert!(
+            matches!(late, Err(Error::TimeLimitExceeded { .. })),
+            "{late:?}"
+        );
+        assert_eq!(store.item("charge"), None);
+        let id = engine.record_id("charges", "k");
+        assert!(store.get(&id, engine.now_ms()).await.unwrap().is_none());
+    }
+
+    /// A store that fails as the transaction begins, or while its claim
+    /// waits on another transaction's lock, is a store error (a 503), not a
+    /// key in progress (a 409): nothing ran, and the key is free after.
+    #[tokio::test]
+    async fn a_store_failure_at_the_claim_is_a_store_error() {
+        let store = MemoryStore::new();
+        let (first, second) = (
+            Engine::builder(store.clone()).build(),
+            Engine::builder(store.clone()).build(),
+        );
+        let runs = Arc::new(AtomicUsize::new(0));
+        store.fail_next(1);
+        let failed = second
+            .run_in_transaction(&attempt("k"), limits(), |tx| charge(tx, &runs))
+            .await;
+        match failed {
+            Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Unavailable),
+            other => panic!("at the start: {other:?}"),
+        }
+        // Another transaction holds the key; the store fails while this
+        // claim waits on it.
+        let (started, started_rx) = tokio::sync::oneshot::channel();
+        let holding = tokio::spawn(async move {
+            first
+                .run_in_transaction(&attempt("k"), limits(), |_tx| async move {
+                    let _ = started.send(());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Err::<String, _>("declined".to_owned())
+                })
+                .await
+        });
+        started_rx.await.unwrap();
+        let waiting = tokio::spawn({
+            let (second, runs) = (second.clone(), Arc::clone(&runs));
+            async move {
+                let patient = limits().claim_wait(Duration::from_secs(2));
+                second
+                    .run_in_transaction(&attempt("k"), patient, |tx| charge(tx, &runs))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store.fail_next(1);
+        match waiting.await.unwrap() {
+            Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Unavailable),
+            other => panic!("while waiting: {other:?}"),
+        }
+        assert!(holding.await.unwrap().is_err());
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        // The key is free: the retry runs.
+        let retry = second
+            .run_in_transaction(&attempt("k"), limits(), |tx| charge(tx, &runs))
+            .await
+            .expect("ran");
+        assert_eq!(retry.kind(), OutcomeKind::Fresh);
+    }
+
     #[tokio::test]
     async fn concurrent_duplicates_never_both_run() {
         let store = MemoryStore::new();

@@ -175,6 +175,10 @@ impl Open {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.lock(claim.id.as_str()).await?;
+        // A failure injected for the kit (`MemoryStore::fail_next`) fails
+        // the claim too, as a connection lost while the claim waited on
+        // the key's lock would.
+        drop(self.store.enter()?);
         let mut staged = self.staged();
         match self.record(claim, &staged) {
             Some(found) if !found.is_expired(claim.now_ms) => Ok(Conditional::Refused(Some(found))),
