@@ -110,6 +110,61 @@ async fn a_failed_transactional_completion_releases_its_claim_once() {
     }
 }
 
+/// Inside a transaction, a deferred write the store refuses at the
+/// completion is answered as the adapter's refusal rule says: the answer
+/// stored without any of the writes, and committed.
+#[tokio::test]
+async fn a_refused_write_in_a_transaction_is_answered_and_stored_without_the_writes() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).build();
+    // The charge's id is taken already.
+    engine
+        .run(
+            &Attempt::new("s", "seed", fingerprint(1)),
+            Mode::Plain,
+            &Json,
+            |_| async { Ok::<_, Failed>((0u8, vec![MemoryWrite::put("charge/1", "earlier")])) },
+        )
+        .await
+        .expect("seeded");
+    let answered = engine
+        .transaction_run(
+            &Attempt::new("s", "k", fingerprint(1)),
+            crate::store::TransactionLimits::new(),
+            &Json,
+            |refusal: &crate::WriteRefusal| {
+                assert_eq!(refusal.code, "ConditionalCheckFailed");
+                Some(Ok(2u8))
+            },
+            |_| async {
+                Ok::<_, Failed>((
+                    1u8,
+                    vec![
+                        MemoryWrite::put("ledger/1", "booked"),
+                        MemoryWrite::put_if_absent("charge/1", "new"),
+                    ],
+                ))
+            },
+        )
+        .await
+        .expect("answered");
+    assert_eq!(*answered.value(), 2);
+    assert_eq!(answered.kind(), OutcomeKind::Fresh);
+    assert_eq!(store.item("ledger/1"), None, "none of the writes");
+    assert_eq!(store.item("charge/1").as_deref(), Some(&b"earlier"[..]));
+    let replay = engine
+        .run(
+            &Attempt::new("s", "k", fingerprint(1)),
+            Mode::Plain,
+            &Json,
+            |_| async { Ok::<_, Failed>((9u8, Vec::new())) },
+        )
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    assert_eq!(*replay.value(), 2);
+}
+
 #[tokio::test]
 async fn failed_completion_returns_the_value_and_keeps_the_claim() {
     let (engine, store, _) = setup();

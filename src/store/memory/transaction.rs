@@ -228,14 +228,21 @@ impl Open {
         for write in &staged.writes {
             items.insert(write.key.clone(), write.value.clone());
         }
-        for write in &completion.writes {
+        for (index, write) in completion.writes.iter().enumerate() {
             if write.if_absent
                 && (items.contains_key(&write.key) || self.store.item(&write.key).is_some())
             {
-                return Err(StoreError::new(
-                    StoreErrorKind::WriteRejected,
-                    format!("memory store: an item already exists under {:?}", write.key),
-                ));
+                // A refusal the application can answer, as outside a
+                // transaction (`check_writes`).
+                let message = format!("memory store: an item already exists under {:?}", write.key);
+                return Err(
+                    StoreError::new(StoreErrorKind::WriteRejected, message.clone())
+                        .with_write_refusal(crate::WriteRefusal::new(
+                            index,
+                            "ConditionalCheckFailed",
+                            message,
+                        )),
+                );
             }
         }
         staged.writes.extend(completion.writes);
