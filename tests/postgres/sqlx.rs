@@ -17,9 +17,15 @@ use std::time::{Duration, Instant};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// `base` (a server or PgBouncer URL) with its database replaced.
+fn on_database(base: &str, database: &str) -> String {
+    let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+    format!("{server}/{database}")
+}
+
 fn pool(url: &str, size: u32) -> PgPool {
     let mut options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
-    if url == pgbouncer_url() {
+    if on_database(url, "") == on_database(&pgbouncer_url(), "") {
         // PgBouncer refuses a startup parameter it does not know, and sqlx
         // sends `extra_float_digits` (the store's docs say so; a
         // PgBouncer with `ignore_startup_parameters = extra_float_digits`
@@ -251,6 +257,192 @@ async fn both_drivers_share_one_table() {
     assert_eq!(replay.kind(), OutcomeKind::Replay);
     assert_eq!(replay.value()["paid"], true);
     assert_eq!(ran.load(Ordering::SeqCst), 2);
+}
+
+/// The store under session settings that a user's server, database or
+/// role may have and the other tests' server does not:
+/// `standard_conforming_strings = off` (a backslash in a plain string
+/// literal is an escape) and `bytea_output = escape` (bytea as text is not
+/// hex). The store's default mode writes its values into each statement as
+/// literals and reads its rows as text: neither may mean anything else
+/// under them. The whole kit, directly and through PgBouncer, and values
+/// that a literal could get wrong (quotes, backslashes, `$1`, non-ASCII
+/// text, every byte) read back as written, and as the tokio-postgres
+/// store, which binds them, reads them.
+mod other_settings {
+    use super::*;
+    use lambda_idempotency::{
+        store::{Claim, Completion, Conditional, OwnerToken, RecordId},
+        Clock, Fingerprint, SystemClock,
+    };
+
+    const DATABASE: &str = "sqlx_other_settings";
+
+    /// The database, made once per run; its sessions start with the
+    /// settings, as a database default gives them.
+    async fn database() {
+        static MADE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        MADE.get_or_init(|| async {
+            let admin = tokio_postgres_client().await;
+            admin
+                .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+                .await
+                .expect("CREATE DATABASE");
+            admin
+                .batch_execute(&format!(
+                    "ALTER DATABASE {DATABASE} SET standard_conforming_strings = off; \
+                     ALTER DATABASE {DATABASE} SET escape_string_warning = off; \
+                     ALTER DATABASE {DATABASE} SET bytea_output = 'escape'"
+                ))
+                .await
+                .expect("ALTER DATABASE");
+        })
+        .await;
+    }
+
+    async fn url() -> String {
+        database().await;
+        on_database(&super::url(), DATABASE)
+    }
+
+    async fn pgbouncer_url() -> String {
+        database().await;
+        on_database(&super::pgbouncer_url(), DATABASE)
+    }
+
+    lambda_idempotency::store_conformance! {
+        store: async { store_on(&url().await, 8).await },
+        unavailable: super::unavailable(),
+        single_write,
+    }
+
+    mod prepared {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            store: async { store_on(&url().await, 8).await.prepared_statements(true) },
+            unavailable: super::super::unavailable(),
+            single_write,
+        }
+    }
+
+    mod through_pgbouncer {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            store: async { store_on(&pgbouncer_url().await, 8).await },
+            unavailable: super::super::unavailable(),
+            single_write,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_settings_are_in_force() {
+        let pool = pool(&url().await, 1);
+        for (setting, value) in [
+            ("standard_conforming_strings", "off"),
+            ("bytea_output", "escape"),
+        ] {
+            let shown: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+                .fetch_one(&pool)
+                .await
+                .expect("SHOW");
+            assert_eq!(shown, value, "{setting}");
+        }
+    }
+
+    /// Text and bytes that a literal could get wrong, written and read by
+    /// the store (`prepared` or not) on `url`, and read by the
+    /// tokio-postgres store on `direct`.
+    async fn values_read_back_as_written(url: &str, direct: &str, prepared: bool) {
+        let store = store_on(url, 2).await.prepared_statements(prepared);
+        let now = SystemClock.now_ms();
+        let odd = "it's \"quoted\" \\ \\x41 \\' '' $1 $$ E'\\'' été 🦀";
+        let id = RecordId::from_stored(format!("{odd} id"));
+        let claim = Claim {
+            id: id.clone(),
+            owner: OwnerToken::from_stored(format!("{odd} owner")),
+            fingerprint: Fingerprint::from_stored(format!("{odd} fingerprint")),
+            now_ms: now,
+            lease_until_ms: now + 60_000,
+            expiration_s: now / 1000 + 3600,
+            attempt: 1,
+            first_started_ms: now,
+        };
+        assert_eq!(
+            store.claim(&claim).await.expect("claim"),
+            Conditional::Applied
+        );
+        let listed = store.list_in_progress(odd, 10).await.expect("list");
+        assert_eq!(listed.len(), 1, "found by its prefix");
+        assert_eq!(listed[0].id, id);
+        assert!(store
+            .list_in_progress(&format!("{odd}x"), 10)
+            .await
+            .expect("list")
+            .is_empty());
+        let response: Vec<u8> = (0..=255u8).chain(*b"\\x00\\\\'\\000").collect();
+        let completion = Completion {
+            id: id.clone(),
+            owner: claim.owner.clone(),
+            response: response.clone(),
+            now_ms: now,
+            expiration_s: now / 1000 + 3600,
+            writes: Vec::<SqlxPgWrite>::new(),
+        };
+        assert_eq!(
+            store.complete(completion).await.expect("complete"),
+            Conditional::Applied
+        );
+        let record = store.get(&id, now).await.expect("read").expect("a record");
+        assert_eq!(record.id, id);
+        assert_eq!(record.owner, claim.owner);
+        assert_eq!(record.fingerprint, claim.fingerprint);
+        assert_eq!(record.response.as_deref(), Some(&response[..]));
+        // What a refused claim finds is the same record (the answered
+        // statement's row).
+        let other = Claim {
+            owner: OwnerToken::from_stored("another"),
+            ..claim.clone()
+        };
+        assert_eq!(
+            store.claim(&other).await.expect("refused"),
+            Conditional::Refused(Some(record.clone()))
+        );
+        // The tokio-postgres store binds its values and reads rows in
+        // binary: it finds the same record.
+        let bound = PostgresStore::connect(direct, store.table(), 1).expect("pool");
+        assert_eq!(bound.get(&id, now).await.expect("read"), Some(record));
+        // A NUL is refused, as a bound one is, and nothing is written.
+        let nul = Claim {
+            id: RecordId::from_stored("nul \0 id"),
+            ..claim.clone()
+        };
+        let refused = store.claim(&nul).await.expect_err("a NUL in text");
+        assert_eq!(refused.kind(), StoreErrorKind::Rejected, "{refused}");
+    }
+
+    #[tokio::test]
+    async fn values_read_back_as_written_directly() {
+        let url = url().await;
+        values_read_back_as_written(&url, &url, false).await;
+    }
+
+    #[tokio::test]
+    async fn values_read_back_as_written_with_prepared_statements() {
+        let url = url().await;
+        values_read_back_as_written(&url, &url, true).await;
+    }
+
+    #[tokio::test]
+    async fn values_read_back_as_written_through_pgbouncer() {
+        values_read_back_as_written(&pgbouncer_url().await, &url().await, false).await;
+    }
+
+    #[tokio::test]
+    async fn values_read_back_as_written_under_the_default_settings() {
+        values_read_back_as_written(&super::url(), &super::url(), false).await;
+    }
 }
 
 mod in_transaction {

@@ -1,78 +1,53 @@
 //! The record as PostgreSQL's columns, over sqlx: the claim's numbers as
-//! `bigint` and `integer` binds (refused before any statement when one
-//! does not fit), and rows decoded without trusting what the table holds.
+//! `bigint` and `integer` values (refused before any statement when one
+//! does not fit), and rows decoded without trusting what the table holds,
+//! in either format a row comes in (binary from a prepared statement,
+//! text from a simple query).
 
+use super::query::Value::{self, Int4, Int8, Text};
 use crate::{
     store::{pg::int8, sql_columns::SqlColumns, Claim, OwnerToken, Record},
     StoreError,
 };
 use sqlx::{
-    postgres::{PgArguments, PgRow},
-    Arguments, Postgres, Row,
+    postgres::{PgRow, PgValueFormat},
+    Postgres, Row, Type, ValueRef,
 };
 
-/// Binds `values` in order. The store binds only `text`, `bigint`,
-/// `integer` and `bytea`, which always encode; an encoding error is still
-/// reported rather than dropped.
-pub(super) struct Binds(PgArguments, Option<String>);
-
-impl Binds {
-    pub(super) fn new() -> Self {
-        Self(PgArguments::default(), None)
-    }
-
-    pub(super) fn add<'q, T>(mut self, value: T) -> Self
-    where
-        T: 'q + sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>,
-    {
-        if let Err(error) = self.0.add(value) {
-            self.1.get_or_insert_with(|| error.to_string());
-        }
-        self
-    }
-
-    pub(super) fn done(self) -> Result<PgArguments, StoreError> {
-        match self.1 {
-            None => Ok(self.0),
-            Some(error) => Err(StoreError::new(
-                crate::StoreErrorKind::Rejected,
-                format!("a value could not be encoded for PostgreSQL: {error}"),
-            )),
-        }
-    }
-}
-
-/// The claim statement's parameters, in its order (the shared statement's
+/// The claim statement's values, in its order (the shared statement's
 /// `$1` to `$9`).
-pub(super) fn claim(claim: &Claim) -> Result<PgArguments, StoreError> {
-    Binds::new()
-        .add(claim.id.as_str())
-        .add(claim.owner.as_str())
-        .add(claim.fingerprint.as_str())
-        .add(int8(claim.expiration_s)?)
-        .add(int8(claim.lease_until_ms)?)
-        .add(int8(claim.now_ms)?)
-        .add(attempt(claim))
-        .add(int8(claim.first_started_ms)?)
-        .add(int8(claim.now_ms / 1000)?)
-        .done()
+pub(super) fn claim(claim: &Claim) -> Result<[Value<'_>; 9], StoreError> {
+    Ok([
+        Text(claim.id.as_str()),
+        Text(claim.owner.as_str()),
+        Text(claim.fingerprint.as_str()),
+        Int8(int8(claim.expiration_s)?),
+        Int8(int8(claim.lease_until_ms)?),
+        Int8(int8(claim.now_ms)?),
+        Int4(attempt(claim)),
+        Int8(int8(claim.first_started_ms)?),
+        Int8(int8(claim.now_ms / 1000)?),
+    ])
 }
 
-/// The take-over statement's parameters, in its order: the claim over the
+/// The take-over statement's values, in its order: the claim over the
 /// lapsed claim of `lapsed`'s token.
-pub(super) fn take_over(claim: &Claim, lapsed: &OwnerToken) -> Result<PgArguments, StoreError> {
-    Binds::new()
-        .add(claim.id.as_str())
-        .add(lapsed.as_str())
-        .add(claim.owner.as_str())
-        .add(claim.fingerprint.as_str())
-        .add(int8(claim.expiration_s)?)
-        .add(int8(claim.lease_until_ms)?)
-        .add(int8(claim.now_ms)?)
-        .add(attempt(claim))
-        .add(int8(claim.first_started_ms)?)
-        .add(int8(claim.now_ms)?)
-        .done()
+pub(super) fn take_over<'a>(
+    claim: &'a Claim,
+    lapsed: &'a OwnerToken,
+) -> Result<[Value<'a>; 10], StoreError> {
+    Ok([
+        Text(claim.id.as_str()),
+        Text(lapsed.as_str()),
+        Text(claim.owner.as_str()),
+        Text(claim.fingerprint.as_str()),
+        Int8(int8(claim.expiration_s)?),
+        Int8(int8(claim.lease_until_ms)?),
+        Int8(int8(claim.now_ms)?),
+        Int4(attempt(claim)),
+        Int8(int8(claim.first_started_ms)?),
+        Int8(int8(claim.now_ms)?),
+    ])
 }
 
 /// The attempt as `integer`: past its range it stays at its largest, as
@@ -113,11 +88,82 @@ pub(super) fn decode(row: &PgRow) -> Result<Record, StoreError> {
         fingerprint: column(row, "fingerprint")?,
         expiration_s: column(row, "expiration_s")?,
         lease_until_ms: column(row, "lease_until_ms")?,
-        response: column(row, "response")?,
+        response: bytea(row, "response")?,
         created_at_ms: column(row, "created_at_ms")?,
         completed_at_ms: column(row, "completed_at_ms")?,
         attempt: column(row, "attempt")?,
         first_started_ms: column(row, "first_started_ms")?,
     }
     .record()
+}
+
+/// A `bytea` column, in either format: binary (a prepared statement's
+/// row), or text (a simple query's), which is `\x` and hex digits, or,
+/// where the server, the database or the role sets `bytea_output =
+/// escape`, the bytes with `\\` and octal escapes (sqlx itself reads only
+/// the first).
+fn bytea(row: &PgRow, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let wrong = || StoreError::corrupt(format!("column `{name}` is missing or has the wrong type"));
+    let value = row.try_get_raw(name).map_err(|e| wrong().with_source(e))?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    if !<Vec<u8> as Type<Postgres>>::compatible(&value.type_info()) {
+        return Err(wrong());
+    }
+    let format = value.format();
+    let bytes = value.as_bytes().map_err(|_| wrong())?;
+    match format {
+        PgValueFormat::Binary => Ok(Some(bytes.to_vec())),
+        PgValueFormat::Text => text_bytea(bytes).map(Some).ok_or_else(|| {
+            StoreError::corrupt(format!(
+                "column `{name}` is not bytea in PostgreSQL's text output"
+            ))
+        }),
+    }
+}
+
+/// The bytes of `bytea`'s text output, hex (`\x…`) or escape format.
+fn text_bytea(text: &[u8]) -> Option<Vec<u8>> {
+    if let Some(digits) = text.strip_prefix(b"\\x") {
+        return hex::decode(digits).ok();
+    }
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while let Some((&first, after)) = rest.split_first() {
+        if first != b'\\' {
+            bytes.push(first);
+            rest = after;
+            continue;
+        }
+        match after {
+            [b'\\', more @ ..] => {
+                bytes.push(b'\\');
+                rest = more;
+            }
+            [a @ b'0'..=b'3', b @ b'0'..=b'7', c @ b'0'..=b'7', more @ ..] => {
+                bytes.push(((a - b'0') << 6) | ((b - b'0') << 3) | (c - b'0'));
+                rest = more;
+            }
+            _ => return None,
+        }
+    }
+    Some(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text_bytea;
+
+    #[test]
+    fn bytea_reads_in_both_text_outputs() {
+        let bytes = b"\x00'\\\xff{}";
+        assert_eq!(text_bytea(b"\\x00275cff7b7d"), Some(bytes.to_vec()));
+        assert_eq!(text_bytea(b"\\000'\\\\\\377{}"), Some(bytes.to_vec()));
+        assert_eq!(text_bytea(b"\\x"), Some(Vec::new()));
+        assert_eq!(text_bytea(b""), Some(Vec::new()));
+        for bad in [&b"\\x0"[..], b"\\", b"\\8", b"\\400", b"\\12"] {
+            assert_eq!(text_bytea(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -36,6 +36,7 @@
 
 mod codec;
 mod errors;
+mod query;
 mod transaction;
 mod write;
 
@@ -61,12 +62,13 @@ use crate::{
     },
     StoreError, StoreErrorKind,
 };
-use codec::{applied, decode, decode_optional, Binds};
+use codec::{applied, decode, decode_optional};
 use errors::{from_sqlx, from_write};
-use sqlx::{
-    postgres::{PgArguments, PgRow},
-    Executor, PgPool, Postgres,
+use query::{
+    Query,
+    Value::{self, Bytes, Int8, Text},
 };
+use sqlx::{postgres::PgRow, Executor, PgPool};
 use std::sync::Arc;
 
 /// Records in a PostgreSQL table, through the application's sqlx
@@ -98,9 +100,8 @@ impl SqlxPostgresStore {
     /// A store over `table` (default `idempotency`; an identifier,
     /// optionally schema-qualified), through `pool`. Its statements work
     /// directly and through PgBouncer in transaction mode and RDS Proxy
-    /// alike (see "Poolers" below); on a direct connection,
-    /// [`prepared_statements`](SqlxPostgresStore::prepared_statements)
-    /// saves round trips.
+    /// alike (see "Poolers" below): each is one simple query, one round
+    /// trip, with its values written into it as literals.
     pub fn new(pool: PgPool, table: impl Into<String>) -> Result<Self, StoreError> {
         let table = table.into();
         if let Some(error) = table_name_error(&table) {
@@ -117,10 +118,13 @@ impl SqlxPostgresStore {
     }
 
     /// Whether the store's own statements are prepared once per connection
-    /// and kept in sqlx's statement cache (sqlx's default for a query):
-    /// each call is then one round trip instead of four. Only where a
-    /// named prepared statement stays on the connection that prepared it:
-    /// a direct connection (RDS, Aurora), or PgBouncer 1.21 or later with
+    /// and kept in sqlx's statement cache (sqlx's default for a query),
+    /// their values bound: the server then parses and plans each statement
+    /// once per connection rather than at every call (a call is one round
+    /// trip either way, once the statement is prepared on the connection;
+    /// BENCHMARKS.md has the difference). Only where a named prepared
+    /// statement stays on the connection that prepared it: a direct
+    /// connection (RDS, Aurora), or PgBouncer 1.21 or later with
     /// `max_prepared_statements` set; never through PgBouncer before 1.21
     /// in transaction mode. Needs sqlx's statement cache (on by default;
     /// not `statement_cache_capacity(0)`). Off by default.
@@ -147,61 +151,36 @@ impl SqlxPostgresStore {
         &self.inner.pool
     }
 
-    /// A statement of the store's, named and cached or not as the store is
-    /// set.
-    fn query<'q>(
-        &self,
-        sql: &'q str,
-        arguments: PgArguments,
-    ) -> sqlx::query::Query<'q, Postgres, PgArguments> {
-        sqlx::query_with(sql, arguments).persistent(self.inner.prepared)
+    /// `sql` with `values`, sent as the store is set: a simple query, or
+    /// a named and cached statement.
+    fn query<'q>(&self, sql: &'q str, values: &[Value<'_>]) -> Result<Query<'q>, StoreError> {
+        Query::new(sql, values, self.inner.prepared)
     }
 
-    /// Runs one statement of the store's and returns its rows. Unprepared,
-    /// it runs in a transaction of its own: sqlx parses it and binds it in
-    /// two exchanges, and a pooler in transaction mode (PgBouncer, RDS
-    /// Proxy) may hand the server connection to another client between
-    /// them when no transaction holds it, binding the parameters to
-    /// another client's statement.
+    /// Runs one statement of the store's and returns its rows. By default
+    /// a simple query (one exchange, one statement: the server runs it as
+    /// a transaction of its own, and no pooler can split it); prepared, a
+    /// named statement sqlx has cached on the connection.
     async fn rows(
         &self,
         sql: &str,
-        arguments: PgArguments,
+        values: &[Value<'_>],
         operation: &'static str,
     ) -> Result<Vec<PgRow>, StoreError> {
-        if self.inner.prepared {
-            return self
-                .query(sql, arguments)
-                .fetch_all(&self.inner.pool)
-                .await
-                .map_err(|e| from_sqlx(operation, e));
-        }
-        let mut transaction = self
-            .inner
-            .pool
-            .begin()
+        self.query(sql, values)?
+            .fetch_all(&self.inner.pool)
             .await
-            .map_err(|e| from_sqlx("BEGIN", e))?;
-        let rows = self
-            .query(sql, arguments)
-            .fetch_all(&mut *transaction)
-            .await
-            .map_err(|e| from_sqlx(operation, e))?;
-        transaction
-            .commit()
-            .await
-            .map_err(|e| from_sqlx("COMMIT", e))?;
-        Ok(rows)
+            .map_err(|e| from_sqlx(operation, e))
     }
 
     /// Runs an answered conditional write.
     async fn answer(
         &self,
         sql: &str,
-        arguments: PgArguments,
+        values: &[Value<'_>],
         operation: &'static str,
     ) -> Result<Conditional, StoreError> {
-        let rows = self.rows(sql, arguments, operation).await?;
+        let rows = self.rows(sql, values, operation).await?;
         let row = rows.first().ok_or_else(|| {
             StoreError::new(StoreErrorKind::Other, format!("{operation}: no answer row"))
         })?;
@@ -216,8 +195,7 @@ impl SqlxPostgresStore {
     /// the record found.
     async fn transaction(
         &self,
-        write: &str,
-        arguments: PgArguments,
+        write: Query<'_>,
         writes: Vec<SqlxPgWrite>,
         id: &RecordId,
         operation: &'static str,
@@ -228,15 +206,14 @@ impl SqlxPostgresStore {
             .begin()
             .await
             .map_err(|e| from_sqlx("BEGIN", e))?;
-        let applied = self
-            .query(write, arguments)
+        let applied = write
             .fetch_optional(&mut *transaction)
             .await
             .map_err(|e| from_sqlx(operation, e))?
             .is_some();
         if !applied {
             let found = self
-                .query(&self.inner.sql.get, Binds::new().add(id.as_str()).done()?)
+                .query(&self.inner.sql.get, &[Text(id.as_str())])?
                 .fetch_optional(&mut *transaction)
                 .await
                 .map_err(|e| from_sqlx("SELECT", e))?;
@@ -265,34 +242,13 @@ impl SqlxPostgresStore {
         let batch = i64::from(batch.max(1));
         let mut total = 0;
         loop {
-            let arguments = Binds::new().add(now).add(batch).done()?;
-            let deleted = if self.inner.prepared {
-                self.query(&self.inner.sql.purge, arguments)
-                    .execute(&self.inner.pool)
-                    .await
-            } else {
-                // One statement: it is its own transaction, and its parse
-                // and bind stay on one server connection inside it.
-                let mut transaction = self
-                    .inner
-                    .pool
-                    .begin()
-                    .await
-                    .map_err(|e| from_sqlx("BEGIN", e))?;
-                let deleted = self
-                    .query(&self.inner.sql.purge, arguments)
-                    .execute(&mut *transaction)
-                    .await;
-                if deleted.is_ok() {
-                    transaction
-                        .commit()
-                        .await
-                        .map_err(|e| from_sqlx("COMMIT", e))?;
-                }
-                deleted
-            }
-            .map_err(|e| from_sqlx("DELETE (purge expired)", e))?
-            .rows_affected();
+            // One statement: it is its own transaction.
+            let deleted = self
+                .query(&self.inner.sql.purge, &[Int8(now), Int8(batch)])?
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| from_sqlx("DELETE (purge expired)", e))?
+                .rows_affected();
             total += deleted;
             if deleted < batch as u64 {
                 return Ok(total);
@@ -330,14 +286,14 @@ impl SqlxPostgresStore {
         let columns = self
             .rows(
                 COLUMNS_QUERY,
-                Binds::new().add(table.as_str()).done()?,
+                &[Text(table.as_str())],
                 "read the table's columns",
             )
             .await?;
         let id_is_unique: bool = self
             .rows(
                 ID_IS_UNIQUE_QUERY,
-                Binds::new().add(table.as_str()).done()?,
+                &[Text(table.as_str())],
                 "read the table's indexes",
             )
             .await?
@@ -387,7 +343,7 @@ impl Store for SqlxPostgresStore {
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.answer(
             &self.inner.sql.claim,
-            codec::claim(claim)?,
+            &codec::claim(claim)?,
             "INSERT (claim)",
         )
         .await
@@ -400,20 +356,20 @@ impl Store for SqlxPostgresStore {
     ) -> Result<Conditional, StoreError> {
         self.answer(
             &self.inner.sql.take_over,
-            codec::take_over(claim, lapsed)?,
+            &codec::take_over(claim, lapsed)?,
             "UPDATE (take over)",
         )
         .await
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
-        let arguments = Binds::new()
-            .add(extension.id.as_str())
-            .add(extension.owner.as_str())
-            .add(int8(extension.lease_until_ms)?)
-            .add(int8(extension.expiration_s)?)
-            .done()?;
-        self.answer(&self.inner.sql.extend, arguments, "UPDATE (extend)")
+        let values = [
+            Text(extension.id.as_str()),
+            Text(extension.owner.as_str()),
+            Int8(int8(extension.lease_until_ms)?),
+            Int8(int8(extension.expiration_s)?),
+        ];
+        self.answer(&self.inner.sql.extend, &values, "UPDATE (extend)")
             .await
     }
 
@@ -421,15 +377,15 @@ impl Store for SqlxPostgresStore {
         &self,
         completion: Completion<SqlxPgWrite>,
     ) -> Result<Conditional, StoreError> {
-        let arguments = completion_arguments(&completion)?;
+        let values = completion_values(&completion)?;
         if completion.writes.is_empty() {
             return self
-                .answer(&self.inner.sql.complete, arguments, "UPDATE (complete)")
+                .answer(&self.inner.sql.complete, &values, "UPDATE (complete)")
                 .await;
         }
+        let write = self.query(&self.inner.sql.fenced_complete, &values)?;
         self.transaction(
-            &self.inner.sql.fenced_complete,
-            arguments,
+            write,
             completion.writes,
             &completion.id,
             "UPDATE (complete)",
@@ -438,28 +394,23 @@ impl Store for SqlxPostgresStore {
     }
 
     async fn commit(&self, commit: Commit<SqlxPgWrite>) -> Result<Conditional, StoreError> {
-        let arguments = Binds::new()
-            .add(commit.id.as_str())
-            .add(commit.owner.as_str())
-            .add(commit.fingerprint.as_str())
-            .add(int8(commit.expiration_s)?)
-            .add(commit.response.as_slice())
-            .add(int8(commit.now_ms)?)
-            .add(int8(commit.now_ms / 1000)?)
-            .done()?;
-        self.transaction(
-            &self.inner.sql.commit,
-            arguments,
-            commit.writes,
-            &commit.id,
-            "INSERT (commit)",
-        )
-        .await
+        let values = [
+            Text(commit.id.as_str()),
+            Text(commit.owner.as_str()),
+            Text(commit.fingerprint.as_str()),
+            Int8(int8(commit.expiration_s)?),
+            Bytes(commit.response.as_slice()),
+            Int8(int8(commit.now_ms)?),
+            Int8(int8(commit.now_ms / 1000)?),
+        ];
+        let write = self.query(&self.inner.sql.commit, &values)?;
+        self.transaction(write, commit.writes, &commit.id, "INSERT (commit)")
+            .await
     }
 
     async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
-        let arguments = Binds::new().add(id.as_str()).add(owner.as_str()).done()?;
-        self.answer(&self.inner.sql.release, arguments, "DELETE (release)")
+        let values = [Text(id.as_str()), Text(owner.as_str())];
+        self.answer(&self.inner.sql.release, &values, "DELETE (release)")
             .await
     }
 
@@ -468,12 +419,8 @@ impl Store for SqlxPostgresStore {
             Removal::Any => &self.inner.sql.remove_any,
             Removal::UnlessInProgress => &self.inner.sql.remove_unless_in_progress,
         };
-        self.answer(
-            sql,
-            Binds::new().add(id.as_str()).done()?,
-            "DELETE (remove)",
-        )
-        .await
+        self.answer(sql, &[Text(id.as_str())], "DELETE (remove)")
+            .await
     }
 
     async fn list_in_progress(
@@ -485,7 +432,7 @@ impl Store for SqlxPostgresStore {
         let rows = self
             .rows(
                 &self.inner.sql.list_in_progress,
-                Binds::new().add(prefix).add(limit).done()?,
+                &[Text(prefix), Int8(limit)],
                 "SELECT (list in progress)",
             )
             .await?;
@@ -494,11 +441,7 @@ impl Store for SqlxPostgresStore {
 
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         let rows = self
-            .rows(
-                &self.inner.sql.get,
-                Binds::new().add(id.as_str()).done()?,
-                "SELECT",
-            )
+            .rows(&self.inner.sql.get, &[Text(id.as_str())], "SELECT")
             .await?;
         Ok(rows
             .first()
@@ -512,13 +455,13 @@ impl Store for SqlxPostgresStore {
     }
 }
 
-/// The completion statement's parameters, in its order.
-fn completion_arguments<W>(completion: &Completion<W>) -> Result<PgArguments, StoreError> {
-    Binds::new()
-        .add(completion.id.as_str())
-        .add(completion.owner.as_str())
-        .add(completion.response.as_slice())
-        .add(int8(completion.expiration_s)?)
-        .add(int8(completion.now_ms)?)
-        .done()
+/// The completion statement's values, in its order.
+fn completion_values<W>(completion: &Completion<W>) -> Result<[Value<'_>; 5], StoreError> {
+    Ok([
+        Text(completion.id.as_str()),
+        Text(completion.owner.as_str()),
+        Bytes(completion.response.as_slice()),
+        Int8(int8(completion.expiration_s)?),
+        Int8(int8(completion.now_ms)?),
+    ])
 }

@@ -5,8 +5,9 @@
 //! ([`Engine::run_in_transaction`](crate::Engine::run_in_transaction)).
 
 use super::{
-    codec::{self, applied, decode, decode_optional, Binds},
+    codec::{self, applied, decode, decode_optional},
     errors::{self, from_sqlx},
+    query::{Query, Value},
     run_writes, SqlxPgWrite, SqlxPostgresStore,
 };
 use crate::{
@@ -18,11 +19,7 @@ use crate::{
     },
     StoreError, StoreErrorKind,
 };
-use sqlx::{
-    pool::PoolConnection,
-    postgres::{PgArguments, PgRow},
-    Executor, PgConnection, Postgres,
-};
+use sqlx::{pool::PoolConnection, postgres::PgRow, Executor, PgConnection, Postgres};
 use std::{
     fmt,
     future::Future,
@@ -213,15 +210,9 @@ impl SqlxPgTransaction {
         Ok(())
     }
 
-    async fn row(
-        &self,
-        sql: &str,
-        arguments: PgArguments,
-        prepared: bool,
-    ) -> Result<Option<PgRow>, sqlx::Error> {
+    async fn row(&self, query: Query<'_>) -> Result<Option<PgRow>, sqlx::Error> {
         let mut connection = self.lock().await;
-        let query = sqlx::query_with(sql, arguments).persistent(prepared);
-        Executor::fetch_optional(&mut *connection, query).await
+        query.fetch_optional(&mut *connection).await
     }
 }
 
@@ -260,13 +251,15 @@ impl Open {
         self.store.inner.prepared
     }
 
+    /// A statement of the store's, as the store sends them (a simple
+    /// query, or a prepared one).
+    fn query<'q>(&self, sql: &'q str, values: &[Value<'_>]) -> Result<Query<'q>, StoreError> {
+        self.store.query(sql, values)
+    }
+
     async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        let arguments = Binds::new().add(id.as_str()).done()?;
-        match self
-            .transaction
-            .row(&self.store.inner.sql.get, arguments, self.prepared())
-            .await
-        {
+        let get = self.query(&self.store.inner.sql.get, &[Value::Text(id.as_str())])?;
+        match self.transaction.row(get).await {
             Ok(row) => row.as_ref().map(decode).transpose(),
             Err(error) => Err(from_sqlx("SELECT (in transaction)", error)),
         }
@@ -288,14 +281,8 @@ impl Open {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
-        let answer = self
-            .transaction
-            .row(
-                &self.store.inner.sql.claim,
-                codec::claim(claim)?,
-                self.prepared(),
-            )
-            .await;
+        let claim_query = self.query(&self.store.inner.sql.claim, &codec::claim(claim)?)?;
+        let answer = self.transaction.row(claim_query).await;
         self.conditional(answer, "INSERT (claim in transaction)", &claim.id)
             .await
     }
@@ -305,14 +292,11 @@ impl Open {
         claim: &Claim,
         lapsed: &OwnerToken,
     ) -> Result<Conditional, StoreError> {
-        let answer = self
-            .transaction
-            .row(
-                &self.store.inner.sql.take_over,
-                codec::take_over(claim, lapsed)?,
-                self.prepared(),
-            )
-            .await;
+        let take_over = self.query(
+            &self.store.inner.sql.take_over,
+            &codec::take_over(claim, lapsed)?,
+        )?;
+        let answer = self.transaction.row(take_over).await;
         let taken = self
             .conditional(answer, "UPDATE (take over in transaction)", &claim.id)
             .await?;
@@ -333,12 +317,12 @@ impl Open {
         &self,
         completion: Completion<SqlxPgWrite>,
     ) -> Result<Conditional, StoreError> {
-        let arguments = super::completion_arguments(&completion)?;
+        let complete = self.query(
+            &self.store.inner.sql.complete,
+            &super::completion_values(&completion)?,
+        )?;
         self.write(completion.writes).await?;
-        let answer = self
-            .transaction
-            .row(&self.store.inner.sql.complete, arguments, self.prepared())
-            .await;
+        let answer = self.transaction.row(complete).await;
         match answer {
             // A statement of the operation failed and nothing rolled it
             // back: the transaction accepts no other statement.
