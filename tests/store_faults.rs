@@ -1,6 +1,6 @@
-//! PostgreSQL, MySQL and Redis behind a TCP fault proxy: an outage, answers
-//! lost after the server acted (the connection reset after the write),
-//! delays.
+//! PostgreSQL (tokio-postgres, and sqlx in both its statement modes), MySQL
+//! and Redis behind a TCP fault proxy: an outage, answers lost after the
+//! server acted (the connection reset after the write), delays.
 //!
 //! Needs `IDEMPOTENCY_TEST_POSTGRES_URL`, `IDEMPOTENCY_TEST_MYSQL_URL` and
 //! `IDEMPOTENCY_TEST_REDIS_URL`; `make test` provides them.
@@ -8,7 +8,12 @@
 mod support;
 
 use lambda_idempotency::{
-    store::{postgres::PostgresStore, redis::RedisStore, sqlx::mysql::SqlxMySqlStore, Store},
+    store::{
+        postgres::PostgresStore,
+        redis::RedisStore,
+        sqlx::{mysql::SqlxMySqlStore, postgres::SqlxPostgresStore},
+        Store,
+    },
     testing::{
         scenarios::{charge, payload, Charge, Declined},
         ManualClock,
@@ -87,6 +92,53 @@ async fn mysql(proxy: &TcpFaultProxy) -> SqlxMySqlStore {
         .await
         .expect("table");
     SqlxMySqlStore::new(pool(&through(&url, proxy)), table).expect("store")
+}
+
+/// The sqlx PostgreSQL store through the proxy, its statements prepared
+/// and cached per connection or not (the default).
+async fn sqlx_postgres(proxy: &TcpFaultProxy, prepared: bool) -> SqlxPostgresStore {
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!(
+        "faults_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    // As for MySQL: no ping before each statement, so that the answer the
+    // proxy loses is the statement's. With prepared statements, one
+    // connection: each statement is prepared on it once (a round trip of
+    // its own, whose lost answer would be the prepare's), and after the
+    // scenario's first call the lost answer is the write's.
+    let pool = |url: &str, size: u32| {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy(url)
+            .expect("pool")
+    };
+    // The table is made directly; the store reaches the server through the proxy.
+    SqlxPostgresStore::new(pool(&url, 1), table.clone())
+        .expect("store")
+        .create_table()
+        .await
+        .expect("table");
+    let size = if prepared { 1 } else { 4 };
+    let store = SqlxPostgresStore::new(pool(&through(&url, proxy), size), table)
+        .expect("store")
+        .prepared_statements(prepared);
+    if prepared {
+        // The claim and the completion prepared on the connection before
+        // the scenario starts: its first lost answer is then a write's.
+        Engine::builder(store.clone())
+            .build()
+            .execute(&Attempt::new("t", "prepare", payload(1)), || async {
+                Ok::<_, Declined>(1u8)
+            })
+            .await
+            .expect("up");
+        settle().await;
+    }
+    store
 }
 
 fn redis(proxy: &TcpFaultProxy) -> RedisStore {
@@ -306,6 +358,26 @@ macro_rules! on_each_store {
                 async fn $scenario() {
                     let proxy = mysql_proxy().await;
                     super::$scenario(mysql(&proxy).await, &proxy).await;
+                }
+            )*
+        }
+        mod on_sqlx_postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = postgres_proxy().await;
+                    super::$scenario(sqlx_postgres(&proxy, false).await, &proxy).await;
+                }
+            )*
+        }
+        mod on_sqlx_postgres_prepared {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = postgres_proxy().await;
+                    super::$scenario(sqlx_postgres(&proxy, true).await, &proxy).await;
                 }
             )*
         }
