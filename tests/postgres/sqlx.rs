@@ -915,10 +915,12 @@ mod in_transaction {
 /// The two PostgreSQL stores side by side (BENCHMARKS.md, "PostgreSQL:
 /// tokio-postgres and sqlx"): interleaved rounds of sequential new keys
 /// and replays on one server, each store on its own table and pool of 4,
-/// the order of the stores rotated each round. Not a test:
-/// `scripts/with-postgres cargo test --profile bench --test postgres
-/// stores_side_by_side -- --ignored --nocapture` (BENCH_ROUNDS, default 5;
-/// BENCH_N keys a round, default 500).
+/// the order of the stores rotated each round. The sqlx store in both its
+/// modes, each over a pool with sqlx's default options (a ping before each
+/// connection is handed out, `test_before_acquire`) and over one without
+/// that ping. Not a test: `scripts/with-postgres cargo test --profile
+/// bench --test postgres stores_side_by_side -- --ignored --nocapture`
+/// (BENCH_ROUNDS, default 5; BENCH_N keys a round, default 500).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run it by name with --ignored"]
 async fn stores_side_by_side() {
@@ -933,9 +935,24 @@ async fn stores_side_by_side() {
         store.create_table().await.expect("table");
         Engine::builder(store).build()
     };
-    let sqlx_default = Engine::builder(store_on(&url(), 4).await).build();
-    let sqlx_prepared =
-        Engine::builder(store_on(&url(), 4).await.prepared_statements(true)).build();
+    async fn sqlx_engine(ping: bool, prepared: bool) -> Engine<SqlxPostgresStore> {
+        let store = store_on(&url(), 1).await;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .test_before_acquire(ping)
+            .connect_lazy(&url())
+            .expect("pool");
+        let store = SqlxPostgresStore::new(pool, store.table())
+            .expect("store")
+            .prepared_statements(prepared);
+        Engine::builder(store).build()
+    }
+    let sqlx = [
+        sqlx_engine(true, false).await,
+        sqlx_engine(true, true).await,
+        sqlx_engine(false, false).await,
+        sqlx_engine(false, true).await,
+    ];
     async fn run<S: lambda_idempotency::store::Store>(
         engine: &Engine<S>,
         round: usize,
@@ -963,26 +980,33 @@ async fn stores_side_by_side() {
     }
     // Warm-up: connections opened, statements cached.
     run(&tokio_pg, 1000, 50).await;
-    run(&sqlx_default, 1000, 50).await;
-    run(&sqlx_prepared, 1000, 50).await;
-    println!("round | tokio-postgres new / replay (ms) | sqlx new / replay | sqlx prepared new / replay | ratio sqlx / tokio-postgres new, replay | prepared / tokio-postgres new, replay");
+    for engine in &sqlx {
+        run(engine, 1000, 50).await;
+    }
+    println!(
+        "medians in ms, new / replay; ratios to tokio-postgres, new, replay\n\
+         round | tokio-postgres | sqlx | sqlx prepared | sqlx, no ping | sqlx prepared, no ping \
+         | sqlx / t-p | prepared / t-p | sqlx, no ping / t-p | prepared, no ping / t-p"
+    );
+    let stores = 1 + sqlx.len();
     for round in 0..rounds {
-        let mut results = [(0.0, 0.0); 3];
-        for turn in 0..3 {
-            let which = (round + turn) % 3;
+        let mut results = vec![(0.0, 0.0); stores];
+        for turn in 0..stores {
+            let which = (round + turn) % stores;
             results[which] = match which {
                 0 => run(&tokio_pg, round, n).await,
-                1 => run(&sqlx_default, round, n).await,
-                _ => run(&sqlx_prepared, round, n).await,
+                _ => run(&sqlx[which - 1], round, n).await,
             };
         }
-        let [(pn, pr), (sn, sr), (qn, qr)] = results;
-        println!(
-            "{round} | {pn:.3} / {pr:.3} | {sn:.3} / {sr:.3} | {qn:.3} / {qr:.3} | {:.2}, {:.2} | {:.2}, {:.2}",
-            sn / pn,
-            sr / pr,
-            qn / pn,
-            qr / pr
-        );
+        let (pn, pr) = results[0];
+        let medians: Vec<String> = results
+            .iter()
+            .map(|(new, replay)| format!("{new:.3} / {replay:.3}"))
+            .collect();
+        let ratios: Vec<String> = results[1..]
+            .iter()
+            .map(|(new, replay)| format!("{:.2}, {:.2}", new / pn, replay / pr))
+            .collect();
+        println!("{round} | {} | {}", medians.join(" | "), ratios.join(" | "));
     }
 }
