@@ -496,7 +496,7 @@ impl<W: 'static> InTransaction<'_, W> {
             self.roll_back(claim).await;
         }
         warn!(record = %claim.id, outcome = error.kind().as_str(),
-            "the transaction could not complete its record; nothing was committed, the key is free");
+            "the transaction could not complete its record; nothing was committed and the key is free, unless its COMMIT landed and its answer was lost (a retry then replays it)");
         error
     }
 

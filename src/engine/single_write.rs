@@ -39,7 +39,10 @@ impl<St: Store> Engine<St> {
     /// answers [`Error::InProgress`]; a lapsed claim is replaced. A
     /// transaction conflict with a concurrent duplicate is tried again, a
     /// few times with jitter, then settled by a consistent read. A commit
-    /// that fails is an error ([`Error::Store`]): nothing was written. The
+    /// that fails is an error ([`Error::Store`]): nothing was written,
+    /// unless the store's answer was lost after the commit landed (an
+    /// outage's kind: [`StoreErrorKind::is_outage`]), and then the retry
+    /// replays it. The
     /// operation gets a [`ClaimHandle`] without a claim (no lease to
     /// extend; a takeover only of an attempt outside this crate's records,
     /// [`Attempt::taking_over`]).
@@ -125,7 +128,8 @@ impl<St: Store> Engine<St> {
                     continue;
                 }
                 Err(error) => {
-                    warn!(record = %id, outcome = "store_error", %error, "single-write commit failed; nothing was written");
+                    warn!(record = %id, outcome = "store_error", %error,
+                        "single-write commit failed; nothing was written, unless the commit landed and its answer was lost (a retry then replays it)");
                     return Err(Error::Store(error));
                 }
             };
