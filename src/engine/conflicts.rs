@@ -83,3 +83,30 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait after a conflict is random, at least 1 ms (never a busy
+    /// loop against the store) and under 10 ms doubling per try, at most
+    /// 640 ms.
+    #[test]
+    fn the_wait_after_a_conflict_is_random_and_bounded() {
+        for try_number in 0..10u32 {
+            let ceiling = Duration::from_millis(10 << try_number.min(6));
+            let waits: Vec<Duration> = (0..200).map(|_| conflict_backoff(try_number)).collect();
+            assert!(
+                waits
+                    .iter()
+                    .all(|wait| *wait >= Duration::from_millis(1) && *wait <= ceiling),
+                "try {try_number}: {waits:?}"
+            );
+            // Random: 200 draws from 10 or more values are not all one.
+            assert!(
+                waits.iter().any(|wait| *wait != waits[0]),
+                "try {try_number}"
+            );
+        }
+    }
+}
