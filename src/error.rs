@@ -71,6 +71,9 @@ impl<E> Error<E> {
             Error::Store(e) if e.kind() == StoreErrorKind::CorruptRecord => {
                 ErrorKind::CorruptRecord
             }
+            Error::Store(e) if e.kind() == StoreErrorKind::Unauthentic => {
+                ErrorKind::UnauthenticRecord
+            }
             Error::Store(e) if e.kind().is_transient() => ErrorKind::StoreUnavailable,
             Error::Store(_) => ErrorKind::StoreFailed,
             Error::LeaseLost => ErrorKind::LeaseLost,
@@ -177,6 +180,9 @@ pub enum ErrorKind {
     StoreFailed,
     /// See [`Error::Store`]: a stored record could not be decoded.
     CorruptRecord,
+    /// See [`Error::Store`]: a stored response failed to open (see
+    /// [`StoreErrorKind::Unauthentic`]).
+    UnauthenticRecord,
     /// See [`Error::LeaseLost`].
     LeaseLost,
     /// See [`Error::WritesNotCommitted`].
@@ -196,6 +202,7 @@ impl ErrorKind {
             ErrorKind::StoreUnavailable => "store_unavailable",
             ErrorKind::StoreFailed => "store_failed",
             ErrorKind::CorruptRecord => "corrupt_record",
+            ErrorKind::UnauthenticRecord => "unauthentic_record",
             ErrorKind::LeaseLost => "lease_lost",
             ErrorKind::WritesNotCommitted => "writes_not_committed",
             ErrorKind::TimeLimitExceeded => "time_limit_exceeded",
@@ -321,6 +328,7 @@ impl StdError for StoreError {
 /// | [`Misconfigured`](StoreErrorKind::Misconfigured) | the store is not set up as the crate needs (no table, no permission, a bad name or URL, data that is not a record) | fails closed, never retried | 500 |
 /// | [`Rejected`](StoreErrorKind::Rejected) | a value out of the store's range, refused before any write | fails closed | 500 |
 /// | [`CorruptRecord`](StoreErrorKind::CorruptRecord) | a stored record that does not decode | fails closed, never replayed | 500 |
+/// | [`Unauthentic`](StoreErrorKind::Unauthentic) | a stored response that fails to open: changed, copied from another record or context, sealed under a key no longer configured, malformed, or plaintext where it is refused (the engine's [encryption](crate::EngineBuilder::encryption)) | fails closed: never replayed, never overwritten, never run again | 500 |
 /// | [`WriteRejected`](StoreErrorKind::WriteRejected) | the operation's own transactional writes were refused | releases the claim | 500 |
 /// | [`Other`](StoreErrorKind::Other) | anything no store could classify | fails closed | 500 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -342,6 +350,17 @@ pub enum StoreErrorKind {
     /// A stored record has missing attributes, wrong attribute types or an
     /// unknown status. It is never replayed.
     CorruptRecord,
+    /// A stored response that fails to open where the engine encrypts
+    /// responses (its
+    /// [`encryption`](crate::EngineBuilder::encryption)): it fails
+    /// authentication (a byte changed, a response copied from another
+    /// record, a record copied from another context, its expiry or
+    /// fingerprint changed), names a key no longer configured, is not a
+    /// well-formed envelope, or is plaintext where plaintext is refused.
+    /// Reported by the engine, never by a store. The record is never
+    /// replayed, never overwritten, and the operation is not run again: an
+    /// operator inspects it and forgets it.
+    Unauthentic,
     /// The store rejected one of the operation's own transactional writes
     /// (their condition failed, or the transaction is invalid).
     WriteRejected,
@@ -378,6 +397,7 @@ impl StoreErrorKind {
             StoreErrorKind::Misconfigured => "misconfigured",
             StoreErrorKind::Rejected => "rejected",
             StoreErrorKind::CorruptRecord => "corrupt_record",
+            StoreErrorKind::Unauthentic => "unauthentic",
             StoreErrorKind::WriteRejected => "write_rejected",
             StoreErrorKind::Conflict => "conflict",
             StoreErrorKind::Other => "other",

@@ -29,7 +29,7 @@
 //! `idempotency-body-too-large`, `idempotency-body-unreadable`,
 //! `idempotency-response-unreadable`,
 //! `idempotency-store-unavailable`, `idempotency-store-failed`,
-//! `idempotency-record-corrupt`,
+//! `idempotency-record-corrupt`, `idempotency-record-unauthentic`,
 //! `idempotency-response-not-stored`, `idempotency-lease-lost`,
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
 //! `idempotency-internal-error`, `idempotency-time-limit-exceeded`,

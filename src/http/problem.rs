@@ -47,6 +47,8 @@ pub(crate) enum Problem {
     },
     StoreFailed,
     CorruptRecord,
+    /// A stored response that fails to open (the engine encrypts).
+    UnauthenticRecord,
     ResponseNotStored {
         status: StatusCode,
         why: WhyNotStored,
@@ -77,6 +79,9 @@ impl<E> From<&Error<E>> for Problem {
             Error::KeyReused => Problem::KeyReused,
             Error::Store(error) if error.kind() == StoreErrorKind::CorruptRecord => {
                 Problem::CorruptRecord
+            }
+            Error::Store(error) if error.kind() == StoreErrorKind::Unauthentic => {
+                Problem::UnauthenticRecord
             }
             Error::Store(error) if error.kind() == StoreErrorKind::WriteRejected => {
                 Problem::WriteRejected
@@ -118,6 +123,7 @@ impl Problem {
             Problem::StoreUnavailable { .. } => "idempotency-store-unavailable",
             Problem::StoreFailed => "idempotency-store-failed",
             Problem::CorruptRecord => "idempotency-record-corrupt",
+            Problem::UnauthenticRecord => "idempotency-record-unauthentic",
             Problem::ResponseNotStored { .. } => "idempotency-response-not-stored",
             Problem::LeaseLost => "idempotency-lease-lost",
             Problem::WriteRejected => "idempotency-write-rejected",
@@ -139,7 +145,9 @@ impl Problem {
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::StoreFailed => StatusCode::INTERNAL_SERVER_ERROR,
-            Problem::CorruptRecord => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::CorruptRecord | Problem::UnauthenticRecord => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Problem::ResponseNotStored { status, .. } => *status,
             Problem::LeaseLost => StatusCode::CONFLICT,
             Problem::WriteRejected => StatusCode::INTERNAL_SERVER_ERROR,
@@ -171,7 +179,7 @@ impl Problem {
             | Problem::Overloaded
             | Problem::TimeLimitExceeded => code::UNAVAILABLE,
             Problem::StoreFailed | Problem::WriteRejected => code::INTERNAL,
-            Problem::CorruptRecord => code::DATA_LOSS,
+            Problem::CorruptRecord | Problem::UnauthenticRecord => code::DATA_LOSS,
             Problem::ResponseNotStored { .. } => code::ALREADY_EXISTS,
             Problem::Internal | Problem::ScopeUnset => code::INTERNAL,
         }
@@ -189,6 +197,7 @@ impl Problem {
             Problem::StoreUnavailable { .. } => "Idempotency store unavailable",
             Problem::StoreFailed => "Idempotency store misconfigured",
             Problem::CorruptRecord => "Idempotency record unreadable",
+            Problem::UnauthenticRecord => "Idempotency record failed authentication",
             Problem::ResponseNotStored { .. } => "Original response not stored",
             Problem::LeaseLost => "Request taken over by a retry",
             Problem::WriteRejected => "Request's writes rejected",
@@ -250,6 +259,11 @@ impl Problem {
                 .to_owned(),
             Problem::CorruptRecord => "The stored record for this idempotency key cannot be read, so \
                  the request was not processed again. Contact the API operator."
+                .to_owned(),
+            Problem::UnauthenticRecord => "The request with this idempotency key was processed, \
+                 but its stored response failed authentication (it was altered, copied from \
+                 another record, or sealed under a key this service no longer has), so it is \
+                 not replayed and the request is not processed again. Contact the API operator."
                 .to_owned(),
             Problem::ResponseNotStored { status, why } => format!(
                 "The request with this idempotency key was processed (status {}), but its response \
@@ -404,6 +418,7 @@ mod tests {
             },
             Problem::StoreFailed,
             Problem::CorruptRecord,
+            Problem::UnauthenticRecord,
             Problem::ResponseNotStored {
                 status: StatusCode::OK,
                 why: WhyNotStored::StreamTooLong,
@@ -430,6 +445,7 @@ mod tests {
                 | Problem::StoreUnavailable { .. }
                 | Problem::StoreFailed
                 | Problem::CorruptRecord
+                | Problem::UnauthenticRecord
                 | Problem::ResponseNotStored { .. }
                 | Problem::LeaseLost
                 | Problem::WriteRejected
@@ -508,6 +524,12 @@ mod tests {
             (
                 Error::Store(StoreError::new(StoreErrorKind::CorruptRecord, "bad")),
                 "idempotency-record-corrupt",
+                500,
+                None,
+            ),
+            (
+                Error::Store(StoreError::new(StoreErrorKind::Unauthentic, "tampered")),
+                "idempotency-record-unauthentic",
                 500,
                 None,
             ),

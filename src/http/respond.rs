@@ -192,6 +192,9 @@ fn log_refusal<E>(error: &Error<E>) {
         Error::Store(error) if error.kind() == StoreErrorKind::CorruptRecord => {
             tracing::error!(%error, "idempotency record unreadable");
         }
+        Error::Store(error) if error.kind() == StoreErrorKind::Unauthentic => {
+            tracing::error!(%error, "idempotency record failed authentication; not replayed, not run again");
+        }
         Error::Store(error) if error.kind() == StoreErrorKind::WriteRejected => {
             tracing::error!(%error, "the handler's transactional writes were rejected; nothing was committed");
         }
