@@ -268,6 +268,9 @@ mod clock;
 #[cfg(feature = "consumers")]
 #[cfg_attr(docsrs, doc(cfg(feature = "consumers")))]
 pub mod consumers;
+#[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
+pub mod encryption;
 mod engine;
 mod error;
 mod fingerprint;

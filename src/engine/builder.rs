@@ -102,6 +102,8 @@ pub struct EngineBuilder<St> {
     heartbeat: Option<bool>,
     read_before_claim: bool,
     clock: Arc<dyn Clock>,
+    #[cfg(feature = "encryption")]
+    encryption: Option<crate::encryption::Encryption>,
 }
 
 impl<St: Store> Engine<St> {
@@ -124,7 +126,26 @@ impl<St: Store> EngineBuilder<St> {
             heartbeat: None,
             read_before_claim: false,
             clock: Arc::new(SystemClock),
+            #[cfg(feature = "encryption")]
+            encryption: None,
         }
+    }
+
+    /// Encrypts stored responses: every completion seals its response
+    /// (AES-256-GCM, bound to its record), and every replay opens it, on
+    /// any store. A record that fails to open is never replayed, never
+    /// overwritten and never run again: an
+    /// [`Unauthentic`](crate::StoreErrorKind::Unauthentic) error. Records
+    /// stored in the clear before keep replaying unless
+    /// [`Encryption::refuse_plaintext`](crate::encryption::Encryption::refuse_plaintext)
+    /// says otherwise. See [`encryption`](crate::encryption) for the keys,
+    /// the envelope, turning it on and off on a live table, and the threat
+    /// model.
+    #[cfg(feature = "encryption")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
+    pub fn encryption(mut self, encryption: crate::encryption::Encryption) -> Self {
+        self.encryption = Some(encryption);
+        self
     }
 
     /// The prefix of every record id (default: [`default_key_prefix`],
@@ -325,6 +346,10 @@ impl<St: Store> EngineBuilder<St> {
                 )));
             }
         }
+        #[cfg(feature = "encryption")]
+        if let Some(why) = self.encryption.as_ref().and_then(|e| e.invalid()) {
+            return Err(BuildError::new(why));
+        }
         Ok(self.build_checked())
     }
 
@@ -362,6 +387,8 @@ impl<St: Store> EngineBuilder<St> {
                 disabled,
                 clock: self.clock,
                 local_runs: Default::default(),
+                #[cfg(feature = "encryption")]
+                encryption: self.encryption,
             }),
         }
     }

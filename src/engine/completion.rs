@@ -40,32 +40,45 @@ impl<St: Store> Engine<St> {
         let inner = &*self.inner;
         let now_ms = inner.clock.now_ms();
         let expiration_s = self.expiration_s(now_ms);
-        let completion = Completion {
-            id: claim.id.clone(),
-            owner: claim.owner.clone(),
-            response,
-            now_ms,
-            expiration_s,
-            writes,
+        // What the store keeps: the response sealed, when the engine
+        // encrypts; the process keeps `response` itself.
+        let sealed = if self.encrypts() {
+            self.sealed(&claim.id, &claim.fingerprint, expiration_s, &response)
+                .await
+        } else {
+            Ok(None)
         };
-        // A completion is fenced, so one that lost a race (at SERIALIZABLE,
-        // a duplicate's claim reading the row) is safely tried again: the
-        // first try sends this completion as it is, a later one a copy.
-        let response = completion.response.clone();
-        let writes = completion.writes.clone();
-        let mut first = Some(completion);
-        let completed = retry_conflicts(|| {
-            let completion = first.take().unwrap_or_else(|| Completion {
-                id: claim.id.clone(),
-                owner: claim.owner.clone(),
-                response: response.clone(),
-                now_ms,
-                expiration_s,
-                writes: writes.clone(),
-            });
-            inner.store.complete(completion)
-        })
-        .await;
+        let completed = match sealed {
+            Ok(sealed) => {
+                // A completion is fenced, so one that lost a race (at
+                // SERIALIZABLE, a duplicate's claim reading the row) is
+                // safely tried again: the first try sends this completion
+                // as it is, a later one a copy.
+                let kept_sealed = sealed.clone();
+                let kept_writes = writes.clone();
+                let mut first = Some(Completion {
+                    id: claim.id.clone(),
+                    owner: claim.owner.clone(),
+                    response: sealed.unwrap_or_else(|| response.clone()),
+                    now_ms,
+                    expiration_s,
+                    writes,
+                });
+                retry_conflicts(|| {
+                    let completion = first.take().unwrap_or_else(|| Completion {
+                        id: claim.id.clone(),
+                        owner: claim.owner.clone(),
+                        response: kept_sealed.clone().unwrap_or_else(|| response.clone()),
+                        now_ms,
+                        expiration_s,
+                        writes: kept_writes.clone(),
+                    });
+                    inner.store.complete(completion)
+                })
+                .await
+            }
+            Err(error) => Err(error),
+        };
         let applied = completed.map(|found| landed(found, &claim.owner, now_ms));
         match applied {
             Ok(true) => {

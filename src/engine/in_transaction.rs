@@ -255,8 +255,15 @@ impl<St: Store> Engine<St> {
     ) -> Result<OutcomeKind, Error<E>> {
         let now_ms = self.now_ms();
         let expiration_s = self.expiration_s(now_ms);
-        let completion = completion(claim, response.clone(), writes, now_ms, expiration_s);
         let finishing = async {
+            let stored = self.stored(claim, &response, expiration_s).await;
+            let completion = completion(
+                claim,
+                stored.map_err(finish_failed)?,
+                writes,
+                now_ms,
+                expiration_s,
+            );
             let transaction = held.open().map_err(finish_failed)?;
             match transaction.complete(completion).await {
                 Ok(completed) => applied(completed)?,
@@ -287,8 +294,15 @@ impl<St: Store> Engine<St> {
     ) -> Result<OutcomeKind, Error<E>> {
         let now_ms = self.now_ms();
         let expiration_s = self.expiration_s(now_ms);
-        let completion = completion(claim, response.clone(), Vec::new(), now_ms, expiration_s);
         let finishing = async {
+            let stored = self.stored(claim, &response, expiration_s).await;
+            let completion = completion(
+                claim,
+                stored.map_err(finish_failed)?,
+                Vec::new(),
+                now_ms,
+                expiration_s,
+            );
             let transaction = held.open().map_err(finish_failed)?;
             transaction
                 .roll_back_writes()
@@ -306,6 +320,24 @@ impl<St: Store> Engine<St> {
             Err(Finish::Refused(error)) => Err(held.failed(claim, Error::Store(error)).await),
             Err(Finish::Failed(error)) => Err(held.failed(claim, error).await),
         }
+    }
+
+    /// The bytes the completion of `claim` with `response` stores: sealed
+    /// when the engine encrypts (within the transaction's time limit, as
+    /// the completion is), `response` as it is otherwise.
+    async fn stored(
+        &self,
+        claim: &Claim,
+        response: &[u8],
+        expiration_s: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let sealed = if self.encrypts() {
+            self.sealed(&claim.id, &claim.fingerprint, expiration_s, response)
+                .await?
+        } else {
+            None
+        };
+        Ok(sealed.unwrap_or_else(|| response.to_vec()))
     }
 
     /// A completion committed: told to this process.

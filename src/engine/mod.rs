@@ -53,6 +53,7 @@ mod panic;
 mod replay;
 mod retry_after;
 mod run;
+mod sealing;
 mod single_write;
 mod split;
 mod state;
@@ -86,5 +87,7 @@ pub use state::Engine;
 #[cfg_attr(not(feature = "http"), allow(unused_imports))]
 pub(crate) use retry_after::RetryHint;
 
+#[cfg(all(test, feature = "encryption"))]
+mod encryption_tests;
 #[cfg(test)]
 mod tests;

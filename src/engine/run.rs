@@ -98,6 +98,12 @@ impl<St: Store> Engine<St> {
             // gives the wall-clock instants that leases are written in.
             let began = tokio::time::Instant::now();
             let claimed = self.claim_held(&mut holding, &mut claim).await;
+            // A record that holds the key, its response opened.
+            let claimed = if self.encrypts() {
+                Box::pin(self.opened_claim(claimed, &attempt.fingerprint)).await
+            } else {
+                claimed
+            };
             match self.claim_step(&claim, claimed, attempt, mode, codec) {
                 ClaimStep::Ours => break began,
                 // Another duplicate of this process took the key as the run

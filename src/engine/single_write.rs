@@ -96,6 +96,7 @@ impl<St: Store> Engine<St> {
         // operation at all.
         let now_ms = inner.clock.now_ms();
         if let Some(record) = self.completed_before_claim(&id, now_ms).await {
+            let record = self.opened(record, &attempt.fingerprint).await?;
             return self.existing(record, codec, attempt, now_ms);
         }
         let (value, writes) = run_unclaimed(operation, attempt.taking_over).await?;
@@ -110,13 +111,22 @@ impl<St: Store> Engine<St> {
             // A fresh token per try: a retried transaction with other
             // parameters must not reuse one.
             owner = OwnerToken::generate().map_err(Error::Store)?;
+            let expiration_s = self.expiration_s(now_ms);
+            // Sealed for this try's expiry, which it is bound to.
+            let sealed = if self.encrypts() {
+                self.sealed(&id, &attempt.fingerprint, expiration_s, &response)
+                    .await
+                    .map_err(Error::Store)?
+            } else {
+                None
+            };
             let commit = Commit {
                 id: id.clone(),
                 owner: owner.clone(),
                 fingerprint: attempt.fingerprint.clone(),
-                response: response.clone(),
+                response: sealed.unwrap_or_else(|| response.clone()),
                 now_ms,
-                expiration_s: self.expiration_s(now_ms),
+                expiration_s,
                 writes: writes.clone(),
             };
             let expiration_s = commit.expiration_s;
@@ -138,7 +148,8 @@ impl<St: Store> Engine<St> {
                     // This very commit, landed before its retry.
                     (Fence::OwnCompletion | Fence::OwnClaim, _) => {}
                     (Fence::Held, Some(record)) => {
-                        return self.existing(record, codec, attempt, now_ms)
+                        let record = self.opened(record, &attempt.fingerprint).await?;
+                        return self.existing(record, codec, attempt, now_ms);
                     }
                     // Gone or lapsed by the time it was read: commit again.
                     _ => {
@@ -161,6 +172,10 @@ impl<St: Store> Engine<St> {
         // Still contended: whoever won, its record says what happened.
         let now_ms = inner.clock.now_ms();
         let found = inner.store.get(&id, now_ms).await.map_err(Error::Store)?;
+        let found = match found {
+            Some(record) => Some(self.opened(record, &attempt.fingerprint).await?),
+            None => None,
+        };
         self.after_contention(&id, found, &owner, codec, attempt, now_ms)
     }
 

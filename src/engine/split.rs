@@ -48,15 +48,20 @@ impl<St: Store> Engine<St> {
                 .started_in_time(&claim, began)
                 .await
                 .map(|()| SplitClaim::Ours),
-            Ok(Claimed::Held(record)) => self
-                .existing_with(
+            Ok(Claimed::Held(record)) => {
+                let record = self
+                    .opened(record, &attempt.fingerprint)
+                    .await
+                    .map_err(Error::Store)?;
+                self.existing_with(
                     record,
                     codec,
                     &attempt.fingerprint,
                     RetryHint::Lease,
                     claim.now_ms,
                 )
-                .map(|outcome| SplitClaim::Replay(outcome.into_value())),
+                .map(|outcome| SplitClaim::Replay(outcome.into_value()))
+            }
             Err(ClaimError::Outage(error) | ClaimError::Failed(error)) => Err(Error::Store(error)),
         }
     }
@@ -73,12 +78,19 @@ impl<St: Store> Engine<St> {
     ) -> Result<OutcomeKind, StoreError> {
         let id = self.record_id(&attempt.scope, &attempt.key);
         let now_ms = self.inner.clock.now_ms();
+        let expiration_s = self.expiration_s(now_ms);
+        let sealed = if self.encrypts() {
+            self.sealed(&id, &attempt.fingerprint, expiration_s, &response)
+                .await?
+        } else {
+            None
+        };
         let completion = Completion {
             id: id.clone(),
             owner: attempt.owner.clone(),
-            response,
+            response: sealed.unwrap_or(response),
             now_ms,
-            expiration_s: self.expiration_s(now_ms),
+            expiration_s,
             writes: Vec::new(),
         };
         let found = retry_conflicts(|| self.inner.store.complete(completion.clone())).await?;

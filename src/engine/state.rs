@@ -44,6 +44,9 @@ pub(super) struct Inner<St> {
     pub(super) disabled: bool,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) local_runs: LocalRuns,
+    /// How stored responses are sealed and opened, when they are.
+    #[cfg(feature = "encryption")]
+    pub(super) encryption: Option<crate::encryption::Encryption>,
 }
 
 /// The shortest lease a claim gets, even when its deadline has passed.

@@ -1,0 +1,504 @@
+//! The sealed form of a stored response, and the associated data that
+//! binds it to its record.
+//!
+//! Version 1, integers big-endian:
+//!
+//! ```text
+//! magic 0xFF 'L' 'I' 'E' | u8 version (1) | u8 flags
+//! u8 key id length (1..=255) | key id (UTF-8)
+//! u16 wrapped key length | wrapped key (empty for a raw key)
+//! nonce (12 bytes, random)
+//! ciphertext | tag (16 bytes)
+//! ```
+//!
+//! Flag bit 0: the plaintext was deflated before it was sealed. Other bits
+//! are refused (a later version's).
+//!
+//! No response the crate stores in the clear starts with the magic: the
+//! HTTP layer's frame starts with its version (1 or 2), a JSON value with
+//! `{`, `[`, `"`, a digit, `-`, a letter or white space, and `0xFF` is
+//! never a byte of UTF-8 text. So a stored response that does not start
+//! with it is plaintext, written before encryption was turned on (or while
+//! it was off), and one that does is an envelope, opened or refused.
+//!
+//! The associated data is everything before the nonce (so the key id, the
+//! wrapped key and the flags cannot be changed), then the context, the
+//! record id, the fingerprint and the status, each as a `u64` length and
+//! its bytes, then the expiration as a `u64`. The nonce is authenticated
+//! by GCM itself.
+
+use super::keys::{DataKey, KEY_LEN, MAX_KEY_ID_LEN, MAX_WRAPPED_LEN};
+use crate::{
+    store::{RecordId, Status},
+    Fingerprint,
+};
+use aws_lc_rs::aead::{Aad, Nonce, NONCE_LEN};
+use std::{fmt, ops::Range};
+
+/// The first bytes of every sealed response.
+pub(crate) const MAGIC: [u8; 4] = [0xFF, b'L', b'I', b'E'];
+/// The envelope's version.
+pub(crate) const VERSION: u8 = 1;
+const FLAG_DEFLATE: u8 = 0b0000_0001;
+const KNOWN_FLAGS: u8 = FLAG_DEFLATE;
+const TAG_LEN: usize = 16;
+/// A sealed response inflated past this is refused (an item holds at most
+/// 400 KB; deflate rarely gains more than 100 to 1 on real responses).
+const INFLATED_LIMIT: u64 = 64 * 1024 * 1024;
+
+// A key is AES-256's.
+const _: () = assert!(KEY_LEN == 32);
+
+/// What a sealed response is bound to: its record, as the engine knows it
+/// when it writes or reads the response.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Binding<'a> {
+    /// The user's name for where records live (a table, a key prefix).
+    pub(crate) context: &'a str,
+    pub(crate) id: &'a RecordId,
+    pub(crate) fingerprint: &'a Fingerprint,
+    pub(crate) status: Status,
+    pub(crate) expiration_s: u64,
+}
+
+/// Whether `stored` is a sealed response (it may still be malformed).
+pub(crate) fn is_sealed(stored: &[u8]) -> bool {
+    stored.starts_with(&MAGIC)
+}
+
+/// The key id a stored response names, if it is a well-formed envelope:
+/// for operators (`lambda-idempotency inspect`), who see which key sealed
+/// a record without opening it.
+pub fn key_id_of(stored: &[u8]) -> Option<&str> {
+    let parsed = parse(stored).ok()?;
+    Some(parsed.key_id(stored))
+}
+
+/// An envelope's parts, as offsets into its bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Parsed {
+    flags: u8,
+    key_id: Range<usize>,
+    wrapped: Range<usize>,
+    /// Where the nonce starts: the associated data's header ends here.
+    nonce_at: usize,
+}
+
+impl Parsed {
+    pub(crate) fn key_id<'a>(&self, stored: &'a [u8]) -> &'a str {
+        // Checked to be UTF-8 by `parse`.
+        std::str::from_utf8(&stored[self.key_id.clone()]).unwrap_or_default()
+    }
+
+    pub(crate) fn wrapped<'a>(&self, stored: &'a [u8]) -> &'a [u8] {
+        &stored[self.wrapped.clone()]
+    }
+}
+
+/// Why a stored response is not a well-formed envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Malformed {
+    NotSealed,
+    Truncated,
+    Version(u8),
+    Flags(u8),
+    KeyId,
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Malformed::NotSealed => f.write_str("not a sealed response"),
+            Malformed::Truncated => f.write_str("the sealed response is truncated"),
+            Malformed::Version(version) => {
+                write!(f, "the sealed response has an unknown version ({version})")
+            }
+            Malformed::Flags(flags) => {
+                write!(f, "the sealed response has unknown flags ({flags:#04x})")
+            }
+            Malformed::KeyId => f.write_str("the sealed response's key id is empty or not UTF-8"),
+        }
+    }
+}
+
+/// A cursor over stored bytes that never reads past their end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<Range<usize>, Malformed> {
+        let end = self.at.checked_add(n).ok_or(Malformed::Truncated)?;
+        if end > self.bytes.len() {
+            return Err(Malformed::Truncated);
+        }
+        let range = self.at..end;
+        self.at = end;
+        Ok(range)
+    }
+
+    fn u8(&mut self) -> Result<u8, Malformed> {
+        let range = self.take(1)?;
+        Ok(self.bytes[range.start])
+    }
+
+    fn u16(&mut self) -> Result<u16, Malformed> {
+        let range = self.take(2)?;
+        Ok(u16::from_be_bytes([
+            self.bytes[range.start],
+            self.bytes[range.start + 1],
+        ]))
+    }
+}
+
+/// Parses an envelope's header, checking every length against what is
+/// there: nothing in a stored record can make it panic.
+pub(crate) fn parse(stored: &[u8]) -> Result<Parsed, Malformed> {
+    if !is_sealed(stored) {
+        return Err(Malformed::NotSealed);
+    }
+    let mut reader = Reader {
+        bytes: stored,
+        at: MAGIC.len(),
+    };
+    let version = reader.u8()?;
+    if version != VERSION {
+        return Err(Malformed::Version(version));
+    }
+    let flags = reader.u8()?;
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(Malformed::Flags(flags));
+    }
+    let key_id_len = usize::from(reader.u8()?);
+    let key_id = reader.take(key_id_len)?;
+    if key_id.is_empty() || std::str::from_utf8(&stored[key_id.clone()]).is_err() {
+        return Err(Malformed::KeyId);
+    }
+    let wrapped_len = usize::from(reader.u16()?);
+    let wrapped = reader.take(wrapped_len)?;
+    let nonce_at = reader.at;
+    reader.take(NONCE_LEN)?;
+    reader.take(TAG_LEN)?;
+    Ok(Parsed {
+        flags,
+        key_id,
+        wrapped,
+        nonce_at,
+    })
+}
+
+/// The associated data of an envelope whose header is `header`, bound to
+/// `binding`.
+fn associated_data(header: &[u8], binding: &Binding<'_>) -> Vec<u8> {
+    let parts = [
+        binding.context.as_bytes(),
+        binding.id.as_str().as_bytes(),
+        binding.fingerprint.as_str().as_bytes(),
+        binding.status.as_str().as_bytes(),
+    ];
+    let length: usize = parts.iter().map(|part| 8 + part.len()).sum();
+    let mut aad = Vec::with_capacity(header.len() + length + 8);
+    aad.extend_from_slice(header);
+    for part in parts {
+        aad.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        aad.extend_from_slice(part);
+    }
+    aad.extend_from_slice(&binding.expiration_s.to_be_bytes());
+    aad
+}
+
+/// Why a response could not be sealed.
+#[derive(Debug)]
+pub(crate) struct SealFailed(pub(crate) &'static str);
+
+impl fmt::Display for SealFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for SealFailed {}
+
+/// `plaintext` sealed under `key`, bound to `binding`; deflated first when
+/// longer than `compress_above` and smaller for it.
+pub(crate) fn seal(
+    key: &DataKey,
+    binding: &Binding<'_>,
+    plaintext: &[u8],
+    compress_above: usize,
+) -> Result<Vec<u8>, SealFailed> {
+    let deflated = (plaintext.len() > compress_above)
+        .then(|| deflate(plaintext))
+        .flatten();
+    let (flags, body) = match &deflated {
+        Some(deflated) => (FLAG_DEFLATE, deflated.as_slice()),
+        None => (0, plaintext),
+    };
+    let key_id = key.id().as_bytes();
+    let wrapped = key.wrapped();
+    // Both checked when the key was made.
+    let (Ok(key_id_len), Ok(wrapped_len)) =
+        (u8::try_from(key_id.len()), u16::try_from(wrapped.len()))
+    else {
+        return Err(SealFailed("the key id or wrapped key is too long"));
+    };
+    debug_assert!(key_id.len() <= MAX_KEY_ID_LEN && wrapped.len() <= MAX_WRAPPED_LEN);
+    let header_len = MAGIC.len() + 3 + key_id.len() + 2 + wrapped.len();
+    let mut sealed = Vec::with_capacity(header_len + NONCE_LEN + body.len() + TAG_LEN);
+    sealed.extend_from_slice(&MAGIC);
+    sealed.push(VERSION);
+    sealed.push(flags);
+    sealed.push(key_id_len);
+    sealed.extend_from_slice(key_id);
+    sealed.extend_from_slice(&wrapped_len.to_be_bytes());
+    sealed.extend_from_slice(wrapped);
+    let aad = associated_data(&sealed, binding);
+    let nonce_at = sealed.len();
+    sealed.extend_from_slice(&[0; NONCE_LEN]);
+    sealed.extend_from_slice(body);
+    let (nonce, tag) = key
+        .cipher()
+        .seal_in_place_separate_tag(Aad::from(&aad), &mut sealed[nonce_at + NONCE_LEN..])
+        .map_err(|_| SealFailed("AES-256-GCM failed to seal"))?;
+    sealed[nonce_at..nonce_at + NONCE_LEN].copy_from_slice(nonce.as_ref());
+    sealed.extend_from_slice(tag.as_ref());
+    Ok(sealed)
+}
+
+/// Why a well-formed envelope did not open.
+#[derive(Debug)]
+pub(crate) enum NotOpened {
+    /// The tag does not match: the ciphertext, its header or its binding
+    /// changed, or another key sealed it.
+    Unauthentic,
+    /// It authenticated, and then did not inflate.
+    Inflate(std::io::Error),
+}
+
+/// Opens `stored`, parsed as `parsed`, with `key`, bound to `binding`: the
+/// plaintext it sealed, in the same allocation.
+pub(crate) fn open(
+    key: &DataKey,
+    binding: &Binding<'_>,
+    parsed: &Parsed,
+    mut stored: Vec<u8>,
+) -> Result<Vec<u8>, NotOpened> {
+    let aad = associated_data(&stored[..parsed.nonce_at], binding);
+    let nonce_end = parsed.nonce_at + NONCE_LEN;
+    let nonce = Nonce::try_assume_unique_for_key(&stored[parsed.nonce_at..nonce_end])
+        .map_err(|_| NotOpened::Unauthentic)?;
+    let plaintext_len = key
+        .cipher()
+        .open_in_place(nonce, Aad::from(&aad), &mut stored[nonce_end..])
+        .map_err(|_| NotOpened::Unauthentic)?
+        .len();
+    stored.truncate(nonce_end + plaintext_len);
+    stored.drain(..nonce_end);
+    if parsed.flags & FLAG_DEFLATE != 0 {
+        return inflate(&stored).map_err(NotOpened::Inflate);
+    }
+    Ok(stored)
+}
+
+fn deflate(bytes: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Write;
+    let mut encoder = flate2::write::DeflateEncoder::new(
+        Vec::with_capacity(bytes.len() / 2),
+        flate2::Compression::default(),
+    );
+    encoder.write_all(bytes).ok()?;
+    let compressed = encoder.finish().ok()?;
+    (compressed.len() < bytes.len()).then_some(compressed)
+}
+
+fn inflate(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut inflated = Vec::with_capacity(bytes.len().saturating_mul(3));
+    flate2::read::DeflateDecoder::new(bytes)
+        .take(INFLATED_LIMIT + 1)
+        .read_to_end(&mut inflated)?;
+    if inflated.len() as u64 > INFLATED_LIMIT {
+        return Err(std::io::Error::other("inflates past 64 MiB"));
+    }
+    Ok(inflated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str, byte: u8) -> DataKey {
+        DataKey::new(id, Vec::new(), &[byte; 32]).unwrap()
+    }
+
+    struct Owned {
+        id: RecordId,
+        fingerprint: Fingerprint,
+    }
+
+    fn owned() -> Owned {
+        Owned {
+            id: RecordId::from_stored("p#abc"),
+            fingerprint: Fingerprint::from_stored("f00d"),
+        }
+    }
+
+    fn binding(owned: &Owned) -> Binding<'_> {
+        Binding {
+            context: "table-a",
+            id: &owned.id,
+            fingerprint: &owned.fingerprint,
+            status: Status::Completed,
+            expiration_s: 1_000,
+        }
+    }
+
+    fn round_trip(key: &DataKey, binding: &Binding<'_>, sealed: &[u8]) -> Result<Vec<u8>, String> {
+        let parsed = parse(sealed).map_err(|e| e.to_string())?;
+        open(key, binding, &parsed, sealed.to_vec()).map_err(|e| format!("{e:?}"))
+    }
+
+    #[test]
+    fn seals_and_opens_small_and_large_responses() {
+        let owned = owned();
+        let binding = binding(&owned);
+        let k = key("k1", 1);
+        for plaintext in [Vec::new(), b"{\"n\":1}".to_vec(), vec![b'a'; 100_000]] {
+            let sealed = seal(&k, &binding, &plaintext, 4096).unwrap();
+            assert!(is_sealed(&sealed));
+            assert_eq!(key_id_of(&sealed), Some("k1"));
+            if plaintext.len() > 4096 {
+                assert!(
+                    sealed.len() < plaintext.len() / 10,
+                    "deflated before sealing"
+                );
+            } else {
+                assert_eq!(sealed.len(), plaintext.len() + 4 + 3 + 2 + 2 + 12 + 16);
+            }
+            assert_eq!(round_trip(&k, &binding, &sealed).unwrap(), plaintext);
+        }
+    }
+
+    #[test]
+    fn two_seals_of_one_response_differ() {
+        let owned = owned();
+        let binding = binding(&owned);
+        let k = key("k1", 1);
+        let a = seal(&k, &binding, b"same", 4096).unwrap();
+        let b = seal(&k, &binding, b"same", 4096).unwrap();
+        assert_ne!(a, b, "a fresh nonce each time");
+    }
+
+    #[test]
+    fn every_byte_changed_fails_to_open() {
+        let owned = owned();
+        let binding = binding(&owned);
+        let k = key("k1", 1);
+        let sealed = seal(&k, &binding, b"{\"card\":\"4242\"}", 4096).unwrap();
+        for at in 0..sealed.len() {
+            let mut changed = sealed.clone();
+            changed[at] ^= 0x01;
+            let parsed = parse(&changed);
+            let opened = match parsed {
+                // A changed key id names another key: no such key here.
+                Ok(parsed) if parsed.key_id(&changed) != "k1" => continue,
+                Ok(parsed) => open(&k, &binding, &parsed, changed.clone()).map(|_| ()),
+                Err(_) => continue,
+            };
+            // Refused by the tag itself: the header is authenticated too
+            // (a flag turned on would otherwise be found only when the
+            // plaintext does not inflate).
+            assert!(
+                matches!(opened, Err(NotOpened::Unauthentic)),
+                "byte {at} changed: {opened:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_changed_binding_fails_to_open() {
+        let owned = owned();
+        let binding = binding(&owned);
+        let k = key("k1", 1);
+        let sealed = seal(&k, &binding, b"secret", 4096).unwrap();
+        let other_id = RecordId::from_stored("p#abd");
+        let other_fingerprint = Fingerprint::from_stored("f00e");
+        let changes = [
+            Binding {
+                context: "table-b",
+                ..binding
+            },
+            Binding {
+                id: &other_id,
+                ..binding
+            },
+            Binding {
+                fingerprint: &other_fingerprint,
+                ..binding
+            },
+            Binding {
+                status: Status::InProgress,
+                ..binding
+            },
+            Binding {
+                expiration_s: 1_001,
+                ..binding
+            },
+        ];
+        for changed in changes {
+            assert!(round_trip(&k, &changed, &sealed).is_err(), "{changed:?}");
+        }
+        assert!(
+            round_trip(&key("k1", 2), &binding, &sealed).is_err(),
+            "another key"
+        );
+        assert_eq!(round_trip(&k, &binding, &sealed).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn malformed_envelopes_are_errors_not_panics() {
+        let owned = owned();
+        let binding = binding(&owned);
+        let k = key("k1", 1);
+        let sealed = seal(&k, &binding, b"secret", 4096).unwrap();
+        for len in 0..sealed.len() {
+            let cut = &sealed[..len];
+            if let Ok(parsed) = parse(cut) {
+                assert!(open(&k, &binding, &parsed, cut.to_vec()).is_err(), "{len}");
+            }
+        }
+        let mut version = sealed.clone();
+        version[4] = 2;
+        assert_eq!(parse(&version).unwrap_err(), Malformed::Version(2));
+        let mut flags = sealed.clone();
+        flags[5] = 0x80;
+        assert_eq!(parse(&flags).unwrap_err(), Malformed::Flags(0x80));
+        let mut empty_id = sealed.clone();
+        empty_id[6] = 0;
+        assert!(parse(&empty_id).is_err());
+        let mut long_id = sealed.clone();
+        long_id[6] = 255;
+        assert_eq!(parse(&long_id).unwrap_err(), Malformed::Truncated);
+        assert_eq!(parse(b"{\"a\":1}").unwrap_err(), Malformed::NotSealed);
+        assert_eq!(parse(&MAGIC).unwrap_err(), Malformed::Truncated);
+    }
+
+    #[test]
+    fn no_plaintext_the_crate_writes_looks_sealed() {
+        // JSON text, the HTTP layer's frames (version 1 and 2), and empty.
+        for plaintext in [
+            &b"{}"[..],
+            b"[1]",
+            b"\"s\"",
+            b"-1",
+            b"null",
+            b" {}",
+            b"\x01\x00",
+            b"\x02\x00",
+            b"",
+        ] {
+            assert!(!is_sealed(plaintext));
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Stored responses sealed on every completion and opened on every read
+//! that can replay, when the engine encrypts
+//! ([`EngineBuilder::encryption`](crate::EngineBuilder::encryption)): the
+//! one place the engine meets [`crate::encryption`], so that every
+//! completion path and every store gets the same envelope. Without the
+//! `encryption` feature, or without encryption configured, responses are
+//! stored and read as they are.
+//!
+//! What the process keeps in memory (the local cache, a duplicate waiting
+//! on a run of this process) is the plaintext: only the store's copy is
+//! sealed.
+
+use super::{
+    claim::{ClaimError, Claimed},
+    state::Engine,
+};
+use crate::{
+    store::{Record, RecordId, Store},
+    Fingerprint, StoreError,
+};
+
+impl<St: Store> Engine<St> {
+    /// The bytes to store for a completion of the record `id` (claimed
+    /// for `fingerprint`, expiring at `expiration_s`) with `response`:
+    /// sealed, or `None` to store `response` as it is.
+    pub(super) async fn sealed(
+        &self,
+        id: &RecordId,
+        fingerprint: &Fingerprint,
+        expiration_s: u64,
+        response: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        #[cfg(feature = "encryption")]
+        if let Some(encryption) = &self.inner.encryption {
+            let binding = crate::encryption::Binding {
+                context: encryption.context(),
+                id,
+                fingerprint,
+                status: crate::store::Status::Completed,
+                expiration_s,
+            };
+            // Boxed: a future that every completion would hold room for.
+            return Box::pin(encryption.seal(&binding, response)).await;
+        }
+        let _ = (id, fingerprint, expiration_s, response);
+        Ok(None)
+    }
+
+    /// `record`, read from the store, with its response opened: only a
+    /// completed record found for this `fingerprint` (another payload's
+    /// is a mismatch, answered without opening it: it learns nothing), so
+    /// that [`existing`](Engine::existing) replays the plaintext. A
+    /// response that fails to open is an error, and the record is left as
+    /// it is.
+    pub(super) async fn opened(
+        &self,
+        record: Record,
+        fingerprint: &Fingerprint,
+    ) -> Result<Record, StoreError> {
+        #[cfg(feature = "encryption")]
+        if let Some(encryption) = &self.inner.encryption {
+            let mut record = record;
+            if record.status == crate::store::Status::Completed
+                && record.fingerprint == *fingerprint
+            {
+                if let Some(stored) = record.response.take() {
+                    let binding = crate::encryption::Binding {
+                        context: encryption.context(),
+                        id: &record.id,
+                        fingerprint: &record.fingerprint,
+                        status: record.status,
+                        expiration_s: record.expiration_s,
+                    };
+                    let opened = Box::pin(encryption.open(&binding, stored)).await?;
+                    record.response = Some(opened);
+                }
+            }
+            return Ok(record);
+        }
+        let _ = fingerprint;
+        Ok(record)
+    }
+
+    /// What a claim decided, with a record that holds the key opened
+    /// ([`opened`](Engine::opened)). One that fails to open fails the
+    /// claim, never as an outage: fail-open must not run an operation whose
+    /// record says it ran.
+    pub(super) async fn opened_claim(
+        &self,
+        claimed: Result<Claimed, ClaimError>,
+        fingerprint: &Fingerprint,
+    ) -> Result<Claimed, ClaimError> {
+        match claimed {
+            Ok(Claimed::Held(record)) if self.encrypts() => self
+                .opened(record, fingerprint)
+                .await
+                .map(Claimed::Held)
+                .map_err(ClaimError::Failed),
+            claimed => claimed,
+        }
+    }
+
+    /// Whether stored responses are sealed or opened at all.
+    pub(super) fn encrypts(&self) -> bool {
+        #[cfg(feature = "encryption")]
+        return self.inner.encryption.is_some();
+        #[cfg(not(feature = "encryption"))]
+        false
+    }
+}
