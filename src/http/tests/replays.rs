@@ -260,3 +260,96 @@ async fn the_replay_hook_adjusts_replays_only() {
     );
     assert_eq!(replay.headers().get(REPLAYED_HEADER).unwrap(), "true");
 }
+
+/// With the engine's encryption, a replay through the layer is the first
+/// response, byte for byte (status, headers, body: small, binary and large
+/// enough for the layer's own compression), though the store holds only
+/// sealed bytes.
+#[cfg(feature = "encryption")]
+#[tokio::test]
+async fn an_encrypted_replay_is_the_first_response_byte_for_byte() {
+    use crate::encryption::{key_id_of, Encryption, RawKeys};
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone())
+        .encryption(Encryption::new(
+            RawKeys::new("k1", &[1; 32]).unwrap(),
+            "test",
+        ))
+        .build();
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .layer(echo.clone());
+    let large = format!(r#"{{"amount":100,"memo":"{}"}}"#, "card 4242 ".repeat(1000));
+    let bodies = [
+        Body::from(r#"{"amount":100,"card":"4242424242424242"}"#),
+        Body::Binary((0..=255).chain((0..=255).rev()).collect()),
+        Body::from(large.as_str()),
+    ];
+    for (n, body) in bodies.into_iter().enumerate() {
+        let key = format!("k{n}");
+        let request = || {
+            http::Request::post("/v1/charges")
+                .header("idempotency-key", key.as_str())
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(body.clone())
+                .unwrap()
+        };
+        let first = send(&mut service, request()).await;
+        let replay = send(&mut service, request()).await;
+        assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+        assert_eq!(replay.status(), first.status());
+        assert!(replay.body() == first.body(), "the replay's body differs");
+        for (name, value) in first.headers() {
+            if name != header::SET_COOKIE {
+                assert_eq!(replay.headers().get(name), Some(value), "{name}");
+            }
+        }
+    }
+    assert_eq!(echo.runs(), 3);
+    for record in store.records() {
+        let response = record.response.expect("completed");
+        assert_eq!(key_id_of(&response), Some("k1"));
+        assert!(!response.windows(4).any(|w| w == b"4242"), "sealed");
+    }
+}
+
+/// A tampered record, with encryption on, is answered with a problem of
+/// its own, never replayed and never run again; the record stays.
+#[cfg(feature = "encryption")]
+#[tokio::test]
+async fn a_tampered_encrypted_record_is_a_problem_of_its_own() {
+    use crate::encryption::{Encryption, RawKeys};
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone())
+        .encryption(Encryption::new(
+            RawKeys::new("k1", &[1; 32]).unwrap(),
+            "test",
+        ))
+        .build();
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .layer(echo.clone());
+    send(&mut service, post(Some("k"), r#"{"amount":100}"#)).await;
+    let mut tampered = store.records();
+    for record in &mut tampered {
+        let response = record.response.as_mut().expect("completed");
+        let last = response.len() - 1;
+        response[last] ^= 1;
+        store.insert_record(record.clone());
+    }
+    for _ in 0..2 {
+        let response = send(&mut service, post(Some("k"), r#"{"amount":100}"#)).await;
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(response.headers().get(REPLAYED_HEADER).is_none());
+        let problem = problem(&response);
+        assert_eq!(
+            problem["type"],
+            "urn:lambda-idempotency:problem:idempotency-record-unauthentic"
+        );
+        assert_eq!(problem["status"], 500);
+    }
+    assert_eq!(echo.runs(), 1);
+    assert_eq!(store.records(), tampered, "not overwritten");
+}
