@@ -400,8 +400,14 @@ fn describe(record: &Record, now_ms: u64) -> Value {
 }
 
 /// What a retry gets back: the response as the HTTP layer stored it, or a
-/// value stored as JSON by the engine, or (another codec) its size.
+/// value stored as JSON by the engine, or (another codec) its size; or,
+/// sealed by the engine's encryption, the key it names and its size (this
+/// tool holds no keys: a record that fails to open is forgotten as any
+/// other).
 fn stored_response(bytes: &[u8]) -> Value {
+    if let Some(key_id) = lambda_idempotency::encryption::key_id_of(bytes) {
+        return json!({ "sealed": { "key_id": key_id, "bytes": bytes.len() } });
+    }
     if let Ok(response) = decode_stored_response(bytes) {
         let headers: serde_json::Map<String, Value> = response
             .headers()
@@ -447,4 +453,42 @@ fn text(record: &Record, now_ms: u64) -> String {
         line.push_str(&format!(", response: {}", stored_response(response)));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lambda_idempotency::{
+        encryption::{Encryption, RawKeys},
+        store::RecordId,
+        Fingerprint,
+    };
+
+    #[test]
+    fn a_sealed_response_shows_its_key_id_and_size_only() {
+        let encryption = Encryption::new(RawKeys::new("2026-11", &[1; 32]).unwrap(), "test");
+        let sealed = futures_ready(encryption.seal_response(
+            &RecordId::from_stored("p#1"),
+            &Fingerprint::from_stored("f"),
+            1,
+            br#"{"card":"4242"}"#,
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            stored_response(&sealed),
+            json!({ "sealed": { "key_id": "2026-11", "bytes": sealed.len() } })
+        );
+        assert_eq!(
+            stored_response(br#"{"card":"4242"}"#),
+            json!({ "json": { "card": "4242" } })
+        );
+    }
+
+    fn futures_ready<F: std::future::Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
 }
