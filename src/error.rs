@@ -328,7 +328,7 @@ impl StdError for StoreError {
 /// | [`Misconfigured`](StoreErrorKind::Misconfigured) | the store is not set up as the crate needs (no table, no permission, a bad name or URL, data that is not a record) | fails closed, never retried | 500 |
 /// | [`Rejected`](StoreErrorKind::Rejected) | a value out of the store's range, refused before any write | fails closed | 500 |
 /// | [`CorruptRecord`](StoreErrorKind::CorruptRecord) | a stored record that does not decode | fails closed, never replayed | 500 |
-/// | [`Unauthentic`](StoreErrorKind::Unauthentic) | a stored response that fails to open: changed, copied from another record or context, sealed under a key no longer configured, malformed, or plaintext where it is refused (the engine's [encryption](crate::EngineBuilder::encryption)) | fails closed: never replayed, never overwritten, never run again | 500 |
+/// | [`Unauthentic`](StoreErrorKind::Unauthentic) | a stored response that fails to open: changed, copied from another record or context, sealed under a key no longer configured, malformed, or plaintext where it is refused (the engine's [encryption](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/encryption/index.html), feature `encryption`) | fails closed: never replayed, never overwritten, never run again | 500 |
 /// | [`WriteRejected`](StoreErrorKind::WriteRejected) | the operation's own transactional writes were refused | releases the claim | 500 |
 /// | [`Other`](StoreErrorKind::Other) | anything no store could classify | fails closed | 500 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -352,7 +352,7 @@ pub enum StoreErrorKind {
     CorruptRecord,
     /// A stored response that fails to open where the engine encrypts
     /// responses (its
-    /// [`encryption`](crate::EngineBuilder::encryption)): it fails
+    /// [`encryption`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/encryption/index.html)): it fails
     /// authentication (a byte changed, a response copied from another
     /// record, a record copied from another context, its expiry or
     /// fingerprint changed), names a key no longer configured, is not a

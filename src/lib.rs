@@ -210,6 +210,7 @@
 //! | `redis-tls` | no | `redis`, and TLS to Redis (`rediss://`: ElastiCache and MemoryDB with in-transit encryption) with rustls on aws-lc-rs. Without it, `redis` compiles no C code and refuses `rediss://` URLs with a [`Misconfigured`](StoreErrorKind::Misconfigured) error that names this feature. |
 //! | `testing` | no | `testing`: the store conformance kit, `ManualClock`, `CountingStore`, `LostAnswers`, and the memory store's fault hooks. For dev-dependencies. |
 //! | `powertools` | no | [`powertools`]: during a migration from Powertools for AWS Lambda, honour the idempotency records it wrote (DynamoDB, Redis). |
+//! | `encryption` | no | `encryption`: stored responses sealed with AES-256-GCM (aws-lc-rs, the AWS SDK's TLS library) and bound to their record, on every store, through `EngineBuilder::encryption`. |
 //! | `fuzzing` | no | Internals for the fuzz targets under `fuzz/`; not a public API. |
 // Links to what a feature adds, for docs built without it: to docs.rs,
 // which builds every feature.

@@ -86,7 +86,7 @@
 //!
 //! It is never replayed, never overwritten and the operation is not run
 //! again (it ran once: its record says so). The request gets an error of
-//! its own, [`StoreErrorKind::Unauthentic`](crate::StoreErrorKind::Unauthentic)
+//! its own, [`StoreErrorKind::Unauthentic`]
 //! ([`ErrorKind::UnauthenticRecord`](crate::ErrorKind::UnauthenticRecord)):
 //! the HTTP layer answers a 500 `problem+json` of type
 //! `idempotency-record-unauthentic` (gRPC: `DATA_LOSS`), a batch consumer
@@ -152,7 +152,8 @@
 //! as if it had expired, and a retry may run the operation again, as it
 //! would after the retention; a plaintext record written by such a writer,
 //! unless plaintext is refused. Powertools' records, read in the
-//! compatibility mode ([`powertools`](crate::powertools)), are
+//! compatibility mode
+//! ([`powertools`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/powertools/index.html)), are
 //! Powertools' own plaintext and stay so: they are read, never sealed or
 //! opened.
 //!
