@@ -301,6 +301,35 @@ mod tests {
         assert_eq!(deflate(b"ab"), None);
     }
 
+    /// A response sealed by the engine's encryption is ciphertext: the
+    /// store's own compression (`compress_responses_above`) finds it no
+    /// smaller and stores it as it is, so turning both on costs a deflate
+    /// attempt and nothing else.
+    #[cfg(feature = "encryption")]
+    #[test]
+    fn a_sealed_response_is_not_compressed_again() {
+        use crate::encryption::{Encryption, RawKeys};
+        use futures_util::FutureExt;
+        let body = br#"{"receipt":"0123456789abcdef0123456789abcdef0123456789abcdef"}"#.repeat(400);
+        assert!(deflate(&body).is_some(), "the plaintext compresses");
+        for compress_above in [usize::MAX, 0] {
+            let encryption = Encryption::new(RawKeys::new("k", &[3; 32]).unwrap(), "t")
+                .compress_above(compress_above);
+            let sealed = encryption
+                .seal_response(
+                    &RecordId::from_stored("p#1"),
+                    &crate::Fingerprint::from_stored("f"),
+                    1,
+                    &body,
+                )
+                .now_or_never()
+                .expect("raw keys never wait")
+                .unwrap()
+                .unwrap();
+            assert_eq!(deflate(&sealed), None, "compress_above {compress_above}");
+        }
+    }
+
     #[test]
     fn configured_names_are_used() {
         let names = AttributeNames::default().status("st").response("resp");
