@@ -439,3 +439,94 @@ mod in_transaction {
         assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
     }
 }
+
+/// The engine's encryption through the public API, on the memory store: a
+/// stored response is sealed and replays; a tampered one is refused with
+/// its own error, run again never, overwritten never; a rotated key keeps
+/// the old records until it is removed.
+mod encryption {
+    use lambda_idempotency::{
+        encryption::{key_id_of, Encryption, RawKeys},
+        Attempt, Engine, ErrorKind, Fingerprint, MemoryStore, OutcomeKind,
+    };
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn engine(store: &MemoryStore, keys: RawKeys) -> Engine<MemoryStore> {
+        Engine::builder(store.clone())
+            .encryption(Encryption::new(keys, "tests/memory_store"))
+            .build()
+    }
+
+    async fn charge(
+        engine: &Engine<MemoryStore>,
+        key: &str,
+        runs: &AtomicUsize,
+    ) -> Result<(String, OutcomeKind), ErrorKind> {
+        let attempt = Attempt::new("charges", key, Fingerprint::of_bytes(b"1250"));
+        engine
+            .execute(&attempt, || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ()>("card 4242424242424242".to_owned())
+            })
+            .await
+            .map(|outcome| (outcome.value().clone(), outcome.kind()))
+            .map_err(|error| error.kind())
+    }
+
+    #[tokio::test]
+    async fn sealed_replayed_refused_when_tampered_and_rotated() {
+        let store = MemoryStore::new();
+        let runs = AtomicUsize::new(0);
+        let old = engine(&store, RawKeys::new("2026-05", &[5; 32]).unwrap());
+        let (value, kind) = charge(&old, "a", &runs).await.expect("ran");
+        assert_eq!(kind, OutcomeKind::Fresh);
+        let id = old.record_id("charges", "a");
+        let stored = store.record(&id).unwrap().response.unwrap();
+        assert_eq!(key_id_of(&stored), Some("2026-05"));
+        assert!(!stored.windows(4).any(|w| w == b"4242"));
+
+        // Rotated: a new primary, the old key kept to open.
+        let rotated = engine(
+            &store,
+            RawKeys::new("2026-11", &[11; 32])
+                .unwrap()
+                .with_key("2026-05", &[5; 32])
+                .unwrap(),
+        );
+        assert_eq!(
+            charge(&rotated, "a", &runs).await,
+            Ok((value.clone(), OutcomeKind::Replay))
+        );
+        charge(&rotated, "b", &runs).await.expect("ran");
+        let b = store.record(&rotated.record_id("charges", "b")).unwrap();
+        assert_eq!(key_id_of(b.response.as_deref().unwrap()), Some("2026-11"));
+
+        // One byte changed: refused, every time, nothing run or written.
+        let mut tampered = store.record(&id).unwrap();
+        let last = tampered.response.as_ref().unwrap().len() - 1;
+        tampered.response.as_mut().unwrap()[last] ^= 1;
+        store.insert_record(tampered.clone());
+        for _ in 0..2 {
+            assert_eq!(
+                charge(&rotated, "a", &runs).await,
+                Err(ErrorKind::UnauthenticRecord)
+            );
+        }
+        assert_eq!(store.record(&id), Some(tampered));
+
+        // The old key removed: its records no longer open.
+        let removed = engine(&store, RawKeys::new("2026-11", &[11; 32]).unwrap());
+        assert_eq!(
+            charge(&removed, "b", &runs).await,
+            Ok((value, OutcomeKind::Replay))
+        );
+        let mut c = store.record(&id).unwrap();
+        c.response = Some(stored);
+        store.insert_record(c);
+        assert_eq!(
+            charge(&removed, "a", &runs).await,
+            Err(ErrorKind::UnauthenticRecord)
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "a and b ran once each");
+    }
+}
