@@ -162,12 +162,12 @@ pub trait KeyProvider: Send + Sync + fmt::Debug + 'static {
 /// a key no longer there does not open, and is refused.
 ///
 /// ```
-/// # #[cfg(feature = "encryption")] {
 /// use lambda_idempotency::encryption::RawKeys;
 /// // In practice from a secret store, never from the source.
 /// let (old, new) = ([7u8; 32], [9u8; 32]);
 /// let keys = RawKeys::new("2026-11", &new)?.with_key("2026-05", &old)?;
-/// # Ok::<(), lambda_idempotency::encryption::KeyError>(()) }
+/// assert_eq!(keys.primary_id(), "2026-11");
+/// # Ok::<(), lambda_idempotency::encryption::KeyError>(())
 /// ```
 #[derive(Clone)]
 pub struct RawKeys {
