@@ -5,6 +5,7 @@ use super::{
     conflicts::retry_conflicts,
     fence::{fence, Fence},
     outcome::OutcomeKind,
+    sealing::{copy_of, stored_form},
     state::Engine,
 };
 use crate::{
@@ -42,24 +43,27 @@ impl<St: Store> Engine<St> {
         let expiration_s = self.expiration_s(now_ms);
         // What the store keeps: the response sealed, when the engine
         // encrypts; the process keeps `response` itself.
+        // Boxed: a future every completion would hold room for.
+        #[cfg(feature = "encryption")]
         let sealed = if self.encrypts() {
-            self.sealed(&claim.id, &claim.fingerprint, expiration_s, &response)
-                .await
+            Box::pin(self.sealed(&claim.id, &claim.fingerprint, expiration_s, &response)).await
         } else {
             Ok(None)
         };
+        #[cfg(not(feature = "encryption"))]
+        let sealed: Result<super::sealing::Sealed, StoreError> = Ok(None);
         let completed = match sealed {
             Ok(sealed) => {
                 // A completion is fenced, so one that lost a race (at
                 // SERIALIZABLE, a duplicate's claim reading the row) is
                 // safely tried again: the first try sends this completion
                 // as it is, a later one a copy.
-                let kept_sealed = sealed.clone();
+                let kept_sealed = copy_of(&sealed);
                 let kept_writes = writes.clone();
                 let mut first = Some(Completion {
                     id: claim.id.clone(),
                     owner: claim.owner.clone(),
-                    response: sealed.unwrap_or_else(|| response.clone()),
+                    response: stored_form(sealed, &response),
                     now_ms,
                     expiration_s,
                     writes,
@@ -68,7 +72,7 @@ impl<St: Store> Engine<St> {
                     let completion = first.take().unwrap_or_else(|| Completion {
                         id: claim.id.clone(),
                         owner: claim.owner.clone(),
-                        response: kept_sealed.clone().unwrap_or_else(|| response.clone()),
+                        response: stored_form(copy_of(&kept_sealed), &response),
                         now_ms,
                         expiration_s,
                         writes: kept_writes.clone(),

@@ -22,6 +22,7 @@ use super::{
     holding::Holding,
     mode::Mode,
     outcome::{Outcome, OutcomeKind},
+    sealing::stored_form,
     state::Engine,
 };
 use crate::{
@@ -337,7 +338,7 @@ impl<St: Store> Engine<St> {
         } else {
             None
         };
-        Ok(sealed.unwrap_or_else(|| response.to_vec()))
+        Ok(stored_form(sealed, response))
     }
 
     /// A completion committed: told to this process.

@@ -19,6 +19,35 @@ use crate::{
     Fingerprint, StoreError,
 };
 
+/// A response sealed for the store, or `None` to store it as it is:
+/// zero-sized without the `encryption` feature, so that a completion's
+/// future holds no room for it then.
+#[cfg(feature = "encryption")]
+pub(super) type Sealed = Option<Vec<u8>>;
+/// A response sealed for the store: never, without the `encryption`
+/// feature.
+#[cfg(not(feature = "encryption"))]
+pub(super) type Sealed = Option<std::convert::Infallible>;
+
+/// The bytes a completion stores: `sealed`, or a copy of `response`.
+pub(super) fn stored_form(sealed: Sealed, response: &[u8]) -> Vec<u8> {
+    match sealed {
+        #[cfg(feature = "encryption")]
+        Some(sealed) => sealed,
+        #[cfg(not(feature = "encryption"))]
+        Some(never) => match never {},
+        None => response.to_vec(),
+    }
+}
+
+/// A copy of `sealed`, for a completion tried again.
+pub(super) fn copy_of(sealed: &Sealed) -> Sealed {
+    #[cfg(feature = "encryption")]
+    return sealed.clone();
+    #[cfg(not(feature = "encryption"))]
+    *sealed
+}
+
 impl<St: Store> Engine<St> {
     /// The bytes to store for a completion of the record `id` (claimed
     /// for `fingerprint`, expiring at `expiration_s`) with `response`:
@@ -29,7 +58,7 @@ impl<St: Store> Engine<St> {
         fingerprint: &Fingerprint,
         expiration_s: u64,
         response: &[u8],
-    ) -> Result<Option<Vec<u8>>, StoreError> {
+    ) -> Result<Sealed, StoreError> {
         #[cfg(feature = "encryption")]
         if let Some(encryption) = &self.inner.encryption {
             let binding = crate::encryption::Binding {

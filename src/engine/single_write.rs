@@ -10,6 +10,7 @@ use super::{
     holding::Holding,
     lease::run_unclaimed,
     outcome::{Outcome, OutcomeKind},
+    sealing::stored_form,
     state::Engine,
 };
 use crate::{
@@ -95,9 +96,18 @@ impl<St: Store> Engine<St> {
         // A completed record read first answers without running the
         // operation at all.
         let now_ms = inner.clock.now_ms();
-        if let Some(record) = self.completed_before_claim(&id, now_ms).await {
-            let record = self.opened(record, &attempt.fingerprint).await?;
-            return self.existing(record, codec, attempt, now_ms);
+        // A record to open is awaited boxed, and outside the match that
+        // found it, as every open below: this future then holds a pointer
+        // for it, not the record.
+        let opening = match self.completed_before_claim(&id, now_ms).await {
+            Some(record) if self.encrypts() => {
+                Some(Box::pin(self.opened(record, &attempt.fingerprint)))
+            }
+            Some(record) => return self.existing(record, codec, attempt, now_ms),
+            None => None,
+        };
+        if let Some(opening) = opening {
+            return self.existing(opening.await?, codec, attempt, now_ms);
         }
         let (value, writes) = run_unclaimed(operation, attempt.taking_over).await?;
         let response = codec
@@ -113,50 +123,58 @@ impl<St: Store> Engine<St> {
             owner = OwnerToken::generate().map_err(Error::Store)?;
             let expiration_s = self.expiration_s(now_ms);
             // Sealed for this try's expiry, which it is bound to.
+            #[cfg(feature = "encryption")]
             let sealed = if self.encrypts() {
-                self.sealed(&id, &attempt.fingerprint, expiration_s, &response)
+                Box::pin(self.sealed(&id, &attempt.fingerprint, expiration_s, &response))
                     .await
                     .map_err(Error::Store)?
             } else {
                 None
             };
+            #[cfg(not(feature = "encryption"))]
+            let sealed: super::sealing::Sealed = None;
             let commit = Commit {
                 id: id.clone(),
                 owner: owner.clone(),
                 fingerprint: attempt.fingerprint.clone(),
-                response: sealed.unwrap_or_else(|| response.clone()),
+                response: stored_form(sealed, &response),
                 now_ms,
                 expiration_s,
                 writes: writes.clone(),
             };
             let expiration_s = commit.expiration_s;
-            let found = match inner.store.commit(commit).await {
-                Ok(Conditional::Applied) => None,
-                Ok(Conditional::Refused(found)) => Some(found),
-                Err(error) if error.kind() == StoreErrorKind::Conflict => {
-                    tokio::time::sleep(contention.conflicted(&error)).await;
-                    continue;
-                }
-                Err(error) => {
-                    warn!(record = %id, outcome = "store_error", %error,
-                        "single-write commit failed; nothing was written, unless the commit landed and its answer was lost (a retry then replays it)");
-                    return Err(Error::Store(error));
-                }
-            };
-            if let Some(found) = found {
-                match (fence(found.as_ref(), &owner, now_ms), found) {
-                    // This very commit, landed before its retry.
-                    (Fence::OwnCompletion | Fence::OwnClaim, _) => {}
-                    (Fence::Held, Some(record)) => {
-                        let record = self.opened(record, &attempt.fingerprint).await?;
-                        return self.existing(record, codec, attempt, now_ms);
+            let opening = {
+                let found = match inner.store.commit(commit).await {
+                    Ok(Conditional::Applied) => None,
+                    Ok(Conditional::Refused(found)) => Some(found),
+                    Err(error) if error.kind() == StoreErrorKind::Conflict => {
+                        tokio::time::sleep(contention.conflicted(&error)).await;
+                        continue;
+                    }
+                    Err(error) => {
+                        warn!(record = %id, outcome = "store_error", %error,
+                            "single-write commit failed; nothing was written, unless the commit landed and its answer was lost (a retry then replays it)");
+                        return Err(Error::Store(error));
+                    }
+                };
+                match found.map(|found| (fence(found.as_ref(), &owner, now_ms), found)) {
+                    // Applied; or this very commit, landed before its retry.
+                    None | Some((Fence::OwnCompletion | Fence::OwnClaim, _)) => None,
+                    Some((Fence::Held, Some(record))) if self.encrypts() => {
+                        Some(Box::pin(self.opened(record, &attempt.fingerprint)))
+                    }
+                    Some((Fence::Held, Some(record))) => {
+                        return self.existing(record, codec, attempt, now_ms)
                     }
                     // Gone or lapsed by the time it was read: commit again.
-                    _ => {
+                    Some(_) => {
                         contention.refused();
                         continue;
                     }
                 }
+            };
+            if let Some(opening) = opening {
+                return self.existing(opening.await?, codec, attempt, now_ms);
             }
             self.remember(
                 &id,
@@ -171,10 +189,15 @@ impl<St: Store> Engine<St> {
         }
         // Still contended: whoever won, its record says what happened.
         let now_ms = inner.clock.now_ms();
-        let found = inner.store.get(&id, now_ms).await.map_err(Error::Store)?;
-        let found = match found {
-            Some(record) => Some(self.opened(record, &attempt.fingerprint).await?),
-            None => None,
+        let opening = match inner.store.get(&id, now_ms).await.map_err(Error::Store)? {
+            Some(record) if self.encrypts() => {
+                Err(Box::pin(self.opened(record, &attempt.fingerprint)))
+            }
+            found => Ok(found),
+        };
+        let found = match opening {
+            Ok(found) => found,
+            Err(opening) => Some(opening.await?),
         };
         self.after_contention(&id, found, &owner, codec, attempt, now_ms)
     }

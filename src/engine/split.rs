@@ -13,6 +13,7 @@ use super::{
     fence::{fence, Fence},
     outcome::OutcomeKind,
     retry_after::RetryHint,
+    sealing::stored_form,
     state::{Engine, MIN_LEASE_MS},
 };
 use crate::{
@@ -49,10 +50,13 @@ impl<St: Store> Engine<St> {
                 .await
                 .map(|()| SplitClaim::Ours),
             Ok(Claimed::Held(record)) => {
-                let record = self
-                    .opened(record, &attempt.fingerprint)
-                    .await
-                    .map_err(Error::Store)?;
+                let record = if self.encrypts() {
+                    Box::pin(self.opened(record, &attempt.fingerprint))
+                        .await
+                        .map_err(Error::Store)?
+                } else {
+                    record
+                };
                 self.existing_with(
                     record,
                     codec,
@@ -80,15 +84,17 @@ impl<St: Store> Engine<St> {
         let now_ms = self.inner.clock.now_ms();
         let expiration_s = self.expiration_s(now_ms);
         let sealed = if self.encrypts() {
-            self.sealed(&id, &attempt.fingerprint, expiration_s, &response)
-                .await?
+            Box::pin(self.sealed(&id, &attempt.fingerprint, expiration_s, &response)).await?
         } else {
             None
         };
         let completion = Completion {
             id: id.clone(),
             owner: attempt.owner.clone(),
-            response: sealed.unwrap_or(response),
+            response: match sealed {
+                None => response,
+                sealed => stored_form(sealed, &response),
+            },
             now_ms,
             expiration_s,
             writes: Vec::new(),
