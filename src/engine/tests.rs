@@ -330,6 +330,25 @@ async fn a_fail_closed_attempt_never_runs_unprotected_on_a_fail_open_engine() {
     assert!(store.records().is_empty());
 }
 
+/// A cached value that no longer decodes (the value's type changed across
+/// a deployment) is dropped from the cache and left to the store path,
+/// which reports it: the cache does not keep answering with it.
+#[tokio::test]
+async fn a_cached_value_that_no_longer_decodes_is_evicted() {
+    let engine = Engine::builder(MemoryStore::new()).cache(8).build();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    engine
+        .execute(&attempt, || async { Ok::<_, Failed>("text".to_owned()) })
+        .await
+        .expect("first");
+    let id = engine.record_id("s", "k");
+    let now_ms = engine.now_ms();
+    assert!(engine.cached(&id, now_ms).is_some());
+    let as_number = engine.cached_replay::<u8, Failed>(&id, &attempt, &Json, now_ms);
+    assert!(as_number.is_none(), "left to the store path");
+    assert!(engine.cached(&id, now_ms).is_none(), "evicted");
+}
+
 #[tokio::test]
 async fn cache_serves_replays_without_store_calls_and_never_in_progress() {
     let store = CountingStore::new(MemoryStore::new());
