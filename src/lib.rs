@@ -269,6 +269,8 @@ mod clock;
 #[cfg(feature = "consumers")]
 #[cfg_attr(docsrs, doc(cfg(feature = "consumers")))]
 pub mod consumers;
+#[cfg(any(feature = "dynamodb", feature = "http", feature = "encryption"))]
+mod deflate;
 #[cfg(feature = "encryption")]
 #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 pub mod encryption;

@@ -28,6 +28,7 @@
 //! by GCM itself.
 
 use super::keys::{DataKey, KEY_LEN, MAX_KEY_ID_LEN, MAX_WRAPPED_LEN};
+use crate::deflate::{deflate, inflate, Compression};
 use crate::{
     store::{RecordId, Status},
     Fingerprint,
@@ -45,6 +46,10 @@ const TAG_LEN: usize = 16;
 /// A sealed response inflated past this is refused (an item holds at most
 /// 400 KB; deflate rarely gains more than 100 to 1 on real responses).
 const INFLATED_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// Fast, as the HTTP layer's frame: at 16 KB of JSON the default level
+/// took 280 µs here, the fast one a fraction of it.
+const DEFLATE_LEVEL: Compression = Compression::fast();
 
 // A key is AES-256's.
 const _: () = assert!(KEY_LEN == 32);
@@ -229,7 +234,7 @@ pub(crate) fn seal(
     compress_above: usize,
 ) -> Result<Vec<u8>, SealFailed> {
     let deflated = (plaintext.len() > compress_above)
-        .then(|| deflate(plaintext))
+        .then(|| deflate(plaintext, DEFLATE_LEVEL))
         .flatten();
     let (flags, body) = match &deflated {
         Some(deflated) => (FLAG_DEFLATE, deflated.as_slice()),
@@ -296,34 +301,9 @@ pub(crate) fn open(
     stored.truncate(nonce_end + plaintext_len);
     stored.drain(..nonce_end);
     if parsed.flags & FLAG_DEFLATE != 0 {
-        return inflate(&stored).map_err(NotOpened::Inflate);
+        return inflate(&stored, INFLATED_LIMIT).map_err(NotOpened::Inflate);
     }
     Ok(stored)
-}
-
-fn deflate(bytes: &[u8]) -> Option<Vec<u8>> {
-    use std::io::Write;
-    // Fast, as the HTTP layer's frame: at 16 KB of JSON the default level
-    // took 280 µs here, the fast one a fraction of it.
-    let mut encoder = flate2::write::DeflateEncoder::new(
-        Vec::with_capacity(bytes.len() / 2),
-        flate2::Compression::fast(),
-    );
-    encoder.write_all(bytes).ok()?;
-    let compressed = encoder.finish().ok()?;
-    (compressed.len() < bytes.len()).then_some(compressed)
-}
-
-fn inflate(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut inflated = Vec::with_capacity(bytes.len().saturating_mul(3));
-    flate2::read::DeflateDecoder::new(bytes)
-        .take(INFLATED_LIMIT + 1)
-        .read_to_end(&mut inflated)?;
-    if inflated.len() as u64 > INFLATED_LIMIT {
-        return Err(std::io::Error::other("inflates past 64 MiB"));
-    }
-    Ok(inflated)
 }
 
 #[cfg(test)]

@@ -23,10 +23,9 @@
 //! ```
 
 use super::{grpc_wire::is_grpc, stored_body::StoredBody};
+use crate::deflate::{deflate, inflate, Compression};
 use crate::{error::BoxError, Codec};
-use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use std::io::{Read, Write};
 
 const VERSION: u8 = 1;
 /// The version of a frame with trailers.
@@ -282,18 +281,14 @@ impl Codec<StoredResponse> for ResponseCodec {
             );
             return Ok(self.frame(response, None, None, WhyNotStored::TooLarge.flags()));
         }
-        let framed = if body.len() > self.compress_above {
-            let mut encoder =
-                DeflateEncoder::new(Vec::with_capacity(body.len() / 4), Compression::fast());
-            encoder.write_all(body)?;
-            let compressed = encoder.finish()?;
-            if compressed.len() < body.len() {
-                self.frame(response, trailers, Some(&compressed), kind | FLAG_DEFLATE)
-            } else {
-                self.frame(response, trailers, Some(body), kind)
+        let deflated = (body.len() > self.compress_above)
+            .then(|| deflate(body, Compression::fast()))
+            .flatten();
+        let framed = match &deflated {
+            Some(compressed) => {
+                self.frame(response, trailers, Some(compressed), kind | FLAG_DEFLATE)
             }
-        } else {
-            self.frame(response, trailers, Some(body), kind)
+            None => self.frame(response, trailers, Some(body), kind),
         };
         if framed.len() <= self.max_stored {
             return Ok(framed);
@@ -345,14 +340,9 @@ impl Codec<StoredResponse> for ResponseCodec {
             });
         }
         let body = if flags & FLAG_DEFLATE != 0 {
-            let mut body = Vec::new();
-            DeflateDecoder::new(reader.0)
-                .take(MAX_BODY + 1)
-                .read_to_end(&mut body)?;
-            if body.len() as u64 > MAX_BODY {
-                return Err("stored body decompresses past the size limit".into());
-            }
-            body
+            inflate(reader.0, MAX_BODY).map_err(|error| {
+                format!("stored body does not inflate within the size limit: {error}")
+            })?
         } else {
             reader.0.to_vec()
         };

@@ -3,6 +3,7 @@
 //! `CorruptRecord` error, and is never replayed.
 
 use super::AttributeNames;
+use crate::deflate::{inflate, Compression};
 use crate::{
     store::{Claim, Commit, OwnerToken, Record, RecordId, Status},
     Fingerprint, StoreError,
@@ -97,15 +98,15 @@ pub(super) fn decode(
             (None, None) => None,
             (Some(AttributeValue::B(blob)), _) => Some(blob.into_inner()),
             (Some(_), _) => return Err(wrong_type(&names.response, "binary (B)")),
-            (None, Some(AttributeValue::B(blob))) => {
-                Some(inflate(&blob.into_inner()).map_err(|error| {
+            (None, Some(AttributeValue::B(blob))) => Some(
+                inflate(&blob.into_inner(), INFLATED_LIMIT).map_err(|error| {
                     StoreError::corrupt(format!(
                         "attribute `{}` does not inflate",
                         names.response_deflate
                     ))
                     .with_source(error)
-                })?)
-            }
+                })?,
+            ),
             (None, Some(_)) => return Err(wrong_type(&names.response_deflate, "binary (B)")),
         },
         created_at_ms: optional(&mut item, &names.created_at)?,
@@ -124,29 +125,9 @@ pub(super) fn decode(
 /// real responses.
 const INFLATED_LIMIT: u64 = 64 * 1024 * 1024;
 
-/// `bytes` deflate-compressed, if that is smaller.
-pub(super) fn deflate(bytes: &[u8]) -> Option<Vec<u8>> {
-    use std::io::Write;
-    let mut encoder = flate2::write::DeflateEncoder::new(
-        Vec::with_capacity(bytes.len() / 2),
-        flate2::Compression::default(),
-    );
-    encoder.write_all(bytes).ok()?;
-    let compressed = encoder.finish().ok()?;
-    (compressed.len() < bytes.len()).then_some(compressed)
-}
-
-fn inflate(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut inflated = Vec::with_capacity(bytes.len() * 3);
-    flate2::read::DeflateDecoder::new(bytes)
-        .take(INFLATED_LIMIT + 1)
-        .read_to_end(&mut inflated)?;
-    if inflated.len() as u64 > INFLATED_LIMIT {
-        return Err(std::io::Error::other("inflates past 64 MiB"));
-    }
-    Ok(inflated)
-}
+/// Responses are deflated at zlib's default level (6): the store compresses only
+/// large ones, where the smaller item saves write units.
+pub(super) const DEFLATE_LEVEL: Compression = Compression::new(6);
 
 fn required<T: DeserializeOwned>(item: &mut Item, name: &str) -> Result<T, StoreError> {
     optional(item, name)?
@@ -173,6 +154,7 @@ fn wrong_type(name: &str, expected: &str) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deflate::deflate;
     use crate::StoreErrorKind;
     use aws_sdk_dynamodb::primitives::Blob;
 
@@ -281,7 +263,7 @@ mod tests {
         item.remove("response");
         item.insert(
             "response_deflate".into(),
-            AttributeValue::B(Blob::new(deflate(&body).expect("smaller"))),
+            AttributeValue::B(Blob::new(deflate(&body, DEFLATE_LEVEL).expect("smaller"))),
         );
         let record = decode(&names, &names.id, item).unwrap();
         assert_eq!(record.response.as_deref(), Some(&body[..]));
@@ -298,7 +280,7 @@ mod tests {
         let error = decode(&names, &names.id, item).expect_err("corrupt");
         assert_eq!(error.kind(), StoreErrorKind::CorruptRecord);
         // Incompressible bytes are stored as they are.
-        assert_eq!(deflate(b"ab"), None);
+        assert_eq!(deflate(b"ab", DEFLATE_LEVEL), None);
     }
 
     /// A response sealed by the engine's encryption is ciphertext: the
@@ -311,7 +293,10 @@ mod tests {
         use crate::encryption::{Encryption, RawKeys};
         use futures_util::FutureExt;
         let body = br#"{"receipt":"0123456789abcdef0123456789abcdef0123456789abcdef"}"#.repeat(400);
-        assert!(deflate(&body).is_some(), "the plaintext compresses");
+        assert!(
+            deflate(&body, DEFLATE_LEVEL).is_some(),
+            "the plaintext compresses"
+        );
         for compress_above in [usize::MAX, 0] {
             let encryption = Encryption::new(RawKeys::new("k", &[3; 32]).unwrap(), "t")
                 .compress_above(compress_above);
@@ -326,7 +311,11 @@ mod tests {
                 .expect("raw keys never wait")
                 .unwrap()
                 .unwrap();
-            assert_eq!(deflate(&sealed), None, "compress_above {compress_above}");
+            assert_eq!(
+                deflate(&sealed, DEFLATE_LEVEL),
+                None,
+                "compress_above {compress_above}"
+            );
         }
     }
 

@@ -225,7 +225,7 @@ impl DynamoDbStore {
             .inner
             .compress_above
             .filter(|above| response.len() > *above)
-            .and_then(|_| codec::deflate(&response));
+            .and_then(|_| crate::deflate::deflate(&response, codec::DEFLATE_LEVEL));
         match compressed {
             Some(compressed) => (true, AttributeValue::B(Blob::new(compressed))),
             None => (false, AttributeValue::B(Blob::new(response))),
