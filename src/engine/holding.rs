@@ -12,7 +12,7 @@
 use super::{
     claim::{ClaimError, Claimed},
     claim_handle::ClaimHandle,
-    in_transaction::InTransaction,
+    in_transaction::{Completing, InTransaction},
     lease::run_unclaimed,
     outcome::{Outcome, OutcomeKind},
     state::Engine,
@@ -131,9 +131,12 @@ impl<St: Store> Engine<St> {
             Holding::Lease => {
                 Either::Left(self.complete(claim, response, writes, transactional, refusable))
             }
-            Holding::Transaction(held) => Either::Right(Box::pin(
-                self.complete_in_transaction(held, claim, response, writes),
-            )),
+            Holding::Transaction(held) => Either::Right(Box::pin(self.complete_in_transaction(
+                held,
+                claim,
+                response,
+                Completing::Operation(writes),
+            ))),
         }
     }
 
@@ -151,7 +154,13 @@ impl<St: Store> Engine<St> {
                     .await
             }
             Holding::Transaction(held) => {
-                Box::pin(self.complete_refused_in_transaction(held, claim, response)).await
+                Box::pin(self.complete_in_transaction(
+                    held,
+                    claim,
+                    response,
+                    Completing::RefusalAnswer,
+                ))
+                .await
             }
         }
     }

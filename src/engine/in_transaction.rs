@@ -242,22 +242,28 @@ impl<St: Store> Engine<St> {
         }
     }
 
-    /// Completes the record in the transaction with the operation's
-    /// response and writes, and commits, within what is left of the time
-    /// limit. A refused write leaves the transaction open, its claim
-    /// held, for the refusal's answer; any other failure commits nothing,
-    /// and the key is free.
+    /// Completes the record in the transaction with `response`, and
+    /// commits, within what is left of the time limit: with the
+    /// operation's writes, or, answering a refusal, with them rolled back.
+    /// A refused write of the operation's leaves the transaction open, its
+    /// claim held, for the refusal's answer; any other failure commits
+    /// nothing, and the key is free.
     pub(super) async fn complete_in_transaction<E>(
         &self,
         held: &InTransaction<'_, St::Write>,
         claim: &Claim,
         response: Vec<u8>,
-        writes: Vec<St::Write>,
+        completing: Completing<St::Write>,
     ) -> Result<OutcomeKind, Error<E>> {
         let now_ms = self.now_ms();
         let expiration_s = self.expiration_s(now_ms);
+        let answers_refusal = matches!(completing, Completing::RefusalAnswer);
         let finishing = async {
             let stored = self.stored(claim, &response, expiration_s).await;
+            let writes = match completing {
+                Completing::Operation(writes) => writes,
+                Completing::RefusalAnswer => Vec::new(),
+            };
             let completion = completion(
                 claim,
                 stored.map_err(finish_failed)?,
@@ -266,12 +272,20 @@ impl<St: Store> Engine<St> {
                 expiration_s,
             );
             let transaction = held.open().map_err(finish_failed)?;
+            if answers_refusal {
+                transaction
+                    .roll_back_writes()
+                    .await
+                    .map_err(finish_failed)?;
+            }
             match transaction.complete(completion).await {
                 Ok(completed) => applied(completed)?,
-                Err(error) if error.write_refusal().is_some() => {
+                // Only the operation's writes can be refused: a refusal's
+                // answer carries none.
+                Err(error) if !answers_refusal && error.write_refusal().is_some() => {
                     return Err(Finish::Refused(error))
                 }
-                Err(error) => return Err(Finish::Failed(Error::Store(error))),
+                Err(error) => return Err(finish_failed(error)),
             }
             transaction.commit().await.map_err(finish_failed)
         };
@@ -281,44 +295,6 @@ impl<St: Store> Engine<St> {
                 debug!(record = %claim.id, %error, "a write of the operation's was refused");
                 Err(Error::Store(error))
             }
-            Err(Finish::Failed(error)) => Err(held.failed(claim, error).await),
-        }
-    }
-
-    /// Completes the record in the transaction with a refusal's answer,
-    /// the operation's writes rolled back, and commits.
-    pub(super) async fn complete_refused_in_transaction<E>(
-        &self,
-        held: &InTransaction<'_, St::Write>,
-        claim: &Claim,
-        response: Vec<u8>,
-    ) -> Result<OutcomeKind, Error<E>> {
-        let now_ms = self.now_ms();
-        let expiration_s = self.expiration_s(now_ms);
-        let finishing = async {
-            let stored = self.stored(claim, &response, expiration_s).await;
-            let completion = completion(
-                claim,
-                stored.map_err(finish_failed)?,
-                Vec::new(),
-                now_ms,
-                expiration_s,
-            );
-            let transaction = held.open().map_err(finish_failed)?;
-            transaction
-                .roll_back_writes()
-                .await
-                .map_err(finish_failed)?;
-            let completed = transaction
-                .complete(completion)
-                .await
-                .map_err(finish_failed)?;
-            applied(completed)?;
-            transaction.commit().await.map_err(finish_failed)
-        };
-        match held.within_time_limit(finishing).await {
-            Ok(()) => Ok(self.committed(claim, &response, expiration_s, now_ms)),
-            Err(Finish::Refused(error)) => Err(held.failed(claim, Error::Store(error)).await),
             Err(Finish::Failed(error)) => Err(held.failed(claim, error).await),
         }
     }
@@ -554,6 +530,15 @@ impl<W: 'static> InTransaction<'_, W> {
 
 /// Why a completion in the transaction did not commit: a refused write,
 /// the transaction still open for the refusal's answer; or a failure.
+/// What a completion in a transaction commits beside its record.
+pub(super) enum Completing<W> {
+    /// The operation's writes.
+    Operation(Vec<W>),
+    /// A refusal's answer: the operation's writes rolled back to the
+    /// claim first.
+    RefusalAnswer,
+}
+
 enum Finish<E> {
     Refused(StoreError),
     Failed(E),
