@@ -285,6 +285,7 @@ mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
 pub mod powertools;
 mod record_id;
+pub mod redaction;
 pub mod split;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
@@ -302,6 +303,7 @@ pub use engine::{
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind, WriteRefusal};
 pub use fingerprint::{Fingerprint, InvalidJsonPointer, JsonPointer};
 pub use metrics::EmfMetrics;
+pub use redaction::{JsonRedaction, Redact, RedactedJson};
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub use store::dynamodb::DynamoDbStore;

@@ -216,3 +216,154 @@ async fn a_stripe_event_id_in_the_body_is_the_key() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Redaction on a real server and a real store: `axum::serve` on a
+/// loopback port, hyper as the client, DynamoDB Local as the store. The
+/// first caller gets the charge's one-time secret; no item in the table
+/// holds it (nor the card number), in any attribute; a retry gets the
+/// redacted charge, replayed; with `withhold_bodies`, the status, the
+/// `Location` and the digest of what the first caller got.
+#[tokio::test]
+async fn redacted_and_withheld_bodies_never_reach_the_table() {
+    use lambda_idempotency::{JsonPointer, JsonRedaction};
+    const SECRET: &str = "pi_3Q_secret_Zt7";
+    const CARD: &str = "4000056655665556";
+    for withhold in [false, true] {
+        let client = support::client();
+        let table = support::create_idempotency_table(&client).await;
+        let layer = IdempotencyLayer::new(
+            Engine::builder(DynamoDbStore::new(client.clone(), table.clone())).build(),
+        )
+        .shared_scope();
+        let layer = if withhold {
+            layer.withhold_bodies()
+        } else {
+            layer.redact_json(
+                JsonRedaction::new()
+                    .remove(JsonPointer::new("/client_secret").unwrap())
+                    .replace(
+                        JsonPointer::new("/card/number").unwrap(),
+                        "************5556",
+                    ),
+            )
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let app = Router::new()
+            .route(
+                "/v1/charges",
+                post(move || {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        (
+                            StatusCode::CREATED,
+                            [(header::LOCATION, "/v1/charges/ch_9")],
+                            Json(json!({ "id": "ch_9", "client_secret": SECRET, "card": { "number": CARD } })),
+                        )
+                    }
+                }),
+            )
+            .layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("port");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let first = post_over_http(addr, "k-secret").await;
+        assert_eq!((first.0, first.1), (201, false));
+        assert!(first.3.contains(SECRET), "the first caller gets it all");
+
+        let items = client
+            .scan()
+            .table_name(&table)
+            .send()
+            .await
+            .expect("scan")
+            .items
+            .unwrap_or_default();
+        assert_eq!(items.len(), 1);
+        // Every attribute's bytes, a binary one's (the response) included.
+        let held: Vec<u8> = items[0]
+            .values()
+            .flat_map(|value| match value {
+                aws_sdk_dynamodb::types::AttributeValue::B(blob) => blob.as_ref().to_vec(),
+                aws_sdk_dynamodb::types::AttributeValue::S(text) => text.as_bytes().to_vec(),
+                other => format!("{other:?}").into_bytes(),
+            })
+            .collect();
+        assert!(
+            held.windows(4).any(|w| w == b"ch_9") || withhold,
+            "the bytes are read"
+        );
+        for secret in [SECRET, CARD] {
+            assert!(
+                !held.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "the item holds {secret}"
+            );
+        }
+
+        let replay = post_over_http(addr, "k-secret").await;
+        assert_eq!((replay.0, replay.1), (201, true), "withhold {withhold}");
+        assert_eq!(replay.2, "/v1/charges/ch_9");
+        let body: Value = serde_json::from_str(&replay.3).expect("json");
+        if withhold {
+            use base64::Engine as _;
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(first.3.as_bytes());
+            assert_eq!(
+                body["response_digest"],
+                format!(
+                    "sha-256=:{}:",
+                    base64::engine::general_purpose::STANDARD.encode(digest)
+                )
+            );
+        } else {
+            assert_eq!(
+                body,
+                json!({ "id": "ch_9", "card": { "number": "************5556" } })
+            );
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        server.abort();
+    }
+}
+
+/// A `POST /v1/charges` with `key` over a fresh HTTP/1.1 connection: the
+/// status, whether it was replayed, its `Location` and its body.
+async fn post_over_http(addr: std::net::SocketAddr, key: &str) -> (u16, bool, String, String) {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let request = hyper::Request::post("/v1/charges")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    let status = response.status().as_u16();
+    let replayed = response.headers().contains_key(REPLAYED_HEADER);
+    let location = response
+        .headers()
+        .get(header::LOCATION)
+        .map(|value| value.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        status,
+        replayed,
+        location,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}

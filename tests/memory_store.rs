@@ -530,3 +530,69 @@ mod encryption {
         assert_eq!(runs.load(Ordering::SeqCst), 2, "a and b ran once each");
     }
 }
+
+/// Redacted values through the public API: `Engine::execute_with` with a
+/// redacting codec gives the operation's whole value to its first caller
+/// and the redacted one to every replay, and the store never holds what
+/// was taken out.
+mod redaction {
+    use lambda_idempotency::{
+        Attempt, Engine, Fingerprint, Json, JsonPointer, JsonRedaction, MemoryStore, OutcomeKind,
+        Redact, RedactedJson,
+    };
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Charge {
+        id: String,
+        client_secret: Option<String>,
+    }
+
+    fn charge() -> Charge {
+        Charge {
+            id: "ch_1".into(),
+            client_secret: Some("pi_1_secret_Xq9".into()),
+        }
+    }
+
+    async fn twice<C: lambda_idempotency::Codec<Charge>>(
+        codec: &C,
+    ) -> (MemoryStore, [(Charge, OutcomeKind); 2]) {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).build();
+        let attempt = Attempt::new("charges", "k1", Fingerprint::of_bytes(b"1250"));
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let outcome = engine
+                .execute_with(&attempt, codec, || async { Ok::<_, ()>(charge()) })
+                .await
+                .expect("answered");
+            answers.push((outcome.value().clone(), outcome.kind()));
+        }
+        (store, answers.try_into().expect("two"))
+    }
+
+    fn redacted() -> Charge {
+        Charge {
+            client_secret: None,
+            ..charge()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_typed_hook_and_a_json_redaction_store_the_redacted_value_only() {
+        let hook = Redact::new(Json, |charge: &Charge| Charge {
+            client_secret: None,
+            ..charge.clone()
+        });
+        let json =
+            RedactedJson(JsonRedaction::new().remove(JsonPointer::new("/client_secret").unwrap()));
+        for (store, [first, replay]) in [twice(&hook).await, twice(&json).await] {
+            assert_eq!(first, (charge(), OutcomeKind::Fresh));
+            assert_eq!(replay, (redacted(), OutcomeKind::Replay));
+            let record = store.records().pop().expect("one record");
+            let stored = record.response.expect("completed");
+            assert!(!String::from_utf8_lossy(&stored).contains("pi_1_secret"));
+        }
+    }
+}

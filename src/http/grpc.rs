@@ -12,6 +12,9 @@ const GRPC_STATUS: &str = "grpc-status";
 const GRPC_MESSAGE: &str = "grpc-message";
 /// The metadata that names the layer's problem `type` in its gRPC answers.
 const PROBLEM_TYPE: &str = "idempotency-problem-type";
+/// The metadata that carries a withheld response's digest to a gRPC
+/// client, as the problem body's `response_digest` member does to others.
+const RESPONSE_DIGEST: &str = "idempotency-response-digest";
 
 /// The status of a gRPC response: from its trailers, else its headers (a
 /// trailers-only response); `UNKNOWN` when neither has a valid one, as a
@@ -87,6 +90,11 @@ pub(crate) fn problem_response(problem: &Problem, base: &str) -> Response<Stored
     if let Some(retry_after) = http.headers().get(header::RETRY_AFTER) {
         headers.insert(header::RETRY_AFTER, retry_after.clone());
     }
+    if let Some(digest) = problem.response_digest() {
+        if let Ok(digest) = HeaderValue::from_str(&digest) {
+            headers.insert(RESPONSE_DIGEST, digest);
+        }
+    }
     response
 }
 
@@ -136,6 +144,32 @@ mod tests {
     fn messages_are_percent_encoded() {
         assert_eq!(percent_encode("a b%c"), "a b%25c");
         assert_eq!(percent_encode("é\n"), "%C3%A9%0A");
+    }
+
+    /// A withheld response's digest reaches a gRPC client as metadata, as
+    /// the problem body's `response_digest` does an HTTP one.
+    #[test]
+    fn a_withheld_response_s_digest_is_metadata() {
+        let problem = Problem::ResponseNotStored {
+            status: http::StatusCode::OK,
+            why: crate::http::stored::WhyNotStored::Withheld,
+            digest: Some([0xff; 32]),
+        };
+        let response = problem_response(&problem, "urn:x:");
+        assert_eq!(response.headers()[GRPC_STATUS], "6", "ALREADY_EXISTS");
+        assert_eq!(
+            response.headers()[RESPONSE_DIGEST],
+            "sha-256=://////////////////////////////////////////8=:"
+        );
+        let http = problem.to_response("urn:x:");
+        let StoredBody::Text(body) = http.body() else {
+            panic!("a text body");
+        };
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            body["response_digest"],
+            response.headers()[RESPONSE_DIGEST].to_str().unwrap()
+        );
     }
 
     #[test]

@@ -8,9 +8,9 @@ use super::{
     in_flight::InFlight,
     retry_after::RetryAfter,
     service::Idempotency,
-    stored::MAX_STORED_RESPONSE,
+    stored::{StoredBodies, MAX_STORED_RESPONSE},
 };
-use crate::{store::Store, EmfMetrics, Engine, Mode, Replayed};
+use crate::{store::Store, EmfMetrics, Engine, JsonRedaction, Mode, Replayed};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use std::{fmt, sync::Arc, time::Duration};
@@ -421,6 +421,83 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Stores each response as `redact` leaves a copy of it (its status,
+    /// headers and body), for what must never be stored: the first caller
+    /// gets the response whole, every retry the redacted copy, marked
+    /// replayed. The hook runs once a response, when it is stored, on a
+    /// response the outcome policy stores. See [Redaction](super#redaction)
+    /// for what a retry receives and why that is safe.
+    ///
+    /// If `redact` returns an error, the record keeps what
+    /// [`withhold_bodies`](Self::withhold_bodies) keeps (the status, the
+    /// stored headers, the body's SHA-256), never the unredacted body, and
+    /// a WARN says so.
+    ///
+    /// ```
+    /// use lambda_idempotency::{http::{IdempotencyLayer, StoredBody}, Engine, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+    ///     .redact(|response| {
+    ///         // A one-time download link is never replayed.
+    ///         response.headers_mut().remove("x-download-url");
+    ///         Ok(())
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    pub fn redact(
+        mut self,
+        redact: impl Fn(&mut Response<StoredBody>) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.config.settings.codec.bodies = StoredBodies::Redacted(Arc::new(redact));
+        self
+    }
+
+    /// Stores each JSON response with the fields `redaction` names removed
+    /// or replaced, as [`redact`](Self::redact) does with a hook: the first
+    /// caller gets the whole response, retries the redacted one.
+    ///
+    /// The stored body is the JSON written again, compact (its whitespace
+    /// and the order of its members may differ from the original's). A
+    /// response with a body this cannot read as JSON (a content type that
+    /// is not JSON, a `Content-Encoding`, a body that does not parse) is
+    /// not stored with its body: its record keeps what
+    /// [`withhold_bodies`](Self::withhold_bodies) keeps, so that a field
+    /// meant to be removed is never stored in a form the redaction missed.
+    /// A response with an empty body is stored as it is.
+    ///
+    /// ```
+    /// use lambda_idempotency::{http::IdempotencyLayer, Engine, JsonPointer, JsonRedaction, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).redact_json(
+    ///     JsonRedaction::new()
+    ///         .remove(JsonPointer::new("/client_secret")?)
+    ///         .replace(JsonPointer::new("/card/number")?, "************4242"),
+    /// );
+    /// # let _ = layer;
+    /// # Ok::<(), lambda_idempotency::InvalidJsonPointer>(())
+    /// ```
+    pub fn redact_json(self, redaction: JsonRedaction) -> Self {
+        self.redact(move |response| redact_json_body(&redaction, response))
+    }
+
+    /// Stores no response body: each record keeps the response's status,
+    /// its stored headers and the SHA-256 of its body. The first caller
+    /// gets the whole response; a retry gets the original status and
+    /// stored headers (a `Location` among them, by default) with a
+    /// `problem+json` body of type `idempotency-response-not-stored` whose
+    /// `response_digest` member is the body's digest (`sha-256=:…:`, the
+    /// form of RFC 9530's `Repr-Digest`); a gRPC retry gets
+    /// `ALREADY_EXISTS` with the digest in its
+    /// `idempotency-response-digest` metadata. The request is never run
+    /// again. See [Redaction](super#redaction).
+    pub fn withhold_bodies(mut self) -> Self {
+        self.config.settings.codec.bodies = StoredBodies::Withheld;
+        self
+    }
+
     /// Powertools compatibility, for a migration window: before claiming a
     /// request, read the record Powertools wrote for it; a completed one
     /// is replayed (its proxy response, with the `idempotent-replayed`
@@ -593,4 +670,40 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("metrics", &self.config.settings.metrics)
             .finish_non_exhaustive()
     }
+}
+
+/// `response`'s JSON body with `redaction` applied; an error when the body
+/// is not JSON this can read (the record then keeps no body).
+fn redact_json_body(
+    redaction: &JsonRedaction,
+    response: &mut Response<StoredBody>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let headers = response.headers();
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .map(|essence| {
+            let essence = essence.trim().to_ascii_lowercase();
+            essence == "application/json" || essence.ends_with("+json")
+        })
+        .unwrap_or(false);
+    let encoded = headers
+        .get(http::header::CONTENT_ENCODING)
+        .is_some_and(|value| !value.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let bytes: &[u8] = match response.body() {
+        StoredBody::Empty => return Ok(()),
+        StoredBody::Text(text) => text.as_bytes(),
+        StoredBody::Binary(bytes) => bytes,
+    };
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    if !json || encoded {
+        return Err("the response is not an uncompressed JSON body".into());
+    }
+    let mut document: serde_json::Value = serde_json::from_slice(bytes)?;
+    redaction.apply(&mut document);
+    *response.body_mut() = StoredBody::Text(serde_json::to_string(&document)?);
+    Ok(())
 }

@@ -95,6 +95,8 @@
 //! `idempotency-response-not-stored` problem that says the request was
 //! processed, and why its response was not stored: it never runs again.
 //!
+#![doc = include_str!("../docs/redaction.md")]
+//!
 //! # Keys from anywhere
 //!
 //! The key is read from the `Idempotency-Key` header unless
@@ -223,6 +225,9 @@ pub fn decode_stored_response(
             Ok(response)
         }
         stored::StoredResponse::NotStored {
+            status, headers, ..
+        }
+        | stored::StoredResponse::Withheld {
             status, headers, ..
         } => {
             let mut response = Response::new(StoredBody::Empty);

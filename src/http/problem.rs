@@ -4,6 +4,7 @@
 use super::idempotency_key::KeyError;
 use super::{stored::WhyNotStored, stored_body::StoredBody};
 use crate::{Error, StoreErrorKind};
+use base64::Engine as _;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 use std::time::Duration;
@@ -52,6 +53,9 @@ pub(crate) enum Problem {
     ResponseNotStored {
         status: StatusCode,
         why: WhyNotStored,
+        /// The SHA-256 of the body, when the record keeps it (a body
+        /// withheld by the layer's settings).
+        digest: Option<[u8; 32]>,
     },
     LeaseLost,
     WriteRejected,
@@ -107,6 +111,10 @@ struct Body9457<'a> {
     title: &'a str,
     status: u16,
     detail: String,
+    /// The original body's digest, in the form of RFC 9530's
+    /// `Repr-Digest` (`sha-256=:<base64>:`), when its body was withheld.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_digest: Option<String>,
 }
 
 impl Problem {
@@ -265,7 +273,18 @@ impl Problem {
                  another record, or sealed under a key this service no longer has), so it is \
                  not replayed and the request is not processed again. Contact the API operator."
                 .to_owned(),
-            Problem::ResponseNotStored { status, why } => format!(
+            Problem::ResponseNotStored {
+                status,
+                why: WhyNotStored::Withheld,
+                ..
+            } => format!(
+                "The request with this idempotency key was processed (status {}). This service \
+                 does not keep its responses' bodies, so it cannot be replayed; the SHA-256 of \
+                 the body first returned comes with this answer (`response_digest`). It will not \
+                 be processed again; fetch the resource instead.",
+                status.as_u16()
+            ),
+            Problem::ResponseNotStored { status, why, .. } => format!(
                 "The request with this idempotency key was processed (status {}), but its response \
                  was not stored ({}) and cannot be replayed. It will not be processed again; fetch \
                  the resource instead.",
@@ -303,6 +322,21 @@ impl Problem {
         }
     }
 
+    /// The withheld body's digest, as the problem body and the gRPC
+    /// message say it.
+    pub(crate) fn response_digest(&self) -> Option<String> {
+        match self {
+            Problem::ResponseNotStored {
+                digest: Some(digest),
+                ..
+            } => Some(format!(
+                "sha-256=:{}:",
+                base64::engine::general_purpose::STANDARD.encode(digest)
+            )),
+            _ => None,
+        }
+    }
+
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Problem::InProgress { retry_after }
@@ -323,6 +357,7 @@ impl Problem {
             title: self.title(),
             status: status.as_u16(),
             detail: self.detail(),
+            response_digest: self.response_digest(),
         };
         // Serialising a struct of strings and a number cannot fail.
         let json = serde_json::to_string(&body).unwrap_or_default();
@@ -359,6 +394,7 @@ fn not_stored_because(why: WhyNotStored) -> &'static str {
             "it was streamed as it was made, and was still streaming when its claim's lease \
              was near its end"
         }
+        WhyNotStored::Withheld => "this service does not keep response bodies",
     }
 }
 
@@ -422,6 +458,7 @@ mod tests {
             Problem::ResponseNotStored {
                 status: StatusCode::OK,
                 why: WhyNotStored::StreamTooLong,
+                digest: None,
             },
             Problem::LeaseLost,
             Problem::WriteRejected,

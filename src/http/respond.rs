@@ -8,11 +8,11 @@ use super::{
     metrics::HttpOutcome,
     problem::Problem,
     rebuild_body::RebuildBody,
-    stored::{StoredResponse, BODY_HEADERS},
+    stored::{StoredResponse, WhyNotStored, BODY_HEADERS},
     stored_body::StoredBody,
 };
 use crate::{error::BoxError, Error, Outcome, OutcomeKind, StoreErrorKind};
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 /// Why the operation did not produce a response to store.
 pub(super) enum Failure<E, R> {
@@ -167,23 +167,50 @@ fn render_stored(
             status,
             headers,
             why,
-        } => {
-            let mut response =
-                problem_stored(settings, &Problem::ResponseNotStored { status, why }, grpc);
-            for (name, value) in &headers {
-                // The headers that describe the original body (a
-                // `Content-Encoding: gzip`) would misdescribe the problem,
-                // and a gRPC status would contradict it.
-                if BODY_HEADERS.contains(name) || name.as_str().starts_with("grpc-") {
-                    continue;
-                }
-                if !response.headers().contains_key(name) {
-                    response.headers_mut().append(name, value.clone());
-                }
-            }
-            (response, None)
+        } => head_only(settings, status, headers, why, None, grpc),
+        StoredResponse::Withheld {
+            status,
+            headers,
+            digest,
+        } => head_only(
+            settings,
+            status,
+            headers,
+            WhyNotStored::Withheld,
+            Some(digest),
+            grpc,
+        ),
+    }
+}
+
+/// The replay of a record that keeps a response's head only: its status
+/// and stored headers, with a problem body that says why.
+fn head_only(
+    settings: &Settings,
+    status: StatusCode,
+    headers: HeaderMap,
+    why: WhyNotStored,
+    digest: Option<[u8; 32]>,
+    grpc: bool,
+) -> (Response<StoredBody>, Option<HeaderMap>) {
+    let problem = Problem::ResponseNotStored {
+        status,
+        why,
+        digest,
+    };
+    let mut response = problem_stored(settings, &problem, grpc);
+    for (name, value) in &headers {
+        // The headers that describe the original body (a
+        // `Content-Encoding: gzip`) would misdescribe the problem, and a
+        // gRPC status would contradict it.
+        if BODY_HEADERS.contains(name) || name.as_str().starts_with("grpc-") {
+            continue;
+        }
+        if !response.headers().contains_key(name) {
+            response.headers_mut().append(name, value.clone());
         }
     }
+    (response, None)
 }
 
 /// Logs why the layer answered for the handler, where an operator must act.

@@ -26,6 +26,8 @@ use super::{grpc_wire::is_grpc, stored_body::StoredBody};
 use crate::deflate::{deflate, inflate, Compression};
 use crate::{error::BoxError, Codec};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use sha2::{Digest, Sha256};
+use std::{fmt, sync::Arc};
 
 const VERSION: u8 = 1;
 /// The version of a frame with trailers.
@@ -94,6 +96,16 @@ pub(crate) enum StoredResponse {
         headers: HeaderMap,
         why: WhyNotStored,
     },
+    /// A response whose body the layer does not keep, by its settings
+    /// ([`withhold_bodies`](super::IdempotencyLayer::withhold_bodies), or a
+    /// redaction that failed): its status, stored headers and the SHA-256
+    /// of its body. Framed as a not-stored marker whose reason is
+    /// [`WhyNotStored::Withheld`], with the digest where a body would be.
+    Withheld {
+        status: StatusCode,
+        headers: HeaderMap,
+        digest: [u8; 32],
+    },
 }
 
 /// Why a response's record holds its head only, as retries are told.
@@ -115,6 +127,9 @@ pub(crate) enum WhyNotStored {
     /// Streamed to the client as it came, and still going when its claim's
     /// lease was near its end: recorded then, so that no retry runs it again.
     StreamOutlivedLease,
+    /// Its body is not kept, by the layer's settings: a
+    /// [`StoredResponse::Withheld`].
+    Withheld,
 }
 
 impl WhyNotStored {
@@ -126,6 +141,7 @@ impl WhyNotStored {
             WhyNotStored::StreamTooLong => 3,
             WhyNotStored::StreamFailed => 4,
             WhyNotStored::StreamOutlivedLease => 5,
+            WhyNotStored::Withheld => 6,
         }
     }
 
@@ -137,6 +153,7 @@ impl WhyNotStored {
             3 => WhyNotStored::StreamTooLong,
             4 => WhyNotStored::StreamFailed,
             5 => WhyNotStored::StreamOutlivedLease,
+            6 => WhyNotStored::Withheld,
             _ => WhyNotStored::Unsaid,
         }
     }
@@ -152,6 +169,7 @@ pub(crate) struct ResponseCodec {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) compress_above: usize,
     pub(crate) max_stored: usize,
+    pub(crate) bodies: StoredBodies,
 }
 
 impl Default for ResponseCodec {
@@ -160,11 +178,50 @@ impl Default for ResponseCodec {
             stored_headers: default_stored_headers(),
             compress_above: DEFAULT_COMPRESS_ABOVE,
             max_stored: MAX_STORED_RESPONSE,
+            bodies: StoredBodies::Whole,
         }
     }
 }
 
+/// A hook that redacts the response a record keeps; an error, and the
+/// record keeps no body.
+pub(crate) type RedactFn =
+    Arc<dyn Fn(&mut Response<StoredBody>) -> Result<(), BoxError> + Send + Sync>;
+
+/// What a record keeps of a response's body.
+#[derive(Clone, Default)]
+pub(crate) enum StoredBodies {
+    /// All of it.
+    #[default]
+    Whole,
+    /// What the hook leaves of a copy of the response.
+    Redacted(RedactFn),
+    /// None: the status, the stored headers and the body's SHA-256.
+    Withheld,
+}
+
+impl fmt::Debug for StoredBodies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoredBodies::Whole => "Whole",
+            StoredBodies::Redacted(_) => "Redacted",
+            StoredBodies::Withheld => "Withheld",
+        })
+    }
+}
+
 impl ResponseCodec {
+    /// The record of a response whose body is not kept: its head, and the
+    /// digest of its body where the body would be.
+    fn withheld(&self, response: &Response<StoredBody>, digest: [u8; 32]) -> Vec<u8> {
+        self.frame(
+            response,
+            None,
+            Some(&digest),
+            WhyNotStored::Withheld.flags(),
+        )
+    }
+
     fn frame(
         &self,
         response: &Response<StoredBody>,
@@ -213,6 +270,16 @@ impl ResponseCodec {
         out.extend_from_slice(body);
         out
     }
+}
+
+/// The SHA-256 of a response's body, as its client received it.
+fn digest_of(response: &Response<StoredBody>) -> [u8; 32] {
+    let body: &[u8] = match response.body() {
+        StoredBody::Empty => &[],
+        StoredBody::Text(text) => text.as_bytes(),
+        StoredBody::Binary(bytes) => bytes,
+    };
+    Sha256::digest(body).into()
 }
 
 /// The room a framed response starts with besides its body: its head (8
@@ -264,6 +331,35 @@ impl Codec<StoredResponse> for ResponseCodec {
                 *head.status_mut() = *status;
                 *head.headers_mut() = headers.clone();
                 return Ok(self.frame(&head, None, None, why.flags()));
+            }
+            StoredResponse::Withheld {
+                status,
+                headers,
+                digest,
+            } => {
+                let mut head = Response::new(StoredBody::Empty);
+                *head.status_mut() = *status;
+                *head.headers_mut() = headers.clone();
+                return Ok(self.withheld(&head, *digest));
+            }
+        };
+        let redacted;
+        let response = match &self.bodies {
+            StoredBodies::Whole => response,
+            StoredBodies::Withheld => return Ok(self.withheld(response, digest_of(response))),
+            StoredBodies::Redacted(redact) => {
+                let mut copy = Response::new(response.body().clone());
+                *copy.status_mut() = response.status();
+                *copy.headers_mut() = response.headers().clone();
+                if let Err(error) = redact(&mut copy) {
+                    tracing::warn!(
+                        %error,
+                        "the response could not be redacted: its record keeps its status, headers and the digest of its body, not the body"
+                    );
+                    return Ok(self.withheld(response, digest_of(response)));
+                }
+                redacted = copy;
+                &redacted
             }
         };
         let (body, kind): (&[u8], u8) = match response.body() {
@@ -333,10 +429,21 @@ impl Codec<StoredResponse> for ResponseCodec {
             None
         };
         if flags & FLAG_NOT_STORED != 0 {
+            let why = WhyNotStored::from_code((flags & WHY_MASK) >> WHY_SHIFT);
+            let headers = std::mem::take(response.headers_mut());
+            if why == WhyNotStored::Withheld {
+                let digest = <[u8; 32]>::try_from(reader.0)
+                    .map_err(|_| "a withheld response's record does not hold its digest")?;
+                return Ok(StoredResponse::Withheld {
+                    status,
+                    headers,
+                    digest,
+                });
+            }
             return Ok(StoredResponse::NotStored {
                 status,
-                headers: response.headers().clone(),
-                why: WhyNotStored::from_code((flags & WHY_MASK) >> WHY_SHIFT),
+                headers,
+                why,
             });
         }
         let body = if flags & FLAG_DEFLATE != 0 {
@@ -396,6 +503,7 @@ mod tests {
             stored_headers: vec![header::CONTENT_TYPE, header::LOCATION],
             compress_above: 1024,
             max_stored: MAX_STORED_RESPONSE,
+            bodies: StoredBodies::Whole,
         }
     }
 
@@ -590,5 +698,31 @@ mod tests {
         };
         assert_eq!(response.body(), &StoredBody::from("hello"));
         assert_eq!(store(&codec, response)[0], VERSION);
+    }
+
+    /// A withheld body leaves its head and digest, and the record of one
+    /// re-encodes to itself; a marker whose digest is cut short is corrupt,
+    /// not a replay without it.
+    #[test]
+    fn a_withheld_body_keeps_its_head_and_digest_only() {
+        let mut codec = codec();
+        codec.bodies = StoredBodies::Withheld;
+        let bytes = store(&codec, response(StoredBody::from("card 4242424242424242")));
+        assert!(!bytes.windows(4).any(|w| w == b"4242"));
+        let decoded = codec.decode(&bytes).expect("decodes");
+        let StoredResponse::Withheld {
+            status,
+            headers,
+            digest,
+        } = &decoded
+        else {
+            panic!("expected a withheld response, got {decoded:?}");
+        };
+        assert_eq!(*status, StatusCode::CREATED);
+        assert_eq!(headers[header::LOCATION], "/v1/charges/ch_1");
+        assert!(headers.get(header::SET_COOKIE).is_none());
+        assert_eq!(digest[..], Sha256::digest(b"card 4242424242424242")[..]);
+        assert_eq!(codec.encode(&decoded).expect("encodes"), bytes);
+        assert!(codec.decode(&bytes[..bytes.len() - 1]).is_err());
     }
 }

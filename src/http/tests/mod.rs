@@ -131,6 +131,7 @@ mod concurrency;
 mod fingerprints;
 mod keys;
 mod outcomes;
+mod redaction;
 mod replays;
 mod retry_after;
 mod transactions;

@@ -1,0 +1,294 @@
+//! What a record keeps of a value: all of it, or with what must never be
+//! stored removed or masked (a one-time secret, a full card number), while
+//! the first caller gets the whole value.
+//!
+//! [`Redact`] wraps any [`Codec`] with a function of your own;
+//! [`RedactedJson`] stores values as JSON with the fields a
+//! [`JsonRedaction`] names removed or replaced. The HTTP layer takes the
+//! same [`JsonRedaction`], or a hook of its own, and can keep no body at
+//! all (`IdempotencyLayer::redact_json`, `redact` and `withhold_bodies`).
+//!
+//! A retry gets the value as it was stored, redacted, marked as a replay
+//! (`Outcome::Replayed`, the `Idempotent-Replayed: true` header): never
+//! the fields taken out, and never a second run. That is safe because a
+//! retry needs to know what happened, not to receive the secret a second
+//! time: the caller that sent the request got it once, as a response with
+//! no idempotency key would have given it, and a caller that lost that
+//! response fetches the resource it names (its id is kept) through the
+//! API's own read path, with its own authorisation. A retry that needs the
+//! removed field cannot get it from the record, by design: keep the field
+//! out of the redaction if retries must see it.
+//!
+//! The local cache and the duplicates that wait on a run in the same
+//! process read the stored value too, so they get it redacted as well.
+
+use crate::{error::BoxError, Codec, JsonPointer};
+use serde::{de::DeserializeOwned, Serialize};
+use serde_json::Value;
+
+/// Fields of a JSON document removed or replaced before it is stored,
+/// each named by a [`JsonPointer`]. A field the document does not have is
+/// left absent (a replacement never adds one).
+///
+/// ```
+/// use lambda_idempotency::{JsonPointer, JsonRedaction};
+/// use serde_json::json;
+///
+/// let redaction = JsonRedaction::new()
+///     .remove(JsonPointer::new("/client_secret")?)
+///     .replace(JsonPointer::new("/card/number")?, "************4242");
+/// let mut charge = json!({
+///     "id": "ch_1",
+///     "client_secret": "pi_1_secret_x",
+///     "card": { "number": "4242424242424242", "exp": "12/30" },
+/// });
+/// redaction.apply(&mut charge);
+/// assert_eq!(charge, json!({ "id": "ch_1", "card": { "number": "************4242", "exp": "12/30" } }));
+/// # Ok::<(), lambda_idempotency::InvalidJsonPointer>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct JsonRedaction {
+    edits: Vec<(JsonPointer, Edit)>,
+}
+
+#[derive(Debug, Clone)]
+enum Edit {
+    Remove,
+    Replace(Value),
+}
+
+impl JsonRedaction {
+    /// A redaction that changes nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Removes the field at `pointer` (an array element is removed, and
+    /// the elements after it move up).
+    pub fn remove(mut self, pointer: JsonPointer) -> Self {
+        self.edits.push((pointer, Edit::Remove));
+        self
+    }
+
+    /// Replaces the value at `pointer`, where there is one, with `with`.
+    pub fn replace(mut self, pointer: JsonPointer, with: impl Into<Value>) -> Self {
+        self.edits.push((pointer, Edit::Replace(with.into())));
+        self
+    }
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.edits.is_empty()
+    }
+
+    /// Applies every edit to `document`, in the order they were added.
+    pub fn apply(&self, document: &mut Value) {
+        for (pointer, edit) in &self.edits {
+            match edit {
+                Edit::Replace(with) => {
+                    if let Some(value) = document.pointer_mut(pointer.as_str()) {
+                        *value = with.clone();
+                    }
+                }
+                Edit::Remove => remove(document, pointer.as_str()),
+            }
+        }
+    }
+}
+
+/// Removes the value at `pointer` (RFC 6901) from `document`, if there is
+/// one.
+fn remove(document: &mut Value, pointer: &str) {
+    // A checked pointer is empty (the whole document, which a redaction
+    // does not remove) or starts with `/`.
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return;
+    };
+    let last = last.replace("~1", "/").replace("~0", "~");
+    match document.pointer_mut(parent) {
+        Some(Value::Object(object)) => {
+            object.remove(&last);
+        }
+        Some(Value::Array(array)) => {
+            if let Ok(index) = last.parse::<usize>() {
+                if index < array.len() && (last == "0" || !last.starts_with('0')) {
+                    array.remove(index);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A [`Codec`] that stores each value as `redact` leaves it, through
+/// `codec`: the first caller gets the value the operation returned, every
+/// replay the redacted one.
+///
+/// ```
+/// use lambda_idempotency::{Engine, Json, MemoryStore, Redact};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Clone, Serialize, Deserialize)]
+/// struct Charge {
+///     id: String,
+///     client_secret: Option<String>,
+/// }
+///
+/// // Stored without its secret; replays read `client_secret: None`.
+/// let codec = Redact::new(Json, |charge: &Charge| Charge { client_secret: None, ..charge.clone() });
+/// # let _ = (codec, Engine::builder(MemoryStore::new()).build());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Redact<C, F> {
+    codec: C,
+    redact: F,
+}
+
+impl<C, F> Redact<C, F> {
+    /// Stores values through `codec` as `redact` leaves them.
+    pub fn new(codec: C, redact: F) -> Self {
+        Self { codec, redact }
+    }
+}
+
+impl<T, C: Codec<T>, F: Fn(&T) -> T> Codec<T> for Redact<C, F> {
+    fn encode(&self, value: &T) -> Result<Vec<u8>, BoxError> {
+        self.codec.encode(&(self.redact)(value))
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        self.codec.decode(bytes)
+    }
+}
+
+/// A [`Codec`] that stores values as JSON (as [`Json`](crate::Json)
+/// does) with the fields its [`JsonRedaction`] names removed or replaced.
+///
+/// What is stored must still read back as the value's type: a required
+/// field removed, or replaced with a value of another type, would make
+/// every replay fail to decode. The codec reads it back when it stores it,
+/// so such a redaction fails the first request that completes (the value
+/// cannot be stored: nothing is recorded, as for any value its codec
+/// cannot encode), never a replay. Remove `Option` fields and fields with
+/// `#[serde(default)]`; replace others with a value of their type.
+#[derive(Debug, Clone, Default)]
+pub struct RedactedJson(pub JsonRedaction);
+
+impl<T: Serialize + DeserializeOwned> Codec<T> for RedactedJson {
+    fn encode(&self, value: &T) -> Result<Vec<u8>, BoxError> {
+        let mut document = serde_json::to_value(value)?;
+        self.0.apply(&mut document);
+        let bytes = serde_json::to_vec(&document)?;
+        serde_json::from_slice::<T>(&bytes)
+            .map_err(|error| format!("the redacted value no longer reads as its type: {error}"))?;
+        Ok(bytes)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+    use serde_json::json;
+
+    fn pointer(pointer: &str) -> JsonPointer {
+        JsonPointer::new(pointer).unwrap()
+    }
+
+    #[test]
+    fn fields_are_removed_or_replaced_where_they_are_and_nowhere_else() {
+        let redaction = JsonRedaction::new()
+            .remove(pointer("/secret"))
+            .remove(pointer("/items/1"))
+            .remove(pointer("/a~1b"))
+            .remove(pointer("/missing/deep"))
+            .replace(pointer("/card/number"), "****4242")
+            .replace(pointer("/absent"), "never added");
+        let mut document = json!({
+            "id": "ch_1",
+            "secret": "s",
+            "items": [0, 1, 2],
+            "a/b": true,
+            "card": { "number": "4242424242424242" },
+        });
+        redaction.apply(&mut document);
+        assert_eq!(
+            document,
+            json!({ "id": "ch_1", "items": [0, 2], "card": { "number": "****4242" } })
+        );
+    }
+
+    #[test]
+    fn an_array_index_that_is_not_one_removes_nothing() {
+        let mut document = json!({ "items": [0, 1, 2] });
+        for index in ["01", "3", "-", "x"] {
+            JsonRedaction::new()
+                .remove(pointer(&format!("/items/{index}")))
+                .apply(&mut document);
+        }
+        assert_eq!(document, json!({ "items": [0, 1, 2] }));
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Charge {
+        id: String,
+        client_secret: Option<String>,
+    }
+
+    #[test]
+    fn the_redacted_json_is_what_is_stored_and_read_back() {
+        let codec =
+            RedactedJson(JsonRedaction::new().replace(pointer("/client_secret"), Value::Null));
+        let bytes = codec
+            .encode(&Charge {
+                id: "ch_1".into(),
+                client_secret: Some("pi_secret".into()),
+            })
+            .unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("pi_secret"));
+        let replayed: Charge = codec.decode(&bytes).unwrap();
+        assert_eq!(
+            replayed,
+            Charge {
+                id: "ch_1".into(),
+                client_secret: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_redaction_the_type_cannot_read_back_is_refused_when_stored() {
+        let codec = RedactedJson(JsonRedaction::new().remove(pointer("/id")));
+        let error = Codec::<Charge>::encode(
+            &codec,
+            &Charge {
+                id: "ch_1".into(),
+                client_secret: None,
+            },
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("no longer reads as its type"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_typed_hook_stores_what_it_returns() {
+        let codec = Redact::new(crate::Json, |charge: &Charge| Charge {
+            id: charge.id.clone(),
+            client_secret: None,
+        });
+        let bytes = codec
+            .encode(&Charge {
+                id: "ch_1".into(),
+                client_secret: Some("pi_secret".into()),
+            })
+            .unwrap();
+        assert_eq!(bytes, br#"{"id":"ch_1","client_secret":null}"#);
+    }
+}
