@@ -171,11 +171,17 @@ impl<T, C: Codec<T>, F: Fn(&T) -> T> Codec<T> for Redact<C, F> {
 /// cannot be stored: nothing is recorded, as for any value its codec
 /// cannot encode), never a replay. Remove `Option` fields and fields with
 /// `#[serde(default)]`; replace others with a value of their type.
+///
+/// With an empty redaction it is [`Json`](crate::Json), at its cost.
 #[derive(Debug, Clone, Default)]
 pub struct RedactedJson(pub JsonRedaction);
 
 impl<T: Serialize + DeserializeOwned> Codec<T> for RedactedJson {
     fn encode(&self, value: &T) -> Result<Vec<u8>, BoxError> {
+        if self.0.is_empty() {
+            // As `Json`: nothing to take out, nothing to read back.
+            return Ok(serde_json::to_vec(value)?);
+        }
         let mut document = serde_json::to_value(value)?;
         self.0.apply(&mut document);
         let bytes = serde_json::to_vec(&document)?;

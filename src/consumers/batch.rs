@@ -6,8 +6,8 @@ use super::{
     Unprocessable,
 };
 use crate::{
-    engine::panic_message, store::Store, Attempt, EmfMetrics, Engine, Error, Fingerprint, Json,
-    Mode, Outcome, OutcomeKind,
+    engine::panic_message, store::Store, Attempt, EmfMetrics, Engine, Error, Fingerprint,
+    JsonRedaction, Mode, Outcome, OutcomeKind, RedactedJson,
 };
 use futures_util::{stream, FutureExt, StreamExt};
 use lambda_runtime::LambdaEvent;
@@ -81,6 +81,9 @@ pub struct Batch<Src: Source, St> {
     fail_on_entire_batch_failure: bool,
     unprocessable: Unprocessable,
     metrics: Option<EmfMetrics>,
+    /// How each record's result is stored: as JSON, with what the user's
+    /// redaction takes out.
+    codec: RedactedJson,
     /// Set only on a batch whose store has transactions
     /// ([`Batch::in_transaction`]).
     in_transaction: Option<crate::store::TransactionLimits>,
@@ -108,6 +111,7 @@ impl<Src: Source, St> Clone for Batch<Src, St> {
             fail_on_entire_batch_failure: self.fail_on_entire_batch_failure,
             unprocessable: self.unprocessable,
             metrics: self.metrics.clone(),
+            codec: self.codec.clone(),
             in_transaction: self.in_transaction,
             store_told: Arc::clone(&self.store_told),
             #[cfg(feature = "powertools")]
@@ -175,6 +179,7 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             fail_on_entire_batch_failure: false,
             unprocessable: Unprocessable::default(),
             metrics: None,
+            codec: RedactedJson::default(),
             in_transaction: None,
             store_told: Arc::new(std::sync::Once::new()),
             #[cfg(feature = "powertools")]
@@ -275,6 +280,16 @@ impl<Src: Source, St: Store> Batch<Src, St> {
     /// `unreadable`).
     pub fn metrics(mut self, metrics: EmfMetrics) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Stores each record's result without the JSON fields `redaction`
+    /// names (removed, or replaced): the handler's value is what the batch
+    /// sees, the record keeps the redacted one, and it must still read as
+    /// the handler's type ([`RedactedJson`]). For what a handler returns
+    /// that must never sit in the table (a token, a card number).
+    pub fn redact_json(mut self, redaction: JsonRedaction) -> Self {
+        self.codec = RedactedJson(redaction);
         self
     }
 
@@ -588,14 +603,18 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             let no_refusals = |_: &crate::WriteRefusal| None;
             let result = self
                 .engine
-                .transaction_run(&attempt, limits, &Json, no_refusals, operation)
+                .transaction_run(&attempt, limits, &self.codec, no_refusals, operation)
                 .await;
             return self.status_of(result, record_id);
         }
         let result = if mode == Mode::Transactional && self.single_write {
-            self.engine.single_write(&attempt, &Json, operation).await
+            self.engine
+                .single_write(&attempt, &self.codec, operation)
+                .await
         } else {
-            self.engine.run(&attempt, mode, &Json, operation).await
+            self.engine
+                .run(&attempt, mode, &self.codec, operation)
+                .await
         };
         self.status_of(result, record_id)
     }

@@ -17,6 +17,9 @@ pub(crate) struct Config<St, E> {
     /// The handler inside the store transaction that holds its claim,
     /// within these bounds.
     pub(crate) in_transaction: Option<crate::store::TransactionLimits>,
+    /// How the handler's output is stored: as JSON, with what the user's
+    /// redaction takes out.
+    pub(crate) codec: crate::RedactedJson,
 }
 
 impl<St, E: serde::Serialize + 'static> Config<St, E> {
@@ -33,6 +36,7 @@ impl<St, E: serde::Serialize + 'static> Config<St, E> {
             fingerprint: Arc::new(|event: &E| Fingerprint::of_json(event)),
             require_key: true,
             in_transaction: None,
+            codec: crate::RedactedJson::default(),
         }
     }
 }
@@ -46,6 +50,7 @@ impl<St, E> Clone for Config<St, E> {
             fingerprint: Arc::clone(&self.fingerprint),
             require_key: self.require_key,
             in_transaction: self.in_transaction,
+            codec: self.codec.clone(),
         }
     }
 }

@@ -98,6 +98,17 @@ impl<St, E> IdempotentEventLayer<St, E> {
         self.config.require_key = required;
         self
     }
+
+    /// Stores the handler's output without the JSON fields `redaction`
+    /// names (removed, or replaced): the first delivery's caller gets the
+    /// whole output, a retried invocation the redacted one, and it must
+    /// still read as the output's type ([`RedactedJson`](crate::RedactedJson)).
+    /// See [`redaction`](crate::redaction) for what a retry receives and
+    /// why that is safe.
+    pub fn redact_json(mut self, redaction: crate::JsonRedaction) -> Self {
+        self.config.codec = crate::RedactedJson(redaction);
+        self
+    }
 }
 
 impl<St: crate::store::TransactionalStore, E> IdempotentEventLayer<St, E> {

@@ -95,10 +95,15 @@ where
                     };
                     config
                         .engine
-                        .transaction_run(&attempt, limits, &crate::Json, no_refusals, operation)
+                        .transaction_run(&attempt, limits, &config.codec, no_refusals, operation)
                         .await
                 }
-                None => config.engine.execute(&attempt, || inner.call(event)).await,
+                None => {
+                    config
+                        .engine
+                        .execute_with(&attempt, &config.codec, || inner.call(event))
+                        .await
+                }
             };
             match result {
                 Ok(outcome) => {

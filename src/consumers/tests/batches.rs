@@ -623,3 +623,38 @@ async fn unprocessable_records_are_redelivered_or_given_up_as_final() {
         }
     }
 }
+
+/// A batch's redaction: the record keeps each result without the fields
+/// named, and a redelivered message replays (its result is never run
+/// again).
+#[tokio::test]
+async fn a_batch_stores_each_result_redacted() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let sqs = SqsBatch::new(Engine::builder(store.clone()).build(), "queue")
+        .key(|m: &SqsMessage| m.body.clone())
+        .redact_json(
+            crate::JsonRedaction::new().replace(crate::JsonPointer::new("/card").unwrap(), "****"),
+        );
+    let handler = |message: SqsMessage| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async move {
+            Ok::<_, String>(
+                serde_json::json!({ "order": message.body, "card": "4242424242424242" }),
+            )
+        }
+    };
+    for id in ["m1", "m2"] {
+        let response = sqs
+            .process(batch(vec![message(id, "a", None)]), handler)
+            .await
+            .expect("a partial batch response");
+        assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the redelivery replayed");
+    let stored = store.records().pop().unwrap().response.unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&stored).unwrap(),
+        serde_json::json!({ "order": "a", "card": "****" })
+    );
+}

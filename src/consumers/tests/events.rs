@@ -154,3 +154,35 @@ async fn wide_numbers_are_fingerprinted_and_unserialisable_events_refused() {
     assert!(refused.contains("cannot be serialised"), "{refused}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The event layer's redaction: the first invocation gets the handler's
+/// whole output, a retried one the redacted output, and the store never
+/// holds what was taken out.
+#[tokio::test]
+async fn a_redacted_output_is_stored_and_replayed_without_its_secret() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let handler = service_fn(move |event: LambdaEvent<Order>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            Ok::<_, BoxError>(serde_json::json!({
+                "invoice": format!("inv_{}", event.payload.order_id),
+                "download_token": "tok_once_8c1f",
+            }))
+        }
+    });
+    let service = IdempotentEventLayer::new(Engine::builder(store.clone()).build(), "orders")
+        .key(|order: &Order| Some(order.order_id.clone()))
+        .redact_json(
+            crate::JsonRedaction::new().remove(crate::JsonPointer::new("/download_token").unwrap()),
+        )
+        .layer(handler);
+    let first = service.clone().oneshot(order("o-9", 10)).await.unwrap();
+    assert_eq!(first["download_token"], "tok_once_8c1f");
+    let again = service.clone().oneshot(order("o-9", 10)).await.unwrap();
+    assert_eq!(again, serde_json::json!({ "invoice": "inv_o-9" }));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let stored = store.records().pop().unwrap().response.unwrap();
+    assert!(!String::from_utf8_lossy(&stored).contains("tok_once"));
+}
