@@ -428,7 +428,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// response the outcome policy stores. See [Redaction](super#redaction)
     /// for what a retry receives and why that is safe.
     ///
-    /// If `redact` returns an error, the record keeps what
+    /// If `redact` returns an error or panics, the record keeps what
     /// [`withhold_bodies`](Self::withhold_bodies) keeps (the status, the
     /// stored headers, the body's SHA-256), never the unredacted body, and
     /// a WARN says so.

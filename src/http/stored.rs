@@ -272,6 +272,15 @@ impl ResponseCodec {
     }
 }
 
+/// The headers that measure a body: dropped from a redacted copy whose
+/// body the redaction changed.
+const BODY_MEASURES: [&str; 4] = [
+    "content-length",
+    "content-md5",
+    "content-digest",
+    "repr-digest",
+];
+
 /// The SHA-256 of a response's body, as its client received it.
 fn digest_of(response: &Response<StoredBody>) -> [u8; 32] {
     let body: &[u8] = match response.body() {
@@ -351,12 +360,31 @@ impl Codec<StoredResponse> for ResponseCodec {
                 let mut copy = Response::new(response.body().clone());
                 *copy.status_mut() = response.status();
                 *copy.headers_mut() = response.headers().clone();
-                if let Err(error) = redact(&mut copy) {
+                // A hook that panics is a hook that failed: the response
+                // still reaches its caller, and its record keeps no body.
+                let redacted_copy =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| redact(&mut copy)))
+                        .unwrap_or_else(|panic| {
+                            Err(format!(
+                                "the redaction hook panicked: {}",
+                                crate::engine::panic_message(panic.as_ref())
+                            )
+                            .into())
+                        });
+                if let Err(error) = redacted_copy {
                     tracing::warn!(
                         %error,
                         "the response could not be redacted: its record keeps its status, headers and the digest of its body, not the body"
                     );
                     return Ok(self.withheld(response, digest_of(response)));
+                }
+                if copy.body() != response.body() {
+                    // Headers that measure the original body would
+                    // misdescribe the redacted one (a `content-length` the
+                    // user chose to store would cut the replay short).
+                    for name in BODY_MEASURES {
+                        copy.headers_mut().remove(name);
+                    }
                 }
                 redacted = copy;
                 &redacted
@@ -724,5 +752,45 @@ mod tests {
         assert_eq!(digest[..], Sha256::digest(b"card 4242424242424242")[..]);
         assert_eq!(codec.encode(&decoded).expect("encodes"), bytes);
         assert!(codec.decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    /// A redaction that changes the body drops the headers that measured
+    /// the original (here stored because the user listed them).
+    #[test]
+    fn a_redacted_body_loses_the_headers_that_measured_the_original() {
+        let mut codec = codec();
+        codec.stored_headers.extend([
+            header::CONTENT_LENGTH,
+            HeaderName::from_static("content-digest"),
+        ]);
+        let mut original = response(StoredBody::from("card 4242424242424242"));
+        original
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(21));
+        original
+            .headers_mut()
+            .insert("content-digest", HeaderValue::from_static("sha-256=:x:"));
+        for changes_body in [true, false] {
+            codec.bodies = StoredBodies::Redacted(Arc::new(move |response| {
+                if changes_body {
+                    *response.body_mut() = StoredBody::from("card ****");
+                }
+                Ok(())
+            }));
+            let replayed = replay(&codec, &store(&codec, copy(&original)));
+            let kept = replayed.headers().contains_key(header::CONTENT_LENGTH);
+            assert_eq!(kept, !changes_body);
+            assert_eq!(
+                replayed.headers().contains_key("content-digest"),
+                !changes_body
+            );
+        }
+    }
+
+    fn copy(response: &Response<StoredBody>) -> Response<StoredBody> {
+        let mut copy = Response::new(response.body().clone());
+        *copy.status_mut() = response.status();
+        *copy.headers_mut() = response.headers().clone();
+        copy
     }
 }

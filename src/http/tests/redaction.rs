@@ -196,17 +196,18 @@ async fn withheld_bodies_replay_the_status_headers_and_the_digest() {
 #[tokio::test]
 async fn a_response_that_cannot_be_redacted_is_withheld_never_stored_whole() {
     for (name, content_type, hook) in [
-        ("not JSON", "text/plain", false),
-        ("a JSON suffix, not JSON", "application/vnd.api+json", false),
-        ("a failing hook", "application/json", true),
+        ("not JSON", "text/plain", None),
+        ("a JSON suffix, not JSON", "application/vnd.api+json", None),
+        ("a failing hook", "application/json", Some(false)),
+        ("a panicking hook", "application/json", Some(true)),
     ] {
         let store = MemoryStore::new();
         let runs = Arc::new(AtomicUsize::new(0));
         let layer = IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope();
-        let layer = if hook {
-            layer.redact(|_| Err("no".into()))
-        } else {
-            layer.redact_json(redaction())
+        let layer = match hook {
+            Some(false) => layer.redact(|_| Err("no".into())),
+            Some(true) => layer.redact(|_| panic!("the hook panicked")),
+            None => layer.redact_json(redaction()),
         };
         let respond = {
             let runs = Arc::clone(&runs);
@@ -214,7 +215,7 @@ async fn a_response_that_cannot_be_redacted_is_withheld_never_stored_whole() {
                 runs.fetch_add(1, Ordering::SeqCst);
                 async move {
                     // Valid JSON for the hook case; not JSON otherwise.
-                    let body = if hook {
+                    let body = if hook.is_some() {
                         format!(r#"{{"client_secret":"{SECRET}"}}"#)
                     } else {
                         format!("client_secret={SECRET}")
