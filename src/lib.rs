@@ -281,6 +281,7 @@ mod fingerprint;
 pub mod http;
 mod lower_hex;
 mod metrics;
+pub mod observe;
 #[cfg(feature = "powertools")]
 #[cfg_attr(docsrs, doc(cfg(feature = "powertools")))]
 pub mod powertools;

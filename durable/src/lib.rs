@@ -541,7 +541,8 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
                 // the step instead, and a panic's claim is taken over.
                 let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint)
                     .fail_closed()
-                    .keep_claim_on_panic();
+                    .keep_claim_on_panic()
+                    .port(lambda_idempotency::observe::Port::Durable);
                 let attempt = match invocation_deadline(deadline_ms) {
                     Some(deadline_ms) => attempt.deadline_ms(deadline_ms),
                     None => attempt,

@@ -589,7 +589,9 @@ impl<Src: Source, St: Store> Batch<Src, St> {
             Ok(takeover) => takeover,
             Err(status) => return status,
         };
-        let attempt = Attempt::new(&self.scope, &key, fingerprint).deadline_ms(deadline_ms);
+        let attempt = Attempt::new(&self.scope, &key, fingerprint)
+            .deadline_ms(deadline_ms)
+            .port(crate::observe::Port::Batch);
         #[cfg(feature = "powertools")]
         let attempt = match takeover {
             Some(takeover) => attempt.taking_over(takeover),

@@ -83,8 +83,9 @@ where
                     .into());
                 }
             };
-            let attempt =
-                Attempt::new(&config.scope, &key, fingerprint).deadline_ms(event.context.deadline);
+            let attempt = Attempt::new(&config.scope, &key, fingerprint)
+                .deadline_ms(event.context.deadline)
+                .port(crate::observe::Port::Event);
             // Set only on a store with transactions (`TransactionalStore`).
             let result = match config.in_transaction {
                 Some(limits) => {

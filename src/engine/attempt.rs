@@ -22,6 +22,8 @@ pub struct Attempt<'a> {
     /// What a duplicate that finds the key in progress is told to wait.
     pub(crate) retry_hint: RetryHint,
     pub(crate) wait_in_process: Option<Duration>,
+    /// The port it came through, as the engine's observers are told.
+    pub(crate) port: crate::observe::Port,
 }
 
 impl<'a> Attempt<'a> {
@@ -37,7 +39,16 @@ impl<'a> Attempt<'a> {
             taking_over: None,
             retry_hint: RetryHint::Lease,
             wait_in_process: None,
+            port: crate::observe::Port::Engine,
         }
+    }
+
+    /// The port this attempt came through, as the engine's
+    /// [observers](crate::observe) are told ([`Port::Engine`](crate::observe::Port::Engine)
+    /// by default; the crate's adapters set their own).
+    pub fn port(mut self, port: crate::observe::Port) -> Self {
+        self.port = port;
+        self
     }
 
     /// This attempt follows one that began outside this crate's records
@@ -142,6 +153,7 @@ pub(crate) struct OwnedAttempt {
     caution: Caution,
     taking_over: Option<Takeover>,
     retry_hint: RetryHint,
+    port: crate::observe::Port,
 }
 
 /// What an attempt never does, whatever its engine allows.
@@ -170,6 +182,7 @@ impl OwnedAttempt {
             caution: Caution::default(),
             taking_over: None,
             retry_hint: RetryHint::Lease,
+            port: crate::observe::Port::Engine,
         }
     }
 
@@ -178,6 +191,12 @@ impl OwnedAttempt {
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn retry_hint(mut self, hint: RetryHint) -> Self {
         self.retry_hint = hint;
+        self
+    }
+
+    /// As [`Attempt::port`].
+    pub(crate) fn port(mut self, port: crate::observe::Port) -> Self {
+        self.port = port;
         self
     }
 
@@ -198,6 +217,7 @@ impl OwnedAttempt {
             taking_over: self.taking_over,
             retry_hint: self.retry_hint,
             wait_in_process: None,
+            port: self.port,
         }
     }
 }
@@ -207,6 +227,7 @@ impl From<&Attempt<'_>> for OwnedAttempt {
         Self {
             caution: attempt.caution,
             retry_hint: attempt.retry_hint,
+            port: attempt.port,
             ..Self::new(
                 attempt.scope.to_owned(),
                 attempt.key.to_owned(),

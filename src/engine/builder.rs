@@ -102,6 +102,7 @@ pub struct EngineBuilder<St> {
     heartbeat: Option<bool>,
     read_before_claim: bool,
     clock: Arc<dyn Clock>,
+    observers: crate::observe::Observers,
     #[cfg(feature = "encryption")]
     encryption: Option<crate::encryption::Encryption>,
 }
@@ -126,9 +127,20 @@ impl<St: Store> EngineBuilder<St> {
             heartbeat: None,
             read_before_claim: false,
             clock: Arc::new(SystemClock),
+            observers: Default::default(),
             #[cfg(feature = "encryption")]
             encryption: None,
         }
+    }
+
+    /// Tells `observer` how every attempt was answered, through any port,
+    /// and what the engine met on the way (takeovers, claims found in
+    /// progress and their age, conflicts retried): see
+    /// [`observe`](crate::observe). Several observers may be added; each
+    /// is told every event, in the order they were added.
+    pub fn observer(mut self, observer: impl crate::observe::Observer) -> Self {
+        self.observers.add(Arc::new(observer));
+        self
     }
 
     /// Encrypts stored responses: every completion seals its response
@@ -387,6 +399,7 @@ impl<St: Store> EngineBuilder<St> {
                 disabled,
                 clock: self.clock,
                 local_runs: Default::default(),
+                observers: self.observers,
                 #[cfg(feature = "encryption")]
                 encryption: self.encryption,
             }),

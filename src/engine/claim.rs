@@ -10,6 +10,7 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
+    observe::Event,
     store::{Claim, Conditional, OwnerToken, Record, RecordId, Status, Store},
     Attempt, Error, StoreError, StoreErrorKind,
 };
@@ -41,6 +42,7 @@ impl<St: Store> Engine<St> {
                 // A concurrent write won: the winner's record decides, once
                 // it is there to read.
                 Err(error) if error.kind() == StoreErrorKind::Conflict => {
+                    self.observe(|| Event::ConflictRetried);
                     tokio::time::sleep(contention.conflicted(&error)).await;
                     continue;
                 }
@@ -64,6 +66,9 @@ impl<St: Store> Engine<St> {
             if claim.attempt > 1 {
                 warn!(record = %claim.id, outcome = "takeover", attempt = claim.attempt,
                     "took over a claim whose lease passed: the previous attempt may have acted");
+                self.observe(|| Event::TookOver {
+                    attempt: claim.attempt,
+                });
             }
             return Ok(Claimed::Ours);
         }

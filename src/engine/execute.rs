@@ -213,7 +213,11 @@ impl<St: Store> Engine<St> {
         F: FnOnce(ClaimHandle) -> Fut + 'a,
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>> + 'a,
     {
+        let started = self.observed_start();
         self.run_unreported(attempt, mode, codec, refusal, Holding::Lease, operation)
-            .inspect(alert::operator_must_act)
+            .inspect(move |result| {
+                alert::operator_must_act(result);
+                self.report_answer(attempt.port, started, result);
+            })
     }
 }

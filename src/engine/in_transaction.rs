@@ -201,10 +201,12 @@ impl<St: Store> Engine<St> {
         Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
     {
         let Some(transactions) = self.store().transactions() else {
-            return Err(Error::Store(StoreError::new(
+            let result = Err(Error::Store(StoreError::new(
                 StoreErrorKind::Misconfigured,
                 "this store cannot run an operation inside its transactions",
             )));
+            self.report_answer(attempt.port, self.observed_start(), &result);
+            return result;
         };
         let held = InTransaction {
             transactions,
@@ -213,15 +215,19 @@ impl<St: Store> Engine<St> {
             open: None,
         };
         let holding = Holding::Transaction(Box::new(held));
-        self.run_unreported(
-            attempt,
-            Mode::Transactional,
-            codec,
-            refusal,
-            holding,
-            operation,
-        )
-        .await
+        let started = self.observed_start();
+        let result = self
+            .run_unreported(
+                attempt,
+                Mode::Transactional,
+                codec,
+                refusal,
+                holding,
+                operation,
+            )
+            .await;
+        self.report_answer(attempt.port, started, &result);
+        result
     }
 
     /// The limits, never past the invocation's deadline: a Lambda stopped

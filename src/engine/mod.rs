@@ -51,6 +51,7 @@ mod operator;
 mod outcome;
 mod panic;
 mod replay;
+mod report;
 mod retry_after;
 mod run;
 mod sealing;
@@ -89,5 +90,7 @@ pub(crate) use retry_after::RetryHint;
 
 #[cfg(all(test, feature = "encryption"))]
 mod encryption_tests;
+#[cfg(test)]
+mod observe_tests;
 #[cfg(test)]
 mod tests;

@@ -8,11 +8,12 @@ use super::{
     retry_after::{in_progress_retry_after, RetryHint},
     state::Engine,
 };
+use crate::observe::Event;
 use crate::{
     store::{Record, RecordId, Status, Store},
     Attempt, Error, Fingerprint, StoreError,
 };
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 use tracing::debug;
 
 impl<St: Store> Engine<St> {
@@ -81,6 +82,16 @@ impl<St: Store> Engine<St> {
                 ))
             }
             Status::InProgress => {
+                self.observe(|| Event::FoundInProgress {
+                    age: Duration::from_millis(
+                        now_ms.saturating_sub(
+                            record
+                                .first_started_ms
+                                .or(record.created_at_ms)
+                                .unwrap_or(now_ms),
+                        ),
+                    ),
+                });
                 let retry_after = in_progress_retry_after(&record, now_ms, hint);
                 debug!(record = %record.id, outcome = "in_progress", retry_after_s = retry_after.as_secs(), "idempotency");
                 Err(Error::InProgress { retry_after })

@@ -73,8 +73,28 @@ impl<St: Store> Engine<St> {
     }
 
     /// The single-write protocol; callers have checked
-    /// [`Store::SINGLE_WRITE`] at compile time.
+    /// [`Store::SINGLE_WRITE`] at compile time. Its answer is reported to
+    /// the observers.
     pub(crate) async fn single_write<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: &C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<St::Write>), E>>,
+    {
+        let started = self.observed_start();
+        let result = self
+            .single_write_unreported(attempt, codec, operation)
+            .await;
+        self.report_answer(attempt.port, started, &result);
+        result
+    }
+
+    async fn single_write_unreported<T, E, C, F, Fut>(
         &self,
         attempt: &Attempt<'_>,
         codec: &C,

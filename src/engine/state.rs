@@ -44,6 +44,8 @@ pub(super) struct Inner<St> {
     pub(super) disabled: bool,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) local_runs: LocalRuns,
+    /// Who is told what happened.
+    pub(super) observers: crate::observe::Observers,
     /// How stored responses are sealed and opened, when they are.
     #[cfg(feature = "encryption")]
     pub(super) encryption: Option<crate::encryption::Encryption>,

@@ -47,8 +47,10 @@ mod clock;
 mod conformance;
 mod counting;
 mod lost_answers;
+mod observer;
 pub mod scenarios;
 
 pub use clock::ManualClock;
 pub use counting::{Calls, CountingStore};
 pub use lost_answers::LostAnswers;
+pub use observer::RecordingObserver;

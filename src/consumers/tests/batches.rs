@@ -658,3 +658,24 @@ async fn a_batch_stores_each_result_redacted() {
         serde_json::json!({ "order": "a", "card": "****" })
     );
 }
+
+/// Each record's answer reaches the engine's observers through the batch
+/// port.
+#[tokio::test]
+async fn each_record_is_reported_through_the_batch_port() {
+    let observer = crate::testing::RecordingObserver::default();
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(observer.clone())
+        .build();
+    let sqs = SqsBatch::new(engine, "queue").key(|m: &SqsMessage| m.body.clone());
+    let (_, handler) = recorder();
+    sqs.process(
+        batch(vec![message("m1", "a", None), message("m2", "a", None)]),
+        &handler,
+    )
+    .await
+    .expect("a partial batch response");
+    let mut answers = observer.answers_through(crate::observe::Port::Batch);
+    answers.sort_unstable();
+    assert_eq!(answers, ["fresh", "replay"]);
+}

@@ -186,3 +186,24 @@ async fn a_redacted_output_is_stored_and_replayed_without_its_secret() {
     let stored = store.records().pop().unwrap().response.unwrap();
     assert!(!String::from_utf8_lossy(&stored).contains("tok_once"));
 }
+
+/// Each event's answer reaches the engine's observers through the event
+/// port.
+#[tokio::test]
+async fn each_event_is_reported_through_the_event_port() {
+    let observer = crate::testing::RecordingObserver::default();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(observer.clone())
+        .build();
+    let service = IdempotentEventLayer::new(engine, "orders")
+        .key(|order: &Order| Some(order.order_id.clone()))
+        .layer(counting_handler(&runs));
+    service.clone().oneshot(order("o-1", 10)).await.unwrap();
+    service.clone().oneshot(order("o-1", 10)).await.unwrap();
+    let _ = service.clone().oneshot(order("o-2", 0)).await;
+    assert_eq!(
+        observer.answers_through(crate::observe::Port::Event),
+        ["fresh", "replay", "operation_error"]
+    );
+}

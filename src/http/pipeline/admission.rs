@@ -198,8 +198,14 @@ pub(super) fn attempt_for(
     let hint = settings
         .retry_after
         .hint(&settings.durations, route_key.unwrap_or_default());
+    let port = if crate::http::grpc_wire::is_grpc(request.headers()) {
+        crate::observe::Port::Grpc
+    } else {
+        crate::observe::Port::Http
+    };
     let attempt = OwnedAttempt::new(scope, key, fingerprint, deadline_ms)
         .taking_over(takeover)
-        .retry_hint(hint);
+        .retry_hint(hint)
+        .port(port);
     (attempt, route_key)
 }

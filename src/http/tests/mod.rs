@@ -130,6 +130,7 @@ mod bound;
 mod concurrency;
 mod fingerprints;
 mod keys;
+mod observed;
 mod outcomes;
 mod redaction;
 mod replays;

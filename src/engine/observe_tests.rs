@@ -1,0 +1,157 @@
+//! What the engine tells its observers, at each entry point, on the
+//! memory store: one answer for each attempt, through the port the attempt
+//! names, and the takeovers, claims in progress and conflicts it met.
+
+use super::*;
+use crate::{
+    observe::{Event, Port},
+    store::TransactionLimits,
+    testing::{ManualClock, RecordingObserver},
+    Error, Fingerprint, MemoryStore, StoreErrorKind,
+};
+use futures_util::FutureExt;
+use std::{panic::AssertUnwindSafe, time::Duration};
+
+fn observed() -> (Engine<MemoryStore>, RecordingObserver, ManualClock) {
+    let observer = RecordingObserver::default();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(MemoryStore::new())
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .build();
+    (engine, observer, clock)
+}
+
+fn attempt(key: &str, payload: u8) -> Attempt<'_> {
+    Attempt::new("s", key, Fingerprint::of_bytes(&[payload]))
+}
+
+#[tokio::test]
+async fn every_answer_of_execute_is_reported_once_through_its_port() {
+    let (engine, observer, clock) = observed();
+    let ok = || async { Ok::<_, &str>(1u8) };
+    engine.execute(&attempt("a", 1), ok).await.unwrap();
+    engine.execute(&attempt("a", 1), ok).await.unwrap();
+    let _ = engine.execute(&attempt("a", 2), ok).await;
+    let _ = engine
+        .execute(&attempt("b", 1), || async { Err::<u8, _>("declined") })
+        .await;
+    // A duplicate of a run in progress finds it, two seconds old.
+    let held = engine.clone();
+    engine
+        .execute(
+            &attempt("c", 1).port(Port::Other("custom")),
+            || async move {
+                clock.advance(Duration::from_secs(2));
+                let duplicate = held.execute(&attempt("c", 1), ok).await;
+                assert!(matches!(duplicate, Err(Error::InProgress { .. })));
+                Ok::<_, &str>(1u8)
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        observer.answers(),
+        [
+            ("engine", "fresh"),
+            ("engine", "replay"),
+            ("engine", "key_reused"),
+            ("engine", "operation_error"),
+            ("engine", "in_progress"),
+            ("custom", "fresh"),
+        ]
+    );
+    assert!(observer.events().contains(&Event::FoundInProgress {
+        age: Duration::from_secs(2)
+    }));
+}
+
+#[tokio::test]
+async fn a_takeover_is_reported_with_its_attempt_number() {
+    let (engine, observer, clock) = observed();
+    let keeps = attempt("k", 1).keep_claim_on_panic();
+    let panicked = AssertUnwindSafe(engine.execute(&keeps, || async {
+        panic!("the first attempt dies");
+        #[allow(unreachable_code)]
+        Ok::<u8, ()>(1)
+    }))
+    .catch_unwind()
+    .await;
+    assert!(panicked.is_err());
+    clock.advance(Duration::from_secs(24 * 3600));
+    engine
+        .execute(&attempt("k", 1), || async { Ok::<_, ()>(2u8) })
+        .await
+        .unwrap();
+    assert!(
+        observer.events().contains(&Event::TookOver { attempt: 2 }),
+        "{:?}",
+        observer.events()
+    );
+    assert_eq!(observer.answers().last(), Some(&("engine", "fresh")));
+}
+
+#[tokio::test]
+async fn the_single_write_and_the_transactional_run_report_their_answers() {
+    let (engine, observer, _) = observed();
+    let value = |_| async { Ok::<_, ()>((1u8, Vec::new())) };
+    for _ in 0..2 {
+        engine
+            .run_single_write(&attempt("w", 1), &Json, value)
+            .await
+            .unwrap();
+        engine
+            .transaction_run(
+                &attempt("t", 1).port(Port::Batch),
+                TransactionLimits::default(),
+                &Json,
+                |_: &crate::WriteRefusal| None,
+                value,
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        observer.answers(),
+        [
+            ("engine", "fresh"),
+            ("batch", "fresh"),
+            ("engine", "replay"),
+            ("batch", "replay"),
+        ]
+    );
+}
+
+/// A claim that conflicted in the store is retried, and the observers
+/// are told.
+#[tokio::test]
+async fn a_conflict_retried_is_reported() {
+    let (engine, observer, _) = observed();
+    engine.store().fail_next_with(1, StoreErrorKind::Conflict);
+    engine
+        .execute(&attempt("c", 1), || async { Ok::<_, ()>(1u8) })
+        .await
+        .unwrap();
+    assert_eq!(observer.events()[0], Event::ConflictRetried);
+    assert_eq!(observer.answers(), [("engine", "fresh")]);
+}
+
+#[tokio::test]
+async fn an_engine_without_observers_reports_nothing_and_one_with_two_tells_both() {
+    let first = RecordingObserver::default();
+    let second = RecordingObserver::default();
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(first.clone())
+        .observer(second.clone())
+        .build();
+    engine
+        .execute(&attempt("a", 1), || async { Ok::<_, ()>(1u8) })
+        .await
+        .unwrap();
+    assert_eq!(first.events(), second.events());
+    assert_eq!(first.answers(), [("engine", "fresh")]);
+    let Event::Answered { elapsed, .. } = first.events()[0] else {
+        panic!("an answer");
+    };
+    assert!(elapsed < Duration::from_secs(60));
+}

@@ -1,0 +1,187 @@
+//! One place every port reports to: the engine's observers.
+//!
+//! Every entry point of the engine reports how it answered each attempt
+//! ([`Event::Answered`], with the [`Port`] the attempt came through), and
+//! the engine reports what it met on the way: a lapsed claim it took over,
+//! a claim it found in progress and how old it was, a conflict it retried.
+//! The ports (the HTTP layer, gRPC, actix-web, the consumers, the durable
+//! crate) call the engine, so they report through it: a new port cannot
+//! forget an outcome. An exporter (CloudWatch's Embedded Metric Format, the
+//! `metrics` facade, OpenTelemetry) is an [`Observer`].
+//!
+//! ```
+//! use lambda_idempotency::{observe::{Event, Observer}, Engine, MemoryStore};
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//!
+//! /// Counts replays.
+//! #[derive(Debug, Default)]
+//! struct Replays(AtomicU64);
+//!
+//! impl Observer for Replays {
+//!     fn observe(&self, event: &Event) {
+//!         if let Event::Answered { answer, .. } = event {
+//!             if answer.is_replay() {
+//!                 self.0.fetch_add(1, Ordering::Relaxed);
+//!             }
+//!         }
+//!     }
+//! }
+//!
+//! let engine = Engine::builder(MemoryStore::new()).observer(Replays::default()).build();
+//! # let _ = engine;
+//! ```
+//!
+//! An observer is called on the request's task, as the event happens: keep
+//! it cheap (count, record a histogram sample), never block or await. The
+//! events carry no key and no record id, so that what an exporter makes of
+//! them has a bounded set of label values.
+
+use crate::{ErrorKind, OutcomeKind};
+use std::{fmt, sync::Arc, time::Duration};
+
+/// Receives the engine's events. See the [module docs](self).
+pub trait Observer: Send + Sync + fmt::Debug + 'static {
+    /// Called once for each event, on the task that met it.
+    fn observe(&self, event: &Event);
+}
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// An attempt was answered: by its outcome, or by an error.
+    Answered {
+        /// The port the attempt came through.
+        port: Port,
+        /// How it was answered.
+        answer: Answer,
+        /// From the attempt's start to its answer, the operation's run
+        /// included.
+        elapsed: Duration,
+    },
+    /// A claim whose lease had passed was taken over: the attempt before it
+    /// may have acted. `attempt` is the new claim's number (2 for the first
+    /// takeover).
+    TookOver {
+        /// The new claim's attempt number.
+        attempt: u32,
+    },
+    /// An attempt found its key claimed by a run in progress (elsewhere, or
+    /// in this process).
+    FoundInProgress {
+        /// How long ago the claim it found was first made.
+        age: Duration,
+    },
+    /// Concurrent claims of one key conflicted in the store, and the claim
+    /// was tried again.
+    ConflictRetried,
+}
+
+/// How an attempt was answered: an outcome, or an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Answer {
+    /// The operation's value: run now, replayed, or run unprotected.
+    Outcome(OutcomeKind),
+    /// An error: in progress, a key reused, a store error, the operation's
+    /// own failure (its claim released).
+    Error(ErrorKind),
+}
+
+impl Answer {
+    /// A stable snake_case name, for a metric's label: the outcome's or the
+    /// error's own ([`OutcomeKind::as_str`], [`ErrorKind::as_str`]).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Answer::Outcome(kind) => kind.as_str(),
+            Answer::Error(kind) => kind.as_str(),
+        }
+    }
+
+    /// Whether a stored outcome answered it (from the store or the cache):
+    /// a deduplicated request.
+    pub fn is_replay(self) -> bool {
+        matches!(
+            self,
+            Answer::Outcome(OutcomeKind::Replay | OutcomeKind::CachedReplay)
+        )
+    }
+}
+
+/// The port an attempt came through, as its [`Attempt::port`](crate::Attempt::port)
+/// says ([`Port::Engine`] unless an adapter set it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Port {
+    /// The engine called directly ([`Engine::execute`](crate::Engine::execute) and its kin).
+    Engine,
+    /// The HTTP layer (lambda_http, axum, hyper, actix-web), for a request
+    /// that is not gRPC.
+    Http,
+    /// The HTTP layer, for a gRPC call.
+    Grpc,
+    /// The consumers' event layer: one event a Lambda invocation.
+    Event,
+    /// The consumers' batches: one record of a queue's, stream's or
+    /// broker's batch.
+    Batch,
+    /// A durable function's steps.
+    Durable,
+    /// An adapter of your own, by a name of its own (keep it one of a few).
+    Other(&'static str),
+}
+
+impl Port {
+    /// A stable snake_case name, for a metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Port::Engine => "engine",
+            Port::Http => "http",
+            Port::Grpc => "grpc",
+            Port::Event => "event",
+            Port::Batch => "batch",
+            Port::Durable => "durable",
+            Port::Other(name) => name,
+        }
+    }
+}
+
+/// The engine's observers: none (the default) costs a branch an event.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Observers(Vec<Arc<dyn Observer>>);
+
+impl Observers {
+    pub(crate) fn add(&mut self, observer: Arc<dyn Observer>) {
+        self.0.push(observer);
+    }
+
+    /// Whether any observer listens: an event nobody observes is never
+    /// made (nor its time measured).
+    pub(crate) fn any(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Tells every observer, in the order they were added.
+    pub(crate) fn tell(&self, event: Event) {
+        for observer in &self.0 {
+            observer.observe(&event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_outcomes_and_errors_own() {
+        assert_eq!(
+            Answer::Outcome(OutcomeKind::CachedReplay).as_str(),
+            "cached_replay"
+        );
+        assert_eq!(Answer::Error(ErrorKind::KeyReused).as_str(), "key_reused");
+        assert!(Answer::Outcome(OutcomeKind::CachedReplay).is_replay());
+        assert!(!Answer::Outcome(OutcomeKind::Fresh).is_replay());
+        assert_eq!(Port::Other("sns_fanout").as_str(), "sns_fanout");
+    }
+}
