@@ -195,6 +195,7 @@ impl OwnedAttempt {
     }
 
     /// As [`Attempt::port`].
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn port(mut self, port: crate::observe::Port) -> Self {
         self.port = port;
         self
