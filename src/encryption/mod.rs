@@ -356,7 +356,7 @@ impl Encryption {
         if !envelope::is_sealed(&stored) {
             if self.refuse_plaintext {
                 return Err(unauthentic(
-                    binding,
+                    binding.id,
                     None,
                     "it is not sealed, and plaintext is refused",
                 ));
@@ -365,7 +365,7 @@ impl Encryption {
         }
         let parsed = match envelope::parse(&stored) {
             Ok(parsed) => parsed,
-            Err(malformed) => return Err(unauthentic(binding, None, &malformed.to_string())),
+            Err(malformed) => return Err(unauthentic(binding.id, None, &malformed.to_string())),
         };
         let key = self
             .keys
@@ -388,12 +388,12 @@ impl Encryption {
             }
             Err(key_error) => {
                 let why = key_error.to_string();
-                return Err(unauthentic(binding, Some(parsed.key_id(&stored)), &why));
+                return Err(unauthentic(binding.id, Some(parsed.key_id(&stored)), &why));
             }
         };
         envelope::open(&key, binding, &parsed, stored).map_err(|not_opened| match not_opened {
             NotOpened::Unauthentic => unauthentic(
-                binding,
+                binding.id,
                 Some(key.id()),
                 "it fails authentication: changed, copied from another record or context, or sealed under another key with this id",
             ),
@@ -410,15 +410,33 @@ impl Encryption {
     }
 }
 
+/// The refusal of a claim whose lease passed but which carries a sealed
+/// response, logged; `None` for any other record. The protocol never
+/// writes one: a completion writes `COMPLETED` with the response, a claim
+/// or a takeover writes no response. So it is a completed record whose
+/// status was changed in the table (the sealed response is bound to
+/// `COMPLETED`), and taking it over would run again an operation that ran:
+/// it is refused as a record that fails to open, never taken over.
+pub(crate) fn sealed_claim(record: &Record) -> Option<StoreError> {
+    let stored = record.response.as_deref()?;
+    if record.status != Status::InProgress || !envelope::is_sealed(stored) {
+        return None;
+    }
+    Some(unauthentic(
+        &record.id,
+        Some(key_id_of(stored).unwrap_or("malformed")),
+        "it is IN_PROGRESS with a sealed response: a completed record whose status was changed",
+    ))
+}
+
 /// The error for a record whose response fails to open, logged.
-fn unauthentic(binding: &Binding<'_>, key_id: Option<&str>, why: &str) -> StoreError {
-    error!(record = %binding.id, key_id = key_id.unwrap_or("none"), why,
+fn unauthentic(id: &RecordId, key_id: Option<&str>, why: &str) -> StoreError {
+    error!(record = %id, key_id = key_id.unwrap_or("none"), why,
         "a stored response failed to open; it is not replayed, not overwritten and not run again");
     StoreError::new(
         StoreErrorKind::Unauthentic,
         format!(
-            "record {}: the stored response does not open (key id {}): {why}",
-            binding.id,
+            "record {id}: the stored response does not open (key id {}): {why}",
             key_id.unwrap_or("none")
         ),
     )

@@ -6,6 +6,7 @@ use super::{
     conflicts::Contention,
     fence::{fence, takeover_of, Fence},
     outcome::Outcome,
+    sealing::not_a_sealed_completion,
     state::{Engine, MIN_LEASE_MS},
 };
 use crate::{
@@ -159,6 +160,7 @@ impl<St: Store> Engine<St> {
         if fence(Some(lapsed), &claim.owner, claim.now_ms) != Fence::Lapsed {
             return Ok(found);
         }
+        not_a_sealed_completion(lapsed)?;
         let takeover = takeover_of(claim, lapsed);
         let found = store.take_over(&takeover, &lapsed.owner).await?;
         *claim = takeover;

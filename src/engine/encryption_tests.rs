@@ -370,6 +370,35 @@ async fn a_changed_status_is_never_served() {
 }
 
 #[tokio::test]
+async fn a_completed_record_turned_into_a_lapsed_claim_is_refused_not_taken_over() {
+    // Its sealed response left in place, the status changed and a lease
+    // that passed: taking it over would run an operation that ran. Every
+    // path that takes over a claim refuses it, with or without keys (an
+    // engine that does not seal still knows the envelope). The single
+    // write is the exception: its store commit replaces a lapsed claim
+    // itself, without the engine seeing it (the store's condition would
+    // have to refuse a claim that holds a response).
+    for keys in [Some(sealing(raw("k1", 1))), None] {
+        for path in PATHS.into_iter().filter(|p| *p != Path::SingleWrite) {
+            let (store, clock) = setup();
+            let key = format!("{path:?}");
+            let mut record = completed(&store, &clock, path, &key).await;
+            record.status = Status::InProgress;
+            record.lease_until_ms = Some(clock.now_ms() - 1);
+            store.insert_record(record.clone());
+            let engine = engine(&store, &clock, keys.clone());
+            let runs = AtomicUsize::new(0);
+            for _ in 0..2 {
+                let answer = attempt_by(&engine, path, &key, &runs).await;
+                assert_eq!(answer, Err(ErrorKind::UnauthenticRecord), "{path:?}");
+            }
+            assert_eq!(runs.load(Ordering::SeqCst), 0, "{path:?}: run again");
+            assert_eq!(store.record(&record.id), Some(record), "{path:?}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_record_sealed_under_another_context_is_refused() {
     let (store, clock) = setup();
     let staging = engine(

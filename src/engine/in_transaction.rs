@@ -616,6 +616,7 @@ async fn claim_within<W: 'static>(
         Fence::OwnClaim => return Ok(Within::Ours),
         Fence::Lapsed => {}
     }
+    super::sealing::not_a_sealed_completion(&found)?;
     let takeover = takeover_of(claim, &found);
     match busy_if_conflict(transaction.take_over(&takeover, &found.owner).await)? {
         Some(Conditional::Applied) => {

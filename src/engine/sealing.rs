@@ -40,6 +40,22 @@ pub(super) fn stored_form(sealed: Sealed, response: &[u8]) -> Vec<u8> {
     }
 }
 
+/// `Ok` unless `lapsed`, a claim whose lease passed, carries a sealed
+/// response: then it is a completed record turned back into a claim in
+/// the table, and taking it over would run its operation again
+/// ([`crate::encryption`]'s refusal, an
+/// [`Unauthentic`](crate::StoreErrorKind::Unauthentic) error). Checked
+/// with or without encryption configured: an engine that does not seal
+/// still recognises the envelope.
+pub(super) fn not_a_sealed_completion(lapsed: &Record) -> Result<(), StoreError> {
+    #[cfg(feature = "encryption")]
+    if let Some(refused) = crate::encryption::sealed_claim(lapsed) {
+        return Err(refused);
+    }
+    let _ = lapsed;
+    Ok(())
+}
+
 /// A copy of `sealed`, for a completion tried again.
 pub(super) fn copy_of(sealed: &Sealed) -> Sealed {
     #[cfg(feature = "encryption")]
