@@ -16,6 +16,21 @@
 //! request) stands for `--scope` anywhere: the tool derives the scope as the
 //! HTTP layer does.
 //!
+//! Sealed responses (the engine's `encryption`): `inspect` shows the key id
+//! a sealed response names and its size; given the keys and the context
+//! the engine seals under, it opens it and shows what a retry gets back,
+//! or says plainly that it does not open (a record never replayed: forget
+//! it to let the key run again):
+//!
+//! ```text
+//! lambda-idempotency --table idempotency --raw-key 2026-11=/run/secrets/idem-2026-11 \
+//!     --encryption-context prod/idempotency inspect --scope … --key order-77
+//! ```
+//!
+//! A key is read from a file (32 bytes, or 64 hex digits), never given on
+//! the command line: a command line is visible to every user of the
+//! machine (`ps`) and kept in shell histories.
+//!
 //! The store is named by URL, as the reference functions name it
 //! (`IDEMPOTENCY_STORE_URL`): `dynamodb://<table>` (or `--table`),
 //! `postgres://…` and `postgresql://…` (the table `idempotency`, or
@@ -34,12 +49,13 @@ mod store_url;
 use clap::{Args, Parser, Subcommand};
 use lambda_idempotency::{
     default_key_prefix,
+    encryption::{self, Encryption, RawKeys, KEY_LEN},
     http::{decode_stored_response, default_scope, StoredBody as Body},
     store::{
         dynamodb::{AttributeNames, SingleTable},
         Record, Store,
     },
-    DynamoDbStore, Engine, Forgotten, StoreError,
+    DynamoDbStore, Engine, Forgotten, StoreError, StoreErrorKind,
 };
 use serde_json::{json, Value};
 use std::{path::PathBuf, process::ExitCode};
@@ -76,6 +92,22 @@ struct Cli {
     /// `idempotency:<AWS_LAMBDA_FUNCTION_NAME>`).
     #[arg(long)]
     prefix: Option<String>,
+    /// A raw key that opens sealed responses, as `<key id>=<file>`: the
+    /// file holds the 32-byte key, or 64 hex digits. Repeat it for every
+    /// key of a rotation (or separate them with commas in
+    /// IDEMPOTENCY_RAW_KEYS). Never the key itself: a command line is
+    /// visible to every user of the machine.
+    #[arg(
+        long = "raw-key",
+        value_name = "ID=FILE",
+        env = "IDEMPOTENCY_RAW_KEYS",
+        value_delimiter = ','
+    )]
+    raw_keys: Vec<String>,
+    /// The context the engine seals under (`Encryption::new`'s second
+    /// argument): a response sealed under another does not open.
+    #[arg(long, env = "IDEMPOTENCY_ENCRYPTION_CONTEXT")]
+    encryption_context: Option<String>,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -288,6 +320,7 @@ async fn open_other(cli: &Cli, url: &str) -> Result<ExitCode, String> {
 
 /// inspect, forget and list, on any store.
 async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
+    let keys = Keys::from_args(&cli.raw_keys, cli.encryption_context.as_deref())?;
     let engine = Engine::builder(store)
         .key_prefix(cli.prefix.clone().unwrap_or_else(default_key_prefix))
         .build();
@@ -300,10 +333,29 @@ async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
             let id = engine.record_id(&scope, &key.key);
             match record {
                 Some(record) => {
-                    print(cli.json, describe(&record, engine.now_ms()), || {
-                        text(&record, engine.now_ms())
+                    let opened = match &keys {
+                        Some(keys) => keys.open(&record).await,
+                        None => None,
+                    };
+                    let now_ms = engine.now_ms();
+                    let mut described = describe(&record, now_ms);
+                    if let (Some(opened), Some(response)) = (&opened, described.get_mut("response"))
+                    {
+                        opened.add_to(response);
+                    }
+                    print(cli.json, described, || {
+                        let mut line = text(&record, now_ms);
+                        if let Some(opened) = &opened {
+                            line.push_str(&opened.text());
+                        }
+                        line
                     });
-                    Ok(ExitCode::SUCCESS)
+                    // A record whose response does not open is there, and
+                    // is never replayed: its own exit code, for scripts.
+                    Ok(match opened {
+                        Some(Opened::Failed { .. }) => ExitCode::from(3),
+                        _ => ExitCode::SUCCESS,
+                    })
                 }
                 None => {
                     print(
@@ -361,6 +413,159 @@ async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
     }
 }
 
+/// The keys and context that open sealed responses, from `--raw-key` and
+/// `--encryption-context`.
+struct Keys {
+    encryption: Encryption,
+    ids: Vec<String>,
+}
+
+impl Keys {
+    /// `None` without `--raw-key`.
+    fn from_args(raw_keys: &[String], context: Option<&str>) -> Result<Option<Self>, String> {
+        if raw_keys.is_empty() {
+            return Ok(None);
+        }
+        let Some(context) = context else {
+            return Err(
+                "--raw-key needs --encryption-context: the context the engine seals \
+                        under (Encryption::new's second argument)"
+                    .into(),
+            );
+        };
+        let mut keys: Option<RawKeys> = None;
+        let mut ids = Vec::new();
+        for raw_key in raw_keys {
+            let (id, path) = raw_key.split_once('=').ok_or_else(|| {
+                format!("--raw-key {raw_key}: give <key id>=<file> (the file holds the key)")
+            })?;
+            let key = read_key(std::path::Path::new(path))?;
+            keys = Some(
+                match keys {
+                    None => RawKeys::new(id, &key),
+                    Some(keys) => keys.with_key(id, &key),
+                }
+                .map_err(|error| format!("--raw-key {id}: {error}"))?,
+            );
+            ids.push(id.to_owned());
+        }
+        let keys = keys.expect("at least one key");
+        Ok(Some(Self {
+            encryption: Encryption::new(keys, context).open_only(),
+            ids,
+        }))
+    }
+
+    /// The record's response opened, when it is sealed; `None` for a
+    /// record without a sealed response.
+    async fn open(&self, record: &Record) -> Option<Opened> {
+        let key_id = encryption::key_id_of(record.response.as_deref()?)?.to_owned();
+        Some(match self.encryption.open_response(record).await {
+            Ok(Some(plaintext)) => Opened::Open(plaintext),
+            Ok(None) => return None,
+            Err(error) => {
+                let reason = if error.kind() == StoreErrorKind::Unavailable {
+                    "unavailable"
+                } else if !self.ids.contains(&key_id) {
+                    "unknown_key"
+                } else {
+                    "unauthentic"
+                };
+                Opened::Failed {
+                    reason,
+                    key_id,
+                    message: error.to_string(),
+                }
+            }
+        })
+    }
+}
+
+/// A 32-byte key from `path`: the bytes themselves, or 64 hex digits.
+fn read_key(path: &std::path::Path) -> Result<[u8; KEY_LEN], String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Ok(key) = <[u8; KEY_LEN]>::try_from(bytes.as_slice()) {
+        return Ok(key);
+    }
+    let text = std::str::from_utf8(&bytes).unwrap_or_default().trim();
+    let digits: Option<Vec<u8>> = (0..text.len())
+        .step_by(2)
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        })
+        .collect();
+    digits
+        .and_then(|key| <[u8; KEY_LEN]>::try_from(key.as_slice()).ok())
+        .ok_or_else(|| {
+            format!(
+                "{}: a key file holds the {KEY_LEN}-byte key, or {} hex digits",
+                path.display(),
+                KEY_LEN * 2
+            )
+        })
+}
+
+/// What opening a sealed response gave.
+enum Opened {
+    /// Its plaintext: what a retry gets back.
+    Open(Vec<u8>),
+    /// Why it does not open: such a record is never replayed.
+    Failed {
+        reason: &'static str,
+        key_id: String,
+        message: String,
+    },
+}
+
+impl Opened {
+    /// Adds what opening gave to `response`, the record's `response` value.
+    fn add_to(&self, response: &mut Value) {
+        let Some(response) = response.as_object_mut() else {
+            return;
+        };
+        match self {
+            Opened::Open(plaintext) => {
+                response.insert("opened".into(), stored_response(plaintext));
+            }
+            Opened::Failed {
+                reason,
+                key_id,
+                message,
+            } => {
+                response.insert(
+                    "not_opened".into(),
+                    json!({ "reason": reason, "key_id": key_id, "message": message }),
+                );
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Opened::Open(plaintext) => format!(", opened: {}", stored_response(plaintext)),
+            Opened::Failed {
+                reason,
+                key_id,
+                message,
+            } => {
+                let why = match *reason {
+                    "unknown_key" => format!("no --raw-key is named {key_id}"),
+                    "unavailable" => "its key cannot be had for now".to_owned(),
+                    _ => "it fails authentication: changed in the store, copied from another \
+                          record or table, sealed under another --encryption-context, or \
+                          under another key of this id"
+                        .to_owned(),
+                };
+                format!(
+                    "\nDOES NOT OPEN ({reason}): {why}. The engine refuses it (never replayed, \
+                     never run again); `forget` deletes it so that the key runs again.\n({message})"
+                )
+            }
+        }
+    }
+}
+
 fn print(as_json: bool, value: Value, line: impl FnOnce() -> String) {
     if as_json {
         println!("{value}");
@@ -401,9 +606,9 @@ fn describe(record: &Record, now_ms: u64) -> Value {
 
 /// What a retry gets back: the response as the HTTP layer stored it, or a
 /// value stored as JSON by the engine, or (another codec) its size; or,
-/// sealed by the engine's encryption, the key it names and its size (this
-/// tool holds no keys: a record that fails to open is forgotten as any
-/// other).
+/// sealed by the engine's encryption, the key it names and its size (opened
+/// by `inspect` when given the keys; a record that fails to open is
+/// forgotten as any other).
 fn stored_response(bytes: &[u8]) -> Value {
     if let Some(key_id) = lambda_idempotency::encryption::key_id_of(bytes) {
         return json!({ "sealed": { "key_id": key_id, "bytes": bytes.len() } });

@@ -39,6 +39,8 @@ impl Tool {
             .env_remove("IDEMPOTENCY_STORE_URL")
             .env_remove("IDEMPOTENCY_TABLE")
             .env_remove("AWS_LAMBDA_FUNCTION_NAME")
+            .env_remove("IDEMPOTENCY_RAW_KEYS")
+            .env_remove("IDEMPOTENCY_ENCRYPTION_CONTEXT")
             .output()
             .expect("the tool runs")
     }
@@ -165,6 +167,7 @@ async fn an_operator_inspects_lists_forgets_and_purges_postgresql_records() {
         table.clone(),
     ]);
     inspect_list_forget(store.clone(), &tool).await;
+    sealed_records(store.clone(), &tool).await;
 
     // Three records that expired a day ago, beside the live ones.
     let clock = ManualClock::new(SystemClock.now_ms() - 2 * 86_400_000);
@@ -207,7 +210,8 @@ async fn an_operator_inspects_lists_and_forgets_redis_records() {
         "--redis-namespace".into(),
         namespace,
     ]);
-    inspect_list_forget(store, &tool).await;
+    inspect_list_forget(store.clone(), &tool).await;
+    sealed_records(store, &tool).await;
 
     let output = tool.run(&["purge-expired"]);
     assert_eq!(output.status.code(), Some(2));
@@ -392,4 +396,260 @@ async fn an_operator_finds_a_record_from_the_request_event() {
         String::from_utf8_lossy(&output.stderr).contains("not an API Gateway"),
         "{output:?}"
     );
+}
+
+/// Sealed responses (the engine's encryption) on DynamoDB: opened with the
+/// keys and the context, refused plainly when a byte was changed in the
+/// table, forgotten as any record.
+#[tokio::test]
+async fn an_operator_opens_sealed_records_and_forgets_one_that_does_not_open() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let store = DynamoDbStore::new(client.clone(), table.clone());
+    let tool = Tool(vec!["--table".into(), table.clone()]);
+    sealed_records(store.clone(), &tool).await;
+
+    // One byte of a sealed response changed in the table.
+    let engine = sealing_engine(store, SEALED_CONTEXT);
+    engine
+        .execute(
+            &Attempt::new("tenant-1", "tampered", Fingerprint::of_bytes(b"body")),
+            || async { Ok::<_, std::io::Error>(serde_json::json!({ "card": "4242424242424242" })) },
+        )
+        .await
+        .expect("completed");
+    let id = engine.record_id("tenant-1", "tampered");
+    let key =
+        std::collections::HashMap::from([("id".to_owned(), AttributeValue::S(id.as_str().into()))]);
+    let item = client
+        .get_item()
+        .table_name(&table)
+        .set_key(Some(key.clone()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+        .expect("the record");
+    let mut response = item["response"].as_b().expect("binary").as_ref().to_vec();
+    let last = response.len() - 1;
+    response[last] ^= 1;
+    client
+        .update_item()
+        .table_name(&table)
+        .set_key(Some(key))
+        .update_expression("SET #r = :r")
+        .expression_attribute_names("#r", "response")
+        .expression_attribute_values(":r", AttributeValue::B(response.into()))
+        .send()
+        .await
+        .expect("UpdateItem");
+    let files = KeyFiles::new();
+    let output = tool.run(&[
+        "--raw-key",
+        &files.raw("k1"),
+        "--encryption-context",
+        SEALED_CONTEXT,
+        "inspect",
+        "--scope",
+        "tenant-1",
+        "--key",
+        "tampered",
+    ]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("DOES NOT OPEN (unauthentic)"), "{stdout}");
+    assert!(stdout.contains("forget"), "says what to do: {stdout}");
+    assert!(!stdout.contains("4242"), "{stdout}");
+    let output = tool.run(&[
+        "forget", "--scope", "tenant-1", "--key", "tampered", "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(json(&output)["result"], "removed");
+}
+
+const SEALED_CONTEXT: &str = "cli-test/records";
+
+fn sealing_engine<St: Store>(store: St, context: &str) -> Engine<St> {
+    use lambda_idempotency::encryption::{Encryption, RawKeys};
+    let keys = RawKeys::new("k1", &[1; 32]).expect("key");
+    Engine::builder(store)
+        .key_prefix(PREFIX)
+        .encryption(Encryption::new(keys, context))
+        .build()
+}
+
+/// Key files of this test's own: `k1`'s key as raw bytes, another's as hex.
+struct KeyFiles(std::path::PathBuf);
+
+impl KeyFiles {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(support::unique_name("cli-keys"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("k1.key"), [1u8; 32]).expect("write");
+        std::fs::write(dir.join("k1.hex"), format!("{}\n", "01".repeat(32))).expect("write");
+        std::fs::write(dir.join("k2.hex"), "02".repeat(32)).expect("write");
+        std::fs::write(dir.join("short.key"), [1u8; 16]).expect("write");
+        Self(dir)
+    }
+
+    /// `<id>=<file>` of the raw `k1` key under `id`.
+    fn raw(&self, id: &str) -> String {
+        format!("{id}={}", self.0.join("k1.key").display())
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+}
+
+impl Drop for KeyFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A response sealed by the engine, through the tool: its key id without
+/// keys; opened with them (a raw key file and a hex one); not opened, and
+/// said so, under another context or without its key; the arguments'
+/// mistakes as messages; and forgotten as any record.
+async fn sealed_records<St: Store + Clone>(store: St, tool: &Tool) {
+    let engine = sealing_engine(store, SEALED_CONTEXT);
+    let attempt = Attempt::new("tenant-1", "sealed-1", Fingerprint::of_bytes(b"body"));
+    engine
+        .execute(&attempt, || async {
+            Ok::<_, std::io::Error>(serde_json::json!({ "card": "4242424242424242" }))
+        })
+        .await
+        .expect("completed");
+    let files = KeyFiles::new();
+    let inspect = |extra: &[&str]| {
+        let mut args: Vec<&str> = extra.to_vec();
+        args.extend([
+            "inspect", "--scope", "tenant-1", "--key", "sealed-1", "--json",
+        ]);
+        tool.run(&args)
+    };
+
+    // No keys: the key id and the size, nothing of the response.
+    let output = inspect(&[]);
+    assert!(output.status.success(), "{output:?}");
+    let record = json(&output);
+    assert_eq!(record["response"]["sealed"]["key_id"], "k1");
+    assert!(record["response"].get("opened").is_none());
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("4242"));
+
+    // The key (raw bytes, or hex with a newline) and the context: opened,
+    // as a retry gets it back.
+    for key in [files.raw("k1"), format!("k1={}", files.path("k1.hex"))] {
+        let output = inspect(&[
+            "--raw-key",
+            &key,
+            "--raw-key",
+            &format!("k2={}", files.path("k2.hex")),
+            "--encryption-context",
+            SEALED_CONTEXT,
+        ]);
+        assert!(output.status.success(), "{output:?}");
+        let record = json(&output);
+        assert_eq!(record["response"]["sealed"]["key_id"], "k1");
+        assert_eq!(
+            record["response"]["opened"]["json"]["card"], "4242424242424242",
+            "{record}"
+        );
+    }
+
+    // Another context (a record copied from another table), or no key of
+    // its id: never an opaque error, a record that does not open (exit 3).
+    for (args, reason) in [
+        (
+            vec![
+                "--raw-key".to_owned(),
+                files.raw("k1"),
+                "--encryption-context".into(),
+                "other".into(),
+            ],
+            "unauthentic",
+        ),
+        (
+            vec![
+                "--raw-key".to_owned(),
+                format!("k2={}", files.path("k2.hex")),
+                "--encryption-context".into(),
+                SEALED_CONTEXT.into(),
+            ],
+            "unknown_key",
+        ),
+        (
+            // Another key under k1's id.
+            vec![
+                "--raw-key".to_owned(),
+                format!("k1={}", files.path("k2.hex")),
+                "--encryption-context".into(),
+                SEALED_CONTEXT.into(),
+            ],
+            "unauthentic",
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = inspect(&args);
+        assert_eq!(output.status.code(), Some(3), "{args:?}: {output:?}");
+        let record = json(&output);
+        assert_eq!(
+            record["response"]["not_opened"]["reason"], reason,
+            "{record}"
+        );
+        assert_eq!(record["response"]["not_opened"]["key_id"], "k1", "{record}");
+        assert!(record["response"].get("opened").is_none());
+    }
+
+    // The arguments' mistakes: messages, exit 2.
+    for (args, says) in [
+        (
+            vec!["--raw-key".to_owned(), files.raw("k1")],
+            "--encryption-context",
+        ),
+        (
+            vec![
+                "--raw-key".to_owned(),
+                files.path("k1.key"),
+                "--encryption-context".into(),
+                "c".into(),
+            ],
+            "<key id>=<file>",
+        ),
+        (
+            vec![
+                "--raw-key".to_owned(),
+                format!("k1={}", files.path("short.key")),
+                "--encryption-context".into(),
+                "c".into(),
+            ],
+            "64 hex digits",
+        ),
+        (
+            vec![
+                "--raw-key".to_owned(),
+                format!("k1={}", files.path("missing")),
+                "--encryption-context".into(),
+                "c".into(),
+            ],
+            "missing",
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = inspect(&args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+
+    // Forgotten as any record: the next request runs.
+    let output = tool.run(&[
+        "forget", "--scope", "tenant-1", "--key", "sealed-1", "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(json(&output)["result"], "removed");
+    assert_eq!(inspect(&[]).status.code(), Some(1));
 }
