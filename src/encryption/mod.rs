@@ -97,8 +97,15 @@
 //! an unknown version or flag), and, with
 //! [`refuse_plaintext`](Encryption::refuse_plaintext), a plaintext
 //! response. An operator inspects it and forgets it (the CLI's `inspect`
-//! shows the key id it names; `forget` deletes it), and the next request
-//! with the key runs.
+//! shows the key id it names, and, given the key files and the context,
+//! opens it or says why it does not open; `forget` deletes it), and the
+//! next request with the key runs.
+//!
+//! A completed record turned back into a claim in the table (the status
+//! set to `IN_PROGRESS`, its sealed response left in place) is refused the
+//! same way once its lease has passed, rather than taken over: the
+//! protocol never writes a claim with a response. While its lease runs it
+//! is a claim in progress (a 409), as any.
 //!
 //! A key provider that cannot be reached (a KMS outage) is an outage
 //! ([`KeyErrorKind::Unavailable`]): a replay that needs its key is answered
@@ -147,11 +154,15 @@
 //! long as its plaintext plus 37 bytes, the key id and the wrapped key, unless
 //! it was deflated);
 //! the record id, fingerprint, key id and times, which stay in the clear;
-//! a writer who deletes a record, or moves its expiry earlier, or turns a
-//! completed record into a claim: the key is then free (or in progress)
-//! as if it had expired, and a retry may run the operation again, as it
-//! would after the retention; a plaintext record written by such a writer,
-//! unless plaintext is refused. Powertools' records, read in the
+//! a writer who deletes a record, or moves its expiry into the past, or
+//! turns a completed record into a claim and removes its response: the key
+//! is then free (or in progress) as if it had expired, and a retry may run
+//! the operation again, as it would after the retention; the same for a
+//! completed record turned into a lapsed claim, response kept, met by a
+//! single write ([`Engine::run_single_write`](crate::Engine::run_single_write)),
+//! whose commit replaces a lapsed claim in the store without the engine
+//! seeing it; a plaintext record written by such a writer, unless
+//! plaintext is refused. Powertools' records, read in the
 //! compatibility mode
 //! ([`powertools`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/powertools/index.html)), are
 //! Powertools' own plaintext and stay so: they are read, never sealed or

@@ -348,10 +348,11 @@ async fn a_response_copied_onto_another_payload_is_refused() {
 async fn a_changed_status_is_never_served() {
     // A completed record turned into another attempt's claim under a live
     // lease: never replayed (the response is not opened for a claim), never
-    // run while the lease stands, and left as it is. (A writer who turns it
-    // into a claim that lapses, or into a durable execution's own claim,
-    // frees the key as deleting the record would: outside what sealing can
-    // catch, as the module's threat model says.)
+    // run while the lease stands, and left as it is. (Once the lease has
+    // passed it is refused, not taken over: the next test. A writer who
+    // also removes the response, or turns it into a durable execution's own
+    // claim, frees the key as deleting the record would: outside what
+    // sealing can catch, as the module's threat model says.)
     for path in PATHS {
         let (store, clock) = setup();
         let key = format!("{path:?}");
