@@ -176,6 +176,9 @@
 
 mod envelope;
 mod keys;
+#[cfg(feature = "kms")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kms")))]
+pub mod kms;
 
 pub use envelope::key_id_of;
 pub(crate) use envelope::Binding;
@@ -183,6 +186,9 @@ pub use keys::{
     DataKey, KeyError, KeyErrorKind, KeyLookup, KeyProvider, RawKeys, KEY_LEN, MAX_KEY_ID_LEN,
     MAX_WRAPPED_LEN,
 };
+
+#[cfg(feature = "kms")]
+pub use kms::{KmsKeys, KmsKeysBuilder};
 
 use crate::{
     store::{Record, RecordId, Status},
