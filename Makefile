@@ -18,6 +18,7 @@ PYYAML_VERSION := 6.0.3
 SAM_CLI_VERSION := 1.170.0
 CARGO_FUZZ_VERSION := 0.13.2
 CARGO_MUTANTS_VERSION := 27.1.0
+MOTO_VERSION := 5.2.5
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := key_parse json_fingerprint record_decode stored_response http_event
 EVENT ?= events/http-api-create-charge.json
@@ -59,14 +60,14 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption,kms
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-durable
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
 	@# Every feature compiled alone, as a user who turns on only it does.
-	for features in "" dynamodb http lambda axum actix tonic consumers postgres sqlx-postgres sqlx-mysql redis redis-tls testing powertools encryption; do \
+	for features in "" dynamodb http lambda axum actix tonic consumers postgres sqlx-postgres sqlx-mysql redis redis-tls testing powertools encryption kms; do \
 	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
 	done
 	@# And the combinations the docs show: a Lambda consumer, a server on
@@ -77,7 +78,7 @@ lint:
 	@# The redis feature alone has no TLS, so no C code.
 	! $(CARGO) tree -p lambda-idempotency --no-default-features --features redis -e normal | grep aws-lc-sys
 	@# And the sets users pick: each store alone, a server, a Lambda consumer.
-	for features in "" powertools http tonic actix dynamodb postgres sqlx-postgres sqlx-mysql redis encryption dynamodb,http,axum lambda,dynamodb,consumers; do \
+	for features in "" powertools http tonic actix dynamodb postgres sqlx-postgres sqlx-mysql redis encryption kms dynamodb,http,axum lambda,dynamodb,consumers; do \
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
 	done
 
@@ -105,11 +106,11 @@ unit:
 
 ## Unit, integration, doc tests of every package (the simulator's bounded budget among them: tests/simulator,
 ## 10,000 seeded histories; the durable functions' durable/tests) and the stress test against a throwaway DynamoDB Local,
-## PostgreSQL and redis-server, and the examples. Powertools (Python, and
+## PostgreSQL, redis-server and moto's KMS (tests/kms.rs), and the examples. Powertools (Python, and
 ## TypeScript on Node) writes the records the compatibility test reads
 ## (tests/powertools/).
-integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
-	scripts/with-dynamodb-local scripts/with-postgres scripts/with-mysql scripts/with-redis bash -c 'python3 comparison/test_dynamodb_cost.py && $(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
+integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed $(TOOLS)/moto-$(MOTO_VERSION)/bin/moto_server
+	MOTO_VERSION=$(MOTO_VERSION) scripts/with-dynamodb-local scripts/with-postgres scripts/with-mysql scripts/with-redis scripts/with-moto bash -c 'python3 comparison/test_dynamodb_cost.py && $(CARGO) test --all-targets && $(CARGO) test --test stress --test stress_consumers -- --nocapture'
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover
@@ -323,6 +324,12 @@ bench-postgres:
 ## release (BENCH_REQUESTS, default 2000; see BENCHMARKS.md).
 bench-powertools:
 	scripts/with-dynamodb-local $(CARGO) test --release --test powertools_compat powertools_mode_latency -- --ignored --nocapture
+
+# moto's server (KMS over HTTP, for tests/kms.rs): scripts/with-moto starts it.
+$(TOOLS)/moto-$(MOTO_VERSION)/bin/moto_server:
+	rm -rf $(TOOLS)/moto-$(MOTO_VERSION)
+	python3 -m venv $(TOOLS)/moto-$(MOTO_VERSION)
+	$(TOOLS)/moto-$(MOTO_VERSION)/bin/pip install --quiet --disable-pip-version-check "moto[server]==$(MOTO_VERSION)"
 
 $(TOOLS)/bench-py/.installed:
 	python3 -m venv $(TOOLS)/bench-py
