@@ -123,6 +123,22 @@
 //! wrapped form, which every envelope stores, and its opening key unwraps
 //! it.
 //!
+//! # AWS KMS
+//!
+//! With the `kms` feature,
+//! [`KmsKeys`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/encryption/kms/struct.KmsKeys.html)
+//! seals with data keys from `GenerateDataKey`, each reused within the
+//! bounds you set (`max_records`, `max_age`: 10,000 and 5 minutes by
+//! default) and fetched once by concurrent requests, and opens with
+//! `Decrypt`, cached per data key. Every call carries the encryption
+//! context `{"lambda-idempotency": <context>}`, and only the configured KMS
+//! keys are asked to open. When KMS cannot be reached, a claim is
+//! unaffected, a completion without a cached data key is not stored, and a
+//! replay without its key is an outage (503), never a run. The
+//! [`kms`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/encryption/kms/index.html)
+//! module docs have the error mapping, rotation, and the calls a million
+//! requests make.
+//!
 //! # Turning it on and off on a live table
 //!
 //! - **On**: records already in the table are plaintext and keep replaying
