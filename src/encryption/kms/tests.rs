@@ -104,6 +104,12 @@ fn http_answer(
     }
 }
 
+/// What a case is, the error KMS answers, and the kind it maps to.
+type ErrorCase<E> = (&'static str, fn() -> E, KeyErrorKind);
+
+/// What a case is, and the answer KMS gives.
+type Answer<O> = (&'static str, fn() -> O);
+
 async fn seal_kind(rules: &[&Rule]) -> KeyErrorKind {
     keys(rules)
         .sealing_key()
@@ -125,7 +131,7 @@ async fn open_kind(rules: &[&Rule]) -> KeyErrorKind {
 #[tokio::test]
 async fn every_kms_error_of_generate_data_key_maps_to_its_kind() {
     use KeyErrorKind::*;
-    let cases: [(&str, fn() -> GenerateDataKeyError, KeyErrorKind); 8] = [
+    let cases: [ErrorCase<GenerateDataKeyError>; 8] = [
         (
             "internal",
             || GenerateDataKeyError::KmsInternalException(KmsInternalException::builder().build()),
@@ -191,7 +197,7 @@ async fn every_kms_error_of_generate_data_key_maps_to_its_kind() {
 #[tokio::test]
 async fn every_kms_error_of_decrypt_maps_to_its_kind() {
     use KeyErrorKind::*;
-    let cases: [(&str, fn() -> DecryptError, KeyErrorKind); 10] = [
+    let cases: [ErrorCase<DecryptError>; 10] = [
         (
             "internal",
             || DecryptError::KmsInternalException(KmsInternalException::builder().build()),
@@ -370,7 +376,7 @@ async fn no_connection_and_timeouts_are_an_outage_and_no_credentials_is_not() {
 /// Answers that do not make a data key: refused, never a panic.
 #[tokio::test]
 async fn answers_that_do_not_make_a_key_are_refused() {
-    let cases: [(&str, fn() -> GenerateDataKeyOutput); 4] = [
+    let cases: [Answer<GenerateDataKeyOutput>; 4] = [
         ("no plaintext", || {
             GenerateDataKeyOutput::builder()
                 .key_id(KEY)
@@ -402,7 +408,7 @@ async fn answers_that_do_not_make_a_key_are_refused() {
         let rule = mock!(Client::generate_data_key).then_output(output);
         assert_eq!(seal_kind(&[&rule]).await, KeyErrorKind::Invalid, "{what}");
     }
-    let cases: [(&str, fn() -> DecryptOutput); 3] = [
+    let cases: [Answer<DecryptOutput>; 3] = [
         ("no plaintext", || {
             DecryptOutput::builder().key_id(KEY).build()
         }),
