@@ -244,3 +244,43 @@ impl<St: Store> Engine<St> {
         &self.inner.local_runs
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{engine::claim_handle::ClaimHandle, store::OwnerToken, Fingerprint};
+
+    fn claim(owner: &str) -> Claim {
+        Claim {
+            id: RecordId::from_stored("p#k"),
+            owner: OwnerToken::from_stored(owner),
+            fingerprint: Fingerprint::from_stored("f"),
+            now_ms: 1_000,
+            lease_until_ms: 61_000,
+            expiration_s: 86_400,
+            attempt: 1,
+            first_started_ms: 1_000,
+        }
+    }
+
+    /// `make mutants` (the owner guard of `completed`): a completion under
+    /// another owner's claim is not the registered run's, and the
+    /// duplicates waiting on that run never get it as its outcome.
+    #[tokio::test]
+    async fn a_completion_under_another_owner_is_not_the_waited_runs() {
+        let runs = LocalRuns::default();
+        let ours = claim("ours");
+        let running = runs.start(&ours, &ClaimHandle::unprotected(None));
+        let run = runs.get(&ours.id).expect("registered");
+        // Waiting on the run, through the registry the completion reads.
+        let (ended, ()) = tokio::join!(run.wait(&runs, Duration::from_secs(5)), async {
+            tokio::task::yield_now().await;
+            runs.completed(&claim("theirs"), b"not ours", 86_400, 2_000);
+            drop(running);
+        });
+        assert!(
+            matches!(ended, Some(Ended::Other)),
+            "the run ended without completing"
+        );
+    }
+}

@@ -2262,3 +2262,28 @@ async fn a_refused_write_the_application_answers_is_stored_under_its_claim() {
     assert!(replay.is_replay());
     assert_eq!(*replay.value(), 409);
 }
+
+/// `make mutants` (split.rs: the expiry arithmetic): a durable execution's
+/// claim whose lease outlives the retention keeps its record until the
+/// second after its lease ends, exactly: not a second less (it would be
+/// absent, and taken, while its owner still holds it), nor the retention.
+#[tokio::test]
+async fn a_split_claim_longer_than_the_retention_outlives_its_lease_by_a_second() {
+    use crate::split::{self, SplitAttempt, SplitClaim};
+    let (engine, store, clock) = setup_retaining(Duration::from_secs(3600));
+    let execution = SplitAttempt::new(
+        "s",
+        "long",
+        fingerprint(1),
+        crate::store::OwnerToken::from_stored("execution-1"),
+        Duration::from_secs(48 * 3600),
+    );
+    let claimed = split::claim::<_, u8>(&engine, &execution, &Json).await;
+    assert!(matches!(claimed, Ok(SplitClaim::Ours)), "{claimed:?}");
+    let record = store
+        .record(&engine.record_id("s", "long"))
+        .expect("claimed");
+    let lease_until_ms = clock.now_ms() + 48 * 3600 * 1000;
+    assert_eq!(record.lease_until_ms, Some(lease_until_ms));
+    assert_eq!(record.expiration_s, lease_until_ms / 1000 + 1);
+}
