@@ -60,14 +60,14 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption,kms
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption,kms,metrics
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-durable
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
 	@# Every feature compiled alone, as a user who turns on only it does.
-	for features in "" dynamodb http lambda axum actix tonic consumers postgres sqlx-postgres sqlx-mysql redis redis-tls testing powertools encryption kms; do \
+	for features in "" dynamodb http lambda axum actix tonic consumers postgres sqlx-postgres sqlx-mysql redis redis-tls testing powertools encryption kms metrics; do \
 	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
 	done
 	@# And the combinations the docs show: a Lambda consumer, a server on
@@ -78,7 +78,7 @@ lint:
 	@# The redis feature alone has no TLS, so no C code.
 	! $(CARGO) tree -p lambda-idempotency --no-default-features --features redis -e normal | grep aws-lc-sys
 	@# And the sets users pick: each store alone, a server, a Lambda consumer.
-	for features in "" powertools http tonic actix dynamodb postgres sqlx-postgres sqlx-mysql redis encryption kms dynamodb,http,axum lambda,dynamodb,consumers; do \
+	for features in "" powertools http tonic actix dynamodb postgres sqlx-postgres sqlx-mysql redis encryption kms metrics dynamodb,http,axum lambda,dynamodb,consumers; do \
 	  RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --no-default-features --features "$$features" || exit 1; \
 	done
 

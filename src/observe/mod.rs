@@ -36,6 +36,14 @@
 //! events carry no key and no record id, so that what an exporter makes of
 //! them has a bounded set of label values.
 
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+mod metrics;
+#[cfg(feature = "metrics")]
+pub use metrics::{
+    Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, REQUEST_DURATION, TAKEOVERS,
+};
+
 use crate::{ErrorKind, OutcomeKind};
 use std::{fmt, sync::Arc, time::Duration};
 

@@ -1,0 +1,82 @@
+//! The engine's events as metrics, through the
+//! [`metrics`](https://docs.rs/metrics) facade: whichever recorder the
+//! application installed (`metrics-exporter-prometheus`, StatsD, an
+//! OpenTelemetry bridge) exports them.
+
+use super::{Event, Observer};
+
+/// Every answer, by port and outcome: a counter.
+pub const REQUESTS: &str = "idempotency_requests_total";
+/// How long each answer took, by port and outcome: a histogram, in seconds.
+pub const REQUEST_DURATION: &str = "idempotency_request_duration_seconds";
+/// How old the claims found in progress were: a histogram, in seconds
+/// (the seeds' pending-key age).
+pub const PENDING_KEY_AGE: &str = "idempotency_pending_key_age_seconds";
+/// Lapsed claims taken over, by the new claim's attempt number (`2` to
+/// `5`, then `6+`): a counter (with the answers `in_progress`, the seeds'
+/// pending time-outs).
+pub const TAKEOVERS: &str = "idempotency_takeovers_total";
+/// Conflicting claims tried again: a counter.
+pub const CONFLICTS_RETRIED: &str = "idempotency_conflicts_retried_total";
+
+/// Reports the engine's events to the `metrics` facade (feature
+/// `metrics`). Add it with [`EngineBuilder::observer`](crate::EngineBuilder::observer)
+/// and install a recorder, such as `metrics-exporter-prometheus`'s:
+///
+/// | metric | kind | labels |
+/// |---|---|---|
+/// | `idempotency_requests_total` | counter | `port`, `outcome` |
+/// | `idempotency_request_duration_seconds` | histogram | `port`, `outcome` |
+/// | `idempotency_pending_key_age_seconds` | histogram | none |
+/// | `idempotency_takeovers_total` | counter | `attempt` (`2` to `5`, `6+`) |
+/// | `idempotency_conflicts_retried_total` | counter | none |
+///
+/// `port` is one of [`Port`](super::Port)'s names (`engine`, `http`,
+/// `grpc`, `event`, `batch`, `durable`, or your adapter's own), `outcome`
+/// one of [`OutcomeKind`](crate::OutcomeKind)'s or
+/// [`ErrorKind`](crate::ErrorKind)'s (`fresh`, `replay`, `cached_replay`,
+/// `in_progress`, `key_reused`, `store_unavailable`, `operation_error`,
+/// …): a few values each, never a key or a record id. The dedup rate is
+/// `sum(rate(idempotency_requests_total{outcome=~"replay|cached_replay"}[5m]))
+/// / sum(rate(idempotency_requests_total[5m]))`.
+///
+/// ```
+/// use lambda_idempotency::{observe::Metrics, Engine, MemoryStore};
+///
+/// let engine = Engine::builder(MemoryStore::new()).observer(Metrics).build();
+/// # let _ = engine;
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Metrics;
+
+impl Observer for Metrics {
+    fn observe(&self, event: &Event) {
+        match *event {
+            Event::Answered {
+                port,
+                answer,
+                elapsed,
+            } => {
+                let labels = [("port", port.as_str()), ("outcome", answer.as_str())];
+                ::metrics::counter!(REQUESTS, &labels).increment(1);
+                ::metrics::histogram!(REQUEST_DURATION, &labels).record(elapsed.as_secs_f64());
+            }
+            Event::FoundInProgress { age } => {
+                ::metrics::histogram!(PENDING_KEY_AGE).record(age.as_secs_f64());
+            }
+            Event::TookOver { attempt } => {
+                let attempt = match attempt {
+                    0..=2 => "2",
+                    3 => "3",
+                    4 => "4",
+                    5 => "5",
+                    _ => "6+",
+                };
+                ::metrics::counter!(TAKEOVERS, "attempt" => attempt).increment(1);
+            }
+            Event::ConflictRetried => {
+                ::metrics::counter!(CONFLICTS_RETRIED).increment(1);
+            }
+        }
+    }
+}
