@@ -30,7 +30,9 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prometheus = PrometheusBuilder::new().install_recorder()?;
-    let engine = Engine::builder(MemoryStore::new()).observer(Metrics).build();
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(Metrics)
+        .build();
     let charges = Router::new()
         .route("/v1/charges", post(|| async { "{\"id\":\"ch_1\"}" }))
         // A single-tenant service: every caller shares the records.

@@ -25,7 +25,9 @@ async fn prometheus_renders_what_each_port_answered() {
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .expect("the only recorder of this test binary");
-    let engine = Engine::builder(MemoryStore::new()).observer(Metrics).build();
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(Metrics)
+        .build();
 
     let attempt = Attempt::new("charges", "k1", Fingerprint::of_bytes(b"{}"));
     for _ in 0..3 {
@@ -35,9 +37,7 @@ async fn prometheus_renders_what_each_port_answered() {
             .unwrap();
     }
     let reused = Attempt::new("charges", "k1", Fingerprint::of_bytes(b"other"));
-    let _ = engine
-        .execute(&reused, || async { Ok::<_, ()>(1) })
-        .await;
+    let _ = engine.execute(&reused, || async { Ok::<_, ()>(1) }).await;
 
     let app = Router::new()
         .route("/v1/charges", post(|| async { "ch_1" }))
