@@ -68,14 +68,7 @@ impl<E> Error<E> {
         match self {
             Error::InProgress { .. } => ErrorKind::InProgress,
             Error::KeyReused => ErrorKind::KeyReused,
-            Error::Store(e) if e.kind() == StoreErrorKind::CorruptRecord => {
-                ErrorKind::CorruptRecord
-            }
-            Error::Store(e) if e.kind() == StoreErrorKind::Unauthentic => {
-                ErrorKind::UnauthenticRecord
-            }
-            Error::Store(e) if e.kind().is_transient() => ErrorKind::StoreUnavailable,
-            Error::Store(_) => ErrorKind::StoreFailed,
+            Error::Store(e) => ErrorKind::of_store(e.kind()),
             Error::LeaseLost => ErrorKind::LeaseLost,
             Error::WritesNotCommitted(_) => ErrorKind::WritesNotCommitted,
             Error::TimeLimitExceeded { .. } => ErrorKind::TimeLimitExceeded,
@@ -194,6 +187,16 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kind of an [`Error::Store`] whose store error is of `kind`.
+    pub(crate) fn of_store(kind: StoreErrorKind) -> Self {
+        match kind {
+            StoreErrorKind::CorruptRecord => ErrorKind::CorruptRecord,
+            StoreErrorKind::Unauthentic => ErrorKind::UnauthenticRecord,
+            kind if kind.is_transient() => ErrorKind::StoreUnavailable,
+            _ => ErrorKind::StoreFailed,
+        }
+    }
+
     /// A stable snake_case name, for log fields and metric dimensions.
     pub fn as_str(self) -> &'static str {
         match self {

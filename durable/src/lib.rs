@@ -542,7 +542,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
                 let attempt = Attempt::new(STEP_SCOPE, &key, fingerprint)
                     .fail_closed()
                     .keep_claim_on_panic()
-                    .port(lambda_idempotency::observe::Port::Durable);
+                    .port(lambda_idempotency::observe::Port::DurableStep);
                 let attempt = match invocation_deadline(deadline_ms) {
                     Some(deadline_ms) => attempt.deadline_ms(deadline_ms),
                     None => attempt,

@@ -155,3 +155,48 @@ async fn an_engine_without_observers_reports_nothing_and_one_with_two_tells_both
     };
     assert!(elapsed < Duration::from_secs(60));
 }
+
+/// A durable execution's answers ([`crate::split`]): none at its own
+/// claim, its completion's when it completes (a later invocation), and a
+/// replay's or a refusal's at a claim that finds the record.
+#[tokio::test]
+async fn a_split_execution_is_answered_through_the_durable_port_when_it_completes() {
+    use crate::split::{self, SplitAttempt, SplitClaim};
+    let (engine, observer, _) = observed();
+    let execution = |owner: &str, payload: u8| {
+        SplitAttempt::new(
+            "s",
+            "x",
+            Fingerprint::of_bytes(&[payload]),
+            crate::store::OwnerToken::from_stored(owner),
+            Duration::from_secs(60),
+        )
+    };
+    let first = execution("execution-1", 1);
+    let claimed = split::claim::<_, u8>(&engine, &first, &Json).await;
+    assert!(matches!(claimed, Ok(SplitClaim::Ours)), "{claimed:?}");
+    assert!(
+        observer.answers().is_empty(),
+        "its own claim is no answer yet"
+    );
+    let completed = split::complete(&engine, &first, b"7".to_vec()).await;
+    assert!(
+        matches!(completed, Ok(crate::OutcomeKind::Fresh)),
+        "{completed:?}"
+    );
+    let replayed = split::claim::<_, u8>(&engine, &execution("execution-2", 1), &Json).await;
+    assert!(
+        matches!(replayed, Ok(SplitClaim::Replay(7))),
+        "{replayed:?}"
+    );
+    let reused = split::claim::<_, u8>(&engine, &execution("execution-3", 2), &Json).await;
+    assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+    assert_eq!(
+        observer.answers(),
+        [
+            ("durable", "fresh"),
+            ("durable", "replay"),
+            ("durable", "key_reused")
+        ]
+    );
+}

@@ -18,6 +18,7 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
+    observe::{Answer, Event, Port},
     split::{SplitAttempt, SplitClaim},
     store::{Claim, Completion, Store},
     Attempt, Error, StoreError,
@@ -32,6 +33,33 @@ impl<St: Store> Engine<St> {
     /// another execution is [`Error::InProgress`]; a claim answered after
     /// its lease passed is given back, [`Error::LeaseLost`].
     pub(crate) async fn claim_split<T>(
+        &self,
+        attempt: &SplitAttempt,
+        codec: &impl Codec<T>,
+    ) -> Result<SplitClaim<T>, Error<Infallible>> {
+        let started = self.observed_start();
+        let claimed = self.claim_split_unreported(attempt, codec).await;
+        // The execution's answer, unless the key is its own: then it is
+        // answered when it completes.
+        if let Some(started) = started {
+            let answer = match &claimed {
+                Ok(SplitClaim::Ours) => None,
+                Ok(SplitClaim::Replay(_)) => Some(Answer::Outcome(OutcomeKind::Replay)),
+                Ok(SplitClaim::Disabled) => Some(Answer::Outcome(OutcomeKind::Disabled)),
+                Err(error) => Some(Answer::Error(error.kind())),
+            };
+            if let Some(answer) = answer {
+                self.observe(|| Event::Answered {
+                    port: Port::Durable,
+                    answer,
+                    elapsed: started.elapsed(),
+                });
+            }
+        }
+        claimed
+    }
+
+    async fn claim_split_unreported<T>(
         &self,
         attempt: &SplitAttempt,
         codec: &impl Codec<T>,
@@ -76,6 +104,27 @@ impl<St: Store> Engine<St> {
     /// [`OutcomeKind::LeaseLost`]; a store failure is returned, for the
     /// durable step to try again.
     pub(crate) async fn complete_split(
+        &self,
+        attempt: &SplitAttempt,
+        response: Vec<u8>,
+    ) -> Result<OutcomeKind, StoreError> {
+        let started = self.observed_start();
+        let completed = self.complete_split_unreported(attempt, response).await;
+        if let Some(started) = started {
+            let answer = match &completed {
+                Ok(kind) => Answer::Outcome(*kind),
+                Err(error) => Answer::Error(crate::ErrorKind::of_store(error.kind())),
+            };
+            self.observe(|| Event::Answered {
+                port: Port::Durable,
+                answer,
+                elapsed: started.elapsed(),
+            });
+        }
+        completed
+    }
+
+    async fn complete_split_unreported(
         &self,
         attempt: &SplitAttempt,
         response: Vec<u8>,

@@ -133,8 +133,12 @@ pub enum Port {
     /// The consumers' batches: one record of a queue's, stream's or
     /// broker's batch.
     Batch,
-    /// A durable function's steps.
+    /// A durable execution ([`split`](crate::split)), claimed in one
+    /// invocation and answered when it completes in a later one (its
+    /// `elapsed`: the answering call's own time).
     Durable,
+    /// A durable function's step (the durable crate's `idempotent_step`).
+    DurableStep,
     /// An adapter of your own, by a name of its own (keep it one of a few).
     Other(&'static str),
 }
@@ -149,6 +153,7 @@ impl Port {
             Port::Event => "event",
             Port::Batch => "batch",
             Port::Durable => "durable",
+            Port::DurableStep => "durable_step",
             Port::Other(name) => name,
         }
     }
