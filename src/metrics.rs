@@ -58,20 +58,79 @@ impl EmfMetrics {
     /// One count of `metric` with `dimension` = `value`.
     #[cfg_attr(not(any(feature = "http", feature = "consumers")), allow(dead_code))]
     pub(crate) fn count(&self, metric: &str, dimension: &str, value: &str) {
+        self.emit(&[(dimension, value)], &[(metric, "Count", 1.into())]);
+    }
+
+    /// One line: each metric (name, unit, value) under one dimension set.
+    fn emit(&self, dimensions: &[(&str, &str)], metrics: &[(&str, &str, serde_json::Value)]) {
         let timestamp = crate::clock::epoch_ms(SystemTime::now());
-        let line = serde_json::json!({
+        let names: Vec<&str> = dimensions.iter().map(|(name, _)| *name).collect();
+        let declared: Vec<serde_json::Value> = metrics
+            .iter()
+            .map(|(name, unit, _)| serde_json::json!({ "Name": name, "Unit": unit }))
+            .collect();
+        let mut line = serde_json::json!({
             "_aws": {
                 "Timestamp": timestamp,
                 "CloudWatchMetrics": [{
                     "Namespace": self.namespace,
-                    "Dimensions": [[dimension]],
-                    "Metrics": [{ "Name": metric, "Unit": "Count" }],
+                    "Dimensions": [names],
+                    "Metrics": declared,
                 }],
             },
-            dimension: value,
-            metric: 1,
         });
+        for (name, value) in dimensions {
+            line[*name] = serde_json::Value::from(*value);
+        }
+        for (name, _, value) in metrics {
+            line[*name] = value.clone();
+        }
         (self.writer)(&line.to_string());
+    }
+}
+
+/// The engine's events in CloudWatch, from every port: `IdempotencyAnswers`
+/// (a count) and `IdempotencyAnswerTime` (milliseconds) by `Port` and
+/// `Outcome`, `PendingKeyAge` (milliseconds, the age of claims found in
+/// progress), `Takeovers` by `Attempt` (`2` to `5`, `6+`), and
+/// `ConflictsRetried`. Add it with
+/// [`EngineBuilder::observer`](crate::EngineBuilder::observer); the HTTP
+/// layer's own `IdempotentRequests` (its [`metrics`](crate::EmfMetrics)
+/// setting) counts its answers besides, with the answers the layer gives
+/// without the engine (a missing key, a body too large, overload).
+impl crate::observe::Observer for EmfMetrics {
+    fn observe(&self, event: &crate::observe::Event) {
+        use crate::observe::Event;
+        match *event {
+            Event::Answered {
+                port,
+                answer,
+                elapsed,
+            } => self.emit(
+                &[("Port", port.as_str()), ("Outcome", answer.as_str())],
+                &[
+                    ("IdempotencyAnswers", "Count", 1.into()),
+                    (
+                        "IdempotencyAnswerTime",
+                        "Milliseconds",
+                        (elapsed.as_secs_f64() * 1000.0).into(),
+                    ),
+                ],
+            ),
+            Event::FoundInProgress { age } => self.emit(
+                &[],
+                &[(
+                    "PendingKeyAge",
+                    "Milliseconds",
+                    (age.as_secs_f64() * 1000.0).into(),
+                )],
+            ),
+            Event::TookOver { attempt } => {
+                let attempt = crate::observe::attempt_label(attempt);
+                self.emit(&[("Attempt", attempt)], &[("Takeovers", "Count", 1.into())]);
+            }
+            Event::ConflictRetried => self.emit(&[], &[("ConflictsRetried", "Count", 1.into())]),
+        }
     }
 }
 
@@ -80,5 +139,51 @@ impl fmt::Debug for EmfMetrics {
         f.debug_struct("EmfMetrics")
             .field("namespace", &self.namespace)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Attempt, Engine, Fingerprint, MemoryStore};
+    use std::sync::Mutex;
+
+    /// Each answer is one EMF line whose declared dimensions and metrics
+    /// are all there, in the namespace given: what CloudWatch needs to
+    /// make metrics of it.
+    #[tokio::test]
+    async fn the_engine_s_answers_are_emf_lines_cloudwatch_can_read() {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let written = Arc::clone(&lines);
+        let emf = EmfMetrics::new("Payments")
+            .with_writer(move |line| written.lock().unwrap().push(line.to_owned()));
+        let engine = Engine::builder(MemoryStore::new()).observer(emf).build();
+        let attempt = Attempt::new("charges", "k1", Fingerprint::of_bytes(b"{}"));
+        for _ in 0..2 {
+            engine
+                .execute(&attempt, || async { Ok::<_, ()>(1) })
+                .await
+                .unwrap();
+        }
+        let lines = lines.lock().unwrap();
+        assert_eq!(lines.len(), 2);
+        let outcomes: Vec<String> = lines
+            .iter()
+            .map(|line| {
+                let line: serde_json::Value = serde_json::from_str(line).unwrap();
+                let declared = &line["_aws"]["CloudWatchMetrics"][0];
+                assert_eq!(declared["Namespace"], "Payments");
+                for dimension in declared["Dimensions"][0].as_array().unwrap() {
+                    assert!(line[dimension.as_str().unwrap()].is_string(), "{line}");
+                }
+                for metric in declared["Metrics"].as_array().unwrap() {
+                    assert!(line[metric["Name"].as_str().unwrap()].is_number(), "{line}");
+                }
+                assert_eq!(line["Port"], "engine");
+                assert_eq!(line["IdempotencyAnswers"], 1);
+                line["Outcome"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(outcomes, ["fresh", "replay"]);
     }
 }

@@ -65,13 +65,7 @@ impl Observer for Metrics {
                 ::metrics::histogram!(PENDING_KEY_AGE).record(age.as_secs_f64());
             }
             Event::TookOver { attempt } => {
-                let attempt = match attempt {
-                    0..=2 => "2",
-                    3 => "3",
-                    4 => "4",
-                    5 => "5",
-                    _ => "6+",
-                };
+                let attempt = super::attempt_label(attempt);
                 ::metrics::counter!(TAKEOVERS, "attempt" => attempt).increment(1);
             }
             Event::ConflictRetried => {

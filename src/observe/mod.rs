@@ -159,6 +159,18 @@ impl Port {
     }
 }
 
+/// The label of a takeover's attempt number: `2` to `5`, then `6+`, so
+/// that a key taken over again and again adds no label value.
+pub(crate) fn attempt_label(attempt: u32) -> &'static str {
+    match attempt {
+        0..=2 => "2",
+        3 => "3",
+        4 => "4",
+        5 => "5",
+        _ => "6+",
+    }
+}
+
 /// The engine's observers: none (the default) costs a branch an event.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Observers(Vec<Arc<dyn Observer>>);
