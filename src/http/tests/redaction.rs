@@ -275,3 +275,104 @@ async fn an_encrypted_record_holds_the_redacted_response() {
     assert!(json(&replay).get("client_secret").is_none());
     assert_eq!(json(&replay)["id"], "ch_1");
 }
+
+/// Outside review: `redact`'s docs say the record holds "what the hook
+/// left" of the response (its status, headers and body), and its own
+/// example removes a header. A response that passes through unread (a
+/// `text/event-stream`, a `StreamResponse`) or that is longer than a record
+/// holds and streams on (a hyper/axum body whose size hint is past the
+/// limit; a gRPC server-streaming call) is recorded as its head only, and
+/// that head is written from the original response
+/// (`recording.rs::passed_through`, `teed_record.rs`): the hook never runs,
+/// so a header it removes is stored. Here: `text/event-stream`. For gRPC, where every metadata entry but cookies is stored, this
+/// needs no `stored_headers` setting at all (a server-streaming call).
+#[tokio::test]
+#[ignore = "finding: head-only records (streams, too large) bypass the redact hook: a header it removes is stored"]
+async fn a_streamed_or_too_large_response_s_head_goes_through_the_hook_too() {
+    const URL: &str = "https://dl.example/once?sig=s3cr3t_sig";
+    let download = HeaderName::from_static("x-download-url");
+    let mut rng = fastrand::Rng::with_seed(7);
+    let noise: Vec<u8> = std::iter::repeat_with(|| rng.u8(..))
+        .take(64 * 1024)
+        .collect();
+    for (name, content_type, body) in [
+        (
+            "a server-sent event stream",
+            "text/event-stream",
+            Body::from("data: 1\n\n"),
+        ),
+        // A lambda_http body too large to store is read whole and goes
+        // through the hook (that held); an axum body whose size hint is
+        // past the limit streams on, as here.
+        (
+            "a body too large to store",
+            "application/octet-stream",
+            Body::Binary(noise),
+        ),
+    ] {
+        let store = MemoryStore::new();
+        let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+            .shared_scope()
+            .stored_headers([header::LOCATION, download.clone()])
+            .max_stored_response(8 * 1024)
+            .redact(|response| {
+                response.headers_mut().remove("x-download-url");
+                Ok(())
+            })
+            .layer(service_fn(move |_: Request| {
+                let body = body.clone();
+                async move {
+                    Ok::<_, BoxError>(
+                        Response::builder()
+                            .status(StatusCode::CREATED)
+                            .header(header::CONTENT_TYPE, content_type)
+                            .header(header::LOCATION, "/v1/exports/e_1")
+                            .header("x-download-url", URL)
+                            .body(body)?,
+                    )
+                }
+            }));
+        let first = send(&mut service, post(Some("k1"), "{}")).await;
+        assert_eq!(first.headers()["x-download-url"], URL, "{name}");
+        never_stored(&store, "s3cr3t_sig");
+        let replay = send(&mut service, post(Some("k1"), "{}")).await;
+        assert!(replay.headers().get("x-download-url").is_none(), "{name}");
+    }
+}
+
+/// Outside review: `redact_json` says the stored body is "the JSON written
+/// again, compact (its whitespace and the order of its members may
+/// differ)". It does not say numbers change, but they do: the body is read
+/// into a `serde_json::Value` without `arbitrary_precision`, so an integer
+/// past `u64`/`i64` (an amount in minor units of a high-precision ledger, a
+/// 128-bit id written as a number) becomes an `f64` and every retry is
+/// told a different value for a field nobody asked to redact.
+#[tokio::test]
+#[ignore = "finding: redact_json rewrites integers beyond 64 bits as rounded floats in every replay"]
+async fn redact_json_keeps_the_numbers_it_does_not_name() {
+    let store = MemoryStore::new();
+    let body = r#"{"id":"ch_1","client_secret":"s","amount":18446744073709551617,"ledger":-9223372036854775809}"#;
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
+        .redact_json(redaction())
+        .layer(service_fn(move |_: Request| async move {
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(StatusCode::CREATED)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body))?,
+            )
+        }));
+    let first = send(&mut service, post(Some("k1"), "{}")).await;
+    assert_eq!(text(&first), body);
+    let replay = send(&mut service, post(Some("k1"), "{}")).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    // Member order may change (documented); the numbers' values may not.
+    for number in ["18446744073709551617", "-9223372036854775809"] {
+        assert!(
+            text(&replay).contains(number),
+            "{number} replayed as {}",
+            text(&replay)
+        );
+    }
+}
