@@ -584,3 +584,93 @@ async fn a_server_stream_that_panics_part_way_fails_for_the_client_and_is_not_st
 async fn a_server_stream_that_fails_part_way_fails_for_the_client_and_its_status_decides() {
     a_broken_server_stream("error").await;
 }
+
+/// Outside review, surface held: `withhold_bodies` on a gRPC service. The
+/// first call gets its message; the retry gets `ALREADY_EXISTS` with the
+/// SHA-256 of the body first sent (the length-prefixed message) in its
+/// `idempotency-response-digest` metadata, through tonic's client over
+/// HTTP/2; and `redact_json`, which cannot read a gRPC body, withholds it
+/// the same way, as documented.
+#[tokio::test]
+async fn a_withheld_grpc_answer_carries_its_digest_to_a_tonic_client() {
+    use base64::Engine as _;
+    use lambda_idempotency::{JsonPointer, JsonRedaction};
+    use prost::Message as _;
+    use sha2::Digest as _;
+    let redaction = JsonRedaction::new().remove(JsonPointer::new("/id").unwrap());
+    for (name, layer) in [
+        ("withhold_bodies", layer().withhold_bodies()),
+        ("redact_json", layer().redact_json(redaction)),
+    ] {
+        let server = Running::start(layer).await;
+        let first = server
+            .create(Some("k-withheld"), charge(1250, ""))
+            .await
+            .expect("the first call gets its answer");
+        assert_eq!(first.get_ref().id, "ch_1", "{name}");
+        let retry = server
+            .create(Some("k-withheld"), charge(1250, ""))
+            .await
+            .expect_err("the retry is told the answer was not stored");
+        assert_eq!(retry.code(), Code::AlreadyExists, "{name}");
+        let message = first.get_ref().encode_to_vec();
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&message);
+        let digest = format!(
+            "sha-256=:{}:",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&framed))
+        );
+        assert_eq!(
+            retry
+                .metadata()
+                .get("idempotency-response-digest")
+                .expect("the digest metadata"),
+            digest.as_str(),
+            "{name}"
+        );
+        assert_eq!(server.charges.runs(), 1, "{name}");
+        server.stop().await;
+    }
+}
+
+/// Outside review: `redact` says the record keeps "what the hook left of a
+/// copy of" the response, and a hook may remove metadata (its own doc
+/// example removes a header). A gRPC response's trailing metadata (a
+/// handler's own trailer, after the status, as grpc-go's `SetTrailer`) is
+/// not in the copy the hook gets (`stored.rs`: the hook sees
+/// `Response<StoredBody>`, the trailers are framed from the original), so
+/// no hook can take a trailer out: it is stored and every retry gets it.
+#[tokio::test]
+#[ignore = "finding: the redact hook never sees a gRPC response's trailers; a trailer it must drop is stored and replayed"]
+async fn a_redact_hook_can_take_a_trailer_out_of_the_record() {
+    let server = Running::start(layer().redact(|response| {
+        response.headers_mut().remove("x-ledger");
+        response.headers_mut().remove("x-charge-run");
+        Ok(())
+    }))
+    .await;
+    let first = server
+        .create(Some("k-trailer"), charge(1250, ""))
+        .await
+        .expect("the first call");
+    assert_eq!(first.metadata().get("x-ledger").expect("trailer"), "1");
+    let retry = server
+        .create(Some("k-trailer"), charge(1250, ""))
+        .await
+        .expect("the replay");
+    assert_eq!(
+        retry.metadata().get("idempotent-replayed").expect("marked"),
+        "true"
+    );
+    assert!(
+        retry.metadata().get("x-charge-run").is_none(),
+        "a header the hook removed is not replayed (held)"
+    );
+    assert!(
+        retry.metadata().get("x-ledger").is_none(),
+        "a trailer the hook removed is replayed: {:?}",
+        retry.metadata()
+    );
+    server.stop().await;
+}
