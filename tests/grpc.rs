@@ -634,19 +634,18 @@ async fn a_withheld_grpc_answer_carries_its_digest_to_a_tonic_client() {
     }
 }
 
-/// Outside review: `redact` says the record keeps "what the hook left of a
-/// copy of" the response, and a hook may remove metadata (its own doc
-/// example removes a header). A gRPC response's trailing metadata (a
-/// handler's own trailer, after the status, as grpc-go's `SetTrailer`) is
-/// not in the copy the hook gets (`stored.rs`: the hook sees
-/// `Response<StoredBody>`, the trailers are framed from the original), so
-/// no hook can take a trailer out: it is stored and every retry gets it.
+/// Outside review: a gRPC response's trailing metadata (a handler's own
+/// trailer, after the status, as grpc-go's `SetTrailer`) reached every
+/// retry whatever the hook did. The hook now finds the trailers in the
+/// response's extensions, as an `http::HeaderMap`, and what it leaves
+/// there is what is stored.
 #[tokio::test]
-#[ignore = "finding: the redact hook never sees a gRPC response's trailers; a trailer it must drop is stored and replayed"]
 async fn a_redact_hook_can_take_a_trailer_out_of_the_record() {
     let server = Running::start(layer().redact(|response| {
-        response.headers_mut().remove("x-ledger");
         response.headers_mut().remove("x-charge-run");
+        if let Some(trailers) = response.extensions_mut().get_mut::<http::HeaderMap>() {
+            trailers.remove("x-ledger");
+        }
         Ok(())
     }))
     .await;

@@ -81,7 +81,6 @@ pub(crate) use detach::detached;
 pub use mode::Mode;
 pub use operator::Forgotten;
 pub use outcome::{Outcome, OutcomeKind, Replayed};
-#[cfg(any(feature = "consumers", feature = "http", test))]
 pub(crate) use panic::panic_message;
 pub use state::Engine;
 // Hints other than the lease come from the HTTP layer's route estimates.

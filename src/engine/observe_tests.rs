@@ -210,7 +210,6 @@ async fn a_split_execution_is_answered_through_the_durable_port_when_it_complete
 /// claimed by a run that never ran: every retry is `in_progress` until that
 /// lease lapses too.
 #[tokio::test]
-#[ignore = "finding: a panicking observer fails the request; on TookOver it leaves the key claimed, the operation never run"]
 async fn a_panicking_observer_neither_fails_the_request_nor_holds_the_key() {
     #[derive(Debug)]
     struct PanicsOnTakeover;

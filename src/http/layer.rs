@@ -428,10 +428,14 @@ impl<St: Store> IdempotencyLayer<St> {
     /// response the outcome policy stores. See [Redaction](super#redaction)
     /// for what a retry receives and why that is safe.
     ///
-    /// If `redact` returns an error or panics, the record keeps what
-    /// [`withhold_bodies`](Self::withhold_bodies) keeps (the status, the
-    /// stored headers, the body's SHA-256), never the unredacted body, and
-    /// a WARN says so.
+    /// The hook sees every response the layer records, those it keeps the
+    /// head of only (a stream, a response too large: their headers), and
+    /// a response's trailers (gRPC's) in its extensions, as an
+    /// `http::HeaderMap` to edit or remove. If `redact` returns an error or
+    /// panics, the record keeps the status and the body's SHA-256 only
+    /// (a retry gets what [`withhold_bodies`](Self::withhold_bodies) gives,
+    /// without the stored headers): never what the hook was to take out. A
+    /// WARN says so.
     ///
     /// ```
     /// use lambda_idempotency::{http::{IdempotencyLayer, StoredBody}, Engine, MemoryStore};
@@ -462,10 +466,11 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The stored body is the JSON written again, compact (its whitespace
     /// and the order of its members may differ from the original's). A
     /// response with a body this cannot read as JSON (a content type that
-    /// is not JSON, a `Content-Encoding`, a body that does not parse) is
-    /// not stored with its body: its record keeps what
-    /// [`withhold_bodies`](Self::withhold_bodies) keeps, so that a field
-    /// meant to be removed is never stored in a form the redaction missed.
+    /// is not JSON, a `Content-Encoding`, a body that does not parse, an
+    /// integer past 64 bits, which the JSON written again would round) is
+    /// not stored with its body: its record keeps its status and the
+    /// body's digest, so that a field meant to be removed is never stored
+    /// in a form the redaction missed.
     /// A response with an empty body is stored as it is.
     ///
     /// ```
@@ -701,6 +706,12 @@ fn redact_json_body(
     }
     if !json || encoded {
         return Err("the response is not an uncompressed JSON body".into());
+    }
+    if crate::redaction::has_integer_past_64_bits(bytes) {
+        return Err(
+            "the JSON body holds an integer past 64 bits, which writing it again would round"
+                .into(),
+        );
     }
     let mut document: serde_json::Value = serde_json::from_slice(bytes)?;
     redaction.apply(&mut document);

@@ -211,6 +211,17 @@ impl fmt::Debug for StoredBodies {
 }
 
 impl ResponseCodec {
+    /// The head a record keeps of a response stored head only (a stream,
+    /// a response too large): as the redaction hook leaves it, if there is
+    /// one; its status alone if the hook fails.
+    fn head_kept(&self, head: Response<StoredBody>) -> Response<StoredBody> {
+        match &self.bodies {
+            StoredBodies::Redacted(redact) => redacted_copy(redact, &head, None)
+                .unwrap_or_else(|| head_of(head.status(), &HeaderMap::new())),
+            _ => head,
+        }
+    }
+
     /// The record of a response whose body is not kept: its head, and the
     /// digest of its body where the body would be.
     fn withheld(&self, response: &Response<StoredBody>, digest: [u8; 32]) -> Vec<u8> {
@@ -270,6 +281,55 @@ impl ResponseCodec {
         out.extend_from_slice(body);
         out
     }
+}
+
+/// A response with `status` and `headers`, and no body.
+fn head_of(status: StatusCode, headers: &HeaderMap) -> Response<StoredBody> {
+    let mut head = Response::new(StoredBody::Empty);
+    *head.status_mut() = status;
+    *head.headers_mut() = headers.clone();
+    head
+}
+
+/// A copy of `response` (its status, headers and body, its `trailers` in
+/// its extensions as an `http::HeaderMap`) as `redact` leaves it; `None`,
+/// logged, if the hook fails or panics.
+fn redacted_copy(
+    redact: &RedactFn,
+    response: &Response<StoredBody>,
+    trailers: Option<&HeaderMap>,
+) -> Option<Response<StoredBody>> {
+    let mut copy = head_of(response.status(), response.headers());
+    *copy.body_mut() = response.body().clone();
+    if let Some(trailers) = trailers {
+        copy.extensions_mut().insert(trailers.clone());
+    }
+    // A hook that panics is a hook that failed: the response still reaches
+    // its caller, and its record keeps nothing the hook was to take out.
+    let redacted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| redact(&mut copy)))
+        .unwrap_or_else(|panic| {
+            Err(format!(
+                "the redaction hook panicked: {}",
+                crate::engine::panic_message(panic.as_ref())
+            )
+            .into())
+        });
+    if let Err(error) = redacted {
+        tracing::warn!(
+            %error,
+            "the response could not be redacted: its record keeps its status and the digest of its body, not its headers or body"
+        );
+        return None;
+    }
+    if copy.body() != response.body() {
+        // Headers that measure the original body would misdescribe the
+        // redacted one (a `content-length` the user chose to store would
+        // cut the replay short).
+        for name in BODY_MEASURES {
+            copy.headers_mut().remove(name);
+        }
+    }
+    Some(copy)
 }
 
 /// The headers that measure a body: dropped from a redacted copy whose
@@ -336,9 +396,7 @@ impl Codec<StoredResponse> for ResponseCodec {
                 headers,
                 why,
             } => {
-                let mut head = Response::new(StoredBody::Empty);
-                *head.status_mut() = *status;
-                *head.headers_mut() = headers.clone();
+                let head = self.head_kept(head_of(*status, headers));
                 return Ok(self.frame(&head, None, None, why.flags()));
             }
             StoredResponse::Withheld {
@@ -346,49 +404,28 @@ impl Codec<StoredResponse> for ResponseCodec {
                 headers,
                 digest,
             } => {
-                let mut head = Response::new(StoredBody::Empty);
-                *head.status_mut() = *status;
-                *head.headers_mut() = headers.clone();
+                let head = self.head_kept(head_of(*status, headers));
                 return Ok(self.withheld(&head, *digest));
             }
         };
         let redacted;
-        let response = match &self.bodies {
-            StoredBodies::Whole => response,
+        let redacted_trailers;
+        let (response, trailers) = match &self.bodies {
+            StoredBodies::Whole => (response, trailers),
             StoredBodies::Withheld => return Ok(self.withheld(response, digest_of(response))),
-            StoredBodies::Redacted(redact) => {
-                let mut copy = Response::new(response.body().clone());
-                *copy.status_mut() = response.status();
-                *copy.headers_mut() = response.headers().clone();
-                // A hook that panics is a hook that failed: the response
-                // still reaches its caller, and its record keeps no body.
-                let redacted_copy =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| redact(&mut copy)))
-                        .unwrap_or_else(|panic| {
-                            Err(format!(
-                                "the redaction hook panicked: {}",
-                                crate::engine::panic_message(panic.as_ref())
-                            )
-                            .into())
-                        });
-                if let Err(error) = redacted_copy {
-                    tracing::warn!(
-                        %error,
-                        "the response could not be redacted: its record keeps its status, headers and the digest of its body, not the body"
-                    );
-                    return Ok(self.withheld(response, digest_of(response)));
+            StoredBodies::Redacted(redact) => match redacted_copy(redact, response, trailers) {
+                Some(mut copy) => {
+                    redacted_trailers = copy.extensions_mut().remove::<HeaderMap>();
+                    redacted = copy;
+                    (&redacted, redacted_trailers.as_ref())
                 }
-                if copy.body() != response.body() {
-                    // Headers that measure the original body would
-                    // misdescribe the redacted one (a `content-length` the
-                    // user chose to store would cut the replay short).
-                    for name in BODY_MEASURES {
-                        copy.headers_mut().remove(name);
-                    }
+                // Nothing the hook was to take out may be kept: the status
+                // and the body's digest only.
+                None => {
+                    let status_only = head_of(response.status(), &HeaderMap::new());
+                    return Ok(self.withheld(&status_only, digest_of(response)));
                 }
-                redacted = copy;
-                &redacted
-            }
+            },
         };
         let (body, kind): (&[u8], u8) = match response.body() {
             StoredBody::Empty => (&[], 0),

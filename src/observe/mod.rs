@@ -32,7 +32,8 @@
 //! ```
 //!
 //! An observer is called on the request's task, as the event happens: keep
-//! it cheap (count, record a histogram sample), never block or await. The
+//! it cheap (count, record a histogram sample), never block or await. One
+//! that panics is logged (ERROR) and passed over; the request goes on. The
 //! events carry no key and no record id, so that what an exporter makes of
 //! them has a bounded set of label values.
 
@@ -186,10 +187,21 @@ impl Observers {
         !self.0.is_empty()
     }
 
-    /// Tells every observer, in the order they were added.
+    /// Tells every observer, in the order they were added. One that
+    /// panics is logged and passed over: an exporter's bug must not fail
+    /// the request it observes, nor stop the protocol halfway (a takeover
+    /// is told between its claim and its run).
     pub(crate) fn tell(&self, event: Event) {
         for observer in &self.0 {
-            observer.observe(&event);
+            let told =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer.observe(&event)));
+            if let Err(panic) = told {
+                tracing::error!(
+                    observer = ?observer,
+                    panic = crate::engine::panic_message(panic.as_ref()),
+                    "an observer panicked; the request goes on without it"
+                );
+            }
         }
     }
 }
