@@ -24,6 +24,10 @@ pub struct Attempt<'a> {
     pub(crate) wait_in_process: Option<Duration>,
     /// The port it came through, as the engine's observers are told.
     pub(crate) port: crate::observe::Port,
+    /// Whether the engine reports its answer; not when the port asks the
+    /// engine again and again for one answer (a wait for a duplicate's
+    /// result), and reports that answer itself.
+    pub(crate) reported: bool,
 }
 
 impl<'a> Attempt<'a> {
@@ -40,6 +44,7 @@ impl<'a> Attempt<'a> {
             retry_hint: RetryHint::Lease,
             wait_in_process: None,
             port: crate::observe::Port::Engine,
+            reported: true,
         }
     }
 
@@ -89,6 +94,14 @@ impl<'a> Attempt<'a> {
     /// timeout, `600000`), means no deadline.
     pub fn deadline_ms(mut self, epoch_ms: u64) -> Self {
         self.deadline_ms = crate::clock::invocation_deadline_ms(epoch_ms);
+        self
+    }
+
+    /// This attempt's answer is not reported by the engine: its port
+    /// reports the answer it makes of several (see `reported`).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn unreported(mut self) -> Self {
+        self.reported = false;
         self
     }
 
@@ -219,6 +232,7 @@ impl OwnedAttempt {
             retry_hint: self.retry_hint,
             wait_in_process: None,
             port: self.port,
+            reported: true,
         }
     }
 }

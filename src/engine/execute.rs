@@ -217,7 +217,7 @@ impl<St: Store> Engine<St> {
         self.run_unreported(attempt, mode, codec, refusal, Holding::Lease, operation)
             .inspect(move |result| {
                 alert::operator_must_act(result);
-                self.report_answer(attempt.port, started, result);
+                self.report_answer(attempt, started, result);
             })
     }
 }

@@ -205,7 +205,7 @@ impl<St: Store> Engine<St> {
                 StoreErrorKind::Misconfigured,
                 "this store cannot run an operation inside its transactions",
             )));
-            self.report_answer(attempt.port, self.observed_start(), &result);
+            self.report_answer(attempt, self.observed_start(), &result);
             return result;
         };
         let held = InTransaction {
@@ -226,7 +226,7 @@ impl<St: Store> Engine<St> {
                 operation,
             )
             .await;
-        self.report_answer(attempt.port, started, &result);
+        self.report_answer(attempt, started, &result);
         result
     }
 

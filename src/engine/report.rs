@@ -2,9 +2,9 @@
 //! each attempt was answered, at each entry point, and what it met on the
 //! way.
 
-use super::{outcome::Outcome, state::Engine};
+use super::{attempt::Attempt, outcome::Outcome, state::Engine};
 use crate::{
-    observe::{Answer, Event, Port},
+    observe::{Answer, Event},
     Error,
 };
 use std::time::Instant;
@@ -23,15 +23,16 @@ impl<St> Engine<St> {
         }
     }
 
-    /// Tells the observers how an attempt through `port`, started at
-    /// `started`, was answered.
+    /// Tells the observers how `attempt`, started at `started`, was
+    /// answered (unless its port reports it).
     pub(crate) fn report_answer<T, E>(
         &self,
-        port: Port,
+        attempt: &Attempt<'_>,
         started: Option<Instant>,
         result: &Result<Outcome<T>, Error<E>>,
     ) {
-        if let Some(started) = started {
+        let port = attempt.port;
+        if let (Some(started), true) = (started, attempt.reported) {
             let answer = match result {
                 Ok(outcome) => Answer::Outcome(outcome.kind()),
                 Err(error) => Answer::Error(error.kind()),

@@ -90,7 +90,7 @@ impl<St: Store> Engine<St> {
         let result = self
             .single_write_unreported(attempt, codec, operation)
             .await;
-        self.report_answer(attempt.port, started, &result);
+        self.report_answer(attempt, started, &result);
         result
     }
 

@@ -48,6 +48,9 @@ where
     ResBody: LayerBody,
 {
     let wait_until = wait_until(&config.settings, attempt);
+    // Asked again and again, the engine would report each answer: the
+    // request's one answer is reported here, the last.
+    let started = wait_until.and_then(|_| config.engine.observed_start());
     let mut backoff = FIRST_BACKOFF;
     // A streamed body's last frame waits for its record: told when the
     // engine is done with it, or when this future is dropped.
@@ -81,7 +84,7 @@ where
         let this_attempt = match wait_until {
             Some(until) => {
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
-                waiting = attempt.clone().wait_in_process(left);
+                waiting = attempt.clone().wait_in_process(left).unreported();
                 &waiting
             }
             None => attempt,
@@ -103,10 +106,12 @@ where
             }
             let (Err(Error::InProgress { retry_after }), Some(until)) = (&result, wait_until)
             else {
+                config.engine.report_answer(attempt, started, &result);
                 return result;
             };
             let now = tokio::time::Instant::now();
             if now >= until {
+                config.engine.report_answer(attempt, started, &result);
                 return result;
             }
             backoff.min(until - now).min(*retry_after)

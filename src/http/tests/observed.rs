@@ -30,7 +30,6 @@ async fn each_request_is_reported_through_the_http_port() {
 /// backoff, and every call reports: one request, several `in_progress`
 /// answers and then its `replay`.
 #[tokio::test]
-#[ignore = "finding: a request waiting with wait_for_result is reported once per poll (in_progress xN, then replay)"]
 async fn a_duplicate_that_waits_for_another_process_is_reported_once() {
     let store = MemoryStore::new();
     // The first "process": its handler takes 600 ms.
