@@ -131,11 +131,16 @@ fn request(event: &Value) -> Request {
 /// Every HTTP case of the manifest through the Rust function in
 /// compatibility mode.
 async fn check_http<St: Store + Clone>(
-    engine: Engine<St>,
+    store: St,
     reader: impl PowertoolsRecords + Clone + 'static,
     manifest: &Value,
 ) {
+    // Every answer the compatibility mode gives is reported, as the
+    // engine's own are (it answers without the engine's run).
+    let observer = lambda_idempotency::testing::RecordingObserver::default();
+    let engine = Engine::builder(store).observer(observer.clone()).build();
     for case in manifest["http"].as_array().expect("http cases") {
+        let reported = observer.answers().len();
         let handler = case["handler"].as_str().unwrap();
         let state = case["state"].as_str().unwrap();
         let what = format!("{handler} handler, {state}");
@@ -178,8 +183,18 @@ async fn check_http<St: Store + Clone>(
                     );
                 }
                 assert_eq!(response.headers()[REPLAYED_HEADER], "true", "{what}");
+                assert_eq!(
+                    observer.answers()[reported..],
+                    [("http", "replay")],
+                    "{what}"
+                );
             }
             "in_progress" => {
+                assert_eq!(
+                    observer.answers()[reported..],
+                    [("http", "in_progress")],
+                    "{what}"
+                );
                 assert_eq!(runs.count(), 0, "{what}: the handler must not run");
                 assert_eq!(
                     response.status(),
@@ -544,12 +559,7 @@ async fn powertools_records_on_dynamodb_are_honoured() {
         ("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint()),
     ]);
     let store = DynamoDbStore::new(client, &table);
-    check_http(
-        Engine::builder(store.clone()).build(),
-        store.clone(),
-        &manifest,
-    )
-    .await;
+    check_http(store.clone(), store.clone(), &manifest).await;
     check_edge(
         Engine::builder(store.clone()).build(),
         store.clone(),
@@ -570,12 +580,7 @@ async fn powertools_records_on_redis_are_honoured() {
     let url = support::variable("IDEMPOTENCY_TEST_REDIS_URL");
     let manifest = powertools_writes(&[("PT_REDIS_URL", url.clone())]);
     let store = RedisStore::open(&url).unwrap();
-    check_http(
-        Engine::builder(store.clone()).build(),
-        store.clone(),
-        &manifest,
-    )
-    .await;
+    check_http(store.clone(), store.clone(), &manifest).await;
     check_edge(
         Engine::builder(store.clone()).build(),
         store.clone(),

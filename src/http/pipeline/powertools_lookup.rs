@@ -57,8 +57,26 @@ where
         query: lambda_context::event_query_parameters(request),
         infers_plain_responses: lambda_context::infers_plain_responses(request),
     };
+    let started = config.engine.observed_start();
     match answer(compat, request, delivery).await {
         Answer::Run(takeover) => Ok(takeover),
-        Answer::Answered(found) => Err(respond::powertools(&config.settings, found, grpc)),
+        Answer::Answered(found) => {
+            // Answered without the engine's run: reported here, as the
+            // engine reports its own answers.
+            if let Some(started) = started {
+                use crate::observe::{Answer, Event, Port};
+                let answer = match &found {
+                    Ok(_) => Answer::Outcome(crate::OutcomeKind::Replay),
+                    Err(error) => Answer::Error(error.kind()),
+                };
+                let port = if grpc { Port::Grpc } else { Port::Http };
+                config.engine.observe(|| Event::Answered {
+                    port,
+                    answer,
+                    elapsed: started.elapsed(),
+                });
+            }
+            Err(respond::powertools(&config.settings, found, grpc))
+        }
     }
 }
