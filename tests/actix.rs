@@ -943,3 +943,29 @@ async fn a_small_body_that_ends_short_of_its_length_is_never_a_whole_response() 
     }
     server.stop().await;
 }
+
+/// The engine's observers hear actix-web's requests through the HTTP
+/// port, once each.
+#[tokio::test]
+async fn each_request_is_reported_through_the_http_port() {
+    use lambda_idempotency::{observe::Port, testing::RecordingObserver};
+    let observer = RecordingObserver::default();
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(observer.clone())
+        .build();
+    let idempotency =
+        Idempotency::new(IdempotencyLayer::new(engine)).caller(|request: &ServiceRequest| {
+            request.extensions().get::<Tenant>().map(|t| t.0.clone())
+        });
+    let server = serve(idempotency, None);
+    let body = r#"{"amount":1250,"currency":"eur"}"#;
+    charge_with(server.addr, "k-observed", body).await;
+    charge_with(server.addr, "k-observed", body).await;
+    charge_with(server.addr, "k-observed", r#"{"amount":1}"#).await;
+    assert_eq!(
+        observer.answers_through(Port::Http),
+        ["fresh", "replay", "key_reused"]
+    );
+    assert_eq!(observer.answers().len(), 3, "{:?}", observer.answers());
+    server.stop().await;
+}

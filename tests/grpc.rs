@@ -673,3 +673,24 @@ async fn a_redact_hook_can_take_a_trailer_out_of_the_record() {
     );
     server.stop().await;
 }
+
+/// The engine's observers hear a gRPC call's answers through the gRPC
+/// port, once each: the first call's, its retry's and a reused key's.
+#[tokio::test]
+async fn each_call_is_reported_through_the_grpc_port() {
+    use lambda_idempotency::{observe::Port, testing::RecordingObserver};
+    let observer = RecordingObserver::default();
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(observer.clone())
+        .build();
+    let server = Running::start(IdempotencyLayer::new(engine).shared_scope()).await;
+    for amount in [1250, 1250, 99] {
+        let _ = server.create(Some("k-observed"), charge(amount, "")).await;
+    }
+    assert_eq!(
+        observer.answers_through(Port::Grpc),
+        ["fresh", "replay", "key_reused"]
+    );
+    assert_eq!(observer.answers().len(), 3, "{:?}", observer.answers());
+    server.stop().await;
+}
