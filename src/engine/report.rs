@@ -4,7 +4,7 @@
 
 use super::{attempt::Attempt, outcome::Outcome, state::Engine};
 use crate::{
-    observe::{Answer, Event},
+    observe::{Answer, Event, Port},
     Error,
 };
 use std::time::Instant;
@@ -37,11 +37,18 @@ impl<St> Engine<St> {
                 Ok(outcome) => Answer::Outcome(outcome.kind()),
                 Err(error) => Answer::Error(error.kind()),
             };
-            self.inner.observers.tell(Event::Answered {
-                port,
-                answer,
-                elapsed: started.elapsed(),
-            });
+            self.report(port, started, answer);
         }
+    }
+
+    /// Tells the observers that an attempt through `port`, started at
+    /// `started`, was answered with `answer`: for the answers given outside
+    /// the engine's runs (a durable execution's, the Powertools mode's).
+    pub(crate) fn report(&self, port: Port, started: Instant, answer: Answer) {
+        self.inner.observers.tell(Event::Answered {
+            port,
+            answer,
+            elapsed: started.elapsed(),
+        });
     }
 }

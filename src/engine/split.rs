@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
-    observe::{Answer, Event, Port},
+    observe::{Answer, Port},
     split::{SplitAttempt, SplitClaim},
     store::{Claim, Completion, Store},
     Attempt, Error, StoreError,
@@ -49,11 +49,7 @@ impl<St: Store> Engine<St> {
                 Err(error) => Some(Answer::Error(error.kind())),
             };
             if let Some(answer) = answer {
-                self.observe(|| Event::Answered {
-                    port: Port::Durable,
-                    answer,
-                    elapsed: started.elapsed(),
-                });
+                self.report(Port::Durable, started, answer);
             }
         }
         claimed
@@ -115,11 +111,7 @@ impl<St: Store> Engine<St> {
                 Ok(kind) => Answer::Outcome(*kind),
                 Err(error) => Answer::Error(crate::ErrorKind::of_store(error.kind())),
             };
-            self.observe(|| Event::Answered {
-                port: Port::Durable,
-                answer,
-                elapsed: started.elapsed(),
-            });
+            self.report(Port::Durable, started, answer);
         }
         completed
     }

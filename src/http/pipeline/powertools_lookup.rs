@@ -64,17 +64,13 @@ where
             // Answered without the engine's run: reported here, as the
             // engine reports its own answers.
             if let Some(started) = started {
-                use crate::observe::{Answer, Event, Port};
+                use crate::observe::{Answer, Port};
                 let answer = match &found {
                     Ok(_) => Answer::Outcome(crate::OutcomeKind::Replay),
                     Err(error) => Answer::Error(error.kind()),
                 };
                 let port = if grpc { Port::Grpc } else { Port::Http };
-                config.engine.observe(|| Event::Answered {
-                    port,
-                    answer,
-                    elapsed: started.elapsed(),
-                });
+                config.engine.report(port, started, answer);
             }
             Err(respond::powertools(&config.settings, found, grpc))
         }
