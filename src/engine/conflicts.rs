@@ -109,4 +109,70 @@ mod tests {
             );
         }
     }
+
+    fn conflict() -> StoreError {
+        StoreError::new(StoreErrorKind::Conflict, "a concurrent write won")
+    }
+
+    /// The step's first conflict waits within the first step's ceiling
+    /// (10 ms), its second within the second's (20 ms): the backoff starts
+    /// at its first step, not one further on.
+    #[test]
+    fn the_first_conflict_waits_within_the_first_step() {
+        for _ in 0..200 {
+            let mut contention = Contention::default();
+            let first = contention.conflicted(&conflict());
+            assert!(first <= Duration::from_millis(10), "first wait {first:?}");
+            let second = contention.conflicted(&conflict());
+            assert!(
+                second <= Duration::from_millis(20),
+                "second wait {second:?}"
+            );
+        }
+    }
+
+    /// The tries a contended step reports (in its error) count both the
+    /// conflicts and the refusals by a record no longer live.
+    #[test]
+    fn the_tries_count_conflicts_and_refusals() {
+        let mut contention = Contention::default();
+        assert_eq!(contention.tries(), 0);
+        contention.refused();
+        contention.refused();
+        let _ = contention.conflicted(&conflict());
+        assert_eq!(contention.tries(), 3);
+        assert!(contention.may_try());
+        contention.refused();
+        assert!(!contention.may_try(), "{} refusals", CLAIM_TRIES);
+    }
+
+    /// A fenced write that always conflicts is tried exactly
+    /// [`CONFLICT_TRIES`] times, and its last conflict is returned; one
+    /// that conflicts once is tried twice and its success returned.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_always_conflicts_is_tried_conflict_tries_times() {
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let result: Result<(), StoreError> = retry_conflicts(|| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Err(conflict()) }
+        })
+        .await;
+        assert_eq!(result.unwrap_err().kind(), StoreErrorKind::Conflict);
+        assert_eq!(calls.into_inner(), CONFLICT_TRIES);
+
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let result = retry_conflicts(|| {
+            let call = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if call == 0 {
+                    Err(conflict())
+                } else {
+                    Ok(call)
+                }
+            }
+        })
+        .await;
+        assert_eq!(result.unwrap(), 1);
+        assert_eq!(calls.into_inner(), 2);
+    }
 }
