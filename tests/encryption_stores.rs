@@ -413,13 +413,6 @@ fn now_ms() -> u64 {
 /// Every path of the store with `tamper`.
 async fn tamper_every_path<R: Raw>(tamper: Tamper, expected: fn(Path) -> Answer) {
     for path in paths::<R>() {
-        // Not the single write: its commit replaces a lapsed claim inside
-        // the store (the store's condition), unseen by the engine, and runs
-        // again (a gap the engine cannot close alone: the store's commit
-        // condition would have to refuse a claim that holds a response).
-        if matches!(tamper, Tamper::StatusLapsed) && path == Path::SingleWrite {
-            continue;
-        }
         refused_after::<R>(path, tamper, expected(path)).await;
     }
 }

@@ -173,11 +173,8 @@
 //! a writer who deletes a record, or moves its expiry into the past, or
 //! turns a completed record into a claim and removes its response: the key
 //! is then free (or in progress) as if it had expired, and a retry may run
-//! the operation again, as it would after the retention; the same for a
-//! completed record turned into a lapsed claim, response kept, met by a
-//! single write ([`Engine::run_single_write`](crate::Engine::run_single_write)),
-//! whose commit replaces a lapsed claim in the store without the engine
-//! seeing it; a plaintext record written by such a writer, unless
+//! the operation again, as it would after the retention; a plaintext
+//! record written by such a writer, unless
 //! plaintext is refused. Powertools' records, read in the
 //! compatibility mode
 //! ([`powertools`](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/powertools/index.html)), are

@@ -376,11 +376,11 @@ async fn a_completed_record_turned_into_a_lapsed_claim_is_refused_not_taken_over
     // that passed: taking it over would run an operation that ran. Every
     // path that takes over a claim refuses it, with or without keys (an
     // engine that does not seal still knows the envelope). The single
-    // write is the exception: its store commit replaces a lapsed claim
-    // itself, without the engine seeing it (the store's condition would
-    // have to refuse a claim that holds a response).
+    // write runs its operation before its commit (its effects are its
+    // writes), and the store's commit condition refuses a claim that holds
+    // a response: nothing of it commits, the record stays.
     for keys in [Some(sealing(raw("k1", 1))), None] {
-        for path in PATHS.into_iter().filter(|p| *p != Path::SingleWrite) {
+        for path in PATHS {
             let (store, clock) = setup();
             let key = format!("{path:?}");
             let mut record = completed(&store, &clock, path, &key).await;
@@ -393,10 +393,38 @@ async fn a_completed_record_turned_into_a_lapsed_claim_is_refused_not_taken_over
                 let answer = attempt_by(&engine, path, &key, &runs).await;
                 assert_eq!(answer, Err(ErrorKind::UnauthenticRecord), "{path:?}");
             }
-            assert_eq!(runs.load(Ordering::SeqCst), 0, "{path:?}: run again");
+            if path != Path::SingleWrite {
+                assert_eq!(runs.load(Ordering::SeqCst), 0, "{path:?}: run again");
+            }
             assert_eq!(store.record(&record.id), Some(record), "{path:?}");
         }
     }
+}
+
+/// A plaintext completed record turned into a lapsed claim: a claim takes
+/// it over (without encryption nothing tells it from a claim whose
+/// completion was lost), but the single write's commit, which cannot
+/// take over, does not replace a claim that holds a response: a corrupt
+/// record, left as it is.
+#[tokio::test]
+async fn a_plaintext_completion_turned_into_a_lapsed_claim_is_not_replaced_by_a_single_write() {
+    let (store, clock) = setup();
+    let plain = engine(&store, &clock, None);
+    let runs = AtomicUsize::new(0);
+    attempt_by(&plain, Path::SingleWrite, "plain", &runs)
+        .await
+        .expect("ran");
+    let mut record = stored(&store, &plain, "plain");
+    record.status = Status::InProgress;
+    record.lease_until_ms = Some(clock.now_ms() - 1);
+    store.insert_record(record.clone());
+    // Another engine: none of the first's memory.
+    let retrying = engine(&store, &clock, None);
+    for _ in 0..2 {
+        let answer = attempt_by(&retrying, Path::SingleWrite, "plain", &runs).await;
+        assert_eq!(answer, Err(ErrorKind::CorruptRecord));
+    }
+    assert_eq!(store.record(&record.id), Some(record));
 }
 
 #[tokio::test]

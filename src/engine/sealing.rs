@@ -56,6 +56,25 @@ pub(super) fn not_a_sealed_completion(lapsed: &Record) -> Result<(), StoreError>
     Ok(())
 }
 
+/// The error for a lapsed claim that holds a response, which a
+/// single-write commit refused to replace ([`Store::commit`](crate::store::Store::commit)):
+/// a completed record whose status was changed in the table. A sealed one
+/// is [`Unauthentic`](crate::StoreErrorKind::Unauthentic), as a claim
+/// finds it; a plaintext one is a
+/// [`CorruptRecord`](crate::StoreErrorKind::CorruptRecord): the crate never
+/// writes either, and overwriting it would lose the response of an
+/// operation that may have run.
+pub(super) fn changed_completion(lapsed: &Record) -> StoreError {
+    match not_a_sealed_completion(lapsed) {
+        Err(unauthentic) => unauthentic,
+        Ok(()) => StoreError::corrupt(format!(
+            "record {}: IN_PROGRESS with a stored response, a completed record whose status \
+             was changed; not replaced (the operator CLI's `forget` removes it)",
+            lapsed.id
+        )),
+    }
+}
+
 /// A copy of `sealed`, for a completion tried again.
 pub(super) fn copy_of(sealed: &Sealed) -> Sealed {
     #[cfg(feature = "encryption")]

@@ -10,7 +10,7 @@ use super::{
     holding::Holding,
     lease::run_unclaimed,
     outcome::{Outcome, OutcomeKind},
-    sealing::stored_form,
+    sealing::{changed_completion, stored_form},
     state::Engine,
 };
 use crate::{
@@ -185,6 +185,10 @@ impl<St: Store> Engine<St> {
                     }
                     Some((Fence::Held, Some(record))) => {
                         return self.existing(record, codec, attempt, now_ms)
+                    }
+                    // Refused although lapsed: it holds a response.
+                    Some((Fence::Lapsed, Some(record))) if record.response.is_some() => {
+                        return Err(Error::Store(changed_completion(&record)));
                     }
                     // Gone or lapsed by the time it was read: commit again.
                     Some(_) => {

@@ -384,7 +384,9 @@ pub trait Store: Send + Sync + 'static {
     /// Writes the commit's `COMPLETED` record, with its writes, all or
     /// nothing, if and only if the claim condition holds (no record, an
     /// expired one, or a lapsed claim: that is, unless [`Record::is_live`]
-    /// at `commit.now_ms`). Otherwise refuses, with the record found. A
+    /// at `commit.now_ms`), and the lapsed claim holds no response (one
+    /// that does is a completed record whose status was changed in the
+    /// table, never replaced). Otherwise refuses, with the record found. A
     /// concurrent write to the record is a
     /// [`StoreErrorKind::Conflict`](crate::StoreErrorKind::Conflict); a
     /// failure of one of the writes is an error, as for

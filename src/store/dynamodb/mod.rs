@@ -86,9 +86,12 @@ pub(crate) fn decode_item(item: Item) -> Result<Record, StoreError> {
 
 const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s";
 /// A claim's condition, and a lapsed claim: what a single-write commit may
-/// replace.
+/// replace. Not a claim that holds a response: this crate never writes
+/// one, so it is a completed record whose status was changed, which is
+/// never overwritten.
 const COMMIT_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s \
-     OR (#status = :in_progress AND #lease_until < :now_ms)";
+     OR (#status = :in_progress AND #lease_until < :now_ms \
+         AND attribute_not_exists(#response) AND attribute_not_exists(#response_deflate))";
 const TAKE_OVER_CONDITION: &str =
     "#status = :in_progress AND #owner = :lapsed AND #lease_until < :now_ms";
 const FENCE_CONDITION: &str = "#status = :in_progress AND #owner = :owner";

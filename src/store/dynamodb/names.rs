@@ -128,6 +128,8 @@ impl ExpressionNames {
                 ("#expiration", &names.expiration),
                 ("#status", &names.status),
                 ("#lease_until", &names.lease_until),
+                ("#response", &names.response),
+                ("#response_deflate", &names.response_deflate),
             ]),
             take_over: map(&[
                 ("#status", &names.status),

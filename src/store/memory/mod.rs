@@ -315,7 +315,10 @@ impl Store for MemoryStore {
         let mut state = self.enter_key(commit.id.as_str())?;
         if let Some(existing) = state.records.get(commit.id.as_str()) {
             let existing = existing.record();
-            if existing.is_live(commit.now_ms) {
+            // A claim holding a response is a completed record whose status
+            // was changed: never replaced (Store::commit).
+            let changed = existing.is_lapsed(commit.now_ms) && existing.response.is_some();
+            if existing.is_live(commit.now_ms) || changed {
                 return Ok(Conditional::Refused(Some(existing)));
             }
         }

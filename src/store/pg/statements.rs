@@ -77,7 +77,7 @@ impl Statements {
                  VALUES ($1, 'COMPLETED', $2, $3, $4, NULL, $5, $6, $6, 1, $6) \
                  ON CONFLICT (id) DO UPDATE SET {replace} \
                  WHERE r.expiration_s < $7 \
-                    OR (r.status = 'IN_PROGRESS' AND r.lease_until_ms < $6) \
+                    OR (r.status = 'IN_PROGRESS' AND r.lease_until_ms < $6 AND r.response IS NULL) \
                  RETURNING 1"
             ),
             remove_any: answered(&format!("DELETE FROM {t} WHERE id = $1"), t),
