@@ -50,7 +50,7 @@ use clap::{Args, Parser, Subcommand};
 use lambda_idempotency::{
     default_key_prefix,
     encryption::{self, Encryption, RawKeys, KEY_LEN},
-    http::{decode_stored_response, default_scope, StoredBody as Body},
+    http::{decode_stored_response, default_scope, BodyNotStored, StoredBody as Body},
     store::{
         dynamodb::{AttributeNames, SingleTable},
         Record, Store,
@@ -630,7 +630,13 @@ fn stored_response(bytes: &[u8]) -> Value {
             Body::Binary(bytes) => Value::String(format!("<{} bytes of binary>", bytes.len())),
             _ => Value::String("<a body this tool cannot show>".into()),
         };
-        return json!({ "http": { "status": response.status().as_u16(), "headers": headers, "body": body } });
+        let mut http =
+            json!({ "status": response.status().as_u16(), "headers": headers, "body": body });
+        if let Some(not_stored) = response.extensions().get::<BodyNotStored>() {
+            http["body_not_stored"] =
+                json!({ "why": not_stored.why, "digest": not_stored.repr_digest() });
+        }
+        return json!({ "http": http });
     }
     match serde_json::from_slice::<Value>(bytes) {
         Ok(value) => json!({ "json": value }),

@@ -204,14 +204,18 @@ pub use scope::principal;
 pub use scope::{default_scope, route, ANONYMOUS};
 pub use service::Idempotency;
 pub use stored::{
-    default_stored_headers, BODY_HEADERS, DEFAULT_COMPRESS_ABOVE, MAX_STORED_RESPONSE,
+    default_stored_headers, BodyNotStored, BODY_HEADERS, DEFAULT_COMPRESS_ABOVE,
+    MAX_STORED_RESPONSE,
 };
 pub use stored_body::StoredBody;
 pub use streaming::StreamResponse;
 
 /// Decodes a response as the layer stored it in a record's `response`: for
 /// operators and tools that show what a retry gets back. A response too
-/// large to store comes back as its status and headers, with no body. Its
+/// large to store, a stream, or a body withheld by the layer's settings
+/// comes back as its status and headers, with no body, and a
+/// [`BodyNotStored`] in its extensions saying why (and a withheld body's
+/// digest). Its
 /// trailers (a gRPC response's status), when it had some, are in its
 /// extensions as an `http::HeaderMap`.
 pub fn decode_stored_response(
@@ -225,17 +229,39 @@ pub fn decode_stored_response(
             Ok(response)
         }
         stored::StoredResponse::NotStored {
-            status, headers, ..
-        }
-        | stored::StoredResponse::Withheld {
-            status, headers, ..
-        } => {
-            let mut response = Response::new(StoredBody::Empty);
-            *response.status_mut() = status;
-            *response.headers_mut() = headers;
-            Ok(response)
-        }
+            status,
+            headers,
+            why,
+        } => Ok(head_only(status, headers, why, None)),
+        stored::StoredResponse::Withheld {
+            status,
+            headers,
+            digest,
+        } => Ok(head_only(
+            status,
+            headers,
+            stored::WhyNotStored::Withheld,
+            Some(digest),
+        )),
     }
+}
+
+/// A response of `status` and `headers` with no body, saying why in its
+/// extensions.
+fn head_only(
+    status: http::StatusCode,
+    headers: http::HeaderMap,
+    why: stored::WhyNotStored,
+    digest: Option<[u8; 32]>,
+) -> Response<StoredBody> {
+    let mut response = Response::new(StoredBody::Empty);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response.extensions_mut().insert(BodyNotStored {
+        why: problem::not_stored_because(why),
+        digest,
+    });
+    response
 }
 
 /// Encodes a response as the layer stores it (for the fuzz targets).

@@ -379,7 +379,7 @@ impl Problem {
 }
 
 /// Why a response was not stored, as the not-stored answer says it.
-fn not_stored_because(why: WhyNotStored) -> &'static str {
+pub(crate) fn not_stored_because(why: WhyNotStored) -> &'static str {
     match why {
         WhyNotStored::Unsaid => "it was streamed, or too large to store",
         WhyNotStored::TooLarge => "it was too large to store",

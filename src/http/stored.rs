@@ -108,6 +108,35 @@ pub(crate) enum StoredResponse {
     },
 }
 
+/// In the extensions of a response that [`decode_stored_response`](super::decode_stored_response)
+/// read from a record holding its head only (no body): why, and the
+/// body's SHA-256 when the layer's settings withheld it
+/// ([`withhold_bodies`](super::IdempotencyLayer::withhold_bodies), or a
+/// redaction that failed), as retries are told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BodyNotStored {
+    /// Why the record holds no body, in the words of the problem a retry
+    /// gets (for example "it was too large to store").
+    pub why: &'static str,
+    /// The SHA-256 of the body the first caller got, when it was withheld.
+    pub digest: Option<[u8; 32]>,
+}
+
+impl BodyNotStored {
+    /// The digest as a `Repr-Digest` value (`sha-256=:<base64>:`), as the
+    /// problem body's `response_digest` member says it.
+    pub fn repr_digest(&self) -> Option<String> {
+        use base64::Engine as _;
+        self.digest.map(|digest| {
+            format!(
+                "sha-256=:{}:",
+                base64::engine::general_purpose::STANDARD.encode(digest)
+            )
+        })
+    }
+}
+
 /// Why a response's record holds its head only, as retries are told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WhyNotStored {
@@ -789,6 +818,37 @@ mod tests {
         assert_eq!(digest[..], Sha256::digest(b"card 4242424242424242")[..]);
         assert_eq!(codec.encode(&decoded).expect("encodes"), bytes);
         assert!(codec.decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    /// What operators read (`decode_stored_response`, the CLI's inspect):
+    /// a withheld body's record decodes to its head with its digest and
+    /// reason in the extensions; a whole response has no such extension.
+    #[test]
+    fn a_decoded_withheld_record_says_why_and_keeps_its_digest() {
+        let mut codec = codec();
+        codec.bodies = StoredBodies::Withheld;
+        let bytes = store(&codec, response(StoredBody::from("card 4242424242424242")));
+        let decoded = super::super::decode_stored_response(&bytes).expect("decodes");
+        assert_eq!(decoded.status(), StatusCode::CREATED);
+        let not_stored = decoded
+            .extensions()
+            .get::<BodyNotStored>()
+            .expect("says why");
+        assert_eq!(not_stored.why, "this service does not keep response bodies");
+        let digest = Sha256::digest(b"card 4242424242424242");
+        assert_eq!(not_stored.digest.map(|d| d.to_vec()), Some(digest.to_vec()));
+        use base64::Engine as _;
+        assert_eq!(
+            not_stored.repr_digest(),
+            Some(format!(
+                "sha-256=:{}:",
+                base64::engine::general_purpose::STANDARD.encode(digest)
+            ))
+        );
+        codec.bodies = StoredBodies::Whole;
+        let whole = store(&codec, response(StoredBody::from("card")));
+        let decoded = super::super::decode_stored_response(&whole).expect("decodes");
+        assert!(decoded.extensions().get::<BodyNotStored>().is_none());
     }
 
     /// A redaction that changes the body drops the headers that measured

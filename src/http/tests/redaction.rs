@@ -170,6 +170,16 @@ async fn withheld_bodies_replay_the_status_headers_and_the_digest() {
     assert_eq!(json(&first)["client_secret"], SECRET);
     never_stored(&store, SECRET);
     never_stored(&store, "ch_1\"");
+    // What an operator's tool reads from the record: the head, and why
+    // with the digest.
+    let record = store.records().pop().expect("one record");
+    let decoded =
+        crate::http::decode_stored_response(&record.response.expect("completed")).expect("decodes");
+    let not_stored = decoded
+        .extensions()
+        .get::<crate::http::BodyNotStored>()
+        .expect("says why");
+    assert_eq!(not_stored.repr_digest(), Some(digest_of(text(&first))));
 
     let replay = send(&mut service, post(Some("k1"), "{}")).await;
     assert_eq!(replay.status(), StatusCode::CREATED, "the original status");
