@@ -110,7 +110,10 @@
 //! outage: the records under it do not open, whatever the retry, until an
 //! operator acts; retrying clients would only repeat the call. Throttling is
 //! an outage: the SDK has retried it already, and the next request may get
-//! through. Nothing panics on any answer.
+//! through. Nothing panics on any answer. A refusal for a key that cannot
+//! be used (every kind but `Invalid`) says so in its error and its ERROR
+//! log: nothing shows the record was changed, so the operator restores
+//! the key or its access rather than forgetting records that are good.
 //!
 //! # When KMS cannot be reached
 //!

@@ -416,6 +416,18 @@ impl Encryption {
                 )
                 .with_source(key_error));
             }
+            // A key that cannot be had (not configured here, disabled,
+            // deleted, denied) says nothing of the record itself: the
+            // operator is told so, lest a good record be forgotten for a
+            // key that can be restored. It is refused all the same.
+            Err(key_error) if key_error.kind() != KeyErrorKind::Invalid => {
+                let why = format!(
+                    "its key cannot be used here ({key_error}): the key is not configured, or \
+                     was disabled, deleted or denied, which says nothing of the record itself; \
+                     restore the key before forgetting the record"
+                );
+                return Err(unauthentic(binding.id, Some(parsed.key_id(&stored)), &why));
+            }
             Err(key_error) => {
                 let why = key_error.to_string();
                 return Err(unauthentic(binding.id, Some(parsed.key_id(&stored)), &why));

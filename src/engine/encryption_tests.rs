@@ -749,3 +749,48 @@ async fn the_single_write_s_read_after_contention_opens_and_refuses() {
     assert_eq!(store.record(&record.id), Some(tampered));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// A record whose key cannot be had here is refused as one that fails to
+/// open, but its error says that nothing shows the record was changed (an
+/// operator restores the key rather than forgetting a good record); one
+/// that fails authentication under its own key does not say so.
+#[tokio::test]
+async fn a_missing_key_is_told_apart_from_a_changed_record() {
+    let (store, clock) = setup();
+    let sealed = engine(&store, &clock, Some(sealing(raw("k1", 1))));
+    let attempt = Attempt::new("s", "missing-key", fingerprint());
+    sealed
+        .execute(&attempt, || async { Ok::<_, ()>(charge(1)) })
+        .await
+        .expect("ran");
+    let attempt = &attempt;
+    let error_of = |engine: Engine<MemoryStore>| async move {
+        match engine
+            .execute(attempt, || async { Ok::<_, ()>(charge(2)) })
+            .await
+        {
+            Err(Error::Store(error)) => error,
+            other => panic!("expected a store error, got {other:?}"),
+        }
+    };
+    let missing = error_of(engine(&store, &clock, Some(sealing(raw("k2", 2))))).await;
+    assert_eq!(missing.kind(), crate::StoreErrorKind::Unauthentic);
+    assert!(
+        missing
+            .to_string()
+            .contains("says nothing of the record itself"),
+        "{missing}"
+    );
+    let mut record = stored(&store, &sealed, "missing-key");
+    let last = record.response.as_ref().unwrap().len() - 1;
+    record.response.as_mut().unwrap()[last] ^= 1;
+    store.insert_record(record);
+    let changed = error_of(engine(&store, &clock, Some(sealing(raw("k1", 1))))).await;
+    assert_eq!(changed.kind(), crate::StoreErrorKind::Unauthentic);
+    assert!(
+        !changed
+            .to_string()
+            .contains("says nothing of the record itself"),
+        "{changed}"
+    );
+}
