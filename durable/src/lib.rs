@@ -164,7 +164,7 @@ use lambda_idempotency::{
     derive_key,
     split::{self, SplitAttempt, SplitClaim},
     store::{OwnerToken, Store},
-    Attempt, Engine, Error, Fingerprint,
+    Attempt, Engine, Error, Fingerprint, JsonRedaction,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -213,6 +213,7 @@ pub struct DurableIdempotency<St> {
     scope: Arc<str>,
     execution_timeout: Duration,
     wait_while_in_progress: Option<Duration>,
+    redaction: Arc<JsonRedaction>,
 }
 
 impl<St> Clone for DurableIdempotency<St> {
@@ -222,6 +223,7 @@ impl<St> Clone for DurableIdempotency<St> {
             scope: Arc::clone(&self.scope),
             execution_timeout: self.execution_timeout,
             wait_while_in_progress: self.wait_while_in_progress,
+            redaction: Arc::clone(&self.redaction),
         }
     }
 }
@@ -247,6 +249,7 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             scope: Arc::from("durable"),
             execution_timeout: DEFAULT_EXECUTION_TIMEOUT,
             wait_while_in_progress: None,
+            redaction: Arc::default(),
         }
     }
 
@@ -278,6 +281,27 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
     #[must_use]
     pub fn wait_while_in_progress(mut self, max_wait: Duration) -> Self {
         self.wait_while_in_progress = Some(max_wait);
+        self
+    }
+
+    /// The record keeps the execution's output with the fields `redaction`
+    /// names removed or replaced (a one-time secret, a full card number),
+    /// and a duplicate execution gets it so, as a replay; the execution
+    /// that ran gets its whole output. The redacted JSON must still read
+    /// back as the output's type (remove `Option` fields and fields with
+    /// `#[serde(default)]`; replace others with a value of their type):
+    /// when it does not, the output is not stored, as one that does not
+    /// serialise, and its claim holds the key until `execution_timeout`.
+    ///
+    /// This is the idempotency record only. The durable service keeps the
+    /// execution's output, and every step's, in its own checkpoints (AWS's
+    /// storage, under its keys), and [`step`](Self::step) records keep
+    /// their outputs whole: a step's output is what the handler goes on
+    /// with, and a redacted one would change what it does. Encrypt them
+    /// with the engine's encryption instead.
+    #[must_use]
+    pub fn redact_json(mut self, redaction: JsonRedaction) -> Self {
+        self.redaction = Arc::new(redaction);
         self
     }
 
@@ -385,9 +409,10 @@ impl<St: Store + Send + Sync + 'static> DurableIdempotency<St> {
             }
         }
         match handler(event, ctx.clone()).await {
-            Ok(output) => match StorableJson::stored(&output) {
+            Ok(output) => match StorableJson::stored_redacted(&output, &self.redaction) {
                 // A duplicate gets the output read back from its JSON
-                // (`Some(None)` is `None` there): so does this execution.
+                // (`Some(None)` is `None` there): so does this execution,
+                // whole, where the duplicate's is redacted.
                 Ok((response, replayed)) => {
                     self.complete_step(ctx, &attempt, response).await;
                     Ok(replayed)

@@ -1,7 +1,7 @@
 //! Which outputs can be stored: those a duplicate can be answered with.
 
 use aws_durable_execution_sdk::BoxError;
-use lambda_idempotency::Codec;
+use lambda_idempotency::{Codec, JsonRedaction};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
@@ -25,6 +25,11 @@ pub(super) enum NotStorable {
     /// cannot replay.
     #[error("the output's JSON does not decode back to its type: {0}")]
     DoesNotDecode(#[source] serde_json::Error),
+    /// The redacted JSON does not read back as the output's type (a
+    /// required field removed, or replaced with a value of another type):
+    /// every duplicate would find a record it cannot replay.
+    #[error("the redacted output's JSON does not decode as its type: {0}")]
+    RedactedDoesNotDecode(#[source] serde_json::Error),
     /// It reads back as another value (a serialisation that loses or
     /// changes something): a duplicate would get something else.
     #[error("the output's JSON decodes back to another value: {first} became {again}")]
@@ -37,6 +42,26 @@ pub(super) enum NotStorable {
 }
 
 impl StorableJson {
+    /// The bytes to store for `value` with `redaction` applied, and the
+    /// value the first run gets: `value` read back whole, as
+    /// [`stored`](Self::stored) gives it. Fails as `stored` does, and when
+    /// the redacted JSON does not read back as `T`.
+    pub(super) fn stored_redacted<T: Serialize + DeserializeOwned>(
+        value: &T,
+        redaction: &JsonRedaction,
+    ) -> Result<(Vec<u8>, T), NotStorable> {
+        let (bytes, whole) = Self::stored(value)?;
+        if redaction.is_empty() {
+            return Ok((bytes, whole));
+        }
+        let mut document: Value =
+            serde_json::from_slice(&bytes).map_err(NotStorable::DoesNotDecode)?;
+        redaction.apply(&mut document);
+        let redacted = serde_json::to_vec(&document).map_err(NotStorable::DoesNotSerialise)?;
+        serde_json::from_slice::<T>(&redacted).map_err(NotStorable::RedactedDoesNotDecode)?;
+        Ok((redacted, whole))
+    }
+
     /// The bytes to store for `value`, and the value a replay of them
     /// gives (what a duplicate gets), or why it cannot be stored.
     pub(super) fn stored<T: Serialize + DeserializeOwned>(

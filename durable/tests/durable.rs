@@ -885,3 +885,86 @@ async fn on_dynamodb_an_output_that_cannot_be_stored_keeps_its_claim() {
         assert_eq!(record.response, None, "{key}");
     }
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Payment {
+    charge: String,
+    client_secret: Option<String>,
+    card: String,
+}
+
+/// Issue 57: with `redact_json`, the execution that ran gets its whole
+/// output, the record keeps it without the secret and with the card
+/// masked, and a duplicate execution replays the redacted output without
+/// running. A redaction whose JSON no longer reads as the output's type
+/// (a required field removed) stores nothing and keeps the claim.
+#[tokio::test]
+async fn a_redacted_output_is_stored_and_replayed_without_its_secret() {
+    use lambda_idempotency::{JsonPointer, JsonRedaction};
+    let whole = Payment {
+        charge: "ch_1".into(),
+        client_secret: Some("pi_1_secret_x".into()),
+        card: "4242424242424242".into(),
+    };
+    for (redaction, stores) in [
+        (
+            JsonRedaction::new()
+                .remove(JsonPointer::new("/client_secret").unwrap())
+                .replace(JsonPointer::new("/card").unwrap(), "************4242"),
+            true,
+        ),
+        (
+            JsonRedaction::new().remove(JsonPointer::new("/card").unwrap()),
+            false,
+        ),
+    ] {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).key_prefix("orders").build();
+        let idempotency = DurableIdempotency::new(engine).redact_json(redaction);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = || {
+            let runs = Arc::clone(&runs);
+            let whole = whole.clone();
+            idempotency.handler(
+                |order: &Order| Some(order.order_id.clone()),
+                move |_order: Order, _ctx: DurableContext| {
+                    let runs = Arc::clone(&runs);
+                    let whole = whole.clone();
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(whole)
+                    }
+                },
+            )
+        };
+        let first = LocalRunner::new().run(handler(), order(100)).await;
+        assert_eq!(first.output(), Some(&whole), "the first caller gets it all");
+        let record = as_another_executions(&store, &idempotency);
+        let duplicate = LocalRunner::new().run(handler(), order(100)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once");
+        if stores {
+            let stored = String::from_utf8(record.response.expect("stored")).unwrap();
+            assert!(
+                !stored.contains("secret") && !stored.contains("4242424242424242"),
+                "{stored}"
+            );
+            assert_eq!(
+                duplicate.output(),
+                Some(&Payment {
+                    client_secret: None,
+                    card: "************4242".into(),
+                    ..whole.clone()
+                })
+            );
+        } else {
+            assert_eq!(record.status, Status::InProgress, "{record:?}");
+            assert_eq!(record.response, None, "nothing stored");
+            assert_eq!(
+                duplicate.error_type(),
+                Some("IdempotencyAlreadyInProgress"),
+                "{:?}",
+                duplicate.error_message()
+            );
+        }
+    }
+}
