@@ -37,6 +37,7 @@ type Writer = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct EmfMetrics {
     namespace: String,
     writer: Writer,
+    store_calls: bool,
 }
 
 impl EmfMetrics {
@@ -45,7 +46,18 @@ impl EmfMetrics {
         Self {
             namespace: namespace.into(),
             writer: Arc::new(|line| println!("{line}")),
+            store_calls: false,
         }
+    }
+
+    /// Also a line for each store call the engine makes, `StoreCallTime`
+    /// (milliseconds) by `Operation` and `Result` (`ok`, or the error's
+    /// kind). Off by default: it adds two or three lines a request to the
+    /// function's logs.
+    #[must_use]
+    pub fn store_calls(mut self) -> Self {
+        self.store_calls = true;
+        self
     }
 
     /// Sends the lines somewhere else than standard output (for tests, or a
@@ -130,6 +142,22 @@ impl crate::observe::Observer for EmfMetrics {
                 self.emit(&[("Attempt", attempt)], &[("Takeovers", "Count", 1.into())]);
             }
             Event::ConflictRetried => self.emit(&[], &[("ConflictsRetried", "Count", 1.into())]),
+            Event::StoreCalled {
+                operation,
+                elapsed,
+                failed,
+            } if self.store_calls => self.emit(
+                &[
+                    ("Operation", operation.as_str()),
+                    ("Result", failed.map_or("ok", crate::StoreErrorKind::as_str)),
+                ],
+                &[(
+                    "StoreCallTime",
+                    "Milliseconds",
+                    (elapsed.as_secs_f64() * 1000.0).into(),
+                )],
+            ),
+            Event::StoreCalled { .. } => {}
         }
     }
 }
@@ -185,5 +213,47 @@ mod tests {
             })
             .collect();
         assert_eq!(outcomes, ["fresh", "replay"]);
+    }
+
+    /// With `store_calls`, each store call is a line too: `StoreCallTime`
+    /// by `Operation` and `Result`.
+    #[tokio::test]
+    async fn store_calls_are_lines_when_asked_for() {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let written = Arc::clone(&lines);
+        let emf = EmfMetrics::new("Payments")
+            .store_calls()
+            .with_writer(move |line| written.lock().unwrap().push(line.to_owned()));
+        let engine = Engine::builder(MemoryStore::new()).observer(emf).build();
+        let attempt = Attempt::new("charges", "k1", Fingerprint::of_bytes(b"{}"));
+        engine
+            .execute(&attempt, || async { Ok::<_, ()>(1) })
+            .await
+            .unwrap();
+        let calls: Vec<(String, String)> = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .filter(|line| line["StoreCallTime"].is_number())
+            .map(|line| {
+                let declared = &line["_aws"]["CloudWatchMetrics"][0];
+                assert_eq!(
+                    declared["Dimensions"][0],
+                    serde_json::json!(["Operation", "Result"])
+                );
+                (
+                    line["Operation"].as_str().unwrap().to_owned(),
+                    line["Result"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("claim".into(), "ok".into()),
+                ("complete".into(), "ok".into())
+            ]
+        );
     }
 }

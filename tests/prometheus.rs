@@ -74,6 +74,18 @@ async fn prometheus_renders_what_each_port_answered() {
         Some(2.0),
         "{rendered}"
     );
+    // Every store call, by operation and result: six claims (a fresh
+    // run's, each replay's, the reused key's, through both ports) and two
+    // completions.
+    let store_calls = |operation: &str| {
+        sample(
+            &rendered,
+            "idempotency_store_duration_seconds_count",
+            &format!("operation=\"{operation}\",result=\"ok\""),
+        )
+    };
+    assert_eq!(store_calls("claim"), Some(6.0), "{rendered}");
+    assert_eq!(store_calls("complete"), Some(2.0), "{rendered}");
     assert!(
         !rendered.contains("k1") && !rendered.contains("h1"),
         "no key is a label: {rendered}"

@@ -387,7 +387,10 @@ impl<St: Store> EngineBuilder<St> {
         };
         Engine {
             inner: Arc::new(Inner {
-                store: self.store,
+                store: super::observed_store::ObservedStore::new(
+                    self.store,
+                    self.observers.clone(),
+                ),
                 key_prefix: self.key_prefix,
                 retention: self.retention,
                 max_lease: self.max_lease,

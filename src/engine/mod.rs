@@ -47,6 +47,7 @@ mod lease;
 mod local_runs;
 mod managed_instances;
 mod mode;
+mod observed_store;
 mod operator;
 mod outcome;
 mod panic;

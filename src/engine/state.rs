@@ -32,7 +32,7 @@ impl<St> Clone for Engine<St> {
 /// builder checked.
 #[derive(Debug)]
 pub(super) struct Inner<St> {
-    pub(super) store: St,
+    pub(super) store: super::observed_store::ObservedStore<St>,
     pub(super) key_prefix: String,
     pub(super) retention: Duration,
     pub(super) max_lease: Duration,
@@ -57,7 +57,7 @@ pub(super) const MIN_LEASE_MS: u64 = 1_000;
 impl<St: Store> Engine<St> {
     /// The store records are kept in.
     pub fn store(&self) -> &St {
-        &self.inner.store
+        &self.inner.store.store
     }
 
     /// The record id `key` has inside `scope` with this engine's prefix.

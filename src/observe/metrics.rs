@@ -18,6 +18,9 @@ pub const PENDING_KEY_AGE: &str = "idempotency_pending_key_age_seconds";
 pub const TAKEOVERS: &str = "idempotency_takeovers_total";
 /// Conflicting claims tried again: a counter.
 pub const CONFLICTS_RETRIED: &str = "idempotency_conflicts_retried_total";
+/// How long each store call took, by operation and result (`ok`, or the
+/// error's kind): a histogram, in seconds.
+pub const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 
 /// Reports the engine's events to the `metrics` facade (feature
 /// `metrics`). Add it with [`EngineBuilder::observer`](crate::EngineBuilder::observer)
@@ -30,13 +33,19 @@ pub const CONFLICTS_RETRIED: &str = "idempotency_conflicts_retried_total";
 /// | `idempotency_pending_key_age_seconds` | histogram | none |
 /// | `idempotency_takeovers_total` | counter | `attempt` (`2` to `5`, `6+`) |
 /// | `idempotency_conflicts_retried_total` | counter | none |
+/// | `idempotency_store_duration_seconds` | histogram | `operation`, `result` |
 ///
 /// `port` is one of [`Port`](super::Port)'s names (`engine`, `http`,
 /// `grpc`, `event`, `batch`, `durable`, or your adapter's own), `outcome`
 /// one of [`OutcomeKind`](crate::OutcomeKind)'s or
 /// [`ErrorKind`](crate::ErrorKind)'s (`fresh`, `replay`, `cached_replay`,
 /// `in_progress`, `key_reused`, `store_unavailable`, `operation_error`,
-/// …): a few values each, never a key or a record id. The dedup rate is
+/// …), `operation` one of [`StoreOperation`](super::StoreOperation)'s
+/// (`claim`, `complete`, `get`, …), `result` `ok` or one of
+/// [`StoreErrorKind`](crate::StoreErrorKind)'s (`unavailable`,
+/// `conflict`, …): a few values each, never a key or a record id. A run
+/// answered `unprotected` is a fail-open run (the store was down and
+/// [`fail_open`](crate::EngineBuilder::fail_open) let it run). The dedup rate is
 /// `sum(rate(idempotency_requests_total{outcome=~"replay|cached_replay"}[5m]))
 /// / sum(rate(idempotency_requests_total[5m]))`.
 ///
@@ -70,6 +79,15 @@ impl Observer for Metrics {
             }
             Event::ConflictRetried => {
                 ::metrics::counter!(CONFLICTS_RETRIED).increment(1);
+            }
+            Event::StoreCalled {
+                operation,
+                elapsed,
+                failed,
+            } => {
+                let result = failed.map_or("ok", crate::StoreErrorKind::as_str);
+                ::metrics::histogram!(STORE_DURATION, "operation" => operation.as_str(), "result" => result)
+                    .record(elapsed.as_secs_f64());
             }
         }
     }

@@ -3,7 +3,10 @@
 //! Every entry point of the engine reports how it answered each attempt
 //! ([`Event::Answered`], with the [`Port`] the attempt came through), and
 //! the engine reports what it met on the way: a lapsed claim it took over,
-//! a claim it found in progress and how old it was, a conflict it retried.
+//! a claim it found in progress and how old it was, a conflict it retried,
+//! and each call it made to its store, timed ([`Event::StoreCalled`]). A
+//! fail-open run is an answer of its own
+//! ([`OutcomeKind::Unprotected`](crate::OutcomeKind::Unprotected)).
 //! The ports (the HTTP layer, gRPC, actix-web, the consumers, the durable
 //! crate) call the engine, so they report through it: a new port cannot
 //! forget an outcome. An exporter (CloudWatch's Embedded Metric Format, the
@@ -42,10 +45,11 @@
 mod metrics;
 #[cfg(feature = "metrics")]
 pub use metrics::{
-    Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, REQUEST_DURATION, TAKEOVERS,
+    Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, REQUEST_DURATION, STORE_DURATION,
+    TAKEOVERS,
 };
 
-use crate::{ErrorKind, OutcomeKind};
+use crate::{ErrorKind, OutcomeKind, StoreErrorKind};
 use std::{fmt, sync::Arc, time::Duration};
 
 /// Receives the engine's events. See the [module docs](self).
@@ -84,6 +88,64 @@ pub enum Event {
     /// Concurrent claims of one key conflicted in the store, and the claim
     /// was tried again.
     ConflictRetried,
+    /// The engine called its store: which call, how long it took (the
+    /// store's own retries included), and the kind of error it failed
+    /// with, if it did (a refused condition is not a failure: the call
+    /// answered). The calls a run inside a store transaction makes
+    /// through the transaction are not among them.
+    StoreCalled {
+        /// Which call.
+        operation: StoreOperation,
+        /// From the call to its answer.
+        elapsed: Duration,
+        /// The error's kind, when the call failed.
+        failed: Option<StoreErrorKind>,
+    },
+}
+
+/// A call the engine makes to its store ([`Store`](crate::store::Store)'s
+/// methods).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreOperation {
+    /// A claim of a new key.
+    Claim,
+    /// The takeover of a lapsed claim.
+    TakeOver,
+    /// A lease extended (the heartbeat), or shortened.
+    Extend,
+    /// A completion.
+    Complete,
+    /// A claim released.
+    Release,
+    /// A single write's commit.
+    Commit,
+    /// A consistent read.
+    Get,
+    /// A read before the claim, possibly eventually consistent.
+    Peek,
+    /// An operator's removal.
+    Remove,
+    /// An operator's listing of claims in progress.
+    ListInProgress,
+}
+
+impl StoreOperation {
+    /// A stable snake_case name, for a metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOperation::Claim => "claim",
+            StoreOperation::TakeOver => "take_over",
+            StoreOperation::Extend => "extend",
+            StoreOperation::Complete => "complete",
+            StoreOperation::Release => "release",
+            StoreOperation::Commit => "commit",
+            StoreOperation::Get => "get",
+            StoreOperation::Peek => "peek",
+            StoreOperation::Remove => "remove",
+            StoreOperation::ListInProgress => "list_in_progress",
+        }
+    }
 }
 
 /// How an attempt was answered: an outcome, or an error.

@@ -44,6 +44,23 @@ impl RecordingObserver {
             .collect()
     }
 
+    /// Each store call so far, as its operation's name and its result
+    /// (`ok`, or the error's kind).
+    pub fn store_calls(&self) -> Vec<(&'static str, &'static str)> {
+        self.events()
+            .into_iter()
+            .filter_map(|event| match event {
+                Event::StoreCalled {
+                    operation, failed, ..
+                } => Some((
+                    operation.as_str(),
+                    failed.map_or("ok", crate::StoreErrorKind::as_str),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The answers reported through `port`.
     pub fn answers_through(&self, port: Port) -> Vec<&'static str> {
         self.answers()
