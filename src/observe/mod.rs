@@ -6,7 +6,7 @@
 //! a claim it found in progress and how old it was, a conflict it retried,
 //! and each call it made to its store, timed ([`Event::StoreCalled`]). A
 //! fail-open run is an answer of its own
-//! ([`OutcomeKind::Unprotected`](crate::OutcomeKind::Unprotected)).
+//! ([`OutcomeKind::Unprotected`]).
 //! The ports (the HTTP layer, gRPC, actix-web, the consumers, the durable
 //! crate) call the engine, so they report through it: a new port cannot
 //! forget an outcome. An exporter (CloudWatch's Embedded Metric Format, the
