@@ -3,6 +3,10 @@
 //! the names and labels `observe::Metrics` documents, with the counts of
 //! what happened, through the engine and through the HTTP layer under axum.
 
+/// OpenTelemetry through tracing, in the same binary (CI's disk).
+#[path = "prometheus/opentelemetry.rs"]
+mod spans;
+
 use axum::{body::Body, http::Request, routing::post, Router};
 use lambda_idempotency::{
     http::IdempotencyLayer, observe::Metrics, Attempt, Engine, Fingerprint, MemoryStore,

@@ -1,6 +1,14 @@
-//! The engine's store, each call timed for the observers: every call the
-//! engine makes goes through here, so a new step cannot forget to report
-//! one.
+//! The engine's store, each call timed for the observers and traced in a
+//! span of its own: every call the engine makes goes through here, so a
+//! new step cannot forget to report one.
+//!
+//! The span is OpenTelemetry's database client span, through `tracing`
+//! (`tracing-opentelemetry` exports it): named `idempotency <operation>`,
+//! of kind client, with the semantic conventions' `db.system.name` (the
+//! store's [`Store::DB_SYSTEM`]) and `db.operation.name` (the
+//! [`StoreOperation`]'s name), and `error.type` (the
+//! [`StoreErrorKind`](crate::StoreErrorKind)'s name) with an error status
+//! when the call fails. No key, record id or value is an attribute.
 
 use crate::{
     observe::{Event, Observers, StoreOperation},
@@ -10,14 +18,59 @@ use crate::{
     },
     StoreError,
 };
-use std::{future::Future, time::Instant};
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{ready, Context, Poll},
+    time::Instant,
+};
+use tracing::field;
 
-/// A store whose calls are reported as [`Event::StoreCalled`]; with no
-/// observer, a branch a call.
+/// A store whose calls are reported as [`Event::StoreCalled`] and traced;
+/// with no observer and no subscriber, a branch and a disabled span a call.
 #[derive(Debug)]
 pub(super) struct ObservedStore<St> {
     pub(super) store: St,
     observers: Observers,
+}
+
+pin_project_lite::pin_project! {
+    /// A store call, in its span, timed for the observers: one future
+    /// around the store's (an `async fn` in an `Instrumented` would be
+    /// two, and the engine's futures are deep enough that the compiler's
+    /// layout queries reach their limit in applications that nest them).
+    pub(super) struct ObservedCall<'a, F> {
+        #[pin]
+        call: F,
+        span: tracing::Span,
+        operation: StoreOperation,
+        started: Option<Instant>,
+        observers: &'a Observers,
+    }
+}
+
+impl<T, F: Future<Output = Result<T, StoreError>>> Future for ObservedCall<'_, F> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = {
+            let _entered = this.span.enter();
+            ready!(this.call.poll(cx))
+        };
+        if let Err(error) = &result {
+            this.span.record("error.type", error.kind().as_str());
+            this.span.record("otel.status_code", "ERROR");
+        }
+        if let Some(started) = this.started {
+            this.observers.tell(Event::StoreCalled {
+                operation: *this.operation,
+                elapsed: started.elapsed(),
+                failed: result.as_ref().err().map(StoreError::kind),
+            });
+        }
+        Poll::Ready(result)
+    }
 }
 
 impl<St: Store> ObservedStore<St> {
@@ -25,107 +78,106 @@ impl<St: Store> ObservedStore<St> {
         Self { store, observers }
     }
 
-    async fn timed<T>(
-        &self,
-        operation: StoreOperation,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        if !self.observers.any() {
-            return call.await;
-        }
-        let started = Instant::now();
-        let result = call.await;
-        self.observers.tell(Event::StoreCalled {
+    fn observed<F>(&self, operation: StoreOperation, call: F) -> ObservedCall<'_, F> {
+        let span = tracing::info_span!(
+            "idempotency.store",
+            otel.name = operation.span_name(),
+            otel.kind = "client",
+            db.system.name = St::DB_SYSTEM,
+            db.operation.name = operation.as_str(),
+            error.r#type = field::Empty,
+            otel.status_code = field::Empty,
+        );
+        ObservedCall {
+            call,
+            span,
             operation,
-            elapsed: started.elapsed(),
-            failed: result.as_ref().err().map(StoreError::kind),
-        });
-        result
+            started: self.observers.any().then(Instant::now),
+            observers: &self.observers,
+        }
     }
 
-    pub(super) async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
-        self.timed(StoreOperation::Claim, self.store.claim(claim))
-            .await
+    pub(super) fn claim<'a>(
+        &'a self,
+        claim: &'a Claim,
+    ) -> ObservedCall<'a, impl Future<Output = Result<Conditional, StoreError>> + Send + 'a> {
+        self.observed(StoreOperation::Claim, self.store.claim(claim))
     }
 
-    pub(super) async fn take_over(
-        &self,
-        claim: &Claim,
-        lapsed: &OwnerToken,
-    ) -> Result<Conditional, StoreError> {
-        self.timed(
+    pub(super) fn take_over<'a>(
+        &'a self,
+        claim: &'a Claim,
+        lapsed: &'a OwnerToken,
+    ) -> ObservedCall<'a, impl Future<Output = Result<Conditional, StoreError>> + Send + 'a> {
+        self.observed(
             StoreOperation::TakeOver,
             self.store.take_over(claim, lapsed),
         )
-        .await
     }
 
-    pub(super) async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
-        self.timed(StoreOperation::Extend, self.store.extend(extension))
-            .await
+    pub(super) fn extend<'a>(
+        &'a self,
+        extension: &'a Extension,
+    ) -> ObservedCall<'a, impl Future<Output = Result<Conditional, StoreError>> + Send + 'a> {
+        self.observed(StoreOperation::Extend, self.store.extend(extension))
     }
 
-    pub(super) async fn complete(
+    pub(super) fn complete(
         &self,
         completion: Completion<St::Write>,
-    ) -> Result<Conditional, StoreError> {
-        self.timed(StoreOperation::Complete, self.store.complete(completion))
-            .await
+    ) -> ObservedCall<'_, impl Future<Output = Result<Conditional, StoreError>> + Send + '_> {
+        self.observed(StoreOperation::Complete, self.store.complete(completion))
     }
 
-    pub(super) async fn release(
-        &self,
-        id: &RecordId,
-        owner: &OwnerToken,
-    ) -> Result<Conditional, StoreError> {
-        self.timed(StoreOperation::Release, self.store.release(id, owner))
-            .await
+    pub(super) fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> ObservedCall<'a, impl Future<Output = Result<Conditional, StoreError>> + Send + 'a> {
+        self.observed(StoreOperation::Release, self.store.release(id, owner))
     }
 
-    pub(super) async fn commit(
+    pub(super) fn commit(
         &self,
         commit: Commit<St::Write>,
-    ) -> Result<Conditional, StoreError> {
-        self.timed(StoreOperation::Commit, self.store.commit(commit))
-            .await
+    ) -> ObservedCall<'_, impl Future<Output = Result<Conditional, StoreError>> + Send + '_> {
+        self.observed(StoreOperation::Commit, self.store.commit(commit))
     }
 
-    pub(super) async fn remove(
-        &self,
-        id: &RecordId,
+    pub(super) fn remove<'a>(
+        &'a self,
+        id: &'a RecordId,
         removal: Removal,
-    ) -> Result<Conditional, StoreError> {
-        self.timed(StoreOperation::Remove, self.store.remove(id, removal))
-            .await
+    ) -> ObservedCall<'a, impl Future<Output = Result<Conditional, StoreError>> + Send + 'a> {
+        self.observed(StoreOperation::Remove, self.store.remove(id, removal))
     }
 
-    pub(super) async fn list_in_progress(
-        &self,
-        prefix: &str,
+    pub(super) fn list_in_progress<'a>(
+        &'a self,
+        prefix: &'a str,
         limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.timed(
+    ) -> ObservedCall<'a, impl Future<Output = Result<Vec<Record>, StoreError>> + Send + 'a> {
+        self.observed(
             StoreOperation::ListInProgress,
             self.store.list_in_progress(prefix, limit),
         )
-        .await
     }
 
-    pub(super) async fn get(
-        &self,
-        id: &RecordId,
+    pub(super) fn get<'a>(
+        &'a self,
+        id: &'a RecordId,
         now_ms: u64,
-    ) -> Result<Option<Record>, StoreError> {
-        self.timed(StoreOperation::Get, self.store.get(id, now_ms))
-            .await
+    ) -> ObservedCall<'a, impl Future<Output = Result<Option<Record>, StoreError>> + Send + 'a>
+    {
+        self.observed(StoreOperation::Get, self.store.get(id, now_ms))
     }
 
-    pub(super) async fn peek(
-        &self,
-        id: &RecordId,
+    pub(super) fn peek<'a>(
+        &'a self,
+        id: &'a RecordId,
         now_ms: u64,
-    ) -> Result<Option<Record>, StoreError> {
-        self.timed(StoreOperation::Peek, self.store.peek(id, now_ms))
-            .await
+    ) -> ObservedCall<'a, impl Future<Output = Result<Option<Record>, StoreError>> + Send + 'a>
+    {
+        self.observed(StoreOperation::Peek, self.store.peek(id, now_ms))
     }
 }

@@ -34,6 +34,21 @@
 //! # let _ = engine;
 //! ```
 //!
+//! # OpenTelemetry
+//!
+//! Traces go through `tracing`: with `tracing-opentelemetry` as a layer of
+//! the application's subscriber, the OpenTelemetry SDK exports the crate's
+//! spans (`examples/opentelemetry.rs`, over OTLP). Each store call is a
+//! database client span, `idempotency <operation>` (`idempotency claim`,
+//! `idempotency complete`, …), with the semantic conventions'
+//! `db.system.name` ([`Store::DB_SYSTEM`](crate::store::Store::DB_SYSTEM):
+//! `aws.dynamodb`, `postgresql`, `mysql`, `redis`), `db.operation.name`,
+//! and `error.type` with an error status when it fails. The HTTP layer's
+//! request span, `idempotency`, carries `http.response.status_code` (the
+//! conventions' name), `idempotency.outcome` and `idempotency.in_flight`
+//! (the crate's own); its store calls are its children. No key, record id
+//! or stored value is an attribute.
+//!
 //! An observer is called on the request's task, as the event happens: keep
 //! it cheap (count, record a histogram sample), never block or await. One
 //! that panics is logged (ERROR) and passed over; the request goes on. The
@@ -131,6 +146,22 @@ pub enum StoreOperation {
 }
 
 impl StoreOperation {
+    /// The name of the call's span: `idempotency` and the operation's.
+    pub(crate) fn span_name(self) -> &'static str {
+        match self {
+            StoreOperation::Claim => "idempotency claim",
+            StoreOperation::TakeOver => "idempotency take_over",
+            StoreOperation::Extend => "idempotency extend",
+            StoreOperation::Complete => "idempotency complete",
+            StoreOperation::Release => "idempotency release",
+            StoreOperation::Commit => "idempotency commit",
+            StoreOperation::Get => "idempotency get",
+            StoreOperation::Peek => "idempotency peek",
+            StoreOperation::Remove => "idempotency remove",
+            StoreOperation::ListInProgress => "idempotency list_in_progress",
+        }
+    }
+
     /// A stable snake_case name, for a metric's label.
     pub fn as_str(self) -> &'static str {
         match self {

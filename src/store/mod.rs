@@ -336,6 +336,12 @@ pub trait Store: Send + Sync + 'static {
     /// ```
     const SINGLE_WRITE: bool = false;
 
+    /// The database, as OpenTelemetry's semantic conventions name it in
+    /// `db.system.name` (`aws.dynamodb`, `postgresql`, `mysql`, `redis`):
+    /// the engine's spans of its store calls carry it. `other` unless the
+    /// store says.
+    const DB_SYSTEM: &'static str = "other";
+
     /// Writes the claim's fresh `IN_PROGRESS` record if and only if no
     /// record is there, or the one there has expired
     /// ([`Record::is_expired`] at `claim.now_ms`). Otherwise refuses, with

@@ -110,6 +110,7 @@ impl<St: Store> Store for CountingStore<St> {
     type Write = St::Write;
 
     const SINGLE_WRITE: bool = St::SINGLE_WRITE;
+    const DB_SYSTEM: &'static str = St::DB_SYSTEM;
 
     async fn commit(&self, commit: Commit<St::Write>) -> Result<Conditional, StoreError> {
         count(&self.counts.commit);

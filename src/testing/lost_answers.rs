@@ -25,6 +25,7 @@ impl<St: Store> Store for LostAnswers<St> {
     type Write = St::Write;
 
     const SINGLE_WRITE: bool = St::SINGLE_WRITE;
+    const DB_SYSTEM: &'static str = St::DB_SYSTEM;
 
     async fn commit(&self, commit: Commit<St::Write>) -> Result<Conditional, StoreError> {
         self.0.commit(commit.clone()).await?;

@@ -176,7 +176,8 @@ pub(super) fn body_problem(settings: &Settings, error: BodyError) -> Problem {
 /// request refused here has claimed nothing.
 pub(super) fn take_slot(settings: &Settings) -> Option<TaskTrackerToken> {
     let slot = settings.in_flight.take()?;
-    tracing::Span::current().record("in_flight", settings.in_flight.running());
+    let running = i64::try_from(settings.in_flight.running()).unwrap_or(i64::MAX);
+    tracing::Span::current().record("idempotency.in_flight", running);
     Some(slot)
 }
 

@@ -118,11 +118,13 @@ where
     B: LayerBody,
     ResBody: LayerBody,
 {
+    // Named as OpenTelemetry's semantic conventions name them where they
+    // do (`http.response.status_code`), the crate's own names otherwise.
     let span = tracing::info_span!(
         "idempotency",
-        outcome = field::Empty,
-        status = field::Empty,
-        in_flight = field::Empty
+        idempotency.outcome = field::Empty,
+        http.response.status_code = field::Empty,
+        idempotency.in_flight = field::Empty
     );
     if span.is_disabled() && tracing::dispatcher::has_been_set() {
         Either::Left(answer(config, inner, request, span))
@@ -147,13 +149,15 @@ where
     ResBody: LayerBody,
 {
     handle(Arc::clone(&config), inner, request).map(move |(outcome, result)| {
-        span.record("outcome", outcome.as_str());
+        span.record("idempotency.outcome", outcome.as_str());
         let status = result
             .as_ref()
             .ok()
             .map(|response| response.status().as_u16());
         if let Some(status) = status {
-            span.record("status", status);
+            // An integer, as the conventions type it (tracing-opentelemetry
+            // writes unsigned values as strings).
+            span.record("http.response.status_code", i64::from(status));
         }
         tracing::debug!(parent: &span, outcome = outcome.as_str(), status, "idempotent request handled");
         if let Some(metrics) = &config.settings.metrics {

@@ -540,6 +540,7 @@ impl Store for DynamoDbStore {
     type Write = TransactWriteItem;
 
     const SINGLE_WRITE: bool = true;
+    const DB_SYSTEM: &'static str = "aws.dynamodb";
 
     async fn commit(
         &self,

@@ -224,6 +224,7 @@ impl Store for MemoryStore {
     type Write = MemoryWrite;
 
     const SINGLE_WRITE: bool = true;
+    const DB_SYSTEM: &'static str = "memory";
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter_key(claim.id.as_str())?;

@@ -249,6 +249,7 @@ impl Store for PostgresStore {
     type Write = PgWrite;
 
     const SINGLE_WRITE: bool = true;
+    const DB_SYSTEM: &'static str = "postgresql";
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let values = ClaimValues::of(claim)?;

@@ -391,6 +391,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     type Write = NoWrites;
+    const DB_SYSTEM: &'static str = "redis";
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.answer(

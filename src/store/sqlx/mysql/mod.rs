@@ -310,6 +310,7 @@ async fn run_writes(
 
 impl Store for SqlxMySqlStore {
     type Write = SqlxMySqlWrite;
+    const DB_SYSTEM: &'static str = "mysql";
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let sql = &self.inner.sql;

@@ -339,6 +339,7 @@ impl Store for SqlxPostgresStore {
     type Write = SqlxPgWrite;
 
     const SINGLE_WRITE: bool = true;
+    const DB_SYSTEM: &'static str = "postgresql";
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.answer(
