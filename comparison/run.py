@@ -233,7 +233,9 @@ def dynamodb_rounds():
 
 
 # The cost benchmark: each scenario, each response size, each implementation.
-COST_SIZES = (1024, 16 * 1024)
+# BENCH_COST_SIZES=256,1024,4096 prices other response sizes (bytes);
+# BENCH_COST_SCENARIOS=new,replay a subset of the scenarios (names below).
+COST_SIZES = tuple(int(size) for size in os.environ.get("BENCH_COST_SIZES", "1024,16384").split(","))
 COST_SCENARIOS = [
     ("new", "new request (claim + completion)"),
     ("replay", "replay"),
@@ -293,6 +295,7 @@ def cost():
     wru = float(os.environ.get("BENCH_PRICE_WRU", dynamodb_cost.PRICE_PER_MILLION_WRU))
     rru = float(os.environ.get("BENCH_PRICE_RRU", dynamodb_cost.PRICE_PER_MILLION_RRU))
     n = int(os.environ.get("BENCH_COST_N", "20"))
+    only_scenarios = [s for s in os.environ.get("BENCH_COST_SCENARIOS", "").split(",") if s]
     proxy = RecordingProxy(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).start()
     results, checked, agreed, disagreements = {}, 0, 0, []
     try:
@@ -303,7 +306,7 @@ def cost():
                 continue
             for size in COST_SIZES:
                 for scenario, _ in COST_SCENARIOS:
-                    if scenario not in scenarios:
+                    if scenario not in scenarios or (only_scenarios and scenario not in only_scenarios):
                         continue
                     label = f"cost-{len(results)}"
                     table = f"bench-{label}-{time.time_ns()}"
@@ -340,7 +343,7 @@ def cost():
                         "outcomes": report["outcomes"],
                         "operations": {op: count / n for op, count in sorted(ops.items())},
                     }
-                    print(f"  {name:22} {scenario:14} {size // 1024:2} KB: {calls / n:.2f} calls, "
+                    print(f"  {name:22} {scenario:14} {size:6} bytes: {calls / n:.2f} calls, "
                           f"{wcu / n:.2f} WCU, {rcu / n:.2f} RCU, outcomes {report['outcomes']}", flush=True)
     finally:
         proxy.stop()
@@ -354,18 +357,25 @@ def cost():
     print(f"\nDynamoDB cost per request, by DynamoDB's published rules, from the calls on the wire "
           f"({n} requests each; on-demand ${wru} per million write units, ${rru} per million read units, "
           f"{dynamodb_cost.PRICE_SOURCE}, checked {dynamodb_cost.PRICE_DATE}):")
-    print("| request | implementation | calls | 1 KB: WCU | RCU | $ per million | 16 KB: WCU | RCU | $ per million |")
-    print("|---|---|---|---|---|---|---|---|---|")
+
+    def size_name(size):
+        return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} bytes"
+
+    print("| request | implementation | calls | " + " | ".join(f"{size_name(size)}: WCU | RCU | $ per million"
+                                                      for size in COST_SIZES) + " |")
+    print("|---|---|---|" + "---|---|---|" * len(COST_SIZES))
     for scenario, title in COST_SCENARIOS:
         for name, _, _, _ in COST_DRIVERS:
+            if only_scenarios and scenario not in only_scenarios:
+                continue
             first = results.get((name, scenario, COST_SIZES[0]))
             calls = "n/a" if first is None else f"{first['calls']:g}"
-            print(f"| {title} | {name} | {calls} | " + " | ".join(cells(name, scenario, COST_SIZES[0]))
-                  + " | " + " | ".join(cells(name, scenario, COST_SIZES[1])) + " |")
+            print(f"| {title} | {name} | {calls} | "
+                  + " | ".join(" | ".join(cells(name, scenario, size)) for size in COST_SIZES) + " |")
     print(f"\nDynamoDB Local's own ConsumedCapacity, where it reports one (plain calls that succeeded): "
           f"{agreed} of {checked} calls agree with the computed units.")
     for name, scenario, size, op, figure, computed in disagreements[:10]:
-        print(f"  differs: {name} {scenario} {size // 1024} KB {op}: DynamoDB Local {figure}, computed {computed}")
+        print(f"  differs: {name} {scenario} {size} bytes {op}: DynamoDB Local {figure}, computed {computed}")
     with open(os.path.join(ROOT, "comparison", "results-cost.json"), "w") as f:
         json.dump({f"{name}/{scenario}/{size}": r for (name, scenario, size), r in results.items()}, f, indent=2)
 
