@@ -30,7 +30,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost bench-cost-sizes bench-plots validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -54,7 +54,8 @@ test: lint package validate integration e2e sam-local
 ## dependency (scripts/check-msrv), every feature compiled alone, and the docs as docs.rs builds them (the
 ## library's and lambda-idempotency-durable's) and
 ## with no feature, powertools, http, tonic and actix alone, each store alone, the server set
-## (dynamodb,http,axum) and the Lambda consumer set (lambda,dynamodb,consumers).
+## (dynamodb,http,axum) and the Lambda consumer set (lambda,dynamodb,consumers);
+## and BENCHMARKS.md's plots against their figures (benches/plots).
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -62,6 +63,8 @@ lint:
 	scripts/check-msrv
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption,kms,metrics
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-durable
+	@# BENCHMARKS.md's plots are what their figures draw.
+	python3 benches/plots/plot.py --check
 	@# Without a feature, its items are not there to link to: the docs of
 	@# the others link to docs.rs instead. These builds (no feature, and the
 	@# two features whose docs name the most of the others) catch a link
@@ -248,16 +251,17 @@ bench-server:
 	target/server-bench/release/inproc
 
 ## The layer's own CPU per new request at the memory server, by call
-## chain (perf, frame pointers; BENCH_RATE, default 20000; BENCHMARKS.md,
-## "The layer's CPU, a third pass"): what a server's CPU over the bare
-## app's, which moves by more from round to round, cannot tell apart.
+## chain (perf, frame pointers; BENCH_RATE, default 20000; its first use is
+## in BENCHMARKS.md's history, git log -p BENCHMARKS.md, 2026-11-26): what
+## a server's CPU over the bare app's, which moves by more from round to
+## round, cannot tell apart.
 ## Needs perf and permission to record another process.
 bench-server-share:
 	cd comparison/server && RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=$(abspath target/server-bench-fp) $(CARGO) build --release --bin server-bench
 	python3 comparison/layer_share.py target/server-bench-fp/release/server-bench 3
 
 ## The layer's instructions per new request, counted by callgrind rather
-## than timed (BENCHMARKS.md, "Instructions, counted"): a change of a few
+## than timed (BENCHMARKS.md, "Counted, not timed"): a change of a few
 ## hundred instructions shows, where timing moves by a microsecond from run
 ## to run. BENCH_AGAINST=<path to another build's inproc> puts that build's
 ## figures first. Needs valgrind.
@@ -267,7 +271,7 @@ bench-instructions:
 	python3 comparison/instructions.py $(if $(BENCH_AGAINST),against=$(BENCH_AGAINST)) now=target/server-bench/release/inproc
 
 ## The memory copies a new request makes, by call site (counted, not timed;
-## BENCHMARKS.md, "Copies, counted"): the bare app's and the layer's, and
+## BENCHMARKS.md, "Counted, not timed"): the bare app's and the layer's, and
 ## the layer's largest sites with the source lines inlined at each. A copy of
 ## kilobytes is a future moved whole. Needs a C compiler and addr2line.
 bench-copies:
@@ -275,7 +279,7 @@ bench-copies:
 	python3 comparison/copies.py target/server-bench-dbg/release/inproc
 
 ## A MemoryStore that keeps every record, as a server's does for the hour
-## they live (BENCHMARKS.md, "The memory store's table"): resident memory a
+## they live (BENCHMARKS.md, "The memory store as it grows"): resident memory a
 ## record kept, and the longest claim and completion, the one that rebuilt
 ## the table under the store's lock. BENCH_RECORDS sets how many (2,000,000).
 bench-memory-store:
@@ -311,6 +315,23 @@ bench-single-write: $(VENV)/.installed
 bench-cost: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
 	$(CARGO) build --profile bench --example bench_driver
 	BENCH_ONLY=cost scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
+
+## The cost of new requests and replays at sixteen response sizes, 256
+## bytes to 64 KB (BENCH_COST_SIZES, bytes), as bench-cost prices them, into
+## benches/plots/figures.json; then the plots (BENCHMARKS.md's cost plot).
+bench-cost-sizes: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.installed
+	$(CARGO) build --profile bench --example bench_driver
+	BENCH_ONLY=cost BENCH_COST_SCENARIOS=new,replay BENCH_COST_SIZES=$(BENCH_COST_SIZES) \
+	  scripts/with-dynamodb-local $(VENV)/bin/python comparison/run.py
+	python3 benches/plots/plot.py import-cost comparison/results-cost.json
+	$(MAKE) bench-plots
+
+BENCH_COST_SIZES ?= 256,512,768,1024,1536,2048,3072,4096,6144,8192,12288,16384,24576,32768,49152,65536
+
+## BENCHMARKS.md's plots (benches/plots/*.svg) from the figures they show,
+## benches/plots/figures.json (Python's standard library only).
+bench-plots:
+	python3 benches/plots/plot.py
 
 ## The two PostgreSQL stores, tokio-postgres and sqlx (by default and with
 ## prepared statements), in interleaved rounds of new keys and replays on

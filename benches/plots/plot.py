@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md's plots, drawn from figures.json beside this file.
+
+    python3 benches/plots/plot.py                 # every SVG from figures.json (make bench-plots)
+    python3 benches/plots/plot.py --check         # fails if an SVG is not what figures.json draws (make lint)
+    python3 benches/plots/plot.py import-cost F   # the response-size sweep of make bench-cost-sizes
+                                                  # (comparison/results-cost.json) into figures.json
+
+Standard library only, SVG written by hand: a fresh machine needs nothing
+installed, and the SVGs are text that a diff can read. figures.json holds
+only figures that BENCHMARKS.md quotes, each chart with its source (the
+make target, the date and the commit of the run).
+"""
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIGURES = os.path.join(HERE, "figures.json")
+
+# Colour-blind-safe (Okabe and Ito), each series also told apart by its
+# marker or dash so that a grey print still reads.
+COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]
+DASHES = ["", "6 3", "2 3", "8 3 2 3", "", "4 2"]
+FONT = "font-family='Helvetica, Arial, sans-serif'"
+
+
+def esc(text):
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def text(x, y, body, size=12, anchor="start", weight="normal", colour="#222", extra=""):
+    return (f"<text x='{x:.1f}' y='{y:.1f}' font-size='{size}' text-anchor='{anchor}' "
+            f"font-weight='{weight}' fill='{colour}' {FONT} {extra}>{esc(body)}</text>")
+
+
+def line(x1, y1, x2, y2, colour="#222", width=1, dash=""):
+    dashed = f" stroke-dasharray='{dash}'" if dash else ""
+    return (f"<line x1='{x1:.1f}' y1='{y1:.1f}' x2='{x2:.1f}' y2='{y2:.1f}' stroke='{colour}' "
+            f"stroke-width='{width}'{dashed}/>")
+
+
+def marker(kind, x, y, colour, size=4.5):
+    if kind == "circle":
+        return f"<circle cx='{x:.1f}' cy='{y:.1f}' r='{size:.1f}' fill='{colour}'/>"
+    if kind == "ring":
+        return f"<circle cx='{x:.1f}' cy='{y:.1f}' r='{size:.1f}' fill='white' stroke='{colour}' stroke-width='2'/>"
+    if kind == "square":
+        return (f"<rect x='{x - size:.1f}' y='{y - size:.1f}' width='{2 * size:.1f}' height='{2 * size:.1f}' "
+                f"fill='{colour}'/>")
+    if kind == "diamond":
+        s = size * 1.3
+        return (f"<polygon points='{x:.1f},{y - s:.1f} {x + s:.1f},{y:.1f} {x:.1f},{y + s:.1f} {x - s:.1f},{y:.1f}' "
+                f"fill='{colour}'/>")
+    if kind == "triangle":
+        s = size * 1.2
+        return (f"<polygon points='{x:.1f},{y - s:.1f} {x + s:.1f},{y + s * 0.8:.1f} {x - s:.1f},{y + s * 0.8:.1f}' "
+                f"fill='{colour}'/>")
+    raise ValueError(kind)
+
+
+def lines_of(value):
+    """A subtitle or footnote: one line, or a list of lines."""
+    return value if isinstance(value, list) else [value]
+
+
+def svg(width, height, body):
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+            f"viewBox='0 0 {width} {height}'>\n<rect width='100%' height='100%' fill='white'/>\n"
+            + "\n".join(body) + "\n</svg>\n")
+
+
+def log_ticks(low, high):
+    """1, 2, 5 times powers of ten between low and high."""
+    ticks = []
+    for exponent in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
+        for step in (1, 2, 5):
+            value = step * 10 ** exponent
+            if low <= value * (1 + 1e-9) and value <= high * (1 + 1e-9):
+                ticks.append(value)
+    return ticks
+
+
+def tick_label(value):
+    return f"{value:g}" if value >= 0.01 else f"{value:.0e}"
+
+
+def latency_chart(chart):
+    """Median and tail per system, one row each, grouped, on a log axis:
+    a filled marker at the median, a ring at the tail (p99), a bar between.
+    A system keeps its colour in every group."""
+    groups = chart["groups"]
+    rows = sum(len(group["rows"]) for group in groups)
+    label_width, plot_width, right = 330, 430, 140
+    top, row_height, group_gap = 78, 22, 30
+    subtitle, footnote = lines_of(chart["subtitle"]), lines_of(chart.get("footnote", []))
+    top += 14 * (len(subtitle) - 1)
+    height = top + rows * row_height + len(groups) * group_gap + 62 + 14 * len(footnote)
+    width = label_width + plot_width + right
+    low, high = chart["axis_ms"]
+    digits = chart.get("digits", 2)
+    scale = plot_width / (math.log10(high) - math.log10(low))
+    colours = {}
+    for group in groups:
+        for row in group["rows"]:
+            colours.setdefault(row["label"], COLOURS[len(colours) % len(COLOURS)])
+
+    def x_of(ms):
+        return label_width + (math.log10(ms) - math.log10(low)) * scale
+
+    body = [text(16, 26, chart["title"], size=16, weight="bold")]
+    body += [text(16, 46 + 14 * i, line_, size=11, colour="#555") for i, line_ in enumerate(subtitle)]
+    # Legend, above the plot.
+    legend_y = top - 12
+    body.append(marker("circle", label_width + 8, legend_y - 4, "#222"))
+    body.append(text(label_width + 18, legend_y, "median (p50)", size=11))
+    body.append(line(label_width + 112, legend_y - 4, label_width + 142, legend_y - 4, "#222", 2))
+    body.append(marker("ring", label_width + 142, legend_y - 4, "#222"))
+    body.append(text(label_width + 152, legend_y, chart.get("tail_label", "p99"), size=11))
+    ticks = log_ticks(low, high)
+    grid = []
+    y = top
+    for group in groups:
+        y += group_gap
+        body.append(text(16, y - 8, group["title"], size=12, weight="bold"))
+        # The grid behind this group's rows only, so that no line crosses a title.
+        group_bottom = y + len(group["rows"]) * row_height
+        for tick in ticks:
+            major = math.isclose(math.log10(tick), round(math.log10(tick)))
+            grid.append(line(x_of(tick), y, x_of(tick), group_bottom, "#ccc" if major else "#eee", 1))
+        for row in group["rows"]:
+            colour = colours[row["label"]]
+            centre = y + row_height / 2
+            body.append(text(label_width - 10, centre + 4, row["label"], size=11, anchor="end"))
+            if row.get("median") is None:
+                body.append(text(label_width + 6, centre + 4, row.get("note", "n/a"), size=11, colour="#555"))
+            else:
+                x_median, x_tail = x_of(row["median"]), x_of(row["p99"])
+                body.append(line(x_median, centre, x_tail, centre, colour, 3))
+                body.append(marker("ring", x_tail, centre, colour))
+                body.append(marker("circle", x_median, centre, colour))
+                # The figures themselves, right of the tail.
+                body.append(text(x_tail + 9, centre + 4, f"{row['median']:.{digits}f} / {row['p99']:.{digits}f} ms",
+                                 size=10, colour="#444"))
+            y += row_height
+    plot_bottom = y + 8
+    for tick in ticks:
+        x = x_of(tick)
+        grid.append(line(x, plot_bottom, x, plot_bottom + 4, "#333", 1))
+        grid.append(text(x, plot_bottom + 16, tick_label(tick), size=10, anchor="middle", colour="#333"))
+    grid.append(line(label_width, plot_bottom, label_width + plot_width, plot_bottom, "#333", 1))
+    grid.append(text(label_width + plot_width / 2, plot_bottom + 36, chart["x_label"], size=12, anchor="middle"))
+    grid += [text(16, plot_bottom + 58 + 14 * i, line_, size=10, colour="#555") for i, line_ in enumerate(footnote)]
+    return svg(width, height, grid + body)
+
+
+def size_label(size):
+    if size >= 1024 and size % 1024 == 0:
+        return f"{size // 1024} KB"
+    return f"{size} B"
+
+
+def cost_chart(chart):
+    """Dollars per million requests against the response's size, a panel per
+    request kind, a line per implementation, a marker at each measured size;
+    both axes logarithmic (sizes in powers of two, dollars in 1-2-5 steps),
+    so that the small sizes and the cheap reads are as readable as the large."""
+    panels = chart["panels"]
+    panel_width, panel_height = 390, 320
+    left, gap = 80, 100
+    subtitle, footnote = lines_of(chart["subtitle"]), lines_of(chart.get("footnote", []))
+    top = 96 + 14 * (len(subtitle) - 1)
+    legend_rows = len(chart["series"])
+    width = left + len(panels) * panel_width + (len(panels) - 1) * gap + 30
+    height = top + panel_height + 66 + legend_rows * 20 + 14 * len(footnote) + 10
+    sizes = chart["sizes"]
+    x_low, x_high = math.log2(min(sizes)), math.log2(max(sizes))
+    y_low, y_high = chart["y_axis"]
+    body = [text(16, 26, chart["title"], size=16, weight="bold")]
+    body += [text(16, 46 + 14 * i, line_, size=11, colour="#555") for i, line_ in enumerate(subtitle)]
+    markers = ["circle", "square", "diamond", "triangle", "ring"]
+    for p, panel in enumerate(panels):
+        x0 = left + p * (panel_width + gap)
+        y0 = top + panel_height
+
+        def x_of(size):
+            return x0 + (math.log2(size) - x_low) / (x_high - x_low) * panel_width
+
+        def y_of(value):
+            return y0 - (math.log10(value) - math.log10(y_low)) / (math.log10(y_high) - math.log10(y_low)) * panel_height
+
+        body.append(text(x0 + panel_width / 2, top - 12, panel["title"], size=13, anchor="middle", weight="bold"))
+        for tick in log_ticks(y_low, y_high):
+            y = y_of(tick)
+            major = math.isclose(math.log10(tick), round(math.log10(tick)))
+            body.append(line(x0, y, x0 + panel_width, y, "#ccc" if major else "#eee", 1))
+            body.append(text(x0 - 6, y + 4, f"{tick:g}", size=10, anchor="end", colour="#333"))
+        for size in sizes:
+            exponent = math.log2(size)
+            if exponent != int(exponent) or int(exponent) % 2:
+                continue  # label every other power of two: 256 B, 1 KB, 4 KB ...
+            x = x_of(size)
+            body.append(line(x, y0, x, y0 + 4, "#333", 1))
+            body.append(text(x, y0 + 17, size_label(size), size=10, anchor="middle", colour="#333"))
+        body.append(line(x0, y0, x0 + panel_width, y0, "#333", 1))
+        body.append(line(x0, top, x0, y0, "#333", 1))
+        body.append(text(x0 + panel_width / 2, y0 + 38, chart["x_label"], size=12, anchor="middle"))
+        body.append(text(x0 - 46, top + panel_height / 2, chart["y_label"], size=12, anchor="middle",
+                         extra=f"transform='rotate(-90 {x0 - 46:.1f} {top + panel_height / 2:.1f})'"))
+        for s, name in enumerate(chart["series"]):
+            values = panel["series"].get(name)
+            if values is None:
+                continue
+            colour = COLOURS[s % len(COLOURS)]
+            points = " ".join(f"{x_of(size):.1f},{y_of(v):.1f}" for size, v in zip(sizes, values))
+            dash = f" stroke-dasharray='{DASHES[s]}'" if DASHES[s] else ""
+            body.append(f"<polyline points='{points}' fill='none' stroke='{colour}' stroke-width='2'{dash}/>")
+            for size, v in zip(sizes, values):
+                body.append(marker(markers[s % len(markers)], x_of(size), y_of(v), colour, 3.2))
+    legend_y = top + panel_height + 66
+    for s, name in enumerate(chart["series"]):
+        colour = COLOURS[s % len(COLOURS)]
+        y = legend_y + s * 20
+        body.append(line(left, y - 4, left + 34, y - 4, colour, 2, DASHES[s]))
+        body.append(marker(markers[s % len(markers)], left + 17, y - 4, colour, 3.2))
+        body.append(text(left + 44, y, name, size=11))
+    body += [text(16, legend_y + legend_rows * 20 + 6 + 14 * i, line_, size=10, colour="#555")
+             for i, line_ in enumerate(footnote)]
+    return svg(width, height, body)
+
+
+def draw(check=False):
+    """Writes each chart's SVG, or with check, says which differ from what
+    figures.json draws (a figure changed without its plot, or by hand)."""
+    with open(FIGURES) as f:
+        figures = json.load(f)
+    stale = []
+    for name, chart in figures.items():
+        if name.startswith("_"):
+            continue
+        drawn = latency_chart(chart) if chart["kind"] == "latency" else cost_chart(chart)
+        path = os.path.join(HERE, f"{name}.svg")
+        if check:
+            try:
+                with open(path) as f:
+                    current = f.read()
+            except FileNotFoundError:
+                current = None
+            if current != drawn:
+                stale.append(os.path.relpath(path))
+            continue
+        with open(path, "w") as f:
+            f.write(drawn)
+        print(f"wrote {os.path.relpath(path)}")
+    if stale:
+        sys.exit(f"not what figures.json draws (run make bench-plots): {', '.join(stale)}")
+
+
+def import_cost(path):
+    """The sweep's dollars per million requests into figures.json's cost
+    chart: every size the run priced, the new request and the replay."""
+    with open(path) as f:
+        results = json.load(f)
+    with open(FIGURES) as f:
+        figures = json.load(f)
+    chart = figures["cost-by-response-size"]
+    by = {}
+    for key, result in results.items():
+        name, scenario, size = key.rsplit("/", 2)
+        by.setdefault((name, scenario), {})[int(size)] = result["dollars_per_million"]
+    sizes = sorted({size for series in by.values() for size in series})
+    chart["sizes"] = sizes
+    for panel in chart["panels"]:
+        panel["series"] = {}
+        for series, implementation in chart["implementations"].items():
+            measured = by.get((implementation, panel["scenario"]))
+            if measured and all(size in measured for size in sizes):
+                panel["series"][series] = [round(measured[size], 4) for size in sizes]
+    with open(FIGURES, "w") as f:
+        json.dump(figures, f, indent=1)
+        f.write("\n")
+    print(f"{len(sizes)} sizes from {path} into {os.path.relpath(FIGURES)}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["import-cost"]:
+        import_cost(sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "..", "..", "comparison",
+                                                                          "results-cost.json"))
+    elif sys.argv[1:] == ["--check"]:
+        draw(check=True)
+    elif len(sys.argv) == 1:
+        draw()
+    else:
+        sys.exit(__doc__)
