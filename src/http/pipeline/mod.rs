@@ -20,7 +20,7 @@
 //! # Plain functions that return futures
 //!
 //! Every request allocates and moves the futures made here, so their size
-//! is a cost of every request (BENCHMARKS.md, "A sharper instrument").
+//! is a cost of every request (BENCHMARKS.md, "Counted, not timed").
 //! rustc keeps an `async fn`'s arguments for the whole of its future, beside
 //! the locals and callee futures they are moved into: the request (some 240
 //! bytes) would be held twice. So the levels on a request's way (`answer`,
@@ -32,7 +32,8 @@
 //! futures every request allocates keep no room for them, and the
 //! request's and the operation's fit the allocator's per-thread cache
 //! (glibc's holds chunks up to 1,032 bytes; the sizes, measured, are in
-//! BENCHMARKS.md, "Fewer levels, fewer allocations").
+//! CHANGELOG.md, "A new request through the HTTP layer costs 0.6 to 0.9 us
+//! less").
 
 mod admission;
 mod attempt;

@@ -9,7 +9,7 @@
 //! the bare app's was 12.8 µs with them, 10.0 with the same records
 //! written one after the other into blocks of [`BLOCK`] bytes, some two
 //! hundred records to a block (medians of 15 rounds, lower in every round;
-//! BENCHMARKS.md, "Records in blocks").
+//! CHANGELOG.md; the figure now: BENCHMARKS.md, "The layer's CPU").
 //!
 //! A block is given back when none of its records is kept any more.
 //! Records are written as they complete and, living as long as each other

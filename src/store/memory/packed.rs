@@ -14,7 +14,7 @@
 //! at each growth, and every page of it is new memory the kernel must
 //! fault in and zero: at 136 bytes a record, the table's pages were four
 //! of every ten page faults of the server benchmark's app on the memory
-//! store, new keys (BENCHMARKS.md, "The memory store's table").
+//! store, new keys (measured 2026-11-27: `git log -p BENCHMARKS.md`).
 
 use crate::{
     store::{Claim, OwnerToken, Record, RecordId, Status},

@@ -4,7 +4,7 @@
 //! order), fingerprinted in a loop, three times.
 //!
 //! `fingerprint [iterations] [sorted]`; run two builds alternately to
-//! compare them (BENCHMARKS.md, "Instructions, counted").
+//! compare them (BENCHMARKS.md, "The layer's CPU").
 
 use lambda_idempotency::{http::request_fingerprint, Fingerprint};
 use std::{hint::black_box, time::Instant};
