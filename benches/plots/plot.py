@@ -11,9 +11,11 @@ installed, and the SVGs are text that a diff can read. figures.json holds
 only figures that BENCHMARKS.md quotes, each chart with its source (the
 make target, the date and the commit of the run).
 """
+import datetime
 import json
 import math
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -277,6 +279,11 @@ def import_cost(path):
             measured = by.get((implementation, panel["scenario"]))
             if measured and all(size in measured for size in sizes):
                 panel["series"][series] = [round(measured[size], 4) for size in sizes]
+    # The run's date and commit, in the plot itself.
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                            text=True).stdout.strip() or "an unknown commit"
+    chart["subtitle"][0] = (f"make bench-cost-sizes, {datetime.date.today().isoformat()} at {commit}: "
+                            "units from the calls on the wire, priced at")
     with open(FIGURES, "w") as f:
         json.dump(figures, f, indent=1)
         f.write("\n")
