@@ -2,7 +2,8 @@
 
 A server's CPU over the bare app's moves by more from round to round than
 a change to the layer (BENCHMARKS.md's pass of 2026-11-26, "The layer's
-CPU, a third pass", in `git log -p BENCHMARKS.md`). This measures the layer's share of one server's CPU instead:
+CPU, a third pass", in `git log -p BENCHMARKS.md`). This measures the
+layer's share of one server's CPU instead:
 
 1. starts `server-bench run` for the memory server alone (new keys, then
    replays), at BENCH_RATE requests a second (default 20000);
