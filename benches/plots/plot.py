@@ -15,6 +15,7 @@ import datetime
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -259,6 +260,17 @@ def draw(check=False):
         sys.exit(f"not what figures.json draws (run make bench-plots): {', '.join(stale)}")
 
 
+def save(figures):
+    """figures.json as a person reads it: a row or a list of figures on one line."""
+    text_ = json.dumps(figures, indent=1, ensure_ascii=False)
+    # An object or a list that holds no other is written on one line.
+    compact = re.sub(r"[\[{][^\[\]{}]*[\]}]", lambda m: " ".join(m.group(0).split()), text_)
+    # Whitespace inside a string would be squeezed too: then keep the plain form.
+    text_ = compact if json.loads(compact) == figures else text_
+    with open(FIGURES, "w") as f:
+        f.write(text_ + "\n")
+
+
 def import_cost(path):
     """The sweep's dollars per million requests into figures.json's cost
     chart: every size the run priced, the new request and the replay."""
@@ -284,9 +296,7 @@ def import_cost(path):
                             text=True).stdout.strip() or "an unknown commit"
     chart["subtitle"][0] = (f"make bench-cost-sizes, {datetime.date.today().isoformat()} at {commit}: "
                             "units from the calls on the wire, priced at")
-    with open(FIGURES, "w") as f:
-        json.dump(figures, f, indent=1)
-        f.write("\n")
+    save(figures)
     print(f"{len(sizes)} sizes from {path} into {os.path.relpath(FIGURES)}")
 
 
