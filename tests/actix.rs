@@ -969,3 +969,490 @@ async fn each_request_is_reported_through_the_http_port() {
     assert_eq!(observer.answers().len(), 3, "{:?}", observer.answers());
     server.stop().await;
 }
+
+/// Outside review of redaction through actix-web's middleware
+/// (`IdempotencyLayer::redact_json`, `redact`, `withhold_bodies`): the
+/// first caller gets the whole response, every retry (from the store, the
+/// local cache, or waiting on the run in this process) the redacted one,
+/// and the record never holds what was taken out.
+mod redaction {
+    use super::*;
+    use base64::Engine as _;
+    use lambda_idempotency::{
+        http::{decode_stored_response, BodyNotStored},
+        JsonPointer, JsonRedaction,
+    };
+    use sha2::{Digest, Sha256};
+
+    const SECRET: &str = "pi_1_secret_Xq9";
+    const CARD: &str = "4242424242424242";
+
+    fn redaction() -> JsonRedaction {
+        JsonRedaction::new()
+            .remove(JsonPointer::new("/client_secret").unwrap())
+            .replace(
+                JsonPointer::new("/card/number").unwrap(),
+                "************4242",
+            )
+    }
+
+    fn digest(body: &[u8]) -> String {
+        format!(
+            "sha-256=:{}:",
+            base64::engine::general_purpose::STANDARD.encode(Sha256::digest(body))
+        )
+    }
+
+    fn header_of<'a>(request: &'a HttpRequest, name: &str) -> Option<&'a str> {
+        request.headers().get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// A charge whose JSON body holds a one-time secret and a card number,
+    /// after `work_ms`: `x-status` its status (201 by default), `x-pad`
+    /// bytes of padding (past 64 KiB the middleware streams the body to
+    /// its record), `x-measured` adds the headers that measure or name
+    /// the body (`ETag`, `Content-Digest`).
+    async fn secret_charge(state: web::Data<State>, request: HttpRequest) -> HttpResponse {
+        let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let work = Duration::from_millis(state.work_ms.load(Ordering::SeqCst) as u64);
+        actix_web::rt::time::sleep(work).await;
+        let pad: usize = header_of(&request, "x-pad")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let status: u16 = header_of(&request, "x-status")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(201);
+        let body = json!({
+            "id": format!("ch_{run}"),
+            "client_secret": SECRET,
+            "card": { "number": CARD, "exp": "12/30" },
+            "pad": "p".repeat(pad),
+        })
+        .to_string();
+        state.finished.fetch_add(1, Ordering::SeqCst);
+        let mut response = HttpResponse::build(
+            actix_web::http::StatusCode::from_u16(status).expect("a status"),
+        );
+        response
+            .content_type("application/json")
+            .insert_header(("location", format!("/v1/charges/ch_{run}")));
+        if header_of(&request, "x-measured").is_some() {
+            let sha = Sha256::digest(body.as_bytes());
+            response.insert_header((
+                "etag",
+                format!(
+                    "\"{}\"",
+                    sha.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                ),
+            ));
+            response.insert_header(("content-digest", digest(body.as_bytes())));
+        }
+        response.body(body)
+    }
+
+    /// The same charge as a stream without a length, in two chunks.
+    async fn streamed_charge(state: web::Data<State>) -> HttpResponse {
+        let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let body = json!({ "id": format!("ch_{run}"), "client_secret": SECRET }).to_string();
+        let (head, tail) = body.split_at(body.len() / 2);
+        let chunks = [
+            Ok::<_, actix_web::Error>(Bytes::from(head.to_owned())),
+            Ok(Bytes::from(tail.to_owned())),
+        ];
+        HttpResponse::Created()
+            .content_type("application/json")
+            .streaming(futures::stream::iter(chunks))
+    }
+
+    /// The same charge gzip-compressed, as actix's `Compress` wrapped
+    /// inside the idempotency middleware would send it.
+    async fn gzipped_charge(state: web::Data<State>) -> HttpResponse {
+        use std::io::Write as _;
+        let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let body = json!({ "id": format!("ch_{run}"), "client_secret": SECRET }).to_string();
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gzip.write_all(body.as_bytes()).unwrap();
+        HttpResponse::Created()
+            .content_type("application/json")
+            .insert_header(("content-encoding", "gzip"))
+            .body(gzip.finish().unwrap())
+    }
+
+    /// A refusal an actix handler answers with its own error type: a 422
+    /// whose JSON body holds the secret.
+    #[derive(Debug)]
+    struct Declined;
+
+    impl std::fmt::Display for Declined {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("declined")
+        }
+    }
+
+    impl actix_web::ResponseError for Declined {
+        fn status_code(&self) -> actix_web::http::StatusCode {
+            actix_web::http::StatusCode::UNPROCESSABLE_ENTITY
+        }
+
+        fn error_response(&self) -> HttpResponse {
+            HttpResponse::UnprocessableEntity()
+                .content_type("application/json")
+                .body(json!({ "error": "declined", "client_secret": SECRET }).to_string())
+        }
+    }
+
+    async fn declined(state: web::Data<State>) -> Result<HttpResponse, Declined> {
+        state.runs.fetch_add(1, Ordering::SeqCst);
+        Err(Declined)
+    }
+
+    /// A real `HttpServer` with the redaction routes behind `idempotency`
+    /// (callers share records).
+    fn serve_redacting(idempotency: Idempotency<MemoryStore>) -> Server {
+        let state = web::Data::new(State::default());
+        let app_state = state.clone();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let server = HttpServer::new(move || {
+                    App::new().app_data(app_state.clone()).service(
+                        web::scope("/r")
+                            .wrap(idempotency.clone())
+                            .route("/charges", web::post().to(secret_charge))
+                            .route("/streamed", web::post().to(streamed_charge))
+                            .route("/gzipped", web::post().to(gzipped_charge))
+                            .route("/declined", web::post().to(declined)),
+                    )
+                })
+                .workers(1)
+                .disable_signals()
+                .bind(("127.0.0.1", 0))
+                .expect("a loopback port");
+                let addr = server.addrs()[0];
+                let server = server.run();
+                sender.send((addr, server.handle())).expect("the test waits");
+                server.await
+            })
+        });
+        let (addr, handle) = receiver.recv().expect("the server starts");
+        Server {
+            addr,
+            handle,
+            state,
+        }
+    }
+
+    fn layer(store: &MemoryStore) -> IdempotencyLayer<MemoryStore> {
+        IdempotencyLayer::new(Engine::builder(store.clone()).build())
+    }
+
+    fn middleware(layer: IdempotencyLayer<MemoryStore>) -> Idempotency<MemoryStore> {
+        Idempotency::new(layer).shared_scope()
+    }
+
+    async fn post(addr: SocketAddr, path: &str, key: &str, extra: &[(&str, &str)]) -> Answer {
+        let mut headers = vec![("idempotency-key", key)];
+        headers.extend_from_slice(extra);
+        send(addr, path, &headers, "{}").await
+    }
+
+    /// No record of `store` holds `secret`, in any form.
+    fn never_stored(store: &MemoryStore, secret: &str) {
+        let records = store.records();
+        assert!(!records.is_empty(), "a record");
+        for record in records {
+            let response = record.response.unwrap_or_default();
+            assert!(
+                !response
+                    .windows(secret.len())
+                    .any(|w| w == secret.as_bytes()),
+                "the record holds {secret}"
+            );
+        }
+    }
+
+    fn redacted(answer: &Answer) {
+        assert!(answer.replayed(), "{answer:?}");
+        let body = answer.json();
+        assert!(body.get("client_secret").is_none(), "{answer:?}");
+        assert_eq!(body["card"]["number"], "************4242", "{answer:?}");
+    }
+
+    /// The everyday case through a real actix server: the first caller
+    /// whole; a duplicate waiting on the run in this process, a retry from
+    /// the local cache and one from the store redacted; the operator's
+    /// decoding of the record redacted too.
+    #[tokio::test]
+    async fn the_first_caller_gets_it_whole_and_every_other_reader_redacted() {
+        let store = MemoryStore::new();
+        let engine = Engine::builder(store.clone()).cache(16).build();
+        let server = serve_redacting(middleware(
+            IdempotencyLayer::new(engine)
+                .redact_json(redaction())
+                .wait_for_result(Duration::from_secs(10)),
+        ));
+        server.state.work_ms.store(400, Ordering::SeqCst);
+        let (first, waiter) = tokio::join!(post(server.addr, "/r/charges", "k1", &[]), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            post(server.addr, "/r/charges", "k1", &[]).await
+        });
+        assert_eq!(first.status, 201, "{first:?}");
+        assert!(!first.replayed());
+        assert_eq!(first.json()["client_secret"], SECRET);
+        assert_eq!(first.json()["card"]["number"], CARD);
+        assert_eq!(waiter.status, 201, "{waiter:?}");
+        redacted(&waiter);
+        // From the cache (the store's copy still there: a replay either way).
+        redacted(&post(server.addr, "/r/charges", "k1", &[]).await);
+        never_stored(&store, SECRET);
+        never_stored(&store, CARD);
+        let record = store.records().pop().expect("one record");
+        let decoded = decode_stored_response(&record.response.expect("completed")).unwrap();
+        assert!(!format!("{:?}", decoded.body()).contains(SECRET));
+        assert_eq!(server.state.runs(), 1);
+        server.stop().await;
+    }
+
+    /// A body of more than 64 KiB (streamed to its record through the
+    /// channel, teed to the client) and a body without a length are
+    /// redacted as a small one is.
+    #[tokio::test]
+    async fn a_long_or_streamed_json_body_is_redacted_too() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(layer(&store).redact_json(redaction())));
+        let pad = [("x-pad", "100000")];
+        let first = post(server.addr, "/r/charges", "k-long", &pad).await;
+        assert_eq!(first.json()["client_secret"], SECRET, "{}", first.status);
+        assert_eq!(first.json()["pad"].as_str().map(str::len), Some(100_000));
+        let retry = post(server.addr, "/r/charges", "k-long", &pad).await;
+        redacted(&retry);
+        assert_eq!(retry.json()["pad"].as_str().map(str::len), Some(100_000));
+
+        let first = post(server.addr, "/r/streamed", "k-stream", &[]).await;
+        assert_eq!(first.json()["client_secret"], SECRET, "{first:?}");
+        let retry = post(server.addr, "/r/streamed", "k-stream", &[]).await;
+        assert!(retry.replayed(), "{retry:?}");
+        assert_eq!(retry.json(), json!({ "id": "ch_2" }), "{retry:?}");
+        never_stored(&store, SECRET);
+        assert_eq!(server.state.runs(), 2);
+        server.stop().await;
+    }
+
+    /// A gzip body (`Compress` inside the middleware) is not JSON the
+    /// redaction reads: its record keeps the status and the digest of the
+    /// bytes sent, and the retry is told so.
+    #[tokio::test]
+    async fn a_compressed_body_is_withheld_with_its_digest() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(layer(&store).redact_json(redaction())));
+        let first = post(server.addr, "/r/gzipped", "k-gz", &[]).await;
+        assert_eq!(first.status, 201);
+        assert_eq!(first.headers["content-encoding"], "gzip");
+        let retry = post(server.addr, "/r/gzipped", "k-gz", &[]).await;
+        assert_eq!(retry.status, 201, "the original status");
+        assert!(retry.replayed());
+        assert!(retry.headers.get("content-encoding").is_none(), "{retry:?}");
+        assert!(retry.problem_type().ends_with("idempotency-response-not-stored"));
+        assert_eq!(retry.json()["response_digest"], digest(&first.body));
+        assert!(store.records()[0]
+            .response
+            .as_ref()
+            .is_some_and(|r| r.len() < 200));
+        assert_eq!(server.state.runs(), 1);
+        server.stop().await;
+    }
+
+    /// A hook that fails or panics (on actix's worker thread, where the
+    /// handler's local task runs too): the first caller gets the response,
+    /// the record keeps the status and the digest, the handler runs once
+    /// and the worker goes on serving.
+    #[tokio::test]
+    async fn a_hook_that_fails_or_panics_withholds_and_the_worker_serves_on() {
+        for panics in [false, true] {
+            let store = MemoryStore::new();
+            let layer = layer(&store);
+            let layer = if panics {
+                layer.redact(|_| panic!("the redaction hook panicked"))
+            } else {
+                layer.redact(|_| Err("cannot redact".into()))
+            };
+            let server = serve_redacting(middleware(layer));
+            let first = post(server.addr, "/r/charges", "k-hook", &[]).await;
+            assert_eq!(first.status, 201, "{first:?}");
+            assert_eq!(first.json()["client_secret"], SECRET);
+            let retry = post(server.addr, "/r/charges", "k-hook", &[]).await;
+            assert_eq!(retry.status, 201, "{retry:?}");
+            assert!(retry.replayed());
+            assert!(
+                retry.headers.get(header::LOCATION).is_none(),
+                "status and digest only"
+            );
+            assert_eq!(retry.json()["response_digest"], digest(&first.body));
+            never_stored(&store, SECRET);
+            assert_eq!(server.state.runs(), 1, "panics: {panics}");
+            let other = post(server.addr, "/r/charges", "k-hook-2", &[]).await;
+            assert_eq!(other.status, 201, "the worker serves on");
+            server.stop().await;
+        }
+    }
+
+    /// A 4xx (a `HttpResponse` and a handler's own `ResponseError`) is
+    /// stored redacted; a 5xx is not stored (the retry runs again).
+    #[tokio::test]
+    async fn a_stored_4xx_is_redacted_and_a_5xx_is_not_stored() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(layer(&store).redact_json(
+            redaction().remove(JsonPointer::new("/client_secret").unwrap()),
+        )));
+        let status = [("x-status", "422")];
+        let first = post(server.addr, "/r/charges", "k-422", &status).await;
+        assert_eq!(first.status, 422);
+        assert_eq!(first.json()["client_secret"], SECRET);
+        let retry = post(server.addr, "/r/charges", "k-422", &status).await;
+        assert_eq!(retry.status, 422);
+        redacted(&retry);
+
+        let first = post(server.addr, "/r/declined", "k-declined", &[]).await;
+        assert_eq!(first.status, 422);
+        assert_eq!(first.json()["client_secret"], SECRET, "{first:?}");
+        let retry = post(server.addr, "/r/declined", "k-declined", &[]).await;
+        assert_eq!(retry.status, 422);
+        assert!(retry.replayed(), "{retry:?}");
+        assert_eq!(retry.json(), json!({ "error": "declined" }));
+        never_stored(&store, SECRET);
+
+        let status = [("x-status", "503")];
+        post(server.addr, "/r/charges", "k-503", &status).await;
+        let retry = post(server.addr, "/r/charges", "k-503", &status).await;
+        assert!(!retry.replayed(), "a 5xx is released");
+        assert_eq!(server.state.runs(), 4);
+        server.stop().await;
+    }
+
+    /// A client that hangs up mid-handler: the run completes on its task,
+    /// and its retry gets the redacted replay.
+    #[tokio::test]
+    async fn a_client_that_hangs_up_gets_the_redacted_replay() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(layer(&store).redact_json(redaction())));
+        server.state.work_ms.store(400, Ordering::SeqCst);
+        let mut stream = TcpStream::connect(server.addr).await.expect("connects");
+        let head = format!(
+            "POST /r/charges HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+             idempotency-key: k-gone\r\ncontent-length: 2\r\n\r\n{{}}",
+            server.addr
+        );
+        stream.write_all(head.as_bytes()).await.expect("writes");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(stream);
+        let started = Instant::now();
+        let retry = loop {
+            let answer = post(server.addr, "/r/charges", "k-gone", &[]).await;
+            if answer.status != 409 || started.elapsed() > Duration::from_secs(5) {
+                break answer;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(retry.status, 201, "{retry:?}");
+        redacted(&retry);
+        never_stored(&store, SECRET);
+        assert_eq!(server.state.runs(), 1);
+        server.stop().await;
+    }
+
+    /// `stored_headers` that measure the body (`Content-Digest`, listed by
+    /// the user) are dropped from a redacted copy; an `ETag` is stored by
+    /// default.
+    ///
+    /// Finding: the ETag computed over the original body is replayed with
+    /// the redacted body. A strong validator now names a representation
+    /// the retry never got (a cache that revalidates with it gets a 304
+    /// and keeps the redacted body as the resource), and when the ETag is
+    /// a hash of the body (as here, and as frameworks compute it), the
+    /// retry holds a hash of the unredacted body beside everything of it
+    /// but the redacted field: a low-entropy field (a card number masked
+    /// to its last four, its BIN known) is recovered by trying candidates.
+    /// `redacted_copy` drops `BODY_MEASURES` when the body changes; an
+    /// ETag is one too (or at least weakened).
+    #[tokio::test]
+    #[ignore = "finding: a redacted replay keeps the ETag computed over the unredacted body (stored by default)"]
+    async fn a_redacted_replay_drops_the_validators_of_the_original_body() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(
+            layer(&store)
+                .stored_headers([
+                    header::LOCATION,
+                    header::ETAG,
+                    header::HeaderName::from_static("content-digest"),
+                ])
+                .redact_json(redaction()),
+        ));
+        let measured = [("x-measured", "1")];
+        let first = post(server.addr, "/r/charges", "k-etag", &measured).await;
+        assert!(first.headers.contains_key(header::ETAG));
+        let retry = post(server.addr, "/r/charges", "k-etag", &measured).await;
+        redacted(&retry);
+        assert!(
+            retry.headers.get("content-digest").is_none(),
+            "held: {retry:?}"
+        );
+        assert_ne!(
+            retry.headers.get(header::ETAG),
+            first.headers.get(header::ETAG),
+            "the original body's ETag on the redacted one"
+        );
+        server.stop().await;
+    }
+
+    /// Finding: with `withhold_bodies` (and for a response too large or
+    /// streamed), the replay is a problem body, but the stored headers
+    /// that measured the original body go with it: `head_only` (respond.rs)
+    /// skips `BODY_HEADERS` only, not `BODY_MEASURES`. The retry gets a
+    /// `Content-Digest` (and an `ETag`) that does not describe the body it
+    /// gets: a client that checks `Content-Digest` (RFC 9530) rejects the
+    /// replay as corrupt. (actix drops a stored `Content-Length` itself; a
+    /// tower server would send it with a body of another length.)
+    #[tokio::test]
+    #[ignore = "finding: a withheld body's replay carries the original body's Content-Digest on the problem body"]
+    async fn a_withheld_replay_carries_no_measure_of_the_body_it_does_not_have() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(
+            layer(&store)
+                .stored_headers([
+                    header::LOCATION,
+                    header::ETAG,
+                    header::HeaderName::from_static("content-digest"),
+                ])
+                .withhold_bodies(),
+        ));
+        let measured = [("x-measured", "1")];
+        let first = post(server.addr, "/r/charges", "k-withheld", &measured).await;
+        assert_eq!(first.headers["content-digest"], digest(&first.body));
+        let retry = post(server.addr, "/r/charges", "k-withheld", &measured).await;
+        assert!(retry.replayed());
+        assert!(retry.problem_type().ends_with("idempotency-response-not-stored"));
+        assert_eq!(retry.headers[header::LOCATION], "/v1/charges/ch_1");
+        assert!(
+            retry
+                .headers
+                .get("content-digest")
+                .is_none_or(|value| *value == digest(&retry.body)),
+            "a Content-Digest that is not the body's: {retry:?}"
+        );
+        server.stop().await;
+    }
+
+    /// What operators read of a withheld record says why, with the digest.
+    #[tokio::test]
+    async fn the_operator_reads_a_withheld_record_s_digest() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(layer(&store).withhold_bodies()));
+        let first = post(server.addr, "/r/charges", "k-op", &[]).await;
+        let record = store.records().pop().expect("one record");
+        let decoded = decode_stored_response(&record.response.expect("completed")).unwrap();
+        let why = decoded.extensions().get::<BodyNotStored>().expect("why");
+        assert_eq!(why.repr_digest(), Some(digest(&first.body)));
+        never_stored(&store, SECRET);
+        server.stop().await;
+    }
+}
