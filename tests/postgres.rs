@@ -1888,3 +1888,450 @@ mod http_in_transaction {
 /// The MySQL store on sqlx, in this binary of the SQL stores' tests.
 #[path = "sql/mysql.rs"]
 mod mysql;
+
+/// Outside review of redaction in the in-transaction form, on both
+/// drivers (tokio-postgres and sqlx): the handler's writes and its
+/// redacted record commit together; a stored refusal (a 4xx the handler
+/// answers, an `on_write_refusal` answer to a refused `CommitWith`) is
+/// redacted as any response; a hook that fails keeps the status and the
+/// digest, and the run is never repeated.
+mod redaction_in_transaction {
+    use super::*;
+    use axum::{
+        body::Body,
+        extract::Extension,
+        http::{Request, StatusCode},
+        routing::post,
+        Router,
+    };
+    use http_body_util::BodyExt;
+    use lambda_idempotency::{
+        http::{CommitWith, IdempotencyLayer, StoredBody},
+        store::{
+            postgres::{PgTransaction, TransactionLimits},
+            sqlx::postgres::{
+                sqlx::{self, postgres::PgPoolOptions},
+                SqlxPgTransaction, SqlxPgWrite, SqlxPostgresStore,
+            },
+            TransactionalStore,
+        },
+        JsonPointer, JsonRedaction,
+    };
+    use tower::ServiceExt;
+
+    const SECRET: &str = "pi_1_secret_Xq9";
+
+    struct App {
+        router: Router,
+        table: String,
+        accounts: String,
+        runs: Arc<AtomicUsize>,
+    }
+
+    /// A record table and an account of 100 that never goes below 0.
+    async fn tables(prefix: &str) -> (String, String) {
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("{prefix}_{}_{n}", std::process::id());
+        let accounts = format!("{table}_accounts");
+        tokio_postgres_client()
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {accounts} (id text PRIMARY KEY, balance bigint NOT NULL \
+                 CONSTRAINT {accounts}_not_negative CHECK (balance >= 0)); \
+                 INSERT INTO {accounts} VALUES ('acct', 100)"
+            ))
+            .await
+            .expect("accounts");
+        (table, accounts)
+    }
+
+    /// What the handler answers for `body`: `pay` (debited, 201), `refuse`
+    /// (debited, then a 422 the handler chose: its debit rolled back), or
+    /// `commit` (a 201 whose `CommitWith` debit of 1,000 the constraint
+    /// refuses). Each body holds the secret.
+    fn answer(body: &str) -> (StatusCode, String) {
+        match body {
+            "refuse" => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(r#"{{"error":"declined","client_secret":"{SECRET}"}}"#),
+            ),
+            _ => (
+                StatusCode::CREATED,
+                format!(r#"{{"id":"ch_1","client_secret":"{SECRET}"}}"#),
+            ),
+        }
+    }
+
+    fn respond<W: Clone + Send + Sync + 'static>(
+        body: &str,
+        commit: Option<W>,
+    ) -> axum::response::Response {
+        let (status, json) = answer(body);
+        let mut response = axum::response::IntoResponse::into_response((
+            status,
+            [("content-type", "application/json")],
+            json,
+        ));
+        if let Some(write) = commit {
+            response.extensions_mut().insert(CommitWith(vec![write]));
+        }
+        response
+    }
+
+    /// The layer: in the transaction, the JSON redaction (or a hook that
+    /// fails), and the application's answer to the refused debit: a 422
+    /// with the secret in it.
+    fn layer<St: TransactionalStore>(
+        store: St,
+        accounts: &str,
+        failing_hook: bool,
+    ) -> IdempotencyLayer<St> {
+        let constraint = format!("{accounts}_not_negative");
+        let layer = IdempotencyLayer::new(Engine::builder(store).build())
+            .shared_scope()
+            .in_transaction(TransactionLimits::new())
+            .on_write_refusal(move |refusal| {
+                (refusal.constraint.as_deref() == Some(constraint.as_str()))
+                    .then(|| {
+                        http::Response::builder()
+                            .status(StatusCode::UNPROCESSABLE_ENTITY)
+                            .header("content-type", "application/json")
+                            .body(StoredBody::from(format!(
+                                r#"{{"error":"insufficient funds","client_secret":"{SECRET}"}}"#
+                            )))
+                            .ok()
+                    })
+                    .flatten()
+            });
+        match failing_hook {
+            true => layer.redact(|_| Err("cannot redact".into())),
+            false => layer.redact_json(
+                JsonRedaction::new().remove(JsonPointer::new("/client_secret").unwrap()),
+            ),
+        }
+    }
+
+    async fn tokio_postgres_app(url: &str, failing_hook: bool) -> App {
+        let (table, accounts) = tables("redact_pg").await;
+        let store = PostgresStore::connect(url, table.clone(), 4).expect("pool");
+        store.create_table().await.expect("create table");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            move |Extension(tx): Extension<PgTransaction>, body: String| {
+                let (accounts, runs) = (accounts.clone(), runs.clone());
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let debit = format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'");
+                    if body == "commit" {
+                        let refused = PgWrite::new(debit.replace("- 10", "- 1000"));
+                        return respond(&body, Some(refused));
+                    }
+                    tx.execute_typed(&debit, &[]).await.expect("debited");
+                    respond::<PgWrite>(&body, None)
+                }
+            }
+        };
+        let layer = layer(store, &accounts, failing_hook);
+        App {
+            router: Router::new().route("/pay", post(handler)).layer(layer),
+            table,
+            accounts,
+            runs,
+        }
+    }
+
+    async fn sqlx_app(url: &str, failing_hook: bool) -> App {
+        let (table, accounts) = tables("redact_sqlx").await;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_lazy(url)
+            .expect("pool");
+        let store = SqlxPostgresStore::new(pool, table.clone()).expect("store");
+        store.create_table().await.expect("create table");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (accounts, runs) = (accounts.clone(), runs.clone());
+            move |Extension(tx): Extension<SqlxPgTransaction>, body: String| {
+                let (accounts, runs) = (accounts.clone(), runs.clone());
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let debit = format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'");
+                    if body == "commit" {
+                        let refused = SqlxPgWrite::new(debit.replace("- 10", "- 1000"));
+                        return respond(&body, Some(refused));
+                    }
+                    sqlx::query(&debit)
+                        .persistent(false)
+                        .execute(&mut *tx.lock().await)
+                        .await
+                        .expect("debited");
+                    respond::<SqlxPgWrite>(&body, None)
+                }
+            }
+        };
+        let layer = layer(store, &accounts, failing_hook);
+        App {
+            router: Router::new().route("/pay", post(handler)).layer(layer),
+            table,
+            accounts,
+            runs,
+        }
+    }
+
+    impl App {
+        async fn pay(&self, key: &str, body: &str) -> (StatusCode, bool, serde_json::Value) {
+            let request = Request::post("/pay")
+                .header("idempotency-key", key)
+                .body(Body::from(body.to_owned()))
+                .expect("request");
+            let response = self.router.clone().oneshot(request).await.expect("infallible");
+            let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let bytes = response.into_body().collect().await.expect("body").to_bytes();
+            let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+            (status, replayed, json)
+        }
+
+        async fn balance(&self) -> i64 {
+            tokio_postgres_client()
+                .await
+                .query_one(
+                    &format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts),
+                    &[],
+                )
+                .await
+                .expect("balance")
+                .get(0)
+        }
+
+        /// The committed records' responses: none holds the secret.
+        async fn never_stored(&self) {
+            let rows = tokio_postgres_client()
+                .await
+                .query(&format!("SELECT response FROM {}", self.table), &[])
+                .await
+                .expect("records");
+            assert!(!rows.is_empty(), "a record");
+            for row in rows {
+                let response: Option<Vec<u8>> = row.get(0);
+                let response = response.expect("completed");
+                assert!(
+                    !response.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+                    "the committed record holds the secret"
+                );
+            }
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn redacted_records_commit_with_the_writes(app: App) {
+        // Paid: the debit and the redacted record commit together.
+        let first = app.pay("pay", "pay").await;
+        assert_eq!((first.0, first.1), (StatusCode::CREATED, false));
+        assert_eq!(first.2["client_secret"], SECRET);
+        assert_eq!(app.balance().await, 90);
+        app.never_stored().await;
+        let retry = app.pay("pay", "pay").await;
+        assert_eq!((retry.0, retry.1), (StatusCode::CREATED, true));
+        assert_eq!(retry.2, serde_json::json!({ "id": "ch_1" }));
+
+        // A 422 the handler chose: its debit rolled back, its answer
+        // stored redacted.
+        let first = app.pay("refuse", "refuse").await;
+        assert_eq!(first.0, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(first.2["client_secret"], SECRET);
+        let retry = app.pay("refuse", "refuse").await;
+        assert_eq!((retry.0, retry.1), (StatusCode::UNPROCESSABLE_ENTITY, true));
+        assert_eq!(retry.2, serde_json::json!({ "error": "declined" }));
+        assert_eq!(app.balance().await, 90);
+
+        // A refused `CommitWith` debit: the application's 422, stored
+        // redacted, without the write.
+        let first = app.pay("commit", "commit").await;
+        assert_eq!(first.0, StatusCode::UNPROCESSABLE_ENTITY, "{first:?}");
+        assert_eq!(first.2["client_secret"], SECRET);
+        let retry = app.pay("commit", "commit").await;
+        assert_eq!((retry.0, retry.1), (StatusCode::UNPROCESSABLE_ENTITY, true));
+        assert_eq!(retry.2, serde_json::json!({ "error": "insufficient funds" }));
+        assert_eq!(app.balance().await, 90);
+
+        app.never_stored().await;
+        assert_eq!(app.runs(), 3, "nothing ran twice");
+    }
+
+    /// A hook that fails inside the transaction: the handler's debit
+    /// commits with a record of the status and the digest (never the
+    /// whole response), and the retry is told so without running.
+    async fn a_failed_redaction_commits_the_writes_with_status_and_digest(app: App) {
+        let first = app.pay("pay", "pay").await;
+        assert_eq!(first.0, StatusCode::CREATED);
+        assert_eq!(first.2["client_secret"], SECRET);
+        assert_eq!(app.balance().await, 90);
+        app.never_stored().await;
+        let retry = app.pay("pay", "pay").await;
+        assert_eq!((retry.0, retry.1), (StatusCode::CREATED, true));
+        assert!(
+            retry.2["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("idempotency-response-not-stored")),
+            "{retry:?}"
+        );
+        assert!(retry.2["response_digest"].is_string());
+        assert_eq!(app.runs(), 1);
+        assert_eq!(app.balance().await, 90);
+    }
+
+    /// The engine's form (`run_in_transaction_with` and a `RedactedJson`):
+    /// the debit commits with the redacted value, which another engine
+    /// (another process) replays; a redaction the value's type cannot
+    /// read back rolls the debit back with the claim (the caller gets a
+    /// store error, and its retry runs as a first attempt).
+    async fn the_engine_s_redacted_value_commits_with_its_writes<St, F, Fut>(
+        store: St,
+        accounts: String,
+        table: String,
+        debit: F,
+    ) where
+        St: TransactionalStore + Clone,
+        F: Fn(St::Transaction, String) -> Fut + Clone,
+        Fut: std::future::Future<Output = Result<(), BoxError>>,
+    {
+        use lambda_idempotency::{Attempt, Fingerprint, RedactedJson};
+        let app = App {
+            router: Router::new(),
+            table,
+            accounts: accounts.clone(),
+            runs: Arc::default(),
+        };
+        let engine = Engine::builder(store.clone()).build();
+        let codec = RedactedJson(
+            JsonRedaction::new().remove(JsonPointer::new("/client_secret").unwrap()),
+        );
+        let pay = |engine: Engine<St>, codec: RedactedJson, key: &'static str| {
+            let (debit, accounts, runs) = (debit.clone(), accounts.clone(), app.runs.clone());
+            async move {
+                let attempt = Attempt::new("t", key, Fingerprint::of_bytes(b"10"));
+                engine
+                    .run_in_transaction_with(&attempt, TransactionLimits::new(), &codec, |tx| {
+                        async move {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            debit(tx, accounts).await?;
+                            Ok::<_, BoxError>(serde_json::json!({
+                                "id": "ch_1",
+                                "client_secret": SECRET,
+                            }))
+                        }
+                    })
+                    .await
+            }
+        };
+        let first = pay(engine.clone(), codec.clone(), "k").await.expect("paid");
+        assert_eq!(first.kind(), OutcomeKind::Fresh);
+        assert_eq!(first.value()["client_secret"], SECRET);
+        assert_eq!(app.balance().await, 90);
+        app.never_stored().await;
+        let elsewhere = Engine::builder(store).build();
+        let retry = pay(elsewhere, codec, "k").await.expect("replayed");
+        assert_eq!(retry.kind(), OutcomeKind::Replay);
+        assert_eq!(retry.value(), &serde_json::json!({ "id": "ch_1" }));
+        assert_eq!(app.runs(), 1);
+
+        // A redaction the value's type cannot read back (a required field
+        // removed): refused at the commit, the debit rolled back with the
+        // claim.
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Charge {
+            id: String,
+        }
+        let unreadable = RedactedJson(JsonRedaction::new().remove(JsonPointer::new("/id").unwrap()));
+        let attempt = Attempt::new("t", "unreadable", Fingerprint::of_bytes(b"10"));
+        let (debit, accounts) = (debit.clone(), accounts.clone());
+        let refused = engine
+            .run_in_transaction_with(&attempt, TransactionLimits::new(), &unreadable, |tx| {
+                async move {
+                    debit(tx, accounts).await?;
+                    Ok::<_, BoxError>(Charge { id: "ch_2".into() })
+                }
+            })
+            .await;
+        assert!(matches!(refused, Err(Error::Store(_))), "{:?}", refused.err());
+        assert_eq!(app.balance().await, 90, "the debit rolled back");
+    }
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokio_postgres_engine_commits_the_redacted_value() {
+        let (table, accounts) = tables("redact_engine_pg").await;
+        let store = PostgresStore::connect(&url(), table.clone(), 4).expect("pool");
+        store.create_table().await.expect("create table");
+        the_engine_s_redacted_value_commits_with_its_writes(
+            store,
+            accounts,
+            table,
+            |tx: PgTransaction, accounts: String| async move {
+                tx.execute_typed(
+                    &format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'"),
+                    &[],
+                )
+                .await?;
+                Ok(())
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlx_engine_commits_the_redacted_value() {
+        let (table, accounts) = tables("redact_engine_sqlx").await;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_lazy(&url())
+            .expect("pool");
+        let store = SqlxPostgresStore::new(pool, table.clone()).expect("store");
+        store.create_table().await.expect("create table");
+        the_engine_s_redacted_value_commits_with_its_writes(
+            store,
+            accounts,
+            table,
+            |tx: SqlxPgTransaction, accounts: String| async move {
+                sqlx::query(&format!(
+                    "UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'"
+                ))
+                .persistent(false)
+                .execute(&mut *tx.lock().await)
+                .await?;
+                Ok(())
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokio_postgres_commits_the_redacted_record_with_the_writes() {
+        redacted_records_commit_with_the_writes(tokio_postgres_app(&url(), false).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlx_commits_the_redacted_record_with_the_writes() {
+        redacted_records_commit_with_the_writes(sqlx_app(&url(), false).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokio_postgres_commits_a_failed_redaction_as_status_and_digest() {
+        a_failed_redaction_commits_the_writes_with_status_and_digest(
+            tokio_postgres_app(&url(), true).await,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlx_commits_a_failed_redaction_as_status_and_digest() {
+        a_failed_redaction_commits_the_writes_with_status_and_digest(sqlx_app(&url(), true).await)
+            .await;
+    }
+}
