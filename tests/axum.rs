@@ -367,3 +367,64 @@ async fn post_over_http(addr: std::net::SocketAddr, key: &str) -> (u16, bool, St
         String::from_utf8_lossy(&body).into_owned(),
     )
 }
+
+/// Outside review (finding, with `a_withheld_replay_carries_no_measure_of_
+/// the_body_it_does_not_have` in tests/actix.rs): a response whose
+/// `Content-Length` the application set and listed in `stored_headers`
+/// (the brief's case), with `withhold_bodies`: the replay is a problem
+/// body, and `head_only` (respond.rs) copies every stored header but the
+/// `BODY_HEADERS`, so the original `Content-Length` goes out with a body
+/// of another length. On `axum::serve` (hyper 1.12) the retry gets no
+/// well-framed answer: in a debug build hyper's own assertion ("payload
+/// claims content-length of 496, custom content-length header claims 48")
+/// panics the connection task and the client reads `IncompleteMessage`;
+/// in a release build hyper trusts the header, writes `content-length: 48`
+/// and then the problem's 496 bytes, so the client reads a truncated
+/// problem and the rest as the start of the next response on that
+/// keep-alive connection. The same for any head-only replay (a response
+/// too large, a stream). A redacted copy drops these headers
+/// (`BODY_MEASURES`); the head-only replay should too.
+#[tokio::test]
+#[ignore = "finding: a withheld body's replay keeps the stored Content-Length of the original body on a problem body of another length"]
+async fn a_withheld_replay_is_framed_by_its_own_length() {
+    use lambda_idempotency::MemoryStore;
+    let body = r#"{"id":"ch_9","client_secret":"pi_3Q_secret_Zt7"}"#;
+    let layer = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+        .shared_scope()
+        .stored_headers([header::LOCATION, header::CONTENT_LENGTH])
+        .withhold_bodies();
+    let app = Router::new()
+        .route(
+            "/v1/charges",
+            post(move || async move {
+                (
+                    StatusCode::CREATED,
+                    [
+                        (header::LOCATION, "/v1/charges/ch_9".to_owned()),
+                        (header::CONTENT_LENGTH, body.len().to_string()),
+                        (header::CONTENT_TYPE, "application/json".to_owned()),
+                    ],
+                    body,
+                )
+            }),
+        )
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("port");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let first = post_over_http(addr, "k-length").await;
+    assert_eq!(first.3, body);
+    let replay = tokio::time::timeout(Duration::from_secs(5), post_over_http(addr, "k-length"))
+        .await
+        .expect("the replay is answered");
+    assert_eq!((replay.0, replay.1), (201, true));
+    let problem: Result<Value, _> = serde_json::from_str(&replay.3);
+    assert!(
+        problem.is_ok_and(|problem| problem["response_digest"].is_string()),
+        "a whole problem body: {:?}",
+        replay.3
+    );
+    server.abort();
+}
