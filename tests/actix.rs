@@ -1030,9 +1030,8 @@ mod redaction {
         })
         .to_string();
         state.finished.fetch_add(1, Ordering::SeqCst);
-        let mut response = HttpResponse::build(
-            actix_web::http::StatusCode::from_u16(status).expect("a status"),
-        );
+        let mut response =
+            HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("a status"));
         response
             .content_type("application/json")
             .insert_header(("location", format!("/v1/charges/ch_{run}")));
@@ -1078,6 +1077,19 @@ mod redaction {
             .body(gzip.finish().unwrap())
     }
 
+    /// A charge whose only field of any secrecy is its card number.
+    async fn card_charge(state: web::Data<State>) -> HttpResponse {
+        let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        HttpResponse::Created()
+            .content_type("application/json")
+            .insert_header(("location", format!("/v1/charges/ch_{run}")))
+            .body(card_body(run, CARD))
+    }
+
+    fn card_body(run: usize, card: &str) -> String {
+        json!({ "id": format!("ch_{run}"), "card": { "number": card, "exp": "12/30" } }).to_string()
+    }
+
     /// A refusal an actix handler answers with its own error type: a 422
     /// whose JSON body holds the secret.
     #[derive(Debug)]
@@ -1121,7 +1133,8 @@ mod redaction {
                             .route("/charges", web::post().to(secret_charge))
                             .route("/streamed", web::post().to(streamed_charge))
                             .route("/gzipped", web::post().to(gzipped_charge))
-                            .route("/declined", web::post().to(declined)),
+                            .route("/declined", web::post().to(declined))
+                            .route("/cards", web::post().to(card_charge)),
                     )
                 })
                 .workers(1)
@@ -1130,7 +1143,9 @@ mod redaction {
                 .expect("a loopback port");
                 let addr = server.addrs()[0];
                 let server = server.run();
-                sender.send((addr, server.handle())).expect("the test waits");
+                sender
+                    .send((addr, server.handle()))
+                    .expect("the test waits");
                 server.await
             })
         });
@@ -1252,7 +1267,9 @@ mod redaction {
         assert_eq!(retry.status, 201, "the original status");
         assert!(retry.replayed());
         assert!(retry.headers.get("content-encoding").is_none(), "{retry:?}");
-        assert!(retry.problem_type().ends_with("idempotency-response-not-stored"));
+        assert!(retry
+            .problem_type()
+            .ends_with("idempotency-response-not-stored"));
         assert_eq!(retry.json()["response_digest"], digest(&first.body));
         assert!(store.records()[0]
             .response
@@ -1301,9 +1318,10 @@ mod redaction {
     #[tokio::test]
     async fn a_stored_4xx_is_redacted_and_a_5xx_is_not_stored() {
         let store = MemoryStore::new();
-        let server = serve_redacting(middleware(layer(&store).redact_json(
-            redaction().remove(JsonPointer::new("/client_secret").unwrap()),
-        )));
+        let server = serve_redacting(middleware(
+            layer(&store)
+                .redact_json(redaction().remove(JsonPointer::new("/client_secret").unwrap())),
+        ));
         let status = [("x-status", "422")];
         let first = post(server.addr, "/r/charges", "k-422", &status).await;
         assert_eq!(first.status, 422);
@@ -1411,7 +1429,8 @@ mod redaction {
     /// `Content-Digest` (and an `ETag`) that does not describe the body it
     /// gets: a client that checks `Content-Digest` (RFC 9530) rejects the
     /// replay as corrupt. (actix drops a stored `Content-Length` itself; a
-    /// tower server would send it with a body of another length.)
+    /// tower server sends it with a body of another length:
+    /// `a_withheld_replay_is_framed_by_its_own_length` in tests/axum.rs.)
     #[tokio::test]
     #[ignore = "finding: a withheld body's replay carries the original body's Content-Digest on the problem body"]
     async fn a_withheld_replay_carries_no_measure_of_the_body_it_does_not_have() {
@@ -1430,7 +1449,9 @@ mod redaction {
         assert_eq!(first.headers["content-digest"], digest(&first.body));
         let retry = post(server.addr, "/r/charges", "k-withheld", &measured).await;
         assert!(retry.replayed());
-        assert!(retry.problem_type().ends_with("idempotency-response-not-stored"));
+        assert!(retry
+            .problem_type()
+            .ends_with("idempotency-response-not-stored"));
         assert_eq!(retry.headers[header::LOCATION], "/v1/charges/ch_1");
         assert!(
             retry
@@ -1442,17 +1463,60 @@ mod redaction {
         server.stop().await;
     }
 
-    /// What operators read of a withheld record says why, with the digest.
+    /// Finding: a withheld body (`withhold_bodies`, and every redaction
+    /// that fails) is kept as the unkeyed SHA-256 of the whole body the
+    /// first caller got, in the record (the store, its backups, the
+    /// operator tool's `BodyNotStored::digest`) and in every retry's
+    /// `response_digest`. When the body's only unknown is a field of low
+    /// entropy (the docs' own example, a full card number: its BIN and
+    /// last four are what any masked display shows, six digits under the
+    /// Luhn check are left), the digest is an offline oracle for it: here
+    /// 100,000 hashes recover the card from the record alone. PCI DSS
+    /// (3.5.1.1) accepts only keyed hashes of a PAN. A keyed digest (an
+    /// HMAC under a key of the deployment's, or the sealing key), or none
+    /// for a redaction that failed, would keep the record from saying
+    /// more than the redaction meant it to.
     #[tokio::test]
-    async fn the_operator_reads_a_withheld_record_s_digest() {
+    #[ignore = "finding: a withheld body's unkeyed SHA-256 in the record is an offline oracle for a low-entropy field (a card number)"]
+    async fn a_withheld_record_is_no_oracle_for_the_field_it_withholds() {
         let store = MemoryStore::new();
         let server = serve_redacting(middleware(layer(&store).withhold_bodies()));
-        let first = post(server.addr, "/r/charges", "k-op", &[]).await;
+        let first = post(server.addr, "/r/cards", "k-card", &[]).await;
+        assert_eq!(first.status, 201);
+        server.stop().await;
+        // What a reader of the record has: its digest, and what the API
+        // shows of the charge anyway (its id, the card's BIN and last four).
         let record = store.records().pop().expect("one record");
         let decoded = decode_stored_response(&record.response.expect("completed")).unwrap();
-        let why = decoded.extensions().get::<BodyNotStored>().expect("why");
-        assert_eq!(why.repr_digest(), Some(digest(&first.body)));
-        never_stored(&store, SECRET);
-        server.stop().await;
+        let kept = decoded
+            .extensions()
+            .get::<BodyNotStored>()
+            .and_then(|why| why.digest)
+            .expect("a digest");
+        let luhn = |number: &str| {
+            let sum: u32 = number
+                .bytes()
+                .rev()
+                .enumerate()
+                .map(|(i, b)| {
+                    let d = u32::from(b - b'0');
+                    if i % 2 == 1 {
+                        if d * 2 > 9 {
+                            d * 2 - 9
+                        } else {
+                            d * 2
+                        }
+                    } else {
+                        d
+                    }
+                })
+                .sum();
+            sum % 10 == 0
+        };
+        let recovered = (0..1_000_000u32)
+            .map(|middle| format!("424242{middle:06}4242"))
+            .filter(|card| luhn(card))
+            .find(|card| Sha256::digest(card_body(1, card).as_bytes())[..] == kept[..]);
+        assert_eq!(recovered, None, "the record gives the card number back");
     }
 }

@@ -782,7 +782,10 @@ mod redaction_review {
             .expect("the first caller gets its value");
         assert_eq!(first.kind(), OutcomeKind::NotRecorded);
         let within = engine.execute_with(&attempt, &codec, operation()).await;
-        assert!(matches!(within, Err(Error::InProgress { .. })), "{within:?}");
+        assert!(
+            matches!(within, Err(Error::InProgress { .. })),
+            "{within:?}"
+        );
         clock.advance(Duration::from_secs(11));
         let after = engine.execute_with(&attempt, &codec, operation()).await;
         assert_eq!(

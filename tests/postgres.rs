@@ -2022,7 +2022,8 @@ mod redaction_in_transaction {
                 let (accounts, runs) = (accounts.clone(), runs.clone());
                 async move {
                     runs.fetch_add(1, Ordering::SeqCst);
-                    let debit = format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'");
+                    let debit =
+                        format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'");
                     if body == "commit" {
                         let refused = PgWrite::new(debit.replace("- 10", "- 1000"));
                         return respond(&body, Some(refused));
@@ -2056,7 +2057,8 @@ mod redaction_in_transaction {
                 let (accounts, runs) = (accounts.clone(), runs.clone());
                 async move {
                     runs.fetch_add(1, Ordering::SeqCst);
-                    let debit = format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'");
+                    let debit =
+                        format!("UPDATE {accounts} SET balance = balance - 10 WHERE id = 'acct'");
                     if body == "commit" {
                         let refused = SqlxPgWrite::new(debit.replace("- 10", "- 1000"));
                         return respond(&body, Some(refused));
@@ -2085,10 +2087,20 @@ mod redaction_in_transaction {
                 .header("idempotency-key", key)
                 .body(Body::from(body.to_owned()))
                 .expect("request");
-            let response = self.router.clone().oneshot(request).await.expect("infallible");
+            let response = self
+                .router
+                .clone()
+                .oneshot(request)
+                .await
+                .expect("infallible");
             let status = response.status();
             let replayed = response.headers().contains_key("idempotent-replayed");
-            let bytes = response.into_body().collect().await.expect("body").to_bytes();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
             let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
             (status, replayed, json)
         }
@@ -2117,7 +2129,9 @@ mod redaction_in_transaction {
                 let response: Option<Vec<u8>> = row.get(0);
                 let response = response.expect("completed");
                 assert!(
-                    !response.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+                    !response
+                        .windows(SECRET.len())
+                        .any(|w| w == SECRET.as_bytes()),
                     "the committed record holds the secret"
                 );
             }
@@ -2156,7 +2170,10 @@ mod redaction_in_transaction {
         assert_eq!(first.2["client_secret"], SECRET);
         let retry = app.pay("commit", "commit").await;
         assert_eq!((retry.0, retry.1), (StatusCode::UNPROCESSABLE_ENTITY, true));
-        assert_eq!(retry.2, serde_json::json!({ "error": "insufficient funds" }));
+        assert_eq!(
+            retry.2,
+            serde_json::json!({ "error": "insufficient funds" })
+        );
         assert_eq!(app.balance().await, 90);
 
         app.never_stored().await;
@@ -2208,24 +2225,26 @@ mod redaction_in_transaction {
             runs: Arc::default(),
         };
         let engine = Engine::builder(store.clone()).build();
-        let codec = RedactedJson(
-            JsonRedaction::new().remove(JsonPointer::new("/client_secret").unwrap()),
-        );
+        let codec =
+            RedactedJson(JsonRedaction::new().remove(JsonPointer::new("/client_secret").unwrap()));
         let pay = |engine: Engine<St>, codec: RedactedJson, key: &'static str| {
             let (debit, accounts, runs) = (debit.clone(), accounts.clone(), app.runs.clone());
             async move {
                 let attempt = Attempt::new("t", key, Fingerprint::of_bytes(b"10"));
                 engine
-                    .run_in_transaction_with(&attempt, TransactionLimits::new(), &codec, |tx| {
-                        async move {
+                    .run_in_transaction_with(
+                        &attempt,
+                        TransactionLimits::new(),
+                        &codec,
+                        |tx| async move {
                             runs.fetch_add(1, Ordering::SeqCst);
                             debit(tx, accounts).await?;
                             Ok::<_, BoxError>(serde_json::json!({
                                 "id": "ch_1",
                                 "client_secret": SECRET,
                             }))
-                        }
-                    })
+                        },
+                    )
                     .await
             }
         };
@@ -2247,18 +2266,26 @@ mod redaction_in_transaction {
         struct Charge {
             id: String,
         }
-        let unreadable = RedactedJson(JsonRedaction::new().remove(JsonPointer::new("/id").unwrap()));
+        let unreadable =
+            RedactedJson(JsonRedaction::new().remove(JsonPointer::new("/id").unwrap()));
         let attempt = Attempt::new("t", "unreadable", Fingerprint::of_bytes(b"10"));
         let (debit, accounts) = (debit.clone(), accounts.clone());
         let refused = engine
-            .run_in_transaction_with(&attempt, TransactionLimits::new(), &unreadable, |tx| {
-                async move {
+            .run_in_transaction_with(
+                &attempt,
+                TransactionLimits::new(),
+                &unreadable,
+                |tx| async move {
                     debit(tx, accounts).await?;
                     Ok::<_, BoxError>(Charge { id: "ch_2".into() })
-                }
-            })
+                },
+            )
             .await;
-        assert!(matches!(refused, Err(Error::Store(_))), "{:?}", refused.err());
+        assert!(
+            matches!(refused, Err(Error::Store(_))),
+            "{:?}",
+            refused.err()
+        );
         assert_eq!(app.balance().await, 90, "the debit rolled back");
     }
 
