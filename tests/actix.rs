@@ -1511,7 +1511,7 @@ mod redaction {
                     }
                 })
                 .sum();
-            sum % 10 == 0
+            sum.is_multiple_of(10)
         };
         let recovered = (0..1_000_000u32)
             .map(|middle| format!("424242{middle:06}4242"))
