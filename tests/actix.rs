@@ -1077,6 +1077,14 @@ mod redaction {
             .body(gzip.finish().unwrap())
     }
 
+    /// The request's body as a JSON response.
+    async fn echo(state: web::Data<State>, body: Bytes) -> HttpResponse {
+        state.runs.fetch_add(1, Ordering::SeqCst);
+        HttpResponse::Created()
+            .content_type("application/json")
+            .body(body)
+    }
+
     /// A charge whose only field of any secrecy is its card number.
     async fn card_charge(state: web::Data<State>) -> HttpResponse {
         let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
@@ -1134,7 +1142,8 @@ mod redaction {
                             .route("/streamed", web::post().to(streamed_charge))
                             .route("/gzipped", web::post().to(gzipped_charge))
                             .route("/declined", web::post().to(declined))
-                            .route("/cards", web::post().to(card_charge)),
+                            .route("/cards", web::post().to(card_charge))
+                            .route("/echo", web::post().to(echo)),
                     )
                 })
                 .workers(1)
@@ -1518,5 +1527,37 @@ mod redaction {
             .filter(|card| luhn(card))
             .find(|card| Sha256::digest(card_body(1, card).as_bytes())[..] == kept[..]);
         assert_eq!(recovered, None, "the record gives the card number back");
+    }
+
+    /// Finding: `redact_json` refuses a body with an integer past 64 bits
+    /// (`has_integer_past_64_bits`: written again it would be rounded, and
+    /// every retry told another value for a field nobody asked to redact),
+    /// but a decimal with more significant digits than an `f64` holds is
+    /// the same case and is not refused: `serde_json::Value` reads it as
+    /// the nearest `f64` and writes that. A ledger amount, an exchange
+    /// rate, a crypto quantity (18 decimals) is replayed as another number
+    /// (observed: `0.123456789012345678901` as `0.12345678901234568`,
+    /// `12345678901234567.89` as `1.2345678901234568e+16`). It should be
+    /// withheld as the integers are (or the number kept as written).
+    #[tokio::test]
+    #[ignore = "finding: redact_json rounds a decimal past f64 precision in fields it does not name"]
+    async fn redact_json_keeps_the_decimals_it_does_not_name() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(layer(&store).redact_json(redaction())));
+        let body = r#"{"id":"ch_1","client_secret":"s","amount":"1.00","rate":0.123456789012345678901,"total":12345678901234567.89}"#;
+        let headers = [("idempotency-key", "k-decimal")];
+        let first = send(server.addr, "/r/echo", &headers, body).await;
+        assert_eq!(first.body, body);
+        let retry = send(server.addr, "/r/echo", &headers, body).await;
+        assert!(retry.replayed(), "{retry:?}");
+        let replayed = String::from_utf8_lossy(&retry.body);
+        for number in ["0.123456789012345678901", "12345678901234567.89"] {
+            assert!(
+                replayed.contains(number) || retry.json()["response_digest"].is_string(),
+                "{number} replayed as another number: {replayed}"
+            );
+        }
+        assert_eq!(server.state.runs(), 1);
+        server.stop().await;
     }
 }
