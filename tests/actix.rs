@@ -1262,6 +1262,33 @@ mod redaction {
         server.stop().await;
     }
 
+    /// A duplicate that waits in this process on a run whose body is teed
+    /// to its first caller as it streams (past 64 KiB): it gets the
+    /// redacted record once the body has ended, never the first caller's
+    /// stream.
+    #[tokio::test]
+    async fn a_duplicate_waiting_on_a_teed_body_gets_it_redacted() {
+        let store = MemoryStore::new();
+        let server = serve_redacting(middleware(
+            layer(&store)
+                .redact_json(redaction())
+                .wait_for_result(Duration::from_secs(10)),
+        ));
+        server.state.work_ms.store(300, Ordering::SeqCst);
+        let pad = [("x-pad", "200000")];
+        let (first, waiter) =
+            tokio::join!(post(server.addr, "/r/charges", "k-teed", &pad), async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                post(server.addr, "/r/charges", "k-teed", &pad).await
+            });
+        assert_eq!(first.json()["client_secret"], SECRET, "{}", first.status);
+        redacted(&waiter);
+        assert_eq!(waiter.json()["pad"].as_str().map(str::len), Some(200_000));
+        never_stored(&store, SECRET);
+        assert_eq!(server.state.runs(), 1);
+        server.stop().await;
+    }
+
     /// A gzip body (`Compress` inside the middleware) is not JSON the
     /// redaction reads: its record keeps the status and the digest of the
     /// bytes sent, and the retry is told so.
