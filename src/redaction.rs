@@ -172,9 +172,11 @@ impl<T, C: Codec<T>, F: Fn(&T) -> T> Codec<T> for Redact<C, F> {
 /// What is stored must still read back as the value's type: a required
 /// field removed, or replaced with a value of another type, would make
 /// every replay fail to decode. The codec reads it back when it stores it,
-/// so such a redaction fails the first request that completes (the value
-/// cannot be stored: nothing is recorded, as for any value its codec
-/// cannot encode), never a replay. Remove `Option` fields and fields with
+/// so such a redaction shows at the first request that completes: its
+/// caller gets the value, `OutcomeKind::NotRecorded`, nothing is stored,
+/// and the claim holds the key until the record would have expired
+/// (retries are told it is in progress, never run again, never given a
+/// record they cannot read). Remove `Option` fields and fields with
 /// `#[serde(default)]`; replace others with a value of their type.
 ///
 /// With an empty redaction it is [`Json`](crate::Json), at its cost.

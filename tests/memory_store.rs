@@ -719,7 +719,6 @@ mod redaction_review {
     /// claim kept, as for `RedactedJson`'s unreadable redaction), never a
     /// second run while the claim's lease stands.
     #[tokio::test]
-    #[ignore = "finding: a Redact hook that panics fails the first caller and releases the claim; the retry runs the operation again"]
     async fn a_redaction_that_panics_neither_fails_the_caller_nor_runs_twice() {
         let store = MemoryStore::new();
         let engine = Engine::builder(store.clone()).build();
@@ -758,7 +757,6 @@ mod redaction_review {
     /// never runs again. Each such request runs twice, the second time
     /// told only that it is a takeover.
     #[tokio::test]
-    #[ignore = "finding: an unreadable RedactedJson redaction stores nothing; the retry after the lease runs the operation again"]
     async fn a_redaction_the_type_cannot_read_back_never_runs_the_operation_twice() {
         let store = MemoryStore::new();
         let clock = ManualClock::starting_now();

@@ -89,8 +89,12 @@ pub enum OutcomeKind {
     /// not stored (the other invocation's record stands). Logged as a
     /// warning: the lease is shorter than the operation takes.
     LeaseLost,
-    /// The operation ran now, but storing its outcome failed. The claim
-    /// stays until its lease passes; a retry after that runs again.
+    /// The operation ran now, but its outcome was not stored. When the
+    /// value could not be encoded (its codec refused it, or panicked), the
+    /// claim is held until the record would have expired, so no retry runs
+    /// the operation again within the retention (retries are told it is in
+    /// progress); when the store failed to take the completion, the claim
+    /// stays until its lease passes, and a retry after that runs again.
     NotRecorded,
     /// The store was unavailable and the engine is configured to fail open:
     /// the operation ran without idempotency protection.

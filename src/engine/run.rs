@@ -16,7 +16,7 @@ use super::{
     state::{Engine, MIN_LEASE_MS},
 };
 use crate::{
-    store::{Claim, Store},
+    store::{Claim, Extension, Store},
     Error, StoreError, StoreErrorKind,
 };
 use std::{
@@ -161,7 +161,8 @@ impl<St: Store> Engine<St> {
             }
             Err(error) => {
                 warn!(record = %claim.id, outcome = "not_recorded", %error,
-                    "the operation's value could not be serialised; it is returned but not stored");
+                    "the operation's value could not be serialised; it is returned but not stored, and its claim holds the key until the record expires (retries are told it is in progress)");
+                Box::pin(self.hold_until_expiry(&claim)).await;
                 return Ok(Outcome::new(value, OutcomeKind::NotRecorded));
             }
         };
@@ -313,6 +314,25 @@ impl<St: Store> Engine<St> {
     /// must not keep the claim either); or its error, and the claim
     /// released; or its panic, raised again, the claim released (or kept,
     /// if the attempt asked to).
+    /// Holds `claim` until its record expires: the operation ran and its
+    /// value cannot be stored, so no retry may run it again within the
+    /// retention (as after any run). A claim lost meanwhile, or an
+    /// extension that fails, leaves it to lapse at its lease.
+    async fn hold_until_expiry(&self, claim: &Claim) {
+        let extension = Extension {
+            id: claim.id.clone(),
+            owner: claim.owner.clone(),
+            lease_until_ms: claim.expiration_s.saturating_mul(1000),
+            expiration_s: claim.expiration_s,
+            now_ms: self.inner.clock.now_ms(),
+        };
+        let held = super::conflicts::retry_conflicts(|| self.inner.store.extend(&extension)).await;
+        if !matches!(held, Ok(crate::store::Conditional::Applied)) {
+            warn!(record = %claim.id, answer = ?held,
+                "the claim of a value that could not be stored was not held until its expiry; it lapses at its lease");
+        }
+    }
+
     async fn settle<T, E, C: Codec<T>>(
         &self,
         holding: &Holding<'_, St::Write>,
@@ -321,10 +341,19 @@ impl<St: Store> Engine<St> {
         codec: &C,
         ran: std::thread::Result<Returned<T, St::Write, E>>,
     ) -> Result<Settled<T, St::Write>, Error<E>> {
-        let ran = ran.and_then(|ran| match ran {
-            Ok((value, writes)) => catch_unwind(AssertUnwindSafe(|| codec.encode(&value)))
-                .map(|response| Ok((value, writes, response))),
-            Err(error) => Ok(Err(error)),
+        let ran = ran.map(|ran| match ran {
+            // A codec that panics (a redaction's function) did not run the
+            // operation: its value cannot be stored, as one that does not
+            // encode, and the claim is kept (releasing it would let a retry
+            // run the operation again).
+            Ok((value, writes)) => {
+                let response = catch_unwind(AssertUnwindSafe(|| codec.encode(&value)))
+                    .unwrap_or_else(|panic| {
+                        Err(format!("the codec panicked: {}", panic_message(&*panic)).into())
+                    });
+                Ok((value, writes, response))
+            }
+            Err(error) => Err(error),
         });
         match ran {
             Ok(Ok(ran)) => Ok(ran),

@@ -724,10 +724,15 @@ async fn an_outage_that_reads_contradict_never_runs_unprotected() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
-/// Review of issue 21: a value whose `Serialize` panics releases the claim
-/// as a panicking operation does.
+/// A value whose `Serialize` panics was made by an operation that ran and
+/// acted: it is returned as not recorded, and its claim is held until the
+/// record would have expired, so that no retry runs it again (it was
+/// released as a panicking operation's, and a retry ran the operation
+/// again at once: the outside review of issue 57, with a redaction's
+/// function that panics).
 #[tokio::test]
-async fn a_value_that_panics_while_encoded_releases_its_claim() {
+async fn a_value_that_panics_while_encoded_is_not_recorded_and_holds_its_claim() {
+    #[derive(Debug)]
     struct Explosive;
     impl Serialize for Explosive {
         fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
@@ -739,21 +744,25 @@ async fn a_value_that_panics_while_encoded_releases_its_claim() {
             Ok(Explosive)
         }
     }
-    let (engine, store, _) = setup();
-    let panicked = tokio::spawn({
-        let engine = engine.clone();
-        async move {
-            engine
-                .execute(&Attempt::new("s", "k", fingerprint(1)), || async {
-                    Ok::<_, Failed>(Explosive)
-                })
-                .await
-                .map(|_| ())
-        }
-    })
-    .await;
-    assert!(panicked.expect_err("the panic goes on").is_panic());
-    assert!(store.records().is_empty(), "{:?}", store.records());
+    let (engine, store, clock) = setup();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let outcome = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(Explosive) })
+        .await
+        .expect("the value, not the panic");
+    assert_eq!(outcome.kind(), OutcomeKind::NotRecorded);
+    let [held] = &store.records()[..] else {
+        panic!("{:?}", store.records());
+    };
+    assert_eq!(held.status, Status::InProgress);
+    assert_eq!(held.lease_until_ms, Some(held.expiration_s * 1000));
+    // Long after its lease would have passed, a retry is told it is in
+    // progress, and runs nothing.
+    clock.advance(Duration::from_secs(3600));
+    let retry = engine
+        .execute(&attempt, || async { Ok::<_, Failed>(Explosive) })
+        .await;
+    assert!(matches!(retry, Err(Error::InProgress { .. })), "{retry:?}");
 }
 
 /// Issue 21, item 1: at SERIALIZABLE a completion can lose a race with a

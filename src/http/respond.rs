@@ -201,9 +201,13 @@ fn head_only(
     let mut response = problem_stored(settings, &problem, grpc);
     for (name, value) in &headers {
         // The headers that describe the original body (a
-        // `Content-Encoding: gzip`) would misdescribe the problem, and a
-        // gRPC status would contradict it.
-        if BODY_HEADERS.contains(name) || name.as_str().starts_with("grpc-") {
+        // `Content-Encoding: gzip`) or measure it (a `Content-Length` that
+        // hyper cannot frame the problem by, a digest, its `ETag`) would
+        // misdescribe the problem, and a gRPC status would contradict it.
+        if BODY_HEADERS.contains(name)
+            || super::stored::BODY_MEASURES.contains(&name.as_str())
+            || name.as_str().starts_with("grpc-")
+        {
             continue;
         }
         if !response.headers().contains_key(name) {

@@ -361,13 +361,15 @@ fn redacted_copy(
     Some(copy)
 }
 
-/// The headers that measure a body: dropped from a redacted copy whose
-/// body the redaction changed.
-const BODY_MEASURES: [&str; 4] = [
+/// The headers that measure a body, and the strong validator that names
+/// it (`ETag`): dropped from a redacted copy whose body the redaction
+/// changed, and from a replay that has no body of the original.
+pub(super) const BODY_MEASURES: [&str; 5] = [
     "content-length",
     "content-md5",
     "content-digest",
     "repr-digest",
+    "etag",
 ];
 
 /// The SHA-256 of a response's body, as its client received it.
