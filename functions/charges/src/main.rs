@@ -9,6 +9,9 @@
 //!
 //! Environment: `IDEMPOTENCY_TABLE`, `CHARGES_TABLE`, and the standard AWS
 //! variables (`AWS_REGION`, `AWS_ENDPOINT_URL_DYNAMODB` for local runs).
+//! With `IDEMPOTENCY_METRICS_NAMESPACE` (set by the template), the engine's
+//! answers are CloudWatch metrics in that namespace, which the template's
+//! dashboard reads.
 //!
 //! The idempotency records live in DynamoDB (`IDEMPOTENCY_TABLE`) unless
 //! `IDEMPOTENCY_STORE_URL` names another store: `postgres://…` or
@@ -41,7 +44,7 @@ use lambda_http::{
 use lambda_idempotency::{
     http::{CommitWith, IdempotencyLayer},
     store::Store,
-    DynamoDbStore, Engine,
+    DynamoDbStore, EmfMetrics, Engine,
 };
 use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::SystemTime};
@@ -265,7 +268,7 @@ async fn main() -> Result<(), Error> {
     {
         None => {
             let store = DynamoDbStore::new(client.clone(), required_env("IDEMPOTENCY_TABLE")?);
-            let engine = Engine::builder(store).cache(1024).build();
+            let engine = engine(store);
             // The handler's only effect is the charge it commits with the
             // stored response (CommitWith): so both go in one write, without
             // a claim before it. A new charge costs one DynamoDB call, a
@@ -273,6 +276,19 @@ async fn main() -> Result<(), Error> {
             serve(IdempotencyLayer::new(engine).single_write(), charges(true)).await
         }
         Some(url) => serve_other(&url, charges(false)).await,
+    }
+}
+
+/// The engine on `store`, with a cache of completed records, reporting to
+/// CloudWatch (Embedded Metric Format lines on stdout) when
+/// `IDEMPOTENCY_METRICS_NAMESPACE` names a namespace.
+fn engine<St: Store>(store: St) -> Engine<St> {
+    let builder = Engine::builder(store).cache(1024);
+    match std::env::var("IDEMPOTENCY_METRICS_NAMESPACE") {
+        Ok(namespace) if !namespace.is_empty() => {
+            builder.observer(EmfMetrics::new(namespace)).build()
+        }
+        _ => builder.build(),
     }
 }
 
@@ -285,21 +301,9 @@ async fn main() -> Result<(), Error> {
 async fn serve_other(url: &str, charges: Charges) -> Result<(), Error> {
     match store_url::open(url, store_url::POSTGRES_TABLE, true).await? {
         #[cfg(feature = "postgres")]
-        OtherStore::Postgres(store) => {
-            serve(
-                IdempotencyLayer::new(Engine::builder(store).cache(1024).build()),
-                charges,
-            )
-            .await
-        }
+        OtherStore::Postgres(store) => serve(IdempotencyLayer::new(engine(store)), charges).await,
         #[cfg(feature = "redis")]
-        OtherStore::Redis(store) => {
-            serve(
-                IdempotencyLayer::new(Engine::builder(store).cache(1024).build()),
-                charges,
-            )
-            .await
-        }
+        OtherStore::Redis(store) => serve(IdempotencyLayer::new(engine(store)), charges).await,
     }
 }
 

@@ -27,7 +27,9 @@ use store_url::OtherStore;
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-use lambda_idempotency::{consumers::SqsBatch, store::Store, DynamoDbStore, Engine, Fingerprint};
+use lambda_idempotency::{
+    consumers::SqsBatch, store::Store, DynamoDbStore, EmfMetrics, Engine, Fingerprint,
+};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -96,6 +98,19 @@ fn required_env(name: &str) -> Result<String, Error> {
     std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
 }
 
+/// The engine on `store`, reporting to CloudWatch (Embedded Metric Format
+/// lines on stdout) when `IDEMPOTENCY_METRICS_NAMESPACE` names a namespace:
+/// the template sets it, and its dashboard reads the metrics.
+fn engine<St: Store>(store: St) -> Engine<St> {
+    let builder = Engine::builder(store);
+    match std::env::var("IDEMPOTENCY_METRICS_NAMESPACE") {
+        Ok(namespace) if !namespace.is_empty() => {
+            builder.observer(EmfMetrics::new(namespace)).build()
+        }
+        _ => builder.build(),
+    }
+}
+
 /// Keyed by the charge, so a producer's second send is caught, not only
 /// SQS's redeliveries; fingerprinted by the parsed body, so whitespace or key
 /// order in the JSON does not matter.
@@ -131,7 +146,7 @@ async fn main() -> Result<(), Error> {
     let store = DynamoDbStore::new(client, required_env("IDEMPOTENCY_TABLE")?);
     // The handler's only effect is the write it returns, so each new record
     // costs one DynamoDB call.
-    let batch = batch(Engine::builder(store).build()).single_write();
+    let batch = batch(engine(store)).single_write();
     lambda_runtime::run_concurrent(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let batch = batch.clone();
         let table = Arc::clone(&table);
@@ -158,13 +173,9 @@ async fn serve_other(
 ) -> Result<(), Error> {
     match store_url::open(url, store_url::POSTGRES_TABLE, true).await? {
         #[cfg(feature = "postgres")]
-        OtherStore::Postgres(store) => {
-            serve(batch(Engine::builder(store).build()), client, table).await
-        }
+        OtherStore::Postgres(store) => serve(batch(engine(store)), client, table).await,
         #[cfg(feature = "redis")]
-        OtherStore::Redis(store) => {
-            serve(batch(Engine::builder(store).build()), client, table).await
-        }
+        OtherStore::Redis(store) => serve(batch(engine(store)), client, table).await,
     }
 }
 
