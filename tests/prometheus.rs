@@ -1,7 +1,14 @@
 //! The observer's metrics rendered by Prometheus's own exporter
 //! (`metrics-exporter-prometheus`'s recorder, installed for this process):
 //! the names and labels `observe::Metrics` documents, with the counts of
-//! what happened, through the engine and through the HTTP layer under axum.
+//! what happened, through the engine and through the HTTP layer under axum;
+//! and the dashboards (`dashboards/grafana/`, `template.yaml`) checked
+//! against the names the code emits.
+
+#[path = "prometheus/dashboards.rs"]
+mod dashboards;
+#[path = "prometheus/readers.rs"]
+mod readers;
 
 /// OpenTelemetry through tracing, in the same binary (CI's disk).
 #[path = "prometheus/opentelemetry.rs"]
