@@ -30,7 +30,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost bench-cost-sizes bench-plots validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost bench-cost-sizes bench-plots dashboard-screenshot validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -360,6 +360,26 @@ $(TOOLS)/bench-py/.installed:
 comparison/node_modules/.installed: comparison/package.json
 	command -v npm >/dev/null || { apt-get install -y -qq nodejs npm || { apt-get update -qq && apt-get install -y -qq nodejs npm; }; }
 	npm install --prefix comparison --no-audit --no-fund --loglevel=error
+	touch $@
+
+## The Grafana dashboard with the metrics of a real run, looked at in a
+## browser (not part of make test; about 2 minutes): the Prometheus example
+## server under DASHBOARD_SECONDS (default 90) of HTTP traffic (new charges,
+## retries replayed, duplicates answered 409 after waiting, keys reused, 422,
+## charges that outlive their lease taken over), scraped every second by
+## Prometheus (Debian's package); dashboards/render (uPlot, not Grafana) draws
+## each panel of dashboards/grafana/idempotency.json from Prometheus's API,
+## and headless Chromium (Debian's, through playwright-core) takes
+## target/dashboard/idempotency.png. Fails unless every panel drew data.
+## Installs prometheus and chromium with apt where missing.
+dashboard-screenshot: dashboards/render/node_modules/.installed
+	command -v prometheus >/dev/null && command -v chromium >/dev/null || \
+	  { apt-get install -y -qq prometheus chromium || { apt-get update -qq && apt-get install -y -qq prometheus chromium; }; }
+	CARGO=$(CARGO) python3 scripts/dashboard_screenshot.py
+
+dashboards/render/node_modules/.installed: dashboards/render/package.json
+	command -v npm >/dev/null || { apt-get install -y -qq nodejs npm || { apt-get update -qq && apt-get install -y -qq nodejs npm; }; }
+	npm install --prefix dashboards/render --no-audit --no-fund --loglevel=error
 	touch $@
 
 ## cfn-lint and sam validate --lint (both offline).
