@@ -109,7 +109,10 @@ impl EmfMetrics {
 /// [`EngineBuilder::observer`](crate::EngineBuilder::observer); the HTTP
 /// layer's own `IdempotentRequests` (its [`metrics`](crate::EmfMetrics)
 /// setting) counts its answers besides, with the answers the layer gives
-/// without the engine (a missing key, a body too large, overload).
+/// without the engine (a missing key, a body too large, overload). The
+/// repository's `template.yaml` has a CloudWatch dashboard of these
+/// metrics (`IdempotencyDashboard`), checked by a test against the lines
+/// written here.
 impl crate::observe::Observer for EmfMetrics {
     fn observe(&self, event: &crate::observe::Event) {
         use crate::observe::Event;
