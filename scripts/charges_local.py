@@ -151,6 +151,31 @@ def free_port():
 CONCURRENCY = 4
 
 
+# The template's MetricsNamespace default.
+METRICS_NAMESPACE = "LambdaIdempotency"
+
+
+def emf_answers(fn):
+    """The (port, outcome) of every IdempotencyAnswers EMF line in the
+    function's log, in the template's namespace."""
+    fn.log.flush()
+    answers = collections.Counter()
+    decoder = json.JSONDecoder()
+    with open(fn.log.name) as f:
+        for line in f:
+            start = line.find("{")
+            if start < 0 or "_aws" not in line:
+                continue
+            try:
+                record, _ = decoder.raw_decode(line, start)
+            except ValueError:
+                continue
+            declared = record.get("_aws", {}).get("CloudWatchMetrics", [{}])[0]
+            if declared.get("Namespace") == METRICS_NAMESPACE and "IdempotencyAnswers" in record:
+                answers[(record.get("Port"), record.get("Outcome"))] += 1
+    return answers
+
+
 class Function:
     def __init__(self, concurrency=CONCURRENCY, dynamodb_endpoint=None, extra_env=None, features=None,
                  function="charges"):
@@ -169,6 +194,8 @@ class Function:
             "AWS_LAMBDA_HTTP_IGNORE_STAGE_IN_PATH": "true",
             "AWS_LAMBDA_LOG_FORMAT": "JSON",
             "RUST_LOG": "info",
+            # As the template sets it: the engine's answers as EMF lines.
+            "IDEMPOTENCY_METRICS_NAMESPACE": METRICS_NAMESPACE,
         }
         env.update(extra_env or {})
         command = [CARGO_LAMBDA, "lambda", "watch", "--invoke-address", "127.0.0.1",
@@ -329,6 +356,13 @@ def e2e(fn, proxy):
     c.check("same key, different body: 422", status == 422, (status, body))
     c.check("as problem+json, type idempotency-key-reused",
             isinstance(body, dict) and body.get("type", "").endswith("idempotency-key-reused"), body)
+
+    # What the template's CloudWatch dashboard reads: the engine's answers,
+    # one EMF line each, on the function's stdout.
+    answers = emf_answers(fn)
+    c.check("the answers are CloudWatch EMF lines: http fresh, replays, key_reused",
+            answers[("http", "fresh")] >= 3 and answers[("http", "key_reused")] >= 1
+            and answers[("http", "replay")] + answers[("http", "cached_replay")] >= 12, dict(answers))
 
     status, headers, body = post(fn, None)
     c.check("missing key: 400 problem+json",
