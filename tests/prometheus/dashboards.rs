@@ -380,3 +380,45 @@ fn a_renamed_metric_label_or_value_is_drift() {
         );
     }
 }
+
+/// Every panel of the Grafana dashboard queries the data source chosen in
+/// its `datasource` variable (a Prometheus one), has a title and a unit,
+/// and sits on Grafana's 24-column grid without covering another.
+#[test]
+fn every_grafana_panel_reads_the_chosen_prometheus_and_fits_the_grid() {
+    let grafana = std::fs::read_to_string(format!("{ROOT}/dashboards/grafana/idempotency.json"))
+        .expect("the Grafana dashboard");
+    let grafana: serde_json::Value = serde_json::from_str(&grafana).expect("JSON");
+    let variables = grafana["templating"]["list"].as_array().expect("variables");
+    assert!(variables.iter().any(|v| v["name"] == "datasource"
+        && v["type"] == "datasource"
+        && v["query"] == "prometheus"));
+    let mut cells = BTreeSet::new();
+    for panel in grafana["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().expect("a title");
+        assert!(
+            panel["fieldConfig"]["defaults"]["unit"].is_string(),
+            "{title}: a unit"
+        );
+        let sources = std::iter::once(&panel["datasource"]).chain(
+            panel["targets"]
+                .as_array()
+                .expect("targets")
+                .iter()
+                .map(|target| &target["datasource"]),
+        );
+        for source in sources {
+            assert_eq!(source["type"], "prometheus", "{title}");
+            assert_eq!(source["uid"], "${datasource}", "{title}");
+        }
+        let at = |field: &str| panel["gridPos"][field].as_u64().expect("gridPos");
+        let (x, y, w, h) = (at("x"), at("y"), at("w"), at("h"));
+        assert!(x + w <= 24, "{title}: inside the 24 columns");
+        for cell in (x..x + w).flat_map(|column| (y..y + h).map(move |row| (column, row))) {
+            assert!(
+                cells.insert(cell),
+                "{title} covers another panel at {cell:?}"
+            );
+        }
+    }
+}
