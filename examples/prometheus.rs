@@ -35,12 +35,14 @@ use lambda_idempotency::{http::IdempotencyLayer, observe::Metrics, Engine, Memor
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use std::time::Duration;
 
-/// The histograms' buckets, in seconds (`idempotency_request_duration_seconds`
-/// and `idempotency_pending_key_age_seconds`). Without buckets the exporter
-/// renders summaries, which `histogram_quantile` cannot read nor
-/// Prometheus add up across servers.
+/// The histograms' buckets, in seconds (`idempotency_request_duration_seconds`,
+/// `idempotency_pending_key_age_seconds`, `idempotency_store_duration_seconds`:
+/// from a store call on a local Redis to a claim stuck for a minute).
+/// Without buckets the exporter renders summaries, which
+/// `histogram_quantile` cannot read nor Prometheus add up across servers.
 const SECONDS_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
 ];
 
 /// A charge: waits `work_ms` (at most 10 s), as the provider's call would.

@@ -51,7 +51,8 @@ pub const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 ///
 /// The repository's `dashboards/grafana/idempotency.json` is a Grafana
 /// dashboard of these names (the dedup rate, pending-key age p95 and p99,
-/// takeovers and 409s, answers by outcome, latency by port); a test checks
+/// takeovers and 409s, answers by outcome, latency by port, store call
+/// time by operation); a test checks
 /// it against what this exporter renders. Its quantiles need histogram
 /// buckets: `metrics-exporter-prometheus` renders summaries unless it is
 /// given some (`set_buckets_for_metric`, as `examples/prometheus.rs` does).

@@ -11,7 +11,7 @@ use super::readers::{dashboard_body, widget_metrics, EmfEmitted, Exposition, Pro
 use axum::{body::Body, http::Request, routing::post, Router};
 use lambda_idempotency::{
     http::IdempotencyLayer,
-    observe::{Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, TAKEOVERS},
+    observe::{Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, STORE_DURATION, TAKEOVERS},
     testing::ManualClock,
     Attempt, EmfMetrics, Engine, EngineBuilder, Fingerprint, MemoryStore, StoreErrorKind,
 };
@@ -56,7 +56,8 @@ fn emitted() -> (String, Vec<String>) {
 /// Fresh requests, a replay from the store and one from the cache, a key
 /// reused, a duplicate while the first runs (409, its claim's age), a
 /// lapsed lease taken over (and the first run's lease lost), a conflict
-/// retried: through the HTTP layer and the engine.
+/// retried (a store call that failed): through the HTTP layer and the
+/// engine.
 async fn workload(emf: EmfMetrics) {
     let clock = ManualClock::new(1_700_000_000_000);
     let store = MemoryStore::new();
@@ -305,6 +306,7 @@ fn the_dashboards_read_only_what_the_code_emits() {
         format!("{PENDING_KEY_AGE}_bucket"),
         TAKEOVERS.to_owned(),
         CONFLICTS_RETRIED.to_owned(),
+        format!("{STORE_DURATION}_bucket"),
     ] {
         assert!(exposition.series.contains_key(&name), "{name}: {rendered}");
     }
@@ -346,6 +348,7 @@ fn a_renamed_metric_label_or_value_is_drift() {
             "idempotency_pending_key_age_seconds",
         ),
         ("by (attempt)", "by (attempt_number)"),
+        ("by (le, operation)", "by (le, store_operation)"),
         ("outcome=\\\"in_progress\\\"", "outcome=\\\"conflict\\\""),
     ] {
         assert!(grafana.contains(from), "{from}");
