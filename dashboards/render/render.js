@@ -51,7 +51,9 @@ function format(unit, value, decimals) {
 function tickDecimals(unit, increment) {
   if (unit === "s" || !(increment > 0)) return undefined;
   const scaled = unit === "percentunit" ? increment * 100 : increment;
-  return Math.max(0, -Math.floor(Math.log10(scaled)));
+  let decimals = 0;
+  while (decimals < 6 && Math.abs(Math.round(scaled * 10 ** decimals) - scaled * 10 ** decimals) > 1e-6) decimals++;
+  return decimals;
 }
 
 /** The expression with the dashboard's variables given values. */
