@@ -202,11 +202,13 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for RedactedJson {
     }
 }
 
-/// Whether `json` holds an integer that a `serde_json::Value` cannot hold
-/// exactly (past `i64` or `u64`): written again, it would come out a
-/// rounded float. Numbers inside strings are not numbers.
+/// Whether `json` holds a number that a `serde_json::Value` cannot hold
+/// exactly: an integer past `i64` or `u64`, or a decimal with more digits
+/// than an `f64` keeps (`0.123456789012345678901`). Written again, it would
+/// come out rounded. `1.50` is not one: it comes out `1.5`, the same value.
+/// Numbers inside strings are not numbers.
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
-pub(crate) fn has_integer_past_64_bits(json: &[u8]) -> bool {
+pub(crate) fn has_number_a_value_rounds(json: &[u8]) -> bool {
     let mut in_string = false;
     let mut escaped = false;
     let mut at = 0;
@@ -234,11 +236,14 @@ pub(crate) fn has_integer_past_64_bits(json: &[u8]) -> bool {
                 .map_or(json.len(), |length| at + length);
             let token = &json[at..end];
             let integer = !token.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
-            if integer {
-                let text = std::str::from_utf8(token).unwrap_or_default();
-                if text.parse::<i64>().is_err() && text.parse::<u64>().is_err() {
-                    return true;
-                }
+            let text = std::str::from_utf8(token).unwrap_or_default();
+            let rounded = if integer {
+                text.parse::<i64>().is_err() && text.parse::<u64>().is_err()
+            } else {
+                !decimal_survives_f64(text)
+            };
+            if rounded {
+                return true;
             }
             at = end;
             continue;
@@ -246,6 +251,49 @@ pub(crate) fn has_integer_past_64_bits(json: &[u8]) -> bool {
         at += 1;
     }
     false
+}
+
+/// Whether the decimal `text` is exactly the value of the `f64` it parses
+/// to, written as Rust writes it (the shortest decimal that reads back).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+fn decimal_survives_f64(text: &str) -> bool {
+    let Ok(parsed) = text.parse::<f64>() else {
+        return false;
+    };
+    if !parsed.is_finite() {
+        return false;
+    }
+    match (decimal_digits(text), decimal_digits(&parsed.to_string())) {
+        (Some(written), Some(read_back)) => written == read_back,
+        _ => false,
+    }
+}
+
+/// A decimal as its sign, significant digits and the power of ten of the
+/// point after them (`-1.50e1` is `(true, "15", 2)`, and zero has no
+/// digits and no sign); `None` for an exponent past `i64`.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+fn decimal_digits(text: &str) -> Option<(bool, String, i64)> {
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
+        Some(at) => (&unsigned[..at], unsigned[at + 1..].parse::<i64>().ok()?),
+        None => (unsigned, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{whole}{fraction}");
+    let leading = digits.len() - digits.trim_start_matches('0').len();
+    let point = i64::try_from(whole.len())
+        .ok()?
+        .checked_add(exponent)?
+        .checked_sub(i64::try_from(leading).ok()?)?;
+    let significant = digits.trim_start_matches('0').trim_end_matches('0');
+    if significant.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, significant.to_owned(), point))
 }
 
 #[cfg(test)]
@@ -282,22 +330,27 @@ mod tests {
     }
 
     #[test]
-    fn integers_past_64_bits_are_found_outside_strings_only() {
+    fn numbers_a_value_rounds_are_found_outside_strings_only() {
         for (json, past) in [
             (r#"{"a":18446744073709551615}"#, false),
             (r#"{"a":18446744073709551616}"#, true),
             (r#"{"a":-9223372036854775808}"#, false),
             (r#"[1,-9223372036854775809]"#, true),
             (
-                r#"{"a":1e400,"b":1.5,"c":123456789012345678901234.5}"#,
+                r#"{"a":1.5,"b":-0.25,"c":1.50,"d":1e2,"e":0.0,"f":-0.0}"#,
                 false,
             ),
+            (r#"{"a":0.1,"b":3.141592653589793,"c":2.5e-8}"#, false),
+            (r#"{"a":1e400}"#, true),
+            (r#"{"a":123456789012345678901234.5}"#, true),
+            (r#"{"a":0.123456789012345678901}"#, true),
+            (r#"{"a":12345678901234567.89}"#, true),
             (
                 r#"{"a":"18446744073709551616","b\"":"\"99999999999999999999"}"#,
                 false,
             ),
         ] {
-            assert_eq!(has_integer_past_64_bits(json.as_bytes()), past, "{json}");
+            assert_eq!(has_number_a_value_rounds(json.as_bytes()), past, "{json}");
         }
     }
 

@@ -466,8 +466,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The stored body is the JSON written again, compact (its whitespace
     /// and the order of its members may differ from the original's). A
     /// response with a body this cannot read as JSON (a content type that
-    /// is not JSON, a `Content-Encoding`, a body that does not parse, an
-    /// integer past 64 bits, which the JSON written again would round) is
+    /// is not JSON, a `Content-Encoding`, a body that does not parse, a
+    /// number the JSON written again would round: an integer past 64 bits,
+    /// a decimal with more digits than a double keeps) is
     /// not stored with its body: its record keeps its status and the
     /// body's digest, so that a field meant to be removed is never stored
     /// in a form the redaction missed.
@@ -707,9 +708,10 @@ fn redact_json_body(
     if !json || encoded {
         return Err("the response is not an uncompressed JSON body".into());
     }
-    if crate::redaction::has_integer_past_64_bits(bytes) {
+    if crate::redaction::has_number_a_value_rounds(bytes) {
         return Err(
-            "the JSON body holds an integer past 64 bits, which writing it again would round"
+            "the JSON body holds a number that writing it again would round (an \
+             integer past 64 bits, or a decimal with more digits than a double keeps)"
                 .into(),
         );
     }
