@@ -649,9 +649,8 @@ mod redaction_review {
         }
     }
 
-    /// `execute_detached` takes no codec (it stores JSON, whole): a caller
-    /// that may leave and whose value must be redacted detaches the run
-    /// itself. Its caller dropped mid-run, the run completes on its task;
+    /// `execute_detached_with` and a redacting codec: its caller dropped
+    /// mid-run, the run completes on its task;
     /// a duplicate that waited on it in this process, the dropped caller's
     /// retry (from the local cache) and one from the store all get the
     /// redacted value, and nothing runs twice.
@@ -663,23 +662,18 @@ mod redaction_review {
         let codec =
             RedactedJson(JsonRedaction::new().remove(JsonPointer::new("/client_secret").unwrap()));
         let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let attempt = Attempt::new("charges", "k-left", Fingerprint::of_bytes(b"1"));
         let run = {
-            let (engine, codec, runs) = (engine.clone(), codec.clone(), Arc::clone(&runs));
-            tokio::spawn(async move {
-                let attempt = Attempt::new("charges", "k-left", Fingerprint::of_bytes(b"1"));
-                engine
-                    .execute_with(&attempt, &codec, || async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        let _ = released.await;
-                        Ok::<_, ()>(charge())
-                    })
-                    .await
+            let runs = Arc::clone(&runs);
+            engine.execute_detached_with(&attempt, codec.clone(), || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let _ = released.await;
+                Ok::<_, ()>(charge())
             })
         };
-        // The caller's side: waits on the run and leaves after 50 ms.
+        // The caller waits on the run, and leaves after 50 ms.
         let left = tokio::time::timeout(Duration::from_millis(50), run).await;
         assert!(left.is_err(), "the caller left mid-run");
-        let attempt = Attempt::new("charges", "k-left", Fingerprint::of_bytes(b"1"));
         let waiting = attempt.clone().wait_in_process(Duration::from_secs(5));
         let (waited, ()) = tokio::join!(
             engine.execute_with(&waiting, &codec, || async { Ok::<_, ()>(charge()) }),

@@ -98,9 +98,33 @@ impl<St: Store> Engine<St> {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
+        self.execute_detached_with(attempt, Json, operation).await
+    }
+
+    /// Like [`execute_detached`](Engine::execute_detached), with values
+    /// stored by `codec` rather than as JSON (a [`Redact`](crate::Redact)
+    /// or [`RedactedJson`](crate::RedactedJson) that keeps a secret out of
+    /// the record): the codec moves into the detached work.
+    pub async fn execute_detached_with<T, E, C, F, Fut>(
+        &self,
+        attempt: &Attempt<'_>,
+        codec: C,
+        operation: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        C: Codec<T> + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
         let engine = self.clone();
         let owned = OwnedAttempt::from(attempt);
-        let work = async move { engine.execute(&owned.attempt(), operation).await };
+        let work = async move {
+            engine
+                .execute_with(&owned.attempt(), &codec, operation)
+                .await
+        };
         detached(Box::pin(work))
             .await
             .unwrap_or_else(|| {
