@@ -788,3 +788,250 @@ mod redaction_review {
         never_stored(&store);
     }
 }
+
+/// The memory store's transactions through the capability's own traits
+/// (`Transactions`, `Transaction`), as the engine drives them: each
+/// condition a real store's transaction keeps, and what the simulator and
+/// the engine's tests rely on (the survivors of `make mutants` on
+/// memory/transaction.rs, RELIABILITY.md).
+mod transaction_kit {
+    use lambda_idempotency::{
+        store::{
+            memory::{MemoryTransaction, MemoryWrite},
+            Claim, Completion, Conditional, OwnerToken, RecordId, Status, Store, Transaction,
+            TransactionLimits, Transactions,
+        },
+        Fingerprint, MemoryStore, StoreErrorKind,
+    };
+    use std::{sync::Arc, time::Duration};
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn limits() -> TransactionLimits {
+        TransactionLimits::new()
+            .claim_wait(Duration::from_millis(50))
+            .time_limit(Duration::from_secs(5))
+    }
+
+    fn claim(key: &str, owner: &str, now_ms: u64, lease_until_ms: u64) -> Claim {
+        Claim {
+            id: RecordId::new("kit", "s", key),
+            owner: OwnerToken::from_stored(owner),
+            fingerprint: Fingerprint::of_bytes(b"1"),
+            now_ms,
+            lease_until_ms,
+            expiration_s: now_ms / 1000 + 3600,
+            attempt: 1,
+            first_started_ms: now_ms,
+        }
+    }
+
+    fn completion(claim: &Claim, owner: &str, writes: Vec<MemoryWrite>) -> Completion<MemoryWrite> {
+        Completion {
+            id: claim.id.clone(),
+            owner: OwnerToken::from_stored(owner),
+            response: b"done".to_vec(),
+            now_ms: claim.now_ms + 10,
+            expiration_s: claim.expiration_s,
+            writes,
+        }
+    }
+
+    async fn begin(store: &MemoryStore) -> Arc<dyn Transaction<MemoryWrite>> {
+        store.begin(&limits()).await.expect("begins")
+    }
+
+    fn handed(tx: &Arc<dyn Transaction<MemoryWrite>>) -> MemoryTransaction {
+        let handed = tx.handed();
+        let any: &dyn std::any::Any = &*handed;
+        any.downcast_ref::<MemoryTransaction>()
+            .expect("the memory store's")
+            .clone()
+    }
+
+    /// A lapsed claim (made outside a transaction) is taken over in one
+    /// only by its owner's token, once its lease has passed (not at the
+    /// instant it ends), and never a completed record.
+    #[tokio::test]
+    async fn a_takeover_in_a_transaction_keeps_the_store_s_condition() {
+        let store = MemoryStore::new();
+        let lapsed = claim("k", "dead", NOW - 20_000, NOW - 10_000);
+        store.claim(&lapsed).await.unwrap();
+        let retry = claim("k", "next", NOW, NOW + 10_000);
+        for (owner, now_ms, applied) in [
+            ("someone-else", NOW, false),
+            ("dead", NOW - 10_000, false),
+            ("dead", NOW - 10_001, false),
+            ("dead", NOW, true),
+        ] {
+            let tx = begin(&store).await;
+            let attempt = Claim {
+                now_ms,
+                ..retry.clone()
+            };
+            let answer = tx
+                .take_over(&attempt, &OwnerToken::from_stored(owner))
+                .await
+                .unwrap();
+            assert_eq!(
+                matches!(answer, Conditional::Applied),
+                applied,
+                "{owner} at {now_ms}: {answer:?}"
+            );
+            tx.roll_back().await;
+        }
+        // A completed record is no lapsed claim, whatever its owner.
+        let done = claim("done", "first", NOW - 20_000, NOW - 10_000);
+        store.claim(&done).await.unwrap();
+        store
+            .complete(completion(&done, "first", Vec::new()))
+            .await
+            .unwrap();
+        let tx = begin(&store).await;
+        let answer = tx
+            .take_over(&claim("done", "next", NOW, NOW + 10_000), &done.owner)
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, Conditional::Refused(Some(_))),
+            "{answer:?}"
+        );
+    }
+
+    /// A completion in a transaction is fenced on its owner and its key:
+    /// another owner's is refused with the transaction's own record,
+    /// another key's with the store's (none here), and the owner's lands
+    /// when the transaction commits.
+    #[tokio::test]
+    async fn a_completion_in_a_transaction_is_fenced() {
+        let store = MemoryStore::new();
+        let tx = begin(&store).await;
+        let own = claim("k", "me", NOW, NOW + 10_000);
+        assert!(matches!(
+            tx.claim(&own).await.unwrap(),
+            Conditional::Applied
+        ));
+        let other_owner = tx.complete(completion(&own, "not-me", Vec::new())).await;
+        match other_owner.unwrap() {
+            Conditional::Refused(Some(found)) => {
+                assert_eq!(found.status, Status::InProgress);
+                assert_eq!(found.owner, own.owner);
+            }
+            answer => panic!("{answer:?}"),
+        }
+        let other_key = claim("another", "me", NOW, NOW + 10_000);
+        let answer = tx
+            .complete(completion(&other_key, "me", Vec::new()))
+            .await
+            .unwrap();
+        assert!(matches!(answer, Conditional::Refused(None)), "{answer:?}");
+        // A plain write onto an item the transaction wrote is no refusal
+        // (only an if-absent one is).
+        handed(&tx).write(MemoryWrite::put("item", "1")).unwrap();
+        let answer = tx
+            .complete(completion(&own, "me", vec![MemoryWrite::put("item", "2")]))
+            .await
+            .unwrap();
+        assert!(matches!(answer, Conditional::Applied), "{answer:?}");
+        tx.commit().await.unwrap();
+        let record = store.record(&own.id).expect("committed");
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(store.item("item").as_deref(), Some(&b"2"[..]));
+    }
+
+    /// The operation's side: a write is read back in the transaction at
+    /// once, and by the store only once it commits; an item nobody wrote
+    /// is absent; an if-absent write onto one the transaction wrote is
+    /// refused, a plain one is not. The transaction is the task's current
+    /// one while the engine polls the operation, and says what it is.
+    #[tokio::test]
+    async fn a_transaction_reads_its_own_writes_and_only_those() {
+        let store = MemoryStore::new();
+        let tx = begin(&store).await;
+        let own = claim("k", "me", NOW, NOW + 10_000);
+        tx.claim(&own).await.unwrap();
+        let open = handed(&tx);
+        assert_eq!(open.item("never"), None);
+        open.write(MemoryWrite::put("a", "1")).unwrap();
+        assert_eq!(open.item("a").as_deref(), Some(&b"1"[..]));
+        assert_eq!(store.item("a"), None, "not before the commit");
+        let refused = open
+            .write(MemoryWrite::put_if_absent("a", "2"))
+            .unwrap_err();
+        assert_eq!(refused.kind(), StoreErrorKind::WriteRejected);
+        open.write(MemoryWrite::put("a", "3")).unwrap();
+        assert_eq!(open.item("a").as_deref(), Some(&b"3"[..]));
+        assert!(format!("{open:?}").contains("MemoryTransaction"));
+        tx.commit().await.unwrap();
+        assert_eq!(store.item("a").as_deref(), Some(&b"3"[..]));
+
+        let engine = lambda_idempotency::Engine::builder(store.clone()).build();
+        let attempt = lambda_idempotency::Attempt::new("s", "current", Fingerprint::of_bytes(b"1"));
+        engine
+            .run_in_transaction(&attempt, limits(), |_| async {
+                let current = MemoryTransaction::current().expect("the task's transaction");
+                current
+                    .write(MemoryWrite::put("through-current", "1"))
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(1u8)
+            })
+            .await
+            .unwrap();
+        assert_eq!(store.item("through-current").as_deref(), Some(&b"1"[..]));
+    }
+
+    /// A transaction sees its own claim (a second claim of its key is
+    /// refused with it), and another key's record as the store has it.
+    #[tokio::test]
+    async fn a_transaction_sees_its_own_claim_and_the_store_s_other_records() {
+        let store = MemoryStore::new();
+        let tx = begin(&store).await;
+        let own = claim("k", "me", NOW, NOW + 10_000);
+        assert!(matches!(
+            tx.claim(&own).await.unwrap(),
+            Conditional::Applied
+        ));
+        match tx
+            .claim(&claim("k", "again", NOW, NOW + 10_000))
+            .await
+            .unwrap()
+        {
+            Conditional::Refused(Some(found)) => assert_eq!(found.owner, own.owner),
+            answer => panic!("{answer:?}"),
+        }
+        let other = claim("other", "me", NOW, NOW + 10_000);
+        assert!(matches!(
+            tx.claim(&other).await.unwrap(),
+            Conditional::Applied
+        ));
+    }
+
+    /// A transaction dropped open rolls back: nothing it wrote stays, and
+    /// the key it claimed is free for the next one at once.
+    #[tokio::test]
+    async fn a_transaction_dropped_open_leaves_nothing() {
+        let store = MemoryStore::new();
+        let own = claim("k", "me", NOW, NOW + 10_000);
+        {
+            let tx = begin(&store).await;
+            tx.claim(&own).await.unwrap();
+            handed(&tx).write(MemoryWrite::put("a", "1")).unwrap();
+        }
+        assert!(store.record(&own.id).is_none());
+        assert_eq!(store.item("a"), None);
+        // Outside a transaction too: no transaction holds the key.
+        let plain = claim("k", "plain", NOW, NOW + 10_000);
+        assert!(matches!(
+            store.claim(&plain).await.unwrap(),
+            Conditional::Applied
+        ));
+        store.release(&plain.id, &plain.owner).await.unwrap();
+        let tx = begin(&store).await;
+        let next = claim("k", "next", NOW, NOW + 10_000);
+        let answer = tokio::time::timeout(Duration::from_secs(1), tx.claim(&next))
+            .await
+            .expect("the key's lock was let go")
+            .unwrap();
+        assert!(matches!(answer, Conditional::Applied), "{answer:?}");
+    }
+}
