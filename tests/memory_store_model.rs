@@ -283,7 +283,10 @@ impl Model {
     fn commit(&mut self, commit: Commit<MemoryWrite>) -> Answer {
         self.enter()?;
         if let Some(existing) = self.records.get(commit.id.as_str()) {
-            if existing.is_live(commit.now_ms) {
+            // A lapsed claim holding a response is a completed record
+            // whose status was changed: never replaced (Store::commit).
+            let changed = existing.is_lapsed(commit.now_ms) && existing.response.is_some();
+            if existing.is_live(commit.now_ms) || changed {
                 return Ok(Conditional::Refused(Some(existing.clone())));
             }
         }
