@@ -1006,6 +1006,46 @@ mod transaction_kit {
         ));
     }
 
+    /// A transaction holds its own key only: a write to another key
+    /// outside it goes ahead, one to its key is a conflict (as a row lock
+    /// would make it wait).
+    #[tokio::test]
+    async fn a_transaction_holds_its_own_key_only() {
+        let store = MemoryStore::new();
+        let tx = begin(&store).await;
+        tx.claim(&claim("held", "me", NOW, NOW + 10_000))
+            .await
+            .unwrap();
+        let other = claim("other", "plain", NOW, NOW + 10_000);
+        assert!(matches!(
+            store.claim(&other).await.unwrap(),
+            Conditional::Applied
+        ));
+        let same = store
+            .claim(&claim("held", "plain", NOW, NOW + 10_000))
+            .await
+            .unwrap_err();
+        assert_eq!(same.kind(), StoreErrorKind::Conflict);
+    }
+
+    /// Outside a transaction too, a claim is taken over only once its
+    /// lease has passed, not at the instant it ends.
+    #[tokio::test]
+    async fn a_takeover_at_the_instant_the_lease_ends_is_refused() {
+        let store = MemoryStore::new();
+        let lapsed = claim("k", "dead", NOW - 20_000, NOW - 10_000);
+        store.claim(&lapsed).await.unwrap();
+        let at_the_end = claim("k", "next", NOW - 10_000, NOW);
+        let answer = store.take_over(&at_the_end, &lapsed.owner).await.unwrap();
+        assert!(
+            matches!(answer, Conditional::Refused(Some(_))),
+            "{answer:?}"
+        );
+        let after = claim("k", "next", NOW - 9_999, NOW);
+        let answer = store.take_over(&after, &lapsed.owner).await.unwrap();
+        assert!(matches!(answer, Conditional::Applied), "{answer:?}");
+    }
+
     /// A transaction dropped open rolls back: nothing it wrote stays, and
     /// the key it claimed is free for the next one at once.
     #[tokio::test]
