@@ -14,6 +14,10 @@ mod support;
 #[path = "postgres/sqlx.rs"]
 mod sqlx_store;
 
+/// The partitioned layout (`PostgresStore::partitioned`).
+#[path = "postgres/partitioned.rs"]
+mod partitioned;
+
 use lambda_idempotency::{
     store::{
         postgres::{PgWrite, PostgresStore},

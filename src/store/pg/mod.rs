@@ -11,6 +11,7 @@
     allow(dead_code)
 )]
 
+pub(crate) mod partitioned;
 pub(crate) mod refusal;
 pub(crate) mod sqlstate;
 pub(crate) mod statements;

@@ -30,6 +30,7 @@
 mod codec;
 mod connection;
 mod errors;
+mod partitioned;
 mod table;
 mod tls;
 mod transaction;
@@ -37,6 +38,7 @@ mod write;
 
 pub use super::pg::refusal::{Refusal, RefusalRules, RefusalSource};
 pub use super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
+pub use partitioned::{PartitionCleanup, PartitionInfo, Partitioning};
 pub use tls::{tls_connector, TlsConnector};
 pub use transaction::PgTransaction;
 pub use write::{PgValue, PgWrite};
@@ -52,7 +54,7 @@ use crate::{StoreError, StoreErrorKind};
 use codec::{decode, decode_optional, ClaimValues};
 use connection::{config, pool};
 use deadpool_postgres::{Object, Pool};
-use std::sync::Arc;
+use std::sync::{atomic::AtomicU64, Arc};
 use tokio_postgres::types::{ToSql, Type};
 
 /// Records in a PostgreSQL table. Cheap to clone.
@@ -65,6 +67,11 @@ struct Inner {
     pool: Pool,
     table: String,
     sql: Statements,
+    /// `Some` for the partitioned layout.
+    partitioning: Option<Partitioning>,
+    /// The last day whose partition this store made or found (days since
+    /// 1970-01-01, UTC): claims up to it need no catalog query.
+    ensured_through: AtomicU64,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -83,13 +90,23 @@ impl PostgresStore {
         if let Some(error) = table_name_error(&table) {
             return Err(StoreError::new(StoreErrorKind::Misconfigured, error));
         }
-        Ok(Self {
+        Ok(Self::build(pool, table, None))
+    }
+
+    fn build(pool: Pool, table: String, partitioning: Option<Partitioning>) -> Self {
+        let sql = match partitioning {
+            Some(_) => super::pg::partitioned::statements(&table),
+            None => Statements::new(&table),
+        };
+        Self {
             inner: Arc::new(Inner {
                 pool,
-                sql: Statements::new(&table),
+                sql,
                 table,
+                partitioning,
+                ensured_through: AtomicU64::new(0),
             }),
-        })
+        }
     }
 
     /// A store over `table`, through a new pool of at most `max_size`
@@ -147,7 +164,18 @@ impl PostgresStore {
     /// Deletes records that expired before `now_s` (epoch seconds), in
     /// batches of `batch`, until none is left; returns how many. Safe to run
     /// concurrently: each batch skips rows another run holds.
+    ///
+    /// The partitioned layout deletes no rows: its answer is a
+    /// `Misconfigured` error (use
+    /// [`drop_expired_partitions`](PostgresStore::drop_expired_partitions)).
     pub async fn purge_expired(&self, now_s: u64, batch: u32) -> Result<u64, StoreError> {
+        if self.inner.partitioning.is_some() {
+            return Err(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                "purge_expired deletes rows, which the partitioned layout never does: use \
+                 drop_expired_partitions",
+            ));
+        }
         let client = self.client().await?;
         let now = int8(now_s)?;
         let batch = i64::from(batch.max(1));
@@ -177,11 +205,14 @@ impl PostgresStore {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
         operation: &'static str,
+        id: &RecordId,
     ) -> Result<Conditional, StoreError> {
         let client = self.client().await?;
-        let row = client
-            .query_typed(sql, params)
-            .await
+        let rows = match self.inner.partitioning {
+            None => client.query_typed(sql, params).await,
+            Some(_) => Self::locked(&client, id.as_str(), sql, params).await,
+        };
+        let row = rows
             .map_err(|e| errors::from_pg(operation, e))?
             .into_iter()
             .next()
@@ -213,6 +244,15 @@ impl PostgresStore {
             .transaction()
             .await
             .map_err(|e| errors::from_pg("BEGIN", e))?;
+        if self.inner.partitioning.is_some() {
+            transaction
+                .query_typed(
+                    super::pg::partitioned::LOCK_RECORD,
+                    &[(&id.as_str(), Type::TEXT)],
+                )
+                .await
+                .map_err(|e| errors::from_pg("SELECT pg_advisory_xact_lock", e))?;
+        }
         let applied = !transaction
             .query_typed(write, params)
             .await
@@ -253,8 +293,11 @@ impl Store for PostgresStore {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let values = ClaimValues::of(claim)?;
-        self.answer(&self.inner.sql.claim, &values.claim(), "INSERT (claim)")
-            .await
+        let params = values.claim();
+        self.inserting(claim.now_ms, || {
+            self.answer(&self.inner.sql.claim, &params, "INSERT (claim)", &claim.id)
+        })
+        .await
     }
 
     async fn take_over(
@@ -268,24 +311,35 @@ impl Store for PostgresStore {
             &self.inner.sql.take_over,
             &values.take_over(&lapsed),
             "UPDATE (take over)",
+            &claim.id,
         )
         .await
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
-        let (lease, expiration) = (
+        let (lease, expiration, now) = (
             int8(extension.lease_until_ms)?,
             int8(extension.expiration_s)?,
+            int8(extension.now_ms)?,
         );
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
+            (&extension.id.as_str(), Type::TEXT),
+            (&extension.owner.as_str(), Type::TEXT),
+            (&lease, Type::INT8),
+            (&expiration, Type::INT8),
+            (&now, Type::INT8),
+        ];
+        // The partitioned layout's extension also compares the writer's
+        // now with the record's expiration.
+        let params = match self.inner.partitioning {
+            Some(_) => &params[..],
+            None => &params[..4],
+        };
         self.answer(
             &self.inner.sql.extend,
-            &[
-                (&extension.id.as_str(), Type::TEXT),
-                (&extension.owner.as_str(), Type::TEXT),
-                (&lease, Type::INT8),
-                (&expiration, Type::INT8),
-            ],
+            params,
             "UPDATE (extend)",
+            &extension.id,
         )
         .await
     }
@@ -301,7 +355,12 @@ impl Store for PostgresStore {
         ];
         if completion.writes.is_empty() {
             return self
-                .answer(&self.inner.sql.complete, &params, "UPDATE (complete)")
+                .answer(
+                    &self.inner.sql.complete,
+                    &params,
+                    "UPDATE (complete)",
+                    &completion.id,
+                )
                 .await;
         }
         self.transaction(
@@ -320,21 +379,25 @@ impl Store for PostgresStore {
             int8(commit.now_ms)?,
             int8(commit.now_ms / 1000)?,
         );
-        self.transaction(
-            &self.inner.sql.commit,
-            &[
-                (&commit.id.as_str(), Type::TEXT),
-                (&commit.owner.as_str(), Type::TEXT),
-                (&commit.fingerprint.as_str(), Type::TEXT),
-                (&expiration, Type::INT8),
-                (&commit.response, Type::BYTEA),
-                (&now, Type::INT8),
-                (&now_s, Type::INT8),
-            ],
-            &commit.writes,
-            &commit.id,
-            "INSERT (commit)",
-        )
+        let id = commit.id.as_str();
+        let params: [(&(dyn ToSql + Sync), Type); 7] = [
+            (&id, Type::TEXT),
+            (&commit.owner.as_str(), Type::TEXT),
+            (&commit.fingerprint.as_str(), Type::TEXT),
+            (&expiration, Type::INT8),
+            (&commit.response, Type::BYTEA),
+            (&now, Type::INT8),
+            (&now_s, Type::INT8),
+        ];
+        self.inserting(commit.now_ms, || {
+            self.transaction(
+                &self.inner.sql.commit,
+                &params,
+                &commit.writes,
+                &commit.id,
+                "INSERT (commit)",
+            )
+        })
         .await
     }
 
@@ -343,6 +406,7 @@ impl Store for PostgresStore {
             &self.inner.sql.release,
             &[(&id.as_str(), Type::TEXT), (&owner.as_str(), Type::TEXT)],
             "DELETE (release)",
+            id,
         )
         .await
     }
@@ -352,7 +416,7 @@ impl Store for PostgresStore {
             Removal::Any => &self.inner.sql.remove_any,
             Removal::UnlessInProgress => &self.inner.sql.remove_unless_in_progress,
         };
-        self.answer(sql, &[(&id.as_str(), Type::TEXT)], "DELETE (remove)")
+        self.answer(sql, &[(&id.as_str(), Type::TEXT)], "DELETE (remove)", id)
             .await
     }
 

@@ -18,7 +18,15 @@ impl PostgresStore {
     /// not unique, a column of its own that inserts cannot leave empty) is
     /// a [`StoreErrorKind::Misconfigured`](crate::StoreErrorKind::Misconfigured) error naming each difference,
     /// and is left as it is.
+    ///
+    /// For the partitioned layout ([`PostgresStore::partitioned`]): the
+    /// partitioned table (its DDL in the module docs), checked the same
+    /// way (a plain table of the name is refused), and its partitions for
+    /// today and the days ahead.
     pub async fn create_table(&self) -> Result<(), StoreError> {
+        if self.inner.partitioning.is_some() {
+            return self.create_partitioned_table().await;
+        }
         let client = self.client().await?;
         let ddl = table_ddl(&self.inner.table);
         // The table, then its check, then its index: an index is not added to

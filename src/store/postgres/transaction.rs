@@ -196,10 +196,32 @@ impl Open {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let values = ClaimValues::of(claim)?;
-        let answer = self
-            .transaction
-            .row(&self.store.inner.sql.claim, &values.claim())
-            .await;
+        let answer = match self.store.inner.partitioning {
+            None => {
+                self.transaction
+                    .row(&self.store.inner.sql.claim, &values.claim())
+                    .await
+            }
+            // The record's lock, held until the transaction ends (a
+            // duplicate waits on it as on the plain table's row), then the
+            // claim: sent together. The claim's partition is made before
+            // the transaction's first statement may need it.
+            Some(_) => {
+                self.store.ensure_partition_of(claim.now_ms).await?;
+                let id = claim.id.as_str();
+                let lock: [(&(dyn ToSql + Sync), Type); 1] = [(&id, Type::TEXT)];
+                let params = values.claim();
+                let (locked, answer) = tokio::join!(
+                    self.transaction
+                        .query_typed(pg::partitioned::LOCK_RECORD, &lock),
+                    self.transaction.row(&self.store.inner.sql.claim, &params),
+                );
+                if let Err(error) = locked {
+                    return Err(errors::from_pg("SELECT pg_advisory_xact_lock", error));
+                }
+                answer
+            }
+        };
         self.conditional(answer, "INSERT (claim in transaction)", &claim.id)
             .await
     }

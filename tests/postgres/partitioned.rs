@@ -1,0 +1,445 @@
+//! The partitioned layout (`PostgresStore::partitioned`) against a real
+//! server: the conformance kit, directly and through PgBouncer; two
+//! claims on either side of a day's boundary; the two windows; the
+//! cleanup that drops whole days while claims go on; partitions made on
+//! demand; and the seed's schema, which PostgreSQL refuses.
+
+use super::{tokio_postgres_client, url, TABLES};
+use lambda_idempotency::{
+    store::{
+        postgres::{Partitioning, PostgresStore},
+        Claim, Conditional, Extension, OwnerToken, RecordId, Store,
+    },
+    testing::{
+        scenarios::{charge, payload},
+        ManualClock,
+    },
+    Attempt, Engine, OutcomeKind, StoreErrorKind,
+};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+const DAY_MS: u64 = 86_400_000;
+
+/// A partitioned store over a fresh table of its own, at `url`.
+async fn store_at(url: &str, partitioning: Partitioning) -> PostgresStore {
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let table = format!("parted_{}_{n}", std::process::id());
+    let store = PostgresStore::connect(url, table, 8)
+        .expect("pool")
+        .partitioned(partitioning);
+    store.create_table().await.expect("create table");
+    store
+}
+
+async fn store() -> PostgresStore {
+    store_at(&url(), Partitioning::daily()).await
+}
+
+lambda_idempotency::store_conformance! {
+    store: store(),
+    unavailable: async {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"), "idempotency", 1)
+            .expect("pool")
+            .partitioned(Partitioning::daily())
+    },
+    single_write,
+}
+
+mod through_pgbouncer {
+    use super::*;
+
+    lambda_idempotency::store_conformance! {
+        store: store_at(&super::super::pgbouncer_url(), Partitioning::daily()),
+        unavailable: async {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"), "idempotency", 1)
+                .expect("pool")
+                .partitioned(Partitioning::daily())
+        },
+        single_write,
+    }
+}
+
+fn claim(id: &RecordId, owner: &str, now_ms: u64) -> Claim {
+    Claim {
+        id: id.clone(),
+        owner: OwnerToken::from_stored(owner),
+        fingerprint: payload(1),
+        now_ms,
+        lease_until_ms: now_ms + 30_000,
+        expiration_s: now_ms / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now_ms,
+    }
+}
+
+/// Midnight UTC of a day a little ahead of today: its partition and the
+/// one before it exist (made ahead), and the boundary is between them.
+fn next_midnight_ms() -> u64 {
+    let now = lambda_idempotency::testing::ManualClock::starting_now();
+    use lambda_idempotency::Clock;
+    (now.now_ms() / DAY_MS + 1) * DAY_MS
+}
+
+/// Claims for one key on either side of midnight race each other, eight
+/// at a time (four in the last milliseconds of a day, four in the first
+/// of the next, each at a time of its own): their rows would go to two
+/// partitions, and nothing but the record's lock stops them all from
+/// inserting (the primary key is `(id, claimed_at)`). Exactly one applies,
+/// every round, directly and through PgBouncer in transaction mode; the
+/// others are refused with the winner's record. (Without the lock, 27 claims of
+/// 100 rounds applied beside another in one run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_on_either_side_of_midnight_never_both_apply() {
+    const ROUNDS: usize = 100;
+    const AT_ONCE: u64 = 8;
+    for url in [url(), super::pgbouncer_url()] {
+        let store = store_at(&url, Partitioning::daily()).await;
+        let midnight = next_midnight_ms();
+        let mut extra_winners = 0;
+        for round in 0..ROUNDS {
+            let id = RecordId::new("p", "t", &format!("boundary-{round}"));
+            let barrier = Arc::new(tokio::sync::Barrier::new(AT_ONCE as usize));
+            let racers: Vec<_> = (0..AT_ONCE)
+                .map(|n| {
+                    let at = if n % 2 == 0 {
+                        midnight - 1 - n
+                    } else {
+                        midnight + n
+                    };
+                    let claim = claim(&id, &format!("owner-{n}"), at);
+                    let (store, barrier) = (store.clone(), Arc::clone(&barrier));
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        store.claim(&claim).await.expect("claim")
+                    })
+                })
+                .collect();
+            let mut answers = Vec::new();
+            for racer in racers {
+                answers.push(racer.await.expect("racer"));
+            }
+            let applied = answers
+                .iter()
+                .filter(|answer| **answer == Conditional::Applied)
+                .count();
+            extra_winners += applied.saturating_sub(1);
+            if applied != 1 {
+                continue;
+            }
+            for answer in answers.iter().filter(|a| **a != Conditional::Applied) {
+                assert!(
+                    matches!(answer, Conditional::Refused(Some(record)) if record.id == id),
+                    "round {round}: a loser is told of the winner's record: {answer:?}"
+                );
+            }
+        }
+        assert_eq!(
+            extra_winners, 0,
+            "{url}: claims that applied beside another"
+        );
+        let client = tokio_postgres_client().await;
+        let rows: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {}", store.table()), &[])
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(rows, ROUNDS as i64, "one row a key");
+    }
+}
+
+/// The seed's schema, `PRIMARY KEY (key)` on a table partitioned by
+/// `created_at`, is refused by PostgreSQL itself: what the docs say.
+#[tokio::test]
+async fn the_seeds_partitioned_schema_is_refused_by_postgresql() {
+    let client = tokio_postgres_client().await;
+    let error = client
+        .batch_execute(
+            "CREATE TABLE seed_idempotency_keys (
+                key TEXT NOT NULL,
+                status TEXT NOT NULL DEFAULT 'pending',
+                response JSONB,
+                created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                expires_at TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (key)
+            ) PARTITION BY RANGE (created_at)",
+        )
+        .await
+        .expect_err("a primary key without the partition column");
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "0A000", "{db:?}");
+    assert!(
+        db.message()
+            .contains("must include all partitioning columns"),
+        "{}",
+        db.message()
+    );
+}
+
+/// The windows: a 1-hour dedup window (the engine's retention) and a
+/// 7-day audit window. Inside the first, a retry replays; past it and
+/// inside the second, it runs as a new request, and the first record,
+/// response and all, is still there for support beside the new one.
+#[tokio::test]
+async fn a_retry_past_the_dedup_window_runs_and_the_audit_window_keeps_the_first() {
+    let store = store().await;
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .retention(Duration::from_secs(3600))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("t", "windows", payload(7));
+    let first = engine
+        .execute(&attempt, charge(&runs, 7))
+        .await
+        .expect("first");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    clock.advance(Duration::from_secs(3000));
+    let inside = engine
+        .execute(&attempt, charge(&runs, 7))
+        .await
+        .expect("inside");
+    assert_eq!(
+        inside.kind(),
+        OutcomeKind::Replay,
+        "inside the dedup window"
+    );
+    assert_eq!(inside.value(), first.value());
+    clock.advance(Duration::from_secs(2 * 86_400));
+    let outside = engine
+        .execute(&attempt, charge(&runs, 7))
+        .await
+        .expect("outside");
+    assert_eq!(outside.kind(), OutcomeKind::Fresh, "past the dedup window");
+    assert_ne!(outside.value(), first.value());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    let id = engine.record_id("t", "windows");
+    let history = store.history(&id).await.expect("history");
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert!(
+        history[0].created_at_ms > history[1].created_at_ms,
+        "newest first"
+    );
+    assert!(
+        history[1].response.is_some(),
+        "the first response, kept for support"
+    );
+    assert!(history[1].is_expired(clock_now(&clock)));
+
+    // Two days on, the first record's partition is inside the audit window:
+    // a cleanup keeps it.
+    let cleanup = store
+        .drop_expired_partitions(clock_now(&clock) / 1000)
+        .await
+        .expect("cleanup");
+    assert!(cleanup.dropped.is_empty(), "{cleanup:?}");
+    // Past the audit window, it goes, and the newer record stays.
+    let later = clock_now(&clock) / 1000 + 6 * 86_400;
+    let cleanup = store.drop_expired_partitions(later).await.expect("cleanup");
+    assert_eq!(cleanup.dropped.len(), 1, "{cleanup:?}");
+    let history = store.history(&id).await.expect("history");
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(history[0].created_at_ms, Some(clock_now(&clock)));
+}
+
+fn clock_now(clock: &ManualClock) -> u64 {
+    use lambda_idempotency::Clock;
+    clock.now_ms()
+}
+
+/// The cleanup, while claims go on: of ten days of records it drops the
+/// days past the audit window whose records all expired, keeps a day
+/// whose claim a heartbeat kept alive, and leaves the days inside the
+/// window; no claim fails meanwhile, and nothing is deleted row by row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cleanup_drops_only_the_days_whose_every_record_expired_while_claims_go_on() {
+    let audit = Duration::from_secs(3 * 86_400);
+    let store = store_at(&url(), Partitioning::daily().audit_window(audit)).await;
+    let today = next_midnight_ms() - DAY_MS;
+    let first_day = today - 9 * DAY_MS;
+    // Twenty claims a day on the ten days up to today, expiring an hour on.
+    for day in 0..10 {
+        for n in 0..20 {
+            let id = RecordId::new("p", "t", &format!("d{day}-{n}"));
+            let at = first_day + day * DAY_MS + n * 60_000;
+            assert_eq!(
+                store.claim(&claim(&id, "o", at)).await.expect("claim"),
+                Conditional::Applied
+            );
+        }
+    }
+    // Day 2's first claim is kept alive to today by its heartbeat.
+    let kept = RecordId::new("p", "t", "d2-0");
+    let extended = store
+        .extend(&Extension {
+            id: kept.clone(),
+            owner: OwnerToken::from_stored("o"),
+            lease_until_ms: today + 3 * 3_600_000,
+            expiration_s: today / 1000 + 3 * 3600,
+            now_ms: first_day + 2 * DAY_MS + 1000,
+        })
+        .await
+        .expect("extend");
+    assert_eq!(extended, Conditional::Applied);
+    let rows_before = super::count(store.table()).await;
+
+    // Claims go on while the cleanup runs.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (store.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let id = RecordId::new("p", "t", &format!("live-{n}"));
+                let answer = store.claim(&claim(&id, "w", today + 1000 + n)).await;
+                assert_eq!(
+                    answer.expect("a claim during cleanup"),
+                    Conditional::Applied
+                );
+                n += 1;
+            }
+            n
+        })
+    };
+    let now_s = today / 1000 + 3600 * 2;
+    let cleanup = store.drop_expired_partitions(now_s).await.expect("cleanup");
+    stop.store(true, Ordering::SeqCst);
+    let written = writer.await.expect("writer");
+    assert!(written > 0);
+
+    // Days 0 to 5 ended at least 3 days (the audit window) before
+    // today+2h; day 6 ends 2 days before today, and is kept, like days 7
+    // to 9; day 2 holds a record that expires at today+3h.
+    let name = |day: u64| {
+        let (y, m, d) = civil((first_day + day * DAY_MS) / DAY_MS);
+        format!("{}_p{y:04}{m:02}{d:02}", store.table())
+    };
+    let mut dropped = cleanup.dropped.clone();
+    dropped.sort();
+    assert_eq!(dropped, [0, 1, 3, 4, 5].map(name).to_vec(), "{cleanup:?}");
+    assert_eq!(cleanup.kept_live, vec![name(2)], "{cleanup:?}");
+    assert_eq!(
+        super::count(store.table()).await,
+        rows_before - 5 * 20 + written as i64,
+        "the dropped days' rows, and no others, are gone"
+    );
+    assert!(
+        store.get(&kept, today).await.expect("get").is_some(),
+        "the record kept alive is still there"
+    );
+    // Nothing was deleted row by row: no dead tuple anywhere.
+    let client = tokio_postgres_client().await;
+    let deleted: i64 = client
+        .query_one(
+            "SELECT coalesce(sum(n_tup_del), 0)::bigint FROM pg_stat_all_tables \
+             WHERE relname LIKE $1",
+            &[&format!("{}_p%", store.table())],
+        )
+        .await
+        .expect("stats")
+        .get(0);
+    assert_eq!(deleted, 0);
+    // A second run has nothing left to drop.
+    let again = store.drop_expired_partitions(now_s).await.expect("again");
+    assert!(again.dropped.is_empty(), "{again:?}");
+}
+
+/// The days since 1970-01-01 as a date (as the store names partitions).
+fn civil(day: u64) -> (u64, u64, u64) {
+    let z = day + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + u64::from(m <= 2), m, d)
+}
+
+/// A claim on a day whose partition is missing (dropped by hand) makes it
+/// and applies, in both forms; no DEFAULT partition is ever made.
+#[tokio::test]
+async fn a_missing_partition_never_fails_a_claim() {
+    let store = store().await;
+    let tomorrow = next_midnight_ms();
+    let (y, m, d) = civil(tomorrow / DAY_MS);
+    let partition = format!("{}_p{y:04}{m:02}{d:02}", store.table());
+    let client = tokio_postgres_client().await;
+    client
+        .batch_execute(&format!("DROP TABLE {partition}"))
+        .await
+        .expect("drop tomorrow's partition");
+    let id = RecordId::new("p", "t", "tomorrow");
+    assert_eq!(
+        store
+            .claim(&claim(&id, "o", tomorrow + 5))
+            .await
+            .expect("claim"),
+        Conditional::Applied
+    );
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&partition])
+        .await
+        .expect("regclass")
+        .get(0);
+    assert!(exists);
+    // Far ahead, past the partitions made ahead.
+    let far = tomorrow + 40 * DAY_MS;
+    let id = RecordId::new("p", "t", "far");
+    assert_eq!(
+        store.claim(&claim(&id, "o", far)).await.expect("claim"),
+        Conditional::Applied
+    );
+    let defaults: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_partitioned_table \
+             WHERE partrelid = to_regclass($1) AND partdefid <> 0",
+            &[&store.table()],
+        )
+        .await
+        .expect("default")
+        .get(0);
+    assert_eq!(defaults, 0);
+}
+
+/// A plain store over the partitioned table, and the partitioned layout
+/// over a plain table, are refused at start-up; purging the partitioned
+/// layout is refused.
+#[tokio::test]
+async fn each_layout_refuses_the_others_table() {
+    let partitioned = store().await;
+    let plain = PostgresStore::connect(&url(), partitioned.table(), 1).expect("pool");
+    let error = plain
+        .create_table()
+        .await
+        .expect_err("plain over partitioned");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let plain = PostgresStore::connect(&url(), format!("plain_{}_{n}", std::process::id()), 1)
+        .expect("pool");
+    plain.create_table().await.expect("plain table");
+    let error = plain
+        .clone()
+        .partitioned(Partitioning::daily())
+        .create_table()
+        .await
+        .expect_err("partitioned over plain");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+    assert!(error.to_string().contains("not partitioned"), "{error}");
+
+    let error = partitioned.purge_expired(0, 10).await.expect_err("purge");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+    let error = plain.drop_expired_partitions(0).await.expect_err("drop");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+}
