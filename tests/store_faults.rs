@@ -1,4 +1,5 @@
-//! PostgreSQL (tokio-postgres, and sqlx in both its statement modes), MySQL
+//! PostgreSQL (tokio-postgres, its partitioned layout too, and sqlx in both
+//! its statement modes), MySQL
 //! and Redis behind a TCP fault proxy: an outage, answers lost after the
 //! server acted (the connection reset after the write), delays.
 //!
@@ -65,6 +66,29 @@ async fn postgres(proxy: &TcpFaultProxy) -> PostgresStore {
         .await
         .expect("table");
     PostgresStore::connect(&through(&url, proxy), table, 4).expect("pool")
+}
+
+/// The tokio-postgres store's partitioned layout through the proxy: each
+/// write is a pipelined transaction (`BEGIN`, the record's lock, the
+/// statement, `COMMIT`), so an answer lost after the server acted is the
+/// whole transaction's.
+async fn postgres_partitioned(proxy: &TcpFaultProxy) -> PostgresStore {
+    use lambda_idempotency::store::postgres::Partitioning;
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!(
+        "faults_parted_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    PostgresStore::connect(&url, table.clone(), 1)
+        .expect("pool")
+        .partitioned(Partitioning::daily())
+        .create_table()
+        .await
+        .expect("table");
+    PostgresStore::connect(&through(&url, proxy), table, 4)
+        .expect("pool")
+        .partitioned(Partitioning::daily())
 }
 
 async fn mysql(proxy: &TcpFaultProxy) -> SqlxMySqlStore {
@@ -348,6 +372,20 @@ macro_rules! on_each_store {
                 async fn $scenario() {
                     let proxy = postgres_proxy().await;
                     super::$scenario(postgres(&proxy).await, &proxy).await;
+                }
+            )*
+        }
+        mod on_postgres_partitioned {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = postgres_proxy().await;
+                    // Each write is a pipelined transaction: the answer
+                    // lost is its COMMIT's (BEGIN's comes first, before the
+                    // server acted).
+                    proxy.lose_answers_at_transaction_end();
+                    super::$scenario(postgres_partitioned(&proxy).await, &proxy).await;
                 }
             )*
         }

@@ -21,7 +21,19 @@ struct Faults {
     /// Answers to drop, each with its connection, after the request reached
     /// the server.
     lose_answers: usize,
+    /// PostgreSQL only: the lost answer to a request that begins a
+    /// transaction is the end of the transaction's (`COMMIT` or
+    /// `ROLLBACK`); the answers before it reach the client.
+    lose_at_transaction_end: bool,
     delay: Duration,
+}
+
+/// Whether a chunk of PostgreSQL's answers holds the `CommandComplete` of
+/// a transaction's end.
+fn ends_transaction(chunk: &[u8]) -> bool {
+    [&b"COMMIT\0"[..], &b"ROLLBACK\0"[..]]
+        .iter()
+        .any(|tag| chunk.windows(tag.len()).any(|window| window == *tag))
 }
 
 /// The proxy. Dropping it stops it.
@@ -102,6 +114,14 @@ impl TcpFaultProxy {
         self.faults.lock().unwrap().lose_answers = n;
     }
 
+    /// Makes a lost answer the end of a transaction's (PostgreSQL): for a
+    /// write sent as a pipelined transaction (`BEGIN`, …, `COMMIT`), whose
+    /// first answer (`BEGIN`'s) comes before the server has acted. The
+    /// server then acts, and only the answer that says so is lost.
+    pub fn lose_answers_at_transaction_end(&self) {
+        self.faults.lock().unwrap().lose_at_transaction_end = true;
+    }
+
     /// Delays every request by `delay`.
     pub fn delay(&self, delay: Duration) {
         self.faults.lock().unwrap().delay = delay;
@@ -121,6 +141,9 @@ async fn pump(
     let (mut up, mut down) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     // Set when a request went up whose answer is to be lost.
     let mut losing = false;
+    // Set when that request began a transaction, and its lost answer is
+    // the transaction's end.
+    let mut losing_at_end = false;
     loop {
         tokio::select! {
             read = client_read.read(&mut up) => {
@@ -138,14 +161,20 @@ async fn pump(
                     tokio::time::sleep(delay).await;
                 }
                 if server_write.write_all(&up[..n]).await.is_err() { return; }
+                if lose && !losing {
+                    losing_at_end = faults.lock().unwrap().lose_at_transaction_end
+                        && up[..n].windows(6).any(|window| window == b"BEGIN\0");
+                }
                 losing |= lose;
             }
             read = server_read.read(&mut down) => {
                 let Ok(n) = read else { return };
                 if n == 0 { return; }
                 if losing {
-                    // The server acted; the client never hears of it.
-                    return;
+                    if !losing_at_end || ends_transaction(&down[..n]) {
+                        // The server acted; the client never hears of it.
+                        return;
+                    }
                 }
                 if client_write.write_all(&down[..n]).await.is_err() { return; }
             }
