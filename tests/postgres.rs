@@ -51,6 +51,21 @@ fn pgbouncer_url() -> String {
 
 static TABLES: AtomicUsize = AtomicUsize::new(0);
 
+tokio::task_local! {
+    /// Set by the in-transaction tests' partitioned runs (`on_both!`):
+    /// their stores are the partitioned layout.
+    static PARTITIONED: bool;
+}
+
+/// `store`, over the partitioned layout where the test runs as
+/// `PARTITIONED`.
+fn layout(store: PostgresStore) -> PostgresStore {
+    match PARTITIONED.try_with(|partitioned| *partitioned) {
+        Ok(true) => store.partitioned(lambda_idempotency::store::postgres::Partitioning::daily()),
+        _ => store,
+    }
+}
+
 /// A store over a fresh table of its own.
 async fn store() -> PostgresStore {
     let n = TABLES.fetch_add(1, Ordering::SeqCst);
@@ -590,6 +605,12 @@ mod in_transaction {
         let n = TABLES.fetch_add(1, Ordering::SeqCst);
         let table = format!("intx_{}_{n}", std::process::id());
         let store = PostgresStore::connect(url, table.clone(), pool).expect("pool");
+        let store = match PARTITIONED.try_with(|partitioned| *partitioned) {
+            Ok(true) => {
+                store.partitioned(lambda_idempotency::store::postgres::Partitioning::daily())
+            }
+            _ => store,
+        };
         store.create_table().await.expect("create table");
         let accounts = format!("{table}_accounts");
         tokio_postgres_client()
@@ -1313,6 +1334,16 @@ mod in_transaction {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
             }
+            /// The partitioned layout, through PgBouncer: the record's
+            /// lock is the transaction's.
+            mod partitioned_through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    crate::PARTITIONED
+                        .scope(true, super::$scenario(&super::pgbouncer_url()))
+                        .await
+                })*
+            }
         };
     }
 
@@ -1522,7 +1553,7 @@ mod http_in_transaction {
     async fn app(url: &str, limits: TransactionLimits) -> App {
         let n = TABLES.fetch_add(1, Ordering::SeqCst);
         let table = format!("httptx_{}_{n}", std::process::id());
-        let store = PostgresStore::connect(url, table.clone(), 4).expect("pool");
+        let store = crate::layout(PostgresStore::connect(url, table.clone(), 4).expect("pool"));
         store.create_table().await.expect("create table");
         let accounts = format!("{table}_accounts");
         tokio_postgres_client()
@@ -1801,7 +1832,9 @@ mod http_in_transaction {
         use lambda_idempotency::http::{CommitWith, StoredBody};
         let probe = app(url, TransactionLimits::new()).await;
         let accounts = probe.accounts.clone();
-        let store = PostgresStore::connect(url, format!("{accounts}_records"), 2).expect("pool");
+        let store = crate::layout(
+            PostgresStore::connect(url, format!("{accounts}_records"), 2).expect("pool"),
+        );
         store.create_table().await.expect("create table");
         let runs = Arc::new(AtomicUsize::new(0));
         let handler = {
@@ -1876,6 +1909,16 @@ mod http_in_transaction {
             mod through_pgbouncer {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
+            }
+            /// The partitioned layout, through PgBouncer: the record's
+            /// lock is the transaction's.
+            mod partitioned_through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    crate::PARTITIONED
+                        .scope(true, super::$scenario(&super::pgbouncer_url()))
+                        .await
+                })*
             }
         };
     }
