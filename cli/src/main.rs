@@ -7,6 +7,8 @@
 //! lambda-idempotency --store dynamodb://idempotency forget --scope … --key … [--force]
 //! lambda-idempotency --store dynamodb://idempotency list --in-progress [--limit 100] [--json]
 //! lambda-idempotency --store postgres://… purge-expired [--batch 1000]
+//! lambda-idempotency --store postgres://… --postgres-partitioned [--audit-window-days 7] \
+//!     maintain-partitions | partitions | history --scope … --key …
 //! lambda-idempotency --table app --key-attr pk --sort-key-attr sk \
 //!     --static-pk-value 'idempotency#charges' list --in-progress   # single-table
 //! lambda-idempotency scope --event request.json   # the scope the HTTP layer derives
@@ -44,6 +46,8 @@
 //! it was given one.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "postgres")]
+mod partitions;
 mod store_url;
 
 use clap::{Args, Parser, Subcommand};
@@ -85,6 +89,19 @@ struct Cli {
     /// The PostgreSQL table of the records.
     #[arg(long, default_value = store_url::POSTGRES_TABLE)]
     postgres_table: String,
+    /// The PostgreSQL table is the partitioned layout
+    /// (PostgresStore::partitioned): records in day partitions, dropped
+    /// whole by maintain-partitions.
+    #[arg(long, env = "IDEMPOTENCY_POSTGRES_PARTITIONED")]
+    postgres_partitioned: bool,
+    /// How long after its claim a record stays readable for support
+    /// (history), in days: the partitioned layout's audit window. Its
+    /// dedup window is the engine's retention.
+    #[arg(long, default_value_t = 7, requires = "postgres_partitioned")]
+    audit_window_days: u64,
+    /// Days of partitions to make ahead of today.
+    #[arg(long, default_value_t = 3, requires = "postgres_partitioned")]
+    premake_days: u32,
     /// The Redis key namespace of the records (RedisStore::namespace).
     #[arg(long, default_value = "")]
     redis_namespace: String,
@@ -151,6 +168,17 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         batch: u32,
     },
+    /// PostgreSQL's partitioned layout: makes today's partition and the
+    /// next days', and detaches and drops each day whose records are all
+    /// past the dedup and audit windows. Schedule it (daily or more often).
+    MaintainPartitions,
+    /// PostgreSQL's partitioned layout: each partition, its end, size,
+    /// estimated rows and dead tuples.
+    Partitions,
+    /// Every record PostgreSQL keeps for a key, newest first: in the
+    /// partitioned layout, the record and those it replaced, responses
+    /// included, until the audit window drops them (for support).
+    History(KeyArgs),
 }
 
 impl ScopeArgs {
@@ -292,6 +320,21 @@ async fn open_other(cli: &Cli, url: &str) -> Result<ExitCode, String> {
     match store {
         #[cfg(feature = "postgres")]
         store_url::OtherStore::Postgres(store) => {
+            let store = if cli.postgres_partitioned {
+                use lambda_idempotency::store::postgres::Partitioning;
+                store.partitioned(
+                    Partitioning::daily()
+                        .audit_window(std::time::Duration::from_secs(
+                            cli.audit_window_days.saturating_mul(86_400),
+                        ))
+                        .premake_days(cli.premake_days),
+                )
+            } else {
+                store
+            };
+            if let Some(code) = partitions::run(cli, &store).await? {
+                return Ok(code);
+            }
             if let Command::PurgeExpired { batch } = &cli.command {
                 use lambda_idempotency::{Clock, SystemClock};
                 let now_s = SystemClock.now_ms() / 1000;
@@ -410,6 +453,9 @@ async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Command::PurgeExpired { .. } => Err("purge-expired is for PostgreSQL".into()),
+        Command::MaintainPartitions | Command::Partitions | Command::History(_) => {
+            Err("maintain-partitions, partitions and history are for PostgreSQL".into())
+        }
     }
 }
 

@@ -199,6 +199,81 @@ async fn an_operator_inspects_lists_forgets_and_purges_postgresql_records() {
     assert_eq!(json(&output)["purged"], 0, "nothing left to purge");
 }
 
+/// The partitioned layout from the tool: `maintain-partitions` drops the
+/// day past the audit window and makes the days ahead, `partitions` lists
+/// them, `history` shows what support sees of a key (its record and the
+/// one it replaced), and `purge-expired` is refused.
+#[tokio::test]
+async fn an_operator_maintains_a_partitioned_postgresql_table() {
+    use lambda_idempotency::store::postgres::Partitioning;
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!("cli_parted_{}", std::process::id());
+    let store = PostgresStore::connect(&url, table.as_str(), 2)
+        .expect("pool")
+        .partitioned(Partitioning::daily().audit_window(Duration::from_secs(3 * 86_400)));
+    store.create_table().await.expect("table");
+    let tool = Tool(vec![
+        "--store".into(),
+        url,
+        "--postgres-table".into(),
+        table.clone(),
+        "--postgres-partitioned".into(),
+        "--audit-window-days".into(),
+        "3".into(),
+    ]);
+    // A key first run ten days ago (a day's retention), and again now.
+    let now = SystemClock.now_ms();
+    let clock = ManualClock::new(now - 10 * 86_400_000);
+    let engine = Engine::builder(store.clone())
+        .key_prefix(PREFIX)
+        .clock(clock.clone())
+        .retention(Duration::from_secs(86_400))
+        .build();
+    let attempt = Attempt::new("tenant-1", "order-9", Fingerprint::of_bytes(b"p"));
+    for _ in 0..2 {
+        engine
+            .execute(&attempt, || async { Ok::<_, std::io::Error>(1u8) })
+            .await
+            .expect("a record");
+        clock.set(now);
+    }
+    let history = |tool: &Tool| {
+        json(&tool.run(&[
+            "history", "--scope", "tenant-1", "--key", "order-9", "--json",
+        ]))
+    };
+    assert_eq!(history(&tool)["records"].as_array().map(Vec::len), Some(2));
+
+    let output = tool.run(&["maintain-partitions", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let report = json(&output);
+    let dropped = report["dropped"].as_array().expect("dropped");
+    assert_eq!(
+        dropped.len(),
+        4,
+        "the day ten days ago, and the three empty days made ahead of it: {report}"
+    );
+    assert_eq!(history(&tool)["records"].as_array().map(Vec::len), Some(1));
+
+    let output = tool.run(&["partitions", "--json"]);
+    let partitions = json(&output);
+    let partitions = partitions.as_array().expect("partitions");
+    assert!(
+        partitions.len() >= 4,
+        "today and three days ahead: {partitions:?}"
+    );
+    assert!(partitions.iter().all(|p| p["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with(&format!("{table}_p")))));
+
+    let output = tool.run(&["purge-expired"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("drop_expired_partitions"),
+        "{output:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_operator_inspects_lists_and_forgets_redis_records() {
     let url = variable("IDEMPOTENCY_TEST_REDIS_URL");

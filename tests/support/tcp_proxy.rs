@@ -170,11 +170,9 @@ async fn pump(
             read = server_read.read(&mut down) => {
                 let Ok(n) = read else { return };
                 if n == 0 { return; }
-                if losing {
-                    if !losing_at_end || ends_transaction(&down[..n]) {
-                        // The server acted; the client never hears of it.
-                        return;
-                    }
+                if losing && (!losing_at_end || ends_transaction(&down[..n])) {
+                    // The server acted; the client never hears of it.
+                    return;
                 }
                 if client_write.write_all(&down[..n]).await.is_err() { return; }
             }
