@@ -443,3 +443,250 @@ async fn each_layout_refuses_the_others_table() {
     let error = plain.drop_expired_partitions(0).await.expect_err("drop");
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
 }
+
+/// The benchmark of BENCHMARKS.md's "A PostgreSQL table that never bloats"
+/// (`make bench-pg-partitions`): a simulated week at the seeds' shape,
+/// time compressed (each request's `now` fabricated, a simulated day's
+/// requests sent as fast as `BENCH_WRITERS` writers go), once on a plain
+/// table purged by `DELETE` batches (`purge_expired`, 1,000 rows a batch)
+/// and once on the partitioned layout (`drop_expired_partitions`), each
+/// cleaned up every simulated hour while the writes go on, in interleaved
+/// rounds (plain first, then partitioned first). Both keep a response two
+/// days: the plain table as its retention, the partitioned layout as its
+/// audit window beside a one-day dedup window.
+mod week_bench {
+    use super::*;
+    use std::{
+        sync::atomic::{AtomicBool, AtomicU64},
+        time::Instant,
+    };
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Layout {
+        Plain,
+        Partitioned,
+    }
+
+    #[derive(Default)]
+    struct Week {
+        /// claim + complete, µs: all, and those that overlapped a cleanup.
+        writes: Vec<u32>,
+        during_cleanup: Vec<u32>,
+        /// The claim alone, µs.
+        claims: Vec<u32>,
+        /// Per simulated day: dead tuples, live tuples, bytes.
+        days: Vec<(i64, i64, i64)>,
+        cleanups: u32,
+        cleanup_ms: Vec<u32>,
+        deleted_rows: u64,
+        dropped_partitions: usize,
+        seconds: f64,
+    }
+
+    fn variable(name: &str, default: u64) -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    fn percentile(values: &[u32], p: f64) -> f64 {
+        if values.is_empty() {
+            return f64::NAN;
+        }
+        let mut sorted = values.to_vec();
+        sorted.sort_unstable();
+        let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+        f64::from(sorted[index]) / 1000.0
+    }
+
+    async fn stats(table: &str) -> (i64, i64, i64) {
+        let client = tokio_postgres_client().await;
+        let row = client
+            .query_one(
+                "WITH leaves AS (SELECT relid FROM pg_partition_tree($1::text::regclass) \
+                                 WHERE isleaf UNION SELECT $1::text::regclass) \
+                 SELECT coalesce(sum(s.n_dead_tup), 0)::bigint, \
+                        coalesce(sum(s.n_live_tup), 0)::bigint, \
+                        coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint \
+                 FROM leaves p JOIN pg_class c ON c.oid = p.relid AND c.relkind = 'r' \
+                 LEFT JOIN pg_stat_all_tables s ON s.relid = p.relid",
+                &[&table],
+            )
+            .await
+            .expect("stats");
+        (row.get(0), row.get(1), row.get(2))
+    }
+
+    async fn week(layout: Layout, per_day: u64, writers: u64) -> Week {
+        const DAY_S: u64 = 86_400;
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("week_{}_{n}", std::process::id());
+        let store =
+            PostgresStore::connect(&url(), table.as_str(), writers as usize + 2).expect("pool");
+        let (store, retention_s) = match layout {
+            Layout::Plain => (store, 2 * DAY_S),
+            Layout::Partitioned => (
+                store.partitioned(
+                    Partitioning::daily().audit_window(Duration::from_secs(2 * DAY_S)),
+                ),
+                DAY_S,
+            ),
+        };
+        store.create_table().await.expect("table");
+        let start_ms = next_midnight_ms() + 30 * DAY_MS;
+        let step_ms = DAY_MS / per_day;
+        let total = 7 * per_day;
+        let next = Arc::new(AtomicU64::new(0));
+        let cleaning = Arc::new(AtomicBool::new(false));
+        let began = Instant::now();
+        let tasks: Vec<_> = (0..writers)
+            .map(|_| {
+                let (store, next, cleaning) =
+                    (store.clone(), Arc::clone(&next), Arc::clone(&cleaning));
+                tokio::spawn(async move {
+                    let mut week = Week::default();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= total {
+                            return week;
+                        }
+                        let now_ms = start_ms + i * step_ms;
+                        let id = RecordId::new("bench", "t", &format!("k{i}"));
+                        let claim = Claim {
+                            expiration_s: now_ms / 1000 + retention_s,
+                            ..claim(&id, "o", now_ms)
+                        };
+                        let during = cleaning.load(Ordering::SeqCst);
+                        let t0 = Instant::now();
+                        assert_eq!(
+                            store.claim(&claim).await.expect("claim"),
+                            Conditional::Applied
+                        );
+                        let claimed = t0.elapsed();
+                        let completed = store
+                            .complete(lambda_idempotency::store::Completion {
+                                id: id.clone(),
+                                owner: claim.owner.clone(),
+                                response: vec![b'r'; 200],
+                                now_ms,
+                                expiration_s: now_ms / 1000 + retention_s,
+                                writes: Vec::new(),
+                            })
+                            .await
+                            .expect("complete");
+                        assert_eq!(completed, Conditional::Applied);
+                        let micros = t0.elapsed().as_micros() as u32;
+                        week.claims.push(claimed.as_micros() as u32);
+                        week.writes.push(micros);
+                        if during || cleaning.load(Ordering::SeqCst) {
+                            week.during_cleanup.push(micros);
+                        }
+                    }
+                })
+            })
+            .collect();
+        // The cleanup, every simulated hour, on the simulated clock; the
+        // statistics at the end of every simulated day.
+        let mut result = Week::default();
+        let per_hour = per_day / 24;
+        let mut hour = 1;
+        while hour <= 7 * 24 {
+            let done = next.load(Ordering::SeqCst);
+            if done < hour * per_hour {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                continue;
+            }
+            let now_s = (start_ms + hour * per_hour * step_ms) / 1000;
+            cleaning.store(true, Ordering::SeqCst);
+            let t0 = Instant::now();
+            match layout {
+                Layout::Plain => {
+                    result.deleted_rows += store.purge_expired(now_s, 1000).await.expect("purge")
+                }
+                Layout::Partitioned => {
+                    result.dropped_partitions += store
+                        .drop_expired_partitions(now_s)
+                        .await
+                        .expect("drop")
+                        .dropped
+                        .len()
+                }
+            }
+            result.cleanup_ms.push(t0.elapsed().as_millis() as u32);
+            cleaning.store(false, Ordering::SeqCst);
+            result.cleanups += 1;
+            if hour % 24 == 0 {
+                // Let the writers' statistics reach the collector.
+                tokio::time::sleep(Duration::from_millis(1100)).await;
+                result.days.push(stats(&table).await);
+            }
+            hour += 1;
+        }
+        for task in tasks {
+            let week = task.await.expect("writer");
+            result.writes.extend(week.writes);
+            result.during_cleanup.extend(week.during_cleanup);
+            result.claims.extend(week.claims);
+        }
+        result.seconds = began.elapsed().as_secs_f64();
+        result
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[ignore = "a benchmark: make bench-pg-partitions"]
+    async fn partitions_against_delete_batches_over_a_simulated_week() {
+        let per_day = variable("BENCH_PER_DAY", 10_000);
+        let rounds = variable("BENCH_ROUNDS", 2);
+        let writers = variable("BENCH_WRITERS", 8);
+        println!(
+            "a simulated week: {per_day} requests a simulated day (the seeds' 5,000 a minute is \
+             7,200,000), {writers} writers, {rounds} interleaved rounds"
+        );
+        let mut weeks: Vec<(Layout, Week)> = Vec::new();
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                [Layout::Plain, Layout::Partitioned]
+            } else {
+                [Layout::Partitioned, Layout::Plain]
+            };
+            for layout in order {
+                let week = week(layout, per_day, writers).await;
+                println!(
+                    "round {round} {layout:?}: {:.1} s; write p50 {:.2} ms p99 {:.2} ms; during \
+                     cleanup ({} writes) p50 {:.2} ms p99 {:.2} ms; claim p50 {:.2} ms p99 {:.2} \
+                     ms; cleanups {} (p50 {:.1} ms, max {} ms), rows deleted {}, partitions \
+                     dropped {}",
+                    week.seconds,
+                    percentile(&week.writes, 0.5),
+                    percentile(&week.writes, 0.99),
+                    week.during_cleanup.len(),
+                    percentile(&week.during_cleanup, 0.5),
+                    percentile(&week.during_cleanup, 0.99),
+                    percentile(&week.claims, 0.5),
+                    percentile(&week.claims, 0.99),
+                    week.cleanups,
+                    percentile(
+                        &week
+                            .cleanup_ms
+                            .iter()
+                            .map(|ms| ms * 1000)
+                            .collect::<Vec<_>>(),
+                        0.5
+                    ),
+                    week.cleanup_ms.iter().max().copied().unwrap_or(0),
+                    week.deleted_rows,
+                    week.dropped_partitions,
+                );
+                for (day, (dead, live, bytes)) in week.days.iter().enumerate() {
+                    println!(
+                        "  day {}: dead tuples {dead}, live tuples {live}, size {:.1} MB",
+                        day + 1,
+                        *bytes as f64 / 1_048_576.0
+                    );
+                }
+                weeks.push((layout, week));
+            }
+        }
+    }
+}

@@ -249,38 +249,67 @@ impl PostgresStore {
         )?;
         let mut created = Vec::new();
         if !absent.is_empty() {
-            let transaction = client
-                .transaction()
-                .await
-                .map_err(|e| errors::from_pg("BEGIN", e))?;
-            transaction
-                .query_typed(LOCK_UPKEEP, &[(table, Type::TEXT)])
-                .await
-                .map_err(|e| errors::from_pg("SELECT pg_advisory_xact_lock", e))?;
-            // Another process may have made them while this one waited.
-            let missing = missing(
-                transaction
-                    .query_typed(MISSING, &[(&names, Type::TEXT_ARRAY)])
-                    .await,
-            )?;
-            for (day, name) in days.iter().zip(&names) {
-                if missing.contains(name) {
-                    transaction
-                        .batch_execute(&create_partition(table, *day))
-                        .await
-                        .map_err(|e| errors::from_pg("CREATE TABLE (partition)", e))?;
-                    created.push(name.clone());
+            match Self::create_partitions(&mut client, table, &days, &names).await {
+                Ok(made) => created = made,
+                // Another process made them meanwhile, and this
+                // transaction's catalog lookups had not seen its commit
+                // (`42809`, "is already a partition"): a fresh look, in a
+                // transaction of its own, decides.
+                Err(error) => {
+                    let still = missing(
+                        client
+                            .query_typed(MISSING, &[(&names, Type::TEXT_ARRAY)])
+                            .await,
+                    )?;
+                    if !still.is_empty() {
+                        return Err(error);
+                    }
                 }
             }
-            transaction
-                .commit()
-                .await
-                .map_err(|e| errors::from_pg("COMMIT", e))?;
         }
         self.inner.ensured_through.fetch_max(
             first + u64::from(partitioning.premake_days),
             Ordering::SeqCst,
         );
+        Ok(created)
+    }
+
+    /// Creates the partitions of `names` (for `days`) that are missing, in
+    /// one transaction behind the table's upkeep lock.
+    async fn create_partitions(
+        client: &mut Object,
+        table: &str,
+        days: &[u64],
+        names: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let transaction = client
+            .transaction()
+            .await
+            .map_err(|e| errors::from_pg("BEGIN", e))?;
+        transaction
+            .query_typed(LOCK_UPKEEP, &[(&table, Type::TEXT)])
+            .await
+            .map_err(|e| errors::from_pg("SELECT pg_advisory_xact_lock", e))?;
+        // Another process may have made them while this one waited.
+        let missing = missing(
+            transaction
+                .query_typed(MISSING, &[(&names, Type::TEXT_ARRAY)])
+                .await,
+        )?;
+        let mut created = Vec::new();
+        for (day, name) in days.iter().zip(names) {
+            if missing.contains(name) {
+                transaction
+                    .batch_execute(&create_partition(table, *day))
+                    .await
+                    .map_err(|e| errors::from_pg("CREATE TABLE (partition)", e))?;
+                created.push(name.clone());
+            }
+        }
+        transaction
+            .commit()
+            .await
+            .map_err(|e| errors::from_pg("COMMIT", e))?;
         Ok(created)
     }
 
