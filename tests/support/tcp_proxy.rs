@@ -163,7 +163,7 @@ async fn pump(
                 if server_write.write_all(&up[..n]).await.is_err() { return; }
                 if lose && !losing {
                     losing_at_end = faults.lock().unwrap().lose_at_transaction_end
-                        && up[..n].windows(6).any(|window| window == b"BEGIN\0");
+                        && up[..n].windows(5).any(|window| window == b"BEGIN");
                 }
                 losing |= lose;
             }

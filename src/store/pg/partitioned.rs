@@ -8,8 +8,25 @@ use super::statements::{Statements, COLUMNS, WRITE_CTE};
 
 /// The lock every write of a record takes first, in its own statement
 /// (so that the write's snapshot follows it): transaction-scoped, so it
-/// holds behind PgBouncer in transaction mode and goes with `COMMIT`.
-pub(crate) const LOCK_RECORD: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+/// holds behind PgBouncer in transaction mode and goes with `COMMIT`. Its
+/// key is [`lock_key`].
+pub(crate) const LOCK_RECORD: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// The 64-bit key of a record's lock: the first 8 bytes of the SHA-256 of
+/// its id. Computed here rather than by the server, so that `BEGIN` and
+/// the lock go in one simple query (which takes no parameters).
+pub(crate) fn lock_key(id: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(id.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// `BEGIN` and the record's lock, in one simple query.
+pub(crate) fn begin_locked(id: &str) -> String {
+    format!("BEGIN; SELECT pg_advisory_xact_lock({})", lock_key(id))
+}
 
 /// The lock of the partitions' upkeep (creation), per table: the
 /// two-key form, a lock space of its own apart from the records' keys.
@@ -251,6 +268,18 @@ mod tests {
             ddl.contains("FROM ('2026-11-29 00:00:00+00') TO ('2026-11-30 00:00:00+00')"),
             "{ddl}"
         );
+    }
+
+    #[test]
+    fn a_records_lock_is_64_bits_of_its_ids_hash() {
+        assert_eq!(lock_key("p#a"), lock_key("p#a"));
+        assert_ne!(lock_key("p#a"), lock_key("p#b"));
+        assert_eq!(
+            begin_locked("x"),
+            format!("BEGIN; SELECT pg_advisory_xact_lock({})", lock_key("x"))
+        );
+        // SHA-256("x") begins 2d711642b726b044.
+        assert_eq!(lock_key("x"), 0x2d71_1642_b726_b044);
     }
 
     #[test]

@@ -248,7 +248,7 @@ impl PostgresStore {
             transaction
                 .query_typed(
                     super::pg::partitioned::LOCK_RECORD,
-                    &[(&id.as_str(), Type::TEXT)],
+                    &[(&super::pg::partitioned::lock_key(id.as_str()), Type::INT8)],
                 )
                 .await
                 .map_err(|e| errors::from_pg("SELECT pg_advisory_xact_lock", e))?;

@@ -9,8 +9,8 @@ use crate::{
     store::{
         pg::{
             partitioned::{
-                self, create_partition, is_missing_partition, partition_name, DAY_S, LOCK_RECORD,
-                LOCK_UPKEEP, MISSING_PARTITIONS as MISSING,
+                self, create_partition, is_missing_partition, partition_name, DAY_S, LOCK_UPKEEP,
+                MISSING_PARTITIONS as MISSING,
             },
             table::{shape_error, table_differences, COLUMNS_QUERY},
         },
@@ -164,8 +164,8 @@ impl PostgresStore {
     }
 
     /// Runs `sql` behind the record's lock, in a transaction of its own:
-    /// `BEGIN`, the lock, the statement and `COMMIT` sent together (one
-    /// round trip). Each is sent when first polled, and `join!` polls them
+    /// `BEGIN` with the lock (one simple query), the statement and `COMMIT`
+    /// sent together (one round trip). Each is sent when first polled, and `join!` polls them
     /// in order, so the server runs them in order; a failed one aborts
     /// the transaction and `COMMIT` then rolls it back.
     pub(super) async fn locked(
@@ -174,15 +174,13 @@ impl PostgresStore {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&id, Type::TEXT)];
-        let (begin, lock, rows, commit) = tokio::join!(
-            client.batch_execute("BEGIN"),
-            client.query_typed(LOCK_RECORD, &lock_params),
+        let begin = partitioned::begin_locked(id);
+        let (begin, rows, commit) = tokio::join!(
+            client.batch_execute(&begin),
             client.query_typed(sql, params),
             client.batch_execute("COMMIT"),
         );
         begin?;
-        lock?;
         let rows = rows?;
         commit?;
         Ok(rows)
