@@ -30,7 +30,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-powertools bench-cost bench-cost-sizes bench-plots dashboard-screenshot validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-pg-partitions bench-powertools bench-cost bench-cost-sizes bench-plots dashboard-screenshot validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -339,6 +339,14 @@ bench-plots:
 ## BENCHMARKS.md).
 bench-postgres:
 	scripts/with-postgres $(CARGO) test --profile bench --test postgres stores_side_by_side -- --ignored --nocapture
+
+## PostgreSQL's partitioned layout against DELETE batches: a simulated week
+## at the seeds' shape (BENCH_PER_DAY requests a simulated day, default
+## 10000; BENCH_ROUNDS interleaved rounds, default 2; BENCH_WRITERS, default
+## 8): write latency while cleanup runs, dead tuples and size each day (see
+## BENCHMARKS.md).
+bench-pg-partitions:
+	scripts/with-postgres $(CARGO) test --profile bench --test postgres partitions_against_delete_batches -- --ignored --nocapture
 
 ## The Powertools compatibility mode's cost on a first request: the same new
 ## requests with the mode off and on, interleaved, against DynamoDB Local, in

@@ -40,20 +40,26 @@ pub(crate) const DAY_S: u64 = 86_400;
 /// server's clock.
 const CLAIMED_AT: &str = "to_timestamp($6::float8 / 1000)";
 
-/// A row `r` that is the newest of its id: the record.
-fn newest(t: &str) -> String {
-    format!("NOT EXISTS (SELECT 1 FROM {t} n WHERE n.id = r.id AND n.claimed_at > r.claimed_at)")
+/// The record: the newest row of the id `$1`, with its `claimed_at`. Every
+/// statement reads it once (each mention of the table is planned over
+/// every partition, and planning is most of a statement's cost here).
+fn current(t: &str) -> String {
+    format!(
+        "cur AS (SELECT {COLUMNS}, claimed_at FROM {t} WHERE id = $1 \
+         ORDER BY claimed_at DESC LIMIT 1)"
+    )
 }
 
 /// Wraps a conditional write like [`super::statements::answered`], with
-/// the record found being the newest row of the id, shown only where
-/// `found` holds of it (`true`, or "not expired at the writer's now").
+/// the record found being the newest row of the id (`cur`, which the write
+/// may use), shown only where `found` holds of it (`true`, or "not expired
+/// at the writer's now").
 fn answered(write: &str, t: &str, found: &str) -> String {
     format!(
-        "WITH {WRITE_CTE} AS ({write} RETURNING 1), \
-         cur AS (SELECT {COLUMNS} FROM {t} WHERE id = $1 ORDER BY claimed_at DESC LIMIT 1) \
+        "WITH {cur}, {WRITE_CTE} AS ({write} RETURNING 1) \
          SELECT EXISTS (SELECT 1 FROM {WRITE_CTE}) AS applied, {r} \
          FROM (SELECT 1) one LEFT JOIN cur r ON {found}",
+        cur = current(t),
         r = COLUMNS
             .split(", ")
             .map(|column| format!("r.{column}"))
@@ -67,25 +73,24 @@ fn answered(write: &str, t: &str, found: &str) -> String {
 /// table's, in the same order, but for `extend`, which also takes the
 /// writer's `now_ms` as `$5`.
 pub(crate) fn statements(t: &str) -> Statements {
-    let newest = newest(t);
-    let fence = format!("r.id = $1 AND r.status = 'IN_PROGRESS' AND r.owner = $2 AND {newest}");
+    // The fenced writes apply to the record (the newest row) only.
+    let fence = "r.id = $1 AND r.claimed_at = (SELECT claimed_at FROM cur) \
+                 AND r.status = 'IN_PROGRESS' AND r.owner = $2";
     let replace = "status = excluded.status, owner = excluded.owner, \
          fingerprint = excluded.fingerprint, expiration_s = excluded.expiration_s, \
          lease_until_ms = excluded.lease_until_ms, response = excluded.response, \
          created_at_ms = excluded.created_at_ms, completed_at_ms = excluded.completed_at_ms, \
          attempt = excluded.attempt, first_started_ms = excluded.first_started_ms";
     // At most one row of an id is live, and it is the newest: a row is
-    // only inserted where none is live (under the lock).
-    let none_live = |now_s: &str| {
-        format!("NOT EXISTS (SELECT 1 FROM {t} c WHERE c.id = $1 AND c.expiration_s >= {now_s})")
-    };
-    let completion = |fence: &str| {
-        format!(
-            "UPDATE {t} r SET status = 'COMPLETED', response = $3, expiration_s = $4, \
-             completed_at_ms = $5, lease_until_ms = NULL \
-             WHERE {fence} AND r.expiration_s >= $5 / 1000"
-        )
-    };
+    // only inserted where the newest is not live (under the lock), and
+    // its `now` is past the expiration of every row before it.
+    let none_live =
+        |now_s: &str| format!("NOT EXISTS (SELECT 1 FROM cur WHERE cur.expiration_s >= {now_s})");
+    let completion = format!(
+        "UPDATE {t} r SET status = 'COMPLETED', response = $3, expiration_s = $4, \
+         completed_at_ms = $5, lease_until_ms = NULL \
+         WHERE {fence} AND r.expiration_s >= $5 / 1000"
+    );
     Statements {
         claim: answered(
             &format!(
@@ -115,31 +120,33 @@ pub(crate) fn statements(t: &str) -> Statements {
             t,
             "r.expiration_s >= $5 / 1000",
         ),
-        complete: answered(&completion(&fence), t, "r.expiration_s >= $5 / 1000"),
-        fenced_complete: format!("{} RETURNING 1", completion(&fence)),
+        complete: answered(&completion, t, "r.expiration_s >= $5 / 1000"),
+        fenced_complete: format!("WITH {} {completion} RETURNING 1", current(t)),
         release: answered(&format!("DELETE FROM {t} r WHERE {fence}"), t, "true"),
         // Over a lapsed claim (the record, not expired) in its own row;
         // else, where nothing is live, a new row.
         commit: format!(
-            "WITH over AS (UPDATE {t} r SET status = 'COMPLETED', owner = $2, fingerprint = $3, \
-                 expiration_s = $4, lease_until_ms = NULL, response = $5, created_at_ms = $6, \
-                 completed_at_ms = $6, attempt = 1, first_started_ms = $6 \
-               WHERE r.id = $1 AND r.status = 'IN_PROGRESS' AND r.lease_until_ms < $6 \
-                 AND r.expiration_s >= $7 AND {newest} RETURNING 1), \
+            "WITH {cur}, over AS (UPDATE {t} r SET status = 'COMPLETED', owner = $2, \
+                 fingerprint = $3, expiration_s = $4, lease_until_ms = NULL, response = $5, \
+                 created_at_ms = $6, completed_at_ms = $6, attempt = 1, first_started_ms = $6 \
+               WHERE r.id = $1 AND r.claimed_at = (SELECT claimed_at FROM cur) \
+                 AND r.status = 'IN_PROGRESS' AND r.lease_until_ms < $6 \
+                 AND r.expiration_s >= $7 RETURNING 1), \
              fresh AS (INSERT INTO {t} AS r ({COLUMNS}, claimed_at) \
                SELECT $1, 'COMPLETED', $2, $3, $4, NULL, $5, $6, $6, 1, $6, {CLAIMED_AT} \
                WHERE {none} \
                ON CONFLICT (id, claimed_at) DO UPDATE SET {replace} WHERE r.expiration_s < $7 \
                RETURNING 1) \
              SELECT 1 FROM over UNION ALL SELECT 1 FROM fresh",
+            cur = current(t),
             none = none_live("$7")
         ),
         // Forgetting a key forgets its history too.
         remove_any: answered(&format!("DELETE FROM {t} r WHERE r.id = $1"), t, "true"),
         remove_unless_in_progress: answered(
             &format!(
-                "DELETE FROM {t} r WHERE r.id = $1 AND NOT EXISTS (SELECT 1 FROM {t} r \
-                 WHERE r.id = $1 AND r.status = 'IN_PROGRESS' AND {newest})"
+                "DELETE FROM {t} r WHERE r.id = $1 \
+                 AND NOT EXISTS (SELECT 1 FROM cur WHERE cur.status = 'IN_PROGRESS')"
             ),
             t,
             "true",
