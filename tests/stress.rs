@@ -123,6 +123,25 @@ async fn randomised_stress_keeps_every_invariant_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_stress_keeps_every_invariant_on_postgres_partitioned() {
+    use lambda_idempotency::store::postgres::Partitioning;
+    let url = std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL").expect(
+        "IDEMPOTENCY_TEST_POSTGRES_URL is not set: run with make test, or under scripts/with-postgres",
+    );
+    let table = format!("stress_parted_{}", std::process::id());
+    let store = PostgresStore::connect(&url, table, 16)
+        .expect("pool")
+        .partitioned(Partitioning::daily());
+    store.create_table().await.expect("table");
+    stress(
+        "PostgreSQL, partitioned",
+        Engine::builder(store).build(),
+        String::new,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn randomised_stress_keeps_every_invariant_on_postgres_through_sqlx() {
     use lambda_idempotency::store::sqlx::postgres::{
         sqlx::postgres::PgPoolOptions, SqlxPostgresStore,
