@@ -690,3 +690,136 @@ mod week_bench {
         }
     }
 }
+
+/// pg_partman (Debian's, 4.7 for PostgreSQL 15: daily partitions named
+/// `_pYYYY_MM_DD`, and a DEFAULT partition) manages the partitioned
+/// layout's table: the store makes no partition of its own for the days
+/// pg_partman's cover (it reads each partition's bounds, not its name),
+/// claims and pg_partman's maintenance go on side by side, and the
+/// store's cleanup drops pg_partman's days past both windows, detaching
+/// without `CONCURRENTLY` (a DEFAULT partition forbids it) and never the
+/// DEFAULT partition.
+#[tokio::test]
+async fn pg_partman_manages_the_partitioned_table() {
+    let client = tokio_postgres_client().await;
+    let available: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_partman')",
+            &[],
+        )
+        .await
+        .expect("extensions")
+        .get(0);
+    assert!(
+        available,
+        "pg_partman is not installed: scripts/with-postgres installs Debian's \
+         postgresql-<major>-partman"
+    );
+    client
+        .batch_execute(
+            "CREATE SCHEMA IF NOT EXISTS partman; \
+             CREATE EXTENSION IF NOT EXISTS pg_partman SCHEMA partman",
+        )
+        .await
+        .expect("pg_partman");
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let table = format!("partman_{}_{n}", std::process::id());
+    // The layout's DDL (the store docs'), then pg_partman's partitions.
+    client
+        .batch_execute(
+            &include_str!("../../src/store/pg/table_partitioned.sql")
+                .replace("EXISTS idempotency (", &format!("EXISTS {table} (")),
+        )
+        .await
+        .expect("table");
+    client
+        .query_one(
+            "SELECT partman.create_parent($1, 'claimed_at', 'native', 'daily', \
+             p_premake := 3, p_start_partition := to_char(current_date, 'YYYY-MM-DD'))",
+            &[&format!("public.{table}")],
+        )
+        .await
+        .expect("create_parent");
+    let audit = Duration::from_secs(3 * 86_400);
+    let store = PostgresStore::connect(&url(), table.as_str(), 4)
+        .expect("pool")
+        .partitioned(Partitioning::daily().audit_window(audit));
+    store
+        .create_table()
+        .await
+        .expect("the store accepts the table");
+    let names = || async {
+        let mut names: Vec<String> = store
+            .partitions()
+            .await
+            .expect("partitions")
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        names.sort();
+        names
+    };
+    let before = names().await;
+    assert!(
+        before
+            .iter()
+            .all(|name| name.contains("_p20") && name.contains('_') || name.ends_with("_default")),
+        "{before:?}"
+    );
+    assert!(
+        before.iter().any(|name| name.ends_with("_default")),
+        "{before:?}"
+    );
+    assert!(
+        !before.iter().any(|name| {
+            let suffix = name.rsplit("_p").next().unwrap_or("");
+            suffix.len() == 8 && suffix.chars().all(|c| c.is_ascii_digit())
+        }),
+        "the store made none of its own: {before:?}"
+    );
+
+    // Claims on today's partition (pg_partman's), and pg_partman's upkeep.
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store.clone()).clock(clock.clone()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = Attempt::new("t", "partman", payload(3));
+    let first = engine
+        .execute(&attempt, charge(&runs, 3))
+        .await
+        .expect("first");
+    assert_eq!(first.kind(), OutcomeKind::Fresh);
+    let again = engine
+        .execute(&attempt, charge(&runs, 3))
+        .await
+        .expect("again");
+    assert_eq!(again.kind(), OutcomeKind::Replay);
+    client
+        .batch_execute(&format!("SELECT partman.run_maintenance('public.{table}')"))
+        .await
+        .expect("pg_partman's maintenance");
+    assert_eq!(names().await, before, "nothing for pg_partman to add");
+
+    // Ten days on, the days past the audit window go, pg_partman's DEFAULT
+    // partition stays, and the store has made the days ahead that pg_partman
+    // had not.
+    let later = clock_now(&clock) / 1000 + 10 * 86_400;
+    let cleanup = store.drop_expired_partitions(later).await.expect("cleanup");
+    assert!(!cleanup.dropped.is_empty(), "{cleanup:?}");
+    assert!(
+        cleanup
+            .dropped
+            .iter()
+            .all(|name| !name.ends_with("_default")),
+        "{cleanup:?}"
+    );
+    let after = names().await;
+    assert!(
+        after.iter().any(|name| name.ends_with("_default")),
+        "{after:?}"
+    );
+    assert!(
+        !after.iter().any(|name| cleanup.dropped.contains(name)),
+        "{after:?}"
+    );
+    assert_eq!(cleanup.created.len(), 4, "{cleanup:?}");
+}

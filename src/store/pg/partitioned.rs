@@ -203,9 +203,20 @@ fn midnight(day: u64) -> String {
     format!("{y:04}-{m:02}-{d:02} 00:00:00+00")
 }
 
-/// Which of `$2` (partition names) are not tables yet, of `$1`.
-pub(crate) const MISSING_PARTITIONS: &str =
-    "SELECT name FROM unnest($1::text[]) name WHERE to_regclass(name) IS NULL";
+/// Which of the days `$2` (days since 1970-01-01, UTC) no partition of
+/// `$1` covers, whatever its name (pg_partman's, or this store's). Read
+/// from the catalog with the statement's snapshot, so a partition another
+/// transaction committed is seen.
+pub(crate) const MISSING_DAYS: &str = "WITH bounds AS (SELECT \
+       extract(epoch FROM (regexp_match(pg_get_expr(c.relpartbound, c.oid), \
+         'FROM \\(''([^'']*)''\\)'))[1]::timestamptz)::bigint AS lo, \
+       extract(epoch FROM (regexp_match(pg_get_expr(c.relpartbound, c.oid), \
+         'TO \\(''([^'']*)''\\)'))[1]::timestamptz)::bigint AS hi \
+     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+     WHERE i.inhparent = to_regclass($1)) \
+     SELECT d FROM unnest($2::bigint[]) d \
+     WHERE NOT EXISTS (SELECT 1 FROM bounds WHERE lo <= d * 86400 AND hi >= (d + 1) * 86400) \
+     ORDER BY d";
 
 /// The partitions of `$1`: name (as `regclass` prints it, quoted where
 /// needed), the end of its range in epoch seconds (`NULL` for a DEFAULT

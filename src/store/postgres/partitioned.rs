@@ -10,7 +10,7 @@ use crate::{
         pg::{
             partitioned::{
                 self, create_partition, is_missing_partition, partition_name, DAY_S, LOCK_UPKEEP,
-                MISSING_PARTITIONS as MISSING,
+                MISSING_DAYS,
             },
             table::{shape_error, table_differences, COLUMNS_QUERY},
         },
@@ -123,12 +123,13 @@ pub struct PartitionInfo {
     pub dead_tuples: i64,
 }
 
-/// The partitions a query of [`MISSING`] found missing.
-fn missing(rows: Result<Vec<Row>, tokio_postgres::Error>) -> Result<Vec<String>, StoreError> {
+/// The days a query of [`MISSING_DAYS`] found no partition for.
+fn missing(rows: Result<Vec<Row>, tokio_postgres::Error>) -> Result<Vec<u64>, StoreError> {
     Ok(rows
         .map_err(|e| errors::from_pg("SELECT (missing partitions)", e))?
         .iter()
-        .filter_map(|row| row.try_get::<_, String>(0).ok())
+        .filter_map(|row| row.try_get::<_, i64>(0).ok())
+        .filter_map(|day| u64::try_from(day).ok())
         .collect())
 }
 
@@ -237,29 +238,20 @@ impl PostgresStore {
         };
         let table = &self.inner.table;
         let first = now_s / DAY_S;
-        let days: Vec<u64> = (first..=first + u64::from(partitioning.premake_days)).collect();
-        let names: Vec<String> = days.iter().map(|day| partition_name(table, *day)).collect();
+        let days: Vec<i64> = (first..=first + u64::from(partitioning.premake_days))
+            .filter_map(|day| i64::try_from(day).ok())
+            .collect();
         let mut client = self.client().await?;
-        let absent = missing(
-            client
-                .query_typed(MISSING, &[(&names, Type::TEXT_ARRAY)])
-                .await,
-        )?;
+        let absent = Self::missing_days(&client, table, &days).await?;
         let mut created = Vec::new();
         if !absent.is_empty() {
-            match Self::create_partitions(&mut client, table, &days, &names).await {
+            match Self::create_partitions(&mut client, table, &days).await {
                 Ok(made) => created = made,
-                // Another process made them meanwhile, and this
-                // transaction's catalog lookups had not seen its commit
-                // (`42809`, "is already a partition"): a fresh look, in a
-                // transaction of its own, decides.
+                // Another process made one meanwhile (`42809`, "is already
+                // a partition", `42P07`, or an overlap): a fresh look
+                // decides.
                 Err(error) => {
-                    let still = missing(
-                        client
-                            .query_typed(MISSING, &[(&names, Type::TEXT_ARRAY)])
-                            .await,
-                    )?;
-                    if !still.is_empty() {
+                    if !Self::missing_days(&client, table, &days).await?.is_empty() {
                         return Err(error);
                     }
                 }
@@ -272,13 +264,28 @@ impl PostgresStore {
         Ok(created)
     }
 
-    /// Creates the partitions of `names` (for `days`) that are missing, in
-    /// one transaction behind the table's upkeep lock.
+    /// The `days` no partition of `table` covers.
+    async fn missing_days(
+        client: &tokio_postgres::Client,
+        table: &str,
+        days: &[i64],
+    ) -> Result<Vec<u64>, StoreError> {
+        missing(
+            client
+                .query_typed(
+                    MISSING_DAYS,
+                    &[(&table, Type::TEXT), (&days, Type::INT8_ARRAY)],
+                )
+                .await,
+        )
+    }
+
+    /// Creates the partitions of the `days` no partition covers, in one
+    /// transaction behind the table's upkeep lock.
     async fn create_partitions(
         client: &mut Object,
         table: &str,
-        days: &[u64],
-        names: &[String],
+        days: &[i64],
     ) -> Result<Vec<String>, StoreError> {
         let transaction = client
             .transaction()
@@ -291,18 +298,19 @@ impl PostgresStore {
         // Another process may have made them while this one waited.
         let missing = missing(
             transaction
-                .query_typed(MISSING, &[(&names, Type::TEXT_ARRAY)])
+                .query_typed(
+                    MISSING_DAYS,
+                    &[(&table, Type::TEXT), (&days, Type::INT8_ARRAY)],
+                )
                 .await,
         )?;
         let mut created = Vec::new();
-        for (day, name) in days.iter().zip(names) {
-            if missing.contains(name) {
-                transaction
-                    .batch_execute(&create_partition(table, *day))
-                    .await
-                    .map_err(|e| errors::from_pg("CREATE TABLE (partition)", e))?;
-                created.push(name.clone());
-            }
+        for day in missing {
+            transaction
+                .batch_execute(&create_partition(table, day))
+                .await
+                .map_err(|e| errors::from_pg("CREATE TABLE (partition)", e))?;
+            created.push(partition_name(table, day));
         }
         transaction
             .commit()
