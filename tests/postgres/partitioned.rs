@@ -823,3 +823,64 @@ async fn pg_partman_manages_the_partitioned_table() {
     );
     assert_eq!(cleanup.created.len(), 4, "{cleanup:?}");
 }
+
+/// A single write does not replace a completed record whose status was
+/// turned back into a lapsed claim behind the store's back (it holds a
+/// response), as on the plain table; a lapsed claim without one is
+/// replaced in its row.
+#[tokio::test]
+async fn a_single_write_refuses_a_lapsed_claim_that_holds_a_response() {
+    use lambda_idempotency::store::Commit;
+    let store = store().await;
+    let now = next_midnight_ms() - DAY_MS + 3_600_000;
+    let commit = |id: &RecordId, owner: &str, at: u64| Commit {
+        id: id.clone(),
+        owner: OwnerToken::from_stored(owner),
+        fingerprint: payload(1),
+        response: b"second".to_vec(),
+        now_ms: at,
+        expiration_s: at / 1000 + 3600,
+        writes: Vec::new(),
+    };
+    let client = tokio_postgres_client().await;
+    for (key, tampered) in [("tampered", true), ("lapsed", false)] {
+        let id = RecordId::new("p", "t", key);
+        assert_eq!(
+            store.claim(&claim(&id, "a", now)).await.expect("claim"),
+            Conditional::Applied
+        );
+        let response = if tampered {
+            "'\\x6669727374'::bytea"
+        } else {
+            "NULL"
+        };
+        client
+            .batch_execute(&format!(
+                "UPDATE {} SET status = 'IN_PROGRESS', lease_until_ms = 1, response = {response} \
+                 WHERE id = '{}'",
+                store.table(),
+                id.as_str()
+            ))
+            .await
+            .expect("tamper");
+        let answer = store
+            .commit(commit(&id, "b", now + 60_000))
+            .await
+            .expect("commit");
+        if tampered {
+            assert!(matches!(answer, Conditional::Refused(_)), "{answer:?}");
+            let record = store
+                .get(&id, now + 60_000)
+                .await
+                .expect("get")
+                .expect("record");
+            assert_eq!(
+                record.response.as_deref(),
+                Some(&b"first"[..]),
+                "left as it is"
+            );
+        } else {
+            assert_eq!(answer, Conditional::Applied);
+        }
+    }
+}

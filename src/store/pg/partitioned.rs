@@ -123,15 +123,16 @@ pub(crate) fn statements(t: &str) -> Statements {
         complete: answered(&completion, t, "r.expiration_s >= $5 / 1000"),
         fenced_complete: format!("WITH {} {completion} RETURNING 1", current(t)),
         release: answered(&format!("DELETE FROM {t} r WHERE {fence}"), t, "true"),
-        // Over a lapsed claim (the record, not expired) in its own row;
-        // else, where nothing is live, a new row.
+        // Over a lapsed claim (the record, not expired, holding no
+        // response: one that does was tampered with) in its own row; else,
+        // where nothing is live, a new row.
         commit: format!(
             "WITH {cur}, over AS (UPDATE {t} r SET status = 'COMPLETED', owner = $2, \
                  fingerprint = $3, expiration_s = $4, lease_until_ms = NULL, response = $5, \
                  created_at_ms = $6, completed_at_ms = $6, attempt = 1, first_started_ms = $6 \
                WHERE r.id = $1 AND r.claimed_at = (SELECT claimed_at FROM cur) \
                  AND r.status = 'IN_PROGRESS' AND r.lease_until_ms < $6 \
-                 AND r.expiration_s >= $7 RETURNING 1), \
+                 AND r.response IS NULL AND r.expiration_s >= $7 RETURNING 1), \
              fresh AS (INSERT INTO {t} AS r ({COLUMNS}, claimed_at) \
                SELECT $1, 'COMPLETED', $2, $3, $4, NULL, $5, $6, $6, 1, $6, {CLAIMED_AT} \
                WHERE {none} \
