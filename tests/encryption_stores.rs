@@ -1,5 +1,6 @@
 //! Encryption on every real store: DynamoDB Local (its own table and the
-//! single-table layout), PostgreSQL (tokio-postgres and sqlx), MySQL and
+//! single-table layout), PostgreSQL (tokio-postgres, its partitioned layout
+//! too, and sqlx), MySQL and
 //! Redis, through the HTTP layer, `Engine::execute` and each store's
 //! transactional completions (the single write, the completion with the
 //! store's writes, the run inside the store's transaction).
@@ -1110,6 +1111,17 @@ mod postgres {
 
     mod tokio_postgres_store {
         encryption_on_store!(super::TokioPostgres);
+    }
+
+    // The partitioned layout: the same records, tampered with the same way.
+    pg_raw!(TokioPostgresPartitioned, PostgresStore, PgWrite, |table| {
+        PostgresStore::connect(&url(), table, 4)
+            .expect("pool")
+            .partitioned(lambda_idempotency::store::postgres::Partitioning::daily())
+    });
+
+    mod tokio_postgres_partitioned_store {
+        encryption_on_store!(super::TokioPostgresPartitioned);
     }
 
     mod sqlx_store {
