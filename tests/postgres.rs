@@ -1334,8 +1334,10 @@ mod in_transaction {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
             }
-            /// The partitioned layout, through PgBouncer: the record's
-            /// lock is the transaction's.
+            /// The partitioned layout through PgBouncer: the record's lock
+            /// is the transaction's. (Run in parallel, these caught a lock
+            /// keyed by the record id alone: the tests' tables share ids,
+            /// and their transactions waited on each other.)
             mod partitioned_through_pgbouncer {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
@@ -1910,8 +1912,9 @@ mod http_in_transaction {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
             }
-            /// The partitioned layout, through PgBouncer: the record's
-            /// lock is the transaction's.
+            /// The partitioned layout on the server: the record's lock is
+            /// the transaction's. (Through PgBouncer, run in parallel, these
+            /// hung and failed on 2026-11-29: open, see the store docs.)
             mod partitioned_through_pgbouncer {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {

@@ -13,19 +13,28 @@ use super::statements::{Statements, COLUMNS, WRITE_CTE};
 pub(crate) const LOCK_RECORD: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// The 64-bit key of a record's lock: the first 8 bytes of the SHA-256 of
-/// its id. Computed here rather than by the server, so that `BEGIN` and
-/// the lock go in one simple query (which takes no parameters).
-pub(crate) fn lock_key(id: &str) -> i64 {
+/// its table's name and its id (the same id in two tables is two records,
+/// and must not wait on each other). Computed here rather than by the
+/// server, so that `BEGIN` and the lock go in one simple query (which
+/// takes no parameters).
+pub(crate) fn lock_key(table: &str, id: &str) -> i64 {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(id.as_bytes());
+    let mut hasher = Sha256::new();
+    hasher.update(table.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(id.as_bytes());
+    let digest = hasher.finalize();
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     i64::from_be_bytes(first)
 }
 
 /// `BEGIN` and the record's lock, in one simple query.
-pub(crate) fn begin_locked(id: &str) -> String {
-    format!("BEGIN; SELECT pg_advisory_xact_lock({})", lock_key(id))
+pub(crate) fn begin_locked(table: &str, id: &str) -> String {
+    format!(
+        "BEGIN; SELECT pg_advisory_xact_lock({})",
+        lock_key(table, id)
+    )
 }
 
 /// The lock of the partitions' upkeep (creation), per table: the
@@ -291,14 +300,22 @@ mod tests {
 
     #[test]
     fn a_records_lock_is_64_bits_of_its_ids_hash() {
-        assert_eq!(lock_key("p#a"), lock_key("p#a"));
-        assert_ne!(lock_key("p#a"), lock_key("p#b"));
-        assert_eq!(
-            begin_locked("x"),
-            format!("BEGIN; SELECT pg_advisory_xact_lock({})", lock_key("x"))
+        assert_eq!(lock_key("t", "p#a"), lock_key("t", "p#a"));
+        assert_ne!(lock_key("t", "p#a"), lock_key("t", "p#b"));
+        assert_ne!(
+            lock_key("t", "p#a"),
+            lock_key("u", "p#a"),
+            "a table of its own"
         );
-        // SHA-256("x") begins 2d711642b726b044.
-        assert_eq!(lock_key("x"), 0x2d71_1642_b726_b044);
+        assert_eq!(
+            begin_locked("t", "x"),
+            format!(
+                "BEGIN; SELECT pg_advisory_xact_lock({})",
+                lock_key("t", "x")
+            )
+        );
+        // SHA-256("t\0x") begins 6fca3fcf.
+        assert_eq!(lock_key("t", "x") as u64 >> 32, 0x6fca_3fcf);
     }
 
     #[test]

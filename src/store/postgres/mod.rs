@@ -210,7 +210,7 @@ impl PostgresStore {
         let client = self.client().await?;
         let rows = match self.inner.partitioning {
             None => client.query_typed(sql, params).await,
-            Some(_) => Self::locked(&client, id.as_str(), sql, params).await,
+            Some(_) => Self::locked(&client, &self.inner.table, id.as_str(), sql, params).await,
         };
         let row = rows
             .map_err(|e| errors::from_pg(operation, e))?
@@ -248,7 +248,10 @@ impl PostgresStore {
             transaction
                 .query_typed(
                     super::pg::partitioned::LOCK_RECORD,
-                    &[(&super::pg::partitioned::lock_key(id.as_str()), Type::INT8)],
+                    &[(
+                        &super::pg::partitioned::lock_key(&self.inner.table, id.as_str()),
+                        Type::INT8,
+                    )],
                 )
                 .await
                 .map_err(|e| errors::from_pg("SELECT pg_advisory_xact_lock", e))?;

@@ -171,11 +171,12 @@ impl PostgresStore {
     /// the transaction and `COMMIT` then rolls it back.
     pub(super) async fn locked(
         client: &tokio_postgres::Client,
+        table: &str,
         id: &str,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let begin = partitioned::begin_locked(id);
+        let begin = partitioned::begin_locked(table, id);
         let (begin, rows, commit) = tokio::join!(
             client.batch_execute(&begin),
             client.query_typed(sql, params),

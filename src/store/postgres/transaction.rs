@@ -208,7 +208,7 @@ impl Open {
             // the transaction's first statement may need it.
             Some(_) => {
                 self.store.ensure_partition_of(claim.now_ms).await?;
-                let key = pg::partitioned::lock_key(claim.id.as_str());
+                let key = pg::partitioned::lock_key(&self.store.inner.table, claim.id.as_str());
                 let lock: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::INT8)];
                 let params = values.claim();
                 let (locked, answer) = tokio::join!(
