@@ -12,7 +12,7 @@ use crate::{
                 self, create_partition, is_missing_partition, partition_name, DAY_S, LOCK_UPKEEP,
                 MISSING_DAYS,
             },
-            table::{shape_error, table_differences, COLUMNS_QUERY},
+            table::{shape_error, table_differences},
         },
         Record, RecordId,
     },
@@ -494,19 +494,9 @@ impl PostgresStore {
                  plain table is the plain store's: relkind {relkind:?}, key {key:?})"
             ));
         } else {
-            let columns = client
-                .query_typed(COLUMNS_QUERY, &[(table, Type::TEXT)])
-                .await
-                .map_err(|e| errors::from_pg("read the table's columns", e))?;
-            let found: Vec<(String, String, bool)> = columns
-                .iter()
-                .filter_map(|row| {
-                    Some((
-                        row.try_get(0).ok()?,
-                        row.try_get(1).ok()?,
-                        row.try_get(2).ok()?,
-                    ))
-                })
+            let found: Vec<(String, String, bool)> = super::table::columns_of(&client, table)
+                .await?
+                .into_iter()
                 .filter(|(name, _, _)| name != "claimed_at")
                 .collect();
             let unique: bool = client

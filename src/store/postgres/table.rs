@@ -45,10 +45,7 @@ impl PostgresStore {
 
     async fn check_table(&self, client: &Object) -> Result<(), StoreError> {
         let table = &self.inner.table;
-        let columns = client
-            .query_typed(COLUMNS_QUERY, &[(table, Type::TEXT)])
-            .await
-            .map_err(|e| errors::from_pg("read the table's columns", e))?;
+        let found = columns_of(client, table).await?;
         let id_is_unique: bool = client
             .query_typed(ID_IS_UNIQUE_QUERY, &[(table, Type::TEXT)])
             .await
@@ -56,19 +53,31 @@ impl PostgresStore {
             .first()
             .and_then(|row| row.try_get(0).ok())
             .unwrap_or(false);
-        let found: Vec<(String, String, bool)> = columns
-            .iter()
-            .filter_map(|row| {
-                Some((
-                    row.try_get(0).ok()?,
-                    row.try_get(1).ok()?,
-                    row.try_get(2).ok()?,
-                ))
-            })
-            .collect();
+
         match shape_error(table, &table_differences(&found, id_is_unique)) {
             Some(error) => Err(error),
             None => Ok(()),
         }
     }
+}
+
+/// The table's columns as the server has them: name, type, nullable.
+pub(super) async fn columns_of(
+    client: &Object,
+    table: &str,
+) -> Result<Vec<(String, String, bool)>, StoreError> {
+    let columns = client
+        .query_typed(COLUMNS_QUERY, &[(&table, Type::TEXT)])
+        .await
+        .map_err(|e| errors::from_pg("read the table's columns", e))?;
+    Ok(columns
+        .iter()
+        .filter_map(|row| {
+            Some((
+                row.try_get(0).ok()?,
+                row.try_get(1).ok()?,
+                row.try_get(2).ok()?,
+            ))
+        })
+        .collect())
 }
