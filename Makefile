@@ -61,7 +61,7 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p lambda-idempotency --no-default-features --features dynamodb,http,axum -- -D warnings
 	scripts/check-msrv
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption,kms,metrics
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption,kms,metrics,opentelemetry
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-durable
 	@# BENCHMARKS.md's plots are what their figures draw.
 	python3 benches/plots/plot.py --check
@@ -70,7 +70,7 @@ lint:
 	@# two features whose docs name the most of the others) catch a link
 	@# that does not, and a crate that does not compile on its own.
 	@# Every feature compiled alone, as a user who turns on only it does.
-	for features in "" dynamodb http lambda axum actix tonic consumers postgres sqlx-postgres sqlx-mysql redis redis-tls testing powertools encryption kms metrics; do \
+	for features in "" dynamodb http lambda axum actix tonic consumers postgres sqlx-postgres sqlx-mysql redis redis-tls testing powertools encryption kms metrics opentelemetry; do \
 	  $(CARGO) clippy -p lambda-idempotency --no-default-features --features "$$features" -- -D warnings || exit 1; \
 	done
 	@# And the combinations the docs show: a Lambda consumer, a server on

@@ -108,6 +108,10 @@ pub(crate) struct Settings {
     pub(crate) key: KeySource,
     pub(crate) fingerprint: FingerprintSource,
     pub(crate) replayed_header: HeaderName,
+    /// Whether a record keeps the trace context of the work that ran.
+    pub(crate) keep_trace_context: bool,
+    /// Where a replay names that trace context, if anywhere.
+    pub(crate) replay_trace_header: Option<HeaderName>,
     pub(crate) body_limit: usize,
     pub(crate) store_when: PolicyFn,
     /// For gRPC responses, by their `grpc-status`, after `store_when`.
@@ -176,6 +180,8 @@ impl Default for Settings {
             key: KeySource::header(HeaderName::from_static(DEFAULT_HEADER)),
             fingerprint: FingerprintSource::default(),
             replayed_header: HeaderName::from_static(REPLAYED_HEADER),
+            keep_trace_context: false,
+            replay_trace_header: None,
             body_limit: DEFAULT_BODY_LIMIT,
             store_when: Arc::new(default_store_policy),
             grpc_store_when: Arc::new(default_grpc_store_policy),

@@ -91,6 +91,39 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Keeps, with each record, the trace context of the request that ran
+    /// (see [`TraceContext`](super::TraceContext)): with the
+    /// `opentelemetry` feature, the layer's span's; otherwise the request's
+    /// `traceparent` header, or X-Ray's `X-Amzn-Trace-Id`. A replay then
+    /// points to the work it replays: its span records it
+    /// (`idempotency.replay_of`) and, with the `opentelemetry` feature,
+    /// links to it; the replayed response's extensions hold it; and a
+    /// header names it, if [`replay_trace_header`](Self::replay_trace_header)
+    /// says which.
+    ///
+    /// Off by default. A record that keeps one is written in a newer
+    /// format (version 3) that versions of this crate before it refuse as
+    /// corrupt: turn it on once every instance that reads the table runs
+    /// a version that reads it. Kept for responses stored whole or
+    /// redacted, not for those whose body is not stored. Encrypted with
+    /// the response when encryption is on.
+    pub fn keep_trace_context(mut self) -> Self {
+        self.config.settings.keep_trace_context = true;
+        self
+    }
+
+    /// Names, in this header of each replay, the trace context of the work
+    /// it replays (a `traceparent` value), for a client or a support tool
+    /// to follow; the
+    /// [`keep_trace_context`](Self::keep_trace_context) it needs is turned
+    /// on with it. Off by default: a trace id tells a client something of
+    /// the server's tracing it may not need to know.
+    pub fn replay_trace_header(mut self, name: HeaderName) -> Self {
+        self.config.settings.keep_trace_context = true;
+        self.config.settings.replay_trace_header = Some(name);
+        self
+    }
+
     /// The most bytes of a request body the layer reads (default
     /// [`DEFAULT_BODY_LIMIT`](super::DEFAULT_BODY_LIMIT), 6 MiB, Lambda's
     /// own limit). The layer buffers the whole body of each request it makes
@@ -667,6 +700,14 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
             .field("key", &self.config.settings.key)
             .field("fingerprint", &self.config.settings.fingerprint)
             .field("replayed_header", &self.config.settings.replayed_header)
+            .field(
+                "keep_trace_context",
+                &self.config.settings.keep_trace_context,
+            )
+            .field(
+                "replay_trace_header",
+                &self.config.settings.replay_trace_header,
+            )
             .field("body_limit", &self.config.settings.body_limit)
             .field("wait", &self.config.settings.wait)
             .field("retry_after", &self.config.settings.retry_after)

@@ -183,6 +183,9 @@ mod service;
 mod stored;
 mod stored_body;
 mod streaming;
+mod trace_context;
+#[cfg(feature = "opentelemetry")]
+mod trace_link;
 
 pub use crate::metrics::EmfMetrics;
 pub use body::DEFAULT_BODY_LIMIT;
@@ -209,6 +212,7 @@ pub use stored::{
 };
 pub use stored_body::StoredBody;
 pub use streaming::StreamResponse;
+pub use trace_context::TraceContext;
 
 /// Decodes a response as the layer stored it in a record's `response`: for
 /// operators and tools that show what a retry gets back. A response too

@@ -10,6 +10,7 @@ use super::{
     rebuild_body::RebuildBody,
     stored::{StoredResponse, WhyNotStored, BODY_HEADERS},
     stored_body::StoredBody,
+    trace_context::TraceContext,
 };
 use crate::{error::BoxError, Error, Outcome, OutcomeKind, StoreErrorKind};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -83,6 +84,9 @@ pub(super) fn respond<E, R: RebuildBody>(
                     settings.replayed_header.clone(),
                     HeaderValue::from_static("true"),
                 );
+                if let Some(work) = response.extensions().get::<TraceContext>().copied() {
+                    point_to_work(settings, &mut response, &work);
+                }
                 if let (Some(hook), Some(replayed)) = (&settings.on_replay, &replayed) {
                     hook(&mut response, replayed);
                 }
@@ -138,6 +142,21 @@ pub(super) fn respond<E, R: RebuildBody>(
     };
     let problem = Problem::from(&error);
     (outcome, Ok(problem_response(settings, &problem, grpc)))
+}
+
+/// A replay pointed to the work it replays: its span records that work's
+/// trace context (and links to it, with the `opentelemetry` feature), and
+/// the header named for it carries it.
+fn point_to_work(settings: &Settings, response: &mut Response<StoredBody>, work: &TraceContext) {
+    let current = tracing::Span::current();
+    current.record("idempotency.replay_of", tracing::field::display(work));
+    #[cfg(feature = "opentelemetry")]
+    super::trace_link::link_current_span(work);
+    if let Some(name) = &settings.replay_trace_header {
+        if let Ok(value) = HeaderValue::from_str(&work.to_string()) {
+            response.headers_mut().insert(name.clone(), value);
+        }
+    }
 }
 
 /// What the layer did, for an attempt the engine answered.

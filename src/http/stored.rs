@@ -21,8 +21,22 @@
 //! u32 trailer count | { u32 name length | name | u32 value length | value } *
 //! body
 //! ```
+//!
+//! A response kept with the trace context of the work that made it
+//! ([`keep_trace_context`](super::IdempotencyLayer::keep_trace_context)) is
+//! version 3: version 2's fields (the trailer count 0 when there are none),
+//! then the trace context as a `traceparent` value. Only a layer told to
+//! keep it writes it, so a table read by older versions keeps being
+//! readable by them until it is turned on; a trace context that does not
+//! read is left out of the replay, not held against the record (it is not
+//! part of the answer).
+//!
+//! ```text
+//! u8 3 | u8 flags | u16 status | u32 header count | { header } *
+//! u32 trailer count | { trailer } * | u32 length | traceparent | body
+//! ```
 
-use super::{grpc_wire::is_grpc, stored_body::StoredBody};
+use super::{grpc_wire::is_grpc, stored_body::StoredBody, trace_context::TraceContext};
 use crate::deflate::{deflate, inflate, Compression};
 use crate::{error::BoxError, Codec};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -32,6 +46,8 @@ use std::{fmt, sync::Arc};
 const VERSION: u8 = 1;
 /// The version of a frame with trailers.
 const VERSION_TRAILERS: u8 = 2;
+/// The version of a frame with the trace context of the work.
+const VERSION_TRACE: u8 = 3;
 const FLAG_DEFLATE: u8 = 0b0001;
 const FLAG_BINARY: u8 = 0b0010;
 const FLAG_TEXT: u8 = 0b0100;
@@ -271,10 +287,18 @@ impl ResponseCodec {
     ) -> Vec<u8> {
         let body = body.unwrap_or_default();
         let trailers = trailers.filter(|trailers| !trailers.is_empty());
+        // Kept only with a body: a record of a head alone says why it has
+        // no body, which is read by versions that know no trace.
+        let trace = response
+            .extensions()
+            .get::<TraceContext>()
+            .filter(|_| flags & FLAG_NOT_STORED == 0);
         // Room for the head, a typical answer's few stored headers and the
         // body: written once, not grown.
         let mut out = Vec::with_capacity(HEAD_ROOM + body.len());
-        out.push(if trailers.is_some() {
+        out.push(if trace.is_some() {
+            VERSION_TRACE
+        } else if trailers.is_some() {
             VERSION_TRAILERS
         } else {
             VERSION
@@ -306,6 +330,11 @@ impl ResponseCodec {
         }
         if let Some(trailers) = trailers {
             put_fields(&mut out, trailers.iter());
+        } else if trace.is_some() {
+            out.extend_from_slice(&0u32.to_be_bytes());
+        }
+        if let Some(trace) = trace {
+            put_bytes(&mut out, trace.to_string().as_bytes());
         }
         out.extend_from_slice(body);
         out
@@ -330,6 +359,9 @@ fn redacted_copy(
 ) -> Option<Response<StoredBody>> {
     let mut copy = head_of(response.status(), response.headers());
     *copy.body_mut() = response.body().clone();
+    if let Some(trace) = response.extensions().get::<TraceContext>() {
+        copy.extensions_mut().insert(*trace);
+    }
     if let Some(trailers) = trailers {
         copy.extensions_mut().insert(trailers.clone());
     }
@@ -499,7 +531,7 @@ impl Codec<StoredResponse> for ResponseCodec {
     fn decode(&self, bytes: &[u8]) -> Result<StoredResponse, BoxError> {
         let mut reader = Reader(bytes);
         let version = reader.u8()?;
-        if version != VERSION && version != VERSION_TRAILERS {
+        if ![VERSION, VERSION_TRAILERS, VERSION_TRACE].contains(&version) {
             return Err(format!("unknown stored response version {version}").into());
         }
         let flags = reader.u8()?;
@@ -512,7 +544,7 @@ impl Codec<StoredResponse> for ResponseCodec {
             let value = HeaderValue::from_bytes(reader.bytes()?)?;
             response.headers_mut().append(name, value);
         }
-        let trailers = if version == VERSION_TRAILERS {
+        let trailers = if version >= VERSION_TRAILERS {
             let count = reader.u32()?;
             let mut trailers = HeaderMap::new();
             for _ in 0..count {
@@ -520,10 +552,24 @@ impl Codec<StoredResponse> for ResponseCodec {
                 let value = HeaderValue::from_bytes(reader.bytes()?)?;
                 trailers.append(name, value);
             }
-            Some(trailers)
+            Some(trailers).filter(|trailers| !trailers.is_empty() || version == VERSION_TRAILERS)
         } else {
             None
         };
+        if version == VERSION_TRACE {
+            let trace = reader.bytes()?;
+            match std::str::from_utf8(trace)
+                .ok()
+                .and_then(TraceContext::from_traceparent)
+            {
+                Some(trace) => {
+                    response.extensions_mut().insert(trace);
+                }
+                None => {
+                    tracing::debug!("a stored trace context does not read; replayed without it")
+                }
+            }
+        }
         if flags & FLAG_NOT_STORED != 0 {
             let why = WhyNotStored::from_code((flags & WHY_MASK) >> WHY_SHIFT);
             let headers = std::mem::take(response.headers_mut());
@@ -884,6 +930,97 @@ mod tests {
                 !changes_body
             );
         }
+    }
+
+    fn traced(mut response: Response<StoredBody>) -> Response<StoredBody> {
+        response.extensions_mut().insert(
+            TraceContext::from_traceparent(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )
+            .expect("a traceparent"),
+        );
+        response
+    }
+
+    #[test]
+    fn a_kept_trace_context_round_trips_in_version_3_and_only_when_kept() {
+        let codec = codec();
+        let bytes = store(&codec, traced(response(StoredBody::Text("{}".into()))));
+        assert_eq!(bytes[0], VERSION_TRACE);
+        let replayed = replay(&codec, &bytes);
+        assert_eq!(
+            replayed
+                .extensions()
+                .get::<TraceContext>()
+                .map(|trace| trace.to_string())
+                .as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        assert_eq!(replayed.body(), &StoredBody::Text("{}".into()));
+        assert_eq!(replayed.headers()[header::LOCATION], "/v1/charges/ch_1");
+        // Without one, the frame older versions read.
+        assert_eq!(
+            store(&codec, response(StoredBody::Text("{}".into())))[0],
+            VERSION
+        );
+        // Compressed, and with trailers: both kept beside it.
+        let large = "x".repeat(4096);
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let bytes = codec
+            .encode(&StoredResponse::Full(
+                traced(response(StoredBody::Text(large.clone()))),
+                Some(trailers.clone()),
+            ))
+            .expect("encodes");
+        assert_eq!(bytes[0], VERSION_TRACE);
+        let StoredResponse::Full(replayed, Some(replayed_trailers)) =
+            codec.decode(&bytes).expect("decodes")
+        else {
+            panic!("a whole response with trailers")
+        };
+        assert_eq!(replayed_trailers, trailers);
+        assert_eq!(replayed.body(), &StoredBody::Text(large));
+        assert!(replayed.extensions().get::<TraceContext>().is_some());
+        // A redacted copy keeps it; a head alone does not (older versions
+        // read why it has no body).
+        let redacting = ResponseCodec {
+            bodies: StoredBodies::Redacted(Arc::new(|response| {
+                *response.body_mut() = StoredBody::Text("{\"card\":\"****\"}".into());
+                Ok(())
+            })),
+            ..codec.clone()
+        };
+        let bytes = store(&redacting, traced(response(StoredBody::Text("{}".into()))));
+        assert_eq!(bytes[0], VERSION_TRACE);
+        let withholding = ResponseCodec {
+            bodies: StoredBodies::Withheld,
+            ..codec.clone()
+        };
+        let bytes = store(
+            &withholding,
+            traced(response(StoredBody::Text("{}".into()))),
+        );
+        assert_eq!(bytes[0], VERSION);
+    }
+
+    #[test]
+    fn a_trace_context_that_does_not_read_is_left_out_and_a_cut_one_is_an_error() {
+        let codec = codec();
+        let mut bytes = store(&codec, traced(response(StoredBody::Text("{}".into()))));
+        let at = bytes
+            .windows(3)
+            .position(|window| window == b"00-")
+            .expect("the traceparent");
+        bytes[at + 10] = b'Z';
+        let replayed = replay(&codec, &bytes);
+        assert!(replayed.extensions().get::<TraceContext>().is_none());
+        assert_eq!(replayed.body(), &StoredBody::Text("{}".into()));
+        // Its length past the end: truncated, an error, no panic.
+        let mut bytes = store(&codec, traced(response(StoredBody::Empty)));
+        let length_at = at - 4;
+        bytes[length_at..length_at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(codec.decode(&bytes).is_err());
     }
 
     fn copy(response: &Response<StoredBody>) -> Response<StoredBody> {

@@ -46,8 +46,13 @@
 //! and `error.type` with an error status when it fails. The HTTP layer's
 //! request span, `idempotency`, carries `http.response.status_code` (the
 //! conventions' name), `idempotency.outcome` and `idempotency.in_flight`
-//! (the crate's own); its store calls are its children. No key, record id
-//! or stored value is an attribute.
+//! (the crate's own), and on a replay of a record that kept the trace of
+//! its work ([`keep_trace_context`]), `idempotency.replay_of` (that trace's
+//! `traceparent`) and, with the `opentelemetry` feature, a link to that
+//! span; its store calls are its children. No key, record id or stored
+//! value is an attribute.
+//!
+//! [`keep_trace_context`]: https://docs.rs/lambda-idempotency/latest/lambda_idempotency/http/struct.IdempotencyLayer.html#method.keep_trace_context
 //!
 //! An observer is called on the request's task, as the event happens: keep
 //! it cheap (count, record a histogram sample), never block or await. One

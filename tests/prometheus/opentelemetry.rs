@@ -230,3 +230,86 @@ async fn the_otlp_exporter_sends_the_spans_to_a_receiver() {
     );
     receiver.abort();
 }
+
+/// A replay's span links to the span that did the work it replays (the
+/// first request's `idempotency` span, in another trace), and records and
+/// names it; without `keep_trace_context`, nothing is kept and nothing
+/// links.
+#[tokio::test]
+async fn a_replay_s_span_links_to_the_span_that_did_its_work() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let app = |keep: bool| {
+        let layer =
+            IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).shared_scope();
+        let layer = if keep {
+            layer.replay_trace_header(axum::http::HeaderName::from_static("idempotency-replay-of"))
+        } else {
+            layer
+        };
+        Router::new()
+            .route("/v1/charges", post(|| async { "ch_1" }))
+            .layer(layer)
+    };
+    let send = |app: Router| async move {
+        let request = Request::post("/v1/charges")
+            .header("idempotency-key", "k")
+            .body(Body::from("{}"))
+            .unwrap();
+        app.oneshot(request).await.unwrap()
+    };
+    let kept = app(true);
+    send(kept.clone()).await;
+    let replay = send(kept).await;
+    provider.force_flush().unwrap();
+    let spans = exporter.get_finished_spans().unwrap();
+    let [work, replayed] = &spans
+        .iter()
+        .filter(|span| span.name == "idempotency")
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("two requests' spans: {spans:#?}")
+    };
+    assert_ne!(
+        work.span_context.trace_id(),
+        replayed.span_context.trace_id(),
+        "each request a trace of its own"
+    );
+    let links: Vec<_> = replayed
+        .links
+        .iter()
+        .map(|link| link.span_context.clone())
+        .collect();
+    assert_eq!(links.len(), 1, "{replayed:#?}");
+    assert_eq!(links[0].trace_id(), work.span_context.trace_id());
+    assert_eq!(links[0].span_id(), work.span_context.span_id());
+    assert!(work.links.is_empty(), "the work links to nothing");
+    let traceparent = format!(
+        "00-{}-{}-01",
+        work.span_context.trace_id(),
+        work.span_context.span_id()
+    );
+    assert_eq!(
+        text(replayed, "idempotency.replay_of").as_deref(),
+        Some(traceparent.as_str())
+    );
+    assert_eq!(
+        replay.headers()["idempotency-replay-of"],
+        traceparent.as_str()
+    );
+
+    exporter.reset();
+    let plain = app(false);
+    send(plain.clone()).await;
+    let replay = send(plain).await;
+    provider.force_flush().unwrap();
+    let spans = exporter.get_finished_spans().unwrap();
+    assert!(spans.iter().all(|span| span.links.is_empty()), "{spans:#?}");
+    assert!(replay.headers().get("idempotency-replay-of").is_none());
+}

@@ -11,6 +11,7 @@ use crate::{
         config::Config,
         respond::{Failure, Live},
         streaming::Recorded,
+        TraceContext,
     },
     store::Store,
     ClaimHandle,
@@ -54,7 +55,18 @@ where
             (in_transaction.hand_over)(&claim, request.extensions_mut());
         }
         request.extensions_mut().insert(claim);
-        inner.call(request).await.map_err(Failure::Handler)?
+        // The trace this work runs in, for its record: read before the
+        // handler takes the request.
+        let trace = config
+            .settings
+            .keep_trace_context
+            .then(|| TraceContext::of_work(request.headers()))
+            .flatten();
+        let mut response = inner.call(request).await.map_err(Failure::Handler)?;
+        if let Some(trace) = trace {
+            response.extensions_mut().insert(trace);
+        }
+        response
     };
     // The response's head in a block of its own too: gone once the
     // reading of its body (which takes it) begins.

@@ -125,7 +125,8 @@ where
         "idempotency",
         idempotency.outcome = field::Empty,
         http.response.status_code = field::Empty,
-        idempotency.in_flight = field::Empty
+        idempotency.in_flight = field::Empty,
+        idempotency.replay_of = field::Empty
     );
     if span.is_disabled() && tracing::dispatcher::has_been_set() {
         Either::Left(answer(config, inner, request, span))

@@ -135,4 +135,5 @@ mod outcomes;
 mod redaction;
 mod replays;
 mod retry_after;
+mod trace_links;
 mod transactions;

@@ -1,0 +1,140 @@
+//! A replay points to the work it replays: the trace context of the
+//! request that ran, kept with its record (`keep_trace_context`), in the
+//! replay's extensions and, when named, a header.
+
+use super::*;
+use crate::http::TraceContext;
+
+const FIRST: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const RETRY: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+const HEADER: &str = "idempotency-replay-of";
+
+fn traced(key: &str, traceparent: &str) -> Request {
+    let mut request = post(Some(key), r#"{"amount":100}"#);
+    request
+        .headers_mut()
+        .insert("traceparent", HeaderValue::from_str(traceparent).unwrap());
+    request
+}
+
+fn replay_of(response: &Response<Body>) -> Option<String> {
+    response
+        .extensions()
+        .get::<TraceContext>()
+        .map(ToString::to_string)
+}
+
+#[tokio::test]
+async fn a_replay_names_the_trace_of_the_request_that_ran() {
+    let echo = Echo::new();
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .replay_trace_header(HeaderName::from_static(HEADER))
+        .layer(echo.clone());
+    let first = send(&mut service, traced("k", FIRST)).await;
+    assert!(
+        first.headers().get(HEADER).is_none(),
+        "a fresh answer names nothing"
+    );
+    // The retry comes in a trace of its own: the replay names the first's.
+    let replay = send(&mut service, traced("k", RETRY)).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(replay.headers()[HEADER], FIRST);
+    assert_eq!(replay_of(&replay).as_deref(), Some(FIRST));
+    assert_eq!(text(&replay), text(&first));
+    assert_eq!(echo.runs(), 1);
+}
+
+#[tokio::test]
+async fn an_xray_header_is_kept_where_there_is_no_traceparent() {
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .keep_trace_context()
+        .layer(Echo::new());
+    let mut first = post(Some("k"), "{}");
+    first.headers_mut().insert(
+        "x-amzn-trace-id",
+        HeaderValue::from_static(
+            "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1",
+        ),
+    );
+    send(&mut service, first).await;
+    let replay = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(
+        replay_of(&replay).as_deref(),
+        Some("00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01")
+    );
+    assert!(
+        replay.headers().get(HEADER).is_none(),
+        "no header unless one is named"
+    );
+}
+
+#[tokio::test]
+async fn without_keep_trace_context_a_record_keeps_none() {
+    let store = MemoryStore::new();
+    let mut service = IdempotencyLayer::new(Engine::builder(store.clone()).build())
+        .shared_scope()
+        .layer(Echo::new());
+    send(&mut service, traced("k", FIRST)).await;
+    let replay = send(&mut service, traced("k", RETRY)).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(replay_of(&replay), None);
+    // The record is in the format every earlier version reads.
+    let record = store.records().into_iter().next().expect("one record");
+    assert_eq!(
+        record.response.expect("a response")[0],
+        1,
+        "frame version 1"
+    );
+}
+
+#[tokio::test]
+async fn a_request_without_a_trace_keeps_nothing_and_replays_as_always() {
+    let mut service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .replay_trace_header(HeaderName::from_static(HEADER))
+        .layer(Echo::new());
+    let mut first = post(Some("k"), "{}");
+    first
+        .headers_mut()
+        .insert("traceparent", HeaderValue::from_static("not a traceparent"));
+    send(&mut service, first).await;
+    let replay = send(&mut service, post(Some("k"), "{}")).await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay_of(&replay), None);
+    assert!(replay.headers().get(HEADER).is_none());
+}
+
+#[cfg(feature = "encryption")]
+#[tokio::test]
+async fn the_trace_context_is_sealed_with_the_response() {
+    use crate::encryption::{Encryption, RawKeys};
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone())
+        .encryption(Encryption::new(
+            RawKeys::new("k1", &[9; 32]).unwrap(),
+            "tests",
+        ))
+        .build();
+    let mut service = IdempotencyLayer::new(engine)
+        .shared_scope()
+        .replay_trace_header(HeaderName::from_static(HEADER))
+        .layer(Echo::new());
+    send(&mut service, traced("k", FIRST)).await;
+    let stored = store
+        .records()
+        .into_iter()
+        .next()
+        .unwrap()
+        .response
+        .unwrap();
+    assert!(
+        !stored
+            .windows(FIRST.len())
+            .any(|window| window == FIRST.as_bytes()),
+        "the trace context is not in the clear"
+    );
+    let replay = send(&mut service, traced("k", RETRY)).await;
+    assert_eq!(replay.headers()[HEADER], FIRST);
+}
