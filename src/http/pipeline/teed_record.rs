@@ -3,6 +3,7 @@
 //! runs out.
 
 use super::recording::{declared_length_holds, log_not_stored};
+use crate::http::TraceContext;
 use crate::{
     http::{
         config::Settings,
@@ -21,6 +22,8 @@ use std::time::Duration;
 pub(super) struct StoredHead {
     status: http::StatusCode,
     headers: http::HeaderMap,
+    /// The trace of the work, when the record keeps it.
+    trace: Option<TraceContext>,
 }
 
 impl StoredHead {
@@ -28,6 +31,7 @@ impl StoredHead {
         Self {
             status: parts.status,
             headers: parts.headers.clone(),
+            trace: parts.extensions.get::<TraceContext>().copied(),
         }
     }
 }
@@ -69,6 +73,9 @@ pub(super) async fn teed<St: Store, E, R>(
             let mut response = Response::new(body);
             *response.status_mut() = head.status;
             *response.headers_mut() = head.headers;
+            if let Some(trace) = head.trace {
+                response.extensions_mut().insert(trace);
+            }
             Ok(StoredResponse::Full(response, trailers))
         }
         Ending::NotStored(why) => {

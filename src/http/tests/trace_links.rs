@@ -138,3 +138,50 @@ async fn the_trace_context_is_sealed_with_the_response() {
     let replay = send(&mut service, traced("k", RETRY)).await;
     assert_eq!(replay.headers()[HEADER], FIRST);
 }
+
+/// A response that streams (teed to the client, its record written when
+/// it ends) keeps the trace of its work as one read whole does.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn a_streamed_response_keeps_the_trace_of_its_work() {
+    use http_body_util::BodyExt;
+    let more = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let more = Arc::clone(&more);
+        tower::service_fn(move |_: http::Request<axum::body::Body>| {
+            let more = Arc::clone(&more);
+            async move {
+                let first = futures::stream::once(async { Ok(bytes::Bytes::from_static(b"1\n")) });
+                let rest = futures::stream::once(async move {
+                    more.notified().await;
+                    Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"2\n"))
+                });
+                use futures::StreamExt;
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header(header::CONTENT_TYPE, "application/x-ndjson")
+                        .body(axum::body::Body::from_stream(first.chain(rest)))
+                        .unwrap(),
+                )
+            }
+        })
+    };
+    let service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .replay_trace_header(HeaderName::from_static(HEADER))
+        .layer(handler);
+    let request = |traceparent: &'static str| {
+        http::Request::post("/v1/exports")
+            .header("idempotency-key", "export")
+            .header("traceparent", traceparent)
+            .body(axum::body::Body::from("{}"))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(request(FIRST)).await.unwrap();
+    more.notify_one();
+    let rows = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&rows[..], b"1\n2\n");
+    let replay = service.oneshot(request(RETRY)).await.unwrap();
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(replay.headers()[HEADER], FIRST);
+}
