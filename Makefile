@@ -213,7 +213,8 @@ $(TOOLS)/cargo/bin/cargo-mutants:
 	$(CARGO) install --locked --root $(TOOLS)/cargo cargo-mutants@$(CARGO_MUTANTS_VERSION)
 
 ## Criterion micro benchmarks, then the side-by-side benchmark: this crate,
-## raw DynamoDB calls (the floor), the handler alone, Powertools Python and
+## raw DynamoDB calls (the floor), the handler alone, the crate with
+## responses encrypted at rest, Powertools Python and
 ## Powertools TypeScript, against one DynamoDB Local (see BENCHMARKS.md);
 ## each store side by side; then the DynamoDB drivers in interleaved rounds
 ## (per-round ratios to the floor and to Powertools), and the Redis rounds of
@@ -231,7 +232,8 @@ bench: $(VENV)/.installed $(TOOLS)/bench-py/.installed comparison/node_modules/.
 
 ## The server benchmark: one axum app under 64 keep-alive connections of
 ## 1 KB JSON POSTs, bare, behind this layer on the memory store, Redis and
-## DynamoDB Local, and behind axum-idempotent 0.6 (keyed by the key header,
+## DynamoDB Local (the first two also with responses encrypted at rest,
+## each printed against its plaintext twin), and behind axum-idempotent 0.6 (keyed by the key header,
 ## and in its default mode by a hash of the whole request), in interleaved rounds
 ## (BENCH_ROUNDS, default 3; BENCH_SECONDS per run, default 4; BENCH_RATE,
 ## requests a second offered to every server alike, default as many as each

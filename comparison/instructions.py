@@ -63,13 +63,15 @@ def main():
     if not builds:
         sys.exit(__doc__)
     print("\nInstructions per request with a new key, 1 KB JSON body (callgrind, counted)")
-    print("| build | bare | memory | layer (memory - bare) | layer without SHA-256 |")
-    print("|---|---|---|---|---|")
+    print("| build | bare | memory | layer (memory - bare) | layer without SHA-256 | encryption (memory-encrypted - memory) |")
+    print("|---|---|---|---|---|---|")
     for label, binary in builds:
         bare, bare_sha = per_request(binary, "bare")
         memory, memory_sha = per_request(binary, "memory")
+        encrypted, _ = per_request(binary, "memory-encrypted")
         layer = memory - bare
-        print(f"| {label} | {bare:,.0f} | {memory:,.0f} | {layer:,.0f} | {layer - (memory_sha - bare_sha):,.0f} |")
+        print(f"| {label} | {bare:,.0f} | {memory:,.0f} | {layer:,.0f} | {layer - (memory_sha - bare_sha):,.0f} "
+              f"| {encrypted - memory:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ DRIVERS = [
     ("single", [RUST, "single"]),
     ("bare", [RUST, "bare"]),
     ("crate", [RUST, "crate"]),
+    ("crate-encrypted", [RUST, "crate-encrypted"]),
     ("cached", [RUST, "cached"]),
     ("postgres", [RUST, "postgres"]),
     ("floor-redis", [RUST, "floor-redis"]),
@@ -172,8 +173,9 @@ def redis_rounds():
 
 
 # The DynamoDB comparison in rounds: the crate, its floor (the raw PutItem
-# and UpdateItem it stands on) and the two Powertools ports.
-DYNAMODB_ROUNDS = ["floor", "crate", "python", "typescript"]
+# and UpdateItem it stands on), the crate with responses encrypted at rest,
+# and the two Powertools ports.
+DYNAMODB_ROUNDS = ["floor", "crate", "crate-encrypted", "python", "typescript"]
 
 
 def dynamodb_rounds():
@@ -221,12 +223,14 @@ def dynamodb_rounds():
 
     print("\nRatios of each round's medians (lower is better): median, worst, best")
     summary = {}
-    for other, phases in (("floor", ("new",)), ("python", ("new", "replay", "concurrent")),
-                          ("typescript", ("new", "replay", "concurrent"))):
+    for label, other, phases in (("crate", "floor", ("new",)),
+                                 ("crate", "python", ("new", "replay", "concurrent")),
+                                 ("crate", "typescript", ("new", "replay", "concurrent")),
+                                 ("crate-encrypted", "crate", ("new", "replay", "concurrent"))):
         for phase in phases:
-            values = ratios("crate", other, phase)
-            summary[f"crate/{other}/{phase}"] = values
-            print(f"  {phase:10} crate / {other:10}: median {statistics.median(values):.3f}, "
+            values = ratios(label, other, phase)
+            summary[f"{label}/{other}/{phase}"] = values
+            print(f"  {phase:10} {label} / {other:10}: median {statistics.median(values):.3f}, "
                   f"worst {max(values):.3f}, best {min(values):.3f}")
     with open(os.path.join(ROOT, "comparison", "results-dynamodb-rounds.json"), "w") as f:
         json.dump({"rounds": runs, "ratios": summary}, f, indent=2)

@@ -12,7 +12,10 @@
 //! of the method, path, headers and body, so that it reads and hashes every
 //! body, as this layer does to check the payload);
 //! `memory-key-only`, a diagnostic: the memory store with the payload
-//! check left out. Two controls, for reading the figures over the bare
+//! check left out; `memory-encrypted` and `redis-encrypted`, the layer
+//! on the memory store and Redis with responses sealed at rest
+//! (AES-256-GCM under a raw key: the CPU encryption adds, beside
+//! `memory` and `redis`). Two controls, for reading the figures over the bare
 //! app's: `bare-again`, the bare app in a server of its own (how far two
 //! runs of the same server differ: the resolution of every other row), and
 //! `bare-spin-<n>`, the bare app with `n` microseconds of CPU added to each
@@ -28,6 +31,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::{header, Request};
 use hyper_util::rt::TokioIo;
 use lambda_idempotency::{
+    encryption::{Encryption, RawKeys},
     http::{FingerprintSource, IdempotencyLayer},
     store::redis::RedisStore,
     DynamoDbStore, Engine, Fingerprint, MemoryStore,
@@ -52,6 +56,15 @@ async fn charge(Json(order): Json<Value>) -> (axum::http::StatusCode, Json<Value
     (
         axum::http::StatusCode::CREATED,
         Json(json!({ "id": format!("ch_{id}"), "amount": order["amount"] })),
+    )
+}
+
+/// Responses sealed under one raw key, as a deployment with
+/// `KmsKeys` does between two data keys (KMS is not called per request).
+fn encryption() -> Encryption {
+    Encryption::new(
+        RawKeys::new("bench", &[7; 32]).expect("a 32-byte key"),
+        "server-bench",
     )
 }
 
@@ -90,10 +103,27 @@ async fn app(variant: &str) -> Router {
                 .shared_scope()
                 .fingerprint_source(FingerprintSource::from_fn(|_| Fingerprint::of_bytes(b""))),
         ),
-        "redis" => {
+        "memory-encrypted" => routes.layer(
+            IdempotencyLayer::new(
+                Engine::builder(MemoryStore::new())
+                    .encryption(encryption())
+                    .build(),
+            )
+            .shared_scope(),
+        ),
+        "redis" | "redis-encrypted" => {
             let url = std::env::var("IDEMPOTENCY_TEST_REDIS_URL").expect("a Redis URL");
-            let store = RedisStore::open(&url).expect("redis");
-            routes.layer(IdempotencyLayer::new(Engine::builder(store).build()).shared_scope())
+            // Each variant a prefix of its own: they share one server.
+            let store = RedisStore::open(&url)
+                .expect("redis")
+                .namespace(format!("{variant}-{}", std::process::id()));
+            let engine = Engine::builder(store);
+            let engine = if variant == "redis-encrypted" {
+                engine.encryption(encryption())
+            } else {
+                engine
+            };
+            routes.layer(IdempotencyLayer::new(engine.build()).shared_scope())
         }
         "dynamodb" => {
             let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
@@ -449,7 +479,7 @@ async fn run() {
         .and_then(|rate| rate.parse().ok());
     let variants: Vec<String> = std::env::var("BENCH_VARIANTS")
         .unwrap_or_else(|_| {
-            "bare,memory,axum-idempotent,axum-idempotent-hash,redis,dynamodb,bare-again,bare-spin-10"
+            "bare,memory,memory-encrypted,axum-idempotent,axum-idempotent-hash,redis,redis-encrypted,dynamodb,bare-again,bare-spin-10"
                 .to_owned()
         })
         .split(',')
@@ -544,6 +574,30 @@ async fn run() {
     if let Some(bare) = variants.iter().position(|v| v == "bare") {
         println!("\nCPU per request over the bare app's, within each round (us):");
         print_over(&figures, &variants, bare, &modes);
+    }
+    // What sealing responses at rest adds: each encrypted variant against
+    // the same store in plaintext, within each round.
+    for (v, variant) in variants.iter().enumerate() {
+        let Some(plain) = variant.strip_suffix("-encrypted") else {
+            continue;
+        };
+        if let Some(p) = variants.iter().position(|other| other == plain) {
+            println!(
+                "
+CPU per request of {variant} over {plain}'s, within each round (us):"
+            );
+            println!("| keys | median | each round |");
+            println!("|---|---|---|");
+            for (m, (keys, _)) in modes.iter().enumerate() {
+                let over: Vec<f64> = figures[v][m]
+                    .iter()
+                    .zip(&figures[p][m])
+                    .map(|(ours, theirs)| ours.cpu_us - theirs.cpu_us)
+                    .collect();
+                let each: Vec<String> = over.iter().map(|d| format!("{d:.1}")).collect();
+                println!("| {keys} | {:.1} | {} |", median(over), each.join(", "));
+            }
+        }
     }
     // The goal's test, made directly: this layer against a server doing
     // exactly the goal's work, in the same rounds.

@@ -9,10 +9,16 @@
 //! keys and replays, the median time per request over the batches (after
 //! one batch not counted) and what the layer adds to the bare app's;
 //! `INPROC_KEYS=distinct` (or `replays`) runs only those, and
-//! `INPROC_APP=bare` (or `memory`) only that app, for a profile.
+//! `INPROC_APP=bare` (or `memory`, or `memory-encrypted`: the memory store
+//! with responses sealed at rest under a raw key) only that app, for a
+//! profile or a count.
 
 use axum::{body::Body, extract::Json, routing::post, Router};
-use lambda_idempotency::{http::IdempotencyLayer, Engine, MemoryStore};
+use lambda_idempotency::{
+    encryption::{Encryption, RawKeys},
+    http::IdempotencyLayer,
+    Engine, MemoryStore,
+};
 use serde_json::{json, Value};
 use std::time::Instant;
 use tower::ServiceExt;
@@ -24,14 +30,24 @@ async fn charge(Json(order): Json<Value>) -> (axum::http::StatusCode, Json<Value
     )
 }
 
-fn app(layered: bool) -> Router {
+fn app(name: &str) -> Router {
     let routes = Router::new().route("/v1/charges", post(charge));
-    if layered {
-        routes.layer(
-            IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build()).shared_scope(),
-        )
-    } else {
-        routes
+    let engine = Engine::builder(MemoryStore::new());
+    match name {
+        "bare" => routes,
+        "memory" => routes.layer(IdempotencyLayer::new(engine.build()).shared_scope()),
+        "memory-encrypted" => routes.layer(
+            IdempotencyLayer::new(
+                engine
+                    .encryption(Encryption::new(
+                        RawKeys::new("bench", &[7; 32]).expect("a 32-byte key"),
+                        "inproc",
+                    ))
+                    .build(),
+            )
+            .shared_scope(),
+        ),
+        other => panic!("unknown app {other}"),
     }
     .with_state(())
 }
@@ -87,12 +103,12 @@ async fn main() {
         if only.as_deref().is_some_and(|only| only != keys) {
             continue;
         }
-        for (name, layered) in [("bare", false), ("memory", true)] {
+        for name in ["bare", "memory", "memory-encrypted"] {
             if apps.as_deref().is_some_and(|apps| apps != name) {
                 medians.push(0.0);
                 continue;
             }
-            let app = app(layered);
+            let app = app(name);
             let mut times = Vec::new();
             for b in 0..=batches {
                 let time = batch(&app, &body, b * requests, requests, repeated).await;
@@ -104,7 +120,13 @@ async fn main() {
             println!("{name} {keys}: {m:.2} us per request");
             medians.push(m);
         }
-        let (bare, memory) = (medians[medians.len() - 2], medians[medians.len() - 1]);
+        let [bare, memory, encrypted] = medians[medians.len() - 3..] else {
+            unreachable!("three apps a row")
+        };
         println!("layer over bare, {keys}: {:.2} us", memory - bare);
+        println!(
+            "encryption over memory, {keys}: {:.2} us",
+            encrypted - memory
+        );
     }
 }
