@@ -1,0 +1,365 @@
+//! The client against this workspace's own server: `axum::serve` on a
+//! loopback port behind the `lambda-idempotency` HTTP layer (memory
+//! store), on every path of the protocol. Every test counts the handler's
+//! runs and reads the key of every attempt that reached the server.
+
+mod support;
+
+use lambda_idempotency_client::{Idempotency, IdempotencyKey, IdempotencyMiddleware};
+use serde_json::Value;
+use std::time::Duration;
+use support::{
+    client,
+    hang_up::{HangUpProxy, When},
+    server::{Server, IN_PROGRESS_RETRY_AFTER},
+};
+
+fn idempotency(response: &reqwest::Response) -> Idempotency {
+    response
+        .extensions()
+        .get::<Idempotency>()
+        .cloned()
+        .expect("the middleware's Idempotency on a keyed request's response")
+}
+
+async fn json(response: reqwest::Response) -> Value {
+    serde_json::from_slice(&response.bytes().await.expect("a body")).expect("JSON")
+}
+
+fn charge(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    url: String,
+    amount: u32,
+) -> reqwest_middleware::RequestBuilder {
+    client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"amount":{amount}}}"#))
+}
+
+/// Waits until the server's handlers have run `n` times.
+async fn until_runs(server: &Server, n: usize) {
+    while server.runs() < n {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Each attempt after a wait came no sooner than the wait asked: the
+/// arrivals of one request's attempts, `asked` apart at least.
+fn assert_waited(arrivals: &[std::time::Instant], asked: Duration) {
+    for pair in arrivals.windows(2) {
+        let waited = pair[1] - pair[0];
+        assert!(
+            waited >= asked,
+            "an attempt came {waited:?} after the one told to wait {asked:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fresh_request_sends_one_generated_key_and_runs_once() {
+    let server = Server::start().await;
+    let client = client(IdempotencyMiddleware::new());
+
+    let response = charge(&client, server.url("/charges"), 1250)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 201);
+    let sent = idempotency(&response);
+    assert!(!sent.replayed());
+    assert_eq!(sent.attempts(), 1);
+    assert_eq!(sent.key().as_str().len(), 36, "a UUID: {}", sent.key());
+    assert_eq!(json(response).await["run"], 1);
+    assert_eq!(server.keys(), [sent.key().as_str()]);
+    assert_eq!(server.runs(), 1);
+
+    // A second logical request gets a key of its own.
+    let again = charge(&client, server.url("/charges"), 1250)
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(idempotency(&again).key(), sent.key());
+    assert!(!idempotency(&again).replayed());
+    assert_eq!(server.runs(), 2);
+
+    // GET is left alone: no key sent, nothing on its response.
+    let get = client.get(server.url("/charges")).send().await.unwrap();
+    assert_eq!(get.status(), 405);
+    assert!(get.extensions().get::<Idempotency>().is_none());
+    assert_eq!(server.arrivals().last().unwrap().key, None);
+}
+
+#[tokio::test]
+async fn the_same_key_again_gets_the_replay_and_says_so() {
+    let server = Server::start().await;
+    let client = client(IdempotencyMiddleware::new());
+    let key = IdempotencyKey::new("order-1-charge").unwrap();
+
+    let first = charge(&client, server.url("/charges"), 1250)
+        .with_extension(key.clone())
+        .send()
+        .await
+        .unwrap();
+    let second = charge(&client, server.url("/charges"), 1250)
+        .with_extension(key.clone())
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (201, 201)
+    );
+    assert!(!idempotency(&first).replayed());
+    assert!(idempotency(&second).replayed());
+    assert_eq!(idempotency(&second).key(), &key);
+    assert_eq!(json(second).await["run"], 1);
+    assert_eq!(server.runs(), 1);
+    assert_eq!(server.keys(), ["order-1-charge", "order-1-charge"]);
+
+    // A key header the caller set is sent as it is, and read back.
+    let header = charge(&client, server.url("/charges"), 1250)
+        .header("idempotency-key", "order-1-charge")
+        .send()
+        .await
+        .unwrap();
+    assert!(idempotency(&header).replayed());
+    assert_eq!(idempotency(&header).key(), &key);
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_duplicate_in_progress_waits_as_retry_after_says_then_gets_the_replay() {
+    let server = Server::start().await;
+    let key = IdempotencyKey::new("slow-1").unwrap();
+    let first = tokio::spawn({
+        let (client, url, key) = (
+            client(IdempotencyMiddleware::new()),
+            server.url("/slow"),
+            key.clone(),
+        );
+        async move {
+            charge(&client, url, 7)
+                .with_extension(key)
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    until_runs(&server, 1).await;
+
+    let second = charge(
+        &client(IdempotencyMiddleware::new()),
+        server.url("/slow"),
+        7,
+    )
+    .with_extension(key.clone())
+    .send()
+    .await
+    .unwrap();
+
+    assert_eq!(second.status(), 201);
+    let sent = idempotency(&second);
+    assert!(sent.replayed(), "the first request's response, replayed");
+    assert!(sent.attempts() >= 2, "told 409 first: {}", sent.attempts());
+    assert_eq!(json(second).await["run"], 1);
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(!idempotency(&first).replayed());
+    assert_eq!(server.runs(), 1);
+    // Every attempt with the one key; the second request's came as far
+    // apart as Retry-After asked.
+    let arrivals = server.arrivals();
+    assert!(arrivals
+        .iter()
+        .all(|arrival| arrival.key.as_deref() == Some("slow-1")));
+    let seconds: Vec<_> = arrivals[1..].iter().map(|arrival| arrival.at).collect();
+    assert_eq!(seconds.len() as u32, sent.attempts());
+    assert_waited(&seconds, IN_PROGRESS_RETRY_AFTER);
+}
+
+#[tokio::test]
+async fn a_duplicate_in_progress_past_the_wait_budget_gets_the_409_and_its_key() {
+    let server = Server::start().await;
+    let first = tokio::spawn({
+        let (client, url) = (client(IdempotencyMiddleware::new()), server.url("/slow"));
+        async move {
+            charge(&client, url, 7)
+                .header("idempotency-key", "slow-2")
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    until_runs(&server, 1).await;
+
+    // Retry-After says 1 s; this caller waits half a second at most.
+    let impatient =
+        client(IdempotencyMiddleware::new().wait_in_progress(Duration::from_millis(500)));
+    let conflict = charge(&impatient, server.url("/slow"), 7)
+        .header("idempotency-key", "slow-2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(conflict.status(), 409);
+    assert_eq!(idempotency(&conflict).attempts(), 1);
+    let key = idempotency(&conflict).key().clone();
+    assert_eq!(key.as_str(), "slow-2");
+
+    // Later, with the key it was given back: the first request's result.
+    first.await.unwrap();
+    let later = charge(&impatient, server.url("/slow"), 7)
+        .with_extension(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(later.status(), 201);
+    assert!(idempotency(&later).replayed());
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_key_reused_with_another_payload_gets_422_once() {
+    let server = Server::start().await;
+    let client = client(IdempotencyMiddleware::new());
+    let key = IdempotencyKey::new("order-2-charge").unwrap();
+    let first = charge(&client, server.url("/charges"), 1)
+        .with_extension(key.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 201);
+
+    let reused = charge(&client, server.url("/charges"), 2)
+        .with_extension(key)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(reused.status(), 422);
+    assert_eq!(idempotency(&reused).attempts(), 1);
+    assert!(!idempotency(&reused).replayed());
+    assert_eq!(server.keys().len(), 2, "the 422 is not sent again");
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_bad_key_gets_400_once() {
+    let server = Server::start().await;
+    let client = client(IdempotencyMiddleware::new());
+
+    // A structured-field string with no closing quote.
+    let bad = charge(&client, server.url("/charges"), 1)
+        .header("idempotency-key", "\"unterminated")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(bad.status(), 400);
+    assert_eq!(idempotency(&bad).attempts(), 1);
+    assert_eq!(server.arrivals().len(), 1);
+    assert_eq!(server.runs(), 0);
+}
+
+#[tokio::test]
+async fn a_store_outage_is_waited_out_as_retry_after_says_with_the_same_key() {
+    let server = Server::start().await;
+    let client = client(IdempotencyMiddleware::new());
+    // The store fails the first request's call: the layer answers 503
+    // with Retry-After, and the handler does not run.
+    server.store.fail_next(1);
+
+    let response = charge(&client, server.url("/charges"), 3)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 201);
+    let sent = idempotency(&response);
+    assert_eq!(sent.attempts(), 2);
+    assert!(!sent.replayed());
+    assert_eq!(server.runs(), 1);
+    assert_eq!(server.keys(), [sent.key().as_str(), sent.key().as_str()]);
+    let arrivals: Vec<_> = server.arrivals().iter().map(|arrival| arrival.at).collect();
+    // The layer's Retry-After for a store outage: 1 s.
+    assert_waited(&arrivals, Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_store_outage_that_lasts_ends_in_the_last_503_after_max_attempts() {
+    let server = Server::start().await;
+    let client = client(IdempotencyMiddleware::new().max_attempts(3));
+    server.store.fail_next(usize::MAX);
+
+    let response = charge(&client, server.url("/charges"), 4)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 503);
+    let sent = idempotency(&response);
+    assert_eq!(sent.attempts(), 3);
+    assert_eq!(server.keys(), vec![sent.key().as_str(); 3]);
+    assert_eq!(server.runs(), 0);
+
+    // The store back: the key sent again runs the request once.
+    server.store.fail_next(0);
+    let later = charge(&client, server.url("/charges"), 4)
+        .with_extension(sent.key().clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(later.status(), 201);
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_hang_up_after_the_server_answered_is_retried_and_gets_the_replay() {
+    let server = Server::start().await;
+    // The first connection is dropped as the server's answer begins: the
+    // handler ran and its response was stored, and the client never
+    // heard it.
+    let proxy = HangUpProxy::start(server.addr, 1, When::AnswerLost).await;
+    let client = client(IdempotencyMiddleware::new());
+
+    let response = charge(&client, proxy.url("/charges"), 5)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(proxy.hung_up(), 1);
+    assert_eq!(response.status(), 201);
+    let sent = idempotency(&response);
+    assert_eq!(sent.attempts(), 2);
+    assert!(
+        sent.replayed(),
+        "the stored response of the run it did not hear"
+    );
+    assert_eq!(json(response).await["run"], 1);
+    assert_eq!(server.runs(), 1);
+    assert_eq!(server.keys(), [sent.key().as_str(), sent.key().as_str()]);
+}
+
+#[tokio::test]
+async fn a_hang_up_once_the_request_was_read_is_retried_and_gets_the_one_result() {
+    let server = Server::start().await;
+    // The first connection is dropped once the server has the request
+    // whole, while a slow handler would run: the retry finds it in
+    // progress (409, then the replay), or never started (and runs it).
+    let proxy = HangUpProxy::start(server.addr, 1, When::RequestRead).await;
+    let client = client(IdempotencyMiddleware::new());
+
+    let response = charge(&client, proxy.url("/slow"), 6).send().await.unwrap();
+
+    assert_eq!(proxy.hung_up(), 1);
+    assert_eq!(response.status(), 201);
+    let sent = idempotency(&response);
+    assert!(sent.attempts() >= 2);
+    assert_eq!(json(response).await["run"], 1);
+    // Let a run the server may still be finishing end, then count.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.runs(), 1);
+    assert!(server.keys().iter().all(|key| key == sent.key().as_str()));
+}
