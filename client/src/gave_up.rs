@@ -7,8 +7,10 @@ use std::fmt;
 /// A keyed request that got no response: each attempt failed in transport
 /// (the connection refused, reset or closed before the answer, a timeout),
 /// and the middleware stopped, after
-/// [`max_attempts`](crate::IdempotencyMiddleware::max_attempts) or after
-/// the only attempt a streamed body allows.
+/// [`max_attempts`](crate::IdempotencyMiddleware::max_attempts) (set above
+/// 1), or after the only attempt a streamed body allows. With
+/// `max_attempts(1)` the failure is returned as it is, for a retry layer
+/// outside this one to classify.
 ///
 /// The middleware returns it as `reqwest_middleware::Error::Middleware`;
 /// [`source`](std::error::Error::source) is the last attempt's

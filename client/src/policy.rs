@@ -34,7 +34,8 @@ pub(crate) enum AfterError {
     Return,
     /// Send the request again after this long.
     Wait(Duration),
-    /// A failure that is retried, but no attempt is left.
+    /// A failure that is retried, but no attempt is left (of more than
+    /// one).
     GiveUp,
 }
 
@@ -104,8 +105,12 @@ impl Policy {
         spent.failures += 1;
         if spent.failures < self.max_attempts {
             AfterError::Wait(self.backoff(spent.failures))
-        } else {
+        } else if self.max_attempts > 1 {
             AfterError::GiveUp
+        } else {
+            // Retries left to another layer (reqwest-retry outside this
+            // one): the failure as it is, for it to classify.
+            AfterError::Return
         }
     }
 
