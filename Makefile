@@ -52,7 +52,7 @@ test: lint package validate integration e2e sam-local
 ## Formatting, clippy (warnings as errors, incompatible_msrv included) on
 ## every package of the workspace and on the Lambda-free HTTP layer, the declared rust-version against every
 ## dependency (scripts/check-msrv), every feature compiled alone, and the docs as docs.rs builds them (the
-## library's and lambda-idempotency-durable's) and
+## library's, lambda-idempotency-durable's and lambda-idempotency-client's) and
 ## with no feature, powertools, http, tonic and actix alone, each store alone, the server set
 ## (dynamodb,http,axum) and the Lambda consumer set (lambda,dynamodb,consumers);
 ## and BENCHMARKS.md's plots against their figures (benches/plots).
@@ -63,6 +63,7 @@ lint:
 	scripts/check-msrv
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency --features dynamodb,http,lambda,axum,actix,tonic,consumers,postgres,sqlx-postgres,sqlx-mysql,redis-tls,testing,powertools,encryption,kms,metrics,opentelemetry
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-durable
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p lambda-idempotency-client
 	@# BENCHMARKS.md's plots are what their figures draw.
 	python3 benches/plots/plot.py --check
 	@# Without a feature, its items are not there to link to: the docs of
@@ -86,8 +87,9 @@ lint:
 	done
 
 ## What crates.io would get: cargo publish --dry-run of the library, the
-## operator tool and the durable functions' crate (the reference functions
-## are not published), and the library's and the durable crate's file lists.
+## operator tool, the durable functions' crate and the client's crate (the
+## reference functions are not published), and the library's, the durable
+## crate's and the client crate's file lists.
 package:
 	@# The dry run verifies the tool against the library packaged just now,
 	@# through a local registry that cargo extracts under the registry's
@@ -102,13 +104,15 @@ package:
 	  $(CARGO) publish --dry-run --workspace --allow-dirty'
 	$(CARGO) package --list -p lambda-idempotency --allow-dirty
 	$(CARGO) package --list -p lambda-idempotency-durable --allow-dirty
+	$(CARGO) package --list -p lambda-idempotency-client --allow-dirty
 
 ## Unit tests only (no DynamoDB needed).
 unit:
 	$(CARGO) test --lib --bins
 
 ## Unit, integration, doc tests of every package (the simulator's bounded budget among them: tests/simulator,
-## 10,000 seeded histories; the durable functions' durable/tests) and the stress test against a throwaway DynamoDB Local,
+## 10,000 seeded histories; the durable functions' durable/tests; the client's client/tests, against axum::serve
+## behind the HTTP layer and raw TCP servers) and the stress test against a throwaway DynamoDB Local,
 ## PostgreSQL, redis-server and moto's KMS (tests/kms.rs), and the examples. Powertools (Python, and
 ## TypeScript on Node) writes the records the compatibility test reads
 ## (tests/powertools/).
