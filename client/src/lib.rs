@@ -8,8 +8,8 @@
 //! [`methods`](IdempotencyMiddleware::methods) to choose):
 //!
 //! - **One key per logical request**, kept across every attempt: the
-//!   caller's (an [`IdempotencyKey`] in the request's extensions, or the
-//!   key header already set), else a random UUID v4. Every retry, this
+//!   caller's (the key header already set, or else an [`IdempotencyKey`]
+//!   in the request's extensions), else a random UUID v4. Every retry, this
 //!   middleware's or a retry layer's around or inside it, sends the same
 //!   key, so the server runs the request at most once.
 //! - **`409` while the key's first request is in progress**: waits as its

@@ -172,8 +172,9 @@ impl Middleware for IdempotencyMiddleware {
         let key = self.key_of(&mut request, extensions)?;
         // Every attempt is a copy of this request, key header included. A
         // streamed body cannot be copied: that request is sent once.
+        // No body, or bytes: a copy for each attempt (`Request::try_clone`).
+        let body_replayable = request.body().is_none_or(|body| body.as_bytes().is_some());
         let mut kept = Some(request);
-        let body_replayable = kept.as_ref().and_then(Request::try_clone).is_some();
         let mut spent = Spent::default();
         let mut attempts = 0;
         loop {

@@ -332,14 +332,17 @@ async fn a_hang_up_after_the_server_answered_is_retried_and_gets_the_replay() {
     assert_eq!(proxy.hung_up(), 1);
     assert_eq!(response.status(), 201);
     let sent = idempotency(&response);
-    assert_eq!(sent.attempts(), 2);
+    // The retry, and a wait had it come before the record was complete.
+    assert!(sent.attempts() >= 2);
     assert!(
         sent.replayed(),
         "the stored response of the run it did not hear"
     );
     assert_eq!(json(response).await["run"], 1);
     assert_eq!(server.runs(), 1);
-    assert_eq!(server.keys(), [sent.key().as_str(), sent.key().as_str()]);
+    let keys = server.keys();
+    assert_eq!(keys.len() as u32, sent.attempts());
+    assert!(keys.iter().all(|key| key == sent.key().as_str()));
 }
 
 #[tokio::test]
