@@ -47,7 +47,10 @@ async fn a_server_that_hangs_up_after_reading_the_body_gets_the_same_key_a_bound
     let server = RawServer::start(vec![Answer::HangUp]).await;
     let client = client(IdempotencyMiddleware::new().max_attempts(4));
 
-    let error = post(&client, &server).await.expect_err("no answer, ever");
+    let error = tokio::time::timeout(Duration::from_secs(30), post(&client, &server))
+        .await
+        .expect("bounded attempts end")
+        .expect_err("no answer, ever");
 
     let received = server.received();
     assert_eq!(received.len(), 4, "bounded: 4 attempts");
@@ -197,4 +200,57 @@ async fn methods_left_alone_are_sent_once_without_a_key() {
     let keys = server.keys();
     assert_eq!(keys.len(), 2);
     assert!(!keys[0].is_empty() && keys[0] == keys[1]);
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_is_sent_the_same_key_again_after_each_timeout() {
+    let server = RawServer::start(vec![Answer::Stall]).await;
+    let client = client(IdempotencyMiddleware::new().max_attempts(3));
+
+    let error = client
+        .post(server.url())
+        .timeout(Duration::from_millis(300))
+        .body(r#"{"amount":1250}"#)
+        .send()
+        .await
+        .expect_err("no answer");
+
+    let keys = server.keys();
+    assert_eq!(keys.len(), 3);
+    assert!(keys.iter().all(|key| *key == keys[0]), "one key: {keys:?}");
+    let reqwest_middleware::Error::Middleware(error) = error else {
+        panic!("not the middleware's error: {error:?}");
+    };
+    let gave_up = error.downcast_ref::<GaveUp>().expect("GaveUp");
+    assert_eq!(gave_up.attempts(), 3);
+    let last = gave_up
+        .source()
+        .and_then(|source| source.downcast_ref::<reqwest::Error>());
+    assert!(last.is_some_and(reqwest::Error::is_timeout), "{last:?}");
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_tried_again_a_bounded_number_of_times() {
+    // A port nothing listens on any more.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let client = client(IdempotencyMiddleware::new().max_attempts(3));
+
+    let error = client
+        .post(format!("http://{addr}/charges"))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("refused");
+
+    let reqwest_middleware::Error::Middleware(error) = error else {
+        panic!("not the middleware's error: {error:?}");
+    };
+    let gave_up = error.downcast_ref::<GaveUp>().expect("GaveUp");
+    assert_eq!(gave_up.attempts(), 3);
+    let last = gave_up
+        .source()
+        .and_then(|source| source.downcast_ref::<reqwest::Error>());
+    assert!(last.is_some_and(reqwest::Error::is_connect), "{last:?}");
 }

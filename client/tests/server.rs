@@ -37,11 +37,16 @@ fn charge(
         .body(format!(r#"{{"amount":{amount}}}"#))
 }
 
-/// Waits until the server's handlers have run `n` times.
+/// Waits until the server's handlers have run `n` times (10 s at most).
 async fn until_runs(server: &Server, n: usize) {
-    while server.runs() < n {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let runs = async {
+        while server.runs() < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), runs)
+        .await
+        .expect("the handler runs");
 }
 
 /// Each attempt after a wait came no sooner than the wait asked: the

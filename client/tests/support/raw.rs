@@ -26,6 +26,8 @@ pub struct Received {
 pub enum Answer {
     /// Hangs up: the connection is dropped without a byte of answer.
     HangUp,
+    /// Holds the connection open and never answers.
+    Stall,
     /// Answers this status with these extra headers and a small body.
     Status(u16, Vec<(&'static str, String)>),
 }
@@ -55,6 +57,12 @@ impl RawServer {
                 record.lock().unwrap().push(request);
                 match script.pop_front().unwrap_or_else(|| last.clone()) {
                     Answer::HangUp => drop(stream),
+                    Answer::Stall => {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                            drop(stream);
+                        });
+                    }
                     Answer::Status(status, headers) => {
                         let mut head = format!(
                             "HTTP/1.1 {status} Scripted\r\ncontent-length: 2\r\nconnection: close\r\n"
