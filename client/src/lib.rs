@@ -62,14 +62,12 @@
 //!
 //! Add this middleware **first**, `reqwest-retry`'s
 //! `RetryTransientMiddleware` after it: the key is set once, before
-//! reqwest-retry copies the request for each of its attempts, and the
-//! replay marker is read from the response it ends with. The other order
-//! keeps the key too (this middleware finds the key it generated in the
-//! request's extensions, which reqwest-retry hands to every attempt), but
-//! marks only the last attempt's response. Either way each layer retries
-//! what it is set to, and their attempts multiply: with reqwest-retry in
-//! the stack, `max_attempts(1)` leaves 429, 503 and transport failures to
-//! it (it does not read `Retry-After`), and this middleware still keys the
+//! reqwest-retry copies the request for each of its attempts, a `409` that
+//! reqwest-retry returns (it never retries a 4xx) is waited out here, and
+//! the replay marker is read from the response reqwest-retry ends with.
+//! Each layer retries what it is set to, so their attempts multiply:
+//! `max_attempts(1)` leaves 429, 503 and transport failures to reqwest-retry
+//! (which does not read `Retry-After`), and this middleware still keys the
 //! request, waits out `409`s and marks replays.
 //!
 //! ```
@@ -84,6 +82,12 @@
 //!     .build();
 //! # drop(client);
 //! ```
+//!
+//! The other order keeps the key too: this middleware finds the key it
+//! generated on reqwest-retry's first attempt in the request's extensions,
+//! which reqwest-retry hands to every attempt. There, this middleware's own
+//! attempts come first, and a [`GaveUp`] is an error reqwest-retry does not
+//! retry.
 //!
 //! A fresh `Extensions` for each logical request, where you pass your own
 //! to `execute_with_extensions`: the generated key is kept there.

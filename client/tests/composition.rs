@@ -94,3 +94,70 @@ async fn with_reqwest_retry_outside_each_attempt_finds_the_key_generated_for_the
     assert!(!keys[0].is_empty());
     assert!(keys.iter().all(|key| *key == keys[0]), "one key: {keys:?}");
 }
+
+#[tokio::test]
+async fn a_409_that_reqwest_retry_returns_is_waited_out_and_replayed() {
+    let server = Server::start().await;
+    let first = tokio::spawn({
+        let (client, url) = (keyed_then_retried(2), server.url("/slow"));
+        async move {
+            client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("idempotency-key", "slow-3")
+                .body(r#"{"amount":1250}"#)
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    let started = async {
+        while server.runs() < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), started)
+        .await
+        .expect("the first request runs");
+
+    let second = keyed_then_retried(2)
+        .post(server.url("/slow"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", "slow-3")
+        .body(r#"{"amount":1250}"#)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(second.status(), 201);
+    let sent = second.extensions().get::<Idempotency>().cloned().unwrap();
+    assert!(sent.replayed());
+    assert!(sent.attempts() >= 2, "told 409 first");
+    assert_eq!(first.await.unwrap().status(), 201);
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
+async fn inside_reqwest_retry_this_middlewares_attempts_come_first_and_its_gave_up_ends_them() {
+    let server = RawServer::start(vec![Answer::HangUp]).await;
+    let client = ClientBuilder::new(reqwest())
+        .with(retry(2))
+        .with(
+            IdempotencyMiddleware::new()
+                .max_attempts(3)
+                .backoff(Duration::from_millis(10), Duration::from_millis(50)),
+        )
+        .build();
+
+    let error = post(&client, server.url()).await.expect_err("no answer");
+
+    // Three attempts of this middleware's; reqwest-retry does not multiply
+    // them.
+    let keys = server.keys();
+    assert_eq!(keys.len(), 3);
+    assert!(keys.iter().all(|key| *key == keys[0]), "one key: {keys:?}");
+    assert!(
+        error.to_string().contains("no response after 3 attempts"),
+        "{error}"
+    );
+}
