@@ -254,3 +254,26 @@ async fn a_refused_connection_is_tried_again_a_bounded_number_of_times() {
         .and_then(|source| source.downcast_ref::<reqwest::Error>());
     assert!(last.is_some_and(reqwest::Error::is_connect), "{last:?}");
 }
+
+#[tokio::test]
+async fn a_server_that_resets_after_reading_the_body_gets_the_same_key_a_bounded_number_of_times() {
+    let server = RawServer::start(vec![Answer::Reset]).await;
+    let client = client(IdempotencyMiddleware::new().max_attempts(3));
+
+    let error = tokio::time::timeout(Duration::from_secs(30), post(&client, &server))
+        .await
+        .expect("bounded attempts end")
+        .expect_err("no answer, ever");
+
+    let keys = server.keys();
+    assert_eq!(keys.len(), 3);
+    assert!(keys.iter().all(|key| *key == keys[0]), "one key: {keys:?}");
+    let reqwest_middleware::Error::Middleware(error) = error else {
+        panic!("not the middleware's error: {error:?}");
+    };
+    let gave_up = error.downcast_ref::<GaveUp>().expect("GaveUp");
+    assert_eq!(
+        (gave_up.attempts(), gave_up.key().as_str()),
+        (3, keys[0].as_str())
+    );
+}

@@ -26,6 +26,8 @@ pub struct Received {
 pub enum Answer {
     /// Hangs up: the connection is dropped without a byte of answer.
     HangUp,
+    /// Resets the connection (RST, not FIN) without a byte of answer.
+    Reset,
     /// Holds the connection open and never answers.
     Stall,
     /// Answers this status with these extra headers and a small body.
@@ -57,6 +59,11 @@ impl RawServer {
                 record.lock().unwrap().push(request);
                 match script.pop_front().unwrap_or_else(|| last.clone()) {
                     Answer::HangUp => drop(stream),
+                    Answer::Reset => {
+                        // SO_LINGER 0: the close sends RST.
+                        let _ = stream.set_zero_linger();
+                        drop(stream);
+                    }
                     Answer::Stall => {
                         tokio::spawn(async move {
                             tokio::time::sleep(std::time::Duration::from_secs(60)).await;
