@@ -423,6 +423,38 @@ mod tests {
         );
     }
 
+    /// A record is dropped at the first instant it may be: expired by the
+    /// writer's clock and lapsed by the monotonic one at exactly the
+    /// rebuild's reading, its block's least mark equal to it (a block
+    /// skipped unread only when none of its records has lapsed).
+    #[test]
+    fn a_record_that_lapses_at_the_rebuild_s_instant_is_dropped() {
+        let mut records = Records::default();
+        // Written at 10 s to expire at 100 s: lapsed at 101,000 ms.
+        claim_new(&mut records, 0, 5000, 10, 100);
+        assert!(records
+            .iter()
+            .all(|record| record.lapses_at_ms() == 101_000));
+        claim_new(&mut records, 5000, 5000, 101, 300);
+        assert!(
+            records.iter().all(|r| r.expiration_s() == 300),
+            "every record lapsed at the rebuild's instant went"
+        );
+        assert_eq!(records.iter().count(), 5000);
+    }
+
+    #[test]
+    fn records_debug_as_the_list_of_their_records() {
+        let mut records = Records::default();
+        claim_new(&mut records, 0, 2, 10, 100);
+        let debug = format!("{records:?}");
+        assert!(debug.starts_with('[') && debug.ends_with(']'), "{debug}");
+        assert!(
+            debug.contains("charges#0") && debug.contains("charges#1"),
+            "{debug}"
+        );
+    }
+
     /// The blocks that the records kept fill, and the one being written.
     fn blocks_for(records: &Records) -> usize {
         let bytes: usize = records.iter().map(|record| record.bytes().len()).sum();
