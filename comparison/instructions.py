@@ -25,13 +25,13 @@ import tempfile
 FEWER, MORE = 500, 1500
 
 
-def counted(binary, app, requests):
+def counted(binary, app, requests, keys="distinct"):
     """Instructions of the whole run, and those of SHA-256's compression."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "callgrind.out")
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "1", str(requests)],
-            env={**os.environ, "INPROC_APP": app, "INPROC_KEYS": "distinct"},
+            env={**os.environ, "INPROC_APP": app, "INPROC_KEYS": keys},
             capture_output=True,
             text=True,
             check=True,
@@ -49,10 +49,10 @@ def counted(binary, app, requests):
     return total, sha
 
 
-def per_request(binary, app):
+def per_request(binary, app, keys="distinct"):
     """Instructions per request, and SHA-256's share of them."""
-    total_fewer, sha_fewer = counted(binary, app, FEWER)
-    total_more, sha_more = counted(binary, app, MORE)
+    total_fewer, sha_fewer = counted(binary, app, FEWER, keys)
+    total_more, sha_more = counted(binary, app, MORE, keys)
     # `inproc 1 N` runs two batches of N: one not counted, one counted.
     requests = 2 * (MORE - FEWER)
     return (total_more - total_fewer) / requests, (sha_more - sha_fewer) / requests
@@ -63,15 +63,17 @@ def main():
     if not builds:
         sys.exit(__doc__)
     print("\nInstructions per request with a new key, 1 KB JSON body (callgrind, counted)")
-    print("| build | bare | memory | layer (memory - bare) | layer without SHA-256 | encryption (memory-encrypted - memory) |")
+    print("| build | bare | memory | layer (memory - bare) | layer without SHA-256 | encryption (memory-encrypted - memory), new / replay |")
     print("|---|---|---|---|---|---|")
     for label, binary in builds:
         bare, bare_sha = per_request(binary, "bare")
         memory, memory_sha = per_request(binary, "memory")
         encrypted, _ = per_request(binary, "memory-encrypted")
+        replay, _ = per_request(binary, "memory", "replays")
+        replay_encrypted, _ = per_request(binary, "memory-encrypted", "replays")
         layer = memory - bare
         print(f"| {label} | {bare:,.0f} | {memory:,.0f} | {layer:,.0f} | {layer - (memory_sha - bare_sha):,.0f} "
-              f"| {encrypted - memory:,.0f} |")
+              f"| {encrypted - memory:,.0f} / {replay_encrypted - replay:,.0f} |")
 
 
 if __name__ == "__main__":
