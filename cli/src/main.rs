@@ -54,7 +54,9 @@ use clap::{Args, Parser, Subcommand};
 use lambda_idempotency::{
     default_key_prefix,
     encryption::{self, Encryption, RawKeys, KEY_LEN},
-    http::{decode_stored_response, default_scope, BodyNotStored, StoredBody as Body},
+    http::{
+        decode_stored_response, default_scope, BodyNotStored, StoredBody as Body, TraceContext,
+    },
     store::{
         dynamodb::{AttributeNames, SingleTable},
         Record, Store,
@@ -682,6 +684,10 @@ fn stored_response(bytes: &[u8]) -> Value {
             http["body_not_stored"] =
                 json!({ "why": not_stored.why, "digest": not_stored.repr_digest() });
         }
+        // The trace of the work that made it, when the layer kept it.
+        if let Some(trace) = response.extensions().get::<TraceContext>() {
+            http["trace"] = Value::String(trace.to_string());
+        }
         return json!({ "http": http });
     }
     match serde_json::from_slice::<Value>(bytes) {
@@ -739,6 +745,27 @@ mod tests {
         assert_eq!(
             stored_response(br#"{"card":"4242"}"#),
             json!({ "json": { "card": "4242" } })
+        );
+    }
+
+    /// A record the HTTP layer wrote with the trace of its work (frame
+    /// version 3, written here byte by byte): the trace is shown.
+    #[test]
+    fn a_response_kept_with_its_trace_shows_it() {
+        let traceparent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut frame = vec![3, 0b0100];
+        frame.extend_from_slice(&201u16.to_be_bytes());
+        frame.extend_from_slice(&0u32.to_be_bytes()); // headers
+        frame.extend_from_slice(&0u32.to_be_bytes()); // trailers
+        frame.extend_from_slice(&(traceparent.len() as u32).to_be_bytes());
+        frame.extend_from_slice(traceparent);
+        frame.extend_from_slice(br#"{"id":"ch_1"}"#);
+        let shown = stored_response(&frame);
+        assert_eq!(shown["http"]["status"], 201);
+        assert_eq!(shown["http"]["body"], r#"{"id":"ch_1"}"#);
+        assert_eq!(
+            shown["http"]["trace"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         );
     }
 
