@@ -12,10 +12,12 @@
 )]
 
 pub(crate) mod partitioned;
+pub(crate) mod partitioning;
 pub(crate) mod refusal;
 pub(crate) mod sqlstate;
 pub(crate) mod statements;
 pub(crate) mod table;
+pub(crate) mod upkeep;
 
 use crate::{StoreError, StoreErrorKind};
 

@@ -29,12 +29,15 @@ pub(crate) fn lock_key(table: &str, id: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The record's lock as a statement without parameters ([`LOCK_RECORD`]
+/// with its key written in), for a simple query: one row.
+pub(crate) fn lock_record(table: &str, id: &str) -> String {
+    format!("SELECT pg_advisory_xact_lock({})", lock_key(table, id))
+}
+
 /// `BEGIN` and the record's lock, in one simple query.
 pub(crate) fn begin_locked(table: &str, id: &str) -> String {
-    format!(
-        "BEGIN; SELECT pg_advisory_xact_lock({})",
-        lock_key(table, id)
-    )
+    format!("BEGIN; {}", lock_record(table, id))
 }
 
 /// The lock of the partitions' upkeep (creation), per table: the
@@ -238,6 +241,18 @@ pub(crate) const PARTITIONS: &str = "SELECT c.oid::regclass::text, \
        i.inhdetachpending \
      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
      WHERE i.inhparent = to_regclass($1) ORDER BY 2";
+
+/// The size of the partition `$1` (its name) with its indexes and TOAST,
+/// the planner's estimate of its rows, and its dead tuples.
+pub(crate) const PARTITION_SIZE: &str = "SELECT pg_total_relation_size($1::regclass), \
+       (SELECT reltuples::bigint FROM pg_class WHERE oid = $1::regclass), \
+       coalesce((SELECT n_dead_tup FROM pg_stat_all_tables WHERE relid = $1::regclass), 0)";
+
+/// The newest `expiration_s` in the partition `name` (0 when empty): the
+/// cleanup's check that every record in it expired.
+pub(crate) fn newest_expiration(name: &str) -> String {
+    format!("SELECT coalesce(max(expiration_s), 0) FROM {name}")
+}
 
 /// Whether `DETACH … CONCURRENTLY` is allowed on `$1`: PostgreSQL 14 or
 /// later, and no DEFAULT partition.

@@ -36,9 +36,9 @@ mod tls;
 mod transaction;
 mod write;
 
+pub use super::pg::partitioning::{PartitionCleanup, PartitionInfo, Partitioning};
 pub use super::pg::refusal::{Refusal, RefusalRules, RefusalSource};
 pub use super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
-pub use partitioned::{PartitionCleanup, PartitionInfo, Partitioning};
 pub use tls::{tls_connector, TlsConnector};
 pub use transaction::PgTransaction;
 pub use write::{PgValue, PgWrite};
@@ -46,6 +46,7 @@ pub use write::{PgValue, PgWrite};
 /// settings).
 pub use {deadpool_postgres, tokio_postgres};
 
+use super::pg::upkeep::Partitions;
 use super::pg::{int8, statements::Statements, table::table_name_error};
 use super::{
     Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
@@ -54,7 +55,7 @@ use crate::{StoreError, StoreErrorKind};
 use codec::{decode, decode_optional, ClaimValues};
 use connection::{config, pool};
 use deadpool_postgres::{Object, Pool};
-use std::sync::{atomic::AtomicU64, Arc};
+use std::sync::Arc;
 use tokio_postgres::types::{ToSql, Type};
 
 /// Records in a PostgreSQL table. Cheap to clone.
@@ -68,10 +69,7 @@ struct Inner {
     table: String,
     sql: Statements,
     /// `Some` for the partitioned layout.
-    partitioning: Option<Partitioning>,
-    /// The last day whose partition this store made or found (days since
-    /// 1970-01-01, UTC): claims up to it need no catalog query.
-    ensured_through: AtomicU64,
+    partitions: Option<Partitions>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -98,13 +96,13 @@ impl PostgresStore {
             Some(_) => super::pg::partitioned::statements(&table),
             None => Statements::new(&table),
         };
+        let partitions = partitioning.map(Partitions::new);
         Self {
             inner: Arc::new(Inner {
                 pool,
                 sql,
                 table,
-                partitioning,
-                ensured_through: AtomicU64::new(0),
+                partitions,
             }),
         }
     }
@@ -169,12 +167,8 @@ impl PostgresStore {
     /// `Misconfigured` error (use
     /// [`drop_expired_partitions`](PostgresStore::drop_expired_partitions)).
     pub async fn purge_expired(&self, now_s: u64, batch: u32) -> Result<u64, StoreError> {
-        if self.inner.partitioning.is_some() {
-            return Err(StoreError::new(
-                StoreErrorKind::Misconfigured,
-                "purge_expired deletes rows, which the partitioned layout never does: use \
-                 drop_expired_partitions",
-            ));
+        if self.inner.partitions.is_some() {
+            return Err(super::pg::upkeep::purge_refused());
         }
         let client = self.client().await?;
         let now = int8(now_s)?;
@@ -208,7 +202,7 @@ impl PostgresStore {
         id: &RecordId,
     ) -> Result<Conditional, StoreError> {
         let client = self.client().await?;
-        let rows = match self.inner.partitioning {
+        let rows = match self.inner.partitions {
             None => client.query_typed(sql, params).await,
             Some(_) => Self::locked(&client, &self.inner.table, id.as_str(), sql, params).await,
         };
@@ -244,7 +238,7 @@ impl PostgresStore {
             .transaction()
             .await
             .map_err(|e| errors::from_pg("BEGIN", e))?;
-        if self.inner.partitioning.is_some() {
+        if self.inner.partitions.is_some() {
             transaction
                 .query_typed(
                     super::pg::partitioned::LOCK_RECORD,
@@ -334,7 +328,7 @@ impl Store for PostgresStore {
         ];
         // The partitioned layout's extension also compares the writer's
         // now with the record's expiration.
-        let params = match self.inner.partitioning {
+        let params = match self.inner.partitions {
             Some(_) => &params[..],
             None => &params[..4],
         };

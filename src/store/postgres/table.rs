@@ -24,8 +24,8 @@ impl PostgresStore {
     /// way (a plain table of the name is refused), and its partitions for
     /// today and the days ahead.
     pub async fn create_table(&self) -> Result<(), StoreError> {
-        if self.inner.partitioning.is_some() {
-            return self.create_partitioned_table().await;
+        if let Some(partitions) = &self.inner.partitions {
+            return self.create_partitioned_table(partitions).await;
         }
         let client = self.client().await?;
         let ddl = table_ddl(&self.inner.table);

@@ -196,7 +196,7 @@ impl Open {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let values = ClaimValues::of(claim)?;
-        let answer = match self.store.inner.partitioning {
+        let answer = match self.store.inner.partitions {
             None => {
                 self.transaction
                     .row(&self.store.inner.sql.claim, &values.claim())
