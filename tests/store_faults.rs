@@ -1,5 +1,5 @@
-//! PostgreSQL (tokio-postgres, its partitioned layout too, and sqlx in both
-//! its statement modes), MySQL
+//! PostgreSQL (tokio-postgres and sqlx in both its statement modes, each
+//! on the plain table and the partitioned layout), MySQL
 //! and Redis behind a TCP fault proxy: an outage, answers lost after the
 //! server acted (the connection reset after the write), delays.
 //!
@@ -153,6 +153,53 @@ async fn sqlx_postgres(proxy: &TcpFaultProxy, prepared: bool) -> SqlxPostgresSto
     if prepared {
         // The claim and the completion prepared on the connection before
         // the scenario starts: its first lost answer is then a write's.
+        Engine::builder(store.clone())
+            .build()
+            .execute(&Attempt::new("t", "prepare", payload(1)), || async {
+                Ok::<_, Declined>(1u8)
+            })
+            .await
+            .expect("up");
+        settle().await;
+    }
+    store
+}
+
+/// The sqlx store's partitioned layout through the proxy. By default each
+/// write is one simple query (the record's lock and the statement, one
+/// implicit transaction): the answer lost is that query's. Prepared, each
+/// is `BEGIN` with the lock, the statement and `COMMIT`: the answer lost
+/// is the `COMMIT`'s.
+async fn sqlx_postgres_partitioned(proxy: &TcpFaultProxy, prepared: bool) -> SqlxPostgresStore {
+    use lambda_idempotency::store::postgres::Partitioning;
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!(
+        "faults_sqlx_parted_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    let pool = |url: &str, size: u32| {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy(url)
+            .expect("pool")
+    };
+    SqlxPostgresStore::new(pool(&url, 1), table.clone())
+        .expect("store")
+        .partitioned(Partitioning::daily())
+        .create_table()
+        .await
+        .expect("table");
+    let size = if prepared { 1 } else { 4 };
+    let store = SqlxPostgresStore::new(pool(&through(&url, proxy), size), table)
+        .expect("store")
+        .prepared_statements(prepared)
+        .partitioned(Partitioning::daily());
+    if prepared {
+        // As for the plain table: the statements prepared on the
+        // connection before the scenario starts.
         Engine::builder(store.clone())
             .build()
             .execute(&Attempt::new("t", "prepare", payload(1)), || async {
@@ -416,6 +463,28 @@ macro_rules! on_each_store {
                 async fn $scenario() {
                     let proxy = postgres_proxy().await;
                     super::$scenario(sqlx_postgres(&proxy, true).await, &proxy).await;
+                }
+            )*
+        }
+        mod on_sqlx_postgres_partitioned {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = postgres_proxy().await;
+                    super::$scenario(sqlx_postgres_partitioned(&proxy, false).await, &proxy).await;
+                }
+            )*
+        }
+        mod on_sqlx_postgres_partitioned_prepared {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let proxy = postgres_proxy().await;
+                    // BEGIN's answer comes first, before the server acted.
+                    proxy.lose_answers_at_transaction_end();
+                    super::$scenario(sqlx_postgres_partitioned(&proxy, true).await, &proxy).await;
                 }
             )*
         }

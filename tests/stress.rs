@@ -165,6 +165,32 @@ async fn randomised_stress_keeps_every_invariant_on_postgres_through_sqlx() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_stress_keeps_every_invariant_on_postgres_partitioned_through_sqlx() {
+    use lambda_idempotency::store::{
+        postgres::Partitioning,
+        sqlx::postgres::{sqlx::postgres::PgPoolOptions, SqlxPostgresStore},
+    };
+    let url = std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL").expect(
+        "IDEMPOTENCY_TEST_POSTGRES_URL is not set: run with make test, or under scripts/with-postgres",
+    );
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect_lazy(&url)
+        .expect("pool");
+    let table = format!("stress_sqlx_parted_{}", std::process::id());
+    let store = SqlxPostgresStore::new(pool, table)
+        .expect("store")
+        .partitioned(Partitioning::daily());
+    store.create_table().await.expect("table");
+    stress(
+        "PostgreSQL (sqlx), partitioned",
+        Engine::builder(store).build(),
+        String::new,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn randomised_stress_keeps_every_invariant_on_mysql() {
     let url = std::env::var("IDEMPOTENCY_TEST_MYSQL_URL").expect(
         "IDEMPOTENCY_TEST_MYSQL_URL is not set: run with make test, or under scripts/with-mysql",

@@ -1,5 +1,7 @@
-//! The partitioned layout (`PostgresStore::partitioned`) against a real
-//! server: the conformance kit, directly and through PgBouncer; two
+//! The partitioned layout (`partitioned` on `PostgresStore` and on
+//! `SqlxPostgresStore`, the same option, table and SQL) against a real
+//! server, on both drivers (the sqlx store in both its statement modes):
+//! the conformance kit, directly and through PgBouncer; two
 //! claims on either side of a day's boundary; the two windows; the
 //! cleanup that drops whole days while claims go on; partitions made on
 //! demand; and the seed's schema, which PostgreSQL refuses.
@@ -7,14 +9,15 @@
 use super::{tokio_postgres_client, url, TABLES};
 use lambda_idempotency::{
     store::{
-        postgres::{Partitioning, PostgresStore},
-        Claim, Conditional, Extension, OwnerToken, RecordId, Store,
+        postgres::{PartitionCleanup, PartitionInfo, Partitioning, PostgresStore},
+        sqlx::postgres::SqlxPostgresStore,
+        Claim, Conditional, Extension, OwnerToken, Record, RecordId, Store,
     },
     testing::{
         scenarios::{charge, payload},
         ManualClock,
     },
-    Attempt, Engine, OutcomeKind, StoreErrorKind,
+    Attempt, Engine, OutcomeKind, StoreError, StoreErrorKind,
 };
 use std::{
     sync::{
@@ -26,29 +29,151 @@ use std::{
 
 const DAY_MS: u64 = 86_400_000;
 
+tokio::task_local! {
+    /// Set by the sqlx driver's `prepared` runs: its statements are
+    /// prepared and cached per connection (`BEGIN` with the record's lock,
+    /// the statement, `COMMIT`), where by default the lock and the
+    /// statement go in one simple query.
+    static PREPARED: bool;
+}
+
+/// What these tests ask of a PostgreSQL store, on either driver: the same
+/// option, table and upkeep.
+pub(crate) trait Driver: Store + Clone + Send + Sync + 'static {
+    /// A store over `table` at `url` through a pool of `size`, in the
+    /// partitioned layout where `partitioning` says so.
+    fn open(url: &str, table: &str, size: u32, partitioning: Option<Partitioning>) -> Self;
+    fn table(&self) -> &str;
+    async fn create_table(&self) -> Result<(), StoreError>;
+    async fn history(&self, id: &RecordId) -> Result<Vec<Record>, StoreError>;
+    async fn drop_expired_partitions(&self, now_s: u64) -> Result<PartitionCleanup, StoreError>;
+    async fn partitions(&self) -> Result<Vec<PartitionInfo>, StoreError>;
+    async fn purge_expired(&self, now_s: u64, batch: u32) -> Result<u64, StoreError>;
+}
+
+impl Driver for PostgresStore {
+    fn open(url: &str, table: &str, size: u32, partitioning: Option<Partitioning>) -> Self {
+        let store = PostgresStore::connect(url, table, size as usize).expect("pool");
+        match partitioning {
+            Some(partitioning) => store.partitioned(partitioning),
+            None => store,
+        }
+    }
+    fn table(&self) -> &str {
+        PostgresStore::table(self)
+    }
+    async fn create_table(&self) -> Result<(), StoreError> {
+        PostgresStore::create_table(self).await
+    }
+    async fn history(&self, id: &RecordId) -> Result<Vec<Record>, StoreError> {
+        PostgresStore::history(self, id).await
+    }
+    async fn drop_expired_partitions(&self, now_s: u64) -> Result<PartitionCleanup, StoreError> {
+        PostgresStore::drop_expired_partitions(self, now_s).await
+    }
+    async fn partitions(&self) -> Result<Vec<PartitionInfo>, StoreError> {
+        PostgresStore::partitions(self).await
+    }
+    async fn purge_expired(&self, now_s: u64, batch: u32) -> Result<u64, StoreError> {
+        PostgresStore::purge_expired(self, now_s, batch).await
+    }
+}
+
+impl Driver for SqlxPostgresStore {
+    fn open(url: &str, table: &str, size: u32, partitioning: Option<Partitioning>) -> Self {
+        let pool = super::sqlx_store::pool(url, size);
+        let prepared = PREPARED.try_with(|prepared| *prepared).unwrap_or(false);
+        let store = SqlxPostgresStore::new(pool, table)
+            .expect("store")
+            .prepared_statements(prepared);
+        match partitioning {
+            Some(partitioning) => store.partitioned(partitioning),
+            None => store,
+        }
+    }
+    fn table(&self) -> &str {
+        SqlxPostgresStore::table(self)
+    }
+    async fn create_table(&self) -> Result<(), StoreError> {
+        SqlxPostgresStore::create_table(self).await
+    }
+    async fn history(&self, id: &RecordId) -> Result<Vec<Record>, StoreError> {
+        SqlxPostgresStore::history(self, id).await
+    }
+    async fn drop_expired_partitions(&self, now_s: u64) -> Result<PartitionCleanup, StoreError> {
+        SqlxPostgresStore::drop_expired_partitions(self, now_s).await
+    }
+    async fn partitions(&self) -> Result<Vec<PartitionInfo>, StoreError> {
+        SqlxPostgresStore::partitions(self).await
+    }
+    async fn purge_expired(&self, now_s: u64, batch: u32) -> Result<u64, StoreError> {
+        SqlxPostgresStore::purge_expired(self, now_s, batch).await
+    }
+}
+
+/// Runs each test (an `async fn` generic over the [`Driver`]) on the
+/// tokio-postgres store, on the sqlx store, and on the sqlx store with
+/// its statements prepared.
+macro_rules! on_both_drivers {
+    ($($test:ident),* $(,)?) => {
+        mod tokio_postgres_store {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                super::$test::<lambda_idempotency::store::postgres::PostgresStore>().await
+            })*
+        }
+        mod sqlx_store {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                super::$test::<lambda_idempotency::store::sqlx::postgres::SqlxPostgresStore>().await
+            })*
+        }
+        mod sqlx_store_prepared {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                super::PREPARED
+                    .scope(
+                        true,
+                        super::$test::<lambda_idempotency::store::sqlx::postgres::SqlxPostgresStore>(),
+                    )
+                    .await
+            })*
+        }
+    };
+}
+
 /// A partitioned store over a fresh table of its own, at `url`.
-async fn store_at(url: &str, partitioning: Partitioning) -> PostgresStore {
+async fn store_at<S: Driver>(url: &str, partitioning: Partitioning) -> S {
     let n = TABLES.fetch_add(1, Ordering::SeqCst);
     let table = format!("parted_{}_{n}", std::process::id());
-    let store = PostgresStore::connect(url, table, 8)
-        .expect("pool")
-        .partitioned(partitioning);
+    let store = S::open(url, &table, 8, Some(partitioning));
     store.create_table().await.expect("create table");
     store
 }
 
-async fn store() -> PostgresStore {
+async fn store<S: Driver>() -> S {
     store_at(&url(), Partitioning::daily()).await
 }
 
+/// A partitioned store whose every call fails fast as unavailable (a
+/// closed port).
+fn unavailable<S: Driver>() -> S {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    S::open(
+        &format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        "idempotency",
+        1,
+        Some(Partitioning::daily()),
+    )
+}
+
 lambda_idempotency::store_conformance! {
-    store: store(),
-    unavailable: async {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"), "idempotency", 1)
-            .expect("pool")
-            .partitioned(Partitioning::daily())
-    },
+    store: store::<PostgresStore>(),
+    unavailable: async { unavailable::<PostgresStore>() },
     single_write,
 }
 
@@ -56,16 +181,53 @@ mod through_pgbouncer {
     use super::*;
 
     lambda_idempotency::store_conformance! {
-        store: store_at(&super::super::pgbouncer_url(), Partitioning::daily()),
-        unavailable: async {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"), "idempotency", 1)
-                .expect("pool")
-                .partitioned(Partitioning::daily())
-        },
+        store: store_at::<PostgresStore>(&super::super::pgbouncer_url(), Partitioning::daily()),
+        unavailable: async { unavailable::<PostgresStore>() },
         single_write,
     }
 }
+
+/// The kit on the sqlx store: directly, with its statements prepared, and
+/// through PgBouncer in transaction mode.
+mod on_sqlx {
+    use super::*;
+
+    lambda_idempotency::store_conformance! {
+        store: store::<SqlxPostgresStore>(),
+        unavailable: async { unavailable::<SqlxPostgresStore>() },
+        single_write,
+    }
+
+    mod prepared {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            store: async { store::<SqlxPostgresStore>().await.prepared_statements(true) },
+            unavailable: async { unavailable::<SqlxPostgresStore>() },
+            single_write,
+        }
+    }
+
+    mod through_pgbouncer {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            store: store_at::<SqlxPostgresStore>(&super::super::super::pgbouncer_url(), Partitioning::daily()),
+            unavailable: async { unavailable::<SqlxPostgresStore>() },
+            single_write,
+        }
+    }
+}
+
+on_both_drivers!(
+    claims_on_either_side_of_midnight_never_both_apply,
+    a_retry_past_the_dedup_window_runs_and_the_audit_window_keeps_the_first,
+    cleanup_drops_only_the_days_whose_every_record_expired_while_claims_go_on,
+    a_missing_partition_never_fails_a_claim,
+    each_layout_refuses_the_others_table,
+    pg_partman_manages_the_partitioned_table,
+    a_single_write_refuses_a_lapsed_claim_that_holds_a_response,
+);
 
 fn claim(id: &RecordId, owner: &str, now_ms: u64) -> Claim {
     Claim {
@@ -93,15 +255,21 @@ fn next_midnight_ms() -> u64 {
 /// of the next, each at a time of its own): their rows would go to two
 /// partitions, and nothing but the record's lock stops them all from
 /// inserting (the primary key is `(id, claimed_at)`). Exactly one applies,
-/// every round, directly and through PgBouncer in transaction mode; the
+/// every round, on both drivers, directly and through PgBouncer in transaction
+/// mode (sqlx with prepared statements: directly only); the
 /// others are refused with the winner's record. (Without the lock, 27 and 62
 /// claims applied beside another in two runs of 100 rounds.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn claims_on_either_side_of_midnight_never_both_apply() {
+async fn claims_on_either_side_of_midnight_never_both_apply<S: Driver>() {
     const ROUNDS: usize = 100;
     const AT_ONCE: u64 = 8;
-    for url in [url(), super::pgbouncer_url()] {
-        let store = store_at(&url, Partitioning::daily()).await;
+    // Named prepared statements do not go through PgBouncer before 1.21
+    // (the sqlx store's docs): prepared, on the server only.
+    let urls = match PREPARED.try_with(|prepared| *prepared) {
+        Ok(true) => vec![url()],
+        _ => vec![url(), super::pgbouncer_url()],
+    };
+    for url in urls {
+        let store: S = store_at(&url, Partitioning::daily()).await;
         let midnight = next_midnight_ms();
         let mut extra_winners = 0;
         for round in 0..ROUNDS {
@@ -155,6 +323,83 @@ async fn claims_on_either_side_of_midnight_never_both_apply() {
     }
 }
 
+/// Both drivers on one partitioned table (either made it): what one
+/// completes, the other replays; a claim held by one is in progress for
+/// the other (they take the same record's lock); either's cleanup and
+/// history see the other's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_drivers_share_one_partitioned_table() {
+    let made_by_sqlx: SqlxPostgresStore = store().await;
+    let table = made_by_sqlx.table().to_owned();
+    let tokio_pg = PostgresStore::open(&url(), &table, 2, Some(Partitioning::daily()));
+    tokio_pg
+        .create_table()
+        .await
+        .expect("the same table, accepted");
+    let clock = ManualClock::starting_now();
+    let on_sqlx = Engine::builder(made_by_sqlx.clone())
+        .clock(clock.clone())
+        .retention(Duration::from_secs(3600))
+        .build();
+    let on_pg = Engine::builder(tokio_pg.clone())
+        .clock(clock.clone())
+        .retention(Duration::from_secs(3600))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let a = Attempt::new("t", "by-sqlx", payload(1));
+    let first = on_sqlx.execute(&a, charge(&runs, 1)).await.expect("ran");
+    let replay = on_pg.execute(&a, charge(&runs, 1)).await.expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value(), first.value());
+    let b = Attempt::new("t", "by-tokio-postgres", payload(2));
+    let first = on_pg.execute(&b, charge(&runs, 2)).await.expect("ran");
+    let replay = on_sqlx
+        .execute(&b, charge(&runs, 2))
+        .await
+        .expect("replayed");
+    assert_eq!(replay.kind(), OutcomeKind::Replay);
+    assert_eq!(replay.value(), first.value());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // A claim held by one driver is the other's in-progress answer.
+    let now = clock_now(&clock);
+    let id = RecordId::new("p", "t", "held");
+    assert_eq!(
+        tokio_pg.claim(&claim(&id, "pg", now)).await.expect("claim"),
+        Conditional::Applied
+    );
+    match made_by_sqlx
+        .claim(&claim(&id, "sqlx", now + 1))
+        .await
+        .expect("refused")
+    {
+        Conditional::Refused(Some(record)) => {
+            assert_eq!(record.owner, OwnerToken::from_stored("pg"))
+        }
+        other => panic!("expected the other driver's claim: {other:?}"),
+    }
+
+    // Past the dedup window, a retry through sqlx runs again; the history,
+    // read by either driver, holds both rows.
+    clock.advance(Duration::from_secs(2 * 86_400));
+    let again = on_sqlx.execute(&b, charge(&runs, 2)).await.expect("ran");
+    assert_eq!(again.kind(), OutcomeKind::Fresh);
+    let record = on_pg.record_id("t", "by-tokio-postgres");
+    let by_pg = tokio_pg.history(&record).await.expect("history");
+    assert_eq!(by_pg.len(), 2, "{by_pg:?}");
+    assert_eq!(made_by_sqlx.history(&record).await.expect("history"), by_pg);
+    let days = |partitions: Vec<PartitionInfo>| {
+        partitions
+            .into_iter()
+            .map(|p| (p.name, p.until_s))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        days(made_by_sqlx.partitions().await.expect("partitions")),
+        days(tokio_pg.partitions().await.expect("partitions"))
+    );
+}
+
 /// The seed's schema, `PRIMARY KEY (key)` on a table partitioned by
 /// `created_at`, is refused by PostgreSQL itself: what the docs say.
 #[tokio::test]
@@ -187,9 +432,8 @@ async fn the_seeds_partitioned_schema_is_refused_by_postgresql() {
 /// 7-day audit window. Inside the first, a retry replays; past it and
 /// inside the second, it runs as a new request, and the first record,
 /// response and all, is still there for support beside the new one.
-#[tokio::test]
-async fn a_retry_past_the_dedup_window_runs_and_the_audit_window_keeps_the_first() {
-    let store = store().await;
+async fn a_retry_past_the_dedup_window_runs_and_the_audit_window_keeps_the_first<S: Driver>() {
+    let store: S = store().await;
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store.clone())
         .clock(clock.clone())
@@ -260,10 +504,9 @@ fn clock_now(clock: &ManualClock) -> u64 {
 /// days past the audit window whose records all expired, keeps a day
 /// whose claim a heartbeat kept alive, and leaves the days inside the
 /// window; no claim fails meanwhile, and nothing is deleted row by row.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cleanup_drops_only_the_days_whose_every_record_expired_while_claims_go_on() {
+async fn cleanup_drops_only_the_days_whose_every_record_expired_while_claims_go_on<S: Driver>() {
     let audit = Duration::from_secs(3 * 86_400);
-    let store = store_at(&url(), Partitioning::daily().audit_window(audit)).await;
+    let store: S = store_at(&url(), Partitioning::daily().audit_window(audit)).await;
     let today = next_midnight_ms() - DAY_MS;
     let first_day = today - 9 * DAY_MS;
     // Twenty claims a day on the ten days up to today, expiring an hour on.
@@ -368,9 +611,8 @@ fn civil(day: u64) -> (u64, u64, u64) {
 
 /// A claim on a day whose partition is missing (dropped by hand) makes it
 /// and applies, in both forms; no DEFAULT partition is ever made.
-#[tokio::test]
-async fn a_missing_partition_never_fails_a_claim() {
-    let store = store().await;
+async fn a_missing_partition_never_fails_a_claim<S: Driver>() {
+    let store: S = store().await;
     let tomorrow = next_midnight_ms();
     let (y, m, d) = civil(tomorrow / DAY_MS);
     let partition = format!("{}_p{y:04}{m:02}{d:02}", store.table());
@@ -415,10 +657,9 @@ async fn a_missing_partition_never_fails_a_claim() {
 /// A plain store over the partitioned table, and the partitioned layout
 /// over a plain table, are refused at start-up; purging the partitioned
 /// layout is refused.
-#[tokio::test]
-async fn each_layout_refuses_the_others_table() {
-    let partitioned = store().await;
-    let plain = PostgresStore::connect(&url(), partitioned.table(), 1).expect("pool");
+async fn each_layout_refuses_the_others_table<S: Driver>() {
+    let partitioned: S = store().await;
+    let plain = S::open(&url(), partitioned.table(), 1, None);
     let error = plain
         .create_table()
         .await
@@ -426,12 +667,10 @@ async fn each_layout_refuses_the_others_table() {
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
 
     let n = TABLES.fetch_add(1, Ordering::SeqCst);
-    let plain = PostgresStore::connect(&url(), format!("plain_{}_{n}", std::process::id()), 1)
-        .expect("pool");
+    let table = format!("plain_{}_{n}", std::process::id());
+    let plain = S::open(&url(), &table, 1, None);
     plain.create_table().await.expect("plain table");
-    let error = plain
-        .clone()
-        .partitioned(Partitioning::daily())
+    let error = S::open(&url(), &table, 1, Some(Partitioning::daily()))
         .create_table()
         .await
         .expect_err("partitioned over plain");
@@ -699,8 +938,7 @@ mod week_bench {
 /// store's cleanup drops pg_partman's days past both windows, detaching
 /// without `CONCURRENTLY` (a DEFAULT partition forbids it) and never the
 /// DEFAULT partition.
-#[tokio::test]
-async fn pg_partman_manages_the_partitioned_table() {
+async fn pg_partman_manages_the_partitioned_table<S: Driver>() {
     let client = tokio_postgres_client().await;
     let available: bool = client
         .query_one(
@@ -741,9 +979,12 @@ async fn pg_partman_manages_the_partitioned_table() {
         .await
         .expect("create_parent");
     let audit = Duration::from_secs(3 * 86_400);
-    let store = PostgresStore::connect(&url(), table.as_str(), 4)
-        .expect("pool")
-        .partitioned(Partitioning::daily().audit_window(audit));
+    let store = S::open(
+        &url(),
+        &table,
+        4,
+        Some(Partitioning::daily().audit_window(audit)),
+    );
     store
         .create_table()
         .await
@@ -828,10 +1069,9 @@ async fn pg_partman_manages_the_partitioned_table() {
 /// turned back into a lapsed claim behind the store's back (it holds a
 /// response), as on the plain table; a lapsed claim without one is
 /// replaced in its row.
-#[tokio::test]
-async fn a_single_write_refuses_a_lapsed_claim_that_holds_a_response() {
+async fn a_single_write_refuses_a_lapsed_claim_that_holds_a_response<S: Driver>() {
     use lambda_idempotency::store::Commit;
-    let store = store().await;
+    let store: S = store().await;
     let now = next_midnight_ms() - DAY_MS + 3_600_000;
     let commit = |id: &RecordId, owner: &str, at: u64| Commit {
         id: id.clone(),

@@ -23,7 +23,7 @@ fn on_database(base: &str, database: &str) -> String {
     format!("{server}/{database}")
 }
 
-fn pool(url: &str, size: u32) -> PgPool {
+pub(crate) fn pool(url: &str, size: u32) -> PgPool {
     let mut options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
     if on_database(url, "") == on_database(&pgbouncer_url(), "") {
         // PgBouncer refuses a startup parameter it does not know, and sqlx
@@ -38,11 +38,26 @@ fn pool(url: &str, size: u32) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// A sqlx store over a fresh table of its own.
+tokio::task_local! {
+    /// Set by the runs of a test with the store's statements prepared.
+    static PREPARED_STORE: bool;
+}
+
+/// A sqlx store over a fresh table of its own (partitioned where the test
+/// runs as `PARTITIONED`, its statements prepared where it runs as
+/// `PREPARED_STORE`).
 async fn store_on(url: &str, size: u32) -> SqlxPostgresStore {
     let n = TABLES.fetch_add(1, Ordering::SeqCst);
     let table = format!("sqlx_{}_{n}", std::process::id());
     let store = SqlxPostgresStore::new(pool(url, size), table).expect("store");
+    let store = match PARTITIONED.try_with(|partitioned| *partitioned) {
+        Ok(true) => store.partitioned(lambda_idempotency::store::postgres::Partitioning::daily()),
+        _ => store,
+    };
+    let store = match PREPARED_STORE.try_with(|prepared| *prepared) {
+        Ok(true) => store.prepared_statements(true),
+        _ => store,
+    };
     store.create_table().await.expect("create table");
     store
 }
@@ -109,6 +124,21 @@ async fn a_table_name_that_is_not_an_identifier_is_refused() {
 
 #[tokio::test]
 async fn deferred_writes_commit_with_the_record_or_not_at_all() {
+    deferred_writes().await
+}
+
+/// The same on the partitioned layout, both statement modes: the single
+/// write and the fenced completion with writes take the record's lock
+/// with `BEGIN`.
+#[tokio::test]
+async fn deferred_writes_commit_with_the_record_or_not_at_all_partitioned() {
+    PARTITIONED.scope(true, deferred_writes()).await;
+    PARTITIONED
+        .scope(true, PREPARED_STORE.scope(true, deferred_writes()))
+        .await;
+}
+
+async fn deferred_writes() {
     let store = store().await;
     let charges = format!("{}_charges", store.table());
     tokio_postgres_client()
@@ -897,6 +927,34 @@ mod in_transaction {
             mod through_pgbouncer {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() { super::$scenario(&super::pgbouncer_url()).await })*
+            }
+            /// The partitioned layout: the record's lock is the
+            /// transaction's, taken with the claim.
+            mod partitioned {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    crate::PARTITIONED.scope(true, super::$scenario(&super::url())).await
+                })*
+            }
+            mod partitioned_through_pgbouncer {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    crate::PARTITIONED
+                        .scope(true, super::$scenario(&super::pgbouncer_url()))
+                        .await
+                })*
+            }
+            /// With prepared statements, the lock and the claim are two
+            /// round trips.
+            mod partitioned_prepared {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let url = super::url();
+                    let run = super::$scenario(&url);
+                    crate::PARTITIONED
+                        .scope(true, crate::sqlx_store::PREPARED_STORE.scope(true, run))
+                        .await
+                })*
             }
         };
     }

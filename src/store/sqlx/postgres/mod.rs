@@ -36,10 +36,12 @@
 
 mod codec;
 mod errors;
+mod partitioned;
 mod query;
 mod transaction;
 mod write;
 
+pub use super::super::pg::partitioning::{PartitionCleanup, PartitionInfo, Partitioning};
 pub use super::super::pg::refusal::{Refusal, RefusalRules, RefusalSource};
 pub use super::super::transaction::{TransactionLimits, DEFAULT_CLAIM_WAIT, DEFAULT_TIME_LIMIT};
 /// The driver crate, for building a pool (`sqlx::postgres::PgPoolOptions`).
@@ -56,6 +58,7 @@ use crate::{
                 shape_error, split_ddl, table_ddl, table_differences, table_name_error,
                 COLUMNS_QUERY, ID_IS_UNIQUE_QUERY,
             },
+            upkeep::{self, Partitions},
         },
         Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
         Store,
@@ -85,6 +88,9 @@ struct Inner {
     /// Whether the store's statements are named and cached per connection
     /// ([`SqlxPostgresStore::prepared_statements`]).
     prepared: bool,
+    /// `Some` for the partitioned layout
+    /// ([`SqlxPostgresStore::partitioned`]).
+    partitions: Option<Partitions>,
 }
 
 impl std::fmt::Debug for SqlxPostgresStore {
@@ -107,14 +113,28 @@ impl SqlxPostgresStore {
         if let Some(error) = table_name_error(&table) {
             return Err(StoreError::new(StoreErrorKind::Misconfigured, error));
         }
-        Ok(Self {
+        Ok(Self::build(pool, table, false, None))
+    }
+
+    fn build(
+        pool: PgPool,
+        table: String,
+        prepared: bool,
+        partitioning: Option<Partitioning>,
+    ) -> Self {
+        let sql = match partitioning {
+            Some(_) => super::super::pg::partitioned::statements(&table),
+            None => Statements::new(&table),
+        };
+        Self {
             inner: Arc::new(Inner {
                 pool,
-                sql: Statements::new(&table),
+                sql,
                 table,
-                prepared: false,
+                prepared,
+                partitions: partitioning.map(Partitions::new),
             }),
-        })
+        }
     }
 
     /// Whether the store's own statements are prepared once per connection
@@ -130,15 +150,12 @@ impl SqlxPostgresStore {
     /// not `statement_cache_capacity(0)`). Off by default.
     #[must_use]
     pub fn prepared_statements(self, prepared: bool) -> Self {
-        let inner = Inner {
-            pool: self.inner.pool.clone(),
-            table: self.inner.table.clone(),
-            sql: Statements::new(&self.inner.table),
+        Self::build(
+            self.inner.pool.clone(),
+            self.inner.table.clone(),
             prepared,
-        };
-        Self {
-            inner: Arc::new(inner),
-        }
+            self.partitioning(),
+        )
     }
 
     /// The table's name.
@@ -173,14 +190,19 @@ impl SqlxPostgresStore {
             .map_err(|e| from_sqlx(operation, e))
     }
 
-    /// Runs an answered conditional write.
+    /// Runs an answered conditional write on the record `id` (behind its
+    /// lock in the partitioned layout).
     async fn answer(
         &self,
         sql: &str,
         values: &[Value<'_>],
         operation: &'static str,
+        id: &RecordId,
     ) -> Result<Conditional, StoreError> {
-        let rows = self.rows(sql, values, operation).await?;
+        let rows = match self.inner.partitions {
+            None => self.rows(sql, values, operation).await?,
+            Some(_) => self.locked_rows(id, sql, values, operation).await?,
+        };
         let row = rows.first().ok_or_else(|| {
             StoreError::new(StoreErrorKind::Other, format!("{operation}: no answer row"))
         })?;
@@ -200,12 +222,17 @@ impl SqlxPostgresStore {
         id: &RecordId,
         operation: &'static str,
     ) -> Result<Conditional, StoreError> {
-        let mut transaction = self
-            .inner
-            .pool
-            .begin()
-            .await
-            .map_err(|e| from_sqlx("BEGIN", e))?;
+        // The partitioned layout's writes come after the record's lock,
+        // taken with `BEGIN` (one simple query).
+        let begin = match self.inner.partitions {
+            None => self.inner.pool.begin().await,
+            Some(_) => {
+                let begin =
+                    super::super::pg::partitioned::begin_locked(&self.inner.table, id.as_str());
+                self.inner.pool.begin_with(begin).await
+            }
+        };
+        let mut transaction = begin.map_err(|e| from_sqlx("BEGIN", e))?;
         let applied = write
             .fetch_optional(&mut *transaction)
             .await
@@ -237,7 +264,14 @@ impl SqlxPostgresStore {
     /// Deletes records that expired before `now_s` (epoch seconds), in
     /// batches of `batch`, until none is left; returns how many. Safe to run
     /// concurrently: each batch skips rows another run holds.
+    ///
+    /// The partitioned layout deletes no rows: its answer is a
+    /// `Misconfigured` error (use
+    /// [`drop_expired_partitions`](SqlxPostgresStore::drop_expired_partitions)).
     pub async fn purge_expired(&self, now_s: u64, batch: u32) -> Result<u64, StoreError> {
+        if self.inner.partitions.is_some() {
+            return Err(upkeep::purge_refused());
+        }
         let now = int8(now_s)?;
         let batch = i64::from(batch.max(1));
         let mut total = 0;
@@ -262,7 +296,15 @@ impl SqlxPostgresStore {
     /// unique, a column of its own that inserts cannot leave empty) is a
     /// [`StoreErrorKind::Misconfigured`] error naming each difference, and
     /// is left as it is.
+    ///
+    /// For the partitioned layout ([`SqlxPostgresStore::partitioned`]): the
+    /// partitioned table (the tokio-postgres store's docs show its DDL),
+    /// checked the same way (a plain table of the name is refused), and its
+    /// partitions for today and the days ahead.
     pub async fn create_table(&self) -> Result<(), StoreError> {
+        if self.inner.partitions.is_some() {
+            return self.create_partitioned_table().await;
+        }
         let ddl = table_ddl(&self.inner.table);
         // The table, then its check, then its index: an index is not added to
         // a table of another shape. DDL without parameters: sqlx sends it
@@ -342,11 +384,10 @@ impl Store for SqlxPostgresStore {
     const DB_SYSTEM: &'static str = "postgresql";
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
-        self.answer(
-            &self.inner.sql.claim,
-            &codec::claim(claim)?,
-            "INSERT (claim)",
-        )
+        let values = codec::claim(claim)?;
+        self.inserting(claim.now_ms, || {
+            self.answer(&self.inner.sql.claim, &values, "INSERT (claim)", &claim.id)
+        })
         .await
     }
 
@@ -359,6 +400,7 @@ impl Store for SqlxPostgresStore {
             &self.inner.sql.take_over,
             &codec::take_over(claim, lapsed)?,
             "UPDATE (take over)",
+            &claim.id,
         )
         .await
     }
@@ -369,9 +411,21 @@ impl Store for SqlxPostgresStore {
             Text(extension.owner.as_str()),
             Int8(int8(extension.lease_until_ms)?),
             Int8(int8(extension.expiration_s)?),
+            Int8(int8(extension.now_ms)?),
         ];
-        self.answer(&self.inner.sql.extend, &values, "UPDATE (extend)")
-            .await
+        // The partitioned layout's extension also compares the writer's
+        // now with the record's expiration.
+        let values = match self.inner.partitions {
+            Some(_) => &values[..],
+            None => &values[..4],
+        };
+        self.answer(
+            &self.inner.sql.extend,
+            values,
+            "UPDATE (extend)",
+            &extension.id,
+        )
+        .await
     }
 
     async fn complete(
@@ -381,7 +435,12 @@ impl Store for SqlxPostgresStore {
         let values = completion_values(&completion)?;
         if completion.writes.is_empty() {
             return self
-                .answer(&self.inner.sql.complete, &values, "UPDATE (complete)")
+                .answer(
+                    &self.inner.sql.complete,
+                    &values,
+                    "UPDATE (complete)",
+                    &completion.id,
+                )
                 .await;
         }
         let write = self.query(&self.inner.sql.fenced_complete, &values)?;
@@ -404,14 +463,24 @@ impl Store for SqlxPostgresStore {
             Int8(int8(commit.now_ms)?),
             Int8(int8(commit.now_ms / 1000)?),
         ];
-        let write = self.query(&self.inner.sql.commit, &values)?;
-        self.transaction(write, commit.writes, &commit.id, "INSERT (commit)")
-            .await
+        if self.inner.partitions.is_none() {
+            let write = self.query(&self.inner.sql.commit, &values)?;
+            return self
+                .transaction(write, commit.writes, &commit.id, "INSERT (commit)")
+                .await;
+        }
+        // Its row may need a partition made first: then written again.
+        self.inserting(commit.now_ms, || async {
+            let write = self.query(&self.inner.sql.commit, &values)?;
+            self.transaction(write, commit.writes.clone(), &commit.id, "INSERT (commit)")
+                .await
+        })
+        .await
     }
 
     async fn release(&self, id: &RecordId, owner: &OwnerToken) -> Result<Conditional, StoreError> {
         let values = [Text(id.as_str()), Text(owner.as_str())];
-        self.answer(&self.inner.sql.release, &values, "DELETE (release)")
+        self.answer(&self.inner.sql.release, &values, "DELETE (release)", id)
             .await
     }
 
@@ -420,7 +489,7 @@ impl Store for SqlxPostgresStore {
             Removal::Any => &self.inner.sql.remove_any,
             Removal::UnlessInProgress => &self.inner.sql.remove_unless_in_progress,
         };
-        self.answer(sql, &[Text(id.as_str())], "DELETE (remove)")
+        self.answer(sql, &[Text(id.as_str())], "DELETE (remove)", id)
             .await
     }
 

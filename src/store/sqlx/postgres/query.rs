@@ -71,6 +71,44 @@ impl<'q> Query<'q> {
         }
     }
 
+    /// Runs `lock` (a statement without parameters that returns one row:
+    /// the record's lock), then this statement, on `connection`; this
+    /// statement's rows. A simple statement goes in the lock's message: one
+    /// exchange, and outside a transaction block the two are one implicit
+    /// transaction, which an error rolls back whole and which leaves the
+    /// session idle. A prepared one follows the lock, in the transaction
+    /// the caller opened.
+    pub(super) async fn fetch_all_after(
+        self,
+        lock: &str,
+        connection: &mut sqlx::PgConnection,
+    ) -> Result<Vec<PgRow>, sqlx::Error> {
+        use futures_util::TryStreamExt;
+        use sqlx::Either;
+        match self {
+            Query::Simple(sql) => {
+                let both = format!("{lock}; {sql}");
+                let mut results = Executor::fetch_many(&mut *connection, sqlx::raw_sql(&both));
+                let mut lock_done = false;
+                let mut rows = Vec::new();
+                while let Some(item) = results.try_next().await? {
+                    match item {
+                        // The lock's statement ends first: the rows after
+                        // it are this statement's.
+                        Either::Left(_) => lock_done = true,
+                        Either::Right(row) if lock_done => rows.push(row),
+                        Either::Right(_) => {}
+                    }
+                }
+                Ok(rows)
+            }
+            prepared => {
+                Executor::execute(&mut *connection, sqlx::raw_sql(lock)).await?;
+                prepared.fetch_all(&mut *connection).await
+            }
+        }
+    }
+
     /// Runs the statement on `executor`; its first row, if any.
     pub(super) async fn fetch_optional<'c, E>(
         self,

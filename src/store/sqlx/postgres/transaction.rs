@@ -282,7 +282,23 @@ impl Open {
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let claim_query = self.query(&self.store.inner.sql.claim, &codec::claim(claim)?)?;
-        let answer = self.transaction.row(claim_query).await;
+        let answer = match self.store.inner.partitions {
+            None => self.transaction.row(claim_query).await,
+            // The record's lock, held until the transaction ends (a
+            // duplicate waits on it as on the plain table's row), then the
+            // claim: one message in the default mode. The claim's
+            // partition is made first, since a failed statement would end
+            // the transaction.
+            Some(_) => {
+                self.store.ensure_partition_of(claim.now_ms).await?;
+                let lock = pg::partitioned::lock_record(&self.store.inner.table, claim.id.as_str());
+                let mut connection = self.transaction.lock().await;
+                claim_query
+                    .fetch_all_after(&lock, &mut connection)
+                    .await
+                    .map(|rows| rows.into_iter().next())
+            }
+        };
         self.conditional(answer, "INSERT (claim in transaction)", &claim.id)
             .await
     }
