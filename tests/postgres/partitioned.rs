@@ -227,6 +227,7 @@ on_both_drivers!(
     each_layout_refuses_the_others_table,
     pg_partman_manages_the_partitioned_table,
     a_single_write_refuses_a_lapsed_claim_that_holds_a_response,
+    a_detach_that_gives_up_leaves_the_connection_usable,
 );
 
 fn claim(id: &RecordId, owner: &str, now_ms: u64) -> Claim {
@@ -1123,4 +1124,66 @@ async fn a_single_write_refuses_a_lapsed_claim_that_holds_a_response<S: Driver>(
             assert_eq!(answer, Conditional::Applied);
         }
     }
+}
+
+/// A detach that gives up (beside a DEFAULT partition there is no
+/// `CONCURRENTLY`: `BEGIN`, a 2 s `lock_timeout`, the detach, `COMMIT`,
+/// in one simple query), behind a long transaction that reads the day,
+/// is an error and leaves no aborted transaction on the connection: on a
+/// pool of one, the next claim works. Once the reader is gone, the next
+/// cleanup drops the day.
+async fn a_detach_that_gives_up_leaves_the_connection_usable<S: Driver>() {
+    let n = TABLES.fetch_add(1, Ordering::SeqCst);
+    let table = format!("detach_{}_{n}", std::process::id());
+    let audit = Duration::from_secs(86_400);
+    let store = S::open(
+        &url(),
+        &table,
+        1,
+        Some(Partitioning::daily().audit_window(audit)),
+    );
+    store.create_table().await.expect("table");
+    let client = tokio_postgres_client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {table}_default PARTITION OF {table} DEFAULT"
+        ))
+        .await
+        .expect("a DEFAULT partition");
+    let today = next_midnight_ms() - DAY_MS;
+    let id = RecordId::new("p", "t", "today");
+    assert_eq!(
+        store
+            .claim(&claim(&id, "o", today + 1000))
+            .await
+            .expect("claim"),
+        Conditional::Applied
+    );
+    let (y, m, d) = civil(today / DAY_MS);
+    let day = format!("{table}_p{y:04}{m:02}{d:02}");
+    let reader = tokio_postgres_client().await;
+    reader
+        .batch_execute(&format!("BEGIN; SELECT count(*) FROM {day}"))
+        .await
+        .expect("a long reader of the day");
+    let later_s = (today + 3 * DAY_MS) / 1000;
+    let error = store
+        .drop_expired_partitions(later_s)
+        .await
+        .expect_err("the detach gave up");
+    assert!(error.to_string().contains("55P03"), "{error}");
+    let next = RecordId::new("p", "t", "next");
+    assert_eq!(
+        store
+            .claim(&claim(&next, "o", today + 2000))
+            .await
+            .expect("the pool's one connection is usable"),
+        Conditional::Applied
+    );
+    reader.batch_execute("COMMIT").await.expect("reader gone");
+    let cleanup = store
+        .drop_expired_partitions(later_s)
+        .await
+        .expect("cleanup");
+    assert!(cleanup.dropped.contains(&day), "{cleanup:?}");
 }

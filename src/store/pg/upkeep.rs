@@ -226,9 +226,16 @@ impl Partitions {
                      ALTER TABLE {table} DETACH PARTITION {name}; COMMIT"
                 )
             };
-            catalog
+            if let Err(error) = catalog
                 .batch(&detach, "ALTER TABLE … DETACH PARTITION")
-                .await?;
+                .await
+            {
+                // A detach that failed inside its `BEGIN` (the lock
+                // timeout) leaves the session in the aborted transaction:
+                // ended here, not handed to the pool's next user.
+                let _ = catalog.batch("ROLLBACK", "ROLLBACK").await;
+                return Err(error);
+            }
             catalog
                 .batch(&format!("DROP TABLE {name}"), "DROP TABLE (partition)")
                 .await?;
