@@ -216,15 +216,20 @@ fn midnight(day: u64) -> String {
     format!("{y:04}-{m:02}-{d:02} 00:00:00+00")
 }
 
+// The bounds are read with regular expressions whose parentheses are
+// bracket expressions, `[(]`, not `\(`: under `standard_conforming_strings
+// = off` a backslash in a plain string literal is an escape, and the
+// pattern would lose it.
+
 /// Which of the days `$2` (days since 1970-01-01, UTC) no partition of
 /// `$1` covers, whatever its name (pg_partman's, or this store's). Read
 /// from the catalog with the statement's snapshot, so a partition another
 /// transaction committed is seen.
 pub(crate) const MISSING_DAYS: &str = "WITH bounds AS (SELECT \
        extract(epoch FROM (regexp_match(pg_get_expr(c.relpartbound, c.oid), \
-         'FROM \\(''([^'']*)''\\)'))[1]::timestamptz)::bigint AS lo, \
+         'FROM [(]''([^'']*)''[)]'))[1]::timestamptz)::bigint AS lo, \
        extract(epoch FROM (regexp_match(pg_get_expr(c.relpartbound, c.oid), \
-         'TO \\(''([^'']*)''\\)'))[1]::timestamptz)::bigint AS hi \
+         'TO [(]''([^'']*)''[)]'))[1]::timestamptz)::bigint AS hi \
      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
      WHERE i.inhparent = to_regclass($1)) \
      SELECT d FROM unnest($2::bigint[]) d \
@@ -237,7 +242,7 @@ pub(crate) const MISSING_DAYS: &str = "WITH bounds AS (SELECT \
 /// printed and read back in one session, so its time zone cancels out.
 pub(crate) const PARTITIONS: &str = "SELECT c.oid::regclass::text, \
        extract(epoch FROM (regexp_match(pg_get_expr(c.relpartbound, c.oid), \
-         'TO \\(''([^'']*)''\\)'))[1]::timestamptz)::bigint, \
+         'TO [(]''([^'']*)''[)]'))[1]::timestamptz)::bigint, \
        i.inhdetachpending \
      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
      WHERE i.inhparent = to_regclass($1) ORDER BY 2";
