@@ -137,7 +137,7 @@ impl Catalog for PgConnection {
         // sqlx's transaction: dropped unfinished, it rolls back.
         let mut transaction = self.begin().await.map_err(|e| from_sqlx("BEGIN", e))?;
         simple(
-            &mut *transaction,
+            &mut transaction,
             LOCK_UPKEEP,
             &[Text(table)],
             "SELECT pg_advisory_xact_lock",
@@ -147,7 +147,7 @@ impl Catalog for PgConnection {
         let days = array(days);
         let missing = days_of(
             &simple(
-                &mut *transaction,
+                &mut transaction,
                 MISSING_DAYS,
                 &[Text(table), Text(&days)],
                 "SELECT (missing partitions)",
