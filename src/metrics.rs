@@ -104,8 +104,11 @@ impl EmfMetrics {
 /// The engine's events in CloudWatch, from every port: `IdempotencyAnswers`
 /// (a count) and `IdempotencyAnswerTime` (milliseconds) by `Port` and
 /// `Outcome`, `PendingKeyAge` (milliseconds, the age of claims found in
-/// progress), `Takeovers` by `Attempt` (`2` to `5`, `6+`), and
-/// `ConflictsRetried`. Add it with
+/// progress), `Takeovers` by `Attempt` (`2` to `5`, `6+`),
+/// `ConflictsRetried`, and, when something samples the store's size
+/// ([`Engine::sample_table_size`](crate::Engine::sample_table_size)),
+/// `TableRecords` (and `TableInProgress`, `TableBytes` where the store
+/// knows them) by `Store` and `Accuracy`. Add it with
 /// [`EngineBuilder::observer`](crate::EngineBuilder::observer); the HTTP
 /// layer's own `IdempotentRequests` (its [`metrics`](crate::EmfMetrics)
 /// setting) counts its answers besides, with the answers the layer gives
@@ -161,6 +164,19 @@ impl crate::observe::Observer for EmfMetrics {
                 )],
             ),
             Event::StoreCalled { .. } => {}
+            Event::TableSized { store, size } => {
+                let mut metrics = vec![("TableRecords", "Count", size.records.into())];
+                if let Some(in_progress) = size.in_progress {
+                    metrics.push(("TableInProgress", "Count", in_progress.into()));
+                }
+                if let Some(bytes) = size.bytes {
+                    metrics.push(("TableBytes", "Bytes", bytes.into()));
+                }
+                self.emit(
+                    &[("Store", store), ("Accuracy", size.accuracy.as_str())],
+                    &metrics,
+                );
+            }
         }
     }
 }

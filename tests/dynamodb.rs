@@ -574,3 +574,29 @@ mod compressed {
         assert!(stored(&compressing, "small").await.contains_key("response"));
     }
 }
+
+/// `DescribeTable`'s count, which DynamoDB Local keeps live (AWS refreshes
+/// it about every six hours: the figure is marked estimated).
+#[tokio::test]
+async fn the_table_size_is_describe_tables_item_count_and_bytes() {
+    use lambda_idempotency::store::{Accuracy, SizeSource, Store};
+    let store = store().await;
+    let engine = Engine::builder(store.clone()).build();
+    let empty = store.table_size(0).await.unwrap().expect("DynamoDB counts");
+    assert_eq!(empty.records, 0);
+    support::table_size::complete_records(&engine, 7).await;
+    let size = engine
+        .sample_table_size()
+        .await
+        .unwrap()
+        .expect("DynamoDB counts");
+    assert_eq!(
+        (size.records, size.in_progress, size.accuracy, size.source),
+        (7, None, Accuracy::Estimated, SizeSource::DescribeTable)
+    );
+    assert!(size.bytes.is_some_and(|bytes| bytes > 7 * 100), "{size:?}");
+
+    let missing = DynamoDbStore::new(support::client(), "no-such-table");
+    let error = missing.table_size(0).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+}

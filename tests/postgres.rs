@@ -2412,3 +2412,47 @@ mod redaction_in_transaction {
             .await;
     }
 }
+
+/// The table size from the catalog: `reltuples` once the table is
+/// analyzed (autovacuum's job; the test runs `ANALYZE`), and its bytes,
+/// indexes included, as `pg_total_relation_size` says.
+#[tokio::test]
+async fn the_table_size_is_the_catalogs_estimate() {
+    use lambda_idempotency::store::{Accuracy, SizeSource};
+    let store = store().await;
+    let engine = Engine::builder(store.clone()).build();
+    support::table_size::complete_records(&engine, 6).await;
+    let client = tokio_postgres_client().await;
+    client
+        .batch_execute(&format!("ANALYZE {}", store.table()))
+        .await
+        .expect("analyze");
+    let size = engine.sample_table_size().await.unwrap().expect("counted");
+    let bytes: i64 = client
+        .query_one(
+            "SELECT pg_total_relation_size(to_regclass($1))",
+            &[&store.table()],
+        )
+        .await
+        .expect("size")
+        .get(0);
+    assert_eq!(
+        (
+            size.records,
+            size.in_progress,
+            size.bytes,
+            size.accuracy,
+            size.source
+        ),
+        (
+            6,
+            None,
+            Some(bytes as u64),
+            Accuracy::Estimated,
+            SizeSource::PgClass
+        )
+    );
+    let missing = PostgresStore::connect(&url(), "no_such_table", 1).expect("pool");
+    let error = missing.table_size(0).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+}

@@ -7,6 +7,8 @@
 
 #[path = "support/redis_edges.rs"]
 mod redis_edges;
+#[path = "support/table_size.rs"]
+mod table_size;
 
 use lambda_idempotency::{
     store::redis::RedisStore,
@@ -671,4 +673,39 @@ async fn an_eviction_policy_set_after_connecting_is_refused() {
         1,
         "nothing ran after the change"
     );
+}
+
+/// Redis keeps no count of a prefix's keys: the store answers `None`
+/// unless it owns its database, and then `DBSIZE` counts its records
+/// exactly (a server of the test's own, so that nothing else is in it).
+#[tokio::test]
+async fn the_table_size_is_dbsize_only_where_the_store_owns_the_database() {
+    use lambda_idempotency::store::{Accuracy, SizeSource, Store};
+    let server = own_server(&[]);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let shared = RedisStore::open(&url).expect("url").namespace("app:");
+    assert_eq!(shared.table_size(0).await.unwrap(), None);
+
+    let owned = shared.clone().owns_database();
+    let engine = Engine::builder(owned.clone()).build();
+    table_size::complete_records(&engine, 9).await;
+    assert_eq!(
+        shared.table_size(0).await.unwrap(),
+        None,
+        "the first is as it was"
+    );
+    let size = engine.sample_table_size().await.unwrap().expect("counted");
+    assert_eq!(
+        (
+            size.records,
+            size.in_progress,
+            size.bytes,
+            size.accuracy,
+            size.source
+        ),
+        (9, None, None, Accuracy::Exact, SizeSource::DbSize)
+    );
+    // A record forgotten is a key fewer.
+    engine.forget("table-size", "k0").await.unwrap();
+    assert_eq!(owned.table_size(0).await.unwrap().unwrap().records, 8);
 }

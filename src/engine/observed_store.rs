@@ -14,7 +14,7 @@ use crate::{
     observe::{Event, Observers, StoreOperation},
     store::{
         Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-        Store,
+        Store, TableSize,
     },
     StoreError,
 };
@@ -161,6 +161,14 @@ impl<St: Store> ObservedStore<St> {
             StoreOperation::ListInProgress,
             self.store.list_in_progress(prefix, limit),
         )
+    }
+
+    pub(super) fn table_size(
+        &self,
+        now_ms: u64,
+    ) -> ObservedCall<'_, impl Future<Output = Result<Option<TableSize>, StoreError>> + Send + '_>
+    {
+        self.observed(StoreOperation::TableSize, self.store.table_size(now_ms))
     }
 
     pub(super) fn get<'a>(

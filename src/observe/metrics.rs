@@ -21,6 +21,14 @@ pub const CONFLICTS_RETRIED: &str = "idempotency_conflicts_retried_total";
 /// How long each store call took, by operation and result (`ok`, or the
 /// error's kind): a histogram, in seconds.
 pub const STORE_DURATION: &str = "idempotency_store_duration_seconds";
+/// The records the store holds, by store and accuracy, as its last sample
+/// said: a gauge (the seeds' table size).
+pub const TABLE_RECORDS: &str = "idempotency_table_records";
+/// Of them, those in progress, where the store counts them: a gauge.
+pub const TABLE_IN_PROGRESS: &str = "idempotency_table_in_progress";
+/// The bytes the records take on the backend, indexes included, where the
+/// store says: a gauge.
+pub const TABLE_BYTES: &str = "idempotency_table_bytes";
 
 /// Reports the engine's events to the `metrics` facade (feature
 /// `metrics`). Add it with [`EngineBuilder::observer`](crate::EngineBuilder::observer)
@@ -34,6 +42,9 @@ pub const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 /// | `idempotency_takeovers_total` | counter | `attempt` (`2` to `5`, `6+`) |
 /// | `idempotency_conflicts_retried_total` | counter | none |
 /// | `idempotency_store_duration_seconds` | histogram | `operation`, `result` |
+/// | `idempotency_table_records` | gauge | `store`, `accuracy` |
+/// | `idempotency_table_in_progress` | gauge | `store`, `accuracy` |
+/// | `idempotency_table_bytes` | gauge | `store`, `accuracy` |
 ///
 /// `port` is one of [`Port`](super::Port)'s names (`engine`, `http`,
 /// `grpc`, `event`, `batch`, `durable`, or your adapter's own), `outcome`
@@ -43,7 +54,17 @@ pub const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 /// …), `operation` one of [`StoreOperation`](super::StoreOperation)'s
 /// (`claim`, `complete`, `get`, …), `result` `ok` or one of
 /// [`StoreErrorKind`](crate::StoreErrorKind)'s (`unavailable`,
-/// `conflict`, …): a few values each, never a key or a record id. A run
+/// `conflict`, …), `store` the store's
+/// [`DB_SYSTEM`](crate::store::Store::DB_SYSTEM) (`aws.dynamodb`,
+/// `postgresql`, `mysql`, `redis`, `memory`), `accuracy` `exact` or
+/// `estimated`: a few values each, never a key or a record id. The table
+/// gauges are set only when something samples the size
+/// ([`Engine::sample_table_size`](crate::Engine::sample_table_size), or
+/// its scheduled `sample_table_size_every`), and carry no table name: the
+/// table is configuration, one per deployment, which the scrape target's
+/// own labels (`job`, `instance`) already tell apart; two engines over two
+/// tables in one process would set the same series. `in_progress` and
+/// `bytes` are set only by stores that know them. A run
 /// answered `unprotected` is a fail-open run (the store was down and
 /// [`fail_open`](crate::EngineBuilder::fail_open) let it run). The dedup rate is
 /// `sum(rate(idempotency_requests_total{outcome=~"replay|cached_replay"}[5m]))
@@ -51,8 +72,8 @@ pub const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 ///
 /// The repository's `dashboards/grafana/idempotency.json` is a Grafana
 /// dashboard of these names (the dedup rate, pending-key age p95 and p99,
-/// takeovers and 409s, answers by outcome, latency by port, store call
-/// time by operation); a test checks
+/// takeovers and 409s, the table size, answers by outcome, latency by
+/// port, store call time by operation); a test checks
 /// it against what this exporter renders. Its quantiles need histogram
 /// buckets: `metrics-exporter-prometheus` renders summaries unless it is
 /// given some (`set_buckets_for_metric`, as `examples/prometheus.rs` does).
@@ -96,6 +117,17 @@ impl Observer for Metrics {
                 let result = failed.map_or("ok", crate::StoreErrorKind::as_str);
                 ::metrics::histogram!(STORE_DURATION, "operation" => operation.as_str(), "result" => result)
                     .record(elapsed.as_secs_f64());
+            }
+            Event::TableSized { store, size } => {
+                let labels = [("store", store), ("accuracy", size.accuracy.as_str())];
+                // A gauge is an f64: exact below 2^53 records, far past any table.
+                ::metrics::gauge!(TABLE_RECORDS, &labels).set(size.records as f64);
+                if let Some(in_progress) = size.in_progress {
+                    ::metrics::gauge!(TABLE_IN_PROGRESS, &labels).set(in_progress as f64);
+                }
+                if let Some(bytes) = size.bytes {
+                    ::metrics::gauge!(TABLE_BYTES, &labels).set(bytes as f64);
+                }
             }
         }
     }

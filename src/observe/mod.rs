@@ -4,7 +4,8 @@
 //! ([`Event::Answered`], with the [`Port`] the attempt came through), and
 //! the engine reports what it met on the way: a lapsed claim it took over,
 //! a claim it found in progress and how old it was, a conflict it retried,
-//! and each call it made to its store, timed ([`Event::StoreCalled`]). A
+//! and each call it made to its store, timed ([`Event::StoreCalled`]); and,
+//! when asked, how many records its store holds ([`Event::TableSized`]). A
 //! fail-open run is an answer of its own
 //! ([`OutcomeKind::Unprotected`]).
 //! The ports (the HTTP layer, gRPC, actix-web, the consumers, the durable
@@ -66,10 +67,10 @@ mod metrics;
 #[cfg(feature = "metrics")]
 pub use metrics::{
     Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, REQUEST_DURATION, STORE_DURATION,
-    TAKEOVERS,
+    TABLE_BYTES, TABLE_IN_PROGRESS, TABLE_RECORDS, TAKEOVERS,
 };
 
-use crate::{ErrorKind, OutcomeKind, StoreErrorKind};
+use crate::{store::TableSize, ErrorKind, OutcomeKind, StoreErrorKind};
 use std::{fmt, sync::Arc, time::Duration};
 
 /// Receives the engine's events. See the [module docs](self).
@@ -121,6 +122,17 @@ pub enum Event {
         /// The error's kind, when the call failed.
         failed: Option<StoreErrorKind>,
     },
+    /// The store said how many records it holds, when asked
+    /// ([`Engine::sample_table_size`](crate::Engine::sample_table_size)):
+    /// a gauge's sample. A store with no cheap count reports nothing.
+    TableSized {
+        /// The store, as its [`Store::DB_SYSTEM`](crate::store::Store::DB_SYSTEM)
+        /// names it (`aws.dynamodb`, `postgresql`, `mysql`, `redis`,
+        /// `memory`).
+        store: &'static str,
+        /// What it answered.
+        size: TableSize,
+    },
 }
 
 /// A call the engine makes to its store ([`Store`](crate::store::Store)'s
@@ -148,6 +160,8 @@ pub enum StoreOperation {
     Remove,
     /// An operator's listing of claims in progress.
     ListInProgress,
+    /// The store's count of what it holds (the table-size gauge).
+    TableSize,
 }
 
 impl StoreOperation {
@@ -164,6 +178,7 @@ impl StoreOperation {
             StoreOperation::Peek => "idempotency peek",
             StoreOperation::Remove => "idempotency remove",
             StoreOperation::ListInProgress => "idempotency list_in_progress",
+            StoreOperation::TableSize => "idempotency table_size",
         }
     }
 
@@ -180,6 +195,7 @@ impl StoreOperation {
             StoreOperation::Peek => "peek",
             StoreOperation::Remove => "remove",
             StoreOperation::ListInProgress => "list_in_progress",
+            StoreOperation::TableSize => "table_size",
         }
     }
 }

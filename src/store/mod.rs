@@ -18,9 +18,10 @@
 //! - A store does the protocol's conditional writes (claim, take over a
 //!   lapsed claim, extend, complete, release; optionally a single-write
 //!   commit) and a consistent read, plus two operator calls (remove, list
-//!   the records in progress). Each write is one atomic step on the
-//!   backend, with its condition evaluated against the `now` it is handed,
-//!   never the store's own clock, so tests can move time and every
+//!   the records in progress), and, if it can, a cheap count of what it
+//!   holds ([`table_size`](mod@table_size)). Each write is one atomic step
+//!   on the backend, with its condition evaluated against the `now` it is
+//!   handed, never the store's own clock, so tests can move time and every
 //!   participant agrees on what has expired.
 //! - A store decides nothing else. When a write's condition fails, it
 //!   reports the record it found there ([`Conditional::Refused`]), and the
@@ -149,11 +150,13 @@ mod sql_columns;
     doc(cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres")))
 )]
 pub mod sqlx;
+pub mod table_size;
 pub mod transaction;
 
 pub use crate::record_id::RecordId;
 pub use owner::OwnerToken;
 pub use record::{Record, Status, UnknownStatus};
+pub use table_size::{Accuracy, SizeSource, TableSize};
 pub use transaction::{
     OpenTransaction, Transaction, TransactionLimits, TransactionalStore, Transactions,
 };
@@ -456,6 +459,21 @@ pub trait Store: Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
         self.get(id, now_ms)
+    }
+
+    /// How many records the store holds, read the cheapest way its backend
+    /// offers (its own count or estimate, never a scan), for a gauge an
+    /// operator scrapes or schedules
+    /// ([`Engine::sample_table_size`](crate::Engine::sample_table_size));
+    /// `now_ms` tells a store that counts itself which records have
+    /// expired. `None`, the default, when the store has no cheap count:
+    /// [`table_size`](mod@table_size) has each store's answer.
+    fn table_size(
+        &self,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Option<TableSize>, StoreError>> + Send {
+        let _ = now_ms;
+        std::future::ready(Ok(None))
     }
 
     /// The store's transactions, when it can run an operation inside one

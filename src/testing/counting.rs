@@ -168,4 +168,8 @@ impl<St: Store> Store for CountingStore<St> {
         count(&self.counts.peek);
         self.inner.peek(id, now_ms).await
     }
+
+    async fn table_size(&self, now_ms: u64) -> Result<Option<crate::store::TableSize>, StoreError> {
+        self.inner.table_size(now_ms).await
+    }
 }

@@ -81,4 +81,8 @@ impl<St: Store> Store for LostAnswers<St> {
     async fn peek(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         self.0.peek(id, now_ms).await
     }
+
+    async fn table_size(&self, now_ms: u64) -> Result<Option<crate::store::TableSize>, StoreError> {
+        self.0.table_size(now_ms).await
+    }
 }

@@ -228,6 +228,7 @@ on_both_drivers!(
     pg_partman_manages_the_partitioned_table,
     a_single_write_refuses_a_lapsed_claim_that_holds_a_response,
     a_detach_that_gives_up_leaves_the_connection_usable,
+    the_table_size_sums_the_partitions,
 );
 
 fn claim(id: &RecordId, owner: &str, now_ms: u64) -> Claim {
@@ -1186,4 +1187,41 @@ async fn a_detach_that_gives_up_leaves_the_connection_usable<S: Driver>() {
         .await
         .expect("cleanup");
     assert!(cleanup.dropped.contains(&day), "{cleanup:?}");
+}
+
+/// In the partitioned layout the table size is the partitions' sum: the
+/// same figures as the operator's `partitions` report, over two days'
+/// partitions.
+async fn the_table_size_sums_the_partitions<S: Driver>() {
+    use lambda_idempotency::store::{Accuracy, SizeSource};
+    let store = store::<S>().await;
+    let clock = ManualClock::starting_now();
+    let today = Engine::builder(store.clone()).clock(clock.clone()).build();
+    crate::support::table_size::complete_records(&today, 5).await;
+    clock.advance(Duration::from_secs(86_400));
+    let tomorrow = Engine::builder(store.clone())
+        .clock(clock.clone())
+        .key_prefix("tomorrow")
+        .build();
+    crate::support::table_size::complete_records(&tomorrow, 4).await;
+    let client = super::tokio_postgres_client().await;
+    client
+        .batch_execute(&format!("ANALYZE {}", store.table()))
+        .await
+        .expect("analyze");
+    let size = tomorrow
+        .sample_table_size()
+        .await
+        .unwrap()
+        .expect("counted");
+    let partitions = store.partitions().await.expect("the report");
+    let holding = partitions.iter().filter(|p| p.estimated_rows > 0).count();
+    assert_eq!(holding, 2, "{partitions:?}");
+    let rows: i64 = partitions.iter().map(|p| p.estimated_rows).sum();
+    let bytes: u64 = partitions.iter().map(|p| p.total_bytes).sum();
+    assert_eq!(
+        (size.records, size.bytes, size.accuracy, size.source),
+        (9, Some(bytes), Accuracy::Estimated, SizeSource::PgClass)
+    );
+    assert_eq!(rows, 9);
 }

@@ -1111,3 +1111,31 @@ async fn stores_side_by_side() {
         println!("{round} | {} | {}", medians.join(" | "), ratios.join(" | "));
     }
 }
+
+/// The same catalog estimate as the tokio-postgres store's, over sqlx.
+#[tokio::test]
+async fn the_table_size_is_the_catalogs_estimate_over_sqlx() {
+    use lambda_idempotency::store::{Accuracy, SizeSource};
+    let store = store().await;
+    let engine = Engine::builder(store.clone()).build();
+    support::table_size::complete_records(&engine, 5).await;
+    sqlx::raw_sql(&format!("ANALYZE {}", store.table()))
+        .execute(store.pool())
+        .await
+        .expect("analyze");
+    let size = engine.sample_table_size().await.unwrap().expect("counted");
+    let bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size(to_regclass($1))")
+        .bind(store.table())
+        .fetch_one(store.pool())
+        .await
+        .expect("size");
+    assert_eq!(
+        (size.records, size.bytes, size.accuracy, size.source),
+        (
+            5,
+            Some(bytes as u64),
+            Accuracy::Estimated,
+            SizeSource::PgClass
+        )
+    );
+}

@@ -543,3 +543,37 @@ async fn an_id_longer_than_the_table_holds_is_rejected_before_any_write() {
     }
     assert_eq!(ran.load(Ordering::SeqCst), 0);
 }
+
+/// InnoDB's estimate from `information_schema.TABLES`, once analyzed (a
+/// small table's estimate is its count; MySQL 8 caches it for
+/// `information_schema_stats_expiry`, which `ANALYZE TABLE` refreshes).
+#[tokio::test]
+async fn the_table_size_is_information_schemas_estimate() {
+    use lambda_idempotency::store::{Accuracy, SizeSource};
+    let store = store().await;
+    let engine = Engine::builder(store.clone()).build();
+    crate::support::table_size::complete_records(&engine, 8).await;
+    run(store.pool(), &format!("ANALYZE TABLE `{}`", store.table())).await;
+    let size = engine.sample_table_size().await.unwrap().expect("counted");
+    let bytes = scalar(
+        store.pool(),
+        &format!(
+            "SELECT CAST(DATA_LENGTH + INDEX_LENGTH AS SIGNED) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{}'",
+            store.table()
+        ),
+    )
+    .await;
+    assert_eq!(
+        (size.records, size.bytes, size.accuracy, size.source),
+        (
+            8,
+            Some(bytes as u64),
+            Accuracy::Estimated,
+            SizeSource::InformationSchema
+        )
+    );
+    let missing = SqlxMySqlStore::new(pool(1), "no_such_table").expect("store");
+    let error = missing.table_size(0).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+}

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod table_size;
 pub mod tcp_proxy;
 
 use aws_sdk_dynamodb::{
@@ -286,6 +287,17 @@ pub fn variable(name: &str) -> String {
             "{name} is not set: run with `make test` (scripts/with-postgres, scripts/with-redis)"
         )
     })
+}
+
+/// Runs `sql` (statements without parameters) on the PostgreSQL server at
+/// `url`.
+pub async fn postgres_execute(url: &str, sql: &str) {
+    use lambda_idempotency::store::postgres::tokio_postgres;
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client.batch_execute(sql).await.expect(sql);
 }
 
 /// How many rows `table` holds, over a PostgreSQL connection of the test's

@@ -759,6 +759,12 @@ impl Store for DynamoDbStore {
         let record = self.decode_at(id, item)?;
         Ok((!record.is_expired(now_ms)).then_some(record))
     }
+
+    /// `DescribeTable`'s `ItemCount` and `TableSizeBytes`: see
+    /// [`size`](Self::size).
+    async fn table_size(&self, _now_ms: u64) -> Result<Option<super::TableSize>, StoreError> {
+        self.size().await.map(Some)
+    }
 }
 
 impl DynamoDbStore {

@@ -6,7 +6,10 @@ use super::{
     layout::KeyLayout,
     DynamoDbStore,
 };
-use crate::{StoreError, StoreErrorKind};
+use crate::{
+    store::{Accuracy, SizeSource, TableSize},
+    StoreError, StoreErrorKind,
+};
 use aws_sdk_dynamodb::{
     client::Waiters,
     config::http::HttpResponse,
@@ -255,6 +258,31 @@ impl DynamoDbStore {
             Some(table) => self.check_keys(table.key_schema(), table.attribute_definitions()),
             None => Ok(()),
         }
+    }
+
+    /// The table's items and bytes as `DescribeTable` gives them
+    /// (`ItemCount`, `TableSizeBytes`): estimates that AWS refreshes about
+    /// every six hours (DynamoDB Local's are live), of the whole table (a
+    /// single table's other items, every prefix's records, and expired
+    /// records TTL has not deleted yet). One control-plane call, no read
+    /// units; needs `dynamodb:DescribeTable`.
+    pub async fn size(&self) -> Result<TableSize, StoreError> {
+        let table = self.describe().await?.ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::Other,
+                "DescribeTable answered without the table's description",
+            )
+        })?;
+        let count = |n: Option<i64>| n.and_then(|n| u64::try_from(n).ok());
+        let size = TableSize::new(
+            count(table.item_count()).unwrap_or(0),
+            Accuracy::Estimated,
+            SizeSource::DescribeTable,
+        );
+        Ok(match count(table.table_size_bytes()) {
+            Some(bytes) => size.bytes(bytes),
+            None => size,
+        })
     }
 
     async fn describe(&self) -> Result<Option<TableDescription>, StoreError> {

@@ -7,8 +7,8 @@ mod records;
 mod transaction;
 
 use super::{
-    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-    Status, Store,
+    Accuracy, Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+    Removal, SizeSource, Status, Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use packed::{monotonic_ms, Packed};
@@ -389,6 +389,25 @@ impl Store for MemoryStore {
             .map(|record| record.record()))
     }
 
+    /// Counts the records not expired at `now_ms`, those in progress and
+    /// their packed bytes: exact, a pass over the records under the
+    /// store's lock (what a read would find, not what waits in memory to
+    /// be dropped).
+    async fn table_size(&self, now_ms: u64) -> Result<Option<TableSize>, StoreError> {
+        let state = self.enter()?;
+        let (mut records, mut in_progress, mut bytes) = (0u64, 0u64, 0u64);
+        for record in state.records.iter().filter(|r| !r.is_expired(now_ms)) {
+            records += 1;
+            in_progress += u64::from(record.status() == Status::InProgress);
+            bytes += record.bytes().len() as u64;
+        }
+        Ok(Some(
+            TableSize::new(records, Accuracy::Exact, SizeSource::Memory)
+                .in_progress(in_progress)
+                .bytes(bytes),
+        ))
+    }
+
     fn transactions(&self) -> Option<&dyn super::Transactions<MemoryWrite>> {
         Some(self)
     }
@@ -431,6 +450,41 @@ mod tests {
             matches!(completed, Ok(Conditional::Applied)),
             "{completed:?}"
         );
+    }
+
+    /// The table size is exact: every record a read would find, those in
+    /// progress among them, and no expired one (still in memory).
+    #[tokio::test]
+    async fn the_table_size_counts_what_a_read_finds() {
+        let store = MemoryStore::new();
+        let now_ms = 1_700_000_000_000;
+        let live_s = now_ms / 1000 + 60;
+        for id in 0..7 {
+            run(&store, id, now_ms, live_s).await;
+        }
+        for id in 7..10 {
+            let claimed = store.claim(&claim(id, now_ms, live_s)).await;
+            assert!(matches!(claimed, Ok(Conditional::Applied)));
+        }
+        run(&store, 10, now_ms, now_ms / 1000 - 1).await;
+        assert_eq!(store.records().len(), 11, "the expired one is kept");
+        let size = store.table_size(now_ms).await.unwrap().unwrap();
+        assert_eq!(
+            (size.records, size.in_progress, size.accuracy, size.source),
+            (10, Some(3), Accuracy::Exact, SizeSource::Memory)
+        );
+        let packed: u64 = store
+            .state()
+            .records
+            .iter()
+            .filter(|r| !r.is_expired(now_ms))
+            .map(|r| r.bytes().len() as u64)
+            .sum();
+        assert_eq!(size.bytes, Some(packed));
+        assert!(packed > 10 * 20, "{packed} bytes");
+        // An hour later every record has expired.
+        let later = store.table_size(now_ms + 3_600_000).await.unwrap().unwrap();
+        assert_eq!((later.records, later.in_progress), (0, Some(0)));
     }
 
     #[tokio::test]

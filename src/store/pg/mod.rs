@@ -17,6 +17,7 @@ pub(crate) mod refusal;
 pub(crate) mod sqlstate;
 pub(crate) mod statements;
 pub(crate) mod table;
+pub(crate) mod table_size;
 pub(crate) mod upkeep;
 
 use crate::{StoreError, StoreErrorKind};

@@ -47,9 +47,10 @@ pub use write::{PgValue, PgWrite};
 pub use {deadpool_postgres, tokio_postgres};
 
 use super::pg::upkeep::Partitions;
-use super::pg::{int8, statements::Statements, table::table_name_error};
+use super::pg::{int8, statements::Statements, table::table_name_error, table_size as size};
 use super::{
-    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
+    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+    Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use codec::{decode, decode_optional, ClaimValues};
@@ -445,6 +446,29 @@ impl Store for PostgresStore {
             .map(decode)
             .transpose()?
             .filter(|record| !record.is_expired(now_ms)))
+    }
+
+    /// Estimated from the catalog (`pg_class.reltuples`,
+    /// `pg_total_relation_size`), over the partitions in the partitioned
+    /// layout: see [`table_size`](mod@super::table_size).
+    async fn table_size(&self, _now_ms: u64) -> Result<Option<TableSize>, StoreError> {
+        let client = self.client().await?;
+        let table = self.inner.table.as_str();
+        let rows = client
+            .query_typed(size::TABLE_SIZE, &[(&table, Type::TEXT)])
+            .await
+            .map_err(|e| errors::from_pg("SELECT (table size)", e))?;
+        let row = rows.first().ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Other, "SELECT (table size): no answer row")
+        })?;
+        let read = |e| StoreError::corrupt("the table size answer").with_source(e);
+        size::table_size(
+            table,
+            row.try_get(0).map_err(read)?,
+            row.try_get(1).map_err(read)?,
+            row.try_get(2).map_err(read)?,
+        )
+        .map(Some)
     }
 
     fn transactions(&self) -> Option<&dyn super::Transactions<PgWrite>> {

@@ -203,6 +203,32 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// The keys of the connection's database (`DBSIZE`), summed over
+    /// every primary of a cluster.
+    pub(super) async fn dbsize(&mut self) -> redis::RedisResult<u64> {
+        match self {
+            Self::Server(connection) => redis::cmd("DBSIZE").query_async(connection).await,
+            Self::Cluster(connection) => {
+                let answer = connection
+                    .route_command(
+                        redis::cmd("DBSIZE"),
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                    )
+                    .await?;
+                let counts = match answer {
+                    Value::Map(primaries) => primaries.into_iter().map(|(_, keys)| keys).collect(),
+                    one => vec![one],
+                };
+                counts
+                    .into_iter()
+                    .map(|keys| redis::from_redis_value::<u64>(keys).map_err(Into::into))
+                    .sum()
+            }
+        }
+    }
+}
+
 /// `SCAN` one node through to the end of its cursor.
 async fn scan_node<C: ConnectionLike + ClusterRoute>(
     connection: &mut C,

@@ -42,7 +42,8 @@ mod powertools;
 pub use eviction::{NodeReport, ServerReport};
 
 use super::{
-    Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Status, Store,
+    Accuracy, Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+    SizeSource, Status, Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use codec::{decode, exact, expiration, glob_escape, unexpected};
@@ -67,6 +68,9 @@ struct Inner {
     /// before a call and again after a reconnection.
     eviction: eviction::Guard,
     namespace: String,
+    /// The database holds the records and nothing else
+    /// ([`RedisStore::owns_database`]): `DBSIZE` counts them.
+    owns_database: bool,
     scripts: Scripts,
 }
 
@@ -169,7 +173,12 @@ impl RedisStore {
                     )
                     .with_source(error)
                 })?;
-                Ok(Self::with(Endpoint::Server(client), String::new(), false))
+                Ok(Self::with(
+                    Endpoint::Server(client),
+                    String::new(),
+                    false,
+                    false,
+                ))
             }
             "redis+cluster" | "rediss+cluster" => {
                 let node = format!("{}://{rest}", scheme.trim_end_matches("+cluster"));
@@ -194,6 +203,7 @@ impl RedisStore {
             self.inner.connection.endpoint().clone(),
             namespace.into(),
             self.inner.eviction.allow_eviction(),
+            self.inner.owns_database,
         )
     }
 
@@ -214,6 +224,28 @@ impl RedisStore {
             self.inner.connection.endpoint().clone(),
             self.inner.namespace.clone(),
             true,
+            self.inner.owns_database,
+        )
+    }
+
+    /// Declares that the store's database holds its records and nothing
+    /// else (a database, or a cluster, of their own): then
+    /// [`Store::table_size`] counts them with `DBSIZE` (exact, and O(1) on
+    /// the server; summed over the primaries of a cluster), for the
+    /// table-size gauge. Without it the store answers `None`: Redis keeps
+    /// no count of the keys under a prefix, and counting them is a `SCAN`
+    /// of every key, which is not cheap enough to scrape (what
+    /// [`list_in_progress`](Store::list_in_progress) does, for operators).
+    /// `DBSIZE` counts every key of the database, and keys whose TTL has
+    /// passed until Redis reclaims them (within seconds, by its active
+    /// expiry).
+    #[must_use]
+    pub fn owns_database(self) -> Self {
+        Self::with(
+            self.inner.connection.endpoint().clone(),
+            self.inner.namespace.clone(),
+            self.inner.eviction.allow_eviction(),
+            true,
         )
     }
 
@@ -231,12 +263,18 @@ impl RedisStore {
         Ok(report)
     }
 
-    fn with(endpoint: Endpoint, namespace: String, allow_eviction: bool) -> Self {
+    fn with(
+        endpoint: Endpoint,
+        namespace: String,
+        allow_eviction: bool,
+        owns_database: bool,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 connection: SharedConnection::new(endpoint),
                 eviction: eviction::Guard::new(allow_eviction),
                 namespace,
+                owns_database,
                 scripts: Scripts {
                     claim: Script::new(script!("claim")),
                     take_over: Script::new(script!("take_over")),
@@ -380,6 +418,7 @@ fn cluster(
         Endpoint::Cluster(client),
         String::new(),
         false,
+        false,
     ))
 }
 
@@ -518,6 +557,22 @@ impl Store for RedisStore {
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         let fields = self.hgetall(&self.key(id)).await?;
         Ok(decode(&fields)?.filter(|record| !record.is_expired(now_ms)))
+    }
+
+    /// `DBSIZE` where the store owns its database
+    /// ([`owns_database`](RedisStore::owns_database)); `None` otherwise.
+    async fn table_size(&self, _now_ms: u64) -> Result<Option<TableSize>, StoreError> {
+        if !self.inner.owns_database {
+            return Ok(None);
+        }
+        let keys = self
+            .query("DBSIZE", async |connection| connection.dbsize().await)
+            .await?;
+        Ok(Some(TableSize::new(
+            keys,
+            Accuracy::Exact,
+            SizeSource::DbSize,
+        )))
     }
 }
 

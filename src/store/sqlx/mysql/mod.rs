@@ -28,8 +28,8 @@ pub use transaction::{SqlxMySqlTransaction, TransactionConnection};
 pub use write::{MySqlValue, SqlxMySqlWrite};
 
 use super::super::{
-    Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal, Store,
-    Transactions,
+    Accuracy, Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
+    SizeSource, Store, TableSize, Transactions,
 };
 use crate::{StoreError, StoreErrorKind};
 use codec::{decode, int8};
@@ -438,6 +438,32 @@ impl Store for SqlxMySqlStore {
         Ok(read(&self.inner.sql, &mut connection, id)
             .await?
             .filter(|record| !record.is_expired(now_ms)))
+    }
+
+    /// InnoDB's estimates from `information_schema.TABLES` (`TABLE_ROWS`,
+    /// `DATA_LENGTH + INDEX_LENGTH`): see [`table_size`](mod@crate::store::table_size).
+    async fn table_size(&self, _now_ms: u64) -> Result<Option<TableSize>, StoreError> {
+        use sqlx::Row;
+        let row = (&self.inner.pool)
+            .fetch_optional(self.inner.sql.table_size.as_str())
+            .await
+            .map_err(|e| from_sqlx("SELECT (table size)", e))?
+            .ok_or_else(|| {
+                StoreError::new(
+                    StoreErrorKind::Misconfigured,
+                    format!(
+                        "the MySQL table {} does not exist in the connection's database \
+                         (create_table makes it)",
+                        self.inner.table
+                    ),
+                )
+            })?;
+        let read = |e| StoreError::corrupt("the table size answer").with_source(e);
+        let rows: u64 = row.try_get(0).map_err(read)?;
+        let bytes: u64 = row.try_get(1).map_err(read)?;
+        Ok(Some(
+            TableSize::new(rows, Accuracy::Estimated, SizeSource::InformationSchema).bytes(bytes),
+        ))
     }
 
     fn transactions(&self) -> Option<&dyn Transactions<SqlxMySqlWrite>> {

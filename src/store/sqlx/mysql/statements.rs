@@ -29,6 +29,10 @@ pub(super) struct Statements {
     pub(super) get: String,
     pub(super) list_in_progress: String,
     pub(super) purge: String,
+    /// InnoDB's estimates of the table's rows and bytes (data and
+    /// indexes), from `information_schema`: no row when there is no table.
+    /// The name goes in as a literal: it is letters, digits and `_`.
+    pub(super) table_size: String,
 }
 
 impl Statements {
@@ -84,6 +88,12 @@ impl Statements {
                  AND LEFT(id, CHAR_LENGTH(?)) = ? ORDER BY id LIMIT ?"
             ),
             purge: format!("DELETE FROM `{t}` WHERE expiration_s < ? LIMIT ?"),
+            table_size: format!(
+                "SELECT CAST(COALESCE(TABLE_ROWS, 0) AS UNSIGNED), \
+                   CAST(COALESCE(DATA_LENGTH, 0) + COALESCE(INDEX_LENGTH, 0) AS UNSIGNED) \
+                 FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}'"
+            ),
         }
     }
 }

@@ -58,10 +58,11 @@ use crate::{
                 shape_error, split_ddl, table_ddl, table_differences, table_name_error,
                 COLUMNS_QUERY, ID_IS_UNIQUE_QUERY,
             },
+            table_size::{table_size as pg_table_size, TABLE_SIZE},
             upkeep::{self, Partitions},
         },
         Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-        Store,
+        Store, TableSize,
     },
     StoreError, StoreErrorKind,
 };
@@ -518,6 +519,28 @@ impl Store for SqlxPostgresStore {
             .map(decode)
             .transpose()?
             .filter(|record| !record.is_expired(now_ms)))
+    }
+
+    /// Estimated from the catalog (`pg_class.reltuples`,
+    /// `pg_total_relation_size`), over the partitions of a partitioned
+    /// table: see [`table_size`](mod@crate::store::table_size).
+    async fn table_size(&self, _now_ms: u64) -> Result<Option<TableSize>, StoreError> {
+        use sqlx::Row;
+        let table = self.inner.table.as_str();
+        let rows = self
+            .rows(TABLE_SIZE, &[Text(table)], "SELECT (table size)")
+            .await?;
+        let row = rows.first().ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Other, "SELECT (table size): no answer row")
+        })?;
+        let read = |e| StoreError::corrupt("the table size answer").with_source(e);
+        pg_table_size(
+            table,
+            row.try_get(0).map_err(read)?,
+            row.try_get(1).map_err(read)?,
+            row.try_get(2).map_err(read)?,
+        )
+        .map(Some)
     }
 
     fn transactions(&self) -> Option<&dyn super::super::Transactions<SqlxPgWrite>> {
