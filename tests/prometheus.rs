@@ -102,3 +102,69 @@ async fn prometheus_renders_what_each_port_answered() {
         "no key is a label: {rendered}"
     );
 }
+
+/// The table size reaches Prometheus as gauges, labelled by store and
+/// accuracy only: set by each sample (not added to), and only when
+/// something samples it.
+#[test]
+fn the_table_size_is_a_gauge_prometheus_renders() {
+    // A recorder of this test's own, for this thread (the test above
+    // installs the binary's global one).
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let engine = Engine::builder(MemoryStore::new())
+        .observer(Metrics)
+        .build();
+    runtime.block_on(async {
+        for key in ["t1", "t2", "t3", "t4"] {
+            let attempt = Attempt::new("charges", key, Fingerprint::of_bytes(b"{}"));
+            engine
+                .execute(&attempt, || async { Ok::<_, ()>(1) })
+                .await
+                .unwrap();
+        }
+    });
+    assert!(
+        !handle.render().contains("idempotency_table_"),
+        "no sample, no gauge"
+    );
+    let labels = "store=\"memory\",accuracy=\"exact\"";
+    let size = runtime
+        .block_on(engine.sample_table_size())
+        .unwrap()
+        .unwrap();
+    let rendered = handle.render();
+    assert!(
+        rendered.contains("# TYPE idempotency_table_records gauge"),
+        "{rendered}"
+    );
+    assert_eq!(
+        sample(&rendered, "idempotency_table_records", labels),
+        Some(4.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        sample(&rendered, "idempotency_table_in_progress", labels),
+        Some(0.0)
+    );
+    let bytes = size.bytes.expect("the memory store's bytes") as f64;
+    assert_eq!(
+        sample(&rendered, "idempotency_table_bytes", labels),
+        Some(bytes)
+    );
+    runtime
+        .block_on(engine.forget("charges", "t1"))
+        .expect("forgotten");
+    runtime.block_on(engine.sample_table_size()).unwrap();
+    let rendered = handle.render();
+    assert_eq!(
+        sample(&rendered, "idempotency_table_records", labels),
+        Some(3.0),
+        "set, not added: {rendered}"
+    );
+}

@@ -11,7 +11,10 @@ use super::readers::{dashboard_body, widget_metrics, EmfEmitted, Exposition, Pro
 use axum::{body::Body, http::Request, routing::post, Router};
 use lambda_idempotency::{
     http::IdempotencyLayer,
-    observe::{Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, STORE_DURATION, TAKEOVERS},
+    observe::{
+        Metrics, CONFLICTS_RETRIED, PENDING_KEY_AGE, REQUESTS, STORE_DURATION, TABLE_BYTES,
+        TABLE_IN_PROGRESS, TABLE_RECORDS, TAKEOVERS,
+    },
     testing::ManualClock,
     Attempt, EmfMetrics, Engine, EngineBuilder, Fingerprint, MemoryStore, StoreErrorKind,
 };
@@ -56,8 +59,8 @@ fn emitted() -> (String, Vec<String>) {
 /// Fresh requests, a replay from the store and one from the cache, a key
 /// reused, a duplicate while the first runs (409, its claim's age), a
 /// lapsed lease taken over (and the first run's lease lost), a conflict
-/// retried (a store call that failed): through the HTTP layer and the
-/// engine.
+/// retried (a store call that failed), the table size sampled: through
+/// the HTTP layer and the engine.
 async fn workload(emf: EmfMetrics) {
     let clock = ManualClock::new(1_700_000_000_000);
     let store = MemoryStore::new();
@@ -142,6 +145,10 @@ async fn workload(emf: EmfMetrics) {
         )
         .await
         .unwrap();
+
+    // The table size, sampled: the memory store knows its records, those
+    // in progress and their bytes, so every gauge is set.
+    engine.sample_table_size().await.unwrap().expect("counted");
 }
 
 /// Every expression of a Grafana dashboard: its panels' targets (rows'
@@ -307,6 +314,9 @@ fn the_dashboards_read_only_what_the_code_emits() {
         TAKEOVERS.to_owned(),
         CONFLICTS_RETRIED.to_owned(),
         format!("{STORE_DURATION}_bucket"),
+        TABLE_RECORDS.to_owned(),
+        TABLE_IN_PROGRESS.to_owned(),
+        TABLE_BYTES.to_owned(),
     ] {
         assert!(exposition.series.contains_key(&name), "{name}: {rendered}");
     }
@@ -350,6 +360,11 @@ fn a_renamed_metric_label_or_value_is_drift() {
         ("by (attempt)", "by (attempt_number)"),
         ("by (le, operation)", "by (le, store_operation)"),
         ("outcome=\\\"in_progress\\\"", "outcome=\\\"conflict\\\""),
+        ("idempotency_table_records", "idempotency_table_rows"),
+        (
+            "by (store, accuracy) (idempotency_table_bytes)",
+            "by (table) (idempotency_table_bytes)",
+        ),
     ] {
         assert!(grafana.contains(from), "{from}");
         let renamed: serde_json::Value =
@@ -374,6 +389,14 @@ fn a_renamed_metric_label_or_value_is_drift() {
         (
             "Outcome=\\\"cached_replay\\\"",
             "Outcome=\\\"cache_replay\\\"",
+        ),
+        (
+            "MetricName=\\\"TableRecords\\\"",
+            "MetricName=\\\"TableRows\\\"",
+        ),
+        (
+            "{\\\"${MetricsNamespace}\\\",Accuracy,Store}",
+            "{\\\"${MetricsNamespace}\\\",Store}",
         ),
     ] {
         assert!(template.contains(from), "{from}");
