@@ -6,6 +6,7 @@
 //!     inspect --scope '<scope>' --key order-77 [--json]
 //! lambda-idempotency --store dynamodb://idempotency forget --scope … --key … [--force]
 //! lambda-idempotency --store dynamodb://idempotency list --in-progress [--limit 100] [--json]
+//! lambda-idempotency --store postgres://… stats [--json]   # the table size, the store's own count
 //! lambda-idempotency --store postgres://… purge-expired [--batch 1000]
 //! lambda-idempotency --store postgres://… --postgres-partitioned [--audit-window-days 7] \
 //!     maintain-partitions | partitions | history --scope … --key …
@@ -59,7 +60,7 @@ use lambda_idempotency::{
     },
     store::{
         dynamodb::{AttributeNames, SingleTable},
-        Record, Store,
+        Accuracy, Record, Store, TableSize,
     },
     DynamoDbStore, Engine, Forgotten, StoreError, StoreErrorKind,
 };
@@ -107,6 +108,10 @@ struct Cli {
     /// The Redis key namespace of the records (RedisStore::namespace).
     #[arg(long, default_value = "")]
     redis_namespace: String,
+    /// The Redis database holds the records and nothing else
+    /// (RedisStore::owns_database): `stats` counts them with DBSIZE.
+    #[arg(long)]
+    redis_owns_database: bool,
     /// The record prefix of the function (default: the crate's default,
     /// `idempotency:<AWS_LAMBDA_FUNCTION_NAME>`).
     #[arg(long)]
@@ -158,6 +163,11 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// How many records the store holds, by its own count or estimate
+    /// (never a scan), every prefix's: what the table-size gauge reports.
+    /// DynamoDB's count is refreshed by AWS about every six hours,
+    /// PostgreSQL's as of the table's last VACUUM or ANALYZE.
+    Stats,
     /// Prints the scope the HTTP layer derives for a request.
     Scope {
         #[command(flatten)]
@@ -358,7 +368,13 @@ async fn open_other(cli: &Cli, url: &str) -> Result<ExitCode, String> {
                             purge-expired is for PostgreSQL"
                     .into());
             }
-            operate(cli, store.namespace(&cli.redis_namespace)).await
+            let store = store.namespace(&cli.redis_namespace);
+            let store = if cli.redis_owns_database {
+                store.owns_database()
+            } else {
+                store
+            };
+            operate(cli, store).await
         }
     }
 }
@@ -452,6 +468,19 @@ async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
                     .collect::<Vec<_>>()
                     .join("\n")
             });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Stats => {
+            let size = engine.sample_table_size().await.map_err(failed)?;
+            let Some(size) = size else {
+                print(cli.json, json!({ "records": null }), || {
+                    "this store keeps no count of its records that is cheap to read (Redis: \
+                     give --redis-owns-database when the database holds the records alone)"
+                        .to_owned()
+                });
+                return Ok(ExitCode::from(1));
+            };
+            print(cli.json, table_size_json(&size), || table_size_text(&size));
             Ok(ExitCode::SUCCESS)
         }
         Command::PurgeExpired { .. } => Err("purge-expired is for PostgreSQL".into()),
@@ -612,6 +641,39 @@ impl Opened {
             }
         }
     }
+}
+
+fn table_size_json(size: &TableSize) -> Value {
+    json!({
+        "records": size.records,
+        "in_progress": size.in_progress,
+        "bytes": size.bytes,
+        "accuracy": size.accuracy.as_str(),
+        "source": size.source.as_str(),
+    })
+}
+
+/// `12 records, 3 in progress, 4096 bytes (exact, memory)`; `about` before
+/// an estimate.
+fn table_size_text(size: &TableSize) -> String {
+    let about = if size.accuracy == Accuracy::Estimated {
+        "about "
+    } else {
+        ""
+    };
+    let mut line = format!("{about}{} records", size.records);
+    if let Some(in_progress) = size.in_progress {
+        line.push_str(&format!(", {in_progress} in progress"));
+    }
+    if let Some(bytes) = size.bytes {
+        line.push_str(&format!(", {bytes} bytes"));
+    }
+    line.push_str(&format!(
+        " ({}, {})",
+        size.accuracy.as_str(),
+        size.source.as_str()
+    ));
+    line
 }
 
 fn print(as_json: bool, value: Value, line: impl FnOnce() -> String) {

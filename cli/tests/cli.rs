@@ -728,3 +728,72 @@ async fn sealed_records<St: Store + Clone>(store: St, tool: &Tool) {
     assert_eq!(json(&output)["result"], "removed");
     assert_eq!(inspect(&[]).status.code(), Some(1));
 }
+
+/// `stats`: the table size as each store counts it, in text and JSON; a
+/// store with no cheap count says so (exit code 1).
+#[tokio::test]
+async fn an_operator_reads_the_table_size() {
+    async fn records<St: Store>(store: St) {
+        let engine = Engine::builder(store).key_prefix(PREFIX).build();
+        support::table_size::complete_records(&engine, 3).await;
+    }
+
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    records(DynamoDbStore::new(client, table.clone())).await;
+    let output = cli(&table, &["stats", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let stats = json(&output);
+    assert_eq!(stats["records"], 3, "{stats}");
+    assert_eq!(stats["accuracy"], "estimated");
+    assert_eq!(stats["source"], "describe_table");
+    assert!(stats["bytes"].as_u64().is_some_and(|b| b > 0), "{stats}");
+    let text = String::from_utf8_lossy(&cli(&table, &["stats"]).stdout).into_owned();
+    assert!(text.starts_with("about 3 records, "), "{text}");
+    assert!(
+        text.trim_end().ends_with("(estimated, describe_table)"),
+        "{text}"
+    );
+
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!("cli_stats_{}", std::process::id());
+    let store = PostgresStore::connect(&url, table.as_str(), 2).expect("pool");
+    store.create_table().await.expect("table");
+    records(store).await;
+    support::postgres_execute(&url, &format!("ANALYZE {table}")).await;
+    let tool = Tool(vec![
+        "--store".into(),
+        url,
+        "--postgres-table".into(),
+        table,
+    ]);
+    let stats = json(&tool.run(&["stats", "--json"]));
+    assert_eq!(
+        (&stats["records"], &stats["source"], &stats["in_progress"]),
+        (&Value::from(3), &Value::from("pg_class"), &Value::Null),
+        "{stats}"
+    );
+
+    let url = variable("IDEMPOTENCY_TEST_REDIS_URL");
+    let namespace = format!("cli-stats-{}:", std::process::id());
+    records(RedisStore::open(&url).expect("url").namespace(&namespace)).await;
+    let tool = Tool(vec![
+        "--store".into(),
+        url,
+        "--redis-namespace".into(),
+        namespace,
+    ]);
+    let output = tool.run(&["stats"]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("--redis-owns-database"),
+        "{output:?}"
+    );
+    // The test server is shared: DBSIZE counts these three and the rest.
+    let stats = json(&tool.run(&["--redis-owns-database", "stats", "--json"]));
+    assert!(stats["records"].as_u64().is_some_and(|n| n >= 3), "{stats}");
+    assert_eq!(
+        (&stats["accuracy"], &stats["source"]),
+        (&Value::from("exact"), &Value::from("dbsize"))
+    );
+}
