@@ -216,17 +216,23 @@ impl Connection {
                         RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
                     )
                     .await?;
-                let counts = match answer {
-                    Value::Map(primaries) => primaries.into_iter().map(|(_, keys)| keys).collect(),
-                    one => vec![one],
-                };
-                counts
-                    .into_iter()
-                    .map(|keys| redis::from_redis_value::<u64>(keys).map_err(Into::into))
-                    .sum()
+                sum_of_counts(answer)
             }
         }
     }
+}
+
+/// The sum of the counts every primary answered (a map of node to count),
+/// or the one count a single node answered.
+fn sum_of_counts(answer: Value) -> redis::RedisResult<u64> {
+    let counts = match answer {
+        Value::Map(primaries) => primaries.into_iter().map(|(_, keys)| keys).collect(),
+        one => vec![one],
+    };
+    counts
+        .into_iter()
+        .map(|keys| redis::from_redis_value::<u64>(keys).map_err(Into::into))
+        .sum()
 }
 
 /// `SCAN` one node through to the end of its cursor.
@@ -319,5 +325,25 @@ impl ConnectionLike for Connection {
             Self::Server(connection) => connection.get_db(),
             Self::Cluster(connection) => connection.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster's `DBSIZE`, routed to every primary, answers a map of
+    /// node to count: the table size is their sum.
+    #[test]
+    fn every_primarys_count_is_summed() {
+        let node = |name: &str| Value::BulkString(name.as_bytes().to_vec());
+        let answer = Value::Map(vec![
+            (node("10.0.0.1:6379"), Value::Int(3)),
+            (node("10.0.0.2:6379"), Value::Int(4)),
+            (node("10.0.0.3:6379"), Value::Int(5)),
+        ]);
+        assert_eq!(sum_of_counts(answer).unwrap(), 12);
+        assert_eq!(sum_of_counts(Value::Int(7)).unwrap(), 7);
+        assert!(sum_of_counts(Value::Map(vec![(node("a"), Value::Nil)])).is_err());
     }
 }
