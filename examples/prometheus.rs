@@ -63,6 +63,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // run twice): short here, so that the example shows a takeover.
         .default_lease(Duration::from_secs(2))
         .build();
+    // The table size is a gauge sampled on a schedule, not per request:
+    // every 15 seconds here, a minute or more against a real database.
+    tokio::spawn(
+        engine
+            .clone()
+            .sample_table_size_every(Duration::from_secs(15)),
+    );
     let charges = Router::new()
         .route("/v1/charges", post(charge))
         // A single-tenant service: every caller shares the records.

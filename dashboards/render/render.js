@@ -43,6 +43,19 @@ function format(unit, value, decimals) {
     case "ms": return fixed(value, 1) + " ms";
     case "reqps": return fixed(value, value < 10 ? 2 : 0) + " req/s";
     case "ops": return fixed(value, value < 10 ? 2 : 0) + " ops/s";
+    case "bytes": {
+      const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+      let at = 0;
+      while (Math.abs(value) >= 1024 && at < units.length - 1) { value /= 1024; at += 1; }
+      return fixed(value, at === 0 ? 0 : 1) + " " + units[at];
+    }
+    case "short": {
+      const abs = Math.abs(value);
+      if (abs >= 1e9) return fixed(value / 1e9, 1) + " Bil";
+      if (abs >= 1e6) return fixed(value / 1e6, 1) + " Mil";
+      if (abs >= 1e3) return fixed(value / 1e3, 1) + " K";
+      return fixed(value, 0);
+    }
     default: return fixed(value, 2);
   }
 }
