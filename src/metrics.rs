@@ -275,4 +275,56 @@ mod tests {
             ]
         );
     }
+
+    /// A table-size sample is one line: `TableRecords` and
+    /// `TableInProgress` (counts) and `TableBytes` (bytes) by `Store` and
+    /// `Accuracy`; none without a sample.
+    #[tokio::test]
+    async fn a_table_size_sample_is_one_line_of_counts_and_bytes() {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let written = Arc::clone(&lines);
+        let emf = EmfMetrics::new("Payments")
+            .with_writer(move |line| written.lock().unwrap().push(line.to_owned()));
+        let engine = Engine::builder(MemoryStore::new()).observer(emf).build();
+        let attempt = Attempt::new("charges", "k1", Fingerprint::of_bytes(b"{}"));
+        engine
+            .execute(&attempt, || async { Ok::<_, ()>(1) })
+            .await
+            .unwrap();
+        let sized = |lines: &Mutex<Vec<String>>| -> Vec<serde_json::Value> {
+            lines
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+                .filter(|line| line.get("TableRecords").is_some())
+                .collect()
+        };
+        assert!(sized(&lines).is_empty());
+        let size = engine.sample_table_size().await.unwrap().unwrap();
+        let sized = sized(&lines);
+        let [line] = &sized[..] else {
+            panic!("one line: {sized:?}")
+        };
+        let declared = &line["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(
+            declared["Dimensions"][0],
+            serde_json::json!(["Store", "Accuracy"])
+        );
+        assert_eq!(
+            declared["Metrics"],
+            serde_json::json!([
+                { "Name": "TableRecords", "Unit": "Count" },
+                { "Name": "TableInProgress", "Unit": "Count" },
+                { "Name": "TableBytes", "Unit": "Bytes" },
+            ])
+        );
+        assert_eq!(
+            (&line["Store"], &line["Accuracy"]),
+            (&"memory".into(), &"exact".into())
+        );
+        assert_eq!(line["TableRecords"], 1);
+        assert_eq!(line["TableInProgress"], 0);
+        assert_eq!(line["TableBytes"], size.bytes.unwrap());
+    }
 }
