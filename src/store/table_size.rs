@@ -9,7 +9,7 @@
 //! | store | records | bytes | [`Accuracy`] | [`SizeSource`] |
 //! |---|---|---|---|---|
 //! | DynamoDB | `ItemCount` | `TableSizeBytes` | estimated: AWS refreshes both about every six hours (DynamoDB Local: live) | `describe_table` |
-//! | PostgreSQL (both drivers, plain or partitioned) | `pg_class.reltuples`, summed over the partitions | `pg_total_relation_size`, summed likewise | estimated: as of the last `VACUUM` or `ANALYZE` (autovacuum's) | `pg_class` |
+//! | PostgreSQL (both drivers, plain or partitioned) | `pg_class.reltuples`, summed over the partitions | `pg_total_relation_size`, summed likewise | estimated: as of the last `VACUUM` or `ANALYZE` (autovacuum's); a table or partition never analyzed yet counts the statistics' live rows (`n_live_tup`) | `pg_class` |
 //! | MySQL, MariaDB | `information_schema.TABLES.TABLE_ROWS` | `DATA_LENGTH + INDEX_LENGTH` | estimated: InnoDB samples; MySQL 8 caches it for `information_schema_stats_expiry` (a day by default) | `information_schema` |
 //! | Redis | `DBSIZE`, only when the store owns its database (`RedisStore::owns_database`) | – | exact | `dbsize` |
 //! | memory | the records not expired | their packed size | exact | `memory` |

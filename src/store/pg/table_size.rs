@@ -11,14 +11,19 @@ use crate::{
 /// partitioned parent holds no rows of its own, and `ANALYZE` gives it the
 /// sum of its partitions': counted once, from the leaves): whether the
 /// table exists, the rows `reltuples` estimates (as of the last `VACUUM` or
-/// `ANALYZE`; `-1`, never analyzed, counts 0), and the bytes of the
-/// tables, their indexes and TOAST (`pg_total_relation_size`).
+/// `ANALYZE`), and the bytes of the tables, their indexes and TOAST
+/// (`pg_total_relation_size`). A leaf never analyzed (`reltuples` `-1`:
+/// a new table, or the partitioned layout's new day before autovacuum
+/// reaches it) counts the live rows the statistics system has seen
+/// (`n_live_tup`) instead, so that the figure does not drop to nothing
+/// each midnight.
 pub(crate) const TABLE_SIZE: &str = "WITH leaves AS ( \
        SELECT c.oid FROM pg_class c WHERE c.oid = to_regclass($1) AND c.relkind <> 'p' \
        UNION ALL \
        SELECT relid FROM pg_partition_tree(to_regclass($1)) WHERE isleaf) \
      SELECT to_regclass($1) IS NOT NULL, \
-       coalesce(sum(greatest(c.reltuples, 0)::bigint), 0)::bigint, \
+       coalesce(sum(CASE WHEN c.reltuples < 0 THEN pg_stat_get_live_tuples(c.oid) \
+                         ELSE c.reltuples::bigint END), 0)::bigint, \
        coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint \
      FROM leaves l JOIN pg_class c ON c.oid = l.oid";
 
