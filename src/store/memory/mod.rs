@@ -390,9 +390,11 @@ impl Store for MemoryStore {
     }
 
     /// Counts the records not expired at `now_ms`, those in progress and
-    /// their packed bytes: exact, a pass over the records under the
-    /// store's lock (what a read would find, not what waits in memory to
-    /// be dropped).
+    /// their packed bytes: exact (what a read would find, not what waits
+    /// in memory to be dropped), by a pass over every record under the
+    /// store's lock, which every call waits for meanwhile (under 1 ms for
+    /// 4,000 records in the dashboard's run, a debug build): sample it
+    /// every few seconds at most.
     async fn table_size(&self, now_ms: u64) -> Result<Option<TableSize>, StoreError> {
         let state = self.enter()?;
         let (mut records, mut in_progress, mut bytes) = (0u64, 0u64, 0u64);
