@@ -291,8 +291,10 @@ impl PostgresStore {
     }
 
     /// The partitions of the table, oldest first, with their sizes and
-    /// dead tuples: the operator tool's `partitions`, and a gauge of the
-    /// table's size.
+    /// dead tuples: the operator tool's `partitions`. Their rows and bytes
+    /// summed are the table-size gauge's figure
+    /// ([`Store::table_size`](crate::store::Store::table_size)), which
+    /// reads them in one catalog query.
     pub async fn partitions(&self) -> Result<Vec<PartitionInfo>, StoreError> {
         let mut client = self.client().await?;
         upkeep::report(&mut client, &self.inner.table).await
