@@ -155,3 +155,28 @@ async fn numbers_beyond_the_scripts_are_rejected_before_any_write() {
     )
     .await;
 }
+
+/// On a cluster, `DBSIZE` is asked of every primary and summed: at least
+/// the records this test wrote, which hash to slots on every primary (the
+/// other tests of this binary write beside it, so no exact count).
+#[tokio::test]
+async fn the_table_size_of_a_cluster_sums_its_primaries() {
+    use lambda_idempotency::store::{Accuracy, SizeSource, Store};
+    let store = store().await.owns_database();
+    let engine = Engine::builder(store.clone()).build();
+    for i in 0..30 {
+        let key = format!("size-{i}");
+        engine
+            .execute(&Attempt::new("t", &key, payload(1)), || async {
+                Ok::<_, Declined>(1u8)
+            })
+            .await
+            .expect("a fresh key runs");
+    }
+    let size = store.table_size(0).await.unwrap().expect("counted");
+    assert!(size.records >= 30, "{size:?}");
+    assert_eq!(
+        (size.accuracy, size.source),
+        (Accuracy::Exact, SizeSource::DbSize)
+    );
+}
