@@ -44,8 +44,8 @@ impl<St: Store> Engine<St> {
         Ok(size)
     }
 
-    /// Samples the table size now and then every `interval`, for as long
-    /// as the future runs: spawn it beside a server, so that its gauge is
+    /// Samples the table size now and then every `interval` (a second at
+    /// least), for as long as the future runs: spawn it beside a server, so that its gauge is
     /// fresh when scraped. A failed sample is logged (WARN) and the next
     /// one is tried; a store with no cheap count ends it at once (logged
     /// at INFO). Keep the interval at a minute or more: each sample is a
