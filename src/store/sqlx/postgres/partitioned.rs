@@ -391,8 +391,10 @@ impl SqlxPostgresStore {
     }
 
     /// The partitions of the table, oldest first, with their sizes and
-    /// dead tuples (what the operator tool's `partitions` lists): a gauge
-    /// of the table's size.
+    /// dead tuples (what the operator tool's `partitions` lists). Their
+    /// rows and bytes summed are the table-size gauge's figure
+    /// ([`Store::table_size`](crate::store::Store::table_size)), which
+    /// reads them in one catalog query.
     pub async fn partitions(&self) -> Result<Vec<PartitionInfo>, StoreError> {
         let mut connection = self.connection().await?;
         upkeep::report(&mut *connection, &self.inner.table).await
