@@ -16,6 +16,10 @@ use tokio::{
 /// A request as the server read it.
 #[derive(Debug, Clone)]
 pub struct Received {
+    pub method: String,
+    pub path: String,
+    /// The key header's bytes as they came (not made UTF-8).
+    pub raw_key: Option<Vec<u8>>,
     pub key: Option<String>,
     pub body: Vec<u8>,
     pub at: Instant,
@@ -32,6 +36,13 @@ pub enum Answer {
     Stall,
     /// Answers this status with these extra headers and a small body.
     Status(u16, Vec<(&'static str, String)>),
+    /// Answers 201 with `Content-Length: 100` and these extra headers,
+    /// sends 10 bytes of the body and hangs up: the answer's head arrived,
+    /// its body is cut.
+    Truncated(Vec<(&'static str, String)>),
+    /// Answers this status with these headers given as raw bytes (a
+    /// proxy's duplicated or non-ASCII fields).
+    RawHead(u16, Vec<u8>),
 }
 
 pub struct RawServer {
@@ -79,6 +90,29 @@ impl RawServer {
                         }
                         head.push_str("\r\n{}");
                         let _ = stream.write_all(head.as_bytes()).await;
+                        let _ = stream.shutdown().await;
+                    }
+                    Answer::Truncated(headers) => {
+                        let mut head = String::from(
+                            "HTTP/1.1 201 Created\r\ncontent-length: 100\r\nconnection: close\r\n",
+                        );
+                        for (name, value) in headers {
+                            head.push_str(&format!("{name}: {value}\r\n"));
+                        }
+                        head.push_str("\r\n{\"run\":1, ");
+                        let _ = stream.write_all(head.as_bytes()).await;
+                        let _ = stream.flush().await;
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        drop(stream);
+                    }
+                    Answer::RawHead(status, headers) => {
+                        let mut head = format!(
+                            "HTTP/1.1 {status} Scripted\r\ncontent-length: 2\r\nconnection: close\r\n"
+                        )
+                        .into_bytes();
+                        head.extend_from_slice(&headers);
+                        head.extend_from_slice(b"\r\n{}");
+                        let _ = stream.write_all(&head).await;
                         let _ = stream.shutdown().await;
                     }
                 }
@@ -130,7 +164,18 @@ pub async fn read_request(stream: &mut TcpStream) -> Option<Received> {
         }
         body.extend_from_slice(&buffer[..n]);
     }
+    let method = text.split(' ').next().unwrap_or_default().to_owned();
+    let path = text.split(' ').nth(1).unwrap_or_default().to_owned();
+    let raw_key = head.split(|byte| *byte == b'\n').skip(1).find_map(|line| {
+        let colon = line.iter().position(|byte| *byte == b':')?;
+        line[..colon]
+            .eq_ignore_ascii_case(b"idempotency-key")
+            .then(|| line[colon + 1..].trim_ascii().to_vec())
+    });
     Some(Received {
+        method,
+        path,
+        raw_key,
         key: header("idempotency-key"),
         body,
         at: Instant::now(),

@@ -56,15 +56,26 @@ pub struct Server {
 
 impl Server {
     pub async fn start() -> Self {
+        Self::start_with(|layer| layer).await
+    }
+
+    /// The server with its layer set further by `configure` (a
+    /// `wait_for_result`, another replay header, …): the tests' own
+    /// settings (shared scope, a fixed 1 s `Retry-After`) come first.
+    pub async fn start_with(
+        configure: impl FnOnce(IdempotencyLayer<MemoryStore>) -> IdempotencyLayer<MemoryStore>,
+    ) -> Self {
         let store = MemoryStore::new();
         let shared = Shared::default();
         let layer = IdempotencyLayer::new(Engine::builder(store.clone()).build())
             // One caller: no authentication in front of it.
             .shared_scope()
             .in_progress_retry_after(RetryAfter::fixed(IN_PROGRESS_RETRY_AFTER));
+        let layer = configure(layer);
         let app = Router::new()
             .route("/charges", post(charge))
             .route("/slow", post(slow_charge))
+            .route("/sleep", post(sleep_charge))
             .with_state(shared.clone())
             .layer(layer)
             // Outside the layer: sees every attempt, answered or not.
@@ -138,4 +149,15 @@ async fn slow_charge(
         StatusCode::CREATED,
         Json(json!({ "amount": body["amount"], "run": run })),
     )
+}
+
+/// Runs as long as the body's `sleep_ms` says.
+async fn sleep_charge(
+    State(shared): State<Shared>,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let run = shared.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let sleep = body["sleep_ms"].as_u64().unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(sleep)).await;
+    (StatusCode::CREATED, Json(json!({ "run": run })))
 }
