@@ -481,3 +481,29 @@ async fn a_body_cut_after_the_head_is_not_retried_and_its_key_is_on_the_response
     assert_eq!(server.received().len(), 1, "not sent again");
     assert_eq!(server.keys()[0], sent.key().as_str());
 }
+
+/// Stripe, which the crate's docs name as a peer, answers a duplicate of a
+/// request still in progress `409` (`idempotency_key_in_use`) without
+/// `Retry-After`, with `Stripe-Should-Retry: true`; its own SDKs
+/// (stripe-node's `_shouldRetry`, stripe-java, stripe-python) send any
+/// `409` again with the same key, and honour `Stripe-Should-Retry`.
+#[tokio::test]
+#[ignore = "finding: against Stripe (a peer the docs name) a 409 idempotency_key_in_use has no Retry-After, only Stripe-Should-Retry: true, and is returned at once instead of waited out"]
+async fn a_stripe_style_409_in_progress_is_waited_out() {
+    let server = RawServer::start(vec![
+        status(409, &[("stripe-should-retry", "true")]),
+        status(200, &[("idempotent-replayed", "true")]),
+    ])
+    .await;
+    let client = client(IdempotencyMiddleware::new());
+
+    let response = post(&client, &server).await.unwrap();
+
+    assert_eq!(
+        response.status(),
+        200,
+        "the first request's result, after {} attempt(s)",
+        idempotency(&response).attempts()
+    );
+    assert!(idempotency(&response).replayed());
+}
