@@ -313,3 +313,179 @@ async fn a_replay_s_span_links_to_the_span_that_did_its_work() {
     assert!(spans.iter().all(|span| span.links.is_empty()), "{spans:#?}");
     assert!(replay.headers().get("idempotency-replay-of").is_none());
 }
+
+/// A server that propagates: its request span takes its parent from the
+/// request's `traceparent` (OpenTelemetry's own W3C propagator), as a
+/// tower-http or actix tracing middleware does, and the layer runs inside.
+/// Returns the response and the exporter's spans so far.
+mod propagated {
+    use super::*;
+    use opentelemetry::{
+        propagation::TextMapPropagator,
+        trace::{SpanContext, TraceContextExt},
+    };
+    use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::Sampler};
+    use std::collections::HashMap;
+    use tracing::Instrument;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    pub const HEADER: &str = "idempotency-replay-of";
+
+    pub struct Traced {
+        pub exporter: InMemorySpanExporter,
+        pub provider: SdkTracerProvider,
+        pub app: Router,
+    }
+
+    pub fn traced(sampler: Sampler) -> (Traced, tracing::subscriber::DefaultGuard) {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_sampler(sampler)
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("server")));
+        let guard = tracing::subscriber::set_default(subscriber);
+        let app = Router::new()
+            .route("/v1/charges", post(|| async { "ch_1" }))
+            .layer(
+                IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+                    .shared_scope()
+                    .replay_trace_header(axum::http::HeaderName::from_static(HEADER)),
+            );
+        (
+            Traced {
+                exporter,
+                provider,
+                app,
+            },
+            guard,
+        )
+    }
+
+    /// The request as a propagating server serves it: under a `server`
+    /// span whose parent is the request's `traceparent`.
+    pub async fn serve(app: &Router, traceparent: &str) -> axum::response::Response {
+        let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+        let parent = TraceContextPropagator::new().extract(&carrier);
+        assert!(parent.span().span_context().is_valid(), "{traceparent}");
+        let span = tracing::info_span!("server");
+        span.set_parent(parent)
+            .expect("a parent before the span starts");
+        let request = Request::post("/v1/charges")
+            .header("idempotency-key", "k")
+            .header("traceparent", traceparent)
+            .body(Body::from("{}"))
+            .unwrap();
+        app.clone().oneshot(request).instrument(span).await.unwrap()
+    }
+
+    pub fn links(span: &SpanData) -> Vec<SpanContext> {
+        span.links
+            .iter()
+            .map(|link| link.span_context.clone())
+            .collect()
+    }
+}
+
+const CALLER_1: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const CALLER_2: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// Behind a propagating server, the work's span is in the first caller's
+/// trace, under the server's span; the replay (in the second caller's
+/// trace) links to that span, and the header names it, sampled.
+#[tokio::test]
+async fn behind_a_propagating_server_the_replay_links_to_the_work_in_the_callers_trace() {
+    use opentelemetry_sdk::trace::Sampler;
+    let (traced, _guard) = propagated::traced(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
+    propagated::serve(&traced.app, CALLER_1).await;
+    let replay = propagated::serve(&traced.app, CALLER_2).await;
+    traced.provider.force_flush().unwrap();
+    let spans = traced.exporter.get_finished_spans().unwrap();
+    let named =
+        |name: &str| -> Vec<&SpanData> { spans.iter().filter(|s| s.name == name).collect() };
+    let (servers, layers) = (named("server"), named("idempotency"));
+    assert_eq!((servers.len(), layers.len()), (2, 2), "{spans:#?}");
+    let (work, replayed) = (layers[0], layers[1]);
+    assert_eq!(
+        work.span_context.trace_id().to_string(),
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "the caller's trace"
+    );
+    assert_eq!(work.parent_span_id, servers[0].span_context.span_id());
+    assert_eq!(
+        replayed.span_context.trace_id().to_string(),
+        "0af7651916cd43dd8448eb211c80319c"
+    );
+    let links = propagated::links(replayed);
+    assert_eq!(links.len(), 1);
+    assert_eq!(links[0].trace_id(), work.span_context.trace_id());
+    assert_eq!(links[0].span_id(), work.span_context.span_id());
+    assert!(links[0].is_sampled() && links[0].is_remote());
+    assert_eq!(
+        replay.headers()[propagated::HEADER],
+        format!(
+            "00-{}-{}-01",
+            work.span_context.trace_id(),
+            work.span_context.span_id()
+        )
+        .as_str()
+    );
+}
+
+/// The first caller's trace is not sampled (its `traceparent` flags 00,
+/// a parent-based sampler): nothing of the work is exported. The kept
+/// context says so (flags 00), and the replay's link is marked unsampled:
+/// a reader of the replay's trace knows the link leads to nothing stored.
+#[tokio::test]
+async fn a_link_to_work_whose_trace_was_not_sampled_says_so() {
+    use opentelemetry_sdk::trace::Sampler;
+    let (traced, _guard) = propagated::traced(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
+    let unsampled = CALLER_1.replace("-01", "-00");
+    propagated::serve(&traced.app, &unsampled).await;
+    let replay = propagated::serve(&traced.app, CALLER_2).await;
+    traced.provider.force_flush().unwrap();
+    let spans = traced.exporter.get_finished_spans().unwrap();
+    assert!(
+        spans
+            .iter()
+            .all(|span| span.span_context.trace_id().to_string()
+                != "4bf92f3577b34da6a3ce929d0e0e4736"),
+        "nothing of the unsampled trace exported: {spans:#?}"
+    );
+    let replayed = spans
+        .iter()
+        .find(|span| span.name == "idempotency")
+        .expect("the replay's span");
+    let links = propagated::links(replayed);
+    assert_eq!(links.len(), 1, "{replayed:#?}");
+    assert_eq!(
+        links[0].trace_id().to_string(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert!(!links[0].is_sampled());
+    let header = replay.headers()[propagated::HEADER].to_str().unwrap();
+    assert!(
+        header.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && header.ends_with("-00"),
+        "{header}"
+    );
+    // The work's own span, not the caller's.
+    assert!(!header.contains("00f067aa0ba902b7"), "{header}");
+}
+
+/// With every trace dropped (`Sampler::AlwaysOff`), the work's span is
+/// still the one kept, unsampled, and nothing is exported.
+#[tokio::test]
+async fn with_every_trace_dropped_the_kept_context_is_unsampled() {
+    use opentelemetry_sdk::trace::Sampler;
+    let (traced, _guard) = propagated::traced(Sampler::AlwaysOff);
+    propagated::serve(&traced.app, CALLER_1).await;
+    let replay = propagated::serve(&traced.app, CALLER_2).await;
+    traced.provider.force_flush().unwrap();
+    assert!(traced.exporter.get_finished_spans().unwrap().is_empty());
+    let header = replay.headers()[propagated::HEADER].to_str().unwrap();
+    assert!(
+        header.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && header.ends_with("-00"),
+        "{header}"
+    );
+}
