@@ -421,3 +421,76 @@ fn alb_queries_give_one_fingerprint_whatever_lambda_http_decodes() {
         assert_eq!(request_fingerprint(&event(&json)), expected);
     }
 }
+
+/// What `keep_trace_context` keeps in Lambda without the `opentelemetry`
+/// feature: the docs say X-Ray's `X-Amzn-Trace-Id`. The events Lambda
+/// delivers carry it with `Root` only (API Gateway HTTP APIs, Function
+/// URLs, ALB: every upstream fixture here), so there is no span in it to
+/// point to. The invocation's own trace header, `Lambda-Runtime-Trace-Id`
+/// (`Root`, `Parent`: the function's segment, `Sampled`), is in the
+/// request's extensions as `lambda_runtime::Context::xray_trace_id`, which
+/// `lambda_http` puts there for every event.
+#[tokio::test]
+#[ignore = "finding: in Lambda without the opentelemetry feature, keep_trace_context keeps nothing for real events: their X-Amzn-Trace-Id has Root only, and the invocation's xray_trace_id (Root;Parent;Sampled) in lambda_http's context is not read"]
+async fn in_lambda_the_replay_names_the_invocation_that_ran() {
+    use lambda_http::RequestExt;
+    let header = lambda_http::http::HeaderName::from_static("idempotency-replay-of");
+    let (runs, service) = counting_service();
+    let service = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).build())
+        .replay_trace_header(header.clone())
+        .layer(service);
+    let invocation = |parent: &str| {
+        let mut context = lambda_http::Context::default();
+        context.xray_trace_id = Some(format!(
+            "Root=1-5eb33c07-de25b420912dee103a5db434;Parent={parent};Sampled=1"
+        ));
+        // The event as Function URLs deliver it: `Root=` only.
+        let request = event(FUNCTION_URL_IAM);
+        assert_eq!(
+            request.headers()["x-amzn-trace-id"],
+            "Root=1-5eb33c07-de25b420912dee103a5db434"
+        );
+        request.with_lambda_context(context)
+    };
+    service
+        .clone()
+        .oneshot(invocation("53995c3f42cd8ad8"))
+        .await
+        .unwrap();
+    let replay = service
+        .clone()
+        .oneshot(invocation("7f2e32a1c4a4a8b1"))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        replay
+            .headers()
+            .get(&header)
+            .map(|value| value.to_str().unwrap()),
+        Some("00-5eb33c07de25b420912dee103a5db434-53995c3f42cd8ad8-01"),
+        "the first invocation's segment"
+    );
+}
+
+/// Each kind of event Lambda delivers, as upstream ships it: none carries
+/// an X-Ray header with a `Parent`, which `TraceContext::from_xray` needs.
+#[test]
+fn upstream_events_carry_xray_roots_without_a_parent() {
+    for json in [
+        FUNCTION_URL_NONE,
+        ALB,
+        include_str!("data/upstream/aws_lambda_events/example-apigw-v2-request-no-authorizer.json"),
+        include_str!("data/upstream/lambda_http/apigw_v2_proxy_request_minimal.json"),
+    ] {
+        let request = event(json);
+        let value = request.headers()["x-amzn-trace-id"].to_str().unwrap();
+        assert!(value.starts_with("Root=1-"), "{value}");
+        assert!(!value.contains("Parent="), "{value}");
+        assert_eq!(
+            lambda_idempotency::http::TraceContext::from_xray(value),
+            None
+        );
+    }
+}
