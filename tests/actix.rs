@@ -1585,3 +1585,100 @@ mod redaction {
         server.stop().await;
     }
 }
+
+/// The actix adapter keeps the trace context of the request that ran and
+/// names it in its replays, as the tower layer does; and how real request
+/// headers read: X-Ray's through an ALB that added `Self=`, a
+/// `traceparent` padded with tabs, a `tracestate` (not kept).
+mod trace_links {
+    use super::*;
+
+    const HEADER: &str = "idempotency-replay-of";
+    const FIRST: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const RETRY: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    fn traced() -> Server {
+        let engine = Engine::builder(MemoryStore::new()).build();
+        let layer = IdempotencyLayer::new(engine)
+            .replay_trace_header(hyper::header::HeaderName::from_static(HEADER));
+        serve(
+            Idempotency::new(layer).caller(|request: &ServiceRequest| {
+                request.extensions().get::<Tenant>().map(|t| t.0.clone())
+            }),
+            None,
+        )
+    }
+
+    async fn charge(addr: SocketAddr, key: &str, trace: &[(&str, &str)]) -> Answer {
+        let mut headers = vec![("idempotency-key", key), ("authorization", "Bearer t1")];
+        headers.extend_from_slice(trace);
+        send(addr, "/v1/charges", &headers, r#"{"amount":1}"#).await
+    }
+
+    #[tokio::test]
+    async fn an_actix_replay_names_the_trace_of_the_request_that_ran() {
+        let server = traced();
+        let first = charge(
+            server.addr,
+            "t-1",
+            &[("traceparent", FIRST), ("tracestate", "congo=t61rcWkgMzE")],
+        )
+        .await;
+        assert_eq!(first.status, 201);
+        assert!(first.headers.get(HEADER).is_none());
+        let replay = charge(server.addr, "t-1", &[("traceparent", RETRY)]).await;
+        assert!(replay.replayed());
+        assert_eq!(
+            replay.headers[HEADER], FIRST,
+            "the first's, without its tracestate"
+        );
+        assert_eq!(server.state.runs.load(Ordering::SeqCst), 1);
+
+        // W3C's example padded with a tab (optional whitespace on the wire).
+        charge(
+            server.addr,
+            "t-2",
+            &[("traceparent", &format!("\t{FIRST}"))],
+        )
+        .await;
+        let replay = charge(server.addr, "t-2", &[]).await;
+        assert_eq!(replay.headers[HEADER], FIRST);
+
+        // An ALB in front adds `Self=` before the caller's own X-Ray header.
+        charge(
+            server.addr,
+            "t-3",
+            &[(
+                "x-amzn-trace-id",
+                "Self=1-67891234-12456789abcdef012345678;Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1",
+            )],
+        )
+        .await;
+        let replay = charge(server.addr, "t-3", &[]).await;
+        assert_eq!(
+            replay.headers[HEADER],
+            "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01"
+        );
+        server.stop().await;
+    }
+
+    /// Two `traceparent` fields: W3C Trace Context's test suite
+    /// (`test_traceparent_duplicated`) expects them ignored, as one field
+    /// joined with a comma is invalid; OpenTelemetry Java's extractor
+    /// joins them. The layer keeps the first.
+    #[tokio::test]
+    #[ignore = "finding (minor): a request with two traceparent fields keeps the first; W3C Trace Context's test suite expects a duplicated traceparent to be ignored"]
+    async fn two_traceparent_fields_keep_no_trace() {
+        let server = traced();
+        charge(
+            server.addr,
+            "t-4",
+            &[("traceparent", FIRST), ("traceparent", RETRY)],
+        )
+        .await;
+        let replay = charge(server.addr, "t-4", &[]).await;
+        assert!(replay.replayed());
+        server.stop().await;
+        assert_eq!(replay.headers.get(HEADER), None);
+    }
+}
