@@ -694,3 +694,56 @@ async fn each_call_is_reported_through_the_grpc_port() {
     assert_eq!(observer.answers().len(), 3, "{:?}", observer.answers());
     server.stop().await;
 }
+
+/// A gRPC replay names the trace of the call that ran (its `traceparent`
+/// metadata), for an answer with a message and for a status alone
+/// (trailers-only), as an HTTP replay does.
+#[tokio::test]
+async fn a_grpc_replay_names_the_trace_of_the_call_that_ran() {
+    const FIRST: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const RETRY: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let server = Running::start(
+        layer().replay_trace_header(http::HeaderName::from_static("idempotency-replay-of")),
+    )
+    .await;
+    let traced = |key: &'static str, message: ChargeRequest, traceparent: &'static str| {
+        let mut request = Running::request(Some(key), message);
+        request
+            .metadata_mut()
+            .insert("traceparent", traceparent.parse().unwrap());
+        let channel = server.channel.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.expect("ready");
+            let path = http::uri::PathAndQuery::from_static(CREATE);
+            grpc.unary::<_, Charge, _>(request, path, ProstCodec::default())
+                .await
+        }
+    };
+    let first = traced("k-traced", charge(1250, ""), FIRST).await.unwrap();
+    assert!(first.metadata().get("idempotency-replay-of").is_none());
+    let retry = traced("k-traced", charge(1250, ""), RETRY).await.unwrap();
+    assert_eq!(retry.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(
+        retry.metadata().get("idempotency-replay-of").unwrap(),
+        FIRST
+    );
+
+    traced("k-traced-invalid", charge(-1, "invalid"), FIRST)
+        .await
+        .expect_err("invalid");
+    let status = traced("k-traced-invalid", charge(-1, "invalid"), RETRY)
+        .await
+        .expect_err("invalid again");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.metadata().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    assert_eq!(
+        status.metadata().get("idempotency-replay-of").unwrap(),
+        FIRST
+    );
+    assert_eq!(server.charges.runs(), 2);
+    server.stop().await;
+}
