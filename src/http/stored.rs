@@ -1023,6 +1023,33 @@ mod tests {
         assert!(codec.decode(&bytes).is_err());
     }
 
+    /// A version-3 record whose trace length was changed to take in the
+    /// body too (an edit, a flipped bit): the trace does not read and is
+    /// left out, and the body it swallowed goes with it, so the replay is
+    /// the stored status with an empty body, not a corrupt record.
+    #[test]
+    #[ignore = "finding (minor): a version-3 trace length that covers the body replays the response with an empty body instead of refusing the record as corrupt"]
+    fn a_trace_length_that_takes_in_the_body_is_a_corrupt_record() {
+        let codec = codec();
+        let body = r#"{"charge":"ch_1"}"#;
+        let mut bytes = store(&codec, traced(response(StoredBody::Text(body.into()))));
+        let at = bytes
+            .windows(3)
+            .position(|window| window == b"00-")
+            .expect("the traceparent");
+        let swallowing = u32::try_from(bytes.len() - at).unwrap();
+        bytes[at - 4..at].copy_from_slice(&swallowing.to_be_bytes());
+        match codec.decode(&bytes) {
+            Err(_) => {}
+            Ok(StoredResponse::Full(replayed, _)) => panic!(
+                "replayed as {} with body {:?} (stored: {body:?})",
+                replayed.status(),
+                replayed.body()
+            ),
+            Ok(_) => panic!("replayed as something else"),
+        }
+    }
+
     fn copy(response: &Response<StoredBody>) -> Response<StoredBody> {
         let mut copy = Response::new(response.body().clone());
         *copy.status_mut() = response.status();
