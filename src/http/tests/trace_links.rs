@@ -185,3 +185,57 @@ async fn a_streamed_response_keeps_the_trace_of_its_work() {
     assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
     assert_eq!(replay.headers()[HEADER], FIRST);
 }
+
+/// A duplicate that waits for the result in place (`wait_for_result`)
+/// gets the replay with the trace of the request that ran, as a retry
+/// after it does.
+#[tokio::test]
+async fn a_duplicate_that_waits_for_the_result_is_pointed_to_the_work() {
+    let echo = Echo {
+        delay: Duration::from_millis(300),
+        ..Echo::new()
+    };
+    let service = IdempotencyLayer::new(engine())
+        .shared_scope()
+        .wait_for_result(Duration::from_secs(5))
+        .replay_trace_header(HeaderName::from_static(HEADER))
+        .layer(echo.clone());
+    let first = tokio::spawn({
+        let mut service = service.clone();
+        async move { send(&mut service, traced("k", FIRST)).await }
+    });
+    while echo.runs() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waited = send(&mut service.clone(), traced("k", RETRY)).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(waited.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(waited.headers()[HEADER], FIRST);
+    assert_eq!(echo.runs(), 1);
+}
+
+/// Records written before the trace was kept (frame version 1), replayed
+/// by a layer that keeps it: no trace, no header, the replay as always;
+/// and a version-3 record replayed once the setting is off again names
+/// nothing in a header (the header is the setting's).
+#[tokio::test]
+async fn records_of_either_setting_replay_under_the_other() {
+    let store = MemoryStore::new();
+    let layer = || IdempotencyLayer::new(Engine::builder(store.clone()).build()).shared_scope();
+    let mut plain = layer().layer(Echo::new());
+    let mut keeping = layer()
+        .replay_trace_header(HeaderName::from_static(HEADER))
+        .layer(Echo::new());
+
+    send(&mut plain, traced("old", FIRST)).await;
+    let replay = send(&mut keeping, traced("old", RETRY)).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert!(replay.headers().get(HEADER).is_none());
+    assert_eq!(replay_of(&replay), None);
+
+    send(&mut keeping, traced("new", FIRST)).await;
+    let replay = send(&mut plain, traced("new", RETRY)).await;
+    assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+    assert!(replay.headers().get(HEADER).is_none());
+}
