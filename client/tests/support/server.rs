@@ -76,6 +76,8 @@ impl Server {
             .route("/charges", post(charge))
             .route("/slow", post(slow_charge))
             .route("/sleep", post(sleep_charge))
+            .route("/see-other", post(see_other))
+            .route("/receipt", axum::routing::get(|| async { "receipt" }))
             .with_state(shared.clone())
             .layer(layer)
             // Outside the layer: sees every attempt, answered or not.
@@ -160,4 +162,15 @@ async fn sleep_charge(
     let sleep = body["sleep_ms"].as_u64().unwrap_or(0);
     tokio::time::sleep(Duration::from_millis(sleep)).await;
     (StatusCode::CREATED, Json(json!({ "run": run })))
+}
+
+/// Post/Redirect/Get: the charge made, its answer a `303 See Other` to
+/// its receipt.
+async fn see_other(State(shared): State<Shared>) -> Response {
+    shared.runs.fetch_add(1, Ordering::SeqCst);
+    Response::builder()
+        .status(StatusCode::SEE_OTHER)
+        .header("location", "/receipt")
+        .body(axum::body::Body::empty())
+        .expect("a response")
 }
