@@ -239,3 +239,19 @@ async fn records_of_either_setting_replay_under_the_other() {
     assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
     assert!(replay.headers().get(HEADER).is_none());
 }
+
+/// Replays served from the engine's in-process cache point to the work as
+/// those read from the store do.
+#[tokio::test]
+async fn a_replay_from_the_engine_s_cache_is_pointed_to_the_work() {
+    let mut service = IdempotencyLayer::new(Engine::builder(MemoryStore::new()).cache(16).build())
+        .shared_scope()
+        .replay_trace_header(HeaderName::from_static(HEADER))
+        .layer(Echo::new());
+    send(&mut service, traced("k", FIRST)).await;
+    for _ in 0..3 {
+        let replay = send(&mut service, traced("k", RETRY)).await;
+        assert_eq!(replay.headers()[REPLAYED_HEADER], "true");
+        assert_eq!(replay.headers()[HEADER], FIRST);
+    }
+}
