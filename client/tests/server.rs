@@ -531,3 +531,36 @@ async fn a_replayed_redirect_is_reported_as_a_replay() {
         again.url()
     );
 }
+
+/// Many tasks of one client send one logical request at once (one key):
+/// one run; every other gets the 409, waits as told, and gets the replay.
+#[tokio::test]
+async fn concurrent_duplicates_of_one_key_run_once_and_all_get_its_answer() {
+    let server = Server::start().await;
+    let client = client(IdempotencyMiddleware::new());
+    let key = IdempotencyKey::new("together-1").unwrap();
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (client, url, key) = (client.clone(), server.url("/slow"), key.clone());
+            tokio::spawn(async move {
+                let response = charge(&client, url, 9)
+                    .with_extension(key)
+                    .send()
+                    .await
+                    .unwrap();
+                let sent = idempotency(&response);
+                (response.status(), sent.replayed(), json(response).await)
+            })
+        })
+        .collect();
+    let mut replayed = 0;
+    for task in tasks {
+        let (status, was_replayed, body) = task.await.unwrap();
+        assert_eq!(status, 201);
+        assert_eq!(body["run"], 1, "the one run's answer");
+        replayed += usize::from(was_replayed);
+    }
+    assert_eq!(server.runs(), 1);
+    assert_eq!(replayed, 9);
+    assert!(server.keys().iter().all(|key| key == "together-1"));
+}
