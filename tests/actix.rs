@@ -1665,9 +1665,8 @@ mod trace_links {
     /// Two `traceparent` fields: W3C Trace Context's test suite
     /// (`test_traceparent_duplicated`) expects them ignored, as one field
     /// joined with a comma is invalid; OpenTelemetry Java's extractor
-    /// joins them. The layer keeps the first.
+    /// joins them. The layer keeps none.
     #[tokio::test]
-    #[ignore = "finding (minor): a request with two traceparent fields keeps the first; W3C Trace Context's test suite expects a duplicated traceparent to be ignored"]
     async fn two_traceparent_fields_keep_no_trace() {
         let server = traced();
         charge(

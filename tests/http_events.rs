@@ -431,7 +431,6 @@ fn alb_queries_give_one_fingerprint_whatever_lambda_http_decodes() {
 /// request's extensions as `lambda_runtime::Context::xray_trace_id`, which
 /// `lambda_http` puts there for every event.
 #[tokio::test]
-#[ignore = "finding: in Lambda without the opentelemetry feature, keep_trace_context keeps nothing for real events: their X-Amzn-Trace-Id has Root only, and the invocation's xray_trace_id (Root;Parent;Sampled) in lambda_http's context is not read"]
 async fn in_lambda_the_replay_names_the_invocation_that_ran() {
     use lambda_http::RequestExt;
     let header = lambda_http::http::HeaderName::from_static("idempotency-replay-of");

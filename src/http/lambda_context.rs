@@ -51,6 +51,15 @@ pub(crate) fn infers_plain_responses<B>(request: &Request<B>) -> bool {
     )
 }
 
+/// The invocation's own X-Ray trace header (`Root`, `Parent`: the
+/// function's segment, `Sampled`), which `lambda_http` puts in the
+/// request's Lambda context.
+pub(crate) fn xray_trace_id<B>(request: &Request<B>) -> Option<&str> {
+    request
+        .lambda_context_ref()
+        .and_then(|context| context.xray_trace_id.as_deref())
+}
+
 /// The invocation's deadline, in epoch milliseconds; none when the
 /// context's cannot be one (`invocation_deadline_ms`).
 pub(crate) fn deadline_ms<B>(request: &Request<B>) -> Option<u64> {

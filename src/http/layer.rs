@@ -94,7 +94,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Keeps, with each record, the trace context of the request that ran
     /// (see [`TraceContext`](super::TraceContext)): with the
     /// `opentelemetry` feature, the layer's span's; otherwise the request's
-    /// `traceparent` header, or X-Ray's `X-Amzn-Trace-Id`. A replay then
+    /// `traceparent` header, or X-Ray's `X-Amzn-Trace-Id` when it names a
+    /// span, or in Lambda the invocation's own X-Ray header. A replay then
     /// points to the work it replays: its span records it
     /// (`idempotency.replay_of`) and, with the `opentelemetry` feature,
     /// links to it; the replayed response's extensions hold it; and a

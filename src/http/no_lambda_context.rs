@@ -40,3 +40,8 @@ pub(crate) fn infers_plain_responses<B>(_: &Request<B>) -> bool {
 pub(crate) fn event_query_parameters<B>(_: &Request<B>) -> serde_json::Value {
     serde_json::Value::Null
 }
+
+/// No Lambda context, no invocation trace header.
+pub(crate) fn xray_trace_id<B>(_: &Request<B>) -> Option<&str> {
+    None
+}

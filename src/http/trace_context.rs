@@ -5,7 +5,9 @@
 //! record keeps the W3C trace context (`traceparent`) of the request that
 //! ran: with the `opentelemetry` feature, the layer's own span (the span
 //! the handler ran under); otherwise the request's `traceparent` header,
-//! or, in Lambda and behind an ALB, AWS X-Ray's `X-Amzn-Trace-Id`. A
+//! or AWS X-Ray's `X-Amzn-Trace-Id` when it names a span (`Parent`), or,
+//! in Lambda, the invocation's own X-Ray header (API Gateway's, a Function
+//! URL's and an ALB's events name the trace alone, `Root`). A
 //! replay records it on its span (`idempotency.replay_of`), links its span
 //! to it (with the `opentelemetry` feature), and puts it in the response's
 //! extensions, and in a header if one is named.
@@ -116,23 +118,32 @@ impl TraceContext {
         Self::new(trace_id, lower_hex(parent?.as_bytes())?, sampled)
     }
 
-    /// The trace context a request carries: its `traceparent`, else its
-    /// X-Ray header.
+    /// The trace context a request carries: its `traceparent` (one: two
+    /// are none, as W3C Trace Context says), else its X-Ray header.
     pub(crate) fn of_headers(headers: &HeaderMap) -> Option<Self> {
-        let header = |name| headers.get(name).and_then(|value| value.to_str().ok());
-        header(TRACEPARENT)
+        let only = |name| {
+            let mut values = headers.get_all(name).iter();
+            match (values.next(), values.next()) {
+                (Some(value), None) => value.to_str().ok(),
+                _ => None,
+            }
+        };
+        only(TRACEPARENT)
             .and_then(Self::from_traceparent)
-            .or_else(|| header(XRAY).and_then(Self::from_xray))
+            .or_else(|| only(XRAY).and_then(Self::from_xray))
     }
 
     /// The trace context of the work running now: the current span's, with
-    /// the `opentelemetry` feature, else the request's headers.
-    pub(crate) fn of_work(headers: &HeaderMap) -> Option<Self> {
+    /// the `opentelemetry` feature; else the request's headers; else, in
+    /// Lambda, the invocation's own X-Ray header (the events' header names
+    /// the trace alone, `Root=`, with no span to point to).
+    pub(crate) fn of_work<B>(request: &http::Request<B>) -> Option<Self> {
         #[cfg(feature = "opentelemetry")]
         if let Some(current) = super::trace_link::of_current_span() {
             return Some(current);
         }
-        Self::of_headers(headers)
+        Self::of_headers(request.headers())
+            .or_else(|| super::lambda_context::xray_trace_id(request).and_then(Self::from_xray))
     }
 }
 
@@ -280,6 +291,11 @@ mod tests {
         );
         // An invalid traceparent does not hide a valid X-Ray header.
         headers.insert(TRACEPARENT, "nonsense".parse().expect("value"));
+        assert_eq!(TraceContext::of_headers(&headers), Some(xray));
+        // Two traceparent fields are none (W3C's test suite,
+        // `test_traceparent_duplicated`).
+        headers.insert(TRACEPARENT, SPEC.parse().expect("value"));
+        headers.append(TRACEPARENT, SPEC.parse().expect("value"));
         assert_eq!(TraceContext::of_headers(&headers), Some(xray));
     }
 }

@@ -60,7 +60,7 @@ where
         let trace = config
             .settings
             .keep_trace_context
-            .then(|| TraceContext::of_work(request.headers()))
+            .then(|| TraceContext::of_work(&request))
             .flatten();
         let mut response = inner.call(request).await.map_err(Failure::Handler)?;
         if let Some(trace) = trace {
