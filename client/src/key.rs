@@ -89,13 +89,6 @@ impl IdempotencyKey {
         Ok(Self(text))
     }
 
-    /// The key a request already carries in its header, as the caller set
-    /// it: sent as it is, never checked (the server answers a bad one
-    /// `400`, which is not retried).
-    pub(crate) fn from_header(value: &http::HeaderValue) -> Self {
-        Self(String::from_utf8_lossy(value.as_bytes()).into_owned())
-    }
-
     /// The key.
     pub fn as_str(&self) -> &str {
         &self.0

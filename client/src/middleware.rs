@@ -3,7 +3,7 @@
 
 use crate::{
     policy::{AfterError, Policy, Spent},
-    GaveUp, Idempotency, IdempotencyKey,
+    GaveUp, Idempotency, IdempotencyKey, InvalidKey,
 };
 use http::{Extensions, HeaderName, HeaderValue, Method, StatusCode};
 use reqwest::{Request, Response};
@@ -78,10 +78,16 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// How long, in all, to wait out `409`s that carry `Retry-After` (the
-    /// key's first request still in progress) before returning the `409`
-    /// (default 30 s). Each wait is what `Retry-After` says; a wait that
-    /// would pass the budget is not started.
+    /// How long, from the first attempt, to wait out the `409`s of a
+    /// request still in progress (default 30 s): those with `Retry-After`
+    /// (this crate's servers), and Stripe's, which say
+    /// `Stripe-Should-Retry: true` instead (waited with the backoff).
+    /// Each wait is what `Retry-After` says, at least 50 ms; one that
+    /// would pass the budget is not started, and the time a server holds
+    /// an attempt (its `wait_for_result`) counts as a wait does. A response
+    /// marked replayed is the key's stored answer, and is returned at once
+    /// whatever its status; `Stripe-Should-Retry: false` is never sent
+    /// again.
     pub fn wait_in_progress(mut self, budget: Duration) -> Self {
         self.policy.in_progress_budget = budget;
         self
@@ -122,7 +128,8 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// The request's key: its header if the caller set one; else the
+    /// The request's key: its header if the caller set one (refused,
+    /// before anything is sent, if it is not a key: [`InvalidKey`]); else the
     /// [`IdempotencyKey`] in its extensions (the caller's, or the one this
     /// middleware generated on an earlier pass of the same request, when a
     /// retry layer outside it sends it again); else a new one, kept there.
@@ -132,7 +139,13 @@ impl IdempotencyMiddleware {
         extensions: &mut Extensions,
     ) -> reqwest_middleware::Result<IdempotencyKey> {
         if let Some(value) = request.headers().get(&self.key_header) {
-            return Ok(IdempotencyKey::from_header(value));
+            // The caller's key, checked as any key is: one that is not
+            // visible ASCII would be given back (`Idempotency::key`,
+            // `GaveUp::key`) as another key than the one sent.
+            let text = value.to_str().map_err(|_| InvalidKey::InvalidCharacter);
+            return text
+                .and_then(IdempotencyKey::new)
+                .map_err(reqwest_middleware::Error::middleware);
         }
         let key = match extensions.get::<IdempotencyKey>() {
             Some(key) => key.clone(),
@@ -195,11 +208,17 @@ impl Middleware for IdempotencyMiddleware {
             let result = next.clone().run(attempt, extensions).await;
             let wait = match result {
                 Ok(mut response) => {
-                    let wait = self.policy.after_response(
-                        response.status(),
-                        response.headers(),
-                        &mut spent,
-                    );
+                    // A replay is the key's stored answer, whatever its
+                    // status: sending it again gets it again.
+                    let wait = if self.replayed(&response) {
+                        None
+                    } else {
+                        self.policy.after_response(
+                            response.status(),
+                            response.headers(),
+                            &mut spent,
+                        )
+                    };
                     match wait {
                         Some(wait) if kept.is_some() => wait,
                         // Final, or a streamed body that cannot go again.

@@ -4,7 +4,7 @@
 
 use crate::retry_after::retry_after;
 use http::{HeaderMap, StatusCode};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The bounds the caller set ([`IdempotencyMiddleware`](crate::IdempotencyMiddleware)'s
 /// settings).
@@ -39,11 +39,34 @@ pub(crate) enum AfterError {
     GiveUp,
 }
 
+/// The shortest wait before a `409` is sent again, whatever its
+/// `Retry-After` and the backoff say: a peer answering `Retry-After: 0`
+/// to a client with a zero backoff is not sent the request in a loop.
+pub(crate) const MIN_IN_PROGRESS_WAIT: Duration = Duration::from_millis(50);
+
+/// Stripe's word on whether a response may be sent again (`true` or
+/// `false`), which its SDKs obey before the status.
+const STRIPE_SHOULD_RETRY: &str = "stripe-should-retry";
+
 /// What one logical request has used of its bounds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Spent {
     failures: u32,
+    /// The waits for a request in progress, in all.
     in_progress: Duration,
+    /// When the first attempt was sent: the in-progress budget is time,
+    /// and an attempt a server holds (its `wait_for_result`) spends it too.
+    started: Instant,
+}
+
+impl Default for Spent {
+    fn default() -> Self {
+        Self {
+            failures: 0,
+            in_progress: Duration::ZERO,
+            started: Instant::now(),
+        }
+    }
 }
 
 impl Policy {
@@ -56,18 +79,37 @@ impl Policy {
         spent: &mut Spent,
     ) -> Option<Duration> {
         let asked = retry_after(headers, SystemTime::now());
+        let stripe_says =
+            headers
+                .get(STRIPE_SHOULD_RETRY)
+                .and_then(|value| match value.as_bytes() {
+                    b"true" => Some(true),
+                    b"false" => Some(false),
+                    _ => None,
+                });
+        if stripe_says == Some(false) {
+            return None;
+        }
         if status == StatusCode::CONFLICT {
-            // The key's first request is still running. A 409 without
-            // Retry-After is another conflict (of the resource's state),
-            // which sending again does not resolve. Retry-After: 0 waits
-            // the first backoff, so that a budget in time stays a bound
-            // on attempts.
-            let wait = asked?.max(self.initial_backoff);
-            let total = spent.in_progress.checked_add(wait)?;
-            if total > self.in_progress_budget {
+            // The key's first request is still running: it says so with
+            // Retry-After (this crate's servers), or Stripe with
+            // `Stripe-Should-Retry: true` (its `idempotency_key_in_use`).
+            // Any other 409 is a conflict of the resource's state, which
+            // sending again does not resolve.
+            let wait = match (asked, stripe_says) {
+                (Some(asked), _) => asked.max(self.initial_backoff),
+                (None, Some(true)) => self.backoff(spent.failures + 1),
+                (None, _) => return None,
+            }
+            .max(MIN_IN_PROGRESS_WAIT);
+            // The budget is time since the first attempt (at least the
+            // waits so far): a server that holds each duplicate spends it
+            // as a sleep does.
+            let spent_already = spent.in_progress.max(spent.started.elapsed());
+            if spent_already.checked_add(wait)? > self.in_progress_budget {
                 return None;
             }
-            spent.in_progress = total;
+            spent.in_progress += wait;
             return Some(wait);
         }
         if !self.retry_statuses.contains(&status) {
