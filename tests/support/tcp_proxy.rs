@@ -146,11 +146,20 @@ async fn pump(
     let mut losing_at_end = false;
     loop {
         tokio::select! {
+            biased;
+            _ = generation.changed() => return,
             read = client_read.read(&mut up) => {
                 let Ok(n) = read else { return };
                 if n == 0 { return; }
                 let (delay, lose) = {
                     let mut faults = faults.lock().unwrap();
+                    // Down: nothing more reaches the server, even a
+                    // request read in the instant before this connection
+                    // saw the generation change (the select below may
+                    // take either when both are ready).
+                    if faults.down {
+                        return;
+                    }
                     let lose = faults.lose_answers > 0;
                     if lose {
                         faults.lose_answers -= 1;
@@ -159,6 +168,9 @@ async fn pump(
                 };
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
+                    if faults.lock().unwrap().down {
+                        return;
+                    }
                 }
                 if server_write.write_all(&up[..n]).await.is_err() { return; }
                 if lose && !losing {
@@ -176,7 +188,6 @@ async fn pump(
                 }
                 if client_write.write_all(&down[..n]).await.is_err() { return; }
             }
-            _ = generation.changed() => return,
         }
     }
 }
