@@ -763,6 +763,15 @@ async fn a_value_that_panics_while_encoded_is_not_recorded_and_holds_its_claim()
         .execute(&attempt, || async { Ok::<_, Failed>(Explosive) })
         .await;
     assert!(matches!(retry, Err(Error::InProgress { .. })), "{retry:?}");
+    // A hold that landed says nothing; only one that did not is a WARN.
+    let other = Attempt::new("s", "k2", fingerprint(1));
+    let (held, logs) =
+        logged(engine.execute(&other, || async { Ok::<_, Failed>(Explosive) })).await;
+    assert_eq!(held.expect("the value").kind(), OutcomeKind::NotRecorded);
+    assert!(
+        !logs.contains("was not held until its expiry"),
+        "a hold that landed is not a warning: {logs}"
+    );
 }
 
 /// Issue 21, item 1: at SERIALIZABLE a completion can lose a race with a
@@ -2295,4 +2304,103 @@ async fn a_split_claim_longer_than_the_retention_outlives_its_lease_by_a_second(
     let lease_until_ms = clock.now_ms() + 48 * 3600 * 1000;
     assert_eq!(record.lease_until_ms, Some(lease_until_ms));
     assert_eq!(record.expiration_s, lease_until_ms / 1000 + 1);
+}
+
+/// A single write refused by a claim that lapses before the engine reads
+/// it (a race: the claim was live at the commit) is committed again, not
+/// taken for a completed record changed in the table: a lapsed claim
+/// without a response holds nothing a retry must keep.
+#[tokio::test]
+async fn a_single_write_refused_by_a_claim_that_lapses_is_committed_again() {
+    use crate::store::{Claim, Commit, Completion, Extension, OwnerToken, Record, Removal};
+    use std::sync::atomic::AtomicBool;
+
+    /// Refuses the first commit as a live claim would, and leaves that
+    /// claim in the store lapsed by the time it is read.
+    #[derive(Debug, Clone)]
+    struct RacedOnce(MemoryStore, Arc<AtomicBool>);
+
+    impl Store for RacedOnce {
+        type Write = MemoryWrite;
+        const SINGLE_WRITE: bool = true;
+        const DB_SYSTEM: &'static str = "memory";
+
+        async fn commit(&self, commit: Commit<MemoryWrite>) -> Result<Conditional, StoreError> {
+            if self.1.swap(false, Ordering::SeqCst) {
+                let lapsed = Claim {
+                    id: commit.id.clone(),
+                    owner: OwnerToken::from_stored("another"),
+                    fingerprint: commit.fingerprint.clone(),
+                    now_ms: commit.now_ms - 10_000,
+                    lease_until_ms: commit.now_ms - 1,
+                    expiration_s: commit.expiration_s,
+                    attempt: 1,
+                    first_started_ms: commit.now_ms - 10_000,
+                };
+                self.0.claim(&lapsed).await?;
+                let found = self.0.peek(&commit.id, commit.now_ms).await?;
+                assert!(found.is_some(), "the lapsed claim is there to be found");
+                return Ok(Conditional::Refused(found));
+            }
+            self.0.commit(commit).await
+        }
+        async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
+            self.0.claim(claim).await
+        }
+        async fn take_over(
+            &self,
+            claim: &Claim,
+            lapsed: &OwnerToken,
+        ) -> Result<Conditional, StoreError> {
+            self.0.take_over(claim, lapsed).await
+        }
+        async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {
+            self.0.extend(extension).await
+        }
+        async fn remove(&self, id: &RecordId, removal: Removal) -> Result<Conditional, StoreError> {
+            self.0.remove(id, removal).await
+        }
+        async fn complete(
+            &self,
+            completion: Completion<MemoryWrite>,
+        ) -> Result<Conditional, StoreError> {
+            self.0.complete(completion).await
+        }
+        async fn release(
+            &self,
+            id: &RecordId,
+            owner: &OwnerToken,
+        ) -> Result<Conditional, StoreError> {
+            self.0.release(id, owner).await
+        }
+        async fn list_in_progress(
+            &self,
+            prefix: &str,
+            limit: usize,
+        ) -> Result<Vec<Record>, StoreError> {
+            self.0.list_in_progress(prefix, limit).await
+        }
+        async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+            self.0.get(id, now_ms).await
+        }
+        async fn peek(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
+            self.0.peek(id, now_ms).await
+        }
+    }
+
+    let memory = MemoryStore::new();
+    let store = RacedOnce(memory.clone(), Arc::new(AtomicBool::new(true)));
+    let engine = Engine::builder(store).build();
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let ran = engine
+        .run_single_write(&attempt, &Json, |_| async {
+            Ok::<_, Failed>((7u8, Vec::<MemoryWrite>::new()))
+        })
+        .await
+        .expect("committed again");
+    assert_eq!((ran.kind(), *ran.value()), (OutcomeKind::Fresh, 7));
+    let [record] = &memory.records()[..] else {
+        panic!("{:?}", memory.records());
+    };
+    assert_eq!(record.status, Status::Completed);
 }
