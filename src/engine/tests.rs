@@ -2404,3 +2404,55 @@ async fn a_single_write_refused_by_a_claim_that_lapses_is_committed_again() {
     };
     assert_eq!(record.status, Status::Completed);
 }
+
+/// A completion in a transaction that fails with the store (not a refusal
+/// of the operation's writes) is a store error, said as a warning that
+/// names the record, and the transaction is rolled back: the key is free
+/// and the retry runs.
+#[tokio::test]
+async fn a_completion_in_a_transaction_that_fails_is_a_store_error_and_frees_the_key() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).build();
+    let runs = AtomicUsize::new(0);
+    let limits = crate::store::TransactionLimits::new().claim_wait(Duration::from_millis(100));
+    let attempt = Attempt::new("s", "k", fingerprint(1));
+    let (failed, logs) = logged(engine.run_in_transaction(&attempt, limits, |tx| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        let failing = store.clone();
+        async move {
+            tx.write(MemoryWrite::put("charge", "ch_1"))
+                .map_err(|error| error.to_string())?;
+            // The completion's statement is the next call the store sees.
+            failing.fail_next(1);
+            Ok::<_, String>("paid".to_owned())
+        }
+    }))
+    .await;
+    match failed {
+        Err(Error::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Unavailable),
+        other => panic!("a failed completion: {other:?}"),
+    }
+    let warning = logs
+        .lines()
+        .find(|line| line.contains("could not complete its record"))
+        .unwrap_or_else(|| panic!("no warning: {logs}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(
+        warning.contains("outcome=\"store_unavailable\""),
+        "{warning}"
+    );
+    assert!(
+        warning.contains(&format!("record={}", engine.record_id("s", "k"))),
+        "{warning}"
+    );
+    assert!(store.item("charge").is_none(), "the writes rolled back");
+    let retry = engine
+        .run_in_transaction(&attempt, limits, |_tx| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>("paid".to_owned())
+        })
+        .await
+        .expect("the key is free");
+    assert_eq!(retry.kind(), OutcomeKind::Fresh);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

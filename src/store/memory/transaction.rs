@@ -212,6 +212,9 @@ impl Open {
     }
 
     fn complete(&self, completion: Completion<MemoryWrite>) -> Result<Conditional, StoreError> {
+        // A failure injected for the kit fails the completion too, as a
+        // connection lost before its statement answered would.
+        drop(self.store.enter()?);
         let mut staged = self.staged();
         match &staged.claim {
             Some(own) if own.id == completion.id && own.owner == completion.owner => {}
