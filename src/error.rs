@@ -333,6 +333,7 @@ impl StdError for StoreError {
 /// | [`CorruptRecord`](StoreErrorKind::CorruptRecord) | a stored record that does not decode | fails closed, never replayed | 500 |
 /// | [`Unauthentic`](StoreErrorKind::Unauthentic) | a stored response that fails to open: changed, copied from another record or context, sealed under a key no longer configured, malformed, or plaintext where it is refused (the engine's [encryption](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/encryption/index.html), feature `encryption`) | fails closed: never replayed, never overwritten, never run again | 500 |
 /// | [`WriteRejected`](StoreErrorKind::WriteRejected) | the operation's own transactional writes were refused | releases the claim | 500 |
+/// | [`Unsupported`](StoreErrorKind::Unsupported) | an optional capability the store does not offer (recovery points) | fails closed | 500 |
 /// | [`Other`](StoreErrorKind::Other) | anything no store could classify | fails closed | 500 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -371,6 +372,12 @@ pub enum StoreErrorKind {
     /// `TransactionConflict`, a PostgreSQL serialization failure or
     /// deadlock); trying again resolves it.
     Conflict,
+    /// The store does not offer what was asked of it: an optional
+    /// capability it has not implemented (recovery points,
+    /// [`Store::record_step`](crate::store::Store::record_step), on a store
+    /// written before them). Refused before anything was written; fails
+    /// closed, never retried.
+    Unsupported,
     /// Anything else the store reported.
     Other,
 }
@@ -403,6 +410,7 @@ impl StoreErrorKind {
             StoreErrorKind::Unauthentic => "unauthentic",
             StoreErrorKind::WriteRejected => "write_rejected",
             StoreErrorKind::Conflict => "conflict",
+            StoreErrorKind::Unsupported => "unsupported",
             StoreErrorKind::Other => "other",
         }
     }

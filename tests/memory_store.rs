@@ -1075,3 +1075,12 @@ mod transaction_kit {
         assert!(matches!(answer, Conditional::Applied), "{answer:?}");
     }
 }
+
+/// Recovery points on the memory store.
+mod steps {
+    use lambda_idempotency::MemoryStore;
+
+    lambda_idempotency::store_conformance! {
+        steps: async { MemoryStore::new() },
+    }
+}

@@ -101,6 +101,7 @@ pub struct EngineBuilder<St> {
     /// deadlines (Lambda Managed Instances).
     heartbeat: Option<bool>,
     read_before_claim: bool,
+    step_limits: crate::store::StepLimits,
     clock: Arc<dyn Clock>,
     observers: crate::observe::Observers,
     #[cfg(feature = "encryption")]
@@ -126,6 +127,7 @@ impl<St: Store> EngineBuilder<St> {
             fail_open: false,
             heartbeat: None,
             read_before_claim: false,
+            step_limits: Default::default(),
             clock: Arc::new(SystemClock),
             observers: Default::default(),
             #[cfg(feature = "encryption")]
@@ -295,6 +297,17 @@ impl<St: Store> EngineBuilder<St> {
         self
     }
 
+    /// The bounds on the steps an operation records
+    /// ([`ClaimHandle::step`](crate::ClaimHandle::step)): the largest
+    /// encoded output of one step, and the most steps one key records
+    /// (default: 16 KiB and 16). A step beyond either fails before it runs
+    /// (its count) or before it is recorded (its size), as
+    /// [`StoreErrorKind::Rejected`](crate::StoreErrorKind::Rejected).
+    pub fn step_limits(mut self, limits: crate::store::StepLimits) -> Self {
+        self.step_limits = limits;
+        self
+    }
+
     /// The clock leases and expirations are measured with (default: the
     /// system clock). Tests use a `testing::ManualClock` (feature `testing`).
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -399,6 +412,7 @@ impl<St: Store> EngineBuilder<St> {
                 fail_open: self.fail_open,
                 heartbeat: self.heartbeat.unwrap_or_else(heartbeat_by_default),
                 read_before_claim: self.read_before_claim,
+                step_limits: self.step_limits,
                 disabled,
                 clock: self.clock,
                 local_runs: Default::default(),

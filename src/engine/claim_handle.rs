@@ -42,6 +42,13 @@ pub(super) struct Held {
     /// waits for it (kept in the handle's own allocation, unlike a channel).
     lost: AtomicBool,
     lost_now: Notify,
+    /// The steps recorded on the record (`steps.rs`): `None` until the
+    /// first step reads or starts them; locked while one is read or
+    /// written, never while a step runs.
+    steps: tokio::sync::Mutex<Option<Vec<crate::store::RecordedStep>>>,
+    /// Set once the record holds a step: giving the key back then ends the
+    /// lease instead of deleting the record, so the retry resumes.
+    stepped: AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -57,8 +64,9 @@ struct Lease {
 
 type ExtendFuture<'a> = Pin<Box<dyn Future<Output = Result<Conditional, StoreError>> + Send + 'a>>;
 
-/// The engine's side of an extension, without its store type.
-pub(super) trait Extender: Send + Sync + 'static {
+/// The engine's side of an extension (and of recording steps), without
+/// its store type.
+pub(super) trait Extender: super::steps::StepRecorder {
     fn now_ms(&self) -> u64;
     fn max_lease_ms(&self) -> u64;
     fn extend<'a>(&'a self, extension: &'a Extension) -> ExtendFuture<'a>;
@@ -87,6 +95,8 @@ impl ClaimHandle {
                 }),
                 lost: AtomicBool::new(false),
                 lost_now: Notify::new(),
+                steps: tokio::sync::Mutex::new(None),
+                stepped: AtomicBool::new(false),
             })),
             transaction: None,
         }
@@ -270,8 +280,7 @@ impl Held {
             Conditional::Refused(_) => {
                 tracing::warn!(record = %self.id, outcome = "lease_lost",
                     "the claim was taken over before its lease could be extended");
-                self.lost.store(true, Ordering::Release);
-                self.lost_now.notify_waiters();
+                self.mark_lost();
                 return Err(Error::LeaseLost);
             }
         }
@@ -283,6 +292,42 @@ impl Held {
 
     pub(super) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
+    }
+
+    /// Marks the claim lost, and wakes whoever waits for it.
+    pub(super) fn mark_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+        self.lost_now.notify_waiters();
+    }
+
+    pub(super) fn id(&self) -> &RecordId {
+        &self.id
+    }
+
+    pub(super) fn owner(&self) -> &OwnerToken {
+        &self.owner
+    }
+
+    pub(super) fn now_ms(&self) -> u64 {
+        self.extender.now_ms()
+    }
+
+    pub(super) fn recorder(&self) -> &dyn super::steps::StepRecorder {
+        &*self.extender
+    }
+
+    pub(super) fn steps(&self) -> &tokio::sync::Mutex<Option<Vec<crate::store::RecordedStep>>> {
+        &self.steps
+    }
+
+    pub(super) fn mark_stepped(&self) {
+        self.stepped.store(true, Ordering::Release);
+    }
+
+    /// Whether the record holds a step of this attempt's or an earlier
+    /// one's, as far as this attempt knows.
+    pub(super) fn has_steps(&self) -> bool {
+        self.stepped.load(Ordering::Acquire)
     }
 
     pub(super) fn lease_until_ms(&self) -> u64 {

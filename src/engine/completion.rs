@@ -138,11 +138,22 @@ impl<St: Store> Engine<St> {
     /// would be attempt 1, not told. Its lease is ended instead (a fenced
     /// extension to the past), so the retry runs at once, as the next
     /// takeover, told that earlier attempts may have acted.
+    ///
+    /// A claim whose record holds steps (recovery points) is not deleted
+    /// either, whatever its attempt: the steps would go with it, and the
+    /// retry would run them again. It lapses the same way, and the retry
+    /// takes it over and resumes after them.
     pub(crate) async fn release(&self, claim: &Claim) {
         let now_ms = self.inner.clock.now_ms();
+        // The run is still registered while its key is given back; a run
+        // without steps costs one look-up of an atomic count, or a lock.
+        let stepped = self
+            .local_runs()
+            .get(&claim.id)
+            .is_some_and(|run| run.has_steps(&claim.owner));
         // One await for both ways, rather than a function for each: this
         // future nests inside every caller's (see `lapse`).
-        let (given, done) = if claim.attempt > 1 {
+        let (given, done) = if claim.attempt > 1 || stepped {
             let ended = self.lapse(Lapsing::of_claim(claim), now_ms);
             let lapsed = retry_conflicts(|| self.inner.store.extend(&ended)).await;
             (lapsed, "the takeover's claim was given back; its record stays, lapsed, for the next attempt to take over")

@@ -59,6 +59,7 @@ mod sealing;
 mod single_write;
 mod split;
 mod state;
+mod steps;
 mod table_size;
 
 pub use crate::store::Takeover;

@@ -41,6 +41,8 @@ pub(super) struct Inner<St> {
     pub(super) fail_open: bool,
     pub(super) heartbeat: bool,
     pub(super) read_before_claim: bool,
+    /// The bounds on the steps an operation records.
+    pub(super) step_limits: crate::store::StepLimits,
     pub(super) disabled: bool,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) local_runs: LocalRuns,

@@ -150,12 +150,14 @@ mod sql_columns;
     doc(cfg(any(feature = "sqlx-mysql", feature = "sqlx-postgres")))
 )]
 pub mod sqlx;
+pub mod steps;
 pub mod table_size;
 pub mod transaction;
 
 pub use crate::record_id::RecordId;
 pub use owner::OwnerToken;
 pub use record::{Record, Status, UnknownStatus};
+pub use steps::{RecordedStep, StepLimits, StepWrite};
 pub use table_size::{Accuracy, SizeSource, TableSize};
 pub use transaction::{
     OpenTransaction, Transaction, TransactionLimits, TransactionalStore, Transactions,
@@ -476,10 +478,52 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Ok(None))
     }
 
+    /// Records a finished step of the operation on its record
+    /// ([`ClaimHandle::step`](crate::ClaimHandle::step)): appends
+    /// `step.name` and `step.output` to the record's steps if and only if
+    /// the record is still `IN_PROGRESS` under `step.owner` (the fence, as
+    /// for [`complete`](Store::complete)) and holds exactly `step.index`
+    /// steps. Otherwise refuses, with the record found. A claim
+    /// ([`claim`](Store::claim)) starts a record without steps; a takeover
+    /// ([`take_over`](Store::take_over)) and an extension keep them.
+    ///
+    /// Optional ([`steps`](mod@steps)): the default answers
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+    fn record_step(
+        &self,
+        step: &StepWrite,
+    ) -> impl Future<Output = Result<Conditional, StoreError>> + Send {
+        let _ = step;
+        std::future::ready(Err(steps_unsupported()))
+    }
+
+    /// The steps recorded on the `IN_PROGRESS` record `id`, in the order
+    /// they were recorded, read with strong consistency; none when there is
+    /// no such record (absent, expired or completed).
+    ///
+    /// Optional, with [`record_step`](Store::record_step): the default
+    /// answers [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+    fn steps(
+        &self,
+        id: &RecordId,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Vec<RecordedStep>, StoreError>> + Send {
+        let _ = (id, now_ms);
+        std::future::ready(Err(steps_unsupported()))
+    }
+
     /// The store's transactions, when it can run an operation inside one
     /// with its claim ([`transaction`](mod@transaction)); `None`, the
     /// default, when it cannot. A [`TransactionalStore`] returns itself.
     fn transactions(&self) -> Option<&dyn Transactions<Self::Write>> {
         None
     }
+}
+
+/// What a store without recovery points answers.
+fn steps_unsupported() -> StoreError {
+    StoreError::new(
+        crate::StoreErrorKind::Unsupported,
+        "this store does not record steps (recovery points): Store::record_step is not implemented",
+    )
 }

@@ -10,8 +10,22 @@
 /// [`Store::SINGLE_WRITE`](crate::store::Store::SINGLE_WRITE) is `true`,
 /// to run the single-write scenarios too. See the
 /// [module docs](crate::testing).
+///
+/// `store_conformance!(steps: store)` runs the recovery-point scenarios
+/// on a store that records steps
+/// ([`Store::record_step`](crate::store::Store::record_step)), beside
+/// the call above.
 #[macro_export]
 macro_rules! store_conformance {
+    (steps: $store:expr $(,)?) => {
+        $crate::store_conformance!(@each $store;
+            steps_are_fenced_on_their_claim,
+            a_claim_starts_without_steps,
+            a_takeover_resumes_after_the_recorded_steps,
+            a_failure_after_a_step_keeps_it,
+            step_limits_are_enforced,
+        );
+    };
     (store: $store:expr, unavailable: $unavailable:expr, single_write $(,)?) => {
         $crate::store_conformance!(store: $store, unavailable: $unavailable);
         $crate::store_conformance!(@each $store;

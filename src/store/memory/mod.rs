@@ -8,7 +8,7 @@ mod transaction;
 
 use super::{
     Accuracy, Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
-    Removal, SizeSource, Status, Store, TableSize,
+    RecordedStep, Removal, SizeSource, Status, StepWrite, Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use packed::{monotonic_ms, Packed};
@@ -93,6 +93,12 @@ struct State {
     /// The keys transactions hold ([`MemoryTransaction`]): a write outside
     /// them is a conflict.
     held: HashSet<String>,
+    /// The steps recorded on each `IN_PROGRESS` record
+    /// ([`Store::record_step`]), beside the packed records (whose layout is
+    /// tuned for the claim path). Cleared with every write that starts or
+    /// ends a record, so a record never shows another's; the steps of a
+    /// record dropped as expired stay until its key is claimed again.
+    steps: HashMap<String, Vec<RecordedStep>>,
 }
 
 impl MemoryStore {
@@ -236,6 +242,7 @@ impl Store for MemoryStore {
             }
         }
         slot.put(Packed::claimed_from(claim));
+        state.steps.remove(claim.id.as_str());
         Ok(Conditional::Applied)
     }
 
@@ -296,6 +303,9 @@ impl Store for MemoryStore {
         for write in completion.writes {
             state.items.insert(write.key, write.value);
         }
+        // A completed record replays its response; its steps are never
+        // read again.
+        state.steps.remove(completion.id.as_str());
         Ok(Conditional::Applied)
     }
 
@@ -304,6 +314,7 @@ impl Store for MemoryStore {
         match state.records.found(id.as_str()) {
             Some(found) if found.get().held_by(owner) => {
                 found.remove();
+                state.steps.remove(id.as_str());
                 Ok(Conditional::Applied)
             }
             found => Ok(Conditional::Refused(
@@ -342,6 +353,7 @@ impl Store for MemoryStore {
             completed_at_ms: Some(commit.now_ms),
         });
         committed.expire_at(commit.expiration_s, commit.now_ms, monotonic_ms());
+        state.steps.remove(committed.id());
         state.records.put(committed);
         Ok(Conditional::Applied)
     }
@@ -357,6 +369,7 @@ impl Store for MemoryStore {
             }
             Some(_) => {
                 state.records.remove(id.as_str());
+                state.steps.remove(id.as_str());
                 Ok(Conditional::Applied)
             }
             None => Ok(Conditional::Refused(None)),
@@ -408,6 +421,38 @@ impl Store for MemoryStore {
                 .in_progress(in_progress)
                 .bytes(bytes),
         ))
+    }
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        let mut state = self.enter_key(step.id.as_str())?;
+        let state = &mut *state;
+        let Some(found) = state.records.get(step.id.as_str()) else {
+            return Ok(Conditional::Refused(None));
+        };
+        let recorded = state.steps.get(step.id.as_str()).map_or(0, Vec::len);
+        // The completion's fence (`held_by`: IN_PROGRESS under this owner),
+        // and the count that makes a retried write land once.
+        if !found.held_by(&step.owner) || recorded != step.index as usize {
+            return Ok(Conditional::Refused(Some(found.record())));
+        }
+        state
+            .steps
+            .entry(step.id.as_str().to_owned())
+            .or_default()
+            .push(RecordedStep::new(step.name.clone(), step.output.clone()));
+        Ok(Conditional::Applied)
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        let state = self.enter()?;
+        let in_progress = state
+            .records
+            .get(id.as_str())
+            .is_some_and(|r| !r.is_expired(now_ms) && r.status() == Status::InProgress);
+        Ok(match state.steps.get(id.as_str()) {
+            Some(steps) if in_progress => steps.clone(),
+            _ => Vec::new(),
+        })
     }
 
     fn transactions(&self) -> Option<&dyn super::Transactions<MemoryWrite>> {

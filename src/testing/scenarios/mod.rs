@@ -106,9 +106,11 @@ mod fencing;
 mod leases;
 mod operators;
 mod single_write;
+mod steps;
 
 pub use basics::*;
 pub use fencing::*;
 pub use leases::*;
 pub use operators::*;
 pub use single_write::*;
+pub use steps::*;

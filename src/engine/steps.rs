@@ -1,0 +1,256 @@
+//! Recovery points: [`ClaimHandle::step`] runs a named step of the
+//! operation once per key, recording its output on the claim's record with
+//! a fenced write, so that a takeover resumes after the steps that
+//! finished instead of repeating them (`docs/recovery-points.md`).
+
+use super::{
+    claim_handle::{ClaimHandle, Held},
+    state::Inner,
+};
+use crate::{
+    store::{Conditional, RecordId, RecordedStep, StepLimits, StepWrite, Store},
+    Error, StoreError, StoreErrorKind,
+};
+use serde::{de::DeserializeOwned, Serialize};
+use std::{future::Future, pin::Pin};
+
+type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// The engine's side of recording steps, without its store type.
+pub(super) trait StepRecorder: Send + Sync + 'static {
+    fn record_step<'a>(&'a self, step: &'a StepWrite) -> StoreFuture<'a, Conditional>;
+    fn steps<'a>(&'a self, id: &'a RecordId, now_ms: u64) -> StoreFuture<'a, Vec<RecordedStep>>;
+    fn step_limits(&self) -> StepLimits;
+    /// Whether the engine seals what it stores (at-rest encryption): steps
+    /// are not sealed yet, so they are refused rather than stored in clear.
+    fn seals(&self) -> bool;
+}
+
+impl<St: Store> StepRecorder for Inner<St> {
+    fn record_step<'a>(&'a self, step: &'a StepWrite) -> StoreFuture<'a, Conditional> {
+        Box::pin(self.store.store.record_step(step))
+    }
+
+    fn steps<'a>(&'a self, id: &'a RecordId, now_ms: u64) -> StoreFuture<'a, Vec<RecordedStep>> {
+        Box::pin(self.store.store.steps(id, now_ms))
+    }
+
+    fn step_limits(&self) -> StepLimits {
+        self.step_limits
+    }
+
+    fn seals(&self) -> bool {
+        #[cfg(feature = "encryption")]
+        return self.encryption.is_some();
+        #[cfg(not(feature = "encryption"))]
+        false
+    }
+}
+
+/// How often a step's write is tried again when the record holds another
+/// count of steps than this attempt knew (steps recorded concurrently from
+/// clones of one handle), before it gives up as a conflict.
+const STEP_WRITE_TRIES: usize = 3;
+
+impl ClaimHandle {
+    /// Runs the step `name` of the operation once per key: returns the
+    /// output recorded for it, when an earlier attempt at this key finished
+    /// it (this attempt took that one over); otherwise runs `operation`,
+    /// records its output on the claim's record (one fenced write, as a
+    /// completion is: it lands only while the claim is this attempt's),
+    /// and returns it.
+    ///
+    /// The same shape as the durable crate's `DurableIdempotency::step`
+    /// (a name, and a closure returning a future of a serde value), so a
+    /// handler's steps move between a durable function and a plain one.
+    /// Names are unique within an operation: a second step of the same
+    /// name gets the first one's output.
+    ///
+    /// Errors, and the operation should stop at each: [`Error::Operation`]
+    /// with the step's own error (nothing recorded; a retry runs the step
+    /// again); [`Error::LeaseLost`] when the claim was taken over before
+    /// the output could be recorded (the step ran, a zombie's: the
+    /// successor may run it again, so a step with an effect outside the
+    /// store passes its provider a key from [`step_key`](ClaimHandle::step_key));
+    /// [`Error::Store`] when the store failed, the output does not encode
+    /// or is over the engine's [`step_limits`](crate::EngineBuilder::step_limits)
+    /// (`Rejected`), or the store does not record steps (`Unsupported`).
+    ///
+    /// Without a claim (a single write, a disabled engine, fail-open
+    /// through an outage, an operation inside a store transaction, whose
+    /// claim commits or rolls back with it), the step just runs and nothing
+    /// is recorded.
+    ///
+    /// ```
+    /// use lambda_idempotency::{Attempt, Engine, Fingerprint, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let engine = Engine::builder(MemoryStore::new()).build();
+    /// let attempt = Attempt::new("payments", "order-77", Fingerprint::of_bytes(b"1250 EUR"));
+    /// let outcome = engine
+    ///     .run(&attempt, lambda_idempotency::Mode::Plain, &lambda_idempotency::Json, |claim| async move {
+    ///         let charge = claim.step("charge-card", || async { Ok("ch_1".to_owned()) }).await?;
+    ///         let entry = claim.step("book-ledger", || async { Ok(7u64) }).await?;
+    ///         Ok::<_, lambda_idempotency::Error<String>>(((charge, entry), Vec::new()))
+    ///     })
+    ///     .await;
+    /// assert_eq!(outcome.unwrap().into_value(), ("ch_1".to_owned(), 7));
+    /// # }
+    /// ```
+    pub async fn step<O, E, F, Fut>(&self, name: &str, operation: F) -> Result<O, Error<E>>
+    where
+        O: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<O, E>>,
+    {
+        let Some(held) = self.held_claim() else {
+            return operation().await.map_err(Error::Operation);
+        };
+        let recorder = held.recorder();
+        if recorder.seals() {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unsupported,
+                "steps are not sealed yet: recording them with at-rest encryption on would store them in clear",
+            )));
+        }
+        let limits = recorder.step_limits();
+        let recorded = held.recorded_steps(self.takeover().is_some()).await?;
+        if let Some(step) = recorded.iter().find(|step| step.name == name) {
+            return serde_json::from_slice(&step.output).map_err(|error| {
+                Error::Store(StoreError::corrupt(format!(
+                    "record {}: step {name:?}'s recorded output does not decode: {error}",
+                    held.id()
+                )))
+            });
+        }
+        if recorded.len() >= limits.max_steps as usize {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Rejected,
+                format!(
+                    "step {name:?} would be step {} of a key that records at most {}",
+                    recorded.len() + 1,
+                    limits.max_steps
+                ),
+            )));
+        }
+        drop(recorded);
+        let output = operation().await.map_err(Error::Operation)?;
+        let encoded = serde_json::to_vec(&output).map_err(|error| {
+            Error::Store(StoreError::new(
+                StoreErrorKind::Rejected,
+                format!("step {name:?}'s output does not encode: {error}"),
+            ))
+        })?;
+        if encoded.len() > limits.max_output_bytes {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Rejected,
+                format!(
+                    "step {name:?}'s output is {} bytes, over the {} a step may record",
+                    encoded.len(),
+                    limits.max_output_bytes
+                ),
+            )));
+        }
+        held.record(name, encoded).await?;
+        Ok(output)
+    }
+
+    /// A key for the downstream call step `name` makes (a payment
+    /// provider's `Idempotency-Key`): the same in every attempt at this
+    /// record, and distinct per step, so a step run again after its
+    /// attempt died before recording it reaches the provider with the same
+    /// key, and the provider answers it once. A hash of the record's id
+    /// and the step's name ([`derive_key`](crate::derive_key)); the raw key
+    /// is not in it. `None` without a claim.
+    pub fn step_key(&self, name: &str) -> Option<String> {
+        self.held_claim()
+            .map(|held| crate::derive_key(held.id().as_str(), name))
+    }
+}
+
+impl Held {
+    /// The steps recorded on the record, read once: from the store when
+    /// this attempt took over (an earlier attempt may have recorded some),
+    /// none for a fresh claim (a claim starts its record without steps).
+    async fn recorded_steps<E>(
+        &self,
+        took_over: bool,
+    ) -> Result<tokio::sync::MappedMutexGuard<'_, Vec<RecordedStep>>, Error<E>> {
+        let mut steps = self.steps().lock().await;
+        if steps.is_none() {
+            let read = if took_over {
+                let now_ms = self.now_ms();
+                self.recorder()
+                    .steps(self.id(), now_ms)
+                    .await
+                    .map_err(Error::Store)?
+            } else {
+                Vec::new()
+            };
+            if !read.is_empty() {
+                self.mark_stepped();
+            }
+            *steps = Some(read);
+        }
+        Ok(tokio::sync::MutexGuard::map(steps, |steps| {
+            steps.get_or_insert_with(Vec::new)
+        }))
+    }
+
+    /// Records step `name`'s encoded output, fenced on this claim; the
+    /// claim marked lost when the fence refuses it.
+    async fn record<E>(&self, name: &str, output: Vec<u8>) -> Result<(), Error<E>> {
+        let mut steps = self.recorded_steps(false).await?;
+        for _ in 0..STEP_WRITE_TRIES {
+            let write = StepWrite::new(
+                self.id().clone(),
+                self.owner().clone(),
+                u32::try_from(steps.len()).unwrap_or(u32::MAX),
+                name,
+                output.clone(),
+                self.now_ms(),
+            );
+            let refused = match self
+                .recorder()
+                .record_step(&write)
+                .await
+                .map_err(Error::Store)?
+            {
+                Conditional::Applied => {
+                    steps.push(RecordedStep::new(name, output));
+                    // A record with steps is never deleted to give the key
+                    // back: the retry takes it over and resumes.
+                    self.mark_stepped();
+                    return Ok(());
+                }
+                Conditional::Refused(found) => found,
+            };
+            let ours = refused.as_ref().is_some_and(|record| {
+                record.owner == *self.owner() && record.status == crate::store::Status::InProgress
+            });
+            if !ours {
+                tracing::warn!(record = %self.id(), step = name, outcome = "lease_lost",
+                    "the claim was taken over before the step's output could be recorded");
+                self.mark_lost();
+                return Err(Error::LeaseLost);
+            }
+            // Still ours, with another count of steps: this write landed
+            // before a retry whose answer was lost, or a clone of the
+            // handle recorded one meanwhile. Read them again.
+            let now_ms = self.now_ms();
+            *steps = self
+                .recorder()
+                .steps(self.id(), now_ms)
+                .await
+                .map_err(Error::Store)?;
+            if steps.iter().any(|step| step.name == name) {
+                self.mark_stepped();
+                return Ok(());
+            }
+        }
+        Err(Error::Store(StoreError::new(
+            StoreErrorKind::Conflict,
+            format!("step {name:?} could not be recorded: the record's steps kept changing"),
+        )))
+    }
+}
