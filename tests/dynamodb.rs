@@ -37,6 +37,67 @@ lambda_idempotency::store_conformance! {
     single_write,
 }
 
+/// Recovery points: each step one fenced `UpdateItem` on the record.
+mod steps {
+    use super::{store, support};
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use lambda_idempotency::{testing::scenarios::payload, Attempt, Engine, Json, Mode};
+
+    lambda_idempotency::store_conformance! {
+        steps: store(),
+    }
+
+    /// The item's attributes, read raw.
+    async fn item(table: &str, id: &str) -> std::collections::HashMap<String, AttributeValue> {
+        support::client()
+            .get_item()
+            .table_name(table)
+            .key("id", AttributeValue::S(id.to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get")
+            .item
+            .expect("the record")
+    }
+
+    /// While in progress the item holds its steps, as a list of a name and
+    /// an output each; the completion removes them, so a replay (a refused
+    /// claim, billed by the size of the item it returns) does not carry
+    /// them.
+    #[tokio::test]
+    async fn steps_live_in_the_item_until_its_completion() {
+        let store = store().await;
+        let table = store.table().to_owned();
+        let engine = Engine::builder(store).build();
+        let id = engine.record_id("t", "steps-item").as_str().to_owned();
+        let attempt = Attempt::new("t", "steps-item", payload(1));
+        let outcome = engine
+            .run(&attempt, Mode::Plain, &Json, |claim| {
+                let (table, id) = (table.clone(), id.clone());
+                async move {
+                    claim
+                        .step("charge", || async { Ok::<_, ()>("ch_1".to_owned()) })
+                        .await?;
+                    let during = item(&table, &id).await;
+                    let Some(AttributeValue::L(steps)) = during.get("steps") else {
+                        panic!("no steps list in {during:?}");
+                    };
+                    let AttributeValue::M(step) = &steps[0] else {
+                        panic!("a step is not a map: {steps:?}");
+                    };
+                    assert_eq!(step.get("name"), Some(&AttributeValue::S("charge".into())));
+                    assert_eq!(steps.len(), 1);
+                    Ok::<_, lambda_idempotency::Error<()>>((1u8, Vec::new()))
+                }
+            })
+            .await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        let completed = item(&table, &id).await;
+        assert!(!completed.contains_key("steps"), "{completed:?}");
+    }
+}
+
 #[tokio::test]
 async fn unreachable_store_runs_the_operation_only_when_failing_open() {
     let store = DynamoDbStore::new(support::unreachable_client(), "idempotency");

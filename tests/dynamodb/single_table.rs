@@ -47,6 +47,15 @@ lambda_idempotency::store_conformance! {
     single_write,
 }
 
+/// Recovery points in the single-table layout.
+mod steps {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        steps: store(),
+    }
+}
+
 /// The claim of an invocation that died a minute ago: stuck.
 fn stuck_claim(id: lambda_idempotency::store::RecordId, now: u64) -> Claim {
     Claim {

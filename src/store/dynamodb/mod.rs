@@ -52,14 +52,15 @@ mod layout;
 mod names;
 #[cfg(feature = "powertools")]
 mod powertools;
+mod steps;
 mod table;
 
 pub use layout::SingleTable;
 pub use names::AttributeNames;
 
 use super::{
-    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-    Status, Store,
+    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+    RecordedStep, Removal, Status, StepWrite, Store,
 };
 use crate::{StoreError, StoreErrorKind};
 use aws_sdk_dynamodb::{
@@ -92,7 +93,12 @@ const CLAIM_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s
 const COMMIT_CONDITION: &str = "attribute_not_exists(#id) OR #expiration < :now_s \
      OR (#status = :in_progress AND #lease_until < :now_ms \
          AND attribute_not_exists(#response) AND attribute_not_exists(#response_deflate))";
-const TAKE_OVER_CONDITION: &str =
+/// A takeover's condition, of a record without steps: one that holds
+/// steps is taken over by an update that keeps them (`steps.rs`).
+const TAKE_OVER_CONDITION: &str = "#status = :in_progress AND #owner = :lapsed \
+     AND #lease_until < :now_ms AND attribute_not_exists(#steps)";
+/// A takeover's condition, of a record with or without steps.
+const TAKE_OVER_CONDITION_WITH_STEPS: &str =
     "#status = :in_progress AND #owner = :lapsed AND #lease_until < :now_ms";
 const FENCE_CONDITION: &str = "#status = :in_progress AND #owner = :owner";
 const EXTEND_UPDATE: &str = "SET #lease_until = :lease_until, #expiration = :expiration";
@@ -100,7 +106,7 @@ const EXISTS_CONDITION: &str = "attribute_exists(#id)";
 const EXISTS_UNLESS_IN_PROGRESS_CONDITION: &str =
     "attribute_exists(#id) AND #status <> :in_progress";
 const COMPLETE_UPDATE: &str = "SET #status = :completed, #response = :response, \
-     #expiration = :expiration, #completed_at = :now_ms REMOVE #lease_until";
+     #expiration = :expiration, #completed_at = :now_ms REMOVE #lease_until, #steps";
 
 /// Records in a DynamoDB table.
 ///
@@ -633,15 +639,32 @@ impl Store for DynamoDbStore {
             (":now_ms".to_owned(), number(claim.now_ms)),
         ]);
         let names = &inner.expression_names.take_over;
-        self.conditional_put(
-            &claim.id,
-            item,
-            TAKE_OVER_CONDITION,
-            names,
-            values,
-            "PutItem (take over)",
-        )
-        .await
+        let answer = self
+            .conditional_put(
+                &claim.id,
+                item,
+                TAKE_OVER_CONDITION,
+                names,
+                values,
+                "PutItem (take over)",
+            )
+            .await?;
+        match answer {
+            // Refused only for its steps: taken over by an update that
+            // keeps them.
+            Conditional::Refused(Some(found)) if steps::takeable(&found, claim, lapsed) => {
+                self.take_over_stepped(claim, lapsed).await
+            }
+            answer => Ok(answer),
+        }
+    }
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.write_step(step).await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        self.read_steps(id, now_ms).await
     }
 
     async fn extend(&self, extension: &Extension) -> Result<Conditional, StoreError> {

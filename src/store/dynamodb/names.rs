@@ -23,6 +23,7 @@ pub struct AttributeNames {
     pub(crate) completed_at: String,
     pub(crate) attempt: String,
     pub(crate) first_started_at: String,
+    pub(crate) steps: String,
 }
 
 impl Default for AttributeNames {
@@ -40,6 +41,7 @@ impl Default for AttributeNames {
             completed_at: "completed_at".into(),
             attempt: "attempt".into(),
             first_started_at: "first_started_at".into(),
+            steps: "steps".into(),
         }
     }
 }
@@ -85,6 +87,9 @@ setters! {
     attempt,
     /// The first attempt's claim time in epoch milliseconds.
     first_started_at,
+    /// The steps an operation recorded while in progress (recovery points):
+    /// a list of maps, each a step's `name` (S) and `output` (B).
+    steps,
 }
 
 /// `ExpressionAttributeNames` for each request, built once: DynamoDB rejects
@@ -94,6 +99,11 @@ pub(super) struct ExpressionNames {
     pub(super) claim: HashMap<String, String>,
     pub(super) commit: HashMap<String, String>,
     pub(super) take_over: HashMap<String, String>,
+    /// The takeover of a lapsed claim whose record holds steps: an update
+    /// of the claim's attributes that keeps them.
+    pub(super) take_over_stepped: HashMap<String, String>,
+    /// A step's write, and its read.
+    pub(super) step: HashMap<String, String>,
     pub(super) fence: HashMap<String, String>,
     pub(super) extend: HashMap<String, String>,
     pub(super) complete: HashMap<String, String>,
@@ -119,6 +129,7 @@ impl ExpressionNames {
             ("#expiration", &names.expiration),
             ("#completed_at", &names.completed_at),
             ("#lease_until", &names.lease_until),
+            ("#steps", &names.steps),
         ]);
         Self {
             complete: complete.clone(),
@@ -135,6 +146,22 @@ impl ExpressionNames {
                 ("#status", &names.status),
                 ("#owner", &names.owner),
                 ("#lease_until", &names.lease_until),
+                ("#steps", &names.steps),
+            ]),
+            take_over_stepped: map(&[
+                ("#status", &names.status),
+                ("#owner", &names.owner),
+                ("#lease_until", &names.lease_until),
+                ("#expiration", &names.expiration),
+                ("#fingerprint", &names.fingerprint),
+                ("#created_at", &names.created_at),
+                ("#attempt", &names.attempt),
+                ("#first_started_at", &names.first_started_at),
+            ]),
+            step: map(&[
+                ("#status", &names.status),
+                ("#owner", &names.owner),
+                ("#steps", &names.steps),
             ]),
             fence: map(&[("#status", &names.status), ("#owner", &names.owner)]),
             extend: map(&[
