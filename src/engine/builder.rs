@@ -413,6 +413,7 @@ impl<St: Store> EngineBuilder<St> {
                 heartbeat: self.heartbeat.unwrap_or_else(heartbeat_by_default),
                 read_before_claim: self.read_before_claim,
                 step_limits: self.step_limits,
+                stepped_claims: Default::default(),
                 disabled,
                 clock: self.clock,
                 local_runs: Default::default(),

@@ -320,18 +320,25 @@ impl Held {
         &self.steps
     }
 
+    /// Marks the claim's record as one that may hold steps, so that
+    /// giving its key back keeps it (`Engine::release`), for as long as
+    /// this claim's handle lives.
     pub(super) fn mark_stepped(&self) {
-        self.stepped.store(true, Ordering::Release);
-    }
-
-    /// Whether the record holds a step of this attempt's or an earlier
-    /// one's, as far as this attempt knows.
-    pub(super) fn has_steps(&self) -> bool {
-        self.stepped.load(Ordering::Acquire)
+        if !self.stepped.swap(true, Ordering::AcqRel) {
+            self.recorder().claim_stepped(&self.owner);
+        }
     }
 
     pub(super) fn lease_until_ms(&self) -> u64 {
         self.lease().until_ms
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if *self.stepped.get_mut() {
+            self.extender.claim_ended(&self.owner);
+        }
     }
 }
 

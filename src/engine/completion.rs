@@ -145,12 +145,7 @@ impl<St: Store> Engine<St> {
     /// takes it over and resumes after them.
     pub(crate) async fn release(&self, claim: &Claim) {
         let now_ms = self.inner.clock.now_ms();
-        // The run is still registered while its key is given back; a run
-        // without steps costs one look-up of an atomic count, or a lock.
-        let stepped = self
-            .local_runs()
-            .get(&claim.id)
-            .is_some_and(|run| run.has_steps(&claim.owner));
+        let stepped = self.inner.stepped_claims.contains(&claim.owner);
         // One await for both ways, rather than a function for each: this
         // future nests inside every caller's (see `lapse`).
         let (given, done) = if claim.attempt > 1 || stepped {

@@ -177,16 +177,6 @@ impl LocalRun {
     }
 
     /// The payload's fingerprint the run claimed with.
-    /// Whether this run, under `owner`'s claim, knows its record holds
-    /// steps (recovery points): giving its key back must keep them.
-    pub(super) fn has_steps(&self, owner: &crate::store::OwnerToken) -> bool {
-        self.claim.owner == *owner
-            && self
-                .handle
-                .held_claim()
-                .is_some_and(|held| held.has_steps())
-    }
-
     pub(super) fn fingerprint(&self) -> &crate::Fingerprint {
         &self.claim.fingerprint
     }

@@ -43,6 +43,8 @@ pub(super) struct Inner<St> {
     pub(super) read_before_claim: bool,
     /// The bounds on the steps an operation records.
     pub(super) step_limits: crate::store::StepLimits,
+    /// The claims whose records may hold steps, while their operations run.
+    pub(super) stepped_claims: super::steps::SteppedClaims,
     pub(super) disabled: bool,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) local_runs: LocalRuns,

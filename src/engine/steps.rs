@@ -8,7 +8,7 @@ use super::{
     state::Inner,
 };
 use crate::{
-    store::{Conditional, RecordId, RecordedStep, StepLimits, StepWrite, Store},
+    store::{Conditional, OwnerToken, RecordId, RecordedStep, StepLimits, StepWrite, Store},
     Error, StoreError, StoreErrorKind,
 };
 use serde::{de::DeserializeOwned, Serialize};
@@ -21,6 +21,10 @@ pub(super) trait StepRecorder: Send + Sync + 'static {
     fn record_step<'a>(&'a self, step: &'a StepWrite) -> StoreFuture<'a, Conditional>;
     fn steps<'a>(&'a self, id: &'a RecordId, now_ms: u64) -> StoreFuture<'a, Vec<RecordedStep>>;
     fn step_limits(&self) -> StepLimits;
+    /// The claim under `owner` may hold steps (`SteppedClaims`).
+    fn claim_stepped(&self, owner: &OwnerToken);
+    /// The claim under `owner` ended: its handle is gone.
+    fn claim_ended(&self, owner: &OwnerToken);
     /// Whether the engine seals what it stores (at-rest encryption): steps
     /// are not sealed yet, so they are refused rather than stored in clear.
     fn seals(&self) -> bool;
@@ -39,11 +43,62 @@ impl<St: Store> StepRecorder for Inner<St> {
         self.step_limits
     }
 
+    fn claim_stepped(&self, owner: &OwnerToken) {
+        self.stepped_claims.insert(owner);
+    }
+
+    fn claim_ended(&self, owner: &OwnerToken) {
+        self.stepped_claims.remove(owner);
+    }
+
     fn seals(&self) -> bool {
         #[cfg(feature = "encryption")]
         return self.encryption.is_some();
         #[cfg(not(feature = "encryption"))]
         false
+    }
+}
+
+/// The claims of this engine whose records may hold steps, by owner token
+/// (one per claim, so two runs of one key never share an entry), from the
+/// first step write sent until the claim's handle is dropped: giving such
+/// a key back ends its lease instead of deleting the record
+/// (`Engine::release`), so the steps survive for the retry.
+///
+/// Kept by token, not found through the claim's run in `LocalRuns`: a
+/// duplicate's run of the same key replaces that entry (the simulator's
+/// seed 36521 with `SIM_STEPS=1`: a run in a transaction in the same
+/// process, and the stepped record was deleted).
+#[derive(Debug, Default)]
+pub(super) struct SteppedClaims {
+    owners: std::sync::Mutex<std::collections::HashSet<OwnerToken>>,
+    /// How many: none, and `contains` takes no lock (every release asks).
+    count: std::sync::atomic::AtomicUsize,
+}
+
+impl SteppedClaims {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<OwnerToken>> {
+        self.owners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn insert(&self, owner: &OwnerToken) {
+        let mut owners = self.lock();
+        if owners.insert(owner.clone()) {
+            self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+
+    fn remove(&self, owner: &OwnerToken) {
+        let mut owners = self.lock();
+        if owners.remove(owner) {
+            self.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+
+    pub(super) fn contains(&self, owner: &OwnerToken) -> bool {
+        self.count.load(std::sync::atomic::Ordering::Acquire) > 0 && self.lock().contains(owner)
     }
 }
 
@@ -201,6 +256,12 @@ impl Held {
     /// claim marked lost when the fence refuses it.
     async fn record<E>(&self, name: &str, output: Vec<u8>) -> Result<(), Error<E>> {
         let mut steps = self.recorded_steps(false).await?;
+        // Marked before the write is sent: a write whose answer is lost
+        // may have landed, and a record that may hold a step must not be
+        // deleted to give the key back (the simulator's seed 758 with
+        // `SIM_STEPS=1`: a timed-out step write, then a release, and the
+        // next claim ran the step again).
+        self.mark_stepped();
         for _ in 0..STEP_WRITE_TRIES {
             let write = StepWrite::new(
                 self.id().clone(),

@@ -102,7 +102,12 @@ pub fn check(history: &History) -> Result<(), String> {
     for (seq, entry) in history.entries.iter().enumerate() {
         let at = entry.at_ms;
         match &entry.event {
-            Event::Arrive { .. } | Event::Advance | Event::Crash { .. } => {}
+            // The steps' invariants are `steps.rs`'s.
+            Event::Arrive { .. }
+            | Event::Advance
+            | Event::Crash { .. }
+            | Event::StepEffect { .. }
+            | Event::StepDone { .. } => {}
             Event::Held { att, key } => {
                 let Some(&key) = keys.get(key.as_str()) else {
                     return Err(format!("a transaction held an unknown record {key}"));
@@ -355,7 +360,8 @@ pub fn check(history: &History) -> Result<(), String> {
                             att,
                         )?;
                     }
-                    Op::Get(..) | Op::Peek(..) => {}
+                    // A step is fenced as a completion is: `steps.rs`.
+                    Op::Get(..) | Op::Peek(..) | Op::Step(_) | Op::Steps(..) => {}
                 }
             }
             Event::Start {

@@ -13,6 +13,7 @@
 mod check;
 mod rng;
 mod sim;
+mod steps;
 
 use sim::{Answer, Ending, Entry, Event, History, Op};
 use std::{
@@ -226,6 +227,59 @@ fn histories_with_durable_executions_keep_every_invariant() {
     println!("{budget} histories with durable executions ({completed} completed, {taken_over} takeovers): every invariant held");
 }
 
+/// The same, with the plain runs' work done in steps
+/// (`ClaimHandle::step`, recovery points), checked against the step
+/// invariants too (`steps.rs`): `SIM_STEPS_SEEDS` seeds (2,000 by
+/// default) from `SIM_START`. `SIM_SEED` with `SIM_STEPS=1` prints one.
+#[test]
+fn histories_with_steps_keep_every_invariant() {
+    let options = sim::Options {
+        steps: true,
+        ..Default::default()
+    };
+    let check = |seed: u64, history: &History| -> Result<steps::Counts, String> {
+        check::check(history)?;
+        steps::check(history).map_err(|broken| format!("seed {seed} (steps): {broken}"))
+    };
+    if let (Some(seed), Some(1)) = (env("SIM_SEED"), env("SIM_STEPS")) {
+        let history = sim::run_with(seed, options);
+        println!("{}", render(seed, &history));
+        if let Err(broken) = check(seed, &history) {
+            panic!("seed {seed} (steps): {broken}");
+        }
+        return;
+    }
+    let budget = env("SIM_STEPS_SEEDS").unwrap_or(2_000);
+    let start = env("SIM_START").unwrap_or(0);
+    let mut total = steps::Counts::default();
+    for seed in start..start.saturating_add(budget) {
+        let history = sim::run_with(seed, options);
+        match check(seed, &history) {
+            Ok(counts) => {
+                total.recorded += counts.recorded;
+                total.refused += counts.refused;
+                total.resumed += counts.resumed;
+            }
+            Err(broken) => panic!(
+                "{}\nseed {seed} (steps) broke an invariant: {broken}\nreplay it: SIM_SEED={seed} SIM_STEPS=1 cargo test --test simulator histories_with_steps -- --nocapture",
+                render(seed, &history)
+            ),
+        }
+    }
+    if budget >= 1_000 {
+        assert!(total.recorded > 0, "some steps were recorded");
+        assert!(total.refused > 0, "some step writes were refused");
+        assert!(
+            total.resumed > 0,
+            "some takeovers resumed after recorded steps"
+        );
+    }
+    println!(
+        "{budget} histories in steps ({} steps recorded, {} step writes refused, {} takeovers resumed): every invariant held",
+        total.recorded, total.refused, total.resumed
+    );
+}
+
 #[test]
 fn a_seed_replays_its_history_exactly() {
     for seed in 0..50 {
@@ -340,6 +394,8 @@ fn render(seed: u64, history: &History) -> String {
                 format!("e{exec} {}", if *crashed { "dropped" } else { "returns" })
             }
             Event::Crash { att } => format!("a{att} CRASHES"),
+            Event::StepEffect { att, key, step } => format!("a{att} step s{step} of k{key} acts"),
+            Event::StepDone { att, key, step } => format!("a{att} step s{step} of k{key} done"),
             Event::Held { att, key } => format!("a{att}'s transaction holds {key}"),
             Event::Unheld { att, key } => format!("a{att}'s transaction ends: {key} free"),
             Event::Done {

@@ -42,8 +42,8 @@ use lambda_idempotency::{
     split::{self, SplitAttempt, SplitClaim},
     store::{
         transaction::TransactionFuture, Claim, Commit, Completion, Conditional, Extension,
-        OpenTransaction, OwnerToken, Record, RecordId, Removal, Store, Transaction,
-        TransactionLimits, TransactionalStore, Transactions,
+        OpenTransaction, OwnerToken, Record, RecordId, RecordedStep, Removal, StepWrite, Store,
+        Transaction, TransactionLimits, TransactionalStore, Transactions,
     },
     Attempt, ClaimHandle, Clock, Engine, Error, Fingerprint, Json, MemoryStore, Mode, OutcomeKind,
     StoreError, StoreErrorKind,
@@ -114,6 +114,10 @@ pub enum Op {
     /// A transaction's `COMMIT`: its claim and its completion (with the
     /// operation's effect) land together, or nothing does.
     CommitTransaction(Box<Committing>),
+    /// A step's output recorded on the record (`Store::record_step`).
+    Step(StepWrite),
+    /// The record's steps read (`Store::steps`).
+    Steps(RecordId, u64),
 }
 
 /// What a transaction commits, and the transaction.
@@ -145,6 +149,8 @@ impl Op {
             Op::Get(..) => "get",
             Op::Peek(..) => "peek",
             Op::CommitTransaction(_) => "COMMIT",
+            Op::Step(_) => "step",
+            Op::Steps(..) => "steps",
         }
     }
 
@@ -156,11 +162,13 @@ impl Op {
             Op::Release(id, _) | Op::Get(id, _) | Op::Peek(id, _) => id,
             Op::Commit(c) => &c.id,
             Op::CommitTransaction(c) => &c.claim.id,
+            Op::Step(s) => &s.id,
+            Op::Steps(id, _) => id,
         }
     }
 
     fn is_write(&self) -> bool {
-        !matches!(self, Op::Get(..) | Op::Peek(..))
+        !matches!(self, Op::Get(..) | Op::Peek(..) | Op::Steps(..))
     }
 }
 
@@ -169,6 +177,7 @@ impl Op {
 pub enum Answer {
     Write(Conditional),
     Read(Option<Record>),
+    Steps(Vec<RecordedStep>),
     Fault(StoreErrorKind, &'static str),
 }
 
@@ -180,6 +189,14 @@ impl Answer {
             Answer::Write(Conditional::Refused(Some(r))) => format!("refused({})", brief(r)),
             Answer::Read(None) => "none".into(),
             Answer::Read(Some(r)) => brief(r),
+            Answer::Steps(steps) => format!(
+                "[{}]",
+                steps
+                    .iter()
+                    .map(|step| step.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Answer::Fault(kind, why) => format!("ERR {} ({why})", kind.as_str()),
         }
     }
@@ -259,6 +276,11 @@ pub enum Event {
     Held { att: usize, key: RecordId },
     /// The transaction ended (committed, rolled back, or dropped).
     Unheld { att: usize, key: RecordId },
+    /// A step's body began (its effect: a provider's call): step `step`
+    /// of the attempt's operation on its key (`ClaimHandle::step`).
+    StepEffect { att: usize, key: usize, step: usize },
+    /// The step's body finished, before its output is recorded.
+    StepDone { att: usize, key: usize, step: usize },
     /// The attempt returned.
     Done {
         att: usize,
@@ -288,6 +310,9 @@ pub struct AttemptInfo {
     pub way: Way,
     pub faults: u32,
     pub conflicts: u32,
+    /// How many steps its operation takes (`ClaimHandle::step`): 0 unless
+    /// it runs in steps.
+    pub steps: usize,
 }
 
 /// The configuration of one history, drawn from its seed.
@@ -444,7 +469,7 @@ impl SimStore {
         match self.send(op).await {
             Answer::Write(conditional) => Ok(conditional),
             Answer::Fault(kind, why) => Err(StoreError::new(kind, why)),
-            Answer::Read(_) => unreachable!("a write answered as a read"),
+            Answer::Read(_) | Answer::Steps(_) => unreachable!("a write answered as a read"),
         }
     }
 }
@@ -498,7 +523,19 @@ impl Store for SimStore {
         match self.send(Op::Get(id.clone(), now_ms)).await {
             Answer::Read(record) => Ok(record),
             Answer::Fault(kind, why) => Err(StoreError::new(kind, why)),
-            Answer::Write(_) => unreachable!("a read answered as a write"),
+            _ => unreachable!("a read answered as a write"),
+        }
+    }
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.write(Op::Step(step.clone())).await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        match self.send(Op::Steps(id.clone(), now_ms)).await {
+            Answer::Steps(steps) => Ok(steps),
+            Answer::Fault(kind, why) => Err(StoreError::new(kind, why)),
+            _ => unreachable!("a read of steps answered otherwise"),
         }
     }
 
@@ -506,7 +543,7 @@ impl Store for SimStore {
         match self.send(Op::Peek(id.clone(), now_ms)).await {
             Answer::Read(record) => Ok(record),
             Answer::Fault(kind, why) => Err(StoreError::new(kind, why)),
-            Answer::Write(_) => unreachable!("a read answered as a write"),
+            _ => unreachable!("a read answered as a write"),
         }
     }
 
@@ -714,6 +751,14 @@ fn apply(memory: &MemoryStore, op: &Op) -> Answer {
             .commit()
             .now_or_never()
             .map(|r| r.map(|()| Answer::Write(Conditional::Applied))),
+        Op::Step(s) => memory
+            .record_step(s)
+            .now_or_never()
+            .map(|r| r.map(Answer::Write)),
+        Op::Steps(id, now) => memory
+            .steps(id, *now)
+            .now_or_never()
+            .map(|r| r.map(Answer::Steps)),
     };
     match answer.expect("the memory store never waits") {
         Ok(answer) => answer,
@@ -787,6 +832,9 @@ struct Plan {
     limits: TransactionLimits,
     /// A durable execution's lease: nothing renews it.
     split_lease_ms: u64,
+    /// Each wait of its work is a step (`ClaimHandle::step`) named after
+    /// its place, `s0`, `s1`, …
+    steps: bool,
 }
 
 struct TaskWaker(AtomicBool);
@@ -828,6 +876,9 @@ pub struct Options {
     pub read_before_claim: bool,
     /// Two attempts in five are durable executions ([`Way::Split`]).
     pub split_executions: bool,
+    /// The plain runs' work is done in steps (`ClaimHandle::step`), each
+    /// recorded on the record (recovery points).
+    pub steps: bool,
 }
 
 /// The history of `seed`, with `options`.
@@ -835,6 +886,7 @@ pub fn run_with(seed: u64, options: Options) -> History {
     let Options {
         read_before_claim,
         split_executions,
+        steps: in_steps,
     } = options;
     let mut rng = Rng::new(seed);
     let config = Config::draw(&mut rng);
@@ -977,6 +1029,7 @@ pub fn run_with(seed: u64, options: Options) -> History {
                         .time_limit(Duration::from_millis(QUANTUM_MS * rng.range(2, 60))),
                     // Within max_lease, as every lease the checker sees.
                     split_lease_ms: config.default_lease_ms,
+                    steps: in_steps && way == Way::Plain,
                 };
                 let clock_ms = (lock(&world).now_ms as i64 + skew) as u64;
                 let deadline_ms = rng.chance(30).then(|| clock_ms + 1_000 * rng.range(1, 6));
@@ -996,6 +1049,7 @@ pub fn run_with(seed: u64, options: Options) -> History {
                     way,
                     faults: 0,
                     conflicts: 0,
+                    steps: if plan.steps { plan.work.len() } else { 0 },
                 });
                 let future = attempt_future(
                     engines[process].clone(),
@@ -1239,14 +1293,31 @@ async fn attempt_future(
             exec,
             returned: false,
         };
-        for wait in &plan.work {
-            let until_ms = lock(&operation_world).now_ms + wait;
-            Work {
-                world: Arc::clone(&operation_world),
-                until_ms,
-                fired: Arc::default(),
+        for (step, wait) in plan.work.iter().enumerate() {
+            let wait = || async {
+                let until_ms = lock(&operation_world).now_ms + wait;
+                Work {
+                    world: Arc::clone(&operation_world),
+                    until_ms,
+                    fired: Arc::default(),
+                }
+                .await;
+            };
+            match &handle {
+                Some(handle) if plan.steps => {
+                    let world = &operation_world;
+                    handle
+                        .step(&format!("s{step}"), || async {
+                            lock(world).log(Event::StepEffect { att, key, step });
+                            wait().await;
+                            lock(world).log(Event::StepDone { att, key, step });
+                            Ok::<_, std::convert::Infallible>(step)
+                        })
+                        .await
+                        .map_err(|_| "a step was not recorded")?;
+                }
+                _ => wait().await,
             }
-            .await;
             if let (Some(by), Some(handle)) = (plan.extend_by, &handle) {
                 let _ = handle.extend(Duration::from_millis(by)).await;
             }

@@ -59,8 +59,8 @@ pub use layout::SingleTable;
 pub use names::AttributeNames;
 
 use super::{
-    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
-    RecordedStep, Removal, Status, StepWrite, Store,
+    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, RecordedStep,
+    Removal, Status, StepWrite, Store,
 };
 use crate::{StoreError, StoreErrorKind};
 use aws_sdk_dynamodb::{

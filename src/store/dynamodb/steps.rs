@@ -4,8 +4,8 @@
 
 use super::{
     codec::{number, string, Item},
-    errors, Claim, Conditional, DynamoDbStore, OwnerToken, Record, RecordId, RecordedStep,
-    Status, StepWrite, TAKE_OVER_CONDITION_WITH_STEPS,
+    errors, Claim, Conditional, DynamoDbStore, OwnerToken, Record, RecordId, RecordedStep, Status,
+    StepWrite, TAKE_OVER_CONDITION_WITH_STEPS,
 };
 use crate::StoreError;
 use aws_sdk_dynamodb::{
@@ -37,7 +37,9 @@ const OUTPUT: &str = "output";
 pub(super) fn takeable(found: &Record, claim: &Claim, lapsed: &OwnerToken) -> bool {
     found.status == Status::InProgress
         && found.owner == *lapsed
-        && found.lease_until_ms.is_some_and(|lease| lease < claim.now_ms)
+        && found
+            .lease_until_ms
+            .is_some_and(|lease| lease < claim.now_ms)
 }
 
 impl DynamoDbStore {
@@ -110,16 +112,25 @@ impl DynamoDbStore {
     ) -> Result<Conditional, StoreError> {
         let inner = &*self.inner;
         let values: Item = HashMap::from([
-            (":in_progress".to_owned(), string(Status::InProgress.as_str())),
+            (
+                ":in_progress".to_owned(),
+                string(Status::InProgress.as_str()),
+            ),
             (":lapsed".to_owned(), string(lapsed.as_str())),
             (":now_ms".to_owned(), number(claim.now_ms)),
             (":owner".to_owned(), string(claim.owner.as_str())),
             (":lease_until".to_owned(), number(claim.lease_until_ms)),
             (":expiration".to_owned(), number(claim.expiration_s)),
-            (":fingerprint".to_owned(), string(claim.fingerprint.as_str())),
+            (
+                ":fingerprint".to_owned(),
+                string(claim.fingerprint.as_str()),
+            ),
             (":created_at".to_owned(), number(claim.now_ms)),
             (":attempt".to_owned(), number(u64::from(claim.attempt))),
-            (":first_started_at".to_owned(), number(claim.first_started_ms)),
+            (
+                ":first_started_at".to_owned(),
+                number(claim.first_started_ms),
+            ),
         ]);
         let result = inner
             .client
@@ -139,7 +150,8 @@ impl DynamoDbStore {
 }
 
 fn decode_step(id: &RecordId, step: AttributeValue) -> Result<RecordedStep, StoreError> {
-    let corrupt = || StoreError::corrupt(format!("record {id}: a step is not a name and an output"));
+    let corrupt =
+        || StoreError::corrupt(format!("record {id}: a step is not a name and an output"));
     let AttributeValue::M(mut step) = step else {
         return Err(corrupt());
     };
