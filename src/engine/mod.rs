@@ -95,4 +95,6 @@ mod encryption_tests;
 #[cfg(test)]
 mod observe_tests;
 #[cfg(test)]
+mod steps_tests;
+#[cfg(test)]
 mod tests;

@@ -21,6 +21,8 @@ pub(super) trait StepRecorder: Send + Sync + 'static {
     fn record_step<'a>(&'a self, step: &'a StepWrite) -> StoreFuture<'a, Conditional>;
     fn steps<'a>(&'a self, id: &'a RecordId, now_ms: u64) -> StoreFuture<'a, Vec<RecordedStep>>;
     fn step_limits(&self) -> StepLimits;
+    /// Whether the store records steps (`Store::STEPS`).
+    fn records_steps(&self) -> bool;
     /// The claim under `owner` may hold steps (`SteppedClaims`).
     fn claim_stepped(&self, owner: &OwnerToken);
     /// The claim under `owner` ended: its handle is gone.
@@ -41,6 +43,10 @@ impl<St: Store> StepRecorder for Inner<St> {
 
     fn step_limits(&self) -> StepLimits {
         self.step_limits
+    }
+
+    fn records_steps(&self) -> bool {
+        St::STEPS
     }
 
     fn claim_stepped(&self, owner: &OwnerToken) {
@@ -162,6 +168,12 @@ impl ClaimHandle {
             return operation().await.map_err(Error::Operation);
         };
         let recorder = held.recorder();
+        if !recorder.records_steps() {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unsupported,
+                "this store does not record steps (recovery points): Store::STEPS is false",
+            )));
+        }
         if recorder.seals() {
             return Err(Error::Store(StoreError::new(
                 StoreErrorKind::Unsupported,

@@ -347,6 +347,14 @@ pub trait Store: Send + Sync + 'static {
     /// store says.
     const DB_SYSTEM: &'static str = "other";
 
+    /// Whether [`record_step`](Store::record_step) and
+    /// [`steps`](Store::steps) are implemented (recovery points,
+    /// [`steps`](mod@steps)). Without them a step
+    /// ([`ClaimHandle::step`](crate::ClaimHandle::step)) is refused as
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported)
+    /// before it runs. `false` unless the store says.
+    const STEPS: bool = false;
+
     /// Writes the claim's fresh `IN_PROGRESS` record if and only if no
     /// record is there, or the one there has expired
     /// ([`Record::is_expired`] at `claim.now_ms`). Otherwise refuses, with

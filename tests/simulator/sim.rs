@@ -478,6 +478,7 @@ impl Store for SimStore {
     type Write = MemoryWrite;
 
     const SINGLE_WRITE: bool = true;
+    const STEPS: bool = true;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.write(Op::Claim(claim.clone())).await

@@ -547,6 +547,7 @@ impl Store for DynamoDbStore {
 
     const SINGLE_WRITE: bool = true;
     const DB_SYSTEM: &'static str = "aws.dynamodb";
+    const STEPS: bool = true;
 
     async fn commit(
         &self,

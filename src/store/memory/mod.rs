@@ -231,6 +231,7 @@ impl Store for MemoryStore {
 
     const SINGLE_WRITE: bool = true;
     const DB_SYSTEM: &'static str = "memory";
+    const STEPS: bool = true;
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let mut state = self.enter_key(claim.id.as_str())?;

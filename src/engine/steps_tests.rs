@@ -1,0 +1,239 @@
+//! `ClaimHandle::step` beside what the conformance kit checks on every
+//! store: a store without steps, a run without a claim, the downstream key,
+//! the lease lost, a write retried after it landed, encryption.
+
+use super::*;
+use crate::{
+    store::{
+        memory::MemoryWrite, Claim, Completion, Conditional, Extension, OwnerToken, Record,
+        RecordId, Removal, StepWrite, Store,
+    },
+    testing::ManualClock,
+    Error, Fingerprint, MemoryStore, StoreError, StoreErrorKind,
+};
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
+
+/// A store written before steps: it implements neither step method.
+#[derive(Clone, Default)]
+struct Plain(MemoryStore);
+
+impl Store for Plain {
+    type Write = MemoryWrite;
+    async fn claim(&self, c: &Claim) -> Result<Conditional, StoreError> {
+        self.0.claim(c).await
+    }
+    async fn take_over(&self, c: &Claim, o: &OwnerToken) -> Result<Conditional, StoreError> {
+        self.0.take_over(c, o).await
+    }
+    async fn extend(&self, e: &Extension) -> Result<Conditional, StoreError> {
+        self.0.extend(e).await
+    }
+    async fn complete(&self, c: Completion<MemoryWrite>) -> Result<Conditional, StoreError> {
+        self.0.complete(c).await
+    }
+    async fn release(&self, i: &RecordId, o: &OwnerToken) -> Result<Conditional, StoreError> {
+        self.0.release(i, o).await
+    }
+    async fn remove(&self, i: &RecordId, r: Removal) -> Result<Conditional, StoreError> {
+        self.0.remove(i, r).await
+    }
+    async fn list_in_progress(&self, p: &str, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.0.list_in_progress(p, l).await
+    }
+    async fn get(&self, i: &RecordId, n: u64) -> Result<Option<Record>, StoreError> {
+        self.0.get(i, n).await
+    }
+}
+
+fn attempt(key: &str) -> Attempt<'_> {
+    Attempt::new("s", key, Fingerprint::of_bytes(b"1250 EUR"))
+}
+
+/// A step that counts its runs and returns the count.
+async fn counted(runs: &AtomicUsize) -> Result<usize, ()> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[tokio::test]
+async fn a_store_without_steps_answers_unsupported_and_runs_nothing() {
+    let engine = Engine::builder(Plain::default()).build();
+    let runs = AtomicUsize::new(0);
+    let outcome = engine
+        .run(&attempt("k"), Mode::Plain, &Json, |claim| async move {
+            let step = claim.step("charge", || counted(&runs)).await;
+            assert!(
+                matches!(&step, Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unsupported),
+                "{step:?}"
+            );
+            Ok::<_, ()>((runs.load(Ordering::SeqCst), Vec::new()))
+        })
+        .await;
+    // Refused before the step ran (`Store::STEPS` is false).
+    assert_eq!(outcome.expect("the operation completes").into_value(), 0);
+}
+
+#[tokio::test]
+async fn without_a_claim_a_step_just_runs() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let runs = AtomicUsize::new(0);
+    let outcome = engine
+        .run_single_write(&attempt("k"), &Json, |claim| async move {
+            assert!(!claim.is_claimed());
+            assert_eq!(claim.step_key("charge"), None);
+            let first = claim.step("charge", || counted(&runs)).await;
+            let again = claim.step("charge", || counted(&runs)).await;
+            Ok::<_, Error<()>>(((first?, again?), Vec::new()))
+        })
+        .await;
+    assert_eq!(outcome.expect("committed").into_value(), (1, 2));
+}
+
+#[tokio::test]
+async fn a_step_key_is_the_same_in_every_attempt_and_distinct_per_step() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(MemoryStore::new())
+        .clock(clock.clone())
+        .build();
+    let keys = |claim: ClaimHandle| async move {
+        let charge = claim.step_key("charge").expect("claimed");
+        let receipt = claim.step_key("receipt").expect("claimed");
+        Err::<(u8, Vec<MemoryWrite>), _>((charge, receipt))
+    };
+    let Err(Error::Operation(first)) = engine.run(&attempt("k"), Mode::Plain, &Json, keys).await
+    else {
+        panic!("the operation fails");
+    };
+    let Err(Error::Operation(second)) = engine.run(&attempt("k"), Mode::Plain, &Json, keys).await
+    else {
+        panic!("the operation fails");
+    };
+    assert_eq!(first, second);
+    assert_ne!(first.0, first.1);
+    let id = engine.record_id("s", "k");
+    assert_eq!(first.0, crate::derive_key(id.as_str(), "charge"));
+    assert_eq!(first.0.len(), 64);
+}
+
+/// The claim taken over while a step ran: its write is refused, the step
+/// answers `LeaseLost`, and the handle says the claim is lost.
+#[tokio::test]
+async fn a_step_recorded_after_the_claim_was_lost_is_refused() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone()).build();
+    let outcome = engine
+        .run(&attempt("k"), Mode::Plain, &Json, |claim| {
+            let store = store.clone();
+            let id = engine.record_id("s", "k");
+            async move {
+                let step = claim
+                    .step("charge", || async {
+                        // Another attempt takes the record over meanwhile.
+                        let mut record = store.record(&id).expect("claimed");
+                        record.owner = OwnerToken::from_stored("successor");
+                        store.insert_record(record);
+                        Ok::<_, ()>(1u8)
+                    })
+                    .await;
+                assert!(matches!(step, Err(Error::LeaseLost)), "{step:?}");
+                assert!(claim.is_lost());
+                Ok::<_, ()>((0u8, Vec::new()))
+            }
+        })
+        .await;
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let id = engine.record_id("s", "k");
+    assert!(store.steps(&id, u64::MAX / 2).await.expect("read").is_empty());
+}
+
+/// A store whose first step write lands and answers as refused (a retry
+/// after the answer of the first was lost): the engine reads the steps
+/// back, finds its own, and goes on.
+#[derive(Clone, Default)]
+struct LandedTwice {
+    store: MemoryStore,
+    writes: Arc<AtomicUsize>,
+}
+
+impl Store for LandedTwice {
+    type Write = MemoryWrite;
+    const STEPS: bool = true;
+    async fn claim(&self, c: &Claim) -> Result<Conditional, StoreError> {
+        self.store.claim(c).await
+    }
+    async fn take_over(&self, c: &Claim, o: &OwnerToken) -> Result<Conditional, StoreError> {
+        self.store.take_over(c, o).await
+    }
+    async fn extend(&self, e: &Extension) -> Result<Conditional, StoreError> {
+        self.store.extend(e).await
+    }
+    async fn complete(&self, c: Completion<MemoryWrite>) -> Result<Conditional, StoreError> {
+        self.store.complete(c).await
+    }
+    async fn release(&self, i: &RecordId, o: &OwnerToken) -> Result<Conditional, StoreError> {
+        self.store.release(i, o).await
+    }
+    async fn remove(&self, i: &RecordId, r: Removal) -> Result<Conditional, StoreError> {
+        self.store.remove(i, r).await
+    }
+    async fn list_in_progress(&self, p: &str, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.store.list_in_progress(p, l).await
+    }
+    async fn get(&self, i: &RecordId, n: u64) -> Result<Option<Record>, StoreError> {
+        self.store.get(i, n).await
+    }
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let landed = self.store.record_step(step).await?;
+        assert_eq!(landed, Conditional::Applied);
+        // The SDK's retry of the same write, refused by its own effect.
+        self.store.record_step(step).await
+    }
+    async fn steps(
+        &self,
+        id: &RecordId,
+        now_ms: u64,
+    ) -> Result<Vec<crate::store::RecordedStep>, StoreError> {
+        self.store.steps(id, now_ms).await
+    }
+}
+
+#[tokio::test]
+async fn a_step_write_that_landed_before_its_retry_is_recognised() {
+    let store = LandedTwice::default();
+    let engine = Engine::builder(store.clone()).build();
+    let runs = AtomicUsize::new(0);
+    let outcome = engine
+        .run(&attempt("k"), Mode::Plain, &Json, |claim| async move {
+            let first = claim.step("charge", || counted(&runs)).await?;
+            let second = claim.step("ledger", || counted(&runs)).await?;
+            Ok::<_, Error<()>>(((first, second), Vec::new()))
+        })
+        .await;
+    assert_eq!(outcome.expect("completed").into_value(), (1, 2));
+    assert_eq!(store.writes.load(Ordering::SeqCst), 2, "one write a step");
+}
+
+#[cfg(feature = "encryption")]
+#[tokio::test]
+async fn with_encryption_on_a_step_is_refused_rather_than_stored_in_clear() {
+    use crate::encryption::{Encryption, RawKeys};
+    let keys = RawKeys::new("k1", &[7; 32]).expect("a key");
+    let engine = Engine::builder(MemoryStore::new())
+        .encryption(Encryption::new(keys, "prod/idempotency"))
+        .build();
+    let runs = AtomicUsize::new(0);
+    let outcome = engine
+        .run(&attempt("k"), Mode::Plain, &Json, |claim| async move {
+            let step = claim.step("charge", || counted(&runs)).await;
+            assert!(
+                matches!(&step, Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unsupported),
+                "{step:?}"
+            );
+            Ok::<_, ()>((runs.load(Ordering::SeqCst), Vec::new()))
+        })
+        .await;
+    assert_eq!(outcome.expect("completed").into_value(), 0, "the step did not run");
+}
