@@ -63,6 +63,61 @@ lambda_idempotency::store_conformance! {
     },
 }
 
+/// Recovery points: each step one fenced script on the record's hash.
+mod steps {
+    use super::RedisStore;
+    use super::{namespace, raw, store, url};
+    use lambda_idempotency::{testing::scenarios::payload, Attempt, Engine, Json, Mode};
+    use redis::AsyncCommands;
+    use std::collections::HashMap;
+
+    lambda_idempotency::store_conformance! {
+        steps: store(),
+    }
+
+    /// The record's hash, read raw.
+    async fn hash(key: &str) -> HashMap<String, Vec<u8>> {
+        raw().await.hgetall(key).await.expect("HGETALL")
+    }
+
+    /// While in progress the hash holds the steps (a count, a name and an
+    /// output each); the completion removes them, so a replay does not
+    /// read them.
+    #[tokio::test]
+    async fn steps_live_in_the_hash_until_its_completion() {
+        let namespace = namespace();
+        let store = RedisStore::open(&url()).expect("url").namespace(&namespace);
+        let engine = Engine::builder(store).build();
+        let key = format!("{namespace}{}", engine.record_id("t", "k"));
+        let attempt = Attempt::new("t", "k", payload(1));
+        let outcome = engine
+            .run(&attempt, Mode::Plain, &Json, |claim| {
+                let key = key.clone();
+                async move {
+                    claim
+                        .step("charge", || async { Ok::<_, ()>("ch_1".to_owned()) })
+                        .await?;
+                    let during = hash(&key).await;
+                    assert_eq!(during.get("steps").map(Vec::as_slice), Some(&b"1"[..]));
+                    assert_eq!(
+                        during.get("step:0:name").map(Vec::as_slice),
+                        Some(&b"charge"[..])
+                    );
+                    Ok::<_, lambda_idempotency::Error<()>>((1u8, Vec::new()))
+                }
+            })
+            .await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        let completed = hash(&key).await;
+        assert!(
+            completed.keys().all(|field| !field.starts_with("step")),
+            "{:?}",
+            completed.keys().collect::<Vec<_>>()
+        );
+        assert!(completed.contains_key("response"));
+    }
+}
+
 /// Redis deletes a record by itself, `retention` (and the second that
 /// `expiration_s` rounds up to) after the engine's now, on its own clock:
 /// an engine clock two days behind the server's or ahead of it changes

@@ -145,7 +145,11 @@ async fn a_step_recorded_after_the_claim_was_lost_is_refused() {
         .await;
     assert!(outcome.is_ok(), "{outcome:?}");
     let id = engine.record_id("s", "k");
-    assert!(store.steps(&id, u64::MAX / 2).await.expect("read").is_empty());
+    assert!(store
+        .steps(&id, u64::MAX / 2)
+        .await
+        .expect("read")
+        .is_empty());
 }
 
 /// A store whose first step write lands and answers as refused (a retry
@@ -235,5 +239,9 @@ async fn with_encryption_on_a_step_is_refused_rather_than_stored_in_clear() {
             Ok::<_, ()>((runs.load(Ordering::SeqCst), Vec::new()))
         })
         .await;
-    assert_eq!(outcome.expect("completed").into_value(), 0, "the step did not run");
+    assert_eq!(
+        outcome.expect("completed").into_value(),
+        0,
+        "the step did not run"
+    );
 }

@@ -38,12 +38,13 @@ mod errors;
 mod eviction;
 #[cfg(feature = "powertools")]
 mod powertools;
+mod steps;
 
 pub use eviction::{NodeReport, ServerReport};
 
 use super::{
-    Accuracy, Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-    SizeSource, Status, Store, TableSize,
+    Accuracy, Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+    RecordedStep, Removal, SizeSource, Status, StepWrite, Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use codec::{decode, exact, expiration, glob_escape, unexpected};
@@ -81,6 +82,7 @@ struct Scripts {
     complete: Script,
     release: Script,
     remove: Script,
+    step: Script,
 }
 
 impl fmt::Debug for RedisStore {
@@ -282,6 +284,7 @@ impl RedisStore {
                     complete: Script::new(script!("complete")),
                     release: Script::new(script!("release")),
                     remove: Script::new(script!("remove")),
+                    step: Script::new(script!("step")),
                 },
             }),
         }
@@ -431,6 +434,32 @@ impl RedisStore {
 impl Store for RedisStore {
     type Write = NoWrites;
     const DB_SYSTEM: &'static str = "redis";
+    const STEPS: bool = true;
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.answer(
+            &self.inner.scripts.step,
+            &step.id,
+            &[
+                step.owner.as_str().as_bytes(),
+                &exact("index", u64::from(step.index))?,
+                step.name.as_bytes(),
+                &step.output,
+            ],
+            "step",
+        )
+        .await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        let fields = self.hgetall(&self.key(id)).await?;
+        match decode(&fields)? {
+            Some(record) if !record.is_expired(now_ms) && record.status == Status::InProgress => {
+                steps::decode_steps(id, &fields)
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         self.answer(
