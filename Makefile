@@ -121,6 +121,7 @@ integration: $(TOOLS)/bench-py/.installed comparison/node_modules/.installed $(T
 	$(CARGO) test --doc
 	$(CARGO) run --quiet --example custom_adapter
 	$(CARGO) run --quiet --example reconcile_after_takeover
+	$(CARGO) run --quiet --example recovery_points
 	$(CARGO) run --quiet -p lambda-idempotency-durable --example durable_orders
 
 ## charges under cargo lambda watch, driven with real HTTP requests and the
