@@ -427,3 +427,53 @@ async fn a_withheld_replay_is_framed_by_its_own_length() {
     );
     server.abort();
 }
+
+/// Recovery points through the layer: a handler that charges in a step,
+/// then fails with a 500 (the layer gives the key back), is retried with
+/// the same key; the retry takes the record over and gets the charge
+/// recorded by the first attempt instead of charging again.
+#[tokio::test]
+async fn a_retry_after_a_failure_resumes_after_the_recorded_step() {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let route = {
+        let (charges, calls) = (Arc::clone(&charges), Arc::clone(&calls));
+        post(
+            move |axum::Extension(claim): axum::Extension<lambda_idempotency::ClaimHandle>| {
+                let (charges, calls) = (Arc::clone(&charges), Arc::clone(&calls));
+                async move {
+                    let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    let charge = claim
+                        .step("charge", || async {
+                            let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+                            Ok::<_, ()>(format!("ch_{n}"))
+                        })
+                        .await
+                        .expect("recorded");
+                    if call == 1 {
+                        // The ledger was down: the layer gives the key back.
+                        return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({})))
+                            .into_response();
+                    }
+                    (StatusCode::CREATED, Json(json!({ "id": charge }))).into_response()
+                }
+            },
+        )
+    };
+    use axum::response::IntoResponse;
+    let app = Router::new()
+        .route("/v1/customers/{customer}/charges", route)
+        .layer(layer().await);
+    let failed = send(&app, charge(Some("k-steps"), r#"{"amount":1250}"#)).await;
+    assert_eq!(failed.status, 500);
+    let retried = send(&app, charge(Some("k-steps"), r#"{"amount":1250}"#)).await;
+    assert_eq!((retried.status, retried.replayed), (201, false));
+    assert_eq!(
+        retried.json["id"], "ch_1",
+        "the charge the first attempt recorded"
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+    let replay = send(&app, charge(Some("k-steps"), r#"{"amount":1250}"#)).await;
+    assert_eq!((replay.status, replay.replayed), (201, true));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
