@@ -47,6 +47,15 @@ mod steps {
         steps: store(),
     }
 
+    /// Every step write sent twice (its first answer lost): the engine
+    /// recognises its own landed write.
+    #[tokio::test]
+    async fn a_takeover_resumes_after_steps_whose_answers_were_lost() {
+        let store = lambda_idempotency::testing::LostAnswers(store().await);
+        lambda_idempotency::testing::scenarios::a_takeover_resumes_after_the_recorded_steps(store)
+            .await;
+    }
+
     /// The item's attributes, read raw.
     async fn item(table: &str, id: &str) -> std::collections::HashMap<String, AttributeValue> {
         support::client()

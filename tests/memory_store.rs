@@ -1083,4 +1083,24 @@ mod steps {
     lambda_idempotency::store_conformance! {
         steps: async { MemoryStore::new() },
     }
+
+    /// Every step write sent twice (its first answer lost): the engine
+    /// recognises its own landed write.
+    mod lost_answers {
+        use lambda_idempotency::{
+            testing::{scenarios, LostAnswers},
+            MemoryStore,
+        };
+
+        #[tokio::test]
+        async fn a_takeover_resumes_after_the_recorded_steps() {
+            scenarios::a_takeover_resumes_after_the_recorded_steps(LostAnswers(MemoryStore::new()))
+                .await;
+        }
+
+        #[tokio::test]
+        async fn a_failure_after_a_step_keeps_it() {
+            scenarios::a_failure_after_a_step_keeps_it(LostAnswers(MemoryStore::new())).await;
+        }
+    }
 }

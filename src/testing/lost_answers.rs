@@ -2,8 +2,8 @@
 
 use crate::{
     store::{
-        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-        Store,
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+        RecordedStep, Removal, StepWrite, Store,
     },
     StoreError,
 };
@@ -26,6 +26,16 @@ impl<St: Store> Store for LostAnswers<St> {
 
     const SINGLE_WRITE: bool = St::SINGLE_WRITE;
     const DB_SYSTEM: &'static str = St::DB_SYSTEM;
+    const STEPS: bool = St::STEPS;
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.0.record_step(step).await?;
+        self.0.record_step(step).await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        self.0.steps(id, now_ms).await
+    }
 
     async fn commit(&self, commit: Commit<St::Write>) -> Result<Conditional, StoreError> {
         self.0.commit(commit.clone()).await?;
