@@ -103,6 +103,12 @@ impl SteppedClaims {
         }
     }
 
+    /// How many claims are marked.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub(super) fn contains(&self, owner: &OwnerToken) -> bool {
         self.count.load(std::sync::atomic::Ordering::Acquire) > 0 && self.lock().contains(owner)
     }

@@ -245,3 +245,29 @@ async fn with_encryption_on_a_step_is_refused_rather_than_stored_in_clear() {
         "the step did not run"
     );
 }
+
+/// A claim is marked as stepped while its run lasts, and no longer: the
+/// marks of finished runs do not pile up in a long-lived process.
+#[tokio::test]
+async fn a_stepped_mark_ends_with_its_run() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let runs = AtomicUsize::new(0);
+    for key in ["a", "b", "c"] {
+        let marked = engine
+            .run(&attempt(key), Mode::Plain, &Json, |claim| {
+                let engine = engine.clone();
+                let runs = &runs;
+                async move {
+                    claim.step("charge", || counted(runs)).await?;
+                    Ok::<_, Error<()>>((engine.inner.stepped_claims.len(), Vec::new()))
+                }
+            })
+            .await;
+        assert_eq!(
+            marked.expect("completed").into_value(),
+            1,
+            "marked while it runs"
+        );
+    }
+    assert_eq!(engine.inner.stepped_claims.len(), 0, "and not after");
+}
