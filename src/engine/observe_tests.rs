@@ -178,6 +178,41 @@ async fn every_store_call_is_reported_with_its_result() {
     }));
 }
 
+/// A step's write is a store call like the others; a takeover's first
+/// step reads the steps.
+#[tokio::test]
+async fn each_step_write_and_read_is_reported() {
+    let (engine, observer, clock) = observed();
+    let failed = engine
+        .run(&attempt("a", 1), Mode::Plain, &Json, |claim| async move {
+            claim.step("charge", || async { Ok::<_, ()>(1u8) }).await?;
+            Err::<(u8, Vec<_>), _>(Error::Operation(()))
+        })
+        .await;
+    assert!(failed.is_err());
+    clock.advance(Duration::from_secs(1));
+    engine
+        .run(&attempt("a", 1), Mode::Plain, &Json, |claim| async move {
+            let charge = claim.step("charge", || async { Ok::<_, ()>(2u8) }).await?;
+            Ok::<_, Error<()>>((charge, Vec::new()))
+        })
+        .await
+        .expect("resumed");
+    assert_eq!(
+        observer.store_calls(),
+        [
+            ("claim", "ok"),
+            ("record_step", "ok"),
+            // The failure gives the key back, keeping the step.
+            ("extend", "ok"),
+            ("claim", "ok"),
+            ("take_over", "ok"),
+            ("steps", "ok"),
+            ("complete", "ok"),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn an_engine_without_observers_reports_nothing_and_one_with_two_tells_both() {
     let first = RecordingObserver::default();

@@ -13,8 +13,8 @@
 use crate::{
     observe::{Event, Observers, StoreOperation},
     store::{
-        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-        Store, TableSize,
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+        RecordedStep, Removal, StepWrite, Store, TableSize,
     },
     StoreError,
 };
@@ -161,6 +161,22 @@ impl<St: Store> ObservedStore<St> {
             StoreOperation::ListInProgress,
             self.store.list_in_progress(prefix, limit),
         )
+    }
+
+    pub(super) fn record_step<'a>(
+        &'a self,
+        step: &'a StepWrite,
+    ) -> ObservedCall<'a, impl Future<Output = Result<Conditional, StoreError>> + Send + 'a> {
+        self.observed(StoreOperation::RecordStep, self.store.record_step(step))
+    }
+
+    pub(super) fn steps<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now_ms: u64,
+    ) -> ObservedCall<'a, impl Future<Output = Result<Vec<RecordedStep>, StoreError>> + Send + 'a>
+    {
+        self.observed(StoreOperation::Steps, self.store.steps(id, now_ms))
     }
 
     pub(super) fn table_size(

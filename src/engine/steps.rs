@@ -34,11 +34,11 @@ pub(super) trait StepRecorder: Send + Sync + 'static {
 
 impl<St: Store> StepRecorder for Inner<St> {
     fn record_step<'a>(&'a self, step: &'a StepWrite) -> StoreFuture<'a, Conditional> {
-        Box::pin(self.store.store.record_step(step))
+        Box::pin(self.store.record_step(step))
     }
 
     fn steps<'a>(&'a self, id: &'a RecordId, now_ms: u64) -> StoreFuture<'a, Vec<RecordedStep>> {
-        Box::pin(self.store.store.steps(id, now_ms))
+        Box::pin(self.store.steps(id, now_ms))
     }
 
     fn step_limits(&self) -> StepLimits {

@@ -162,6 +162,11 @@ pub enum StoreOperation {
     ListInProgress,
     /// The store's count of what it holds (the table-size gauge).
     TableSize,
+    /// A step's output recorded (recovery points,
+    /// [`ClaimHandle::step`](crate::ClaimHandle::step)).
+    RecordStep,
+    /// The recorded steps read, by a takeover's first step.
+    Steps,
 }
 
 impl StoreOperation {
@@ -179,6 +184,8 @@ impl StoreOperation {
             StoreOperation::Remove => "idempotency remove",
             StoreOperation::ListInProgress => "idempotency list_in_progress",
             StoreOperation::TableSize => "idempotency table_size",
+            StoreOperation::RecordStep => "idempotency record_step",
+            StoreOperation::Steps => "idempotency steps",
         }
     }
 
@@ -196,6 +203,8 @@ impl StoreOperation {
             StoreOperation::Remove => "remove",
             StoreOperation::ListInProgress => "list_in_progress",
             StoreOperation::TableSize => "table_size",
+            StoreOperation::RecordStep => "record_step",
+            StoreOperation::Steps => "steps",
         }
     }
 }
