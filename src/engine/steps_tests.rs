@@ -271,3 +271,31 @@ async fn a_stepped_mark_ends_with_its_run() {
     }
     assert_eq!(engine.inner.stepped_claims.len(), 0, "and not after");
 }
+
+/// An operation not handed its handle (an event consumer's handler, or
+/// `Engine::execute`'s) reaches its steps through `ClaimHandle::current()`,
+/// and a retry after its failure resumes after them.
+#[tokio::test]
+async fn steps_through_the_current_claim_resume_too() {
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let operation = |fail: bool| {
+        let runs = Arc::clone(&runs);
+        move || async move {
+            let claim = ClaimHandle::current().expect("inside the operation");
+            let charge = claim
+                .step("charge", || counted(&runs))
+                .await
+                .map_err(|error| format!("{error:?}"))?;
+            if fail {
+                return Err("the ledger is down".to_owned());
+            }
+            Ok(charge)
+        }
+    };
+    let failed = engine.execute(&attempt("k"), operation(true)).await;
+    assert!(matches!(failed, Err(Error::Operation(_))), "{failed:?}");
+    let retried = engine.execute(&attempt("k"), operation(false)).await;
+    assert_eq!(retried.expect("resumed").into_value(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
+}
