@@ -56,6 +56,59 @@ mod steps {
             .await;
     }
 
+    /// What steps cost in DynamoDB calls: a first run of three steps is
+    /// the claim, an `UpdateItem` a step and the completion; after it
+    /// failed past its first step (its key given back by ending its lease:
+    /// one `UpdateItem`), the retry's takeover is the claim (refused), the
+    /// takeover's `PutItem` (refused for the steps) and its `UpdateItem`,
+    /// one consistent read of the steps, the two steps left, the completion.
+    #[tokio::test]
+    async fn what_steps_cost_in_calls() {
+        use lambda_idempotency::DynamoDbStore;
+        let (client, calls) = support::counted_client();
+        let table = support::create_idempotency_table(&client).await;
+        let engine = Engine::builder(DynamoDbStore::new(client, table)).build();
+        let run = |key: &'static str, fail_after_first: bool| {
+            let engine = engine.clone();
+            async move {
+                engine
+                    .run(
+                        &Attempt::new("t", key, payload(1)),
+                        Mode::Plain,
+                        &Json,
+                        |claim| async move {
+                            for (i, name) in ["charge", "ledger", "receipt"].into_iter().enumerate()
+                            {
+                                claim.step(name, || async { Ok::<_, ()>(i) }).await?;
+                                if fail_after_first {
+                                    return Err(lambda_idempotency::Error::Operation(()));
+                                }
+                            }
+                            Ok::<_, lambda_idempotency::Error<()>>((3u8, Vec::new()))
+                        },
+                    )
+                    .await
+            }
+        };
+        calls.reset();
+        run("fresh", false).await.expect("completed");
+        assert_eq!(
+            calls.by_operation().into_iter().collect::<Vec<_>>(),
+            [("PutItem", 1), ("UpdateItem", 4)],
+            "claim, three steps, completion"
+        );
+        run("resumed", true)
+            .await
+            .expect_err("failed after its first step");
+        calls.reset();
+        run("resumed", false).await.expect("resumed");
+        assert_eq!(
+            calls.by_operation().into_iter().collect::<Vec<_>>(),
+            [("GetItem", 1), ("PutItem", 2), ("UpdateItem", 4)],
+            "claim and takeover refused, the takeover's update, the steps read, two steps, completion"
+        );
+    }
+
     /// The item's attributes, read raw.
     async fn item(table: &str, id: &str) -> std::collections::HashMap<String, AttributeValue> {
         support::client()
