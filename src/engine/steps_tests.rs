@@ -299,3 +299,27 @@ async fn steps_through_the_current_claim_resume_too() {
     assert_eq!(retried.expect("resumed").into_value(), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
 }
+
+/// `testing::CountingStore` counts the step calls: one write a step, and
+/// one read of the steps by a takeover, at its first step only.
+#[tokio::test]
+async fn a_counting_store_counts_step_writes_and_reads() {
+    let store = crate::testing::CountingStore::new(MemoryStore::new());
+    let engine = Engine::builder(store.clone()).build();
+    let attempt = attempt("k");
+    let run = |fail: bool| {
+        engine.run(&attempt, Mode::Plain, &Json, move |claim| async move {
+            for name in ["charge", "ledger"] {
+                claim.step(name, || async { Ok::<_, ()>(1u8) }).await?;
+                if fail {
+                    return Err(Error::Operation(()));
+                }
+            }
+            Ok::<_, Error<()>>((1u8, Vec::new()))
+        })
+    };
+    run(true).await.expect_err("failed after its first step");
+    run(false).await.expect("resumed");
+    let calls = store.calls();
+    assert_eq!((calls.record_step, calls.steps), (2, 1));
+}

@@ -2,8 +2,8 @@
 
 use crate::{
     store::{
-        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-        Store,
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+        RecordedStep, Removal, StepWrite, Store,
     },
     StoreError,
 };
@@ -30,6 +30,8 @@ struct Counts {
     release: AtomicU64,
     get: AtomicU64,
     peek: AtomicU64,
+    record_step: AtomicU64,
+    steps: AtomicU64,
 }
 
 /// How many calls of each kind a [`CountingStore`] has seen.
@@ -54,6 +56,10 @@ pub struct Calls {
     pub get: u64,
     /// [`Store::peek`] calls.
     pub peek: u64,
+    /// [`Store::record_step`] calls.
+    pub record_step: u64,
+    /// [`Store::steps`] calls.
+    pub steps: u64,
 }
 
 impl Calls {
@@ -68,6 +74,8 @@ impl Calls {
             + self.remove
             + self.get
             + self.peek
+            + self.record_step
+            + self.steps
     }
 }
 
@@ -98,6 +106,8 @@ impl<St> CountingStore<St> {
             release: load(&self.counts.release),
             get: load(&self.counts.get),
             peek: load(&self.counts.peek),
+            record_step: load(&self.counts.record_step),
+            steps: load(&self.counts.steps),
         }
     }
 }
@@ -111,6 +121,17 @@ impl<St: Store> Store for CountingStore<St> {
 
     const SINGLE_WRITE: bool = St::SINGLE_WRITE;
     const DB_SYSTEM: &'static str = St::DB_SYSTEM;
+    const STEPS: bool = St::STEPS;
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        count(&self.counts.record_step);
+        self.inner.record_step(step).await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        count(&self.counts.steps);
+        self.inner.steps(id, now_ms).await
+    }
 
     async fn commit(&self, commit: Commit<St::Write>) -> Result<Conditional, StoreError> {
         count(&self.counts.commit);
