@@ -692,6 +692,11 @@ impl Transaction<MemoryWrite> for SimTransaction {
                 // Nothing claimed (idempotency off): nothing to simulate.
                 return self.inner.commit().await;
             };
+            // From here the COMMIT is on the wire, and its landing (or its
+            // failure) ends the transaction (`land` logs it), not this
+            // handle's drop: a process that crashes now still has its
+            // COMMIT delivered before its connection's close, as TCP does.
+            self.held.lock().unwrap().take();
             let op = Op::CommitTransaction(Box::new(Committing {
                 claim,
                 completion,
