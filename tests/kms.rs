@@ -665,3 +665,58 @@ async fn a_sealed_response_round_trips_through_dynamodb_local() {
     assert_eq!(kms.calls("Decrypt"), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A step's output (a recovery point) sealed under a KMS data key: at
+/// rest it names the key ARN and holds nothing in the clear; another
+/// process resumes after it (one `Decrypt`), and the step does not run
+/// again.
+#[tokio::test]
+async fn a_step_sealed_under_a_kms_data_key_resumes_in_another_process() {
+    use lambda_idempotency::{store::Store, Clock, Error, Json, Mode, SystemClock};
+    let arn = create_key().await;
+    let store = MemoryStore::new();
+    let runs = AtomicUsize::new(0);
+    let attempt = Attempt::new("s", "k", fingerprint());
+    let run = |engine: Engine<MemoryStore>, fail: bool| {
+        let (runs, attempt) = (&runs, &attempt);
+        async move {
+            engine
+                .run(attempt, Mode::Plain, &Json, |claim| async move {
+                    let charge = claim
+                        .step("charge", || async {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, ()>(format!("charged {CARD}"))
+                        })
+                        .await?;
+                    if fail {
+                        return Err(Error::Operation(()));
+                    }
+                    Ok::<_, Error<()>>((charge, Vec::new()))
+                })
+                .await
+        }
+    };
+    let (client, _) = kms_client();
+    let first = engine(
+        &store,
+        &KmsKeys::builder(client, &arn, CONTEXT).build().unwrap(),
+    );
+    let id = first.record_id("s", "k");
+    run(first, true).await.expect_err("failed after its step");
+    let steps = store
+        .steps(&id, SystemClock.now_ms())
+        .await
+        .expect("the steps");
+    assert!(!contains(&steps[0].output, CARD), "sealed in the store");
+    assert_eq!(key_id_of(&steps[0].output), Some(arn.as_str()));
+
+    let (client, kms) = kms_client();
+    let second = engine(
+        &store,
+        &KmsKeys::builder(client, &arn, CONTEXT).build().unwrap(),
+    );
+    let resumed = run(second, false).await.expect("resumed");
+    assert_eq!(resumed.into_value(), format!("charged {CARD}"));
+    assert_eq!(kms.calls("Decrypt"), 1, "the step's data key unwrapped");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran once");
+}

@@ -24,8 +24,12 @@
 //! The associated data is everything before the nonce (so the key id, the
 //! wrapped key and the flags cannot be changed), then the context, the
 //! record id, the fingerprint and the status, each as a `u64` length and
-//! its bytes, then the expiration as a `u64`. The nonce is authenticated
-//! by GCM itself.
+//! its bytes, then the expiration as a `u64`. A step's output (a recovery
+//! point) has `STEP` where a response has its status, then the step's
+//! name (a `u64` length and its bytes) and its index as a `u64`: the same
+//! parts up to the fourth, which no status equals, so a step's output
+//! never opens as a response, nor a response as a step's. The nonce is
+//! authenticated by GCM itself.
 
 use super::keys::{DataKey, KEY_LEN, MAX_KEY_ID_LEN, MAX_WRAPPED_LEN};
 use crate::deflate::{deflate, inflate, Compression};
@@ -54,17 +58,49 @@ const DEFLATE_LEVEL: Compression = Compression::fast();
 // A key is AES-256's.
 const _: () = assert!(KEY_LEN == 32);
 
-/// What a sealed response is bound to: its record, as the engine knows it
-/// when it writes or reads the response.
+/// What a sealed response (or step output) is bound to: its record, as the
+/// engine knows it when it writes or reads it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Binding<'a> {
     /// The user's name for where records live (a table, a key prefix).
     pub(crate) context: &'a str,
     pub(crate) id: &'a RecordId,
     pub(crate) fingerprint: &'a Fingerprint,
-    pub(crate) status: Status,
-    pub(crate) expiration_s: u64,
+    pub(crate) holds: Holds<'a>,
 }
+
+/// What an envelope holds, and what of it the associated data binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holds<'a> {
+    /// A stored response: bound to the record's status and expiry.
+    Response { status: Status, expiration_s: u64 },
+    /// A step's recorded output: bound to the step's name and its index
+    /// among the record's steps. Not to the expiry or the owner, which a
+    /// takeover changes: the successor must open what its predecessor
+    /// recorded.
+    Step { name: &'a str, index: u32 },
+}
+
+impl Binding<'_> {
+    /// What it seals, for messages: `response`, or `step "charge"'s output`.
+    pub(crate) fn what(&self) -> String {
+        match self.holds {
+            Holds::Response { .. } => "response".to_owned(),
+            Holds::Step { name, .. } => format!("step {name:?}'s output"),
+        }
+    }
+
+    /// The step's name, when it seals a step's output.
+    pub(crate) fn step_name(&self) -> Option<&str> {
+        match self.holds {
+            Holds::Response { .. } => None,
+            Holds::Step { name, .. } => Some(name),
+        }
+    }
+}
+
+/// Where a step's associated data has what a response's has as its status.
+const STEP_TAG: &str = "STEP";
 
 /// Whether `stored` is a sealed response (it may still be malformed).
 pub(crate) fn is_sealed(stored: &[u8]) -> bool {
@@ -196,20 +232,27 @@ pub(crate) fn parse(stored: &[u8]) -> Result<Parsed, Malformed> {
 /// The associated data of an envelope whose header is `header`, bound to
 /// `binding`.
 fn associated_data(header: &[u8], binding: &Binding<'_>) -> Vec<u8> {
+    let (kind, name, last) = match binding.holds {
+        Holds::Response {
+            status,
+            expiration_s,
+        } => (status.as_str(), None, expiration_s),
+        Holds::Step { name, index } => (STEP_TAG, Some(name), u64::from(index)),
+    };
     let parts = [
         binding.context.as_bytes(),
         binding.id.as_str().as_bytes(),
         binding.fingerprint.as_str().as_bytes(),
-        binding.status.as_str().as_bytes(),
+        kind.as_bytes(),
     ];
-    let length: usize = parts.iter().map(|part| 8 + part.len()).sum();
-    let mut aad = Vec::with_capacity(header.len() + length + 8);
+    let parts = parts.iter().copied().chain(name.map(str::as_bytes));
+    let mut aad = Vec::with_capacity(header.len() + 256);
     aad.extend_from_slice(header);
     for part in parts {
         aad.extend_from_slice(&(part.len() as u64).to_be_bytes());
         aad.extend_from_slice(part);
     }
-    aad.extend_from_slice(&binding.expiration_s.to_be_bytes());
+    aad.extend_from_slice(&last.to_be_bytes());
     aad
 }
 
@@ -331,8 +374,10 @@ mod tests {
             context: "table-a",
             id: &owned.id,
             fingerprint: &owned.fingerprint,
-            status: Status::Completed,
-            expiration_s: 1_000,
+            holds: Holds::Response {
+                status: Status::Completed,
+                expiration_s: 1_000,
+            },
         }
     }
 
@@ -420,11 +465,24 @@ mod tests {
                 ..binding
             },
             Binding {
-                status: Status::InProgress,
+                holds: Holds::Response {
+                    status: Status::InProgress,
+                    expiration_s: 1_000,
+                },
                 ..binding
             },
             Binding {
-                expiration_s: 1_001,
+                holds: Holds::Response {
+                    status: Status::Completed,
+                    expiration_s: 1_001,
+                },
+                ..binding
+            },
+            Binding {
+                holds: Holds::Step {
+                    name: "COMPLETED",
+                    index: 0,
+                },
                 ..binding
             },
         ];
@@ -436,6 +494,64 @@ mod tests {
             "another key"
         );
         assert_eq!(round_trip(&k, &binding, &sealed).unwrap(), b"secret");
+    }
+
+    /// A response's associated data is what it was before step outputs
+    /// were sealed too: responses sealed then still open.
+    #[test]
+    fn a_responses_associated_data_is_unchanged() {
+        let owned = owned();
+        let mut expected = b"header".to_vec();
+        for part in ["table-a", "p#abc", "f00d", "COMPLETED"] {
+            expected.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            expected.extend_from_slice(part.as_bytes());
+        }
+        expected.extend_from_slice(&1_000u64.to_be_bytes());
+        assert_eq!(associated_data(b"header", &binding(&owned)), expected);
+    }
+
+    /// A step's output is bound to its record, its name and its index: one
+    /// copied to another step, index or record, or into the record's
+    /// response, fails to open, and so does a response copied into a step.
+    #[test]
+    fn a_step_output_is_bound_to_its_name_and_index() {
+        let owned = owned();
+        let response = binding(&owned);
+        let step = |name, index| Binding {
+            holds: Holds::Step { name, index },
+            ..response
+        };
+        let k = key("k1", 1);
+        let sealed = seal(&k, &step("charge", 0), b"\"ch_1\"", 4096).unwrap();
+        assert_eq!(
+            round_trip(&k, &step("charge", 0), &sealed).unwrap(),
+            b"\"ch_1\""
+        );
+        let other_id = RecordId::from_stored("p#abd");
+        for changed in [
+            step("ledger", 0),
+            step("charge", 1),
+            step("", 0),
+            Binding {
+                id: &other_id,
+                ..step("charge", 0)
+            },
+            Binding {
+                context: "table-b",
+                ..step("charge", 0)
+            },
+            response,
+        ] {
+            assert!(round_trip(&k, &changed, &sealed).is_err(), "{changed:?}");
+        }
+        let sealed_response = seal(&k, &response, b"\"ch_1\"", 4096).unwrap();
+        assert!(round_trip(&k, &step("charge", 0), &sealed_response).is_err());
+        // The name is length-prefixed: "ab" at index 0 is not "a" with
+        // another index.
+        assert_ne!(
+            associated_data(b"", &step("ab", 0)),
+            associated_data(b"", &step("a", 0x6200))
+        );
     }
 
     #[test]

@@ -82,6 +82,33 @@
 //! changed, a record copied from another context, or any byte of the
 //! response changed, fails authentication.
 //!
+//! # Steps' outputs (recovery points)
+//!
+//! With encryption on, [`ClaimHandle::step`](crate::ClaimHandle::step)
+//! seals each step's output before it records it, in the same envelope
+//! under the same keys (the key id travels with the output, a KMS data key
+//! is the cached one), and opens it before a takeover uses it. Its
+//! associated data binds it to the context, the record id, the request's
+//! fingerprint, the step's name and its index among the record's steps
+//! (not to the expiry or owner, which a takeover changes), and says it is
+//! a step's (`STEP` where a response has its status): an output flipped,
+//! moved to another step's name, to another index, or copied from another
+//! record or context does not open, nor does a response moved into a step
+//! or a step into the response. One that fails to open is never used and
+//! the step is not run again: the step answers
+//! [`StoreErrorKind::Unauthentic`] and logs an ERROR naming the record,
+//! the step and the key id; the operation should stop there (its key is
+//! given back keeping the record, so every retry is refused the same way
+//! until an operator forgets the record). Outputs recorded in the clear
+//! before encryption was on are used as they are, unless
+//! [`refuse_plaintext`](Encryption::refuse_plaintext); with
+//! [`open_only`](Encryption::open_only) new ones are recorded in the
+//! clear. A writer who deletes a step, or all of them, is not detected:
+//! the step runs again, as after deleting the record. The step bounds
+//! ([`StepLimits`](crate::store::StepLimits)) count the output before it
+//! is sealed; the envelope adds its 37 bytes, the key id and the wrapped
+//! key to each.
+//!
 //! # A record that fails to open
 //!
 //! It is never replayed, never overwritten and the operation is not run
@@ -194,7 +221,7 @@ mod keys;
 pub mod kms;
 
 pub use envelope::key_id_of;
-pub(crate) use envelope::Binding;
+pub(crate) use envelope::{Binding, Holds};
 pub use keys::{
     DataKey, KeyError, KeyErrorKind, KeyLookup, KeyProvider, RawKeys, KEY_LEN, MAX_KEY_ID_LEN,
     MAX_WRAPPED_LEN,
@@ -302,8 +329,10 @@ impl Encryption {
             context: &self.context,
             id,
             fingerprint,
-            status: Status::Completed,
-            expiration_s,
+            holds: Holds::Response {
+                status: Status::Completed,
+                expiration_s,
+            },
         };
         self.seal(&binding, response).await
     }
@@ -322,8 +351,10 @@ impl Encryption {
             context: &self.context,
             id: &record.id,
             fingerprint: &record.fingerprint,
-            status: record.status,
-            expiration_s: record.expiration_s,
+            holds: Holds::Response {
+                status: record.status,
+                expiration_s: record.expiration_s,
+            },
         };
         self.open(&binding, stored.clone()).await.map(Some)
     }
@@ -352,15 +383,15 @@ impl Encryption {
             .resolve()
             .await
             .map_err(|key_error| {
-                warn!(record = %binding.id, kind = ?key_error.kind(), error = %key_error,
-                "no key to seal the response with; it is not stored");
+                warn!(record = %binding.id, step = binding.step_name(), kind = ?key_error.kind(),
+                    error = %key_error, "no key to seal the {} with; it is not stored", binding.what());
                 let kind = match key_error.kind() {
                     KeyErrorKind::Unavailable => StoreErrorKind::Unavailable,
                     _ => StoreErrorKind::Misconfigured,
                 };
                 StoreError::new(
                     kind,
-                    format!("record {}: no key to seal its response", binding.id),
+                    format!("record {}: no key to seal its {}", binding.id, binding.what()),
                 )
                 .with_source(key_error)
             })?;
@@ -369,7 +400,11 @@ impl Encryption {
             .map_err(|failed| {
                 StoreError::new(
                     StoreErrorKind::Other,
-                    format!("record {}: its response could not be sealed", binding.id),
+                    format!(
+                        "record {}: its {} could not be sealed",
+                        binding.id,
+                        binding.what()
+                    ),
                 )
                 .with_source(failed)
             })
@@ -386,7 +421,7 @@ impl Encryption {
         if !envelope::is_sealed(&stored) {
             if self.refuse_plaintext {
                 return Err(unauthentic(
-                    binding.id,
+                    binding,
                     None,
                     "it is not sealed, and plaintext is refused",
                 ));
@@ -395,7 +430,7 @@ impl Encryption {
         }
         let parsed = match envelope::parse(&stored) {
             Ok(parsed) => parsed,
-            Err(malformed) => return Err(unauthentic(binding.id, None, &malformed.to_string())),
+            Err(malformed) => return Err(unauthentic(binding, None, &malformed.to_string())),
         };
         let key = self
             .keys
@@ -405,13 +440,15 @@ impl Encryption {
         let key = match key {
             Ok(key) => key,
             Err(key_error) if key_error.kind() == KeyErrorKind::Unavailable => {
-                warn!(record = %binding.id, key_id = parsed.key_id(&stored), error = %key_error,
-                    "the key that sealed this record cannot be had for now; it is not replayed");
+                warn!(record = %binding.id, step = binding.step_name(), key_id = parsed.key_id(&stored),
+                    error = %key_error,
+                    "the key that sealed this record's {} cannot be had for now; it is not used", binding.what());
                 return Err(StoreError::new(
                     StoreErrorKind::Unavailable,
                     format!(
-                        "record {}: the key that sealed its response is unavailable",
-                        binding.id
+                        "record {}: the key that sealed its {} is unavailable",
+                        binding.id,
+                        binding.what()
                     ),
                 )
                 .with_source(key_error));
@@ -426,25 +463,26 @@ impl Encryption {
                      was disabled, deleted or denied, which says nothing of the record itself; \
                      restore the key before forgetting the record"
                 );
-                return Err(unauthentic(binding.id, Some(parsed.key_id(&stored)), &why));
+                return Err(unauthentic(binding, Some(parsed.key_id(&stored)), &why));
             }
             Err(key_error) => {
                 let why = key_error.to_string();
-                return Err(unauthentic(binding.id, Some(parsed.key_id(&stored)), &why));
+                return Err(unauthentic(binding, Some(parsed.key_id(&stored)), &why));
             }
         };
         envelope::open(&key, binding, &parsed, stored).map_err(|not_opened| match not_opened {
             NotOpened::Unauthentic => unauthentic(
-                binding.id,
+                binding,
                 Some(key.id()),
                 "it fails authentication: changed, copied from another record or context, or sealed under another key with this id",
             ),
             NotOpened::Inflate(error) => {
-                error!(record = %binding.id, key_id = key.id(), %error,
-                    "a sealed response authenticated but does not inflate; it is not replayed");
+                error!(record = %binding.id, step = binding.step_name(), key_id = key.id(), %error,
+                    "a sealed {} authenticated but does not inflate; it is not used", binding.what());
                 StoreError::corrupt(format!(
-                    "record {}: its sealed response does not inflate",
-                    binding.id
+                    "record {}: its sealed {} does not inflate",
+                    binding.id,
+                    binding.what()
                 ))
                 .with_source(error)
             }
@@ -464,15 +502,33 @@ pub(crate) fn sealed_claim(record: &Record) -> Option<StoreError> {
     if record.status != Status::InProgress || !envelope::is_sealed(stored) {
         return None;
     }
-    Some(unauthentic(
+    Some(unauthentic_response(
         &record.id,
         Some(key_id_of(stored).unwrap_or("malformed")),
         "it is IN_PROGRESS with a sealed response: a completed record whose status was changed",
     ))
 }
 
+/// The error for a record whose response (or a step's output) fails to
+/// open, logged.
+fn unauthentic(binding: &Binding<'_>, key_id: Option<&str>, why: &str) -> StoreError {
+    let Some(step) = binding.step_name() else {
+        return unauthentic_response(binding.id, key_id, why);
+    };
+    let key_id = key_id.unwrap_or("none");
+    error!(record = %binding.id, step, key_id, why,
+        "a recorded step's output failed to open; it is not used, and the step is not run again");
+    StoreError::new(
+        StoreErrorKind::Unauthentic,
+        format!(
+            "record {}: step {step:?}'s recorded output does not open (key id {key_id}): {why}",
+            binding.id
+        ),
+    )
+}
+
 /// The error for a record whose response fails to open, logged.
-fn unauthentic(id: &RecordId, key_id: Option<&str>, why: &str) -> StoreError {
+fn unauthentic_response(id: &RecordId, key_id: Option<&str>, why: &str) -> StoreError {
     error!(record = %id, key_id = key_id.unwrap_or("none"), why,
         "a stored response failed to open; it is not replayed, not overwritten and not run again");
     StoreError::new(

@@ -37,6 +37,8 @@ pub(super) struct Held {
     extender: Arc<dyn Extender>,
     id: RecordId,
     owner: OwnerToken,
+    /// The request's fingerprint, which a sealed step's output is bound to.
+    fingerprint: crate::Fingerprint,
     lease: Mutex<Lease>,
     /// Set once an extension finds the claim lost; `lost_now` wakes whoever
     /// waits for it (kept in the handle's own allocation, unlike a channel).
@@ -77,6 +79,7 @@ impl ClaimHandle {
         extender: Arc<dyn Extender>,
         id: RecordId,
         owner: OwnerToken,
+        fingerprint: crate::Fingerprint,
         lease_until_ms: u64,
         expiration_s: u64,
         takeover: Option<Takeover>,
@@ -87,6 +90,7 @@ impl ClaimHandle {
                 extender,
                 id,
                 owner,
+                fingerprint,
                 lease: Mutex::new(Lease {
                     until_ms: lease_until_ms,
                     expiration_s,
@@ -306,6 +310,10 @@ impl Held {
 
     pub(super) fn owner(&self) -> &OwnerToken {
         &self.owner
+    }
+
+    pub(super) fn fingerprint(&self) -> &crate::Fingerprint {
+        &self.fingerprint
     }
 
     pub(super) fn now_ms(&self) -> u64 {

@@ -22,6 +22,7 @@ impl<St: Store> Engine<St> {
             Arc::clone(&self.inner) as Arc<dyn claim_handle::Extender>,
             claim.id.clone(),
             claim.owner.clone(),
+            claim.fingerprint.clone(),
             claim.lease_until_ms,
             claim.expiration_s,
             takeover,

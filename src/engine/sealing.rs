@@ -1,10 +1,11 @@
 //! Stored responses sealed on every completion and opened on every read
-//! that can replay, when the engine encrypts
+//! that can replay, and steps' outputs sealed when recorded and opened
+//! when a takeover resumes, when the engine encrypts
 //! ([`EngineBuilder::encryption`](crate::EngineBuilder::encryption)): the
 //! one place the engine meets [`crate::encryption`], so that every
-//! completion path and every store gets the same envelope. Without the
-//! `encryption` feature, or without encryption configured, responses are
-//! stored and read as they are.
+//! completion path, every step and every store gets the same envelope.
+//! Without the `encryption` feature, or without encryption configured,
+//! responses and outputs are stored and read as they are.
 //!
 //! What the process keeps in memory (the local cache, a duplicate waiting
 //! on a run of this process) is the plaintext: only the store's copy is
@@ -12,7 +13,7 @@
 
 use super::{
     claim::{ClaimError, Claimed},
-    state::Engine,
+    state::{Engine, Inner},
 };
 use crate::{
     store::{Record, RecordId, Store},
@@ -100,8 +101,10 @@ impl<St: Store> Engine<St> {
                 context: encryption.context(),
                 id,
                 fingerprint,
-                status: crate::store::Status::Completed,
-                expiration_s,
+                holds: crate::encryption::Holds::Response {
+                    status: crate::store::Status::Completed,
+                    expiration_s,
+                },
             };
             // Boxed: a future that every completion would hold room for.
             return Box::pin(encryption.seal(&binding, response)).await;
@@ -132,8 +135,10 @@ impl<St: Store> Engine<St> {
                         context: encryption.context(),
                         id: &record.id,
                         fingerprint: &record.fingerprint,
-                        status: record.status,
-                        expiration_s: record.expiration_s,
+                        holds: crate::encryption::Holds::Response {
+                            status: record.status,
+                            expiration_s: record.expiration_s,
+                        },
                     };
                     let opened = Box::pin(encryption.open(&binding, stored)).await?;
                     record.response = Some(opened);
@@ -170,5 +175,72 @@ impl<St: Store> Engine<St> {
         return self.inner.encryption.is_some();
         #[cfg(not(feature = "encryption"))]
         false
+    }
+}
+
+/// A step's output as the engine binds it when it seals or opens it: its
+/// record, the request's fingerprint, the step's name and its index among
+/// the record's steps ([`ClaimHandle::step`](crate::ClaimHandle::step)).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepBinding<'a> {
+    pub(super) id: &'a RecordId,
+    pub(super) fingerprint: &'a Fingerprint,
+    pub(super) name: &'a str,
+    pub(super) index: u32,
+}
+
+impl<St: Store> Inner<St> {
+    /// The bytes to record for a step's encoded `output`: sealed, or
+    /// `output` itself without encryption (or when only opening).
+    pub(super) async fn seal_step(
+        &self,
+        step: StepBinding<'_>,
+        output: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
+        #[cfg(feature = "encryption")]
+        if let Some(encryption) = &self.encryption {
+            return Ok(encryption
+                .seal(&step_binding(encryption, step), &output)
+                .await?
+                .unwrap_or(output));
+        }
+        let _ = step;
+        Ok(output)
+    }
+
+    /// The encoded output a step recorded, from its `stored` bytes: opened
+    /// when sealed; as it is when plaintext (recorded before encryption
+    /// was on), unless plaintext is refused. One that fails to open is an
+    /// [`Unauthentic`](crate::StoreErrorKind::Unauthentic) error, logged
+    /// with the record, the step and the key id.
+    pub(super) async fn open_step(
+        &self,
+        step: StepBinding<'_>,
+        stored: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
+        #[cfg(feature = "encryption")]
+        if let Some(encryption) = &self.encryption {
+            return encryption
+                .open(&step_binding(encryption, step), stored)
+                .await;
+        }
+        let _ = step;
+        Ok(stored)
+    }
+}
+
+#[cfg(feature = "encryption")]
+fn step_binding<'a>(
+    encryption: &'a crate::encryption::Encryption,
+    step: StepBinding<'a>,
+) -> crate::encryption::Binding<'a> {
+    crate::encryption::Binding {
+        context: encryption.context(),
+        id: step.id,
+        fingerprint: step.fingerprint,
+        holds: crate::encryption::Holds::Step {
+            name: step.name,
+            index: step.index,
+        },
     }
 }

@@ -1,10 +1,12 @@
 //! Recovery points: [`ClaimHandle::step`] runs a named step of the
 //! operation once per key, recording its output on the claim's record with
 //! a fenced write, so that a takeover resumes after the steps that
-//! finished instead of repeating them (`docs/recovery-points.md`).
+//! finished instead of repeating them (`docs/recovery-points.md`). With
+//! encryption on, outputs are sealed and opened by `sealing.rs`.
 
 use super::{
     claim_handle::{ClaimHandle, Held},
+    sealing::StepBinding,
     state::Inner,
 };
 use crate::{
@@ -27,9 +29,11 @@ pub(super) trait StepRecorder: Send + Sync + 'static {
     fn claim_stepped(&self, owner: &OwnerToken);
     /// The claim under `owner` ended: its handle is gone.
     fn claim_ended(&self, owner: &OwnerToken);
-    /// Whether the engine seals what it stores (at-rest encryption): steps
-    /// are not sealed yet, so they are refused rather than stored in clear.
-    fn seals(&self) -> bool;
+    /// The bytes to record for a step's encoded output: sealed when the
+    /// engine encrypts (`sealing.rs`).
+    fn seal_step<'a>(&'a self, step: StepBinding<'a>, output: Vec<u8>) -> StoreFuture<'a, Vec<u8>>;
+    /// A recorded step's encoded output, opened when sealed.
+    fn open_step<'a>(&'a self, step: StepBinding<'a>, stored: Vec<u8>) -> StoreFuture<'a, Vec<u8>>;
 }
 
 impl<St: Store> StepRecorder for Inner<St> {
@@ -57,11 +61,12 @@ impl<St: Store> StepRecorder for Inner<St> {
         self.stepped_claims.remove(owner);
     }
 
-    fn seals(&self) -> bool {
-        #[cfg(feature = "encryption")]
-        return self.encryption.is_some();
-        #[cfg(not(feature = "encryption"))]
-        false
+    fn seal_step<'a>(&'a self, step: StepBinding<'a>, output: Vec<u8>) -> StoreFuture<'a, Vec<u8>> {
+        Box::pin(Inner::seal_step(self, step, output))
+    }
+
+    fn open_step<'a>(&'a self, step: StepBinding<'a>, stored: Vec<u8>) -> StoreFuture<'a, Vec<u8>> {
+        Box::pin(Inner::open_step(self, step, stored))
     }
 }
 
@@ -141,7 +146,25 @@ impl ClaimHandle {
     /// store passes its provider a key from [`step_key`](ClaimHandle::step_key));
     /// [`Error::Store`] when the store failed, the output does not encode
     /// or is over the engine's [`step_limits`](crate::EngineBuilder::step_limits)
-    /// (`Rejected`), or the store does not record steps (`Unsupported`).
+    /// (`Rejected`), the store does not record steps (`Unsupported`), or
+    /// the recorded output fails to open (`Unauthentic`, below).
+    ///
+    /// With the engine's [encryption](crate::encryption) on, the output is
+    /// sealed as a response is (the same envelope and keys, the key id
+    /// beside it), bound to the record, the request's fingerprint, the
+    /// step's name and its index, and opened before it is returned to a
+    /// takeover. One that fails to open (changed, copied from another
+    /// step, index or record, or sealed under a key no longer configured)
+    /// is never returned and the step is not run again: the call answers
+    /// [`Error::Store`] of kind
+    /// [`Unauthentic`](crate::StoreErrorKind::Unauthentic)
+    /// ([`ErrorKind::UnauthenticRecord`](crate::ErrorKind::UnauthenticRecord)),
+    /// with an ERROR log naming the record, the step and the key id, and so
+    /// does every retry (the record is kept, in progress, its lease ended)
+    /// until an operator forgets it (the CLI's `forget --force`; the next
+    /// request then runs every step again: reconcile their effects first). Outputs
+    /// recorded in the clear before encryption was turned on are used as
+    /// they are, unless plaintext is refused.
     ///
     /// Without a claim (a single write, a disabled engine, fail-open
     /// through an outage, an operation inside a store transaction, whose
@@ -180,16 +203,22 @@ impl ClaimHandle {
                 "this store does not record steps (recovery points): Store::STEPS is false",
             )));
         }
-        if recorder.seals() {
-            return Err(Error::Store(StoreError::new(
-                StoreErrorKind::Unsupported,
-                "steps are not sealed yet: recording them with at-rest encryption on would store them in clear",
-            )));
-        }
         let limits = recorder.step_limits();
         let recorded = held.recorded_steps(self.takeover().is_some()).await?;
-        if let Some(step) = recorded.iter().find(|step| step.name == name) {
-            return serde_json::from_slice(&step.output).map_err(|error| {
+        if let Some((index, step)) = recorded
+            .iter()
+            .enumerate()
+            .find(|(_, step)| step.name == name)
+        {
+            let stored = step.output.clone();
+            drop(recorded);
+            // Opened (when sealed) before it is used: one that fails to
+            // open stops the operation here, and the step does not run.
+            let opened = recorder
+                .open_step(held.binding(name, index), stored)
+                .await
+                .map_err(Error::Store)?;
+            return serde_json::from_slice(&opened).map_err(|error| {
                 Error::Store(StoreError::corrupt(format!(
                     "record {}: step {name:?}'s recorded output does not decode: {error}",
                     held.id()
@@ -242,6 +271,16 @@ impl ClaimHandle {
 }
 
 impl Held {
+    /// What step `name`, the `index`-th of the record, is sealed to.
+    fn binding<'a>(&'a self, name: &'a str, index: usize) -> StepBinding<'a> {
+        StepBinding {
+            id: self.id(),
+            fingerprint: self.fingerprint(),
+            name,
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+        }
+    }
+
     /// The steps recorded on the record, read once: from the store when
     /// this attempt took over (an earlier attempt may have recorded some),
     /// none for a fresh claim (a claim starts its record without steps).
@@ -281,12 +320,19 @@ impl Held {
         // next claim ran the step again).
         self.mark_stepped();
         for _ in 0..STEP_WRITE_TRIES {
+            // Sealed for the index it is written at: tried again at
+            // another, it is sealed again.
+            let stored = self
+                .recorder()
+                .seal_step(self.binding(name, steps.len()), output.clone())
+                .await
+                .map_err(Error::Store)?;
             let write = StepWrite::new(
                 self.id().clone(),
                 self.owner().clone(),
                 u32::try_from(steps.len()).unwrap_or(u32::MAX),
                 name,
-                output.clone(),
+                stored,
                 self.now_ms(),
             );
             let refused = match self
@@ -296,7 +342,8 @@ impl Held {
                 .map_err(Error::Store)?
             {
                 Conditional::Applied => {
-                    steps.push(RecordedStep::new(name, output));
+                    // As the store holds it: sealed, opened when read.
+                    steps.push(RecordedStep::new(name, write.output));
                     // A record with steps is never deleted to give the key
                     // back: the retry takes it over and resumes.
                     self.mark_stepped();

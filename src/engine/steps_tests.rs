@@ -220,30 +220,38 @@ async fn a_step_write_that_landed_before_its_retry_is_recognised() {
     assert_eq!(store.writes.load(Ordering::SeqCst), 2, "one write a step");
 }
 
+/// With encryption on, a step's output is sealed before it is recorded
+/// and opened when a retry resumes (`tests/sealed_steps.rs` has the
+/// tampering, the rotation and the plaintext steps, on every store).
 #[cfg(feature = "encryption")]
 #[tokio::test]
-async fn with_encryption_on_a_step_is_refused_rather_than_stored_in_clear() {
-    use crate::encryption::{Encryption, RawKeys};
+async fn with_encryption_on_a_step_is_sealed_and_resumed() {
+    use crate::encryption::{key_id_of, Encryption, RawKeys};
+    let store = MemoryStore::new();
     let keys = RawKeys::new("k1", &[7; 32]).expect("a key");
-    let engine = Engine::builder(MemoryStore::new())
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder(store.clone())
+        .clock(clock.clone())
         .encryption(Encryption::new(keys, "prod/idempotency"))
         .build();
     let runs = AtomicUsize::new(0);
-    let outcome = engine
-        .run(&attempt("k"), Mode::Plain, &Json, |claim| async move {
-            let step = claim.step("charge", || counted(&runs)).await;
-            assert!(
-                matches!(&step, Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unsupported),
-                "{step:?}"
-            );
-            Ok::<_, ()>((runs.load(Ordering::SeqCst), Vec::new()))
+    let attempt = attempt("k");
+    let run = |fail: bool| {
+        let runs = &runs;
+        engine.run(&attempt, Mode::Plain, &Json, move |claim| async move {
+            let charge = claim.step("charge", || counted(runs)).await?;
+            if fail {
+                return Err(Error::Operation(()));
+            }
+            Ok::<_, Error<()>>((charge, Vec::new()))
         })
-        .await;
-    assert_eq!(
-        outcome.expect("completed").into_value(),
-        0,
-        "the step did not run"
-    );
+    };
+    run(true).await.expect_err("failed after its step");
+    let id = engine.record_id("s", "k");
+    let stored = store.steps(&id, 1_700_000_000_000).await.expect("read");
+    assert_eq!(key_id_of(&stored[0].output), Some("k1"), "sealed");
+    assert_eq!(run(false).await.expect("resumed").into_value(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran once");
 }
 
 /// A claim is marked as stepped while its run lasts, and no longer: the
