@@ -182,6 +182,9 @@ impl<St: Store> Engine<St> {
 /// record, the request's fingerprint, the step's name and its index among
 /// the record's steps ([`ClaimHandle::step`](crate::ClaimHandle::step)).
 #[derive(Debug, Clone, Copy)]
+// Read only to seal: without the `encryption` feature, outputs are stored
+// as they are.
+#[cfg_attr(not(feature = "encryption"), allow(dead_code))]
 pub(super) struct StepBinding<'a> {
     pub(super) id: &'a RecordId,
     pub(super) fingerprint: &'a Fingerprint,

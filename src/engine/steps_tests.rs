@@ -331,3 +331,40 @@ async fn a_counting_store_counts_step_writes_and_reads() {
     let calls = store.calls();
     assert_eq!((calls.record_step, calls.steps), (2, 1));
 }
+
+/// Inside a store transaction a step just runs and nothing is recorded:
+/// the claim commits or rolls back with the operation, so a retry after a
+/// failure has nothing to resume and runs the step again.
+#[tokio::test]
+async fn inside_a_store_transaction_a_step_is_not_recorded() {
+    use crate::store::TransactionLimits;
+    use std::time::Duration;
+    let engine = Engine::builder(MemoryStore::new()).build();
+    let runs = AtomicUsize::new(0);
+    let attempt = attempt("k");
+    let run = |fail: bool| {
+        let runs = &runs;
+        let limits = TransactionLimits::new()
+            .claim_wait(Duration::from_millis(100))
+            .time_limit(Duration::from_secs(5));
+        engine.run_in_transaction(&attempt, limits, move |_transaction| async move {
+            let claim = ClaimHandle::current().expect("inside the operation");
+            assert!(claim.is_claimed());
+            let charge = claim
+                .step("charge", || counted(runs))
+                .await
+                .map_err(|error| format!("{error:?}"))?;
+            if fail {
+                return Err("the ledger is down".to_owned());
+            }
+            Ok(charge)
+        })
+    };
+    run(true).await.expect_err("rolled back");
+    assert_eq!(run(false).await.expect("committed").into_value(), 2);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "ran again: nothing recorded"
+    );
+}
