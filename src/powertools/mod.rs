@@ -17,7 +17,11 @@
 //! | expired, absent, or no key in the request | this crate's own protocol runs |
 //!
 //! The mode only reads: it never writes, changes or deletes a Powertools
-//! record.
+//! record. The request then runs under this crate's own record, so its
+//! recovery points ([`ClaimHandle::step`](crate::ClaimHandle::step)) are
+//! recorded there, as without the mode, and a takeover of an abandoned
+//! Powertools attempt resumes after them like any other; the Powertools
+//! record stays as Powertools wrote it.
 //!
 //! # Configuration
 //!
