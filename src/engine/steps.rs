@@ -149,7 +149,7 @@ impl ClaimHandle {
     /// (`Rejected`), the store does not record steps (`Unsupported`), or
     /// the recorded output fails to open (`Unauthentic`, below).
     ///
-    /// With the engine's [encryption](crate::encryption) on, the output is
+    /// With the engine's [encryption](https://docs.rs/lambda-idempotency/latest/lambda_idempotency/encryption/index.html) on, the output is
     /// sealed as a response is (the same envelope and keys, the key id
     /// beside it), bound to the record, the request's fingerprint, the
     /// step's name and its index, and opened before it is returned to a
