@@ -679,3 +679,43 @@ async fn each_record_is_reported_through_the_batch_port() {
     answers.sort_unstable();
     assert_eq!(answers, ["fresh", "replay"]);
 }
+
+/// A record whose handler fails after a step (recovery points, reached
+/// through `ClaimHandle::current()`) is reported failed; its redelivery
+/// takes the record over and resumes after the step instead of running
+/// it again.
+#[tokio::test]
+async fn a_redelivered_record_resumes_after_its_recorded_step() {
+    let sqs = SqsBatch::new(Engine::builder(MemoryStore::new()).build(), "queue");
+    let charges = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (charges, calls) = (Arc::clone(&charges), Arc::clone(&calls));
+        move |_message: SqsMessage| {
+            let (charges, calls) = (Arc::clone(&charges), Arc::clone(&calls));
+            async move {
+                let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                let claim = ClaimHandle::current().expect("inside the record's run");
+                let charge = claim
+                    .step("charge", || async {
+                        Ok::<_, String>(charges.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await
+                    .map_err(|error| format!("{error:?}"))?;
+                if call == 1 {
+                    return Err("the ledger is down".to_owned());
+                }
+                Ok(charge)
+            }
+        }
+    };
+    for failed in [vec!["m1"], vec![]] {
+        let response = sqs
+            .process(batch(vec![message("m1", "order-77", None)]), &handler)
+            .await
+            .expect("a partial batch response");
+        assert_eq!(failed_ids(&response), failed);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "redelivered once");
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+}
