@@ -8,8 +8,9 @@
 //! byte flipped, two steps' outputs swapped, their names swapped, the
 //! steps reordered, another record's steps copied in. Every one is refused
 //! (`ErrorKind::UnauthenticRecord`), every time it is retried, and the
-//! step is never run again. Then a rotation, and the steps recorded in
-//! the clear before encryption was turned on.
+//! step is never run again. Then a rotation, the steps recorded in the
+//! clear before encryption was turned on, and sealed steps read by an
+//! engine without encryption (a corrupt record, the step not run again).
 //!
 //! Needs the servers `make test` starts, each store's module only its own:
 //! `scripts/with-dynamodb-local cargo test --test sealed_steps dynamodb::`,
@@ -334,6 +335,25 @@ async fn plaintext_steps_before_encryption<R: Raw>() {
     );
 }
 
+/// Encryption removed while a record holds sealed steps (a rolling
+/// deployment's old instance, or `open_only` skipped): the output does not
+/// decode, and is refused as a corrupt record, the step not run again.
+async fn sealed_steps_without_encryption_are_corrupt<R: Raw>() {
+    let raw = R::fresh().await;
+    let runs = Runs::default();
+    let sealed = engine(raw.store(), Some(sealing(keys("k1", 1))));
+    assert_eq!(
+        attempt(&sealed, "k", Some(1), &runs).await,
+        Err(ErrorKind::Operation)
+    );
+    let plain = engine(raw.store(), None);
+    assert_eq!(
+        attempt(&plain, "k", None, &runs).await,
+        Err(ErrorKind::CorruptRecord)
+    );
+    assert_eq!(runs.get(), (1, 0), "the step did not run again");
+}
+
 /// The ERROR logs of every test of this binary: one subscriber for the
 /// process, installed by the first test that reads it.
 fn error_logs() -> &'static support::Captured {
@@ -407,6 +427,11 @@ macro_rules! sealed_steps_on {
         #[tokio::test]
         async fn plaintext_steps_before_encryption() {
             super::plaintext_steps_before_encryption::<$raw>().await;
+        }
+
+        #[tokio::test]
+        async fn sealed_steps_without_encryption_are_corrupt() {
+            super::sealed_steps_without_encryption_are_corrupt::<$raw>().await;
         }
 
         #[tokio::test]
