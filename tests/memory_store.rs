@@ -1104,3 +1104,16 @@ mod steps {
         }
     }
 }
+
+/// The completer on the memory store: abandoned claims listed in pages,
+/// settled by policy, racing their retries.
+mod abandoned {
+    use lambda_idempotency::MemoryStore;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: async { MemoryStore::new() },
+    }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: async { MemoryStore::new() },
+    }
+}

@@ -36,6 +36,7 @@ mod cache;
 mod claim;
 mod claim_handle;
 mod codec;
+mod completer;
 mod completion;
 mod conflicts;
 mod detach;
@@ -72,6 +73,7 @@ pub use builder::{
     MAX_DURATION,
 };
 pub use claim_handle::ClaimHandle;
+pub use completer::{AbandonedPolicy, Completer, CompleterReport, Settled, Settlement};
 #[cfg(test)]
 pub(crate) use conflicts::{CLAIM_TRIES, CONFLICT_TRIES};
 #[cfg(any(feature = "http", feature = "consumers"))]

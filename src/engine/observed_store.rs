@@ -13,7 +13,7 @@
 use crate::{
     observe::{Event, Observers, StoreOperation},
     store::{
-        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+        AbandonedPage, AbandonedQuery, Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
         RecordedStep, Removal, StepWrite, Store, TableSize,
     },
     StoreError,
@@ -160,6 +160,16 @@ impl<St: Store> ObservedStore<St> {
         self.observed(
             StoreOperation::ListInProgress,
             self.store.list_in_progress(prefix, limit),
+        )
+    }
+
+    pub(super) fn list_abandoned<'a>(
+        &'a self,
+        query: &'a AbandonedQuery,
+    ) -> ObservedCall<'a, impl Future<Output = Result<AbandonedPage, StoreError>> + Send + 'a> {
+        self.observed(
+            StoreOperation::ListAbandoned,
+            self.store.list_abandoned(query),
         )
     }
 

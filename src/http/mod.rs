@@ -34,7 +34,11 @@
 //! `idempotency-write-rejected`, `idempotency-writes-not-committed`,
 //! `idempotency-internal-error`, `idempotency-time-limit-exceeded`,
 //! `idempotency-scope-unset`,
-//! `idempotency-overloaded`, after a configurable prefix. None of the layer's own answers is stored.
+//! `idempotency-overloaded`, after a configurable prefix. None of the layer's own answers is stored,
+//! but one the completer stores: `idempotency-abandoned` (`500`), the answer
+//! [`abandoned_answer`] encodes, replayed to every retry of a key whose
+//! abandoned claim an operator closed as failed
+//! ([`AbandonedPolicy::Fail`](crate::AbandonedPolicy::Fail)).
 //!
 //! A handler can hand the layer its own DynamoDB writes with [`CommitWith`]:
 //! they commit in one transaction with the stored response. A refusal of
@@ -248,6 +252,22 @@ pub fn decode_stored_response(
             Some(digest),
         )),
     }
+}
+
+/// The stored answer of a key whose abandoned claim the completer closed
+/// as failed ([`AbandonedPolicy::Fail`](crate::AbandonedPolicy::Fail)),
+/// encoded as the layer stores responses: a `500`
+/// `application/problem+json` of type `idempotency-abandoned` after
+/// `problem_base` (the layer's
+/// [`problem_type_base`](IdempotencyLayer::problem_type_base),
+/// [`DEFAULT_PROBLEM_BASE`] by default). Every retry of the key gets it,
+/// marked as a replay, and the handler never runs. Not for gRPC routes,
+/// whose records hold gRPC answers.
+pub fn abandoned_answer(
+    problem_base: &str,
+) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+    let response = problem::Problem::Abandoned.to_response(problem_base);
+    stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response, None))
 }
 
 /// A response of `status` and `headers` with no body, saying why in its

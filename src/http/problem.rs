@@ -70,6 +70,10 @@ pub(crate) enum Problem {
     ScopeUnset,
     /// `max_in_flight` requests were running; this one claimed nothing.
     Overloaded,
+    /// The completer closed the key's abandoned claim as failed
+    /// ([`AbandonedPolicy::Fail`](crate::AbandonedPolicy::Fail)): the one
+    /// layer answer that is stored, by the completer, not the layer.
+    Abandoned,
 }
 
 impl<E> From<&Error<E>> for Problem {
@@ -140,6 +144,7 @@ impl Problem {
             Problem::TimeLimitExceeded => "idempotency-time-limit-exceeded",
             Problem::ScopeUnset => "idempotency-scope-unset",
             Problem::Overloaded => "idempotency-overloaded",
+            Problem::Abandoned => "idempotency-abandoned",
         }
     }
 
@@ -162,6 +167,9 @@ impl Problem {
             Problem::WritesNotCommitted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::Internal | Problem::ScopeUnset => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::Overloaded | Problem::TimeLimitExceeded => StatusCode::SERVICE_UNAVAILABLE,
+            // Final, the server's: never a status a client retries (409,
+            // 429, 503); the key's outcome is the operator's to settle.
+            Problem::Abandoned => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -189,7 +197,7 @@ impl Problem {
             Problem::StoreFailed | Problem::WriteRejected => code::INTERNAL,
             Problem::CorruptRecord | Problem::UnauthenticRecord => code::DATA_LOSS,
             Problem::ResponseNotStored { .. } => code::ALREADY_EXISTS,
-            Problem::Internal | Problem::ScopeUnset => code::INTERNAL,
+            Problem::Internal | Problem::ScopeUnset | Problem::Abandoned => code::INTERNAL,
         }
     }
 
@@ -214,6 +222,7 @@ impl Problem {
             Problem::TimeLimitExceeded => "Request ran past its time limit",
             Problem::ScopeUnset => "Idempotency scope not configured",
             Problem::Overloaded => "Too many requests in progress",
+            Problem::Abandoned => "Request abandoned",
         }
     }
 
@@ -318,6 +327,12 @@ impl Problem {
             Problem::Overloaded => "The request was not processed: this service is running as many \
                  requests as it allows. Its idempotency key was not used; retry with the same key \
                  after 1 second."
+                .to_owned(),
+            Problem::Abandoned => "The request with this idempotency key began, and its \
+                 processing stopped before it finished; the service's operator closed it as \
+                 failed. It will not be processed again, and what it did before it stopped was \
+                 not undone. Check what was done (fetch the resource) before sending a new \
+                 request with a new key."
                 .to_owned(),
         }
     }
@@ -469,6 +484,7 @@ mod tests {
             Problem::TimeLimitExceeded,
             Problem::ScopeUnset,
             Problem::Overloaded,
+            Problem::Abandoned,
         ];
         for problem in &all {
             match problem {
@@ -490,7 +506,8 @@ mod tests {
                 | Problem::Internal
                 | Problem::TimeLimitExceeded
                 | Problem::ScopeUnset
-                | Problem::Overloaded => {}
+                | Problem::Overloaded
+                | Problem::Abandoned => {}
             }
         }
         all

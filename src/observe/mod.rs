@@ -160,6 +160,8 @@ pub enum StoreOperation {
     Remove,
     /// An operator's listing of claims in progress.
     ListInProgress,
+    /// A page of abandoned claims listed, for the completer.
+    ListAbandoned,
     /// The store's count of what it holds (the table-size gauge).
     TableSize,
     /// A step's output recorded (recovery points,
@@ -183,6 +185,7 @@ impl StoreOperation {
             StoreOperation::Peek => "idempotency peek",
             StoreOperation::Remove => "idempotency remove",
             StoreOperation::ListInProgress => "idempotency list_in_progress",
+            StoreOperation::ListAbandoned => "idempotency list_abandoned",
             StoreOperation::TableSize => "idempotency table_size",
             StoreOperation::RecordStep => "idempotency record_step",
             StoreOperation::Steps => "idempotency steps",
@@ -202,6 +205,7 @@ impl StoreOperation {
             StoreOperation::Peek => "peek",
             StoreOperation::Remove => "remove",
             StoreOperation::ListInProgress => "list_in_progress",
+            StoreOperation::ListAbandoned => "list_abandoned",
             StoreOperation::TableSize => "table_size",
             StoreOperation::RecordStep => "record_step",
             StoreOperation::Steps => "steps",

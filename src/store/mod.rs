@@ -124,6 +124,7 @@
 use crate::{Fingerprint, StoreError};
 use std::future::Future;
 
+pub mod abandoned;
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub mod dynamodb;
@@ -155,6 +156,7 @@ pub mod table_size;
 pub mod transaction;
 
 pub use crate::record_id::RecordId;
+pub use abandoned::{AbandonedPage, AbandonedQuery, PageCursor};
 pub use owner::OwnerToken;
 pub use record::{Record, Status, UnknownStatus};
 pub use steps::{RecordedStep, StepLimits, StepWrite};
@@ -518,6 +520,28 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<RecordedStep>, StoreError>> + Send {
         let _ = (id, now_ms);
         std::future::ready(Err(steps_unsupported()))
+    }
+
+    /// One page of abandoned claims ([`abandoned`](mod@abandoned)): up to
+    /// `query.limit` records that [`AbandonedQuery::matches`] (`IN_PROGRESS`
+    /// under the prefix, not expired, their lease ended before
+    /// `query.lease_before_ms`), from where `query.cursor` says, with the
+    /// cursor of the next page (`None` once the walk is over). Each call does
+    /// a bounded amount of work; a walk lists every record that stayed
+    /// abandoned throughout it at least once. A scan: for operators and the
+    /// completer, never request paths.
+    ///
+    /// Optional: the default answers
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+    fn list_abandoned(
+        &self,
+        query: &AbandonedQuery,
+    ) -> impl Future<Output = Result<AbandonedPage, StoreError>> + Send {
+        let _ = query;
+        std::future::ready(Err(StoreError::new(
+            crate::StoreErrorKind::Unsupported,
+            "this store does not list abandoned claims: Store::list_abandoned is not implemented",
+        )))
     }
 
     /// The store's transactions, when it can run an operation inside one

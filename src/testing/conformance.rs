@@ -15,8 +15,29 @@
 /// on a store that records steps
 /// ([`Store::record_step`](crate::store::Store::record_step)), beside
 /// the call above.
+///
+/// `store_conformance!(abandoned: store)` runs the completer's scenarios
+/// on a store that lists abandoned claims
+/// ([`Store::list_abandoned`](crate::store::Store::list_abandoned)), and
+/// `store_conformance!(abandoned_steps: store)` the one that needs steps
+/// too.
 #[macro_export]
 macro_rules! store_conformance {
+    (abandoned: $store:expr $(,)?) => {
+        $crate::store_conformance!(@each $store;
+            abandoned_claims_are_listed_in_bounded_pages,
+            the_completer_settles_abandoned_claims_by_policy,
+            a_claim_that_came_back_is_left_alone,
+        );
+        $crate::store_conformance!(@each_in_real_time $store;
+            the_completer_and_a_retry_never_both_own_a_claim,
+        );
+    };
+    (abandoned_steps: $store:expr $(,)?) => {
+        $crate::store_conformance!(@each $store;
+            release_keeps_a_record_with_steps,
+        );
+    };
     (steps: $store:expr $(,)?) => {
         $crate::store_conformance!(@each $store;
             steps_are_fenced_on_their_claim,

@@ -7,8 +7,8 @@ mod records;
 mod transaction;
 
 use super::{
-    Accuracy, Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
-    RecordedStep, Removal, SizeSource, Status, StepWrite, Store, TableSize,
+    AbandonedPage, AbandonedQuery, Accuracy, Claim, Commit, Completion, Conditional, Extension,
+    OwnerToken, PageCursor, Record, RecordId, RecordedStep, Removal, SizeSource, Status, StepWrite, Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use packed::{monotonic_ms, Packed};
@@ -392,6 +392,26 @@ impl Store for MemoryStore {
         records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
         records.truncate(limit);
         Ok(records)
+    }
+
+    /// Every record is looked at under the store's lock (the memory store
+    /// is for tests and one process): a page is the abandoned records
+    /// after the cursor's id, in id order.
+    async fn list_abandoned(&self, query: &AbandonedQuery) -> Result<AbandonedPage, StoreError> {
+        let state = self.enter()?;
+        let after = query.cursor.as_ref().map(PageCursor::as_str);
+        let mut records: Vec<Record> = state
+            .records
+            .iter()
+            .filter(|r| r.status() == Status::InProgress && after.is_none_or(|after| r.id() > after))
+            .map(|record| record.record())
+            .filter(|record| query.matches(record))
+            .collect();
+        records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        let next = (records.len() > query.limit)
+            .then(|| PageCursor::from_stored(records[query.limit - 1].id.as_str()));
+        records.truncate(query.limit);
+        Ok(AbandonedPage::new(records, next))
     }
 
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {

@@ -101,6 +101,7 @@ fn completion<W>(
     }
 }
 
+mod abandoned;
 mod basics;
 mod fencing;
 mod leases;
@@ -108,6 +109,7 @@ mod operators;
 mod single_write;
 mod steps;
 
+pub use abandoned::*;
 pub use basics::*;
 pub use fencing::*;
 pub use leases::*;
