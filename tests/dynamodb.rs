@@ -37,6 +37,19 @@ lambda_idempotency::store_conformance! {
     single_write,
 }
 
+/// The completer: abandoned claims found by a paginated `Scan` with a
+/// filter, settled by takeovers.
+mod abandoned {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store(),
+    }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store(),
+    }
+}
+
 /// Recovery points: each step one fenced `UpdateItem` on the record.
 mod steps {
     use super::{store, support};

@@ -48,6 +48,19 @@ lambda_idempotency::store_conformance! {
 }
 
 /// Recovery points in the single-table layout.
+/// The completer in one partition: a `Query` of it, never a scan of the
+/// application's items.
+mod abandoned {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store(),
+    }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store(),
+    }
+}
+
 mod steps {
     use super::store;
 

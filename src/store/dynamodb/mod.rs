@@ -46,6 +46,7 @@
 //!
 #![doc = include_str!("docs.md")]
 
+mod abandoned;
 mod codec;
 mod errors;
 mod layout;
@@ -765,6 +766,16 @@ impl Store for DynamoDbStore {
         }
         records.truncate(limit);
         Ok(records)
+    }
+
+    /// One eventually consistent `Scan` (a `Query` of a single-table
+    /// layout's partition) of at most `query.limit` items a page: 128 read
+    /// units per MB scanned (the `abandoned` module).
+    async fn list_abandoned(
+        &self,
+        query: &super::AbandonedQuery,
+    ) -> Result<super::AbandonedPage, StoreError> {
+        self.abandoned_page(query).await
     }
 
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
