@@ -63,6 +63,19 @@ lambda_idempotency::store_conformance! {
     },
 }
 
+/// The completer: abandoned claims found by `SCAN` pages, settled by
+/// takeovers.
+mod abandoned {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store(),
+    }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store(),
+    }
+}
+
 /// Recovery points: each step one fenced script on the record's hash.
 mod steps {
     use super::RedisStore;

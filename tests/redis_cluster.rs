@@ -46,6 +46,15 @@ lambda_idempotency::store_conformance! {
     },
 }
 
+/// The completer's walk goes from primary to primary.
+mod abandoned {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store(),
+    }
+}
+
 #[tokio::test]
 async fn records_spread_over_every_primary_and_are_found_again() {
     // Every node given as a seed, the API's way.

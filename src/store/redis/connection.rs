@@ -163,44 +163,134 @@ impl Connection {
         match self {
             Self::Server(connection) => scan_node(connection, pattern, None).await,
             Self::Cluster(connection) => {
-                // A PING to every primary answers with their addresses.
-                let primaries = connection
-                    .route_command(
-                        redis::cmd("PING"),
-                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
-                    )
-                    .await
-                    .map_err(|e| errors::from_redis("PING", e))?;
-                let Value::Map(primaries) = primaries else {
-                    return Err(StoreError::new(
-                        crate::StoreErrorKind::Other,
-                        "Redis Cluster: the primaries answered in an unexpected shape",
-                    ));
-                };
                 let mut keys = Vec::new();
-                for (address, _) in primaries {
-                    let Value::BulkString(address) = address else {
-                        continue;
-                    };
-                    let address = String::from_utf8_lossy(&address).into_owned();
-                    let route = address
-                        .rsplit_once(':')
-                        .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
-                        .map(|(host, port)| SingleNodeRoutingInfo::ByAddress { host, port })
-                        .ok_or_else(|| {
-                            StoreError::new(
-                                crate::StoreErrorKind::Other,
-                                format!(
-                                    "Redis Cluster: a primary's address {address:?} has no port"
-                                ),
-                            )
-                        })?;
+                for (_, route) in primaries(connection).await? {
                     keys.extend(scan_node(connection, pattern, Some(route)).await?);
                 }
                 Ok(keys)
             }
         }
     }
+}
+
+/// One `SCAN` call of a walk ([`Connection::scan_once`]).
+pub(super) struct ScanStep {
+    /// The keys it returned.
+    pub(super) keys: Vec<String>,
+    /// Where the walk goes on: the node and its `SCAN` cursor; `None`
+    /// once every node was walked.
+    pub(super) next: Option<(Option<String>, u64)>,
+}
+
+impl Connection {
+    /// One `SCAN` of up to about `count` keys matching `pattern`, from
+    /// `cursor` on `node`: the one server (`node` is `None`), or a primary
+    /// of a cluster by address (primaries walked in address order; `None`
+    /// for the first, and a primary gone since the last call is passed
+    /// over to the next address after it, from its start).
+    pub(super) async fn scan_once(
+        &mut self,
+        pattern: &str,
+        node: Option<&str>,
+        cursor: u64,
+        count: usize,
+    ) -> Result<ScanStep, StoreError> {
+        let mut command = redis::cmd("SCAN");
+        command
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let scanned = |answer: Value| -> Result<(u64, Vec<String>), StoreError> {
+            redis::from_redis_value(answer).map_err(|e| errors::from_redis("SCAN", e.into()))
+        };
+        match self {
+            Self::Server(connection) => {
+                let answer = connection
+                    .req_packed_command(&command)
+                    .await
+                    .map_err(|e| errors::from_redis("SCAN", e))?;
+                let (next, keys) = scanned(answer)?;
+                Ok(ScanStep {
+                    keys,
+                    next: (next != 0).then_some((None, next)),
+                })
+            }
+            Self::Cluster(connection) => {
+                let mut primaries = primaries(connection).await?;
+                primaries.sort_by(|a, b| a.0.cmp(&b.0));
+                let at = match node {
+                    None => 0,
+                    Some(node) => primaries.partition_point(|(address, _)| address.as_str() < node),
+                };
+                let Some((address, route)) = primaries.get(at).cloned() else {
+                    return Ok(ScanStep {
+                        keys: Vec::new(),
+                        next: None,
+                    });
+                };
+                let cursor = if node == Some(address.as_str()) { cursor } else { 0 };
+                command = redis::cmd("SCAN");
+                command
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(count);
+                let answer = connection
+                    .send(&command, Some(route))
+                    .await
+                    .map_err(|e| errors::from_redis("SCAN", e))?;
+                let (next, keys) = scanned(answer)?;
+                let next = if next != 0 {
+                    Some((Some(address), next))
+                } else {
+                    primaries.get(at + 1).map(|(address, _)| (Some(address.clone()), 0))
+                };
+                Ok(ScanStep { keys, next })
+            }
+        }
+    }
+}
+
+/// Every primary of the cluster, by address and route: a PING to every
+/// primary answers with their addresses.
+async fn primaries(
+    connection: &mut ClusterConnection,
+) -> Result<Vec<(String, SingleNodeRoutingInfo)>, StoreError> {
+    let answer = connection
+        .route_command(
+            redis::cmd("PING"),
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await
+        .map_err(|e| errors::from_redis("PING", e))?;
+    let Value::Map(answer) = answer else {
+        return Err(StoreError::new(
+            crate::StoreErrorKind::Other,
+            "Redis Cluster: the primaries answered in an unexpected shape",
+        ));
+    };
+    let mut primaries = Vec::new();
+    for (address, _) in answer {
+        let Value::BulkString(address) = address else {
+            continue;
+        };
+        let address = String::from_utf8_lossy(&address).into_owned();
+        let route = address
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+            .map(|(host, port)| SingleNodeRoutingInfo::ByAddress { host, port })
+            .ok_or_else(|| {
+                StoreError::new(
+                    crate::StoreErrorKind::Other,
+                    format!("Redis Cluster: a primary's address {address:?} has no port"),
+                )
+            })?;
+        primaries.push((address, route));
+    }
+    Ok(primaries)
 }
 
 impl Connection {

@@ -32,6 +32,7 @@
 //!
 #![doc = include_str!("docs.md")]
 
+mod abandoned;
 mod codec;
 mod connection;
 mod errors;
@@ -581,6 +582,15 @@ impl Store for RedisStore {
         records.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
         records.truncate(limit);
         Ok(records)
+    }
+
+    /// One `SCAN` of about `query.limit` keys under the prefix, and an
+    /// `HGETALL` of each (the `abandoned` module).
+    async fn list_abandoned(
+        &self,
+        query: &super::AbandonedQuery,
+    ) -> Result<super::AbandonedPage, StoreError> {
+        self.abandoned_page(query).await
     }
 
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {

@@ -251,11 +251,22 @@ pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: 
         claimed(&engine, &clock, &format!("race-{n}"), Duration::from_secs(5)).await;
     }
     clock.advance(Duration::from_secs(6));
-    let page = engine
-        .list_abandoned(Duration::ZERO, KEYS, None)
-        .await
-        .expect("list");
-    listed.extend(page.records);
+    // A page may hold fewer than its limit (Redis's `SCAN`): the walk.
+    let mut cursor = None;
+    loop {
+        let page = engine
+            .list_abandoned(Duration::ZERO, KEYS, cursor)
+            .await
+            .expect("list");
+        listed.extend(page.records);
+        cursor = page.next;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    // `SCAN` may return a key twice in one walk.
+    listed.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    listed.dedup_by(|a, b| a.id == b.id);
     assert_eq!(listed.len(), KEYS);
     let answer = serde_json::to_vec(&Charge {
         id: "abandoned".into(),
