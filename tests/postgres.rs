@@ -116,6 +116,16 @@ lambda_idempotency::store_conformance! {
     single_write,
 }
 
+/// The completer: abandoned claims found a bounded page at a time on the
+/// primary key, settled by takeovers.
+mod abandoned {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store(),
+    }
+}
+
 #[tokio::test]
 async fn transactional_completion_commits_the_handlers_writes_with_the_record() {
     let store = store().await;

@@ -177,6 +177,24 @@ lambda_idempotency::store_conformance! {
     single_write,
 }
 
+/// The completer in the partitioned layout: a record is its id's newest
+/// row.
+mod abandoned {
+    use super::*;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store::<PostgresStore>(),
+    }
+
+    mod sqlx {
+        use super::super::*;
+
+        lambda_idempotency::store_conformance! {
+            abandoned: store::<SqlxPostgresStore>(),
+        }
+    }
+}
+
 mod through_pgbouncer {
     use super::*;
 

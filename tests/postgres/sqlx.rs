@@ -87,6 +87,15 @@ lambda_idempotency::store_conformance! {
     single_write,
 }
 
+/// The completer on sqlx.
+mod abandoned {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store(),
+    }
+}
+
 /// The kit with the store's statements prepared and cached per
 /// connection (for direct connections).
 mod prepared {

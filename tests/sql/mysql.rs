@@ -79,6 +79,15 @@ lambda_idempotency::store_conformance! {
     },
 }
 
+/// The completer on MySQL.
+mod abandoned {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        abandoned: store(),
+    }
+}
+
 #[tokio::test]
 async fn a_table_name_the_store_cannot_use_is_refused() {
     for name in ["", "a-b", "a;DROP TABLE x", &"x".repeat(65)] {

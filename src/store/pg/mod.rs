@@ -11,6 +11,7 @@
     allow(dead_code)
 )]
 
+pub(crate) mod abandoned;
 pub(crate) mod partitioned;
 pub(crate) mod partitioning;
 pub(crate) mod refusal;

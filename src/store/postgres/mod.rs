@@ -435,6 +435,49 @@ impl Store for PostgresStore {
         rows.iter().map(decode).collect()
     }
 
+    /// Two statements on the primary key's index, `query.limit` rows at
+    /// most (`pg::abandoned`): the cursor is the last id read.
+    async fn list_abandoned(
+        &self,
+        query: &super::AbandonedQuery,
+    ) -> Result<super::AbandonedPage, StoreError> {
+        let sql = super::pg::abandoned::AbandonedSql::new(
+            &self.inner.table,
+            self.inner.partitions.is_some(),
+        );
+        let client = self.client().await?;
+        let after = query.cursor.as_ref().map_or("", |c| c.as_str());
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        let read = client
+            .query_typed(&sql.read, &[(&after, Type::TEXT), (&limit, Type::INT8)])
+            .await
+            .map_err(|e| errors::from_pg("SELECT (list abandoned)", e))?;
+        let (last, count): (Option<String>, i64) = match read.first() {
+            Some(row) => (row.get(0), row.get(1)),
+            None => (None, 0),
+        };
+        let Some(last) = last else {
+            return Ok(super::AbandonedPage::default());
+        };
+        let (before, now_s) = (int8(query.lease_before_ms)?, int8(query.now_ms / 1000)?);
+        let rows = client
+            .query_typed(
+                &sql.rows,
+                &[
+                    (&after, Type::TEXT),
+                    (&last.as_str(), Type::TEXT),
+                    (&query.prefix.as_str(), Type::TEXT),
+                    (&before, Type::INT8),
+                    (&now_s, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(|e| errors::from_pg("SELECT (list abandoned)", e))?;
+        let records = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        let next = (count >= limit).then(|| super::PageCursor::from_stored(last));
+        Ok(super::AbandonedPage::new(records, next))
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         let client = self.client().await?;
         let rows = client

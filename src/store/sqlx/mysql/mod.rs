@@ -18,6 +18,7 @@
 //!
 #![doc = include_str!("docs.md")]
 
+mod abandoned;
 mod codec;
 mod errors;
 mod statements;
@@ -431,6 +432,15 @@ impl Store for SqlxMySqlStore {
             .await
             .map_err(|e| from_sqlx("SELECT (list in progress)", e))?;
         rows.iter().map(decode).collect()
+    }
+
+    /// Two statements on the primary key, `query.limit` rows at most (the
+    /// `abandoned` module): the cursor is the last id read.
+    async fn list_abandoned(
+        &self,
+        query: &crate::store::AbandonedQuery,
+    ) -> Result<crate::store::AbandonedPage, StoreError> {
+        self.abandoned_page(query).await
     }
 
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {

@@ -510,6 +510,52 @@ impl Store for SqlxPostgresStore {
         rows.iter().map(decode).collect()
     }
 
+    /// Two statements on the primary key's index, `query.limit` rows at
+    /// most (`pg::abandoned`): the cursor is the last id read.
+    async fn list_abandoned(
+        &self,
+        query: &crate::store::AbandonedQuery,
+    ) -> Result<crate::store::AbandonedPage, StoreError> {
+        use sqlx::Row as _;
+        let sql = crate::store::pg::abandoned::AbandonedSql::new(
+            &self.inner.table,
+            self.inner.partitions.is_some(),
+        );
+        let after = query.cursor.as_ref().map_or("", |c| c.as_str());
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        let read = self
+            .rows(&sql.read, &[Text(after), Int8(limit)], "SELECT (list abandoned)")
+            .await?;
+        let (last, count): (Option<String>, i64) = match read.first() {
+            Some(row) => (
+                row.try_get(0)
+                    .map_err(|e| from_sqlx("SELECT (list abandoned)", e))?,
+                row.try_get(1)
+                    .map_err(|e| from_sqlx("SELECT (list abandoned)", e))?,
+            ),
+            None => (None, 0),
+        };
+        let Some(last) = last else {
+            return Ok(crate::store::AbandonedPage::default());
+        };
+        let rows = self
+            .rows(
+                &sql.rows,
+                &[
+                    Text(after),
+                    Text(&last),
+                    Text(&query.prefix),
+                    Int8(crate::store::pg::int8(query.lease_before_ms)?),
+                    Int8(crate::store::pg::int8(query.now_ms / 1000)?),
+                ],
+                "SELECT (list abandoned)",
+            )
+            .await?;
+        let records = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        let next = (count >= limit).then(|| crate::store::PageCursor::from_stored(last));
+        Ok(crate::store::AbandonedPage::new(records, next))
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         let rows = self
             .rows(&self.inner.sql.get, &[Text(id.as_str())], "SELECT")
