@@ -22,7 +22,7 @@ MOTO_VERSION := 5.2.5
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := key_parse json_fingerprint record_decode stored_response http_event
 EVENT ?= events/http-api-create-charge.json
-FUNCTION ?= $(if $(findstring sqs-,$(EVENT)),receipts,$(if $(findstring dynamodb-stream-,$(EVENT)),ledger,charges))
+FUNCTION ?= $(if $(findstring sqs-,$(EVENT)),receipts,$(if $(findstring dynamodb-stream-,$(EVENT)),ledger,$(if $(findstring eventbridge-,$(EVENT)),completer,charges)))
 
 export SAM_CLI_TELEMETRY := 0
 export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
@@ -402,15 +402,15 @@ validate: $(SAM_VENV)/.installed
 	$(SAM_VENV)/bin/cfn-lint template.yaml
 	$(SAM_VENV)/bin/sam validate --lint -t template.yaml
 
-## The deployable arm64 binaries, charges, receipts, ledger and exports, in target/lambda/ (zig
+## The deployable arm64 binaries, charges, receipts, ledger, exports and completer, in target/lambda/ (zig
 ## comes with cargo-lambda; the Rust target is aarch64-unknown-linux-gnu:
 ## rustup target add aarch64-unknown-linux-gnu where it is missing).
 build: $(VENV)/.installed
 	$(CARGO_LAMBDA) lambda build --release --arm64
 
 ## One event against the local functions: make invoke EVENT=events/rest-api-create-charge.json
-## (events/sqs-* go to receipts, events/dynamodb-stream-* to ledger, the others
-## to charges; FUNCTION=… to choose).
+## (events/sqs-* go to receipts, events/dynamodb-stream-* to ledger,
+## events/eventbridge-* to completer, the others to charges; FUNCTION=… to choose).
 invoke: $(VENV)/.installed
 	scripts/with-dynamodb-local $(VENV)/bin/python scripts/charges_local.py invoke $(EVENT) $(FUNCTION)
 

@@ -44,7 +44,8 @@ RAPID_IMAGE = "public.ecr.aws/lambda/provided:al2023-rapid-x86_64"
 ROOTFS_LABEL = "lambda-idempotency.rootfs"
 # sam local passes `!Ref SomeTable` to a function as the logical id.
 SAM_TABLES = {logical_id: logical_id for logical_id in TABLES}
-FUNCTIONS = {"charges": "ChargesFunction", "receipts": "ReceiptsFunction", "ledger": "LedgerFunction"}
+FUNCTIONS = {"charges": "ChargesFunction", "receipts": "ReceiptsFunction", "ledger": "LedgerFunction",
+             "completer": "CompleterFunction"}
 INVOKE_TIMEOUT_S = 180
 
 
@@ -57,6 +58,8 @@ def function_for(event_file):
         return "receipts"
     if name.startswith("dynamodb-stream-"):
         return "ledger"
+    if name.startswith("eventbridge-"):
+        return "completer"
     return None
 
 
@@ -285,7 +288,7 @@ def template_parameters(c, endpoint):
                             capture_output=True, text=True, check=True)
     functions = json.loads(output.stdout)
     default, local = functions["default"], functions["local"]
-    c.check("template: three functions", sorted(default) == sorted(FUNCTIONS.values()), sorted(default))
+    c.check("template: every function", sorted(default) == sorted(FUNCTIONS.values()), sorted(default))
     c.check("template: by default every function is arm64 and has no AWS_ENDPOINT_URL_DYNAMODB at all",
             all(f["architectures"] == ["arm64"] and isinstance(f["variables"], dict)
                 and "AWS_ENDPOINT_URL_DYNAMODB" not in f["variables"] for f in default.values()), default)
@@ -334,11 +337,20 @@ def api_events(c, fn, api):
             count_charges(table) - before)
 
 
+def completer(c, fn):
+    """The scheduled completer's event: a run that reports (the template's
+    default policy) and writes nothing."""
+    out = fn.invoke("events/eventbridge-completer-schedule.json", "completer")
+    c.check("completer: a scheduled run reports the abandoned claims it finds",
+            isinstance(out, dict) and out.get("policy") == "report" and "found" in out, out)
+
+
 def invoke_every_event(c, fn):
     api_events(c, fn, "http-api")
     api_events(c, fn, "rest-api")
     receipts(c, fn, SAM_TABLES)
     ledger(c, fn, SAM_TABLES)
+    completer(c, fn)
     for name in sorted(os.listdir(os.path.join(ROOT, "events"))):
         if name.endswith(".json"):
             c.check(f"events/{name} ran against {function_for(name)}",

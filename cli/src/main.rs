@@ -6,6 +6,8 @@
 //!     inspect --scope '<scope>' --key order-77 [--json]
 //! lambda-idempotency --store dynamodb://idempotency forget --scope … --key … [--force]
 //! lambda-idempotency --store dynamodb://idempotency list --in-progress [--limit 100] [--json]
+//! lambda-idempotency --store dynamodb://idempotency abandoned [--older-than 15m] \
+//!     [--policy report|release|fail] [--limit 100] [--json]   # the completer
 //! lambda-idempotency --store postgres://… stats [--json]   # the table size, the store's own count
 //! lambda-idempotency --store postgres://… purge-expired [--batch 1000]
 //! lambda-idempotency --store postgres://… --postgres-partitioned [--audit-window-days 7] \
@@ -62,7 +64,8 @@ use lambda_idempotency::{
         dynamodb::{AttributeNames, SingleTable},
         Accuracy, Record, Store, TableSize,
     },
-    DynamoDbStore, Engine, Forgotten, StoreError, StoreErrorKind,
+    AbandonedPolicy, Completer, CompleterReport, DynamoDbStore, Engine, Forgotten, Settlement,
+    StoreError, StoreErrorKind,
 };
 use serde_json::{json, Value};
 use std::{path::PathBuf, process::ExitCode};
@@ -162,6 +165,34 @@ enum Command {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+    },
+    /// Finds abandoned claims (IN_PROGRESS, their lease passed, nobody took
+    /// them over) and reports them, releases them or closes them as failed
+    /// (the completer). Every write is a takeover, fenced as a retry's is:
+    /// a claim a retry takes over meanwhile is left to it.
+    Abandoned {
+        /// Only claims whose lease ended at least this long ago: 90s, 15m,
+        /// 2h, 1d (a bare number is seconds).
+        #[arg(long, default_value = "15m", value_parser = parse_duration)]
+        older_than: std::time::Duration,
+        /// report: list them, write nothing. release: delete each (the
+        /// next request with its key runs as a first attempt); a record
+        /// holding steps is kept, lapsed, for the retry to resume. fail:
+        /// complete each with the HTTP layer's `idempotency-abandoned`
+        /// answer (a 500 problem+json every retry gets; nothing runs again).
+        #[arg(long, default_value = "report", value_parser = ["report", "release", "fail"])]
+        policy: String,
+        /// At most this many claims handled.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Records a store call reads at most (DynamoDB: items a Scan
+        /// evaluates; Redis: SCAN's COUNT).
+        #[arg(long, default_value_t = 100)]
+        page_size: usize,
+        /// The prefix of the answer's problem `type`
+        /// (IdempotencyLayer::problem_type_base).
+        #[arg(long, default_value = lambda_idempotency::http::DEFAULT_PROBLEM_BASE)]
+        problem_type_base: String,
     },
     /// How many records the store holds, by its own count or estimate
     /// (never a scan), every prefix's: what the table-size gauge reports.
@@ -470,6 +501,36 @@ async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
             });
             Ok(ExitCode::SUCCESS)
         }
+        Command::Abandoned {
+            older_than,
+            policy,
+            limit,
+            page_size,
+            problem_type_base,
+        } => {
+            let policy = match policy.as_str() {
+                "release" => AbandonedPolicy::Release,
+                "fail" => AbandonedPolicy::Fail {
+                    answer: lambda_idempotency::http::abandoned_answer(problem_type_base)
+                        .map_err(|error| error.to_string())?,
+                },
+                _ => AbandonedPolicy::Report,
+            };
+            let completer = Completer::new(policy)
+                .older_than(*older_than)
+                .limit(*limit)
+                .page_size(*page_size);
+            let report = engine.complete_abandoned(&completer).await.map_err(failed)?;
+            let now_ms = engine.now_ms();
+            print(cli.json, completer_json(&report, &completer, now_ms), || {
+                completer_text(&report, &completer, now_ms)
+            });
+            Ok(if report.count("error") > 0 {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
         Command::Stats => {
             let size = engine.sample_table_size().await.map_err(failed)?;
             let Some(size) = size else {
@@ -641,6 +702,109 @@ impl Opened {
             }
         }
     }
+}
+
+/// A duration as an operator writes it: `90s`, `15m`, `2h`, `1d`, or
+/// seconds.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let (number, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: give 90s, 15m, 2h or 1d")),
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: give 90s, 15m, 2h or 1d"))?;
+    Ok(std::time::Duration::from_secs(number.saturating_mul(seconds)))
+}
+
+/// What the completer found and did, as one JSON object.
+fn completer_json(report: &CompleterReport, completer: &Completer, now_ms: u64) -> Value {
+    let claims: Vec<Value> = report
+        .settled
+        .iter()
+        .map(|settled| {
+            let mut claim = describe(&settled.record, now_ms);
+            claim["steps"] = json!(settled.steps);
+            claim["settlement"] = json!(settled.settlement.as_str());
+            match &settled.settlement {
+                Settlement::Error(error) => claim["error"] = json!(error.to_string()),
+                Settlement::Lost(Some(found)) => claim["found"] = describe(found, now_ms),
+                _ => {}
+            }
+            claim
+        })
+        .collect();
+    let mut counts = serde_json::Map::new();
+    for settlement in SETTLEMENTS {
+        counts.insert(settlement.into(), json!(report.count(settlement)));
+    }
+    json!({
+        "policy": completer.policy().as_str(),
+        "found": report.settled.len(),
+        "counts": counts,
+        "walked_all": report.walked_all,
+        "pages": report.pages,
+        "claims": claims,
+    })
+}
+
+/// Every settlement's name, for the counts.
+const SETTLEMENTS: [&str; 6] = [
+    "reported",
+    "released",
+    "kept_for_steps",
+    "failed",
+    "lost",
+    "error",
+];
+
+fn completer_text(report: &CompleterReport, completer: &Completer, now_ms: u64) -> String {
+    let mut lines: Vec<String> = report
+        .settled
+        .iter()
+        .map(|settled| {
+            let mut line = format!(
+                "{}: {}",
+                settled.settlement.as_str(),
+                text(&settled.record, now_ms)
+            );
+            if !settled.steps.is_empty() {
+                line.push_str(&format!(", steps: {}", settled.steps.join(", ")));
+            }
+            if let Settlement::Error(error) = &settled.settlement {
+                line.push_str(&format!(", error: {error}"));
+            }
+            line
+        })
+        .collect();
+    let counts: Vec<String> = SETTLEMENTS
+        .iter()
+        .filter(|settlement| report.count(settlement) > 0)
+        .map(|settlement| format!("{} {settlement}", report.count(settlement)))
+        .collect();
+    lines.push(format!(
+        "{} abandoned claims found ({}), policy {}{}",
+        report.settled.len(),
+        if counts.is_empty() {
+            "none".to_owned()
+        } else {
+            counts.join(", ")
+        },
+        completer.policy().as_str(),
+        if report.walked_all {
+            ""
+        } else {
+            "; stopped at --limit: run again for more"
+        }
+    ));
+    lines.join("\n")
 }
 
 fn table_size_json(size: &TableSize) -> Value {

@@ -797,3 +797,119 @@ async fn an_operator_reads_the_table_size() {
         (&Value::from("exact"), &Value::from("dbsize"))
     );
 }
+
+/// The completer through the tool, on each store: abandoned claims
+/// reported (by default), released a page at a time, closed as failed
+/// with the HTTP layer's answer.
+#[tokio::test]
+async fn an_operator_settles_abandoned_claims_in_dynamodb() {
+    let client = support::client();
+    let table = support::create_idempotency_table(&client).await;
+    let tool = Tool(vec!["--table".into(), table.clone()]);
+    abandoned_claims(DynamoDbStore::new(client, table), &tool).await;
+}
+
+#[tokio::test]
+async fn an_operator_settles_abandoned_claims_in_postgresql() {
+    let url = variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+    let table = format!("cli_abandoned_{}", std::process::id());
+    let store = PostgresStore::connect(&url, table.as_str(), 2).expect("pool");
+    store.create_table().await.expect("table");
+    let tool = Tool(vec!["--store".into(), url, "--postgres-table".into(), table]);
+    abandoned_claims(store, &tool).await;
+}
+
+#[tokio::test]
+async fn an_operator_settles_abandoned_claims_in_redis() {
+    let url = variable("IDEMPOTENCY_TEST_REDIS_URL");
+    let namespace = format!("cli-abandoned-{}:", std::process::id());
+    let store = RedisStore::open(&url).expect("url").namespace(&namespace);
+    let tool = Tool(vec![
+        "--store".into(),
+        url,
+        "--redis-namespace".into(),
+        namespace,
+    ]);
+    abandoned_claims(store, &tool).await;
+}
+
+async fn abandoned_claims<St: Store>(store: St, tool: &Tool) {
+    let engine = Engine::builder(store).key_prefix(PREFIX).build();
+    let now = SystemClock.now_ms();
+    // Invocations that died 20 minutes ago, and one a minute ago.
+    let claim = |key: &str, lapsed_ms: u64| Claim {
+        id: engine.record_id("tenant-1", key),
+        owner: OwnerToken::from_stored(format!("dead-{key}")),
+        fingerprint: Fingerprint::of_bytes(b"body"),
+        now_ms: now - lapsed_ms - 30_000,
+        lease_until_ms: now - lapsed_ms,
+        expiration_s: now / 1000 + 3600,
+        attempt: 1,
+        first_started_ms: now - lapsed_ms - 30_000,
+    };
+    for (key, lapsed_ms) in [
+        ("gone-1", 1_200_000),
+        ("gone-2", 1_200_000),
+        ("gone-3", 1_200_000),
+        ("recent", 60_000),
+    ] {
+        engine
+            .store()
+            .claim(&claim(key, lapsed_ms))
+            .await
+            .expect("claimed");
+    }
+    let counts = |output: &Output| json(output)["counts"].clone();
+
+    // The default: report, older than 15 minutes; nothing written.
+    let output = tool.run(&["abandoned", "--page-size", "2", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let report = json(&output);
+    assert_eq!(report["policy"], "report");
+    assert_eq!(report["found"], 3, "{report}");
+    assert_eq!(report["counts"]["reported"], 3, "{report}");
+    assert_eq!(report["walked_all"], true, "{report}");
+    assert_eq!(report["claims"][0]["state"], "stuck", "{report}");
+    let output = tool.run(&["abandoned"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("3 abandoned claims found (3 reported), policy report"),
+        "{text}"
+    );
+
+    let output = tool.run(&["abandoned", "--policy", "release", "--limit", "1", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(counts(&output)["released"], 1, "{output:?}");
+    assert_eq!(json(&output)["walked_all"], false, "stopped at --limit");
+
+    let output = tool.run(&["abandoned", "--policy", "fail", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(counts(&output)["failed"], 2, "{output:?}");
+    let failed = json(&output)["claims"][0]["id"].clone();
+    let key = ["gone-1", "gone-2", "gone-3"]
+        .into_iter()
+        .find(|key| engine.record_id("tenant-1", key).as_str() == failed)
+        .expect("one of ours");
+    // What a retry of it gets: the layer's answer, stored.
+    let output = tool.run(&["inspect", "--scope", "tenant-1", "--key", key, "--json"]);
+    let record = json(&output);
+    assert_eq!(record["status"], "COMPLETED", "{record}");
+    assert_eq!(record["response"]["http"]["status"], 500, "{record}");
+    let body: Value = serde_json::from_str(
+        record["response"]["http"]["body"]
+            .as_str()
+            .expect("a body"),
+    )
+    .expect("problem+json");
+    assert_eq!(
+        body["type"], "urn:lambda-idempotency:problem:idempotency-abandoned",
+        "{body}"
+    );
+
+    let output = tool.run(&["abandoned", "--json"]);
+    assert_eq!(json(&output)["found"], 0, "{output:?}");
+    let output = tool.run(&["abandoned", "--older-than", "0", "--json"]);
+    assert_eq!(json(&output)["found"], 1, "the one lapsed a minute ago");
+    let output = tool.run(&["abandoned", "--older-than", "soon"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+}
