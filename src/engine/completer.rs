@@ -38,7 +38,7 @@ pub enum AbandonedPolicy {
     /// ([`Settlement::KeptForSteps`]).
     Release,
     /// Complete the record with `answer` (encoded as the application's
-    /// records are: [`http::abandoned_answer`](crate::http::abandoned_answer)
+    /// records are: `http::abandoned_answer` (feature `http`)
     /// for the HTTP layer's), so that every later retry gets that answer
     /// and the operation never runs again. Its steps, if any, go with the
     /// completion: they are listed in the report for an operator to

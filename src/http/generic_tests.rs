@@ -670,3 +670,52 @@ async fn full_bodies_work_too() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A request whose handler never ends (its invocation died) leaves an
+/// abandoned claim; the completer's `fail` completes it with the layer's
+/// answer, and the client's retry gets that answer, replayed, without the
+/// handler running again.
+#[tokio::test]
+async fn a_retry_after_the_completer_failed_its_claim_gets_the_abandoned_answer() {
+    use crate::{testing::ManualClock, AbandonedPolicy, Completer};
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(MemoryStore::new())
+        .clock(clock.clone())
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/v1/customers/{customer}/charges",
+            post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<StatusCode>()
+            }),
+        )
+        .layer(IdempotencyLayer::new(engine.clone()).shared_scope());
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, charge(Some("k-abandoned"), r#"{"amount":1}"#)).await }
+    });
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(std::time::Duration::from_secs(3_600));
+    let answer = abandoned_answer(DEFAULT_PROBLEM_BASE).expect("encodes");
+    let report = engine
+        .complete_abandoned(&Completer::new(AbandonedPolicy::Fail { answer }))
+        .await
+        .expect("a run");
+    assert_eq!(report.count("failed"), 1, "{report:?}");
+
+    let (status, headers, body) = send(&app, charge(Some("k-abandoned"), r#"{"amount":1}"#)).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(
+        body["type"],
+        "urn:lambda-idempotency:problem:idempotency-abandoned"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run again");
+    first.abort();
+}
