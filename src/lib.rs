@@ -296,10 +296,11 @@ pub mod testing;
 pub use child_key::derive_key;
 pub use clock::{Clock, SystemClock};
 pub use engine::{
-    default_key_prefix, AbandonedPolicy, Completer, CompleterReport, Settled, Settlement, managed_instances_concurrency, Attempt, BuildError, ClaimHandle, Codec,
-    Engine, EngineBuilder, Forgotten, Json, Mode, Outcome, OutcomeKind, Replayed, Takeover,
-    DEFAULT_KEY_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION,
-    DISABLED_IN_LAMBDA_VARIABLE, DISABLED_VARIABLE, MAX_CONCURRENCY_VARIABLE, MAX_DURATION,
+    default_key_prefix, managed_instances_concurrency, AbandonedPolicy, Attempt, BuildError,
+    ClaimHandle, Codec, Completer, CompleterReport, Engine, EngineBuilder, Forgotten, Json, Mode,
+    Outcome, OutcomeKind, Replayed, Settled, Settlement, Takeover, DEFAULT_KEY_PREFIX,
+    DEFAULT_LEASE, DEFAULT_MAX_LEASE, DEFAULT_RETENTION, DISABLED_IN_LAMBDA_VARIABLE,
+    DISABLED_VARIABLE, MAX_CONCURRENCY_VARIABLE, MAX_DURATION,
 };
 pub use error::{Error, ErrorKind, Result, StoreError, StoreErrorKind, WriteRefusal};
 pub use fingerprint::{Fingerprint, InvalidJsonPointer, JsonPointer};

@@ -520,11 +520,16 @@ async fn operate<St: Store>(cli: &Cli, store: St) -> Result<ExitCode, String> {
                 .older_than(*older_than)
                 .limit(*limit)
                 .page_size(*page_size);
-            let report = engine.complete_abandoned(&completer).await.map_err(failed)?;
+            let report = engine
+                .complete_abandoned(&completer)
+                .await
+                .map_err(failed)?;
             let now_ms = engine.now_ms();
-            print(cli.json, completer_json(&report, &completer, now_ms), || {
-                completer_text(&report, &completer, now_ms)
-            });
+            print(
+                cli.json,
+                completer_json(&report, &completer, now_ms),
+                || completer_text(&report, &completer, now_ms),
+            );
             Ok(if report.count("error") > 0 {
                 ExitCode::from(1)
             } else {
@@ -721,7 +726,9 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let number: u64 = number
         .parse()
         .map_err(|_| format!("{text:?}: give 90s, 15m, 2h or 1d"))?;
-    Ok(std::time::Duration::from_secs(number.saturating_mul(seconds)))
+    Ok(std::time::Duration::from_secs(
+        number.saturating_mul(seconds),
+    ))
 }
 
 /// What the completer found and did, as one JSON object.

@@ -815,7 +815,12 @@ async fn an_operator_settles_abandoned_claims_in_postgresql() {
     let table = format!("cli_abandoned_{}", std::process::id());
     let store = PostgresStore::connect(&url, table.as_str(), 2).expect("pool");
     store.create_table().await.expect("table");
-    let tool = Tool(vec!["--store".into(), url, "--postgres-table".into(), table]);
+    let tool = Tool(vec![
+        "--store".into(),
+        url,
+        "--postgres-table".into(),
+        table,
+    ]);
     abandoned_claims(store, &tool).await;
 }
 
@@ -895,12 +900,9 @@ async fn abandoned_claims<St: Store>(store: St, tool: &Tool) {
     let record = json(&output);
     assert_eq!(record["status"], "COMPLETED", "{record}");
     assert_eq!(record["response"]["http"]["status"], 500, "{record}");
-    let body: Value = serde_json::from_str(
-        record["response"]["http"]["body"]
-            .as_str()
-            .expect("a body"),
-    )
-    .expect("problem+json");
+    let body: Value =
+        serde_json::from_str(record["response"]["http"]["body"].as_str().expect("a body"))
+            .expect("problem+json");
     assert_eq!(
         body["type"], "urn:lambda-idempotency:problem:idempotency-abandoned",
         "{body}"

@@ -19,7 +19,9 @@ use super::{
     state::Engine,
 };
 use crate::{
-    store::{AbandonedPage, AbandonedQuery, Claim, Conditional, OwnerToken, PageCursor, Record, Store},
+    store::{
+        AbandonedPage, AbandonedQuery, Claim, Conditional, OwnerToken, PageCursor, Record, Store,
+    },
     StoreError,
 };
 use std::{convert::Infallible, time::Duration};
@@ -287,9 +289,8 @@ impl<St: Store> Engine<St> {
     async fn take_over_abandoned(&self, record: &Record) -> Result<Claim, Settlement> {
         let inner = &*self.inner;
         let now_ms = inner.clock.now_ms();
-        let lease_until_ms = now_ms.saturating_add(
-            u64::try_from(inner.default_lease.as_millis()).unwrap_or(u64::MAX),
-        );
+        let lease_until_ms = now_ms
+            .saturating_add(u64::try_from(inner.default_lease.as_millis()).unwrap_or(u64::MAX));
         let owner = OwnerToken::generate().map_err(Settlement::Error)?;
         let claim = Claim {
             id: record.id.clone(),

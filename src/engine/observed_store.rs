@@ -13,8 +13,8 @@
 use crate::{
     observe::{Event, Observers, StoreOperation},
     store::{
-        AbandonedPage, AbandonedQuery, Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
-        RecordedStep, Removal, StepWrite, Store, TableSize,
+        AbandonedPage, AbandonedQuery, Claim, Commit, Completion, Conditional, Extension,
+        OwnerToken, Record, RecordId, RecordedStep, Removal, StepWrite, Store, TableSize,
     },
     StoreError,
 };

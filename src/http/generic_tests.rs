@@ -716,6 +716,10 @@ async fn a_retry_after_the_completer_failed_its_claim_gets_the_abandoned_answer(
         body["type"],
         "urn:lambda-idempotency:problem:idempotency-abandoned"
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run again");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler did not run again"
+    );
     first.abort();
 }

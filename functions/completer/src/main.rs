@@ -69,7 +69,10 @@ impl Settings {
                     "IDEMPOTENCY_COMPLETER_OLDER_THAN_SECONDS",
                     900,
                 )?))
-                .limit(usize::try_from(number("IDEMPOTENCY_COMPLETER_LIMIT", 100)?)?),
+                .limit(usize::try_from(number(
+                    "IDEMPOTENCY_COMPLETER_LIMIT",
+                    100,
+                )?)?),
             metrics_namespace: var("IDEMPOTENCY_METRICS_NAMESPACE").filter(|n| !n.is_empty()),
         })
     }
@@ -216,9 +219,10 @@ mod tests {
             };
             engine.store().claim(&claim).await.expect("claim");
         }
-        let event: Value =
-            serde_json::from_str(include_str!("../../../events/eventbridge-completer-schedule.json"))
-                .expect("the schedule's event");
+        let event: Value = serde_json::from_str(include_str!(
+            "../../../events/eventbridge-completer-schedule.json"
+        ))
+        .expect("the schedule's event");
         assert_eq!(event["detail-type"], "Scheduled Event");
 
         let reported = run(&engine, &settings(&[]).unwrap()).await.expect("a run");
@@ -233,10 +237,9 @@ mod tests {
         assert_eq!(failed["walked_all"], true, "{failed}");
         let gone = engine.inspect("tenant", "gone").await.unwrap().unwrap();
         assert_eq!(gone.status.as_str(), "COMPLETED");
-        let answer = lambda_idempotency::http::decode_stored_response(
-            gone.response.as_deref().unwrap(),
-        )
-        .unwrap();
+        let answer =
+            lambda_idempotency::http::decode_stored_response(gone.response.as_deref().unwrap())
+                .unwrap();
         assert_eq!(answer.status(), 500);
         let recent = engine.inspect("tenant", "recent").await.unwrap().unwrap();
         assert_eq!(recent.status.as_str(), "IN_PROGRESS", "lapsed a minute ago");

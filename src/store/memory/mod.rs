@@ -8,7 +8,8 @@ mod transaction;
 
 use super::{
     AbandonedPage, AbandonedQuery, Accuracy, Claim, Commit, Completion, Conditional, Extension,
-    OwnerToken, PageCursor, Record, RecordId, RecordedStep, Removal, SizeSource, Status, StepWrite, Store, TableSize,
+    OwnerToken, PageCursor, Record, RecordId, RecordedStep, Removal, SizeSource, Status, StepWrite,
+    Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use packed::{monotonic_ms, Packed};
@@ -403,7 +404,9 @@ impl Store for MemoryStore {
         let mut records: Vec<Record> = state
             .records
             .iter()
-            .filter(|r| r.status() == Status::InProgress && after.is_none_or(|after| r.id() > after))
+            .filter(|r| {
+                r.status() == Status::InProgress && after.is_none_or(|after| r.id() > after)
+            })
             .map(|record| record.record())
             .filter(|record| query.matches(record))
             .collect();

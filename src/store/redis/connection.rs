@@ -230,7 +230,11 @@ impl Connection {
                         next: None,
                     });
                 };
-                let cursor = if node == Some(address.as_str()) { cursor } else { 0 };
+                let cursor = if node == Some(address.as_str()) {
+                    cursor
+                } else {
+                    0
+                };
                 command = redis::cmd("SCAN");
                 command
                     .arg(cursor)
@@ -246,7 +250,9 @@ impl Connection {
                 let next = if next != 0 {
                     Some((Some(address), next))
                 } else {
-                    primaries.get(at + 1).map(|(address, _)| (Some(address.clone()), 0))
+                    primaries
+                        .get(at + 1)
+                        .map(|(address, _)| (Some(address.clone()), 0))
                 };
                 Ok(ScanStep { keys, next })
             }

@@ -72,7 +72,13 @@ pub async fn abandoned_claims_are_listed_in_bounded_pages<St: Store>(store: St) 
         .expect("completed");
     let mut abandoned = BTreeSet::new();
     for n in 0..5 {
-        let claim = claimed(&engine, &clock, &format!("gone-{n}"), Duration::from_secs(5)).await;
+        let claim = claimed(
+            &engine,
+            &clock,
+            &format!("gone-{n}"),
+            Duration::from_secs(5),
+        )
+        .await;
         abandoned.insert(claim.id.as_str().to_owned());
     }
     // Its record expires (by the engine's clock) before the walk.
@@ -136,7 +142,11 @@ pub async fn the_completer_settles_abandoned_claims_by_policy<St: Store>(store: 
         .expect("report");
     assert_eq!(report.count("reported"), 1, "{report:?}");
     assert!(report.walked_all);
-    let record = engine.inspect("t", "reported").await.expect("read").expect("kept");
+    let record = engine
+        .inspect("t", "reported")
+        .await
+        .expect("read")
+        .expect("kept");
     assert_eq!(record.owner, reported.owner, "report writes nothing");
 
     let runs = Arc::new(AtomicUsize::new(0));
@@ -230,7 +240,11 @@ pub async fn a_claim_that_came_back_is_left_alone<St: Store>(store: St) {
             "{policy:?}: {settled:?}"
         );
     }
-    let record = engine.inspect("t", "back").await.expect("read").expect("kept");
+    let record = engine
+        .inspect("t", "back")
+        .await
+        .expect("read")
+        .expect("kept");
     assert_eq!(record.owner, claim.owner);
     assert_eq!(record.status, Status::InProgress);
 }
@@ -248,7 +262,13 @@ pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: 
     const KEYS: usize = 16;
     let mut listed = Vec::new();
     for n in 0..KEYS {
-        claimed(&engine, &clock, &format!("race-{n}"), Duration::from_secs(5)).await;
+        claimed(
+            &engine,
+            &clock,
+            &format!("race-{n}"),
+            Duration::from_secs(5),
+        )
+        .await;
     }
     clock.advance(Duration::from_secs(6));
     // A page may hold fewer than its limit (Redis's `SCAN`): the walk.
@@ -286,7 +306,12 @@ pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: 
                 engine.settle_abandoned(&record, &policy),
                 engine.execute(&attempt, charge(&runs, 1)),
             );
-            (key, settled, retried.map(|outcome| outcome.kind()), runs.load(Ordering::SeqCst))
+            (
+                key,
+                settled,
+                retried.map(|outcome| outcome.kind()),
+                runs.load(Ordering::SeqCst),
+            )
         }));
     }
     let (mut failed, mut retried) = (0, 0);
@@ -307,11 +332,18 @@ pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: 
             Settlement::Lost(_) => {
                 retried += 1;
                 assert_eq!(runs, 1, "{key}: the retry won, and did not run");
-                assert!(matches!(outcome, Ok(OutcomeKind::Fresh)), "{key}: {outcome:?}");
+                assert!(
+                    matches!(outcome, Ok(OutcomeKind::Fresh)),
+                    "{key}: {outcome:?}"
+                );
             }
             other => panic!("{key}: {other:?}"),
         }
-        let record = engine.inspect("t", &key).await.expect("read").expect("kept");
+        let record = engine
+            .inspect("t", &key)
+            .await
+            .expect("read")
+            .expect("kept");
         assert_eq!(record.status, Status::Completed, "{key}");
         let stored: Charge =
             serde_json::from_slice(record.response.as_deref().expect("a response"))
@@ -354,7 +386,11 @@ pub async fn release_keeps_a_record_with_steps<St: Store>(store: St) {
         .expect("release");
     assert_eq!(report.count("kept_for_steps"), 1, "{report:?}");
     assert_eq!(report.settled[0].steps, ["charge"]);
-    let record = engine.inspect("t", "stepped").await.expect("read").expect("kept");
+    let record = engine
+        .inspect("t", "stepped")
+        .await
+        .expect("read")
+        .expect("kept");
     assert_eq!(record.owner, claim.owner, "nothing written");
 
     let charges = Arc::new(AtomicUsize::new(0));
@@ -380,5 +416,9 @@ pub async fn release_keeps_a_record_with_steps<St: Store>(store: St) {
         .expect("resumed");
     assert_eq!(outcome.kind(), OutcomeKind::Fresh);
     assert_eq!(outcome.into_value(), "ch_1", "the recorded step's output");
-    assert_eq!(charges.load(Ordering::SeqCst), 0, "the step did not run again");
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        0,
+        "the step did not run again"
+    );
 }

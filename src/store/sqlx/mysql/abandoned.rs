@@ -66,7 +66,8 @@ impl SqlxMySqlStore {
             .await
             .map_err(|e| from_sqlx("SELECT (list abandoned)", e))?;
         let records = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
-        let next = (u64::try_from(count).unwrap_or(0) >= limit).then(|| PageCursor::from_stored(last));
+        let next =
+            (u64::try_from(count).unwrap_or(0) >= limit).then(|| PageCursor::from_stored(last));
         Ok(AbandonedPage::new(records, next))
     }
 }

@@ -524,7 +524,11 @@ impl Store for SqlxPostgresStore {
         let after = query.cursor.as_ref().map_or("", |c| c.as_str());
         let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
         let read = self
-            .rows(&sql.read, &[Text(after), Int8(limit)], "SELECT (list abandoned)")
+            .rows(
+                &sql.read,
+                &[Text(after), Int8(limit)],
+                "SELECT (list abandoned)",
+            )
             .await?;
         let (last, count): (Option<String>, i64) = match read.first() {
             Some(row) => (
