@@ -225,6 +225,8 @@ impl<St: Store> Engine<St> {
     ) -> Result<CompleterReport, StoreError> {
         let mut report = CompleterReport::default();
         let mut cursor = None;
+        // A walk may list a record twice (Redis's `SCAN`): settled once.
+        let mut seen = std::collections::HashSet::new();
         loop {
             let page = self
                 .list_abandoned(completer.older_than, completer.page_size, cursor)
@@ -232,6 +234,9 @@ impl<St: Store> Engine<St> {
             report.pages += 1;
             let mut records = page.records.into_iter();
             for record in records.by_ref() {
+                if !seen.insert(record.id.clone()) {
+                    continue;
+                }
                 report
                     .settled
                     .push(self.settle_abandoned(&record, &completer.policy).await);
