@@ -31,6 +31,7 @@ macro_rules! store_conformance {
         );
         $crate::store_conformance!(@each_in_real_time $store;
             the_completer_and_a_retry_never_both_own_a_claim,
+            the_completer_releasing_never_deletes_a_retrys_claim,
         );
     };
     (abandoned_steps: $store:expr $(,)?) => {

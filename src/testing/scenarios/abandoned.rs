@@ -249,33 +249,21 @@ pub async fn a_claim_that_came_back_is_left_alone<St: Store>(store: St) {
     assert_eq!(record.status, Status::InProgress);
 }
 
-/// A completer failing abandoned claims while their retries take them
-/// over, at once: for each key one of the two wins the takeover, never
-/// both. A key the completer failed never ran again and replays its
-/// answer; a key whose retry won ran once and the completer wrote nothing.
-pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: St) {
-    let clock = ManualClock::starting_now();
-    let engine = Engine::builder(store)
-        .clock(clock.clone())
-        .key_prefix("abandoned-race")
-        .build();
-    const KEYS: usize = 16;
-    let mut listed = Vec::new();
-    for n in 0..KEYS {
-        claimed(
-            &engine,
-            &clock,
-            &format!("race-{n}"),
-            Duration::from_secs(5),
-        )
-        .await;
+/// `count` claims written, then abandoned, and the walk that lists them.
+async fn abandoned_claims<St: Store>(
+    engine: &Engine<St>,
+    clock: &ManualClock,
+    count: usize,
+) -> Vec<crate::store::Record> {
+    for n in 0..count {
+        claimed(engine, clock, &format!("race-{n}"), Duration::from_secs(5)).await;
     }
     clock.advance(Duration::from_secs(6));
     // A page may hold fewer than its limit (Redis's `SCAN`): the walk.
-    let mut cursor = None;
+    let (mut listed, mut cursor) = (Vec::new(), None);
     loop {
         let page = engine
-            .list_abandoned(Duration::ZERO, KEYS, cursor)
+            .list_abandoned(Duration::ZERO, count, cursor)
             .await
             .expect("list");
         listed.extend(page.records);
@@ -287,7 +275,22 @@ pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: 
     // `SCAN` may return a key twice in one walk.
     listed.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
     listed.dedup_by(|a, b| a.id == b.id);
-    assert_eq!(listed.len(), KEYS);
+    assert_eq!(listed.len(), count);
+    listed
+}
+
+/// A completer failing abandoned claims while their retries take them
+/// over, at once: for each key one of the two wins the takeover, never
+/// both. A key the completer failed never ran again and replays its
+/// answer; a key whose retry won ran once and the completer wrote nothing.
+pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .key_prefix("abandoned-race")
+        .build();
+    const KEYS: usize = 16;
+    let listed = abandoned_claims(&engine, &clock, KEYS).await;
     let answer = serde_json::to_vec(&Charge {
         id: "abandoned".into(),
         amount: 0,
@@ -295,17 +298,35 @@ pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: 
     .expect("json");
     let policy = AbandonedPolicy::Fail { answer };
     let mut races = Vec::new();
-    for record in listed {
+    for (n, record) in listed.into_iter().enumerate() {
         // The claims above are written with their key as their owner token.
         let key = record.owner.as_str().to_owned();
         let (engine, policy) = (engine.clone(), policy.clone());
         races.push(tokio::spawn(async move {
             let runs = Arc::new(AtomicUsize::new(0));
-            let attempt = Attempt::new("t", &key, payload(1));
-            let (settled, retried) = tokio::join!(
-                engine.settle_abandoned(&record, &policy),
-                engine.execute(&attempt, charge(&runs, 1)),
-            );
+            // Each on a task of its own: on a multi-threaded runtime they
+            // run at once, interleaving at every store call; which is
+            // spawned first alternates from key to key.
+            let completer = {
+                let (engine, record) = (engine.clone(), record.clone());
+                async move { engine.settle_abandoned(&record, &policy).await }
+            };
+            let retry = {
+                let (engine, runs, key) = (engine.clone(), Arc::clone(&runs), key.clone());
+                async move {
+                    let attempt = Attempt::new("t", &key, payload(1));
+                    engine.execute(&attempt, charge(&runs, 1)).await
+                }
+            };
+            let (completer, retry) = if n % 2 == 0 {
+                let completer = tokio::spawn(completer);
+                (completer, tokio::spawn(retry))
+            } else {
+                let retry = tokio::spawn(retry);
+                (tokio::spawn(completer), retry)
+            };
+            let retried = retry.await.expect("the retry");
+            let settled = completer.await.expect("the completer");
             (
                 key,
                 settled,
@@ -421,4 +442,87 @@ pub async fn release_keeps_a_record_with_steps<St: Store>(store: St) {
         0,
         "the step did not run again"
     );
+}
+
+/// A completer releasing abandoned claims while their retries take them
+/// over, at once: the delete is fenced on the completer's own takeover, so
+/// it never deletes the claim of a retry that won, whose completion then
+/// lands. A retry runs at most once, and when it ran its record holds its
+/// outcome.
+pub async fn the_completer_releasing_never_deletes_a_retrys_claim<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .key_prefix("abandoned-release-race")
+        .build();
+    const KEYS: usize = 16;
+    let mut races = Vec::new();
+    for (n, record) in abandoned_claims(&engine, &clock, KEYS)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        // The claims are written with their key as their owner token.
+        let key = record.owner.as_str().to_owned();
+        let engine = engine.clone();
+        races.push(tokio::spawn(async move {
+            let runs = Arc::new(AtomicUsize::new(0));
+            // Each on a task of its own: on a multi-threaded runtime they
+            // run at once, interleaving at every store call; which is
+            // spawned first alternates from key to key.
+            let completer = {
+                let (engine, record) = (engine.clone(), record.clone());
+                async move {
+                    engine
+                        .settle_abandoned(&record, &AbandonedPolicy::Release)
+                        .await
+                }
+            };
+            let retry = {
+                let (engine, runs, key) = (engine.clone(), Arc::clone(&runs), key.clone());
+                async move {
+                    let attempt = Attempt::new("t", &key, payload(1));
+                    engine.execute(&attempt, charge(&runs, 1)).await
+                }
+            };
+            let (completer, retry) = if n % 2 == 0 {
+                let completer = tokio::spawn(completer);
+                (completer, tokio::spawn(retry))
+            } else {
+                let retry = tokio::spawn(retry);
+                (tokio::spawn(completer), retry)
+            };
+            let retried = retry.await.expect("the retry");
+            let settled = completer.await.expect("the completer");
+            (
+                key,
+                settled,
+                retried.map(|outcome| outcome.kind()),
+                runs.load(Ordering::SeqCst),
+            )
+        }));
+    }
+    for race in races {
+        let (key, settled, outcome, runs) = race.await.expect("a race");
+        assert!(
+            matches!(
+                settled.settlement,
+                Settlement::Released | Settlement::Lost(_)
+            ),
+            "{key}: {settled:?}"
+        );
+        match outcome.as_ref().map_err(|error| error.kind()) {
+            Ok(OutcomeKind::Fresh) => assert_eq!(runs, 1, "{key}"),
+            // The completer held the key when the retry came.
+            Err(ErrorKind::InProgress) => assert_eq!(runs, 0, "{key}"),
+            other => panic!("{key}: {other:?} ({settled:?})"),
+        }
+        let record = engine.inspect("t", &key).await.expect("read");
+        if runs == 1 {
+            let record = record.expect("the retry's record");
+            assert_eq!(record.status, Status::Completed, "{key}");
+        } else {
+            assert_eq!(record, None, "{key}: released");
+        }
+    }
 }
