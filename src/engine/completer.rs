@@ -283,9 +283,14 @@ impl<St: Store> Engine<St> {
             AbandonedPolicy::Release => self.release_abandoned(record, &mut settled.steps).await,
             AbandonedPolicy::Fail { answer } => self.fail_abandoned(record, answer.clone()).await,
         };
-        tracing::warn!(record = %record.id, policy = policy.as_str(),
-            outcome = settled.settlement.as_str(), steps = settled.steps.len(),
-            "an abandoned claim was settled by the completer");
+        if matches!(settled.settlement, Settlement::Reported) {
+            tracing::info!(record = %record.id, steps = settled.steps.len(),
+                "an abandoned claim, reported by the completer");
+        } else {
+            tracing::warn!(record = %record.id, policy = policy.as_str(),
+                outcome = settled.settlement.as_str(), steps = settled.steps.len(),
+                "an abandoned claim was settled by the completer");
+        }
         settled
     }
 

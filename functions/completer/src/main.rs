@@ -72,7 +72,10 @@ impl Settings {
                 .limit(usize::try_from(number(
                     "IDEMPOTENCY_COMPLETER_LIMIT",
                     100,
-                )?)?),
+                )?)?)
+                // Items a Scan request evaluates: fewer requests a walk
+                // (each reads 1 MB at most, whatever its limit).
+                .page_size(1000),
             metrics_namespace: var("IDEMPOTENCY_METRICS_NAMESPACE").filter(|n| !n.is_empty()),
         })
     }
