@@ -219,6 +219,20 @@ impl<St: Store> Engine<St> {
     /// store has been walked. A page that fails to list ends the run with
     /// its error; a claim whose settlement fails is reported
     /// ([`Settlement::Error`]) and the run goes on.
+    ///
+    /// ```
+    /// use lambda_idempotency::{AbandonedPolicy, Completer, Engine, MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let engine = Engine::builder(MemoryStore::new()).build();
+    /// let completer = Completer::new(AbandonedPolicy::Release)
+    ///     .older_than(Duration::from_secs(15 * 60))
+    ///     .limit(100);
+    /// let report = engine.complete_abandoned(&completer).await.unwrap();
+    /// assert!(report.settled.is_empty() && report.walked_all);
+    /// # }
+    /// ```
     pub async fn complete_abandoned(
         &self,
         completer: &Completer,
