@@ -1116,4 +1116,17 @@ mod abandoned {
     lambda_idempotency::store_conformance! {
         abandoned_steps: async { MemoryStore::new() },
     }
+
+    /// Every write the completer makes sent twice (its first answer
+    /// lost): its own landed takeover, release and completion recognised.
+    mod lost_answers {
+        use lambda_idempotency::{testing::LostAnswers, MemoryStore};
+
+        lambda_idempotency::store_conformance! {
+            abandoned: async { LostAnswers(MemoryStore::new()) },
+        }
+        lambda_idempotency::store_conformance! {
+            abandoned_steps: async { LostAnswers(MemoryStore::new()) },
+        }
+    }
 }

@@ -180,6 +180,13 @@ impl<St: Store> Store for CountingStore<St> {
         self.inner.list_in_progress(prefix, limit).await
     }
 
+    async fn list_abandoned(
+        &self,
+        query: &crate::store::AbandonedQuery,
+    ) -> Result<crate::store::AbandonedPage, StoreError> {
+        self.inner.list_abandoned(query).await
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         count(&self.counts.get);
         self.inner.get(id, now_ms).await

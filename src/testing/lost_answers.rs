@@ -84,6 +84,13 @@ impl<St: Store> Store for LostAnswers<St> {
         self.0.list_in_progress(prefix, limit).await
     }
 
+    async fn list_abandoned(
+        &self,
+        query: &crate::store::AbandonedQuery,
+    ) -> Result<crate::store::AbandonedPage, StoreError> {
+        self.0.list_abandoned(query).await
+    }
+
     async fn get(&self, id: &RecordId, now_ms: u64) -> Result<Option<Record>, StoreError> {
         self.0.get(id, now_ms).await
     }
