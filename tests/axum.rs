@@ -477,3 +477,116 @@ async fn a_retry_after_a_failure_resumes_after_the_recorded_step() {
     assert_eq!((replay.status, replay.replayed), (201, true));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// Outside review of recovery points through the layer on a real server
+/// (`axum::serve`, DynamoDB Local): a handler that charges in a step and
+/// then panics (`CatchPanicLayer` answers 500), and a client that hangs
+/// up after the step. Either way the charge is made once.
+mod steps_review {
+    use super::*;
+    use axum::response::IntoResponse;
+    use tokio::io::AsyncWriteExt;
+
+    /// A route charging in a step, then doing what `after` says on the
+    /// handler's `call`-th run.
+    fn stepped(
+        charges: &Arc<AtomicUsize>,
+        calls: &Arc<AtomicUsize>,
+        stepped: Arc<tokio::sync::Notify>,
+        panic_on_first: bool,
+    ) -> axum::routing::MethodRouter {
+        let (charges, calls) = (Arc::clone(charges), Arc::clone(calls));
+        post(
+            move |axum::Extension(claim): axum::Extension<lambda_idempotency::ClaimHandle>| {
+                let (charges, calls, stepped) = (
+                    Arc::clone(&charges),
+                    Arc::clone(&calls),
+                    Arc::clone(&stepped),
+                );
+                async move {
+                    let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    let charge = claim
+                        .step("charge", || async {
+                            let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+                            Ok::<_, ()>(format!("ch_{n}"))
+                        })
+                        .await
+                        .expect("recorded");
+                    stepped.notify_one();
+                    if call == 1 {
+                        if panic_on_first {
+                            panic!("the handler's own panic, after its charge");
+                        }
+                        // The client hangs up meanwhile.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    (StatusCode::CREATED, Json(json!({ "id": charge }))).into_response()
+                }
+            },
+        )
+    }
+
+    async fn serve(app: Router) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("port");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("serves");
+        });
+        (addr, server)
+    }
+
+    #[tokio::test]
+    async fn a_panic_after_a_step_gives_the_key_back_and_the_retry_resumes() {
+        let (charges, calls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let route = stepped(&charges, &calls, Arc::default(), true);
+        let app = Router::new()
+            .route("/v1/charges", route)
+            .layer(layer().await)
+            .layer(tower_http::catch_panic::CatchPanicLayer::new());
+        let (addr, server) = serve(app).await;
+        let first = super::post_over_http(addr, "k-panic").await;
+        assert_eq!(first.0, 500, "CatchPanicLayer answers");
+        let retried = super::post_over_http(addr, "k-panic").await;
+        assert_eq!((retried.0, retried.1), (201, false), "{}", retried.3);
+        assert!(retried.3.contains("ch_1"), "{}", retried.3);
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_hangs_up_after_a_step_leaves_one_charge_and_a_replay() {
+        let (charges, calls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let stepped_now = Arc::new(tokio::sync::Notify::new());
+        let route = stepped(&charges, &calls, Arc::clone(&stepped_now), false);
+        let app = Router::new()
+            .route("/v1/charges", route)
+            .layer(layer().await);
+        let (addr, server) = serve(app).await;
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
+        let request = format!(
+            "POST /v1/charges HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+             idempotency-key: k-hang-up\r\ncontent-length: 2\r\n\r\n{{}}"
+        );
+        stream.write_all(request.as_bytes()).await.expect("sent");
+        stepped_now.notified().await;
+        drop(stream);
+        // The handler goes on (the layer's work is detached) and completes.
+        let mut answer = super::post_over_http(addr, "k-hang-up").await;
+        for _ in 0..50 {
+            if answer.0 != 409 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            answer = super::post_over_http(addr, "k-hang-up").await;
+        }
+        assert_eq!((answer.0, answer.1), (201, true), "{}", answer.3);
+        assert!(answer.3.contains("ch_1"), "{}", answer.3);
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+        server.abort();
+    }
+}
