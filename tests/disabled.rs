@@ -51,6 +51,25 @@ async fn the_switch_turns_idempotency_off_outside_lambda_only() {
         "{with_writes:?}"
     );
     assert_eq!(store.item("charge"), None);
+    // A step (recovery points) just runs, each time, unrecorded: there is
+    // no claim to record it on (docs/recovery-points.md).
+    let stepped = off
+        .run(
+            &Attempt::new("t", "s", Fingerprint::of_bytes(b"body")),
+            Mode::Plain,
+            &Json,
+            |claim| async move {
+                assert!(!claim.is_claimed());
+                assert_eq!(claim.step_key("charge"), None);
+                let first = claim.step("charge", || async { Ok::<_, ()>(1u8) }).await?;
+                let again = claim.step("charge", || async { Ok::<_, ()>(2u8) }).await?;
+                Ok::<_, Error<()>>(((first, again), Vec::<MemoryWrite>::new()))
+            },
+        )
+        .await
+        .expect("runs");
+    assert_eq!(stepped.kind(), OutcomeKind::Disabled);
+    assert_eq!(stepped.into_value(), (1, 2), "each step ran, none recorded");
 
     // Inside Lambda the switch is refused: idempotency stays on.
     std::env::set_var("AWS_LAMBDA_FUNCTION_NAME", "charges");

@@ -884,6 +884,149 @@ mod steps_review {
         assert!(outcome.1.contains("Store"), "{}", outcome.1);
     }
 
+    /// The first attempt's claim on a shared manual clock: it records
+    /// its charge (after `late` moves the clock past its 5 s lease, when
+    /// set), then dies with its lease passed. What was charged.
+    async fn first_dies_after_its_charge(
+        engine: &Engine<lambda_idempotency::DynamoDbStore>,
+        clock: &lambda_idempotency::testing::ManualClock,
+        attempt: &Attempt<'_>,
+        charges: &Arc<AtomicUsize>,
+        late: bool,
+    ) {
+        let (charged, recorded) = tokio::sync::oneshot::channel::<()>();
+        let first = engine.run(attempt, Mode::Plain, &Json, |claim: ClaimHandle| {
+            let (charges, clock) = (Arc::clone(charges), clock.clone());
+            async move {
+                if late {
+                    clock.advance(std::time::Duration::from_secs(6));
+                }
+                claim
+                    .step("charge", || async {
+                        Ok::<_, ()>(charges.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await
+                    .expect("recorded, past the lease or not: no one took it over");
+                let _ = charged.send(());
+                std::future::pending::<Result<(usize, Vec<_>), Error<()>>>().await
+            }
+        });
+        tokio::select! {
+            ended = first => panic!("the first attempt was to hang: {:?}", ended.err()),
+            _ = recorded => {}
+        }
+        if !late {
+            clock.advance(std::time::Duration::from_secs(6));
+        }
+    }
+
+    fn charge_in_a_step(
+        charges: &Arc<AtomicUsize>,
+    ) -> impl FnOnce(
+        ClaimHandle,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<
+                        (usize, Vec<aws_sdk_dynamodb::types::TransactWriteItem>),
+                        Error<()>,
+                    >,
+                > + Send,
+        >,
+    > {
+        let charges = Arc::clone(charges);
+        move |claim: ClaimHandle| {
+            Box::pin(async move {
+                let charge = claim
+                    .step("charge", || async {
+                        Ok::<_, ()>(charges.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await?;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                Ok((charge, Vec::new()))
+            })
+        }
+    }
+
+    fn engine_on(
+        store: lambda_idempotency::DynamoDbStore,
+        clock: &lambda_idempotency::testing::ManualClock,
+    ) -> Engine<lambda_idempotency::DynamoDbStore> {
+        Engine::builder(store)
+            .clock(clock.clone())
+            .default_lease(std::time::Duration::from_secs(5))
+            .build()
+    }
+
+    /// "The fence is the completion's, not the lease's": a step recorded
+    /// after the lease passed, before anyone took the claim over, lands;
+    /// the takeover (whose `PutItem` is then refused for the steps, and
+    /// done by an `UpdateItem`) resumes after it.
+    #[tokio::test]
+    async fn a_step_recorded_past_the_lease_before_a_takeover_is_resumed() {
+        let clock = lambda_idempotency::testing::ManualClock::starting_now();
+        let store = store().await;
+        let first = engine_on(store.clone(), &clock);
+        let charges = Arc::new(AtomicUsize::new(0));
+        let attempt = Attempt::new("t", "late-step", payload(1));
+        first_dies_after_its_charge(&first, &clock, &attempt, &charges, true).await;
+        let second = engine_on(store, &clock);
+        let resumed = second
+            .run(&attempt, Mode::Plain, &Json, charge_in_a_step(&charges))
+            .await
+            .expect("the takeover completes");
+        assert_eq!(
+            resumed.into_value(),
+            1,
+            "the charge recorded past the lease"
+        );
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+    }
+
+    /// Two processes take over one lapsed, stepped claim at once: both
+    /// `PutItem`s are refused for its steps, both send the takeover's
+    /// `UpdateItem`, one lands; the other is told the key is in progress
+    /// (or replays, if it came after the completion). Charged once.
+    #[tokio::test]
+    async fn two_takeovers_racing_for_a_stepped_claim_charge_once() {
+        let clock = lambda_idempotency::testing::ManualClock::starting_now();
+        let store = store().await;
+        let charges = Arc::new(AtomicUsize::new(0));
+        let attempt = Attempt::new("t", "racing-takeovers", payload(1));
+        first_dies_after_its_charge(
+            &engine_on(store.clone(), &clock),
+            &clock,
+            &attempt,
+            &charges,
+            false,
+        )
+        .await;
+        for round in 0..3 {
+            let (b, c) = (
+                engine_on(store.clone(), &clock),
+                engine_on(store.clone(), &clock),
+            );
+            let (b, c) = tokio::join!(
+                b.run(&attempt, Mode::Plain, &Json, charge_in_a_step(&charges)),
+                c.run(&attempt, Mode::Plain, &Json, charge_in_a_step(&charges)),
+            );
+            let kinds = [&b, &c].map(|answer| match answer {
+                Ok(outcome) => format!("{:?}", outcome.kind()),
+                Err(error) => format!("{:?}", error.kind()),
+            });
+            if round == 0 {
+                assert!(
+                    kinds.iter().filter(|kind| *kind == "Fresh").count() == 1,
+                    "one takeover completes: {kinds:?}"
+                );
+            }
+            for outcome in [b, c].into_iter().flatten() {
+                assert_eq!(outcome.into_value(), 1, "the recorded charge");
+            }
+        }
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+    }
+
     /// A key's steps near the default bound (15 steps of 16 KiB) and a
     /// 190 KB response: together over 400 KB, but the completion removes
     /// the steps as it sets the response, so the completed item is under
