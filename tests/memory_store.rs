@@ -1198,9 +1198,9 @@ mod steps_review {
     /// resuming after it must get back: an `f64` NaN encodes (as `null`)
     /// and is recorded, but never decodes again, so every takeover of the
     /// key fails (`Corrupt`) until the record expires. The durable crate's
-    /// `StorableJson` refuses such an output before storing it.
+    /// `StorableJson` refuses such an output before storing it. (Fixed on
+    /// `steps-review`: the output is read back before it is recorded.)
     #[tokio::test]
-    #[ignore = "finding: a step output that encodes but does not decode (f64 NaN -> null) is recorded, and every takeover of the key then fails as Corrupt"]
     async fn an_output_that_does_not_read_back_is_not_recorded_as_one_that_does() {
         let (first, resumed) = first_and_resumed(f64::NAN).await;
         match first {
@@ -1215,9 +1215,9 @@ mod steps_review {
 
     /// The same, for an output that decodes as another value: `Some(None)`
     /// is written `null`, which reads back as `None`. The attempt that ran
-    /// the step and the one that resumed after it see different values.
+    /// the step and the one that resumed after it saw different values.
+    /// (Fixed: the step returns the output read back from its JSON.)
     #[tokio::test]
-    #[ignore = "finding: a step output that decodes to another value (Some(None) -> None) gives the resumed attempt another value than the first got"]
     async fn an_output_that_reads_back_as_another_value_is_not_recorded() {
         let (first, resumed) = first_and_resumed(Some(None::<u8>)).await;
         match first {
@@ -1263,9 +1263,9 @@ mod steps_review {
     /// Once the handle knows its claim was taken over (`is_lost`: a
     /// refused extension, a refused step write, the heartbeat), a step
     /// must not run: its effect would be a zombie's, and its write is
-    /// refused anyway. Today the step runs, and only its write is refused.
+    /// refused anyway. (Before the fix the step ran, and only its write
+    /// was refused.)
     #[tokio::test]
-    #[ignore = "finding: a step runs its effect although the handle already knows the claim is lost (is_lost), only its write is refused"]
     async fn a_step_does_not_run_once_the_claim_is_known_lost() {
         let clock = ManualClock::starting_now();
         let store = MemoryStore::new();

@@ -138,9 +138,16 @@ impl ClaimHandle {
     /// Names are unique within an operation: a second step of the same
     /// name gets the first one's output.
     ///
+    /// The output returned is the one recorded, read back from its JSON,
+    /// so the attempt that ran the step and a takeover resuming after it
+    /// get the same value; an output that does not read back as its type
+    /// (an `f64` NaN, written `null`) is not recorded (`Rejected`).
+    ///
     /// Errors, and the operation should stop at each: [`Error::Operation`]
     /// with the step's own error (nothing recorded; a retry runs the step
-    /// again); [`Error::LeaseLost`] when the claim was taken over before
+    /// again); [`Error::LeaseLost`] when the handle already knows the
+    /// claim was taken over ([`is_lost`](ClaimHandle::is_lost): the step
+    /// does not run), or when it was taken over before
     /// the output could be recorded (the step ran, a zombie's: the
     /// successor may run it again, so a step with an effect outside the
     /// store passes its provider a key from [`step_key`](ClaimHandle::step_key));
@@ -196,6 +203,12 @@ impl ClaimHandle {
         let Some(held) = self.held_claim() else {
             return operation().await.map_err(Error::Operation);
         };
+        // The claim is known taken over (a refused extension or step
+        // write, the heartbeat): the step's effect would be a zombie's,
+        // and its write would be refused anyway.
+        if held.is_lost() {
+            return Err(Error::LeaseLost);
+        }
         let recorder = held.recorder();
         if !recorder.records_steps() {
             return Err(Error::Store(StoreError::new(
@@ -236,11 +249,26 @@ impl ClaimHandle {
             )));
         }
         drop(recorded);
+        if held.is_lost() {
+            return Err(Error::LeaseLost);
+        }
         let output = operation().await.map_err(Error::Operation)?;
         let encoded = serde_json::to_vec(&output).map_err(|error| {
             Error::Store(StoreError::new(
                 StoreErrorKind::Rejected,
                 format!("step {name:?}'s output does not encode: {error}"),
+            ))
+        })?;
+        // What a takeover resuming after this step will get is the output
+        // read back from its JSON, not the output itself: an `f64` NaN is
+        // written `null` and never reads back (every takeover of the key
+        // would fail until it expires), and `Some(None)` reads back as
+        // `None`. So the output is read back before it is recorded, and
+        // the value read back is what this attempt gets too.
+        let output: O = serde_json::from_slice(&encoded).map_err(|error| {
+            Error::Store(StoreError::new(
+                StoreErrorKind::Rejected,
+                format!("step {name:?}'s output does not read back from its JSON: {error}"),
             ))
         })?;
         if encoded.len() > limits.max_output_bytes {
