@@ -859,3 +859,64 @@ async fn an_event_of_another_shape_never_loses_or_repeats_a_record() {
     }
     eprintln!("events of another shape that parsed: {parsed_elsewhere:?}");
 }
+
+/// Outside review of recovery points in the consumers (the design note
+/// leaves them to "a test each"): an SQS record's handler charges in a
+/// step through `ClaimHandle::current()`, then fails on its first
+/// delivery; the batch reports it, SQS redelivers it, and the redelivery
+/// takes the record over and resumes after the charge.
+#[tokio::test]
+async fn an_sqs_record_that_fails_after_a_step_resumes_on_redelivery() {
+    use lambda_idempotency::ClaimHandle;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let engine = engine().await;
+    let batch = SqsBatch::new(engine, "steps-review");
+    let event: SqsEvent = parse(json!({ "Records": [
+        { "messageId": "m-1", "body": "{\"order\":1}", "eventSource": "aws:sqs" },
+        { "messageId": "m-2", "body": "{\"order\":2}", "eventSource": "aws:sqs" },
+    ]}));
+    let charges = Arc::new(AtomicUsize::new(0));
+    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = |record: aws_lambda_events::sqs::SqsMessage| {
+        let (charges, failed_once) = (Arc::clone(&charges), Arc::clone(&failed_once));
+        async move {
+            let claim = ClaimHandle::current().expect("inside the record's operation");
+            let id = record.message_id.clone().unwrap_or_default();
+            let charge = claim
+                .step("charge", || async {
+                    Ok::<_, String>(format!(
+                        "{id}:ch_{}",
+                        charges.fetch_add(1, Ordering::SeqCst) + 1
+                    ))
+                })
+                .await
+                .map_err(|error| format!("{error:?}"))?;
+            if id == "m-1" && !failed_once.swap(true, Ordering::SeqCst) {
+                return Err(format!("the ledger is down after {charge}"));
+            }
+            Ok::<_, String>(())
+        }
+    };
+    let first = batch
+        .process(lambda(event.clone()), handler)
+        .await
+        .expect("a batch response");
+    let failed: Vec<_> = first
+        .batch_item_failures
+        .iter()
+        .map(|failure| failure.item_identifier.clone())
+        .collect();
+    assert_eq!(failed, ["m-1"], "the failed record is reported");
+    assert_eq!(charges.load(Ordering::SeqCst), 2, "each record charged");
+    // SQS redelivers the whole batch (or only m-1): m-2 replays, m-1 resumes.
+    let second = batch
+        .process(lambda(event), handler)
+        .await
+        .expect("a batch response");
+    assert!(second.batch_item_failures.is_empty(), "m-1 completes");
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        2,
+        "m-1 was not charged again"
+    );
+}
