@@ -875,12 +875,12 @@ mod steps_review {
         (outcome.kind(), hash)
     }
 
-    /// A hash whose `steps` count is not a number: `complete.lua` does
-    /// arithmetic on `tonumber(nil)` and fails, so the operation's outcome
-    /// is never stored, and every retry fails on the same hash until it
-    /// expires.
+    /// A hash whose `steps` count is not a number: `complete.lua` did
+    /// arithmetic on `tonumber(nil)` and failed halfway (the status and
+    /// response set, the lease, steps and new TTL not), and the engine
+    /// reported the outcome `NotRecorded`. (Fixed on `steps-review`: the
+    /// completion deletes the step fields by the hash's own fields.)
     #[tokio::test]
-    #[ignore = "finding: complete.lua trusts the hash's steps count: a count that is not a number makes every completion of the key fail (NotRecorded)"]
     async fn a_step_count_that_is_not_a_number_does_not_stop_the_completion() {
         let (kind, hash) = complete_after(&[("steps", "one")]).await;
         assert_eq!(
@@ -892,12 +892,11 @@ mod steps_review {
     }
 
     /// A hash whose `steps` count is below its step fields: the
-    /// completion deletes by the count, and the fields past it stay on the
-    /// completed record (read by every replay's `HGETALL` until it
-    /// expires). A count far above them makes the completion loop as many
-    /// `HDEL`s inside one script, blocking the server.
+    /// completion deleted by the count, and the fields past it stayed on
+    /// the completed record (read by every replay's `HGETALL` until it
+    /// expires); a count far above them made the completion loop as many
+    /// `HDEL`s inside one script, blocking the server. (Fixed.)
     #[tokio::test]
-    #[ignore = "finding: complete.lua deletes steps by the hash's count, not by its fields: step fields past a low count outlive the completion"]
     async fn a_step_count_below_the_fields_leaves_none_on_the_completed_record() {
         let (kind, hash) =
             complete_after(&[("step:1:name", "ledger"), ("step:1:output", "7")]).await;

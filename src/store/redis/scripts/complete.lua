@@ -5,10 +5,15 @@ local found = record()
 if found and found.status == 'IN_PROGRESS' and found.owner == ARGV[1] then
   redis.call('HSET', KEYS[1], 'status', 'COMPLETED', 'response', ARGV[2],
     'expiration_s', ARGV[3], 'completed_at_ms', ARGV[4])
-  -- A completed record replays its response: its steps go.
-  local steps = tonumber(redis.call('HGET', KEYS[1], 'steps') or '0')
-  for i = 0, steps - 1 do
-    redis.call('HDEL', KEYS[1], 'step:' .. i .. ':name', 'step:' .. i .. ':output')
+  -- A completed record replays its response: its steps go. By the
+  -- hash's own fields, not its `steps` count: a count that is not a
+  -- number made this script fail halfway (the HSET above kept, the rest
+  -- not), one below the fields left them on the completed record, and one
+  -- far above them looped that many HDELs inside the script.
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, 5) == 'step:' then
+      redis.call('HDEL', KEYS[1], field)
+    end
   end
   redis.call('HDEL', KEYS[1], 'lease_until_ms', 'steps')
   redis.call('PEXPIRE', KEYS[1], ttl)
