@@ -1230,6 +1230,60 @@ mod steps_review {
         }
     }
 
+    /// A deploy between the attempts changed a step's output type: the
+    /// takeover finds an output that does not decode as the new type. It
+    /// fails closed (`CorruptRecord`, the step not run again, so nothing
+    /// is charged twice), and so does every retry until the record
+    /// expires or an operator removes it. Holds; the design note does not
+    /// say it (nor that renaming a step between deploys runs it again).
+    #[tokio::test]
+    async fn a_step_whose_output_type_changed_between_deploys_fails_closed() {
+        let engine = Engine::builder(MemoryStore::new()).build();
+        let key = attempt("redeployed");
+        let charges = Arc::new(AtomicUsize::new(0));
+        let old = engine
+            .run(&key, Mode::Plain, &Json, |claim: ClaimHandle| {
+                let charges = Arc::clone(&charges);
+                async move {
+                    claim
+                        .step("charge", || async {
+                            charges.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, ()>("ch_1".to_owned())
+                        })
+                        .await?;
+                    Err::<(u8, Vec<MemoryWrite>), _>(Error::Operation(()))
+                }
+            })
+            .await;
+        assert!(old.is_err());
+        for _ in 0..2 {
+            let new = engine
+                .run(&key, Mode::Plain, &Json, |claim: ClaimHandle| {
+                    let charges = Arc::clone(&charges);
+                    async move {
+                        let charge = claim
+                            .step("charge", || async {
+                                charges.fetch_add(1, Ordering::SeqCst);
+                                Ok::<_, ()>(1u64)
+                            })
+                            .await;
+                        match charge {
+                            Err(Error::Store(error)) => Err(error.kind()),
+                            other => panic!("{other:?}"),
+                        }
+                        .map(|charge: u64| (charge, Vec::<MemoryWrite>::new()))
+                    }
+                })
+                .await;
+            assert!(
+                matches!(new, Err(Error::Operation(StoreErrorKind::CorruptRecord))),
+                "{:?}",
+                new.map(|o| o.into_value())
+            );
+        }
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "not charged again");
+    }
+
     /// Outputs JSON keeps whole: u128, maps with integer keys.
     #[tokio::test]
     async fn outputs_json_keeps_whole_are_resumed_whole() {
