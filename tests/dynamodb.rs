@@ -920,11 +920,8 @@ mod steps_review {
         }
     }
 
-    fn charge_in_a_step(
-        charges: &Arc<AtomicUsize>,
-    ) -> impl FnOnce(
-        ClaimHandle,
-    ) -> std::pin::Pin<
+    /// An operation's run: its charge, as the engine wants it.
+    type Charged = std::pin::Pin<
         Box<
             dyn std::future::Future<
                     Output = Result<
@@ -933,7 +930,9 @@ mod steps_review {
                     >,
                 > + Send,
         >,
-    > {
+    >;
+
+    fn charge_in_a_step(charges: &Arc<AtomicUsize>) -> impl FnOnce(ClaimHandle) -> Charged {
         let charges = Arc::clone(charges);
         move |claim: ClaimHandle| {
             Box::pin(async move {
