@@ -1504,10 +1504,9 @@ mod steps_review {
     /// Inside a store transaction the claim is held (`is_claimed()`), and
     /// a step with an effect outside the store (a provider's charge) is
     /// run again when the transaction rolls back: exactly when it needs
-    /// the downstream key `step_key` gives. Today `step_key` is `None`
-    /// there, as without any claim.
+    /// the downstream key `step_key` gives. It was `None` there, as
+    /// without any claim. (Fixed on `steps-review`.)
     #[tokio::test]
-    #[ignore = "finding: step_key is None inside a store transaction, although the claim is held (is_claimed) and a rolled-back run repeats the step's effect"]
     async fn inside_a_transaction_a_step_has_its_downstream_key() {
         let engine = Engine::builder(MemoryStore::new()).build();
         let keys = engine

@@ -31,6 +31,9 @@ pub struct ClaimHandle {
     takeover: Option<Takeover>,
     held: Option<Arc<Held>>,
     transaction: Option<Arc<dyn OpenTransaction>>,
+    /// The record a store transaction holds the claim on (`in_transaction`):
+    /// its steps' downstream keys ([`step_key`](ClaimHandle::step_key)).
+    claimed_in_transaction: Option<RecordId>,
 }
 
 pub(super) struct Held {
@@ -103,21 +106,30 @@ impl ClaimHandle {
                 stepped: AtomicBool::new(false),
             })),
             transaction: None,
+            claimed_in_transaction: None,
         }
     }
 
     /// The handle of an operation inside the store transaction that holds
     /// its claim: no lease to extend (the claim lives as long as the
     /// transaction), the transaction to run its own statements in.
+    /// `id` is the record it claims (`None` with idempotency disabled).
     pub(super) fn in_transaction(
         takeover: Option<Takeover>,
         transaction: Arc<dyn OpenTransaction>,
+        id: Option<RecordId>,
     ) -> Self {
         Self {
             takeover,
             held: None,
             transaction: Some(transaction),
+            claimed_in_transaction: id,
         }
+    }
+
+    /// The record a store transaction holds this operation's claim on.
+    pub(super) fn claimed_in_transaction(&self) -> Option<&RecordId> {
+        self.claimed_in_transaction.as_ref()
     }
 
     /// The store transaction the operation runs in, as its store's type
@@ -144,6 +156,7 @@ impl ClaimHandle {
             takeover,
             held: None,
             transaction: None,
+            claimed_in_transaction: None,
         }
     }
 

@@ -389,9 +389,11 @@ impl<W: 'static> InTransaction<'_, W> {
     /// transaction to run its statements in.
     pub(super) fn handle(&self, claim: &Claim) -> ClaimHandle {
         match &self.open {
-            Some(transaction) => {
-                ClaimHandle::in_transaction(claim.takeover(), transaction.handed())
-            }
+            Some(transaction) => ClaimHandle::in_transaction(
+                claim.takeover(),
+                transaction.handed(),
+                Some(claim.id.clone()),
+            ),
             // Never: the handle is made once the claim is this
             // transaction's; `bounded` then refuses to run the operation.
             None => ClaimHandle::unprotected(claim.takeover()),
@@ -459,7 +461,7 @@ impl<W: 'static> InTransaction<'_, W> {
             .await
             .map_err(Error::Store)?;
         self.open = Some(Arc::clone(&transaction));
-        let handle = ClaimHandle::in_transaction(None, transaction.handed());
+        let handle = ClaimHandle::in_transaction(None, transaction.handed(), None);
         let ran = self
             .bounded(Box::pin(handle.clone().scope(operation(handle))))
             .await?;

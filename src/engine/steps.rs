@@ -291,10 +291,15 @@ impl ClaimHandle {
     /// attempt died before recording it reaches the provider with the same
     /// key, and the provider answers it once. A hash of the record's id
     /// and the step's name ([`derive_key`](crate::derive_key)); the raw key
-    /// is not in it. `None` without a claim.
+    /// is not in it. `None` without a claim. Inside the store transaction
+    /// that holds the claim it is given too: a step's effect outside the
+    /// store is repeated by the retry after a rollback.
     pub fn step_key(&self, name: &str) -> Option<String> {
-        self.held_claim()
-            .map(|held| crate::derive_key(held.id().as_str(), name))
+        let id = match self.held_claim() {
+            Some(held) => held.id(),
+            None => self.claimed_in_transaction()?,
+        };
+        Some(crate::derive_key(id.as_str(), name))
     }
 }
 
