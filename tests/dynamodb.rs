@@ -1026,6 +1026,82 @@ mod steps_review {
         assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
     }
 
+    /// A record whose `steps` attribute nobody here wrote (a string): the
+    /// takeover (its `PutItem` refused for the attribute, its `UpdateItem`
+    /// keeping it) fails closed at its first step (`CorruptRecord`), and
+    /// the step does not run. Holds.
+    #[tokio::test]
+    async fn steps_of_another_type_fail_the_takeover_closed() {
+        let clock = lambda_idempotency::testing::ManualClock::starting_now();
+        let store = store().await;
+        let table = store.table().to_owned();
+        let first = engine_on(store.clone(), &clock);
+        let id = first.record_id("t", "foreign-steps").as_str().to_owned();
+        let attempt = Attempt::new("t", "foreign-steps", payload(1));
+        let (written, foreign) = tokio::sync::oneshot::channel::<()>();
+        let dies = first.run(
+            &attempt,
+            Mode::Plain,
+            &Json,
+            |_claim: ClaimHandle| async move {
+                super::support::client()
+                    .update_item()
+                    .table_name(&table)
+                    .key("id", aws_sdk_dynamodb::types::AttributeValue::S(id))
+                    .update_expression("SET steps = :s")
+                    .expression_attribute_values(
+                        ":s",
+                        aws_sdk_dynamodb::types::AttributeValue::S("charge".into()),
+                    )
+                    .send()
+                    .await
+                    .expect("a foreign write");
+                let _ = written.send(());
+                std::future::pending::<Result<(u8, Vec<_>), Error<()>>>().await
+            },
+        );
+        tokio::select! {
+            _ = dies => panic!("the first attempt was to hang"),
+            _ = foreign => {}
+        }
+        clock.advance(std::time::Duration::from_secs(6));
+        let charges = Arc::new(AtomicUsize::new(0));
+        let second = engine_on(store, &clock)
+            .run(&attempt, Mode::Plain, &Json, |claim: ClaimHandle| {
+                let charges = Arc::clone(&charges);
+                async move {
+                    assert!(claim.takeover().is_some(), "taken over");
+                    match claim
+                        .step("charge", || async {
+                            Ok::<_, ()>(charges.fetch_add(1, Ordering::SeqCst))
+                        })
+                        .await
+                    {
+                        Err(Error::Store(error)) => Err(error.kind()),
+                        other => panic!("{other:?}"),
+                    }
+                    .map(|charge: usize| {
+                        (
+                            charge,
+                            Vec::<aws_sdk_dynamodb::types::TransactWriteItem>::new(),
+                        )
+                    })
+                }
+            })
+            .await;
+        assert!(
+            matches!(
+                second,
+                Err(Error::Operation(
+                    lambda_idempotency::StoreErrorKind::CorruptRecord
+                ))
+            ),
+            "{:?}",
+            second.map(|o| o.into_value())
+        );
+        assert_eq!(charges.load(Ordering::SeqCst), 0, "the step did not run");
+    }
+
     /// A key's steps near the default bound (15 steps of 16 KiB) and a
     /// 190 KB response: together over 400 KB, but the completion removes
     /// the steps as it sets the response, so the completed item is under
