@@ -54,6 +54,10 @@ pub(super) struct Held {
     /// Set once the record holds a step: giving the key back then ends the
     /// lease instead of deleting the record, so the retry resumes.
     stepped: AtomicBool,
+    /// Steps under way on this handle and its clones, from their bound
+    /// check until their output is in `steps` (or they failed): counted
+    /// against the step bound with the recorded ones (`steps.rs`).
+    running_steps: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +108,7 @@ impl ClaimHandle {
                 lost_now: Notify::new(),
                 steps: tokio::sync::Mutex::new(None),
                 stepped: AtomicBool::new(false),
+                running_steps: std::sync::atomic::AtomicUsize::new(0),
             })),
             transaction: None,
             claimed_in_transaction: None,
@@ -339,6 +344,10 @@ impl Held {
 
     pub(super) fn steps(&self) -> &tokio::sync::Mutex<Option<Vec<crate::store::RecordedStep>>> {
         &self.steps
+    }
+
+    pub(super) fn running_steps(&self) -> &std::sync::atomic::AtomicUsize {
+        &self.running_steps
     }
 
     /// Marks the claim's record as one that may hold steps, so that

@@ -14,7 +14,11 @@ use crate::{
     Error, StoreError, StoreErrorKind,
 };
 use serde::{de::DeserializeOwned, Serialize};
-use std::{future::Future, pin::Pin};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::atomic::{AtomicUsize, Ordering},
+};
 
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -116,6 +120,30 @@ impl SteppedClaims {
 
     pub(super) fn contains(&self, owner: &OwnerToken) -> bool {
         self.count.load(std::sync::atomic::Ordering::Acquire) > 0 && self.lock().contains(owner)
+    }
+}
+
+/// A step under way, counted in its handle's `running_steps` from its
+/// bound check until it is recorded (`done`, under the lock of the
+/// recorded steps) or fails (dropped).
+struct Running<'a>(Option<&'a AtomicUsize>);
+
+impl<'a> Running<'a> {
+    fn start(running: &'a AtomicUsize) -> Self {
+        running.fetch_add(1, Ordering::AcqRel);
+        Self(Some(running))
+    }
+
+    fn done(&mut self) {
+        if let Some(running) = self.0.take() {
+            running.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.done();
     }
 }
 
@@ -238,16 +266,21 @@ impl ClaimHandle {
                 )))
             });
         }
-        if recorded.len() >= limits.max_steps as usize {
+        // The steps recorded and those under way from clones of this
+        // handle (checked and counted under the lock of the recorded
+        // ones): steps run at once cannot pass the bound together.
+        let running = held.running_steps().load(Ordering::Acquire);
+        if recorded.len() + running >= limits.max_steps as usize {
             return Err(Error::Store(StoreError::new(
                 StoreErrorKind::Rejected,
                 format!(
                     "step {name:?} would be step {} of a key that records at most {}",
-                    recorded.len() + 1,
+                    recorded.len() + running + 1,
                     limits.max_steps
                 ),
             )));
         }
+        let mut slot = Running::start(held.running_steps());
         drop(recorded);
         if held.is_lost() {
             return Err(Error::LeaseLost);
@@ -281,7 +314,7 @@ impl ClaimHandle {
                 ),
             )));
         }
-        held.record(name, encoded).await?;
+        held.record(name, encoded, &mut slot).await?;
         Ok(output)
     }
 
@@ -344,7 +377,12 @@ impl Held {
 
     /// Records step `name`'s encoded output, fenced on this claim; the
     /// claim marked lost when the fence refuses it.
-    async fn record<E>(&self, name: &str, output: Vec<u8>) -> Result<(), Error<E>> {
+    async fn record<E>(
+        &self,
+        name: &str,
+        output: Vec<u8>,
+        slot: &mut Running<'_>,
+    ) -> Result<(), Error<E>> {
         let mut steps = self.recorded_steps(false).await?;
         // Marked before the write is sent: a write whose answer is lost
         // may have landed, and a record that may hold a step must not be
@@ -377,6 +415,8 @@ impl Held {
                 Conditional::Applied => {
                     // As the store holds it: sealed, opened when read.
                     steps.push(RecordedStep::new(name, write.output));
+                    // Counted as recorded now, under the same lock.
+                    slot.done();
                     // A record with steps is never deleted to give the key
                     // back: the retry takes it over and resumes.
                     self.mark_stepped();
@@ -403,6 +443,7 @@ impl Held {
                 .await
                 .map_err(Error::Store)?;
             if steps.iter().any(|step| step.name == name) {
+                slot.done();
                 self.mark_stepped();
                 return Ok(());
             }
