@@ -849,6 +849,31 @@ mod steps_review {
         );
     }
 
+    /// Every step write sent twice (its first answer lost), as the memory
+    /// store's and DynamoDB's tests run it: `step.lua` refuses the second
+    /// (the count moved), and the engine recognises its own landed write.
+    #[tokio::test]
+    async fn a_takeover_resumes_after_steps_whose_answers_were_lost() {
+        let store = RedisStore::open(&url())
+            .expect("url")
+            .namespace(namespace());
+        lambda_idempotency::testing::scenarios::a_takeover_resumes_after_the_recorded_steps(
+            lambda_idempotency::testing::LostAnswers(store),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_failure_after_a_step_whose_answer_was_lost_keeps_it() {
+        let store = RedisStore::open(&url())
+            .expect("url")
+            .namespace(namespace());
+        lambda_idempotency::testing::scenarios::a_failure_after_a_step_keeps_it(
+            lambda_idempotency::testing::LostAnswers(store),
+        )
+        .await;
+    }
+
     /// Runs one step, lets `meddle` change the record's hash (a writer
     /// that is not this crate), then completes: the outcome's kind, and
     /// the hash's fields after it.
