@@ -743,8 +743,9 @@ async fn the_table_size_is_describe_tables_item_count_and_bytes() {
 mod steps_review {
     use super::store;
     use lambda_idempotency::{
-        store::StepLimits, testing::scenarios::payload, Attempt, ClaimHandle, Engine, Error, Json,
-        Mode, OutcomeKind,
+        store::{StepLimits, MAX_STEP_NAME_BYTES},
+        testing::scenarios::payload,
+        Attempt, ClaimHandle, Engine, Error, Json, Mode, OutcomeKind,
     };
     use std::sync::{
         atomic::{AtomicUsize, Ordering},
@@ -763,7 +764,7 @@ mod steps_review {
             "é🦀\u{0}\u{200b}".to_owned(),
             "#steps.name[0]:step:0:output".to_owned(),
             ":no_steps".to_owned(),
-            "x".repeat(1024),
+            "x".repeat(MAX_STEP_NAME_BYTES),
         ];
         let runs = Arc::new(AtomicUsize::new(0));
         let attempt = Attempt::new("t", "edge-names", payload(1));
@@ -804,13 +805,12 @@ mod steps_review {
     }
 
     /// "16 KiB a step and 16 steps a key: 256 KiB at most, under
-    /// DynamoDB's 400 KB item with room for the record's attributes": the
-    /// bounds count the outputs, not the names, which are unbounded. 16
-    /// steps within both bounds, with 12 KB names, make the item pass
-    /// 400 KB: a step runs and its write fails (as `Misconfigured`, a
-    /// `ValidationException`), after its effect.
+    /// DynamoDB's 400 KB item with room for the record's attributes": with
+    /// names at their bound (`MAX_STEP_NAME_BYTES`) and outputs at theirs,
+    /// every step of a key is recorded; a name one byte longer is refused
+    /// before its step runs. (Names were unbounded: 16 steps with 12 KB
+    /// names passed 400 KB, and the step whose write failed had acted.)
     #[tokio::test]
-    #[ignore = "finding: step names are not bounded: within the default step_limits a key's steps pass DynamoDB's 400 KB item, and a step runs before its write fails as Misconfigured"]
     async fn within_the_default_bounds_every_step_is_recorded() {
         let engine = Engine::builder(store().await).build();
         let limits = StepLimits::default();
@@ -820,8 +820,20 @@ mod steps_review {
             .run(&attempt, Mode::Plain, &Json, |claim: ClaimHandle| {
                 let runs = Arc::clone(&runs);
                 async move {
+                    let too_long = "n".repeat(MAX_STEP_NAME_BYTES + 1);
+                    let refused = claim
+                        .step(&too_long, || async {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, ()>(0)
+                        })
+                        .await;
+                    match refused {
+                        Err(Error::Store(error))
+                            if error.kind() == lambda_idempotency::StoreErrorKind::Rejected => {}
+                        other => return Err(format!("a name past the bound: {other:?}")),
+                    }
                     for i in 0..limits.max_steps {
-                        let name = format!("{i:02}{}", "n".repeat(12_000));
+                        let name = format!("{i:02}{}", "n".repeat(MAX_STEP_NAME_BYTES - 2));
                         // A JSON string of exactly the bound.
                         let output = "o".repeat(limits.max_output_bytes - 2);
                         let step = claim
@@ -846,6 +858,11 @@ mod steps_review {
             outcome.is_ok(),
             "{:?}",
             outcome.err().map(|e| format!("{e:?}"))
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            limits.max_steps as usize,
+            "the name past the bound did not run"
         );
     }
 

@@ -809,7 +809,7 @@ mod steps_review {
             "é🦀\u{0}\u{200b}".to_owned(),
             "step:0:name".to_owned(),
             "steps".to_owned(),
-            "x".repeat(1024),
+            "x".repeat(lambda_idempotency::store::MAX_STEP_NAME_BYTES),
         ];
         let runs = Arc::new(AtomicUsize::new(0));
         let attempt = Attempt::new("t", "edge-names", payload(1));

@@ -201,6 +201,11 @@ impl ClaimHandle {
     /// recorded in the clear before encryption was turned on are used as
     /// they are, unless plaintext is refused.
     ///
+    /// A name longer than [`MAX_STEP_NAME_BYTES`](crate::store::MAX_STEP_NAME_BYTES)
+    /// is refused ([`Error::Store`] of kind
+    /// [`Rejected`](crate::StoreErrorKind::Rejected)) before the step runs,
+    /// with a claim or without.
+    ///
     /// Without a claim (a single write, a disabled engine, fail-open
     /// through an outage, an operation inside a store transaction, whose
     /// claim commits or rolls back with it), the step just runs and nothing
@@ -228,6 +233,19 @@ impl ClaimHandle {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<O, E>>,
     {
+        // Checked with a claim or without: a name is valid or not whatever
+        // path runs the step, and a handler tested on one path behaves the
+        // same on the others.
+        if name.len() > crate::store::MAX_STEP_NAME_BYTES {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Rejected,
+                format!(
+                    "a step name of {} bytes, over the {} a step name may have",
+                    name.len(),
+                    crate::store::MAX_STEP_NAME_BYTES
+                ),
+            )));
+        }
         let Some(held) = self.held_claim() else {
             return operation().await.map_err(Error::Operation);
         };

@@ -159,7 +159,7 @@ pub use crate::record_id::RecordId;
 pub use abandoned::{AbandonedPage, AbandonedQuery, PageCursor};
 pub use owner::OwnerToken;
 pub use record::{Record, Status, UnknownStatus};
-pub use steps::{RecordedStep, StepLimits, StepWrite};
+pub use steps::{RecordedStep, StepLimits, StepWrite, MAX_STEP_NAME_BYTES};
 pub use table_size::{Accuracy, SizeSource, TableSize};
 pub use transaction::{
     OpenTransaction, Transaction, TransactionLimits, TransactionalStore, Transactions,

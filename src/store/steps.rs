@@ -80,11 +80,18 @@ impl RecordedStep {
     }
 }
 
+/// The longest step name, in bytes (UTF-8). A step named longer is
+/// refused (`Rejected`) before it runs: with names unbounded, steps within
+/// [`StepLimits`] could pass DynamoDB's 400 KB item, and the step whose
+/// write failed would have acted first.
+pub const MAX_STEP_NAME_BYTES: usize = 256;
+
 /// The bounds on an operation's steps, checked by the engine before any
 /// write: a step's encoded output, and how many steps one key records.
 ///
 /// The defaults (16 KiB a step, 16 steps) keep every step of a key within
-/// 256 KiB, so a DynamoDB record holding all of them stays under the
+/// 256 KiB, and with their names (at most [`MAX_STEP_NAME_BYTES`] each)
+/// within 260 KiB, so a DynamoDB record holding all of them stays under the
 /// item's 400 KB with room for its other attributes. The size is the
 /// output's before it is sealed (at-rest encryption): sealing adds at
 /// most 1,316 bytes a step (the envelope's 37, a key id and a wrapped key
