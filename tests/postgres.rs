@@ -18,6 +18,10 @@ mod sqlx_store;
 #[path = "postgres/partitioned.rs"]
 mod partitioned;
 
+/// Recovery points beyond the kit, for every SQL store of this binary.
+#[path = "sql/steps.rs"]
+mod steps_kit;
+
 use lambda_idempotency::{
     store::{
         postgres::{PgWrite, PostgresStore},
@@ -2481,4 +2485,154 @@ async fn the_table_size_is_the_catalogs_estimate() {
     let missing = PostgresStore::connect(&url(), "no_such_table", 1).expect("pool");
     let error = missing.table_size(0).await.unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+}
+
+/// Recovery points: each step one fenced `UPDATE` of the record's `steps`
+/// column.
+mod steps {
+    use super::{steps_kit, store, tokio_postgres_client, url};
+    use lambda_idempotency::{
+        store::{postgres::PostgresStore, Conditional, OwnerToken, RecordId, StepWrite, Store},
+        testing::{scenarios, LostAnswers},
+        StoreErrorKind,
+    };
+
+    lambda_idempotency::store_conformance! {
+        steps: store(),
+    }
+
+    /// Every step write sent twice (its first answer lost): the engine
+    /// recognises its own landed write.
+    #[tokio::test]
+    async fn a_takeover_resumes_after_steps_whose_answers_were_lost() {
+        scenarios::a_takeover_resumes_after_the_recorded_steps(LostAnswers(store().await)).await;
+        scenarios::a_failure_after_a_step_keeps_it(LostAnswers(store().await)).await;
+    }
+
+    /// The `steps` column of `id` in `table`, as JSON; `None` for NULL.
+    pub(crate) async fn raw(table: String, id: String) -> Option<serde_json::Value> {
+        let row = tokio_postgres_client()
+            .await
+            .query_one(
+                &format!("SELECT steps::text FROM {table} WHERE id = $1"),
+                &[&id],
+            )
+            .await
+            .expect("the record");
+        row.get::<_, Option<String>>(0)
+            .map(|text| serde_json::from_str(&text).expect("JSON"))
+    }
+
+    #[tokio::test]
+    async fn steps_live_in_the_row_until_its_completion() {
+        let store = store().await;
+        let table = store.table().to_owned();
+        steps_kit::steps_live_in_the_row_until_its_completion(store, move |id| {
+            raw(table.clone(), id)
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn steps_at_the_edges() {
+        steps_kit::steps_at_the_edges(store().await).await;
+    }
+
+    #[tokio::test]
+    async fn a_step_inside_the_transaction_just_runs() {
+        let store = store().await;
+        let table = store.table().to_owned();
+        steps_kit::a_step_inside_the_transaction_just_runs(store, move |id| raw(table.clone(), id))
+            .await;
+    }
+
+    /// A table made before the `steps` column: `create_table` names the
+    /// migration, and so does every statement that needs the column,
+    /// before anything is written. The migration changes the catalog only
+    /// (the table's file is the same), may run twice, and the record an
+    /// earlier version left in progress (its `steps` NULL) is taken over
+    /// and steps on.
+    #[tokio::test]
+    async fn a_table_made_before_the_steps_column() {
+        let client = tokio_postgres_client().await;
+        let table = format!("before_column_{}", std::process::id());
+        let ddl = include_str!("../src/store/pg/table.sql");
+        let old = ddl
+            .replace(",\n    steps            jsonb", "")
+            .replace("idempotency", &table);
+        assert!(!old.contains("steps"), "{old}");
+        client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {table}; {old}"))
+            .await
+            .expect("the table as it was");
+        let store = PostgresStore::connect(&url(), table.as_str(), 2).expect("pool");
+        let migration = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS steps jsonb");
+        let said = "ALTER TABLE <table> ADD COLUMN IF NOT EXISTS steps jsonb";
+
+        let error = store.create_table().await.expect_err("refused");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+        let id = RecordId::new("p", "t", "before-steps");
+        let mut a = steps_kit::claim(&id, "owner-a");
+        let error = store.claim(&a).await.expect_err("no column");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+
+        // The record an earlier version wrote, its lease lapsed.
+        a.lease_until_ms = a.now_ms - 1;
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (id, status, owner, fingerprint, expiration_s, \
+                     lease_until_ms, created_at_ms, attempt, first_started_ms) \
+                     VALUES ($1, 'IN_PROGRESS', 'owner-a', $2, $3, $4, $5, 1, $5)"
+                ),
+                &[
+                    &id.as_str(),
+                    &a.fingerprint.as_str(),
+                    &(a.expiration_s as i64),
+                    &(a.lease_until_ms as i64),
+                    &(a.now_ms as i64),
+                ],
+            )
+            .await
+            .expect("the earlier record");
+        let file = || async {
+            client
+                .query_one(
+                    "SELECT pg_relation_filenode($1::text::regclass)::text",
+                    &[&table],
+                )
+                .await
+                .expect("file")
+                .get::<_, String>(0)
+        };
+        let before = file().await;
+        client.batch_execute(&migration).await.expect("migrated");
+        client.batch_execute(&migration).await.expect("again");
+        assert_eq!(file().await, before, "no rewrite");
+        store.create_table().await.expect("the migrated table");
+
+        assert_eq!(store.steps(&id, a.now_ms).await.expect("read"), vec![]);
+        let mut b = steps_kit::claim(&id, "owner-b");
+        b.attempt = 2;
+        let lapsed = OwnerToken::from_stored("owner-a");
+        assert_eq!(
+            store.take_over(&b, &lapsed).await.expect("take over"),
+            Conditional::Applied
+        );
+        let step = StepWrite::new(
+            id.clone(),
+            b.owner.clone(),
+            0,
+            "charge",
+            b"1".to_vec(),
+            b.now_ms,
+        );
+        assert_eq!(
+            store.record_step(&step).await.expect("step"),
+            Conditional::Applied
+        );
+        assert_eq!(store.steps(&id, b.now_ms).await.expect("read").len(), 1);
+    }
 }

@@ -1243,3 +1243,65 @@ async fn the_table_size_sums_the_partitions<S: Driver>() {
     );
     assert_eq!(rows, 9);
 }
+
+/// Recovery points in the partitioned layout, on both drivers: the
+/// column is the parent table's; a step lands on the record's row (the
+/// newest of its id) only.
+mod steps {
+    use super::*;
+    use crate::steps_kit;
+
+    lambda_idempotency::store_conformance! {
+        steps: store::<PostgresStore>(),
+    }
+
+    mod on_sqlx {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            steps: store::<SqlxPostgresStore>(),
+        }
+
+        mod prepared {
+            use super::*;
+
+            lambda_idempotency::store_conformance! {
+                steps: async { store::<SqlxPostgresStore>().await.prepared_statements(true) },
+            }
+        }
+    }
+
+    /// The `steps` column of `id`'s record (its newest row), as JSON.
+    async fn raw(table: String, id: String) -> Option<serde_json::Value> {
+        let row = crate::tokio_postgres_client()
+            .await
+            .query_one(
+                &format!(
+                    "SELECT steps::text FROM {table} WHERE id = $1 ORDER BY claimed_at DESC LIMIT 1"
+                ),
+                &[&id],
+            )
+            .await
+            .expect("the record");
+        row.get::<_, Option<String>>(0)
+            .map(|text| serde_json::from_str(&text).expect("JSON"))
+    }
+
+    on_both_drivers!(
+        steps_live_in_the_row_until_its_completion,
+        steps_at_the_edges
+    );
+
+    async fn steps_live_in_the_row_until_its_completion<S: Driver>() {
+        let store = store::<S>().await;
+        let table = store.table().to_owned();
+        steps_kit::steps_live_in_the_row_until_its_completion(store, move |id| {
+            raw(table.clone(), id)
+        })
+        .await;
+    }
+
+    async fn steps_at_the_edges<S: Driver>() {
+        steps_kit::steps_at_the_edges(store::<S>().await).await;
+    }
+}

@@ -525,6 +525,37 @@ mod other_settings {
     async fn values_read_back_as_written_under_the_default_settings() {
         values_read_back_as_written(&super::url(), &super::url(), false).await;
     }
+
+    /// Recovery points under these settings: the step's JSON built and
+    /// its output read back (`bytea_output = escape`) in simple queries
+    /// and prepared ones, in both layouts.
+    mod steps {
+        use super::*;
+        use lambda_idempotency::store::postgres::Partitioning;
+
+        lambda_idempotency::store_conformance! {
+            steps: async { store_on(&url().await, 8).await },
+        }
+
+        #[tokio::test]
+        async fn steps_at_the_edges() {
+            let store = store_on(&url().await, 8).await;
+            crate::steps_kit::steps_at_the_edges(store.clone()).await;
+            crate::steps_kit::steps_at_the_edges(
+                store_on(&url().await, 8).await.prepared_statements(true),
+            )
+            .await;
+            let n = TABLES.fetch_add(1, Ordering::SeqCst);
+            let parted = SqlxPostgresStore::new(
+                pool(&url().await, 8),
+                format!("sqlx_parted_steps_{}_{n}", std::process::id()),
+            )
+            .expect("store")
+            .partitioned(Partitioning::daily());
+            parted.create_table().await.expect("partitioned table");
+            crate::steps_kit::steps_at_the_edges(parted).await;
+        }
+    }
 }
 
 mod in_transaction {
@@ -1147,4 +1178,77 @@ async fn the_table_size_is_the_catalogs_estimate_over_sqlx() {
             SizeSource::PgClass
         )
     );
+}
+
+/// Recovery points on the sqlx store, directly and with its statements
+/// prepared (the steps column in the database: `crate::steps`).
+mod steps {
+    use super::*;
+
+    lambda_idempotency::store_conformance! {
+        steps: store(),
+    }
+
+    mod prepared {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            steps: async { store().await.prepared_statements(true) },
+        }
+    }
+
+    #[tokio::test]
+    async fn steps_live_in_the_row_until_its_completion() {
+        for prepared in [false, true] {
+            let store = store().await.prepared_statements(prepared);
+            let table = store.table().to_owned();
+            crate::steps_kit::steps_live_in_the_row_until_its_completion(store, move |id| {
+                crate::steps::raw(table.clone(), id)
+            })
+            .await;
+        }
+    }
+
+    #[tokio::test]
+    async fn steps_at_the_edges() {
+        crate::steps_kit::steps_at_the_edges(store().await).await;
+        crate::steps_kit::steps_at_the_edges(store().await.prepared_statements(true)).await;
+    }
+
+    #[tokio::test]
+    async fn a_step_inside_the_transaction_just_runs() {
+        let store = store().await;
+        let table = store.table().to_owned();
+        crate::steps_kit::a_step_inside_the_transaction_just_runs(store, move |id| {
+            crate::steps::raw(table.clone(), id)
+        })
+        .await;
+    }
+
+    /// A table made before the `steps` column: the same check and the
+    /// same words as the tokio-postgres store's.
+    #[tokio::test]
+    async fn a_table_made_before_the_steps_column_is_named_with_its_migration() {
+        let table = format!("sqlx_before_column_{}", std::process::id());
+        let old = include_str!("../../src/store/pg/table.sql")
+            .replace(",\n    steps            jsonb", "")
+            .replace("idempotency", &table);
+        tokio_postgres_client()
+            .await
+            .batch_execute(&format!("DROP TABLE IF EXISTS {table}; {old}"))
+            .await
+            .expect("the table as it was");
+        let store = SqlxPostgresStore::new(pool(&url(), 2), table.as_str()).expect("store");
+        let said = "ALTER TABLE <table> ADD COLUMN IF NOT EXISTS steps jsonb";
+        let error = store.create_table().await.expect_err("refused");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+        let id = lambda_idempotency::store::RecordId::new("p", "t", "before-steps");
+        let error = store
+            .claim(&crate::steps_kit::claim(&id, "owner-a"))
+            .await
+            .expect_err("no column");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+    }
 }

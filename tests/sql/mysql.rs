@@ -586,3 +586,227 @@ async fn the_table_size_is_information_schemas_estimate() {
     let error = missing.table_size(0).await.unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
 }
+
+/// Recovery points: each step one fenced `UPDATE` of the record's `steps`
+/// column (`JSON`).
+mod steps {
+    use super::*;
+    use crate::steps_kit;
+    use lambda_idempotency::{
+        store::{Completion, Conditional, OwnerToken, RecordId, StepWrite},
+        testing::{scenarios, LostAnswers},
+    };
+
+    lambda_idempotency::store_conformance! {
+        steps: store(),
+    }
+
+    /// Every step write sent twice (its first answer lost): the engine
+    /// recognises its own landed write.
+    #[tokio::test]
+    async fn a_takeover_resumes_after_steps_whose_answers_were_lost() {
+        scenarios::a_takeover_resumes_after_the_recorded_steps(LostAnswers(store().await)).await;
+        scenarios::a_failure_after_a_step_keeps_it(LostAnswers(store().await)).await;
+    }
+
+    /// The `steps` column of `id` in `table`, as JSON; `None` for NULL.
+    async fn raw(table: String, id: String) -> Option<serde_json::Value> {
+        let text: Option<String> = sqlx::query_scalar(&format!(
+            "SELECT CAST(steps AS CHAR) FROM `{table}` WHERE id = ?"
+        ))
+        .bind(id)
+        .fetch_one(&pool(1))
+        .await
+        .expect("the record");
+        text.map(|text| serde_json::from_str(&text).expect("JSON"))
+    }
+
+    #[tokio::test]
+    async fn steps_live_in_the_row_until_its_completion() {
+        let store = store().await;
+        let table = store.table().to_owned();
+        steps_kit::steps_live_in_the_row_until_its_completion(store, move |id| {
+            raw(table.clone(), id)
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn steps_at_the_edges() {
+        steps_kit::steps_at_the_edges(store().await).await;
+    }
+
+    /// A store whose connections have another SQL mode (double quotes
+    /// name identifiers, backslashes are characters) and another
+    /// collation than sqlx's.
+    async fn store_with_other_settings() -> SqlxMySqlStore {
+        use sqlx::Executor;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(4)
+            .after_connect(|connection, _| {
+                Box::pin(async move {
+                    connection
+                        .execute(
+                            "SET SESSION sql_mode = 'ANSI_QUOTES,NO_BACKSLASH_ESCAPES,STRICT_ALL_TABLES'",
+                        )
+                        .await?;
+                    connection
+                        .execute("SET collation_connection = utf8mb4_general_ci")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy(&url())
+            .expect("pool");
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("idem_{}_{n}_steps_settings", std::process::id());
+        let store = SqlxMySqlStore::new(pool, table).expect("store");
+        store.create_table().await.expect("create table");
+        store
+    }
+
+    mod other_settings {
+        lambda_idempotency::store_conformance! {
+            steps: super::store_with_other_settings(),
+        }
+
+        #[tokio::test]
+        async fn steps_at_the_edges() {
+            crate::steps_kit::steps_at_the_edges(super::store_with_other_settings().await).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_step_inside_the_transaction_just_runs() {
+        let store = store().await;
+        let table = store.table().to_owned();
+        steps_kit::a_step_inside_the_transaction_just_runs(store, move |id| raw(table.clone(), id))
+            .await;
+    }
+
+    /// A table made before the `steps` column: `create_table` names the
+    /// migration, and so does each statement that needs the column (a
+    /// completion, a step), before it writes anything. The migration is
+    /// instant (`ALGORITHM=INSTANT` or an error), its conditional form
+    /// (for MySQL 8, which has no `ADD COLUMN IF NOT EXISTS`) may run
+    /// twice, and the record an earlier version left in progress (its
+    /// `steps` NULL) is taken over, steps on and completes.
+    #[tokio::test]
+    async fn a_table_made_before_the_steps_column() {
+        let pool = pool(2);
+        let table = format!("before_column_{}", std::process::id());
+        run(&pool, &format!("DROP TABLE IF EXISTS `{table}`")).await;
+        run(
+            &pool,
+            &format!(
+                "CREATE TABLE `{table}` (\
+                   id VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                   status VARCHAR(16) NOT NULL, owner VARCHAR(1024) NOT NULL, \
+                   fingerprint VARCHAR(1024) NOT NULL, expiration_s BIGINT NOT NULL, \
+                   lease_until_ms BIGINT NULL, response LONGBLOB NULL, \
+                   created_at_ms BIGINT NULL, completed_at_ms BIGINT NULL, \
+                   attempt INT NOT NULL DEFAULT 1, first_started_ms BIGINT NULL, \
+                   PRIMARY KEY (id)) ENGINE=InnoDB"
+            ),
+        )
+        .await;
+        let store = SqlxMySqlStore::new(pool.clone(), table.as_str()).expect("store");
+        let said = "ADD COLUMN steps JSON NULL, ALGORITHM=INSTANT";
+        let error = store.create_table().await.expect_err("refused");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+
+        // A claim needs no column; its completion and a step do.
+        let fresh = steps_kit::claim(&RecordId::new("p", "t", "fresh"), "owner-f");
+        assert_eq!(
+            store.claim(&fresh).await.expect("claim"),
+            Conditional::Applied
+        );
+        let step = StepWrite::new(
+            fresh.id.clone(),
+            fresh.owner.clone(),
+            0,
+            "charge",
+            b"1".to_vec(),
+            fresh.now_ms,
+        );
+        let error = store.record_step(&step).await.expect_err("no column");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+        let completion = Completion {
+            id: fresh.id.clone(),
+            owner: fresh.owner.clone(),
+            response: b"done".to_vec(),
+            expiration_s: fresh.expiration_s,
+            now_ms: fresh.now_ms,
+            writes: Vec::new(),
+        };
+        let error = store.complete(completion).await.expect_err("no column");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+
+        // The record an earlier version wrote, its lease lapsed.
+        let id = RecordId::new("p", "t", "before-steps");
+        let mut a = steps_kit::claim(&id, "owner-a");
+        a.lease_until_ms = a.now_ms - 1;
+        assert_eq!(store.claim(&a).await.expect("claim"), Conditional::Applied);
+
+        // MySQL 8's way to add it only where it is missing: twice.
+        let mut connection = pool.acquire().await.expect("connection");
+        for _ in 0..2 {
+            for statement in [
+                format!(
+                    "SET @add_steps = IF((SELECT COUNT(*) FROM information_schema.COLUMNS \
+                       WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' \
+                       AND COLUMN_NAME = 'steps') = 0, \
+                     'ALTER TABLE `{table}` ADD COLUMN steps JSON NULL, ALGORITHM=INSTANT', \
+                     'DO 0')"
+                ),
+                "PREPARE add_steps FROM @add_steps".to_owned(),
+                "EXECUTE add_steps".to_owned(),
+                "DEALLOCATE PREPARE add_steps".to_owned(),
+            ] {
+                sqlx::raw_sql(&statement)
+                    .execute(&mut *connection)
+                    .await
+                    .expect(&statement);
+            }
+        }
+        store.create_table().await.expect("the migrated table");
+
+        assert_eq!(store.steps(&id, a.now_ms).await.expect("read"), vec![]);
+        let mut b = steps_kit::claim(&id, "owner-b");
+        b.attempt = 2;
+        let lapsed = OwnerToken::from_stored("owner-a");
+        assert_eq!(
+            store.take_over(&b, &lapsed).await.expect("take over"),
+            Conditional::Applied
+        );
+        let step = StepWrite::new(
+            id.clone(),
+            b.owner.clone(),
+            0,
+            "charge",
+            b"1".to_vec(),
+            b.now_ms,
+        );
+        assert_eq!(
+            store.record_step(&step).await.expect("step"),
+            Conditional::Applied
+        );
+        assert_eq!(store.steps(&id, b.now_ms).await.expect("read").len(), 1);
+        let completion = Completion {
+            id: id.clone(),
+            owner: b.owner.clone(),
+            response: b"done".to_vec(),
+            expiration_s: b.expiration_s,
+            now_ms: b.now_ms,
+            writes: Vec::new(),
+        };
+        assert_eq!(
+            store.complete(completion).await.expect("complete"),
+            Conditional::Applied
+        );
+        assert_eq!(raw(table, id.as_str().to_owned()).await, None);
+    }
+}

@@ -4,7 +4,7 @@
 //! catalog queries of the partitions' upkeep. Why it is built this way:
 //! the postgres store's docs ("A table that never bloats").
 
-use super::statements::{Statements, COLUMNS, WRITE_CTE};
+use super::statements::{Statements, COLUMNS, STEP_COUNT, STEP_ELEMENT, STEP_ROWS, WRITE_CTE};
 
 /// The lock every write of a record takes first, in its own statement
 /// (so that the write's snapshot follows it): transaction-scoped, so it
@@ -82,8 +82,8 @@ fn answered(write: &str, t: &str, found: &str) -> String {
 
 /// Every statement of the partitioned layout over table `t`. Each runs
 /// after [`LOCK_RECORD`] in its transaction; the parameters are the plain
-/// table's, in the same order, but for `extend`, which also takes the
-/// writer's `now_ms` as `$5`.
+/// table's, in the same order, but for `extend` and `step`, which also
+/// take the writer's `now_ms` (`$5` and `$6`).
 pub(crate) fn statements(t: &str) -> Statements {
     // The fenced writes apply to the record (the newest row) only.
     let fence = "r.id = $1 AND r.claimed_at = (SELECT claimed_at FROM cur) \
@@ -92,7 +92,8 @@ pub(crate) fn statements(t: &str) -> Statements {
          fingerprint = excluded.fingerprint, expiration_s = excluded.expiration_s, \
          lease_until_ms = excluded.lease_until_ms, response = excluded.response, \
          created_at_ms = excluded.created_at_ms, completed_at_ms = excluded.completed_at_ms, \
-         attempt = excluded.attempt, first_started_ms = excluded.first_started_ms";
+         attempt = excluded.attempt, first_started_ms = excluded.first_started_ms, \
+         steps = NULL";
     // At most one row of an id is live, and it is the newest: a row is
     // only inserted where the newest is not live (under the lock), and
     // its `now` is past the expiration of every row before it.
@@ -100,7 +101,7 @@ pub(crate) fn statements(t: &str) -> Statements {
         |now_s: &str| format!("NOT EXISTS (SELECT 1 FROM cur WHERE cur.expiration_s >= {now_s})");
     let completion = format!(
         "UPDATE {t} r SET status = 'COMPLETED', response = $3, expiration_s = $4, \
-         completed_at_ms = $5, lease_until_ms = NULL \
+         completed_at_ms = $5, lease_until_ms = NULL, steps = NULL \
          WHERE {fence} AND r.expiration_s >= $5 / 1000"
     );
     Statements {
@@ -141,7 +142,8 @@ pub(crate) fn statements(t: &str) -> Statements {
         commit: format!(
             "WITH {cur}, over AS (UPDATE {t} r SET status = 'COMPLETED', owner = $2, \
                  fingerprint = $3, expiration_s = $4, lease_until_ms = NULL, response = $5, \
-                 created_at_ms = $6, completed_at_ms = $6, attempt = 1, first_started_ms = $6 \
+                 created_at_ms = $6, completed_at_ms = $6, attempt = 1, first_started_ms = $6, \
+                 steps = NULL \
                WHERE r.id = $1 AND r.claimed_at = (SELECT claimed_at FROM cur) \
                  AND r.status = 'IN_PROGRESS' AND r.lease_until_ms < $6 \
                  AND r.response IS NULL AND r.expiration_s >= $7 RETURNING 1), \
@@ -171,6 +173,22 @@ pub(crate) fn statements(t: &str) -> Statements {
         ),
         // Never sent: the partitioned layout drops partitions instead.
         purge: String::new(),
+        step: answered(
+            &format!(
+                "UPDATE {t} r SET steps = coalesce(r.steps, '[]'::jsonb) || {STEP_ELEMENT} \
+                 WHERE {fence} AND r.expiration_s >= $6 / 1000 AND {STEP_COUNT} = $5"
+            ),
+            t,
+            "r.expiration_s >= $6 / 1000",
+        ),
+        // The record's row only: an older row of the id is another claim's.
+        steps: format!(
+            "{STEP_ROWS} FROM (SELECT status, expiration_s, steps FROM {t} WHERE id = $1 \
+               ORDER BY claimed_at DESC LIMIT 1) r \
+             CROSS JOIN LATERAL jsonb_array_elements(r.steps) WITH ORDINALITY AS s(step, n) \
+             WHERE r.status = 'IN_PROGRESS' AND r.expiration_s >= $2 \
+             ORDER BY s.n"
+        ),
     }
 }
 

@@ -50,6 +50,19 @@ pub(crate) fn kind_of_sqlstate(code: &str) -> StoreErrorKind {
         .map_or(StoreErrorKind::Other, |(_, kind)| *kind)
 }
 
+/// What to add to the server's words when a statement failed for a
+/// column the table lacks (`42703`) and that column is `steps`: the table
+/// predates recovery points, and the migration adds it.
+pub(crate) fn missing_steps_hint(code: &str, message: &str) -> Option<String> {
+    (code == "42703" && message.contains("\"steps\"")).then(|| {
+        format!(
+            "; the table predates recovery points (its `steps` column): add it with `{}` \
+             (the store's docs, \"Migrations\")",
+            super::table::ADD_STEPS
+        )
+    })
+}
+
 /// Whether a failed statement of the operation's own (a write committed
 /// with the completion) is a refusal of that write, not retryable: a
 /// constraint, a malformed statement, a value out of range, a function's

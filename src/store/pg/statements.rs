@@ -19,7 +19,28 @@ pub(crate) struct Statements {
     pub(crate) get: String,
     pub(crate) list_in_progress: String,
     pub(crate) purge: String,
+    /// A step's fenced write: `$1` id, `$2` owner, `$3` name, `$4`
+    /// output, `$5` how many steps the record holds before it (and, in the
+    /// partitioned layout, `$6` the writer's now in milliseconds).
+    pub(crate) step: String,
+    /// The steps of the `IN_PROGRESS` record `$1` not expired at `$2`
+    /// (epoch seconds), in order: `name` and `output` (bytea) each.
+    pub(crate) steps: String,
 }
+
+/// A step as the `steps` column keeps it: an element of a `jsonb` array,
+/// its output base64 (one line: PostgreSQL's `encode` breaks lines every
+/// 76 characters). `$3` is the name, `$4` the output.
+pub(crate) const STEP_ELEMENT: &str = "jsonb_build_array(jsonb_build_object('name', $3::text, \
+     'output', translate(encode($4::bytea, 'base64'), chr(10), '')))";
+
+/// The steps of the record `r` in order, as rows of `name` and `output`;
+/// none when the column is NULL.
+pub(crate) const STEP_ROWS: &str = "SELECT s.step ->> 'name' AS name, \
+     decode(s.step ->> 'output', 'base64') AS output";
+
+/// How many steps the record `r` holds (a NULL column: none).
+pub(crate) const STEP_COUNT: &str = "coalesce(jsonb_array_length(r.steps), 0)";
 
 /// The name of the answered write's common table expression: it hides a
 /// table of the same name inside the statement, so no table may have it.
@@ -48,7 +69,8 @@ impl Statements {
              fingerprint = excluded.fingerprint, expiration_s = excluded.expiration_s, \
              lease_until_ms = excluded.lease_until_ms, response = excluded.response, \
              created_at_ms = excluded.created_at_ms, completed_at_ms = excluded.completed_at_ms, \
-             attempt = excluded.attempt, first_started_ms = excluded.first_started_ms";
+             attempt = excluded.attempt, first_started_ms = excluded.first_started_ms, \
+             steps = NULL";
         Self {
             claim: answered(
                 &format!(
@@ -96,13 +118,26 @@ impl Statements {
                 "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE expiration_s < $1 \
                  LIMIT $2 FOR UPDATE SKIP LOCKED)"
             ),
+            step: answered(
+                &format!(
+                    "UPDATE {t} r SET steps = coalesce(r.steps, '[]'::jsonb) || {STEP_ELEMENT} \
+                     WHERE {fence} AND {STEP_COUNT} = $5"
+                ),
+                t,
+            ),
+            steps: format!(
+                "{STEP_ROWS} FROM {t} r \
+                 CROSS JOIN LATERAL jsonb_array_elements(r.steps) WITH ORDINALITY AS s(step, n) \
+                 WHERE r.id = $1 AND r.status = 'IN_PROGRESS' AND r.expiration_s >= $2 \
+                 ORDER BY s.n"
+            ),
         }
     }
 
     fn completion(t: &str, fence: &str) -> String {
         format!(
             "UPDATE {t} SET status = 'COMPLETED', response = $3, expiration_s = $4, \
-             completed_at_ms = $5, lease_until_ms = NULL WHERE {fence}"
+             completed_at_ms = $5, lease_until_ms = NULL, steps = NULL WHERE {fence}"
         )
     }
 }

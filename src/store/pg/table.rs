@@ -177,7 +177,7 @@ pub(crate) fn split_ddl(ddl: &str) -> (&str, &str) {
 }
 
 /// The record's columns and the types `format_type` names them by.
-const COLUMN_TYPES: [(&str, &str); 11] = [
+const COLUMN_TYPES: [(&str, &str); 12] = [
     ("id", "text"),
     ("status", "text"),
     ("owner", "text"),
@@ -189,7 +189,14 @@ const COLUMN_TYPES: [(&str, &str); 11] = [
     ("completed_at_ms", "bigint"),
     ("attempt", "integer"),
     ("first_started_ms", "bigint"),
+    ("steps", "jsonb"),
 ];
+
+/// The migration that adds `steps` (recovery points) to a table made
+/// before it: without a default, PostgreSQL adds a nullable column to the
+/// catalog only, rewriting no row (a partitioned table's goes to each
+/// partition).
+pub(crate) const ADD_STEPS: &str = "ALTER TABLE <table> ADD COLUMN IF NOT EXISTS steps jsonb";
 
 /// How a table's columns (name, type, required without a default) and its
 /// `id` index differ from what the store reads and writes.
@@ -200,6 +207,10 @@ pub(crate) fn table_differences(
     let mut differences = Vec::new();
     for (name, expected) in COLUMN_TYPES {
         match found.iter().find(|(column, _, _)| column == name) {
+            None if name == "steps" => differences.push(format!(
+                "column `steps` (jsonb) is missing: the table predates recovery points; \
+                 `{ADD_STEPS}` adds it (the store's docs, \"Migrations\")"
+            )),
             None => differences.push(format!("column `{name}` ({expected}) is missing")),
             Some((_, actual, _)) if actual != expected => {
                 differences.push(format!("column `{name}` is {actual}, not {expected}"))

@@ -9,6 +9,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
     created_at_ms    bigint,
     completed_at_ms  bigint,
     attempt          integer NOT NULL DEFAULT 1,
-    first_started_ms bigint
+    first_started_ms bigint,
+    steps            jsonb
 );
 CREATE INDEX IF NOT EXISTS idempotency_expiration_s ON idempotency (expiration_s);

@@ -10,6 +10,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
     completed_at_ms  bigint,
     attempt          integer     NOT NULL DEFAULT 1,
     first_started_ms bigint,
+    steps            jsonb,
     claimed_at       timestamptz NOT NULL,
     PRIMARY KEY (id, claimed_at)
 ) PARTITION BY RANGE (claimed_at);

@@ -2,7 +2,7 @@
 //! [`StoreError`]s: nothing above the store sees the driver.
 
 use crate::{
-    store::pg::sqlstate::{is_write_refusal, kind_of_sqlstate},
+    store::pg::sqlstate::{is_write_refusal, kind_of_sqlstate, missing_steps_hint},
     StoreError, StoreErrorKind,
 };
 
@@ -78,7 +78,16 @@ fn describe(error: &tokio_postgres::Error) -> String {
 pub(super) fn from_pg(operation: &'static str, error: tokio_postgres::Error) -> StoreError {
     StoreError::new(
         kind_of(&error),
-        format!("PostgreSQL {operation} failed: {}", describe(&error)),
+        format!(
+            "PostgreSQL {operation} failed: {}{}",
+            describe(&error),
+            // A statement of the store's on a table made before its
+            // `steps` column: say which migration adds it.
+            error
+                .as_db_error()
+                .and_then(|db| missing_steps_hint(db.code().code(), db.message()))
+                .unwrap_or_default()
+        ),
     )
     .with_source(error)
 }

@@ -31,6 +31,7 @@ mod codec;
 mod connection;
 mod errors;
 mod partitioned;
+mod steps;
 mod table;
 mod tls;
 mod transaction;
@@ -49,8 +50,8 @@ pub use {deadpool_postgres, tokio_postgres};
 use super::pg::upkeep::Partitions;
 use super::pg::{int8, statements::Statements, table::table_name_error, table_size as size};
 use super::{
-    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-    Store, TableSize,
+    Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, RecordedStep,
+    Removal, StepWrite, Store, TableSize,
 };
 use crate::{StoreError, StoreErrorKind};
 use codec::{decode, decode_optional, ClaimValues};
@@ -288,6 +289,15 @@ impl Store for PostgresStore {
 
     const SINGLE_WRITE: bool = true;
     const DB_SYSTEM: &'static str = "postgresql";
+    const STEPS: bool = true;
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.write_step(step).await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        self.read_steps(id, now_ms).await
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let values = ClaimValues::of(claim)?;

@@ -52,7 +52,25 @@ pub(super) fn kind_of(error: &sqlx::Error) -> StoreErrorKind {
 /// `error`, from `operation`, as a [`StoreError`] that says what failed.
 pub(super) fn from_sqlx(operation: &'static str, error: sqlx::Error) -> StoreError {
     let kind = kind_of(&error);
-    StoreError::new(kind, format!("MySQL {operation} failed: {error}")).with_source(error)
+    // A statement of the store's on a table made before its `steps`
+    // column: say which migration adds it.
+    let migration = match error.as_database_error() {
+        Some(database)
+            if number(&error) == Some(1054) && database.message().contains("'steps'") =>
+        {
+            format!(
+                "; the table predates recovery points (its `steps` column): add it with `{}` \
+                 (the store's docs, \"Migrations\")",
+                super::statements::ADD_STEPS
+            )
+        }
+        _ => String::new(),
+    };
+    StoreError::new(
+        kind,
+        format!("MySQL {operation} failed: {error}{migration}"),
+    )
+    .with_source(error)
 }
 
 /// The error numbers by which the server refuses a write of the

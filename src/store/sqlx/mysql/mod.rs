@@ -22,6 +22,7 @@ mod abandoned;
 mod codec;
 mod errors;
 mod statements;
+mod steps;
 mod transaction;
 mod write;
 
@@ -29,8 +30,8 @@ pub use transaction::{SqlxMySqlTransaction, TransactionConnection};
 pub use write::{MySqlValue, SqlxMySqlWrite};
 
 use super::super::{
-    Accuracy, Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-    SizeSource, Store, TableSize, Transactions,
+    Accuracy, Claim, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+    RecordedStep, Removal, SizeSource, StepWrite, Store, TableSize, Transactions,
 };
 use crate::{StoreError, StoreErrorKind};
 use codec::{decode, int8};
@@ -101,14 +102,33 @@ impl SqlxMySqlStore {
     }
 
     /// Creates the table if it is not there (`CREATE TABLE IF NOT EXISTS`;
-    /// see the module docs for its columns).
+    /// see the module docs for its columns). A table that was there
+    /// without the `steps` column (made before recovery points) is a
+    /// [`StoreErrorKind::Misconfigured`] error naming the migration that
+    /// adds it ("Migrations" in the module docs), and is left as it is.
     pub async fn create_table(&self) -> Result<(), StoreError> {
-        self.inner
-            .pool
-            .execute(self.inner.sql.create.as_str())
+        use sqlx::Row;
+        let pool = &self.inner.pool;
+        pool.execute(self.inner.sql.create.as_str())
             .await
-            .map(drop)
-            .map_err(|e| from_sqlx("CREATE TABLE", e))
+            .map_err(|e| from_sqlx("CREATE TABLE", e))?;
+        let has_steps: i64 = pool
+            .fetch_one(self.inner.sql.has_steps.as_str())
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| from_sqlx("read the table's columns", e))?;
+        if has_steps == 0 {
+            return Err(StoreError::new(
+                StoreErrorKind::Misconfigured,
+                format!(
+                    "MySQL table {} has no `steps` column: it predates recovery points; `{}` \
+                     adds it (the store's docs, \"Migrations\")",
+                    self.inner.table,
+                    statements::ADD_STEPS.replace("<table>", &self.inner.table)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Deletes up to `batch` records that expired before `now_s` (epoch
@@ -312,6 +332,15 @@ async fn run_writes(
 impl Store for SqlxMySqlStore {
     type Write = SqlxMySqlWrite;
     const DB_SYSTEM: &'static str = "mysql";
+    const STEPS: bool = true;
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.write_step(step).await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        self.read_steps(id, now_ms).await
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let sql = &self.inner.sql;

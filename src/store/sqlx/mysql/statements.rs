@@ -33,7 +33,24 @@ pub(super) struct Statements {
     /// indexes), from `information_schema`: no row when there is no table.
     /// The name goes in as a literal: it is letters, digits and `_`.
     pub(super) table_size: String,
+    /// A step's fenced write: name, output, id, owner, and how many steps
+    /// the record holds before it.
+    pub(super) step: String,
+    /// The steps of the `IN_PROGRESS` record not expired at a time (epoch
+    /// seconds), in order: `name` and `output` each.
+    pub(super) steps: String,
+    /// Whether the table has its `steps` column: `create_table`'s check of
+    /// a table made before recovery points.
+    pub(super) has_steps: String,
 }
+
+/// The migration that adds `steps` to a table made before recovery
+/// points. MySQL 8 has no `ADD COLUMN IF NOT EXISTS` (MariaDB has): run
+/// once, and a second run fails with `1060` (duplicate column) and changes
+/// nothing. `ALGORITHM=INSTANT` makes it a change to the table's metadata
+/// only, or an error rather than a copy of the table.
+pub(super) const ADD_STEPS: &str =
+    "ALTER TABLE <table> ADD COLUMN steps JSON NULL, ALGORITHM=INSTANT";
 
 impl Statements {
     pub(super) fn new(t: &str) -> Self {
@@ -52,6 +69,7 @@ impl Statements {
                    completed_at_ms BIGINT NULL, \
                    attempt INT NOT NULL DEFAULT 1, \
                    first_started_ms BIGINT NULL, \
+                   steps JSON NULL, \
                    PRIMARY KEY (id), \
                    KEY `{t}_expiration_s` (expiration_s), \
                    CONSTRAINT `{t}_status` CHECK (status IN ('IN_PROGRESS', 'COMPLETED'))\
@@ -64,7 +82,7 @@ impl Statements {
             reclaim: format!(
                 "UPDATE `{t}` SET status = 'IN_PROGRESS', owner = ?, fingerprint = ?, \
                  expiration_s = ?, lease_until_ms = ?, response = NULL, created_at_ms = ?, \
-                 completed_at_ms = NULL, attempt = ?, first_started_ms = ? \
+                 completed_at_ms = NULL, attempt = ?, first_started_ms = ?, steps = NULL \
                  WHERE id = ? AND expiration_s < ?"
             ),
             take_over: format!(
@@ -75,7 +93,7 @@ impl Statements {
             extend: format!("UPDATE `{t}` SET lease_until_ms = ?, expiration_s = ? WHERE {fence}"),
             complete: format!(
                 "UPDATE `{t}` SET status = 'COMPLETED', response = ?, expiration_s = ?, \
-                 completed_at_ms = ?, lease_until_ms = NULL WHERE {fence}"
+                 completed_at_ms = ?, lease_until_ms = NULL, steps = NULL WHERE {fence}"
             ),
             release: format!("DELETE FROM `{t}` WHERE {fence}"),
             remove_any: format!("DELETE FROM `{t}` WHERE id = ?"),
@@ -93,6 +111,28 @@ impl Statements {
                    CAST(COALESCE(DATA_LENGTH, 0) + COALESCE(INDEX_LENGTH, 0) AS UNSIGNED) \
                  FROM information_schema.TABLES \
                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}'"
+            ),
+            // Each step an object of its name and its output in base64, on
+            // one line (`TO_BASE64` breaks lines every 76 characters). The
+            // base64 in `utf8mb4_bin` whatever the connection's collation
+            // (a newline literal of another one is an illegal mix), and
+            // the newline as a hex literal whatever the SQL mode.
+            step: format!(
+                "UPDATE `{t}` SET steps = JSON_ARRAY_APPEND(COALESCE(steps, JSON_ARRAY()), '$', \
+                   JSON_OBJECT('name', ?, 'output', REPLACE(\
+                     CONVERT(TO_BASE64(?) USING utf8mb4) COLLATE utf8mb4_bin, _utf8mb4 X'0A', ''))) \
+                 WHERE {fence} AND COALESCE(JSON_LENGTH(steps), 0) = ?"
+            ),
+            steps: format!(
+                "SELECT j.name, FROM_BASE64(j.output) AS output FROM `{t}` r, \
+                   JSON_TABLE(r.steps, '$[*]' COLUMNS (n FOR ORDINALITY, \
+                     name LONGTEXT PATH '$.name', output LONGTEXT PATH '$.output')) j \
+                 WHERE r.id = ? AND r.status = 'IN_PROGRESS' AND r.expiration_s >= ? \
+                 ORDER BY j.n"
+            ),
+            has_steps: format!(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}' AND COLUMN_NAME = 'steps'"
             ),
         }
     }

@@ -102,7 +102,7 @@ pub(super) fn decode(row: &PgRow) -> Result<Record, StoreError> {
 /// where the server, the database or the role sets `bytea_output =
 /// escape`, the bytes with `\\` and octal escapes (sqlx itself reads only
 /// the first).
-fn bytea(row: &PgRow, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+pub(super) fn bytea(row: &PgRow, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
     let wrong = || StoreError::corrupt(format!("column `{name}` is missing or has the wrong type"));
     let value = row.try_get_raw(name).map_err(|e| wrong().with_source(e))?;
     if value.is_null() {

@@ -3,7 +3,7 @@
 //! both PostgreSQL stores share (`kind_of_sqlstate`).
 
 use crate::{
-    store::pg::sqlstate::{is_write_refusal, kind_of_sqlstate},
+    store::pg::sqlstate::{is_write_refusal, kind_of_sqlstate, missing_steps_hint},
     StoreError, StoreErrorKind, WriteRefusal,
 };
 use sqlx::postgres::PgDatabaseError;
@@ -77,7 +77,15 @@ pub(super) fn sqlstate(error: &sqlx::Error) -> Option<&str> {
 pub(super) fn from_sqlx(operation: &'static str, error: sqlx::Error) -> StoreError {
     StoreError::new(
         kind_of(&error),
-        format!("PostgreSQL {operation} failed: {}", describe(&error)),
+        format!(
+            "PostgreSQL {operation} failed: {}{}",
+            describe(&error),
+            // A statement of the store's on a table made before its
+            // `steps` column: say which migration adds it.
+            server_error(&error)
+                .and_then(|db| missing_steps_hint(db.code(), db.message()))
+                .unwrap_or_default()
+        ),
     )
     .with_source(error)
 }

@@ -38,6 +38,7 @@ mod codec;
 mod errors;
 mod partitioned;
 mod query;
+mod steps;
 mod transaction;
 mod write;
 
@@ -61,8 +62,8 @@ use crate::{
             table_size::{table_size as pg_table_size, TABLE_SIZE},
             upkeep::{self, Partitions},
         },
-        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId, Removal,
-        Store, TableSize,
+        Claim, Commit, Completion, Conditional, Extension, OwnerToken, Record, RecordId,
+        RecordedStep, Removal, StepWrite, Store, TableSize,
     },
     StoreError, StoreErrorKind,
 };
@@ -383,6 +384,15 @@ impl Store for SqlxPostgresStore {
 
     const SINGLE_WRITE: bool = true;
     const DB_SYSTEM: &'static str = "postgresql";
+    const STEPS: bool = true;
+
+    async fn record_step(&self, step: &StepWrite) -> Result<Conditional, StoreError> {
+        self.write_step(step).await
+    }
+
+    async fn steps(&self, id: &RecordId, now_ms: u64) -> Result<Vec<RecordedStep>, StoreError> {
+        self.read_steps(id, now_ms).await
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<Conditional, StoreError> {
         let values = codec::claim(claim)?;
