@@ -1304,4 +1304,67 @@ mod steps {
     async fn steps_at_the_edges<S: Driver>() {
         steps_kit::steps_at_the_edges(store::<S>().await).await;
     }
+
+    /// A partitioned table made before the `steps` column: the check names
+    /// the migration; run on the parent, it reaches the partition already
+    /// there, and a record in it steps on.
+    #[tokio::test]
+    async fn a_partitioned_table_made_before_the_steps_column() {
+        let table = format!("parted_before_column_{}", std::process::id());
+        let old = include_str!("../../src/store/pg/table_partitioned.sql")
+            .replace("    steps            jsonb,\n", "")
+            .replace("idempotency", &table);
+        assert!(!old.contains("steps"), "{old}");
+        let client = tokio_postgres_client().await;
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table} CASCADE; {old}; \
+                 CREATE TABLE {table}_all PARTITION OF {table} \
+                   FOR VALUES FROM ('2000-01-01') TO ('2100-01-01')"
+            ))
+            .await
+            .expect("the table as it was");
+        let store = PostgresStore::open(&url(), &table, 2, Some(Partitioning::daily()));
+        let error = Driver::create_table(&store).await.expect_err("refused");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("ALTER TABLE <table> ADD COLUMN IF NOT EXISTS steps jsonb"),
+            "{error}"
+        );
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS steps jsonb"
+            ))
+            .await
+            .expect("migrated");
+        Driver::create_table(&store)
+            .await
+            .expect("the migrated table");
+        let id = RecordId::new("p", "t", "parted-before-column");
+        let a = steps_kit::claim(&id, "owner-a");
+        assert_eq!(store.claim(&a).await.expect("claim"), Conditional::Applied);
+        let step = lambda_idempotency::store::StepWrite::new(
+            id.clone(),
+            a.owner.clone(),
+            0,
+            "charge",
+            b"1".to_vec(),
+            a.now_ms,
+        );
+        assert_eq!(
+            store.record_step(&step).await.expect("step"),
+            Conditional::Applied
+        );
+        let in_partition: i64 = client
+            .query_one(
+                &format!("SELECT count(*) FROM ONLY {table}_all WHERE steps IS NOT NULL"),
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(in_partition, 1);
+    }
 }

@@ -716,12 +716,27 @@ mod steps {
         assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
         assert!(error.to_string().contains(said), "{error}");
 
-        // A claim needs no column; its completion and a step do.
+        // A claim fails before anything runs; a completion and a step of
+        // a claim made before (by an earlier version) fail too.
         let fresh = steps_kit::claim(&RecordId::new("p", "t", "fresh"), "owner-f");
-        assert_eq!(
-            store.claim(&fresh).await.expect("claim"),
-            Conditional::Applied
-        );
+        let error = store.claim(&fresh).await.expect_err("no column");
+        assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+        assert!(error.to_string().contains(said), "{error}");
+        let earlier = |claim: &lambda_idempotency::store::Claim| {
+            format!(
+                "INSERT INTO `{table}` (id, status, owner, fingerprint, expiration_s, \
+                 lease_until_ms, created_at_ms, attempt, first_started_ms) \
+                 VALUES ('{}', 'IN_PROGRESS', '{}', '{}', {}, {}, {}, 1, {})",
+                claim.id.as_str(),
+                claim.owner.as_str(),
+                claim.fingerprint.as_str(),
+                claim.expiration_s,
+                claim.lease_until_ms,
+                claim.now_ms,
+                claim.now_ms
+            )
+        };
+        run(&pool, &earlier(&fresh)).await;
         let step = StepWrite::new(
             fresh.id.clone(),
             fresh.owner.clone(),
@@ -749,7 +764,7 @@ mod steps {
         let id = RecordId::new("p", "t", "before-steps");
         let mut a = steps_kit::claim(&id, "owner-a");
         a.lease_until_ms = a.now_ms - 1;
-        assert_eq!(store.claim(&a).await.expect("claim"), Conditional::Applied);
+        run(&pool, &earlier(&a)).await;
 
         // MySQL 8's way to add it only where it is missing: twice.
         let mut connection = pool.acquire().await.expect("connection");

@@ -75,9 +75,12 @@ impl Statements {
                    CONSTRAINT `{t}_status` CHECK (status IN ('IN_PROGRESS', 'COMPLETED'))\
                  ) ENGINE=InnoDB"
             ),
+            // `steps` named, though NULL: on a table made before the
+            // column, the claim fails (with the migration's name) before
+            // the operation runs, not its completion after.
             claim: format!(
-                "INSERT INTO `{t}` ({COLUMNS}) \
-                 VALUES (?, 'IN_PROGRESS', ?, ?, ?, ?, NULL, ?, NULL, ?, ?)"
+                "INSERT INTO `{t}` ({COLUMNS}, steps) \
+                 VALUES (?, 'IN_PROGRESS', ?, ?, ?, ?, NULL, ?, NULL, ?, ?, NULL)"
             ),
             reclaim: format!(
                 "UPDATE `{t}` SET status = 'IN_PROGRESS', owner = ?, fingerprint = ?, \
