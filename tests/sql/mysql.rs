@@ -787,6 +787,21 @@ mod steps {
                     .expect(&statement);
             }
         }
+        // The plain statement, once more: refused, nothing changed.
+        let again = sqlx::raw_sql(&format!(
+            "ALTER TABLE `{table}` ADD COLUMN steps JSON NULL, ALGORITHM=INSTANT"
+        ))
+        .execute(&mut *connection)
+        .await
+        .expect_err("the column is there");
+        assert_eq!(
+            again
+                .as_database_error()
+                .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+                .map(|e| e.number()),
+            Some(1060),
+            "{again}"
+        );
         store.create_table().await.expect("the migrated table");
 
         assert_eq!(store.steps(&id, a.now_ms).await.expect("read"), vec![]);
