@@ -182,11 +182,11 @@ async fn a_read_only_server_is_an_outage() {
             .expect("connect");
         tokio::spawn(connection);
         client
+            // The store's own DDL, so that the table is the store's shape
+            // whatever columns it gains.
             .simple_query(&format!(
-                "BEGIN READ WRITE; CREATE TABLE {table} (id text PRIMARY KEY, status text NOT NULL, \
-                 owner text NOT NULL, fingerprint text NOT NULL, expiration_s bigint NOT NULL, \
-                 lease_until_ms bigint, response bytea, created_at_ms bigint, completed_at_ms bigint, \
-                 attempt integer NOT NULL DEFAULT 1, first_started_ms bigint); COMMIT"
+                "BEGIN READ WRITE; {} COMMIT",
+                include_str!("../src/store/pg/table.sql").replace("idempotency", &table)
             ))
             .await
             .expect("create the table read-write");
