@@ -336,6 +336,13 @@ mod through_pgbouncer {
         },
         single_write,
     }
+
+    /// Recovery points through the pooler too.
+    mod steps {
+        lambda_idempotency::store_conformance! {
+            steps: super::store(),
+        }
+    }
 }
 
 #[tokio::test]

@@ -203,6 +203,23 @@ mod through_pgbouncer {
         unavailable: async { unavailable::<PostgresStore>() },
         single_write,
     }
+
+    /// Recovery points through the pooler too, on both drivers.
+    mod steps {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            steps: store_at::<PostgresStore>(&super::super::super::pgbouncer_url(), Partitioning::daily()),
+        }
+
+        mod on_sqlx {
+            use super::*;
+
+            lambda_idempotency::store_conformance! {
+                steps: store_at::<SqlxPostgresStore>(&super::super::super::super::pgbouncer_url(), Partitioning::daily()),
+            }
+        }
+    }
 }
 
 /// The kit on the sqlx store: directly, with its statements prepared, and

@@ -123,6 +123,15 @@ mod through_pgbouncer {
         unavailable: super::unavailable(),
         single_write,
     }
+
+    /// Recovery points through the pooler too.
+    mod steps {
+        use super::*;
+
+        lambda_idempotency::store_conformance! {
+            steps: store_on(&pgbouncer_url(), 8),
+        }
+    }
 }
 
 #[tokio::test]
