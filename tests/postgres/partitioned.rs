@@ -1306,8 +1306,18 @@ mod steps {
 
     on_both_drivers!(
         steps_live_in_the_row_until_its_completion,
-        steps_at_the_edges
+        steps_at_the_edges,
+        a_takeover_resumes_after_steps_whose_answers_were_lost,
     );
+
+    /// Every step write sent twice (its first answer lost): the engine
+    /// recognises its own landed write.
+    async fn a_takeover_resumes_after_steps_whose_answers_were_lost<S: Driver>() {
+        use lambda_idempotency::testing::{scenarios, LostAnswers};
+        scenarios::a_takeover_resumes_after_the_recorded_steps(LostAnswers(store::<S>().await))
+            .await;
+        scenarios::a_failure_after_a_step_keeps_it(LostAnswers(store::<S>().await)).await;
+    }
 
     async fn steps_live_in_the_row_until_its_completion<S: Driver>() {
         let store = store::<S>().await;

@@ -1206,6 +1206,15 @@ mod steps {
         }
     }
 
+    /// Every step write sent twice (its first answer lost): the engine
+    /// recognises its own landed write.
+    #[tokio::test]
+    async fn a_takeover_resumes_after_steps_whose_answers_were_lost() {
+        use lambda_idempotency::testing::{scenarios, LostAnswers};
+        scenarios::a_takeover_resumes_after_the_recorded_steps(LostAnswers(store().await)).await;
+        scenarios::a_failure_after_a_step_keeps_it(LostAnswers(store().await)).await;
+    }
+
     #[tokio::test]
     async fn steps_live_in_the_row_until_its_completion() {
         for prepared in [false, true] {
