@@ -1,5 +1,5 @@
 //! Recovery points with at-rest encryption, on the memory store, DynamoDB
-//! Local and Redis: each step's output is sealed as a response is, bound to
+//! Local, Redis, PostgreSQL and MySQL: each step's output is sealed as a response is, bound to
 //! its record, the request's fingerprint, the step's name and its index,
 //! and a takeover opens it before using it.
 //!
@@ -14,7 +14,9 @@
 //!
 //! Needs the servers `make test` starts, each store's module only its own:
 //! `scripts/with-dynamodb-local cargo test --test sealed_steps dynamodb::`,
-//! `scripts/with-redis cargo test --test sealed_steps redis::`.
+//! `scripts/with-redis cargo test --test sealed_steps redis::`,
+//! `scripts/with-postgres cargo test --test sealed_steps postgres::`,
+//! `scripts/with-mysql cargo test --test sealed_steps mysql::`.
 
 mod support;
 
@@ -723,4 +725,166 @@ mod redis {
     }
 
     sealed_steps_on!(Redis);
+}
+
+/// The steps in the row's `steps` column (`jsonb`), as a JSON list of
+/// `{name, output}` with the output in base64, for both SQL stores.
+fn steps_json(steps: &[(String, Vec<u8>)]) -> String {
+    use base64::Engine as _;
+    serde_json::Value::Array(
+        steps
+            .iter()
+            .map(|(name, output)| {
+                serde_json::json!({
+                    "name": name,
+                    "output": base64::engine::general_purpose::STANDARD.encode(output),
+                })
+            })
+            .collect(),
+    )
+    .to_string()
+}
+
+/// The steps of a JSON list of `{name, output}`.
+fn steps_of_json(json: &str) -> Vec<(String, Vec<u8>)> {
+    use base64::Engine as _;
+    let steps: Vec<serde_json::Value> = serde_json::from_str(json).expect("a JSON list");
+    steps
+        .iter()
+        .map(|step| {
+            let name = step["name"].as_str().expect("a name").to_owned();
+            let output = base64::engine::general_purpose::STANDARD
+                .decode(step["output"].as_str().expect("an output"))
+                .expect("base64");
+            (name, output)
+        })
+        .collect()
+}
+
+mod postgres {
+    use super::Raw;
+    use lambda_idempotency::store::postgres::{tokio_postgres, PostgresStore};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static TABLES: AtomicUsize = AtomicUsize::new(0);
+
+    pub struct Postgres {
+        client: tokio_postgres::Client,
+        store: PostgresStore,
+    }
+
+    impl Raw for Postgres {
+        type St = PostgresStore;
+
+        async fn fresh() -> Self {
+            let url = super::support::variable("IDEMPOTENCY_TEST_POSTGRES_URL");
+            let table = format!(
+                "sealed_steps_{}_{}",
+                std::process::id(),
+                TABLES.fetch_add(1, Ordering::SeqCst)
+            );
+            let store = PostgresStore::connect(&url, table, 2).expect("pool");
+            store.create_table().await.expect("create table");
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(connection);
+            Self { client, store }
+        }
+
+        fn store(&self) -> PostgresStore {
+            self.store.clone()
+        }
+
+        async fn steps(&self, id: &str) -> Vec<(String, Vec<u8>)> {
+            let row = self
+                .client
+                .query_one(
+                    &format!(
+                        "SELECT steps::text FROM {} WHERE id = $1",
+                        self.store.table()
+                    ),
+                    &[&id],
+                )
+                .await
+                .expect("the record");
+            super::steps_of_json(&row.get::<_, String>(0))
+        }
+
+        async fn set_steps(&self, id: &str, steps: &[(String, Vec<u8>)]) {
+            self.client
+                .execute(
+                    &format!(
+                        "UPDATE {} SET steps = $2::text::jsonb WHERE id = $1",
+                        self.store.table()
+                    ),
+                    &[&id, &super::steps_json(steps)],
+                )
+                .await
+                .expect("UPDATE");
+        }
+    }
+
+    sealed_steps_on!(Postgres);
+}
+
+mod mysql {
+    use super::Raw;
+    use lambda_idempotency::store::sqlx::mysql::SqlxMySqlStore;
+    use sqlx::MySqlPool;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static TABLES: AtomicUsize = AtomicUsize::new(0);
+
+    pub struct MySql {
+        pool: MySqlPool,
+        store: SqlxMySqlStore,
+    }
+
+    impl Raw for MySql {
+        type St = SqlxMySqlStore;
+
+        async fn fresh() -> Self {
+            let url = super::support::variable("IDEMPOTENCY_TEST_MYSQL_URL");
+            let pool = MySqlPool::connect_lazy(&url).expect("pool");
+            let table = format!(
+                "sealed_steps_{}_{}",
+                std::process::id(),
+                TABLES.fetch_add(1, Ordering::SeqCst)
+            );
+            let store = SqlxMySqlStore::new(pool.clone(), table).expect("store");
+            store.create_table().await.expect("create table");
+            Self { pool, store }
+        }
+
+        fn store(&self) -> SqlxMySqlStore {
+            self.store.clone()
+        }
+
+        async fn steps(&self, id: &str) -> Vec<(String, Vec<u8>)> {
+            let json: String = sqlx::query_scalar(&format!(
+                "SELECT CAST(steps AS CHAR) FROM `{}` WHERE id = ?",
+                self.store.table()
+            ))
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("the record");
+            super::steps_of_json(&json)
+        }
+
+        async fn set_steps(&self, id: &str, steps: &[(String, Vec<u8>)]) {
+            sqlx::query(&format!(
+                "UPDATE `{}` SET steps = ? WHERE id = ?",
+                self.store.table()
+            ))
+            .bind(super::steps_json(steps))
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .expect("UPDATE");
+        }
+    }
+
+    sealed_steps_on!(MySql);
 }
