@@ -128,6 +128,9 @@ mod abandoned {
     lambda_idempotency::store_conformance! {
         abandoned: store(),
     }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store(),
+    }
 }
 
 #[tokio::test]

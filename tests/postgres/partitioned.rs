@@ -185,12 +185,18 @@ mod abandoned {
     lambda_idempotency::store_conformance! {
         abandoned: store::<PostgresStore>(),
     }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store::<PostgresStore>(),
+    }
 
     mod sqlx {
         use super::super::*;
 
         lambda_idempotency::store_conformance! {
             abandoned: store::<SqlxPostgresStore>(),
+        }
+        lambda_idempotency::store_conformance! {
+            abandoned_steps: store::<SqlxPostgresStore>(),
         }
     }
 }

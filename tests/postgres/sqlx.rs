@@ -94,6 +94,9 @@ mod abandoned {
     lambda_idempotency::store_conformance! {
         abandoned: store(),
     }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store(),
+    }
 }
 
 /// The kit with the store's statements prepared and cached per

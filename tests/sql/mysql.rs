@@ -86,6 +86,9 @@ mod abandoned {
     lambda_idempotency::store_conformance! {
         abandoned: store(),
     }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store(),
+    }
 }
 
 #[tokio::test]
