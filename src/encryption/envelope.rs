@@ -582,6 +582,43 @@ mod tests {
         assert_eq!(parse(&MAGIC).unwrap_err(), Malformed::Truncated);
     }
 
+    fn from_hex(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&hex[at..at + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Records already stored keep opening: two envelopes (one deflated)
+    /// built from the format this module documents by another
+    /// implementation (`scripts/envelope_fixture.py`: Python's
+    /// `cryptography`, with fixed nonces), so that a change to the header,
+    /// the associated data or the framing fails here.
+    #[test]
+    fn opens_envelopes_built_from_the_documented_format() {
+        const PLAIN: &str =
+            "ff4c494501000b666978747572652d6b65790000000102030405060708090a0b63a38014\
+            3f33fb2a1fedd4bece7a0f9b935894b43a56450524ec1eda27caf80d0b6b3598c3051b7f0f471a";
+        const DEFLATED: &str = "ff4c494501010b666978747572652d6b657900000c0d0e0f101112131415161\
+            74c1ae17e50004297c082a804c3af361a7fa2ac9a60818eaf69a5fe2cd40ddc95122240b8ddbc68803e8870\
+            db87c2be39667c";
+        let owned = owned();
+        let binding = binding(&owned);
+        let k = key("fixture-key", 7);
+        let plain = round_trip(&k, &binding, &from_hex(PLAIN)).unwrap();
+        assert_eq!(plain, br#"{"id":"ch_1","card":"4242"}"#);
+        let inflated = round_trip(&k, &binding, &from_hex(DEFLATED)).unwrap();
+        let mut expected = br#"{"n":""#.to_vec();
+        expected.extend_from_slice(&[b'a'; 6000]);
+        expected.extend_from_slice(br#""}"#);
+        assert_eq!(inflated, expected);
+        let moved = Binding {
+            expiration_s: 1_001,
+            ..binding
+        };
+        assert!(round_trip(&k, &moved, &from_hex(PLAIN)).is_err());
+    }
+
     #[test]
     fn no_plaintext_the_crate_writes_looks_sealed() {
         // JSON text, the HTTP layer's frames (version 1 and 2), and empty.
