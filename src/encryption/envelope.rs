@@ -111,29 +111,26 @@ pub(crate) fn is_sealed(stored: &[u8]) -> bool {
 /// for operators (`lambda-idempotency inspect`), who see which key sealed
 /// a record without opening it.
 pub fn key_id_of(stored: &[u8]) -> Option<&str> {
-    let parsed = parse(stored).ok()?;
-    Some(parsed.key_id(stored))
+    Some(parse(stored).ok()?.key_id)
 }
 
-/// An envelope's parts, as offsets into its bytes.
+/// An envelope's header, parsed.
 #[derive(Debug, Clone)]
-pub(crate) struct Parsed {
+pub(crate) struct Parsed<'a> {
+    /// Checked to be UTF-8 once, by `parse`: the key lookup and the logs
+    /// take it from here.
+    pub(crate) key_id: &'a str,
+    pub(crate) wrapped: &'a [u8],
+    pub(crate) layout: Layout,
+}
+
+/// Where an envelope's parts are, to open it once its bytes are handed
+/// over.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
     flags: u8,
-    key_id: Range<usize>,
-    wrapped: Range<usize>,
     /// Where the nonce starts: the associated data's header ends here.
     nonce_at: usize,
-}
-
-impl Parsed {
-    pub(crate) fn key_id<'a>(&self, stored: &'a [u8]) -> &'a str {
-        // Checked to be UTF-8 by `parse`.
-        std::str::from_utf8(&stored[self.key_id.clone()]).unwrap_or_default()
-    }
-
-    pub(crate) fn wrapped<'a>(&self, stored: &'a [u8]) -> &'a [u8] {
-        &stored[self.wrapped.clone()]
-    }
 }
 
 /// Why a stored response is not a well-formed envelope.
@@ -195,7 +192,7 @@ impl Reader<'_> {
 
 /// Parses an envelope's header, checking every length against what is
 /// there: nothing in a stored record can make it panic.
-pub(crate) fn parse(stored: &[u8]) -> Result<Parsed, Malformed> {
+pub(crate) fn parse(stored: &[u8]) -> Result<Parsed<'_>, Malformed> {
     if !is_sealed(stored) {
         return Err(Malformed::NotSealed);
     }
@@ -213,25 +210,35 @@ pub(crate) fn parse(stored: &[u8]) -> Result<Parsed, Malformed> {
     }
     let key_id_len = usize::from(reader.u8()?);
     let key_id = reader.take(key_id_len)?;
-    if key_id.is_empty() || std::str::from_utf8(&stored[key_id.clone()]).is_err() {
-        return Err(Malformed::KeyId);
-    }
+    let key_id = match std::str::from_utf8(&stored[key_id]) {
+        Ok(key_id) if !key_id.is_empty() => key_id,
+        _ => return Err(Malformed::KeyId),
+    };
     let wrapped_len = usize::from(reader.u16()?);
     let wrapped = reader.take(wrapped_len)?;
     let nonce_at = reader.at;
     reader.take(NONCE_LEN)?;
     reader.take(TAG_LEN)?;
     Ok(Parsed {
-        flags,
         key_id,
-        wrapped,
-        nonce_at,
+        wrapped: &stored[wrapped],
+        layout: Layout { flags, nonce_at },
     })
 }
 
-/// The associated data of an envelope whose header is `header`, bound to
-/// `binding`.
-fn associated_data(header: &[u8], binding: &Binding<'_>) -> Vec<u8> {
+/// Room for the associated data on the stack: a raw key's header and a
+/// record's binding take about 200 bytes, a KMS data key's (its key ARN
+/// and wrapped key) about 270 more, a step's its name. Longer ones are
+/// built on the heap. On every seal and open, so not an allocation each.
+const ASSOCIATED_DATA_ON_STACK: usize = 768;
+
+/// Calls `with` on the associated data of an envelope whose header is
+/// `header`, bound to `binding`.
+fn with_associated_data<R>(
+    header: &[u8],
+    binding: &Binding<'_>,
+    with: impl FnOnce(&[u8]) -> R,
+) -> R {
     let (kind, name, last) = match binding.holds {
         Holds::Response {
             status,
@@ -244,16 +251,36 @@ fn associated_data(header: &[u8], binding: &Binding<'_>) -> Vec<u8> {
         binding.id.as_str().as_bytes(),
         binding.fingerprint.as_str().as_bytes(),
         kind.as_bytes(),
+        name.map_or(&[][..], str::as_bytes),
     ];
-    let parts = parts.iter().copied().chain(name.map(str::as_bytes));
-    let mut aad = Vec::with_capacity(header.len() + 256);
-    aad.extend_from_slice(header);
-    for part in parts {
-        aad.extend_from_slice(&(part.len() as u64).to_be_bytes());
-        aad.extend_from_slice(part);
+    // A response's has four parts, a step's five (its name last).
+    let parts = &parts[..if name.is_some() { 5 } else { 4 }];
+    let length = header.len() + parts.iter().map(|part| 8 + part.len()).sum::<usize>() + 8;
+    if length <= ASSOCIATED_DATA_ON_STACK {
+        let mut aad = [0; ASSOCIATED_DATA_ON_STACK];
+        write_associated_data(header, parts, last, &mut aad[..length]);
+        with(&aad[..length])
+    } else {
+        let mut aad = vec![0; length];
+        write_associated_data(header, parts, last, &mut aad);
+        with(&aad)
     }
-    aad.extend_from_slice(&last.to_be_bytes());
-    aad
+}
+
+/// Writes the associated data into `out`, exactly its length: `header`,
+/// then each of `parts` as a `u64` length and its bytes, then `last` (a
+/// response's expiration, a step's index).
+fn write_associated_data(header: &[u8], parts: &[&[u8]], last: u64, out: &mut [u8]) {
+    let (written, mut rest) = out.split_at_mut(header.len());
+    written.copy_from_slice(header);
+    for part in parts {
+        let (length, after) = rest.split_at_mut(8);
+        length.copy_from_slice(&(part.len() as u64).to_be_bytes());
+        let (bytes, after) = after.split_at_mut(part.len());
+        bytes.copy_from_slice(part);
+        rest = after;
+    }
+    rest.copy_from_slice(&last.to_be_bytes());
 }
 
 /// Why a response could not be sealed.
@@ -301,14 +328,15 @@ pub(crate) fn seal(
     sealed.extend_from_slice(key_id);
     sealed.extend_from_slice(&wrapped_len.to_be_bytes());
     sealed.extend_from_slice(wrapped);
-    let aad = associated_data(&sealed, binding);
     let nonce_at = sealed.len();
     sealed.extend_from_slice(&[0; NONCE_LEN]);
     sealed.extend_from_slice(body);
-    let (nonce, tag) = key
-        .cipher()
-        .seal_in_place_separate_tag(Aad::from(&aad), &mut sealed[nonce_at + NONCE_LEN..])
-        .map_err(|_| SealFailed("AES-256-GCM failed to seal"))?;
+    let (header, in_out) = sealed.split_at_mut(nonce_at);
+    let (nonce, tag) = with_associated_data(header, binding, |aad| {
+        key.cipher()
+            .seal_in_place_separate_tag(Aad::from(aad), &mut in_out[NONCE_LEN..])
+    })
+    .map_err(|_| SealFailed("AES-256-GCM failed to seal"))?;
     sealed[nonce_at..nonce_at + NONCE_LEN].copy_from_slice(nonce.as_ref());
     sealed.extend_from_slice(tag.as_ref());
     Ok(sealed)
@@ -324,26 +352,28 @@ pub(crate) enum NotOpened {
     Inflate(std::io::Error),
 }
 
-/// Opens `stored`, parsed as `parsed`, with `key`, bound to `binding`: the
-/// plaintext it sealed, in the same allocation.
+/// Opens `stored`, laid out as `layout` (its [`Parsed`] header's), with
+/// `key`, bound to `binding`: the plaintext it sealed, in the same
+/// allocation.
 pub(crate) fn open(
     key: &DataKey,
     binding: &Binding<'_>,
-    parsed: &Parsed,
+    layout: Layout,
     mut stored: Vec<u8>,
 ) -> Result<Vec<u8>, NotOpened> {
-    let aad = associated_data(&stored[..parsed.nonce_at], binding);
-    let nonce_end = parsed.nonce_at + NONCE_LEN;
-    let nonce = Nonce::try_assume_unique_for_key(&stored[parsed.nonce_at..nonce_end])
-        .map_err(|_| NotOpened::Unauthentic)?;
-    let plaintext_len = key
-        .cipher()
-        .open_in_place(nonce, Aad::from(&aad), &mut stored[nonce_end..])
-        .map_err(|_| NotOpened::Unauthentic)?
-        .len();
+    let nonce_end = layout.nonce_at + NONCE_LEN;
+    let (header, rest) = stored.split_at_mut(layout.nonce_at);
+    let (nonce, in_out) = rest.split_at_mut(NONCE_LEN);
+    let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| NotOpened::Unauthentic)?;
+    let plaintext_len = with_associated_data(header, binding, |aad| {
+        key.cipher()
+            .open_in_place(nonce, Aad::from(aad), in_out)
+            .map(|plaintext| plaintext.len())
+    })
+    .map_err(|_| NotOpened::Unauthentic)?;
     stored.truncate(nonce_end + plaintext_len);
     stored.drain(..nonce_end);
-    if parsed.flags & FLAG_DEFLATE != 0 {
+    if layout.flags & FLAG_DEFLATE != 0 {
         return inflate(&stored, INFLATED_LIMIT).map_err(NotOpened::Inflate);
     }
     Ok(stored)
@@ -381,9 +411,13 @@ mod tests {
         }
     }
 
+    fn associated_data(header: &[u8], binding: &Binding<'_>) -> Vec<u8> {
+        with_associated_data(header, binding, <[u8]>::to_vec)
+    }
+
     fn round_trip(key: &DataKey, binding: &Binding<'_>, sealed: &[u8]) -> Result<Vec<u8>, String> {
         let parsed = parse(sealed).map_err(|e| e.to_string())?;
-        open(key, binding, &parsed, sealed.to_vec()).map_err(|e| format!("{e:?}"))
+        open(key, binding, parsed.layout, sealed.to_vec()).map_err(|e| format!("{e:?}"))
     }
 
     #[test]
@@ -429,8 +463,8 @@ mod tests {
             let parsed = parse(&changed);
             let opened = match parsed {
                 // A changed key id names another key: no such key here.
-                Ok(parsed) if parsed.key_id(&changed) != "k1" => continue,
-                Ok(parsed) => open(&k, &binding, &parsed, changed.clone()).map(|_| ()),
+                Ok(parsed) if parsed.key_id != "k1" => continue,
+                Ok(parsed) => open(&k, &binding, parsed.layout, changed.clone()).map(|_| ()),
                 Err(_) => continue,
             };
             // Refused by the tag itself: the header is authenticated too
@@ -563,7 +597,10 @@ mod tests {
         for len in 0..sealed.len() {
             let cut = &sealed[..len];
             if let Ok(parsed) = parse(cut) {
-                assert!(open(&k, &binding, &parsed, cut.to_vec()).is_err(), "{len}");
+                assert!(
+                    open(&k, &binding, parsed.layout, cut.to_vec()).is_err(),
+                    "{len}"
+                );
             }
         }
         let mut version = sealed.clone();
@@ -613,7 +650,10 @@ mod tests {
         expected.extend_from_slice(br#""}"#);
         assert_eq!(inflated, expected);
         let moved = Binding {
-            expiration_s: 1_001,
+            holds: Holds::Response {
+                status: Status::Completed,
+                expiration_s: 1_001,
+            },
             ..binding
         };
         assert!(round_trip(&k, &moved, &from_hex(PLAIN)).is_err());

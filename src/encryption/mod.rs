@@ -377,24 +377,30 @@ impl Encryption {
         if !self.seal {
             return Ok(None);
         }
-        let key = self
-            .keys
-            .sealing_key()
-            .resolve()
-            .await
-            .map_err(|key_error| {
-                warn!(record = %binding.id, step = binding.step_name(), kind = ?key_error.kind(),
-                    error = %key_error, "no key to seal the {} with; it is not stored", binding.what());
-                let kind = match key_error.kind() {
-                    KeyErrorKind::Unavailable => StoreErrorKind::Unavailable,
-                    _ => StoreErrorKind::Misconfigured,
-                };
-                StoreError::new(
-                    kind,
-                    format!("record {}: no key to seal its {}", binding.id, binding.what()),
-                )
-                .with_source(key_error)
-            })?;
+        // Matched here rather than through `KeyLookup::resolve`: a key at
+        // hand (a raw key, a cached data key) seals without another future
+        // around this one, and this future holds only the pending lookup.
+        let key = match self.keys.sealing_key() {
+            KeyLookup::Ready(key) => key,
+            KeyLookup::Pending(key) => key.await,
+        };
+        let key = key.map_err(|key_error| {
+            warn!(record = %binding.id, step = binding.step_name(), kind = ?key_error.kind(),
+                error = %key_error, "no key to seal the {} with; it is not stored", binding.what());
+            let kind = match key_error.kind() {
+                KeyErrorKind::Unavailable => StoreErrorKind::Unavailable,
+                _ => StoreErrorKind::Misconfigured,
+            };
+            StoreError::new(
+                kind,
+                format!(
+                    "record {}: no key to seal its {}",
+                    binding.id,
+                    binding.what()
+                ),
+            )
+            .with_source(key_error)
+        })?;
         envelope::seal(&key, binding, plaintext, self.compress_above)
             .map(Some)
             .map_err(|failed| {
@@ -432,15 +438,16 @@ impl Encryption {
             Ok(parsed) => parsed,
             Err(malformed) => return Err(unauthentic(binding, None, &malformed.to_string())),
         };
-        let key = self
-            .keys
-            .opening_key(parsed.key_id(&stored), parsed.wrapped(&stored))
-            .resolve()
-            .await;
+        let key_id = parsed.key_id;
+        // As in `seal`: no future around a key at hand.
+        let key = match self.keys.opening_key(key_id, parsed.wrapped) {
+            KeyLookup::Ready(key) => key,
+            KeyLookup::Pending(key) => key.await,
+        };
         let key = match key {
             Ok(key) => key,
             Err(key_error) if key_error.kind() == KeyErrorKind::Unavailable => {
-                warn!(record = %binding.id, step = binding.step_name(), key_id = parsed.key_id(&stored),
+                warn!(record = %binding.id, step = binding.step_name(), key_id,
                     error = %key_error,
                     "the key that sealed this record's {} cannot be had for now; it is not used", binding.what());
                 return Err(StoreError::new(
@@ -463,14 +470,15 @@ impl Encryption {
                      was disabled, deleted or denied, which says nothing of the record itself; \
                      restore the key before forgetting the record"
                 );
-                return Err(unauthentic(binding, Some(parsed.key_id(&stored)), &why));
+                return Err(unauthentic(binding, Some(key_id), &why));
             }
             Err(key_error) => {
                 let why = key_error.to_string();
-                return Err(unauthentic(binding, Some(parsed.key_id(&stored)), &why));
+                return Err(unauthentic(binding, Some(key_id), &why));
             }
         };
-        envelope::open(&key, binding, &parsed, stored).map_err(|not_opened| match not_opened {
+        let layout = parsed.layout;
+        envelope::open(&key, binding, layout, stored).map_err(|not_opened| match not_opened {
             NotOpened::Unauthentic => unauthentic(
                 binding,
                 Some(key.id()),

@@ -106,8 +106,9 @@ impl<St: Store> Engine<St> {
                     expiration_s,
                 },
             };
-            // Boxed: a future that every completion would hold room for.
-            return Box::pin(encryption.seal(&binding, response)).await;
+            // Not boxed: `seal`'s future holds only a key lookup still
+            // pending, and a key at hand needs no allocation at all.
+            return encryption.seal(&binding, response).await;
         }
         let _ = (id, fingerprint, expiration_s, response);
         Ok(None)
@@ -140,7 +141,8 @@ impl<St: Store> Engine<St> {
                             expiration_s: record.expiration_s,
                         },
                     };
-                    let opened = Box::pin(encryption.open(&binding, stored)).await?;
+                    // Not boxed, as in `sealed`.
+                    let opened = encryption.open(&binding, stored).await?;
                     record.response = Some(opened);
                 }
             }
