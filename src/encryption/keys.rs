@@ -22,9 +22,15 @@ pub const MAX_WRAPPED_LEN: usize = 1024;
 /// Cheap to clone (its parts are shared). Its `Debug` shows the id only.
 #[derive(Clone)]
 pub struct DataKey {
+    // One shared allocation: a key is cloned on every seal and open, so
+    // one reference count to touch rather than one per part.
+    parts: Arc<DataKeyParts>,
+}
+
+struct DataKeyParts {
     id: Arc<str>,
-    wrapped: Arc<[u8]>,
-    key: Arc<RandomizedNonceKey>,
+    wrapped: Box<[u8]>,
+    key: RandomizedNonceKey,
 }
 
 impl DataKey {
@@ -53,32 +59,34 @@ impl DataKey {
         let key = RandomizedNonceKey::new(&AES_256_GCM, key)
             .map_err(|_| KeyError::new(KeyErrorKind::Invalid, "AES-256-GCM refused the key"))?;
         Ok(Self {
-            id: id.into(),
-            wrapped: wrapped.into(),
-            key: Arc::new(key),
+            parts: Arc::new(DataKeyParts {
+                id: id.into(),
+                wrapped: wrapped.into(),
+                key,
+            }),
         })
     }
 
     /// The key's id, in the clear in every record it sealed.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.parts.id
     }
 
     /// The key wrapped under its master key; empty for a raw key.
     pub fn wrapped(&self) -> &[u8] {
-        &self.wrapped
+        &self.parts.wrapped
     }
 
     pub(super) fn cipher(&self) -> &RandomizedNonceKey {
-        &self.key
+        &self.parts.key
     }
 }
 
 impl fmt::Debug for DataKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DataKey")
-            .field("id", &self.id)
-            .field("wrapped_len", &self.wrapped.len())
+            .field("id", &self.parts.id)
+            .field("wrapped_len", &self.parts.wrapped.len())
             .finish_non_exhaustive()
     }
 }
@@ -181,7 +189,7 @@ impl RawKeys {
     pub fn new(id: impl Into<String>, key: &[u8; KEY_LEN]) -> Result<Self, KeyError> {
         let primary = DataKey::new(id, Vec::new(), key)?;
         let mut by_id = HashMap::new();
-        by_id.insert(Arc::clone(&primary.id), primary.clone());
+        by_id.insert(Arc::clone(&primary.parts.id), primary.clone());
         Ok(Self { primary, by_id })
     }
 
@@ -195,13 +203,13 @@ impl RawKeys {
         key: &[u8; KEY_LEN],
     ) -> Result<Self, KeyError> {
         let key = DataKey::new(id, Vec::new(), key)?;
-        if self.by_id.contains_key(&key.id) {
+        if self.by_id.contains_key(key.id()) {
             return Err(KeyError::new(
                 KeyErrorKind::Invalid,
-                format!("two keys are named `{}`", key.id.escape_debug()),
+                format!("two keys are named `{}`", key.id().escape_debug()),
             ));
         }
-        self.by_id.insert(Arc::clone(&key.id), key);
+        self.by_id.insert(Arc::clone(&key.parts.id), key);
         Ok(self)
     }
 
@@ -228,7 +236,14 @@ impl KeyProvider for RawKeys {
     }
 
     fn opening_key<'a>(&'a self, key_id: &'a str, wrapped: &'a [u8]) -> KeyLookup<'a> {
-        KeyLookup::Ready(match self.by_id.get(key_id) {
+        // The primary first: it sealed most records, and a comparison
+        // costs less than hashing the id.
+        let key = if self.primary.id() == key_id {
+            Some(&self.primary)
+        } else {
+            self.by_id.get(key_id)
+        };
+        KeyLookup::Ready(match key {
             // A raw key is never wrapped: a record that says otherwise was
             // not sealed by these keys.
             Some(key) if wrapped.is_empty() => Ok(key.clone()),
