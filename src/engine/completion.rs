@@ -5,7 +5,7 @@ use super::{
     conflicts::retry_conflicts,
     fence::{fence, Fence},
     outcome::OutcomeKind,
-    sealing::{copy_of, stored_form},
+    sealing::stored_form,
     state::Engine,
 };
 use crate::{
@@ -57,8 +57,9 @@ impl<St: Store> Engine<St> {
                 // A completion is fenced, so one that lost a race (at
                 // SERIALIZABLE, a duplicate's claim reading the row) is
                 // safely tried again: the first try sends this completion
-                // as it is, a later one a copy.
-                let kept_sealed = copy_of(&sealed);
+                // as it is, a later one a copy, its response sealed again
+                // (a fresh nonce, the same binding) rather than a copy of
+                // every sealed response kept for a retry that rarely comes.
                 let kept_writes = writes.clone();
                 let mut first = Some(Completion {
                     id: claim.id.clone(),
@@ -68,16 +69,23 @@ impl<St: Store> Engine<St> {
                     expiration_s,
                     writes,
                 });
+                let (response, kept_writes) = (&response, &kept_writes);
                 retry_conflicts(|| {
-                    let completion = first.take().unwrap_or_else(|| Completion {
-                        id: claim.id.clone(),
-                        owner: claim.owner.clone(),
-                        response: stored_form(copy_of(&kept_sealed), &response),
-                        now_ms,
-                        expiration_s,
-                        writes: kept_writes.clone(),
-                    });
-                    inner.store.complete(completion)
+                    let first = first.take();
+                    async move {
+                        let completion = match first {
+                            Some(first) => first,
+                            None => Completion {
+                                id: claim.id.clone(),
+                                owner: claim.owner.clone(),
+                                response: self.stored_again(claim, expiration_s, response).await?,
+                                now_ms,
+                                expiration_s,
+                                writes: kept_writes.clone(),
+                            },
+                        };
+                        inner.store.complete(completion).await
+                    }
                 })
                 .await
             }

@@ -794,3 +794,37 @@ async fn a_missing_key_is_told_apart_from_a_changed_record() {
         "{changed}"
     );
 }
+
+/// A completion that loses a race (a conflict at SERIALIZABLE) is tried
+/// again with its response sealed again, not kept as a copy: the record it
+/// stores is sealed, and another process opens it.
+#[tokio::test(start_paused = true)]
+async fn a_conflicted_completion_is_sealed_again() {
+    let (store, clock) = setup();
+    let sealer = engine(&store, &clock, Some(sealing(raw("k1", 1))));
+    let attempt = Attempt::new("s", "conflicted", fingerprint());
+    let outcome = sealer
+        .execute(&attempt, || async {
+            store.fail_next_with(2, crate::StoreErrorKind::Conflict); // the completion, twice
+            Ok::<_, ()>(charge(1))
+        })
+        .await
+        .expect("ran");
+    assert_eq!(outcome.kind(), OutcomeKind::Fresh);
+    let record = stored(&store, &sealer, "conflicted");
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(
+        key_id_of(record.response.as_deref().expect("a response")),
+        Some("k1"),
+        "sealed"
+    );
+    let other = engine(&store, &clock, Some(sealing(raw("k1", 1))));
+    let replay = other
+        .execute(&attempt, || async { Ok::<_, ()>(charge(2)) })
+        .await
+        .expect("replayed");
+    assert_eq!(
+        (replay.kind(), replay.value().amount),
+        (OutcomeKind::Replay, 1)
+    );
+}

@@ -76,14 +76,6 @@ pub(super) fn changed_completion(lapsed: &Record) -> StoreError {
     }
 }
 
-/// A copy of `sealed`, for a completion tried again.
-pub(super) fn copy_of(sealed: &Sealed) -> Sealed {
-    #[cfg(feature = "encryption")]
-    return sealed.clone();
-    #[cfg(not(feature = "encryption"))]
-    *sealed
-}
-
 impl<St: Store> Engine<St> {
     /// The bytes to store for a completion of the record `id` (claimed
     /// for `fingerprint`, expiring at `expiration_s`) with `response`:
@@ -112,6 +104,24 @@ impl<St: Store> Engine<St> {
         }
         let _ = (id, fingerprint, expiration_s, response);
         Ok(None)
+    }
+
+    /// The bytes to store for a completion of `claim` tried again: sealed
+    /// again, or a copy of `response`.
+    pub(super) async fn stored_again(
+        &self,
+        claim: &crate::store::Claim,
+        expiration_s: u64,
+        response: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
+        let sealed = if self.encrypts() {
+            // Boxed: rare, and its future would otherwise be every
+            // completion's.
+            Box::pin(self.sealed(&claim.id, &claim.fingerprint, expiration_s, response)).await?
+        } else {
+            None
+        };
+        Ok(stored_form(sealed, response))
     }
 
     /// `record`, read from the store, with its response opened: only a
