@@ -13,8 +13,10 @@ AWS-LC seeds its random generator once per thread from CPU jitter
 (encryption's nonces): hundreds of millions of instructions whose number
 depends on timing, so it differs from run to run by more than what is
 measured. The count leaves out the seeding (`get_entropy_source`,
-inclusive): what is left is the same from run to run within a few
-instructions.
+inclusive): what is left repeats within about ten instructions from run
+to run of one invocation; on a loaded machine, encryption's figures moved
+by up to 150 from one invocation to another (paths that depend on time),
+so builds are compared within one invocation.
 
 Valgrind's CPU has no SHA extensions, so SHA-256 runs in software there
 (about 60,000 instructions for a 1 KB request, where the hardware's take
