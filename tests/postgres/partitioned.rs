@@ -800,19 +800,17 @@ mod week_bench {
         (row.get(0), row.get(1), row.get(2))
     }
 
-    async fn week(layout: Layout, per_day: u64, writers: u64) -> Week {
+    async fn week(layout: Layout, per_day: u64, writers: u64, kept_s: u64) -> Week {
         const DAY_S: u64 = 86_400;
         let n = TABLES.fetch_add(1, Ordering::SeqCst);
         let table = format!("week_{}_{n}", std::process::id());
         let store =
             PostgresStore::connect(&url(), table.as_str(), writers as usize + 2).expect("pool");
         let (store, retention_s) = match layout {
-            Layout::Plain => (store, 2 * DAY_S),
+            Layout::Plain => (store, kept_s),
             Layout::Partitioned => (
-                store.partitioned(
-                    Partitioning::daily().audit_window(Duration::from_secs(2 * DAY_S)),
-                ),
-                DAY_S,
+                store.partitioned(Partitioning::daily().audit_window(Duration::from_secs(kept_s))),
+                DAY_S.min(kept_s),
             ),
         };
         store.create_table().await.expect("table");
@@ -915,25 +913,374 @@ mod week_bench {
         result
     }
 
+    /// Above this many requests a simulated day, the week is loaded in the
+    /// server (`loaded_week`): at the seeds' 7,200,000 a day, a store call
+    /// per request is hours per layout on two cores.
+    const LOADED_ABOVE: u64 = 100_000;
+
+    /// Requests a loader statement writes.
+    const CHUNK: u64 = 10_000;
+
+    /// The simulated day's requests `first..=last` as traffic writes them,
+    /// in one `DO` block run by the server: for each, the claim's `INSERT`
+    /// in the store's row shape, then the completion's `UPDATE` of that
+    /// row (what leaves a dead tuple, or a HOT chain, behind), and a
+    /// `COMMIT`: each request its own transaction, so that the next
+    /// request's write on the page can prune the version the completion
+    /// left dead, as it does in traffic (committed in batches, the dead
+    /// versions stayed: 1.2x the size and every one of them dead, in a
+    /// trial of 300,000). The request `g` comes at
+    /// `start_ms + g * DAY_MS / per_day`, with an id as `RecordId::new`
+    /// makes them (the prefix, `#`, a SHA-256 in hex: spread over the
+    /// primary key's index as real keys are, not appended at its end), an
+    /// owner token of its own (32 hex digits, as `OwnerToken::generate`
+    /// makes), the writers'
+    /// fingerprint and a 200-byte response, as the writers' requests.
+    #[allow(clippy::too_many_arguments)]
+    fn load_sql(
+        layout: Layout,
+        table: &str,
+        id_prefix: &str,
+        fingerprint: &str,
+        start_ms: u64,
+        per_day: u64,
+        expiration_s: u64,
+        first: u64,
+        last: u64,
+    ) -> String {
+        // The partitioned row's day is its claim's `now` (the store's
+        // `to_timestamp($6::float8 / 1000)`), which also routes it.
+        let (day_column, day_value, same_row, conflict) = match layout {
+            Layout::Plain => ("", "", "", "(id)"),
+            Layout::Partitioned => (
+                ", claimed_at",
+                ", to_timestamp(now_ms::float8 / 1000)",
+                " AND claimed_at = to_timestamp(now_ms::float8 / 1000)",
+                "(id, claimed_at)",
+            ),
+        };
+        format!(
+            "DO $bench$ DECLARE resp bytea := decode(repeat('72', 200), 'hex'); \
+               now_ms bigint; k text; o text; \
+             BEGIN FOR g IN {first}..{last} LOOP \
+               now_ms := {start_ms} + g::bigint * {DAY_MS} / {per_day}; \
+               k := '{id_prefix}' || encode(sha256(convert_to('{table}' || g, 'UTF8')), 'hex'); \
+               o := md5('{table}' || g); \
+               INSERT INTO {table} AS r (id, status, owner, fingerprint, expiration_s, \
+                 lease_until_ms, response, created_at_ms, completed_at_ms, attempt, \
+                 first_started_ms{day_column}) \
+               VALUES (k, 'IN_PROGRESS', o, '{fingerprint}', now_ms / 1000 + {expiration_s}, \
+                 now_ms + 30000, NULL, now_ms, NULL, 1, now_ms{day_value}) \
+               ON CONFLICT {conflict} DO NOTHING; \
+               UPDATE {table} SET status = 'COMPLETED', response = resp, \
+                 expiration_s = now_ms / 1000 + {expiration_s}, completed_at_ms = now_ms, \
+                 lease_until_ms = NULL \
+               WHERE id = k{same_row} AND status = 'IN_PROGRESS' AND owner = o; \
+               COMMIT; \
+             END LOOP; END $bench$"
+        )
+    }
+
+    /// A simulated week at `per_day` requests a day, loaded in the server
+    /// (`load_sql`, one simulated hour after another), while `writers`
+    /// writers make real claims and completions through the store at the
+    /// simulated clock (the latency sampled), and the cleanup runs beside
+    /// them once every simulated hour the load has passed (DELETE batches
+    /// of 1,000 on the plain table; detach and drop on the partitioned
+    /// one). A record expires `retention_s` after its claim on the plain
+    /// table; on the partitioned one after a dedup window of a day at
+    /// most, its day kept for an audit window of `retention_s`. Prints
+    /// each day as it ends; drops the table at the end.
+    async fn loaded_week(
+        layout: Layout,
+        per_day: u64,
+        writers: u64,
+        retention_s: u64,
+        days: u64,
+        stop_after: Option<Duration>,
+    ) -> Week {
+        const DAY_S: u64 = 86_400;
+        let n = TABLES.fetch_add(1, Ordering::SeqCst);
+        let table = format!("week_{}_{n}", std::process::id());
+        let store =
+            PostgresStore::connect(&url(), table.as_str(), writers as usize + 4).expect("pool");
+        let (store, expiration_s) = match layout {
+            Layout::Plain => (store, retention_s),
+            Layout::Partitioned => (
+                store.partitioned(
+                    Partitioning::daily().audit_window(Duration::from_secs(retention_s)),
+                ),
+                DAY_S.min(retention_s),
+            ),
+        };
+        store.create_table().await.expect("table");
+        let start_ms = next_midnight_ms() + 30 * DAY_MS;
+        let per_hour = per_day / 24;
+        // The simulated clock: the `now` of the request the load is at.
+        let clock = Arc::new(AtomicU64::new(start_ms));
+        let loaded = Arc::new(AtomicBool::new(false));
+        let cleaning = Arc::new(AtomicBool::new(false));
+        let hours_done = Arc::new(AtomicU64::new(0));
+        // The writers' samples of the day so far: (claim + completion µs,
+        // overlapped a cleanup, claim µs).
+        let samples = Arc::new(std::sync::Mutex::new(Vec::<(u32, bool, u32)>::new()));
+        let began = Instant::now();
+
+        let tasks: Vec<_> = (0..writers)
+            .map(|w| {
+                let (store, clock, loaded, cleaning, samples) = (
+                    store.clone(),
+                    Arc::clone(&clock),
+                    Arc::clone(&loaded),
+                    Arc::clone(&cleaning),
+                    Arc::clone(&samples),
+                );
+                tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while !loaded.load(Ordering::SeqCst) {
+                        i += 1;
+                        let now_ms = clock.load(Ordering::SeqCst);
+                        let id = RecordId::new("bench", "t", &format!("w{w}-{i}"));
+                        let owner = OwnerToken::generate().expect("owner");
+                        let claim = Claim {
+                            owner: owner.clone(),
+                            expiration_s: now_ms / 1000 + expiration_s,
+                            ..claim(&id, "o", now_ms)
+                        };
+                        let during = cleaning.load(Ordering::SeqCst);
+                        let t0 = Instant::now();
+                        assert_eq!(
+                            store.claim(&claim).await.expect("claim"),
+                            Conditional::Applied
+                        );
+                        let claimed = t0.elapsed();
+                        let completed = store
+                            .complete(lambda_idempotency::store::Completion {
+                                id,
+                                owner,
+                                response: vec![b'r'; 200],
+                                now_ms,
+                                expiration_s: now_ms / 1000 + expiration_s,
+                                writes: Vec::new(),
+                            })
+                            .await
+                            .expect("complete");
+                        assert_eq!(completed, Conditional::Applied);
+                        let micros = t0.elapsed().as_micros() as u32;
+                        let during = during || cleaning.load(Ordering::SeqCst);
+                        samples.lock().expect("samples").push((
+                            micros,
+                            during,
+                            claimed.as_micros() as u32,
+                        ));
+                        // A writer samples; the load makes the volume.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+            })
+            .collect();
+
+        // The cleanup: whenever the load has passed an hour it has not
+        // cleaned up after, at the end of the latest such hour.
+        let cleanup = {
+            let (store, loaded, cleaning, hours_done) = (
+                store.clone(),
+                Arc::clone(&loaded),
+                Arc::clone(&cleaning),
+                Arc::clone(&hours_done),
+            );
+            tokio::spawn(async move {
+                let mut result = Week::default();
+                let mut cleaned = 0;
+                while !loaded.load(Ordering::SeqCst) {
+                    let hour = hours_done.load(Ordering::SeqCst);
+                    if hour == cleaned {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    cleaned = hour;
+                    let now_s = (start_ms + hour * per_hour * DAY_MS / per_day) / 1000;
+                    cleaning.store(true, Ordering::SeqCst);
+                    let t0 = Instant::now();
+                    let removed = match layout {
+                        Layout::Plain => {
+                            let rows = store.purge_expired(now_s, 1000).await.expect("purge");
+                            result.deleted_rows += rows;
+                            format!("{rows} rows deleted")
+                        }
+                        Layout::Partitioned => {
+                            let dropped = store
+                                .drop_expired_partitions(now_s)
+                                .await
+                                .expect("drop")
+                                .dropped;
+                            result.dropped_partitions += dropped.len();
+                            format!("dropped {dropped:?}")
+                        }
+                    };
+                    let ms = t0.elapsed().as_millis() as u32;
+                    result.cleanup_ms.push(ms);
+                    cleaning.store(false, Ordering::SeqCst);
+                    result.cleanups += 1;
+                    // Each run, so that a week stopped early still tells.
+                    println!(
+                        "  {layout:?} cleanup after simulated hour {hour}: {ms} ms, {removed}"
+                    );
+                }
+                result
+            })
+        };
+
+        let loader = tokio_postgres_client().await;
+        // A record id is its prefix, `#`, and 64 hex digits.
+        let template = RecordId::new("bench", "t", "b");
+        let id_prefix = "bench#";
+        assert!(template.as_str().starts_with(id_prefix) && template.as_str().len() == 70);
+        let fingerprint = payload(1);
+        let mut result = Week::default();
+        let mut day_began = Instant::now();
+        for hour in 0..days * 24 {
+            let first = hour * per_hour;
+            if hour % 24 == 0 {
+                // The partitions of the day and the days ahead, as the
+                // writers' claims and the cleanup would make them.
+                store
+                    .ensure_partitions((start_ms + first * DAY_MS / per_day) / 1000)
+                    .await
+                    .expect("partitions");
+            }
+            let mut from = first;
+            while from < first + per_hour {
+                let to = (from + CHUNK).min(first + per_hour) - 1;
+                clock.store(start_ms + from * DAY_MS / per_day, Ordering::SeqCst);
+                loader
+                    .batch_execute(&load_sql(
+                        layout,
+                        &table,
+                        id_prefix,
+                        fingerprint.as_str(),
+                        start_ms,
+                        per_day,
+                        expiration_s,
+                        from,
+                        to,
+                    ))
+                    .await
+                    .expect("load");
+                from = to + 1;
+            }
+            hours_done.store(hour + 1, Ordering::SeqCst);
+            if (hour + 1) % 24 == 0 {
+                // Let the statistics of every backend reach the collector.
+                tokio::time::sleep(Duration::from_millis(1100)).await;
+                let day = stats(&table).await;
+                let (mut writes, mut during, mut claims) = (Vec::new(), Vec::new(), Vec::new());
+                for (micros, overlapped, claim) in samples.lock().expect("samples").drain(..) {
+                    writes.push(micros);
+                    claims.push(claim);
+                    if overlapped {
+                        during.push(micros);
+                    }
+                }
+                println!(
+                    "  {layout:?} day {}: {:.0} s, dead tuples {}, live tuples {}, size {:.1} MB; \
+                     write p50 {:.2} ms p99 {:.2} ms ({} writes), during cleanup p50 {:.2} ms \
+                     p99 {:.2} ms ({} writes)",
+                    result.days.len() + 1,
+                    day_began.elapsed().as_secs_f64(),
+                    day.0,
+                    day.1,
+                    day.2 as f64 / 1_048_576.0,
+                    percentile(&writes, 0.5),
+                    percentile(&writes, 0.99),
+                    writes.len(),
+                    percentile(&during, 0.5),
+                    percentile(&during, 0.99),
+                    during.len(),
+                );
+                result.writes.extend(writes);
+                result.during_cleanup.extend(during);
+                result.claims.extend(claims);
+                result.days.push(day);
+                day_began = Instant::now();
+                if stop_after.is_some_and(|limit| began.elapsed() > limit) {
+                    println!(
+                        "  {layout:?}: stopped after day {} (BENCH_STOP_AFTER_S)",
+                        hour / 24 + 1
+                    );
+                    break;
+                }
+            }
+        }
+        loaded.store(true, Ordering::SeqCst);
+        let cleaned = cleanup.await.expect("cleanup");
+        result.cleanups = cleaned.cleanups;
+        result.cleanup_ms = cleaned.cleanup_ms;
+        result.deleted_rows = cleaned.deleted_rows;
+        result.dropped_partitions = cleaned.dropped_partitions;
+        for task in tasks {
+            task.await.expect("writer");
+        }
+        result.seconds = began.elapsed().as_secs_f64();
+        // The next layout starts on an empty server (and the disk gets its
+        // space back).
+        loader
+            .batch_execute(&format!("DROP TABLE {table}"))
+            .await
+            .expect("drop");
+        result
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     #[ignore = "a benchmark: make bench-pg-partitions"]
     async fn partitions_against_delete_batches_over_a_simulated_week() {
         let per_day = variable("BENCH_PER_DAY", 10_000);
-        let rounds = variable("BENCH_ROUNDS", 2);
-        let writers = variable("BENCH_WRITERS", 8);
+        let loaded = per_day > LOADED_ABOVE;
+        let rounds = variable("BENCH_ROUNDS", if loaded { 1 } else { 2 });
+        let writers = variable("BENCH_WRITERS", if loaded { 2 } else { 8 });
+        let retention_s = variable("BENCH_RETENTION_DAYS", 2) * 86_400;
+        // The server-loaded week only: how many simulated days, and a
+        // wall-clock budget past which it stops at the end of a day.
+        let days = variable("BENCH_DAYS", 7);
+        let stop_after = std::env::var("BENCH_STOP_AFTER_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Duration::from_secs);
+        // Which layouts, and in which order the first round runs them
+        // (each round after swaps it): at the seeds' rate each layout can
+        // run in a make of its own, on a server of its own.
+        let layouts: Vec<Layout> = std::env::var("BENCH_LAYOUTS")
+            .unwrap_or_else(|_| "plain,partitioned".into())
+            .split(',')
+            .map(|name| match name.trim() {
+                "plain" => Layout::Plain,
+                "partitioned" => Layout::Partitioned,
+                other => panic!("BENCH_LAYOUTS: {other}? (plain, partitioned)"),
+            })
+            .collect();
         println!(
             "a simulated week: {per_day} requests a simulated day (the seeds' 5,000 a minute is \
-             7,200,000), {writers} writers, {rounds} interleaved rounds"
+             7,200,000){}, {writers} writers, {rounds} interleaved rounds, a response kept {} \
+             days",
+            if loaded {
+                " loaded in the server beside the writers"
+            } else {
+                ""
+            },
+            retention_s / 86_400
         );
         let mut weeks: Vec<(Layout, Week)> = Vec::new();
         for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                [Layout::Plain, Layout::Partitioned]
-            } else {
-                [Layout::Partitioned, Layout::Plain]
-            };
+            let mut order = layouts.clone();
+            if round % 2 == 1 {
+                order.reverse();
+            }
             for layout in order {
-                let week = week(layout, per_day, writers).await;
+                let week = if loaded {
+                    loaded_week(layout, per_day, writers, retention_s, days, stop_after).await
+                } else {
+                    week(layout, per_day, writers, retention_s).await
+                };
                 println!(
                     "round {round} {layout:?}: {:.1} s; write p50 {:.2} ms p99 {:.2} ms; during \
                      cleanup ({} writes) p50 {:.2} ms p99 {:.2} ms; claim p50 {:.2} ms p99 {:.2} \
