@@ -354,7 +354,7 @@ bench-postgres:
 ## BENCHMARKS.md). The seeds' full rate: BENCH_PER_DAY=7200000 (above 100000
 ## the volume is written by the server, writers sample latency beside it;
 ## BENCH_RETENTION_DAYS, default 2; BENCH_LAYOUTS=plain,partitioned; about
-## 4 GB of data a simulated day: TMPDIR picks the server's directory).
+## 5 GB of data a simulated day: TMPDIR picks the server's directory).
 bench-pg-partitions:
 	scripts/with-postgres $(CARGO) test --profile bench --test postgres partitions_against_delete_batches -- --ignored --nocapture
 
