@@ -477,7 +477,11 @@ async fn the_seeds_partitioned_schema_is_refused_by_postgresql() {
 /// response and all, is still there for support beside the new one.
 async fn a_retry_past_the_dedup_window_runs_and_the_audit_window_keeps_the_first<S: Driver>() {
     let store: S = store().await;
-    let clock = ManualClock::starting_now();
+    // 01:00 UTC today, not now: the first record's expiry (an hour on)
+    // then falls in today's partition at any time of day. From now, after
+    // 23:00 it fell in tomorrow's, and the cleanup past the audit window
+    // dropped today's empty partition beside it.
+    let clock = ManualClock::new(next_midnight_ms() - DAY_MS + 3_600_000);
     let engine = Engine::builder(store.clone())
         .clock(clock.clone())
         .retention(Duration::from_secs(3600))
