@@ -30,7 +30,7 @@ export CARGO_LAMBDA := $(abspath $(VENV)/bin/cargo-lambda)
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 .DEFAULT_GOAL := demo
-.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-pg-partitions bench-powertools bench-cost bench-cost-sizes bench-plots dashboard-screenshot validate build invoke deploy fmt clean-tools
+.PHONY: help demo test lint package unit integration e2e sam-local stress simulate fuzz mutants bench bench-server bench-server-share bench-instructions bench-encryption bench-copies bench-memory-store bench-function bench-redis bench-single-write bench-postgres bench-pg-partitions bench-powertools bench-cost bench-cost-sizes bench-plots dashboard-screenshot validate build invoke deploy fmt clean-tools
 
 ## This list: every target with what it does.
 help:
@@ -272,6 +272,12 @@ bench-server-share:
 ## hundred instructions shows, where timing moves by a microsecond from run
 ## to run. BENCH_AGAINST=<path to another build's inproc> puts that build's
 ## figures first. Needs valgrind.
+## Encryption's added CPU on the engine's new and replayed request, encryption
+## off and on taking turns request by request (ROUNDS, ITERATIONS, SIZES;
+## BENCHMARKS.md, "Encryption and KMS").
+bench-encryption:
+	$(CARGO) bench --bench encryption_rounds --features encryption
+
 bench-instructions:
 	@command -v valgrind >/dev/null || { echo "bench-instructions needs valgrind (apt-get install valgrind)"; exit 1; }
 	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release --bin inproc
