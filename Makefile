@@ -267,17 +267,17 @@ bench-server-share:
 	cd comparison/server && RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=$(abspath target/server-bench-fp) $(CARGO) build --release --bin server-bench
 	python3 comparison/layer_share.py target/server-bench-fp/release/server-bench 3
 
-## The layer's instructions per new request, counted by callgrind rather
-## than timed (BENCHMARKS.md, "Counted, not timed"): a change of a few
-## hundred instructions shows, where timing moves by a microsecond from run
-## to run. BENCH_AGAINST=<path to another build's inproc> puts that build's
-## figures first. Needs valgrind.
 ## Encryption's added CPU on the engine's new and replayed request, encryption
 ## off and on taking turns request by request (ROUNDS, ITERATIONS, SIZES;
 ## BENCHMARKS.md, "Encryption and KMS").
 bench-encryption:
 	$(CARGO) bench --bench encryption_rounds --features encryption
 
+## The layer's instructions per new request, counted by callgrind rather
+## than timed (BENCHMARKS.md, "Counted, not timed"): a change of a few
+## hundred instructions shows, where timing moves by a microsecond from run
+## to run. BENCH_AGAINST=<path to another build's inproc> puts that build's
+## figures first. Needs valgrind.
 bench-instructions:
 	@command -v valgrind >/dev/null || { echo "bench-instructions needs valgrind (apt-get install valgrind)"; exit 1; }
 	cd comparison/server && CARGO_TARGET_DIR=$(abspath target/server-bench) $(CARGO) build --release --bin inproc
