@@ -267,11 +267,11 @@ bench-server-share:
 	cd comparison/server && RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=$(abspath target/server-bench-fp) $(CARGO) build --release --bin server-bench
 	python3 comparison/layer_share.py target/server-bench-fp/release/server-bench 3
 
-## Encryption's added CPU on the engine's new and replayed request, encryption
-## off and on taking turns request by request (ROUNDS, ITERATIONS, SIZES;
-## BENCHMARKS.md, "Encryption and KMS").
+## Encryption's added CPU on the engine's new and replayed request: off, a
+## raw key and a cached KMS data key taking turns request by request
+## (ROUNDS, ITERATIONS, SIZES; BENCHMARKS.md, "Encryption and KMS").
 bench-encryption:
-	$(CARGO) bench --bench encryption_rounds --features encryption
+	$(CARGO) bench --bench encryption_rounds --features kms
 
 ## The layer's instructions per new request, counted by callgrind rather
 ## than timed (BENCHMARKS.md, "Counted, not timed"): a change of a few
