@@ -871,10 +871,7 @@ mod steps_review {
     #[tokio::test]
     async fn an_output_at_the_bound_is_recorded_and_one_past_it_is_not() {
         let engine = Engine::builder(store().await)
-            .step_limits(StepLimits {
-                max_output_bytes: 100,
-                max_steps: 4,
-            })
+            .step_limits(StepLimits::default().max_output_bytes(100).max_steps(4))
             .build();
         let attempt = Attempt::new("t", "at-the-bound", payload(1));
         let outcome = engine

@@ -1391,10 +1391,7 @@ mod steps_review {
     async fn the_step_count_bound_holds_for_concurrent_steps() {
         let store = MemoryStore::new();
         let engine = Engine::builder(store.clone())
-            .step_limits(StepLimits {
-                max_output_bytes: 1024,
-                max_steps: 1,
-            })
+            .step_limits(StepLimits::default().max_output_bytes(1024).max_steps(1))
             .build();
         let id = engine.record_id("review", "bounded");
         let runs = Arc::new(AtomicUsize::new(0));

@@ -96,12 +96,36 @@ pub const MAX_STEP_NAME_BYTES: usize = 256;
 /// output's before it is sealed (at-rest encryption): sealing adds at
 /// most 1,316 bytes a step (the envelope's 37, a key id and a wrapped key
 /// at their longest), 283 KB for 16 steps at the default bounds.
+///
+/// ```
+/// use lambda_idempotency::store::StepLimits;
+///
+/// let limits = StepLimits::default().max_output_bytes(64 * 1024).max_steps(4);
+/// assert_eq!((limits.max_output_bytes, limits.max_steps), (65_536, 4));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StepLimits {
     /// The largest encoded output of one step, in bytes.
     pub max_output_bytes: usize,
     /// The most steps one key records.
     pub max_steps: u32,
+}
+
+impl StepLimits {
+    /// These bounds with `bytes` as the largest encoded output of one step.
+    #[must_use]
+    pub fn max_output_bytes(mut self, bytes: usize) -> Self {
+        self.max_output_bytes = bytes;
+        self
+    }
+
+    /// These bounds with `steps` as the most steps one key records.
+    #[must_use]
+    pub fn max_steps(mut self, steps: u32) -> Self {
+        self.max_steps = steps;
+        self
+    }
 }
 
 impl Default for StepLimits {

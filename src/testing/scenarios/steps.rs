@@ -274,10 +274,7 @@ pub async fn step_limits_are_enforced<St: Store>(store: St) {
     let clock = ManualClock::starting_now();
     let engine = Engine::builder(store)
         .clock(clock.clone())
-        .step_limits(StepLimits {
-            max_output_bytes: 8,
-            max_steps: 2,
-        })
+        .step_limits(StepLimits::default().max_output_bytes(8).max_steps(2))
         .build();
     let attempt = Attempt::new("t", "steps-bounded", payload(100));
     let id = engine.record_id("t", "steps-bounded");
