@@ -6,7 +6,7 @@
 use super::*;
 use crate::{
     store::{PageCursor, StepWrite},
-    AbandonedPolicy, Completer, Settlement,
+    AbandonedPolicy, Completer, Settled, Settlement,
 };
 use std::collections::BTreeSet;
 
@@ -291,36 +291,39 @@ async fn listed<St: Store>(engine: &Engine<St>, limit: usize) -> Vec<crate::stor
     listed
 }
 
-/// A completer failing abandoned claims while their retries take them
-/// over, at once: for each key one of the two wins the takeover, never
-/// both. A key the completer failed never ran again and replays its
-/// answer; a key whose retry won ran once and the completer wrote nothing.
-pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: St) {
-    let clock = ManualClock::starting_now();
-    let engine = Engine::builder(store)
-        .clock(clock.clone())
-        .key_prefix("abandoned-race")
-        .build();
-    const KEYS: usize = 16;
-    let listed = abandoned_claims(&engine, &clock, KEYS).await;
-    let answer = serde_json::to_vec(&Charge {
-        id: "abandoned".into(),
-        amount: 0,
-    })
-    .expect("json");
-    let policy = AbandonedPolicy::Fail { answer };
+/// What became of one key when the completer and its retry raced.
+struct Race {
+    key: String,
+    settled: Settled,
+    outcome: Result<OutcomeKind, Error<Declined>>,
+    runs: usize,
+}
+
+/// How many keys the completer races their retries on.
+const KEYS: usize = 16;
+
+/// `KEYS` claims abandoned, then for each at once the completer settling it
+/// by `policy` and its retry taking it over, each on a task of its own: on
+/// a multi-threaded runtime they run at once, interleaving at every store
+/// call; which is spawned first alternates from key to key.
+async fn raced<St: Store>(
+    engine: &Engine<St>,
+    clock: &ManualClock,
+    policy: AbandonedPolicy,
+) -> Vec<Race> {
     let mut races = Vec::new();
-    for (n, record) in listed.into_iter().enumerate() {
-        // The claims above are written with their key as their owner token.
+    for (n, record) in abandoned_claims(engine, clock, KEYS)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        // The claims are written with their key as their owner token.
         let key = record.owner.as_str().to_owned();
         let (engine, policy) = (engine.clone(), policy.clone());
         races.push(tokio::spawn(async move {
             let runs = Arc::new(AtomicUsize::new(0));
-            // Each on a task of its own: on a multi-threaded runtime they
-            // run at once, interleaving at every store call; which is
-            // spawned first alternates from key to key.
             let completer = {
-                let (engine, record) = (engine.clone(), record.clone());
+                let engine = engine.clone();
                 async move { engine.settle_abandoned(&record, &policy).await }
             };
             let retry = {
@@ -339,17 +342,46 @@ pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: 
             };
             let retried = retry.await.expect("the retry");
             let settled = completer.await.expect("the completer");
-            (
+            Race {
                 key,
                 settled,
-                retried.map(|outcome| outcome.kind()),
-                runs.load(Ordering::SeqCst),
-            )
+                outcome: retried.map(|outcome| outcome.kind()),
+                runs: runs.load(Ordering::SeqCst),
+            }
         }));
     }
-    let (mut failed, mut retried) = (0, 0);
+    let mut finished = Vec::new();
     for race in races {
-        let (key, settled, outcome, runs) = race.await.expect("a race");
+        finished.push(race.await.expect("a race"));
+    }
+    assert_eq!(finished.len(), KEYS);
+    finished
+}
+
+/// A completer failing abandoned claims while their retries take them
+/// over, at once: for each key one of the two wins the takeover, never
+/// both. A key the completer failed never ran again and replays its
+/// answer; a key whose retry won ran once and the completer wrote nothing.
+pub async fn the_completer_and_a_retry_never_both_own_a_claim<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::builder(store)
+        .clock(clock.clone())
+        .key_prefix("abandoned-race")
+        .build();
+    let answer = serde_json::to_vec(&Charge {
+        id: "abandoned".into(),
+        amount: 0,
+    })
+    .expect("json");
+    let races = raced(&engine, &clock, AbandonedPolicy::Fail { answer }).await;
+    let (mut failed, mut retried) = (0, 0);
+    for Race {
+        key,
+        settled,
+        outcome,
+        runs,
+    } in races
+    {
         match settled.settlement {
             Settlement::Failed => {
                 failed += 1;
@@ -467,55 +499,13 @@ pub async fn the_completer_releasing_never_deletes_a_retrys_claim<St: Store>(sto
         .clock(clock.clone())
         .key_prefix("abandoned-release-race")
         .build();
-    const KEYS: usize = 16;
-    let mut races = Vec::new();
-    for (n, record) in abandoned_claims(&engine, &clock, KEYS)
-        .await
-        .into_iter()
-        .enumerate()
+    for Race {
+        key,
+        settled,
+        outcome,
+        runs,
+    } in raced(&engine, &clock, AbandonedPolicy::Release).await
     {
-        // The claims are written with their key as their owner token.
-        let key = record.owner.as_str().to_owned();
-        let engine = engine.clone();
-        races.push(tokio::spawn(async move {
-            let runs = Arc::new(AtomicUsize::new(0));
-            // Each on a task of its own: on a multi-threaded runtime they
-            // run at once, interleaving at every store call; which is
-            // spawned first alternates from key to key.
-            let completer = {
-                let (engine, record) = (engine.clone(), record.clone());
-                async move {
-                    engine
-                        .settle_abandoned(&record, &AbandonedPolicy::Release)
-                        .await
-                }
-            };
-            let retry = {
-                let (engine, runs, key) = (engine.clone(), Arc::clone(&runs), key.clone());
-                async move {
-                    let attempt = Attempt::new("t", &key, payload(1));
-                    engine.execute(&attempt, charge(&runs, 1)).await
-                }
-            };
-            let (completer, retry) = if n % 2 == 0 {
-                let completer = tokio::spawn(completer);
-                (completer, tokio::spawn(retry))
-            } else {
-                let retry = tokio::spawn(retry);
-                (tokio::spawn(completer), retry)
-            };
-            let retried = retry.await.expect("the retry");
-            let settled = completer.await.expect("the completer");
-            (
-                key,
-                settled,
-                retried.map(|outcome| outcome.kind()),
-                runs.load(Ordering::SeqCst),
-            )
-        }));
-    }
-    for race in races {
-        let (key, settled, outcome, runs) = race.await.expect("a race");
         assert!(
             matches!(
                 settled.settlement,
