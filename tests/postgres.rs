@@ -2544,11 +2544,6 @@ mod steps {
     }
 
     #[tokio::test]
-    async fn steps_at_the_edges() {
-        steps_kit::steps_at_the_edges(store().await).await;
-    }
-
-    #[tokio::test]
     async fn a_step_inside_the_transaction_just_runs() {
         let store = store().await;
         let table = store.table().to_owned();

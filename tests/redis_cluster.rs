@@ -53,6 +53,18 @@ mod abandoned {
     lambda_idempotency::store_conformance! {
         abandoned: store(),
     }
+    lambda_idempotency::store_conformance! {
+        abandoned_steps: store(),
+    }
+}
+
+/// Recovery points: a key's steps live in its record's hash, on one slot.
+mod steps {
+    use super::store;
+
+    lambda_idempotency::store_conformance! {
+        steps: store(),
+    }
 }
 
 #[tokio::test]

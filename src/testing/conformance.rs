@@ -46,6 +46,7 @@ macro_rules! store_conformance {
             a_takeover_resumes_after_the_recorded_steps,
             a_failure_after_a_step_keeps_it,
             step_limits_are_enforced,
+            steps_at_the_edges,
         );
     };
     (store: $store:expr, unavailable: $unavailable:expr, single_write $(,)?) => {

@@ -1663,7 +1663,6 @@ mod steps {
 
     on_both_drivers!(
         steps_live_in_the_row_until_its_completion,
-        steps_at_the_edges,
         a_takeover_resumes_after_steps_whose_answers_were_lost,
     );
 
@@ -1683,10 +1682,6 @@ mod steps {
             raw(table.clone(), id)
         })
         .await;
-    }
-
-    async fn steps_at_the_edges<S: Driver>() {
-        steps_kit::steps_at_the_edges(store::<S>().await).await;
     }
 
     /// A partitioned table made before the `steps` column: the check names

@@ -549,11 +549,11 @@ mod other_settings {
             steps: async { store_on(&url().await, 8).await },
         }
 
+        /// The kit's values at the edges (above, in simple queries) in
+        /// prepared statements and on a partitioned table.
         #[tokio::test]
-        async fn steps_at_the_edges() {
-            let store = store_on(&url().await, 8).await;
-            crate::steps_kit::steps_at_the_edges(store.clone()).await;
-            crate::steps_kit::steps_at_the_edges(
+        async fn steps_at_the_edges_prepared_and_partitioned() {
+            lambda_idempotency::testing::scenarios::steps_at_the_edges(
                 store_on(&url().await, 8).await.prepared_statements(true),
             )
             .await;
@@ -565,7 +565,7 @@ mod other_settings {
             .expect("store")
             .partitioned(Partitioning::daily());
             parted.create_table().await.expect("partitioned table");
-            crate::steps_kit::steps_at_the_edges(parted).await;
+            lambda_idempotency::testing::scenarios::steps_at_the_edges(parted).await;
         }
     }
 }
@@ -1228,12 +1228,6 @@ mod steps {
             })
             .await;
         }
-    }
-
-    #[tokio::test]
-    async fn steps_at_the_edges() {
-        crate::steps_kit::steps_at_the_edges(store().await).await;
-        crate::steps_kit::steps_at_the_edges(store().await.prepared_statements(true)).await;
     }
 
     #[tokio::test]

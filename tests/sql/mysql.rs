@@ -634,11 +634,6 @@ mod steps {
         .await;
     }
 
-    #[tokio::test]
-    async fn steps_at_the_edges() {
-        steps_kit::steps_at_the_edges(store().await).await;
-    }
-
     /// A store whose connections have another SQL mode (double quotes
     /// name identifiers, backslashes are characters) and another
     /// collation than sqlx's.
@@ -671,11 +666,6 @@ mod steps {
     mod other_settings {
         lambda_idempotency::store_conformance! {
             steps: super::store_with_other_settings(),
-        }
-
-        #[tokio::test]
-        async fn steps_at_the_edges() {
-            crate::steps_kit::steps_at_the_edges(super::store_with_other_settings().await).await;
         }
     }
 

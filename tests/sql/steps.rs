@@ -1,16 +1,13 @@
 //! Recovery points on the SQL stores, beyond the kit
-//! (`store_conformance!(steps: …)`): the `steps` column as the database
-//! holds it, values at the edges, and a step inside the store's
+//! (`store_conformance!(steps: …)`, values at the edges among them): the
+//! `steps` column as the database holds it, and a step inside the store's
 //! transaction. Each store's module (`tests/postgres.rs`,
 //! `tests/postgres/sqlx.rs`, `tests/postgres/partitioned.rs`,
 //! `tests/sql/mysql.rs`) calls these with its store and its raw read.
 
 use base64::Engine as _;
 use lambda_idempotency::{
-    store::{
-        Claim, Conditional, OwnerToken, RecordId, RecordedStep, StepLimits, StepWrite, Store,
-        TransactionLimits, TransactionalStore,
-    },
+    store::{Claim, OwnerToken, RecordId, Store, TransactionLimits, TransactionalStore},
     testing::scenarios::payload,
     Attempt, ClaimHandle, Engine, Json, Mode,
 };
@@ -83,80 +80,6 @@ where
         .await;
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(raw(id).await, None, "the completion drops the steps");
-}
-
-/// Values at the edges, through the store alone: as many steps as the
-/// engine's default bound, each output exactly its default size and
-/// holding every byte value, names with quotes, backslashes and
-/// characters outside ASCII; all read back as written, in order. A NUL in
-/// a name is either kept or refused as `Rejected` (PostgreSQL's `text`
-/// cannot hold one), never a panic.
-pub async fn steps_at_the_edges<St: Store>(store: St) {
-    let limits = StepLimits::default();
-    let id = RecordId::new("p", "t", "steps-edges");
-    let a = claim(&id, "owner-a");
-    assert_eq!(store.claim(&a).await.expect("claim"), Conditional::Applied);
-    let name = |i: u32| match i {
-        0 => "it's \"quoted\", \\ back\\slashed, $1 ? %s".to_owned(),
-        1 => "🦀 ünïcödé 名前 \u{200b}".to_owned(),
-        2 => "{\"name\": \"not json\"}".to_owned(),
-        i => format!("step-{i}"),
-    };
-    let output = |i: u32| -> Vec<u8> {
-        (0..limits.max_output_bytes)
-            .map(|k| (k as u32 * 7 + i) as u8)
-            .collect()
-    };
-    let mut expected = Vec::new();
-    for i in 0..limits.max_steps {
-        let write = StepWrite::new(id.clone(), a.owner.clone(), i, name(i), output(i), now_ms());
-        assert_eq!(
-            store.record_step(&write).await.expect("step"),
-            Conditional::Applied,
-            "step {i}"
-        );
-        expected.push(RecordedStep::new(name(i), output(i)));
-    }
-    let read = store.steps(&id, now_ms()).await.expect("steps");
-    assert_eq!(read.len(), expected.len());
-    for (i, (read, expected)) in read.iter().zip(&expected).enumerate() {
-        assert_eq!(read.name, expected.name, "step {i}'s name");
-        assert!(read.output == expected.output, "step {i}'s output differs");
-    }
-    // The last index again: refused, the record holds one more.
-    let again = StepWrite::new(
-        id.clone(),
-        a.owner.clone(),
-        limits.max_steps - 1,
-        "again",
-        b"1".to_vec(),
-        now_ms(),
-    );
-    assert!(matches!(
-        store.record_step(&again).await.expect("again"),
-        Conditional::Refused(Some(_))
-    ));
-
-    let nul = StepWrite::new(
-        id.clone(),
-        a.owner.clone(),
-        limits.max_steps,
-        "nul\0name",
-        b"1".to_vec(),
-        now_ms(),
-    );
-    match store.record_step(&nul).await {
-        Ok(Conditional::Applied) => {
-            let read = store.steps(&id, now_ms()).await.expect("steps");
-            assert_eq!(read.last().map(|s| s.name.as_str()), Some("nul\0name"));
-        }
-        Err(error) => assert_eq!(
-            error.kind(),
-            lambda_idempotency::StoreErrorKind::Rejected,
-            "{error}"
-        ),
-        Ok(other) => panic!("{other:?}"),
-    }
 }
 
 /// Inside the store's transaction the claim commits or rolls back with the

@@ -317,3 +317,74 @@ pub async fn step_limits_are_enforced<St: Store>(store: St) {
         "a step past the bound did not run"
     );
 }
+
+/// Values at the edges, through the store alone: as many steps as the
+/// engine's default bound, each output exactly its default size and
+/// holding every byte value, names with quotes, backslashes, JSON and
+/// characters outside ASCII; all read back as written, in order. The last
+/// index again is refused by the record. A NUL in a name is either kept or
+/// refused as `Rejected` (PostgreSQL's `text` cannot hold one), never a
+/// panic.
+pub async fn steps_at_the_edges<St: Store>(store: St) {
+    let clock = ManualClock::starting_now();
+    let limits = StepLimits::default();
+    let id = RecordId::new("p", "t", "steps-edges");
+    let a = claim_at(&id, &clock, "owner-a", 1, Duration::from_secs(60));
+    assert_eq!(store.claim(&a).await.expect("claim"), Conditional::Applied);
+    let name = |i: u32| match i {
+        0 => "it's \"quoted\", \\ back\\slashed, $1 ? %s".to_owned(),
+        1 => "🦀 ünïcödé 名前 \u{200b}".to_owned(),
+        2 => "{\"name\": \"not json\"}".to_owned(),
+        i => format!("step-{i}"),
+    };
+    let output = |i: u32| -> Vec<u8> {
+        (0..limits.max_output_bytes)
+            .map(|k| (k as u32 * 7 + i) as u8)
+            .collect()
+    };
+    let write = |index: u32, name: String, output: Vec<u8>| {
+        StepWrite::new(
+            id.clone(),
+            a.owner.clone(),
+            index,
+            name,
+            output,
+            clock.now_ms(),
+        )
+    };
+    for i in 0..limits.max_steps {
+        assert_eq!(
+            store
+                .record_step(&write(i, name(i), output(i)))
+                .await
+                .expect("step"),
+            Conditional::Applied,
+            "step {i}"
+        );
+    }
+    let read = steps_of(&store, &id, &clock).await;
+    assert_eq!(read.len(), limits.max_steps as usize);
+    for (i, read) in (0..).zip(&read) {
+        assert_eq!(read.name, name(i), "step {i}'s name");
+        assert!(read.output == output(i), "step {i}'s output differs");
+    }
+    // The last index again: refused, the record holds one more.
+    assert!(matches!(
+        store
+            .record_step(&write(limits.max_steps - 1, "again".into(), b"1".to_vec()))
+            .await
+            .expect("again"),
+        Conditional::Refused(Some(_))
+    ));
+    match store
+        .record_step(&write(limits.max_steps, "nul\0name".into(), b"1".to_vec()))
+        .await
+    {
+        Ok(Conditional::Applied) => {
+            let read = steps_of(&store, &id, &clock).await;
+            assert_eq!(read.last().map(|s| s.name.as_str()), Some("nul\0name"));
+        }
+        Err(error) => assert_eq!(error.kind(), crate::StoreErrorKind::Rejected, "{error}"),
+        Ok(other) => panic!("{other:?}"),
+    }
+}
