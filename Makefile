@@ -292,7 +292,7 @@ bench-copies:
 	python3 comparison/copies.py target/server-bench-dbg/release/inproc
 
 ## A MemoryStore that keeps every record, as a server's does for the hour
-## they live (BENCHMARKS.md, "The memory store as it grows"): resident memory a
+## they live (BENCHMARKS.md, "Counted, not timed"): resident memory a
 ## record kept, and the longest claim and completion, the one that rebuilt
 ## the table under the store's lock. BENCH_RECORDS sets how many (2,000,000).
 bench-memory-store:

@@ -4,7 +4,7 @@
 //! them, the same storm spread over twenty processes (an engine each, as
 //! every duplicate was before the engine kept its runs), which polls the
 //! store. Prints the calls and the time from the first's answer to the
-//! last replay of each (BENCHMARKS.md, "Duplicate storms").
+//! last replay of each (BENCHMARKS.md, "Counted, not timed").
 //!
 //! Needs `AWS_ENDPOINT_URL_DYNAMODB`; `make test` provides it.
 
