@@ -270,6 +270,47 @@ pub fn abandoned_answer(
     stored::ResponseCodec::default().encode(&stored::StoredResponse::Full(response, None))
 }
 
+/// The answer the layer gives an engine error, for a handler that meets
+/// one itself: a [step](crate::ClaimHandle::step) whose recorded output
+/// fails to open (`500`, `idempotency-record-unauthentic`), a store outage
+/// (`503` with `Retry-After`), a lost lease (`409`), as
+/// `application/problem+json` whose `type` starts with `problem_base` (the
+/// layer's [`problem_type_base`](IdempotencyLayer::problem_type_base),
+/// [`DEFAULT_PROBLEM_BASE`] by default). `None` for the operation's own
+/// error ([`Error::Operation`](crate::Error::Operation)), which is the
+/// handler's to answer.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use lambda_idempotency::{http, Error, StoreError, StoreErrorKind};
+///
+/// // What `claim.step("charge", ...)` answers when the recorded output was
+/// // tampered with: never run again, never replayed.
+/// let error: Error<String> = Error::Store(StoreError::new(
+///     StoreErrorKind::Unauthentic,
+///     "record p#0b4e: its step `charge` fails to open",
+/// ));
+/// let response = http::problem_for::<_, Full<Bytes>>(&error, http::DEFAULT_PROBLEM_BASE)
+///     .expect("an engine error has its problem");
+/// assert_eq!(response.status(), 500);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+///
+/// // A declined card is the handler's own answer.
+/// let declined = Error::Operation("declined".to_owned());
+/// assert!(http::problem_for::<_, Full<Bytes>>(&declined, http::DEFAULT_PROBLEM_BASE).is_none());
+/// ```
+pub fn problem_for<E, B: RebuildBody>(
+    error: &crate::Error<E>,
+    problem_base: &str,
+) -> Option<Response<B>> {
+    if matches!(error, crate::Error::Operation(_)) {
+        return None;
+    }
+    let problem = problem::Problem::from(error);
+    Some(body::into_response(problem.to_response(problem_base), None))
+}
+
 /// A response of `status` and `headers` with no body, saying why in its
 /// extensions.
 fn head_only(

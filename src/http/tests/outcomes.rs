@@ -223,3 +223,38 @@ async fn a_panicking_handler_releases_its_claim() {
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(echo.runs(), 2);
 }
+
+/// `problem_for` answers an engine error met in a handler as the layer
+/// answers it: the same status, type, `Retry-After`; the operation's own
+/// error is left to the handler.
+#[tokio::test]
+async fn problem_for_answers_engine_errors_as_the_layer_does() {
+    use crate::{Error, StoreError, StoreErrorKind};
+    use http_body_util::{BodyExt, Full};
+    let base = "urn:example:";
+    let answer = |error: Error<()>| {
+        crate::http::problem_for::<_, Full<bytes::Bytes>>(&error, base).expect("a problem")
+    };
+    let unauthentic = answer(Error::Store(StoreError::new(
+        StoreErrorKind::Unauthentic,
+        "a step fails to open",
+    )));
+    assert_eq!(unauthentic.status(), 500);
+    let body = unauthentic.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        problem["type"],
+        "urn:example:idempotency-record-unauthentic"
+    );
+
+    let outage = answer(Error::Store(StoreError::new(
+        StoreErrorKind::Unavailable,
+        "throttled",
+    )));
+    assert_eq!(outage.status(), 503);
+    assert!(outage.headers().contains_key("retry-after"));
+    assert_eq!(answer(Error::LeaseLost).status(), 409);
+    assert!(
+        crate::http::problem_for::<_, Full<bytes::Bytes>>(&Error::Operation(()), base).is_none()
+    );
+}
