@@ -5,6 +5,8 @@
     python3 benches/plots/plot.py --check         # fails if an SVG is not what figures.json draws (make lint)
     python3 benches/plots/plot.py import-cost F   # the response-size sweep of make bench-cost-sizes
                                                   # (comparison/results-cost.json) into figures.json
+    python3 benches/plots/plot.py import-week F.. # the days make bench-pg-partitions printed
+                                                  # (its output) into figures.json
 
 Standard library only, SVG written by hand: a fresh machine needs nothing
 installed, and the SVGs are text that a diff can read. figures.json holds
@@ -158,6 +160,68 @@ def latency_chart(chart):
     return svg(width, height, grid + body)
 
 
+MARKERS = ["circle", "square", "diamond", "triangle", "ring"]
+
+
+def series_line(s, points):
+    """Series s's line through points (x, y), a marker at each."""
+    colour = COLOURS[s % len(COLOURS)]
+    joined = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    dash = f" stroke-dasharray='{DASHES[s]}'" if DASHES[s] else ""
+    return ([f"<polyline points='{joined}' fill='none' stroke='{colour}' stroke-width='2'{dash}/>"]
+            + [marker(MARKERS[s % len(MARKERS)], x, y, colour, 3.2) for x, y in points])
+
+
+def legend_and_footnote(chart, left, legend_y, footnote):
+    """A legend row a series (its dash and marker, its name), then the footnote."""
+    body = []
+    for s, name in enumerate(chart["series"]):
+        colour = COLOURS[s % len(COLOURS)]
+        y = legend_y + s * 20
+        body.append(line(left, y - 4, left + 34, y - 4, colour, 2, DASHES[s]))
+        body.append(marker(MARKERS[s % len(MARKERS)], left + 17, y - 4, colour, 3.2))
+        body.append(text(left + 44, y, name, size=11))
+    body += [text(16, legend_y + len(chart["series"]) * 20 + 6 + 14 * i, line_, size=10, colour="#555")
+             for i, line_ in enumerate(footnote)]
+    return body
+
+
+PANEL_WIDTH, PANEL_LEFT, PANEL_GAP = 390, 80, 100
+
+
+class Panels:
+    """The layout of a chart of panels side by side under its title and
+    subtitle, with a legend and a footnote below them."""
+
+    def __init__(self, chart, panel_height):
+        subtitle = lines_of(chart["subtitle"])
+        self.footnote = lines_of(chart.get("footnote", []))
+        self.top = 96 + 14 * (len(subtitle) - 1)
+        self.panel_height = panel_height
+        count = len(chart["panels"])
+        self.width = PANEL_LEFT + count * PANEL_WIDTH + (count - 1) * PANEL_GAP + 30
+        self.height = (self.top + panel_height + 66 + len(chart["series"]) * 20
+                       + 14 * len(self.footnote) + 10)
+        self.body = [text(16, 26, chart["title"], size=16, weight="bold")]
+        self.body += [text(16, 46 + 14 * i, line_, size=11, colour="#555")
+                      for i, line_ in enumerate(subtitle)]
+
+    def x0(self, p):
+        return PANEL_LEFT + p * (PANEL_WIDTH + PANEL_GAP)
+
+    def axes(self, x0, x_label, y_label):
+        """A panel's two axes and their labels."""
+        top, y0 = self.top, self.top + self.panel_height
+        return [line(x0, y0, x0 + PANEL_WIDTH, y0, "#333", 1), line(x0, top, x0, y0, "#333", 1),
+                text(x0 + PANEL_WIDTH / 2, y0 + 38, x_label, size=12, anchor="middle"),
+                text(x0 - 46, top + self.panel_height / 2, y_label, size=12, anchor="middle",
+                     extra=f"transform='rotate(-90 {x0 - 46:.1f} {top + self.panel_height / 2:.1f})'")]
+
+    def finish(self, chart):
+        self.body += legend_and_footnote(chart, PANEL_LEFT, self.top + self.panel_height + 66, self.footnote)
+        return svg(self.width, self.height, self.body)
+
+
 def size_label(size):
     if size >= 1024 and size % 1024 == 0:
         return f"{size // 1024} KB"
@@ -169,22 +233,14 @@ def cost_chart(chart):
     request kind, a line per implementation, a marker at each measured size;
     both axes logarithmic (sizes in powers of two, dollars in 1-2-5 steps),
     so that the small sizes and the cheap reads are as readable as the large."""
-    panels = chart["panels"]
-    panel_width, panel_height = 390, 320
-    left, gap = 80, 100
-    subtitle, footnote = lines_of(chart["subtitle"]), lines_of(chart.get("footnote", []))
-    top = 96 + 14 * (len(subtitle) - 1)
-    legend_rows = len(chart["series"])
-    width = left + len(panels) * panel_width + (len(panels) - 1) * gap + 30
-    height = top + panel_height + 66 + legend_rows * 20 + 14 * len(footnote) + 10
+    panel_width, panel_height = PANEL_WIDTH, 320
+    layout = Panels(chart, panel_height)
+    top, body = layout.top, layout.body
     sizes = chart["sizes"]
     x_low, x_high = math.log2(min(sizes)), math.log2(max(sizes))
     y_low, y_high = chart["y_axis"]
-    body = [text(16, 26, chart["title"], size=16, weight="bold")]
-    body += [text(16, 46 + 14 * i, line_, size=11, colour="#555") for i, line_ in enumerate(subtitle)]
-    markers = ["circle", "square", "diamond", "triangle", "ring"]
-    for p, panel in enumerate(panels):
-        x0 = left + p * (panel_width + gap)
+    for p, panel in enumerate(chart["panels"]):
+        x0 = layout.x0(p)
         y0 = top + panel_height
 
         def x_of(size):
@@ -206,31 +262,58 @@ def cost_chart(chart):
             x = x_of(size)
             body.append(line(x, y0, x, y0 + 4, "#333", 1))
             body.append(text(x, y0 + 17, size_label(size), size=10, anchor="middle", colour="#333"))
-        body.append(line(x0, y0, x0 + panel_width, y0, "#333", 1))
-        body.append(line(x0, top, x0, y0, "#333", 1))
-        body.append(text(x0 + panel_width / 2, y0 + 38, chart["x_label"], size=12, anchor="middle"))
-        body.append(text(x0 - 46, top + panel_height / 2, chart["y_label"], size=12, anchor="middle",
-                         extra=f"transform='rotate(-90 {x0 - 46:.1f} {top + panel_height / 2:.1f})'"))
+        body += layout.axes(x0, chart["x_label"], chart["y_label"])
         for s, name in enumerate(chart["series"]):
             values = panel["series"].get(name)
-            if values is None:
-                continue
-            colour = COLOURS[s % len(COLOURS)]
-            points = " ".join(f"{x_of(size):.1f},{y_of(v):.1f}" for size, v in zip(sizes, values))
-            dash = f" stroke-dasharray='{DASHES[s]}'" if DASHES[s] else ""
-            body.append(f"<polyline points='{points}' fill='none' stroke='{colour}' stroke-width='2'{dash}/>")
-            for size, v in zip(sizes, values):
-                body.append(marker(markers[s % len(markers)], x_of(size), y_of(v), colour, 3.2))
-    legend_y = top + panel_height + 66
-    for s, name in enumerate(chart["series"]):
-        colour = COLOURS[s % len(COLOURS)]
-        y = legend_y + s * 20
-        body.append(line(left, y - 4, left + 34, y - 4, colour, 2, DASHES[s]))
-        body.append(marker(markers[s % len(markers)], left + 17, y - 4, colour, 3.2))
-        body.append(text(left + 44, y, name, size=11))
-    body += [text(16, legend_y + legend_rows * 20 + 6 + 14 * i, line_, size=10, colour="#555")
-             for i, line_ in enumerate(footnote)]
-    return svg(width, height, body)
+            if values is not None:
+                body += series_line(s, [(x_of(size), y_of(v)) for size, v in zip(sizes, values)])
+    return layout.finish(chart)
+
+
+def linear_ticks(high):
+    """0 and 1, 2 or 5 times a power of ten up to high, four to eight of them."""
+    step = 10 ** math.floor(math.log10(high))
+    for factor in (0.1, 0.2, 0.5, 1):
+        if high / (step * factor) <= 8:
+            step *= factor
+            break
+    return [i * step for i in range(int(high / step + 1e-9) + 1)]
+
+
+def daily_chart(chart):
+    """A value a simulated day, a panel per measure, a line per layout; linear
+    axes from zero, a marker at each measured day (a day not measured has
+    none), so that growth and a plateau read as they are."""
+    panel_width, panel_height = PANEL_WIDTH, 280
+    layout = Panels(chart, panel_height)
+    top, body = layout.top, layout.body
+    days = chart["days"]
+    for p, panel in enumerate(chart["panels"]):
+        x0 = layout.x0(p)
+        y0 = top + panel_height
+        y_high = panel["y_max"]
+
+        def x_of(day):
+            return x0 + (day - days[0] + 0.5) / len(days) * panel_width
+
+        def y_of(value):
+            return y0 - value / y_high * panel_height
+
+        body.append(text(x0 + panel_width / 2, top - 12, panel["title"], size=13, anchor="middle", weight="bold"))
+        for tick in linear_ticks(y_high):
+            y = y_of(tick)
+            body.append(line(x0, y, x0 + panel_width, y, "#ddd", 1))
+            body.append(text(x0 - 6, y + 4, f"{tick:g}", size=10, anchor="end", colour="#333"))
+        for day in days:
+            body.append(line(x_of(day), y0, x_of(day), y0 + 4, "#333", 1))
+            body.append(text(x_of(day), y0 + 17, str(day), size=10, anchor="middle", colour="#333"))
+        body += layout.axes(x0, chart["x_label"], panel["y_label"])
+        for s, name in enumerate(chart["series"]):
+            measured = [(x_of(day), y_of(v)) for day, v in zip(days, panel["series"].get(name, []))
+                        if v is not None]
+            if measured:
+                body += series_line(s, measured)
+    return layout.finish(chart)
 
 
 def draw(check=False):
@@ -242,7 +325,7 @@ def draw(check=False):
     for name, chart in figures.items():
         if name.startswith("_"):
             continue
-        drawn = latency_chart(chart) if chart["kind"] == "latency" else cost_chart(chart)
+        drawn = {"latency": latency_chart, "cost": cost_chart, "daily": daily_chart}[chart["kind"]](chart)
         path = os.path.join(HERE, f"{name}.svg")
         if check:
             try:
@@ -300,8 +383,44 @@ def import_cost(path):
     print(f"{len(sizes)} sizes from {path} into {os.path.relpath(FIGURES)}")
 
 
+DAY_LINE = re.compile(r"^\s*(Plain|Partitioned) day (\d+): [\d.]+ s, dead tuples (\d+), live tuples (\d+), "
+                      r"size ([\d.]+) MB; write p50 ([\d.]+) ms p99 ([\d.]+) ms")
+
+
+def import_week(paths):
+    """The days that make bench-pg-partitions printed (its output, one file
+    a layout or both in one) into figures.json's week chart: table size and
+    dead tuples at the end of each simulated day."""
+    days = {}
+    for path in paths:
+        with open(path) as f:
+            for found in map(DAY_LINE.match, f):
+                if found:
+                    layout, day = found.group(1).lower(), int(found.group(2))
+                    days.setdefault(layout, {})[day] = {
+                        "size_gb": round(float(found.group(5)) / 1024, 2),
+                        "dead_millions": round(int(found.group(3)) / 1e6, 2),
+                    }
+    with open(FIGURES) as f:
+        figures = json.load(f)
+    chart = figures["postgres-week"]
+    last = max(day for measured in days.values() for day in measured)
+    chart["days"] = list(range(1, max(last, 7) + 1))
+    for panel in chart["panels"]:
+        panel["series"] = {}
+        for series, layout in chart["layouts"].items():
+            measured = days.get(layout, {})
+            panel["series"][series] = [measured[day][panel["measure"]] if day in measured else None
+                                       for day in chart["days"]]
+    save(figures)
+    print(f"days {sorted(days.get('plain', {}))} (plain) and {sorted(days.get('partitioned', {}))} "
+          f"(partitioned) into {os.path.relpath(FIGURES)}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["import-cost"]:
+    if sys.argv[1:2] == ["import-week"] and len(sys.argv) > 2:
+        import_week(sys.argv[2:])
+    elif sys.argv[1:2] == ["import-cost"]:
         import_cost(sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "..", "..", "comparison",
                                                                           "results-cost.json"))
     elif sys.argv[1:] == ["--check"]:
