@@ -21,19 +21,15 @@ use std::{
 };
 use tokio::runtime::Runtime;
 
+mod support;
+
 /// A JSON response of about `size` bytes.
 fn response(size: usize) -> Vec<u8> {
-    let mut body = String::from(r#"{"id":"ch_1","amount":1250,"currency":"EUR","items":["#);
-    let mut i = 0;
-    while body.len() < size - 40 {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&format!(r#"{{"sku":"item-{i:05}","qty":{}}}"#, i % 7 + 1));
-        i += 1;
-    }
-    body.push_str("]}");
-    body.into_bytes()
+    support::json_with_items(
+        r#"{"id":"ch_1","amount":1250,"currency":"EUR","items":["#,
+        size,
+    )
+    .into_bytes()
 }
 
 /// A future that is ready at its first poll (raw keys never wait), run

@@ -31,6 +31,8 @@ use std::{
 };
 use tokio::runtime::{Builder, Runtime};
 
+mod support;
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -40,17 +42,11 @@ fn env_or(name: &str, default: usize) -> usize {
 
 /// A JSON response of about `size` bytes (the same as `benches/encryption.rs`).
 fn response(size: usize) -> serde_json::Value {
-    let mut body = String::from(r#"{"id":"ch_1","amount":1250,"currency":"EUR","items":["#);
-    let mut i = 0;
-    while body.len() < size - 40 {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&format!(r#"{{"sku":"item-{i:05}","qty":{}}}"#, i % 7 + 1));
-        i += 1;
-    }
-    body.push_str("]}");
-    serde_json::from_str(&body).expect("json")
+    let json = support::json_with_items(
+        r#"{"id":"ch_1","amount":1250,"currency":"EUR","items":["#,
+        size,
+    );
+    serde_json::from_str(&json).expect("json")
 }
 
 /// The arms: encryption off, raw keys, and (with the `kms` feature) a

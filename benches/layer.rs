@@ -18,19 +18,14 @@ use std::{
 use tokio::runtime::Runtime;
 use tower::{service_fn, Layer, ServiceExt};
 
+mod support;
+
 /// A JSON object of about `size` bytes, with keys out of order.
 fn json_body(size: usize) -> String {
-    let mut body = String::from(r#"{"currency":"EUR","amount":1250,"customer":"cus_42","items":["#);
-    let mut i = 0;
-    while body.len() < size - 40 {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&format!(r#"{{"sku":"item-{i:05}","qty":{}}}"#, i % 7 + 1));
-        i += 1;
-    }
-    body.push_str("]}");
-    body
+    support::json_with_items(
+        r#"{"currency":"EUR","amount":1250,"customer":"cus_42","items":["#,
+        size,
+    )
 }
 
 fn request(key: &str, body: &str) -> Request {
