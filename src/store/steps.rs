@@ -78,6 +78,27 @@ impl RecordedStep {
             output,
         }
     }
+
+    /// A SQL store's step row (a name and an output column, never NULL
+    /// unless something else than the store wrote them), or why it is not
+    /// one: `CorruptRecord`.
+    #[cfg(any(
+        feature = "postgres",
+        feature = "sqlx-postgres",
+        feature = "sqlx-mysql"
+    ))]
+    pub(crate) fn from_columns(
+        id: &RecordId,
+        name: Option<String>,
+        output: Option<Vec<u8>>,
+    ) -> Result<Self, crate::StoreError> {
+        match (name, output) {
+            (Some(name), Some(output)) => Ok(Self::new(name, output)),
+            _ => Err(crate::StoreError::corrupt(format!(
+                "record {id}: a step is not a name and an output"
+            ))),
+        }
+    }
 }
 
 /// The longest step name, in bytes (UTF-8). A step named longer is
@@ -133,6 +154,33 @@ impl Default for StepLimits {
         Self {
             max_output_bytes: 16 * 1024,
             max_steps: 16,
+        }
+    }
+}
+
+#[cfg(all(
+    test,
+    any(
+        feature = "postgres",
+        feature = "sqlx-postgres",
+        feature = "sqlx-mysql"
+    )
+))]
+mod tests {
+    use super::*;
+
+    /// A step row with a NULL column (written by something else than the
+    /// store) is a corrupt record, never a step with an empty name or
+    /// output.
+    #[test]
+    fn a_step_row_with_a_null_column_is_corrupt() {
+        let id = RecordId::from_stored("p#k");
+        let step = RecordedStep::from_columns(&id, Some("charge".into()), Some(b"1".to_vec()));
+        assert_eq!(step.unwrap(), RecordedStep::new("charge", b"1".to_vec()));
+        for (name, output) in [(None, Some(b"1".to_vec())), (Some("charge".into()), None)] {
+            let error = RecordedStep::from_columns(&id, name, output).unwrap_err();
+            assert_eq!(error.kind(), crate::StoreErrorKind::CorruptRecord);
+            assert!(error.to_string().contains("record p#k"), "{error}");
         }
     }
 }

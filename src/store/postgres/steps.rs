@@ -52,15 +52,11 @@ impl PostgresStore {
     }
 }
 
-/// A step's row: a name and an output, never NULL unless the column was
-/// written by something else than this store.
+/// A step's row: its name and output columns.
 fn decode_step(id: &RecordId, row: &Row) -> Result<RecordedStep, StoreError> {
-    let name: Option<String> = row.try_get("name").ok().flatten();
-    let output: Option<Vec<u8>> = row.try_get("output").ok().flatten();
-    match (name, output) {
-        (Some(name), Some(output)) => Ok(RecordedStep::new(name, output)),
-        _ => Err(StoreError::corrupt(format!(
-            "record {id}: a step is not a name and an output"
-        ))),
-    }
+    RecordedStep::from_columns(
+        id,
+        row.try_get("name").ok().flatten(),
+        row.try_get("output").ok().flatten(),
+    )
 }

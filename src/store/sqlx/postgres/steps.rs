@@ -54,8 +54,5 @@ fn decode_step(id: &RecordId, row: &PgRow) -> Result<RecordedStep, StoreError> {
     let corrupt =
         || StoreError::corrupt(format!("record {id}: a step is not a name and an output"));
     let name: Option<String> = row.try_get("name").map_err(|e| corrupt().with_source(e))?;
-    match (name, codec::bytea(row, "output")?) {
-        (Some(name), Some(output)) => Ok(RecordedStep::new(name, output)),
-        _ => Err(corrupt()),
-    }
+    RecordedStep::from_columns(id, name, codec::bytea(row, "output")?)
 }
